@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Builds the local control plane from the official Go modules, through the Go
+# module proxy, into a cache outside the checkout (so fresh clones and CI runs on
+# the same machine reuse it). A component whose binary is already there for the
+# pinned version is not rebuilt.
+#
+#   cluster/build.sh            build what is missing, print the bin directory
+#   cluster/build.sh --print    only print the bin directory
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=versions.env
+source "$here/versions.env"
+
+cache="${INFERENTIA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/inferentia-operator}"
+bin="$cache/controlplane/bin"
+src="$cache/controlplane/src"
+[[ "${1:-}" == "--print" ]] && { echo "$bin"; exit 0; }
+mkdir -p "$bin" "$src"
+
+# A toolchain download is impossible offline and a surprise elsewhere: use the Go
+# that is installed. Static binaries, no local paths baked in.
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-trimpath
+command -v go >/dev/null || { echo "build.sh: Go is required (https://go.dev/dl/)" >&2; exit 1; }
+
+log() { printf '[build] %s\n' "$*" >&2; }
+
+# up_to_date NAME VERSION: the binary exists and was built from VERSION.
+up_to_date() { [[ -x "$bin/$1" && "$(cat "$bin/.$1.version" 2>/dev/null)" == "$2" ]]; }
+stamp() { echo "$2" > "$bin/.$1.version"; }
+
+# new_module DIR: an empty main module that only exists to build dependencies.
+new_module() {
+  rm -rf "$1"; mkdir -p "$1"
+  (cd "$1" && go mod init "local.invalid/build/$(basename "$1")" >/dev/null 2>&1 && go mod edit -go=1.26.0)
+}
+
+build_kubernetes() {
+  local v="$KUBERNETES_VERSION" names=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  local missing=0 n
+  for n in "${names[@]}"; do up_to_date "$n" "$v" || missing=1; done
+  (( missing )) || { log "kubernetes $v: cached"; return; }
+  log "kubernetes $v: building ${names[*]} (the first build takes a while)"
+  local d="$src/kubernetes" staging="v0.${v#v1.}"
+  new_module "$d"
+  # k8s.io/kubernetes points its staging modules at ./staging with local replaces,
+  # which Go ignores in a dependency. Replace each staging module it requires at
+  # v0.0.0 with the matching published v0.X.Y instead.
+  local mods
+  mods=$(cd "$d" && go mod download -json "k8s.io/kubernetes@$v" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')
+  local m
+  for m in $(sed -n 's/^[[:space:]]*\(k8s\.io\/[a-z0-9-]*\) v0\.0\.0$/\1/p' "$mods"); do
+    (cd "$d" && go mod edit -replace "$m=$m@$staging")
+  done
+  (cd "$d" && go mod edit -require "k8s.io/kubernetes@$v" && go mod download k8s.io/kubernetes >/dev/null \
+    && go get "k8s.io/kubernetes@$v" >/dev/null 2>&1 || true)
+  local pkg="k8s.io/component-base/version" cpkg="k8s.io/client-go/pkg/version"
+  local minor="${v#v1.}"; minor="${minor%%.*}"
+  local ld="-s -w"
+  for p in "$pkg" "$cpkg"; do
+    ld+=" -X $p.gitVersion=$v -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+  done
+  (cd "$d" && go build -mod=mod -ldflags "$ld" -o "$bin/" \
+    $(for n in "${names[@]}"; do echo "k8s.io/kubernetes/cmd/$n"; done))
+  for n in "${names[@]}"; do stamp "$n" "$v"; done
+}
+
+# build_simple NAME MODULE VERSION PACKAGE [LDFLAGS]
+build_simple() {
+  local name="$1" module="$2" v="$3" pkg="$4" ld="-s -w ${5:-}"
+  up_to_date "$name" "$v" && { log "$name $v: cached"; return; }
+  log "$name $v: building"
+  local d="$src/$name"
+  new_module "$d"
+  (cd "$d" && go get "$module@$v" >/dev/null 2>&1 || go get "$module@$v")
+  (cd "$d" && go build -mod=mod -ldflags "$ld" -o "$bin/$name" "$pkg")
+  stamp "$name" "$v"
+}
+
+start=$(date +%s)
+build_kubernetes
+build_simple etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3
+build_simple kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok \
+  "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
+build_simple helm helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
+  "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+log "done in $(( $(date +%s) - start ))s: $(du -sh "$bin" | cut -f1) in $bin"
+echo "$bin"

@@ -1,0 +1,303 @@
+"""The InferentiaModel API (group inferentia.dev, version v1alpha1).
+
+These pydantic models are the single source of truth: the CRD in ``crds/`` is
+generated from them (``inferentia-operator crd``), and each attribute's docstring
+becomes its description, so ``kubectl explain`` shows what is written here.
+Cross-field rules live in :mod:`inferentia_operator.rules`, which also emits the
+matching CEL for the CRD.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt
+from pydantic.alias_generators import to_camel
+
+from .catalogue import FAMILY_NAMES
+
+GROUP = "inferentia.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "InferentiaModel"
+PLURAL = "inferentiamodels"
+SINGULAR = "inferentiamodel"
+SHORT_NAMES = ["infm"]
+
+# Bounds that keep CEL rules within the API server's cost budget.
+MAX_BUCKETS = 64
+MAX_BUCKET_DIMENSIONS = 8
+MAX_ARGS = 64
+MAX_STRING = 1024
+
+QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+
+
+def _quantity(value: Any) -> Any:
+    """cpu and memory accept what Kubernetes accepts: ``2``, ``0.5``, ``500m``, ``4Gi``."""
+    if isinstance(value, bool):
+        raise ValueError("a Kubernetes quantity such as 2, 500m or 4Gi is needed, not a boolean")
+    if isinstance(value, (int, float)):
+        value = str(value)
+    if not isinstance(value, str) or not re.match(QUANTITY_PATTERN, value):
+        raise ValueError("a Kubernetes quantity such as 2, 500m or 4Gi is needed")
+    return value
+
+
+def _auto_or_bool(value: Any) -> Any:
+    """staticWeights is true, false or "auto" (YAML gives the first two as booleans)."""
+    if isinstance(value, bool) or value == "auto":
+        return value
+    raise ValueError("valid values are auto, true, false")
+
+
+def _replace_schema(schema: dict[str, Any], replacement: dict[str, Any]) -> None:
+    """Swap a field's type for one pydantic cannot express, keeping its description and default."""
+    kept = {k: v for k, v in schema.items() if k in ("description", "default")}
+    schema.clear()
+    schema.update(replacement, **kept)
+
+
+def _int_or_string(pattern: str | None = None) -> Any:
+    schema: dict[str, Any] = {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}
+    if pattern:
+        schema["pattern"] = pattern
+    return lambda s: _replace_schema(s, schema)
+
+
+Quantity = Annotated[
+    str,
+    BeforeValidator(_quantity),
+    Field(json_schema_extra=_int_or_string(QUANTITY_PATTERN)),
+]
+IntOrPercent = Annotated[
+    StrictInt | Annotated[str, Field(pattern=r"^[0-9]+%$")],
+    Field(json_schema_extra=_int_or_string()),
+]
+Arg = Annotated[str, Field(max_length=MAX_STRING)]
+
+
+class ApiModel(BaseModel):
+    """Base for every API object: camelCase on the wire, unknown fields refused."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+        frozen=True,
+    )
+
+
+class ModelSource(ApiModel):
+    """The model to serve: where its uncompiled form lives and what it is."""
+
+    uri: Annotated[str, Field(min_length=1, max_length=MAX_STRING)]
+    """Where the uncompiled model lives (for example s3://bucket/resnet50/ or a path the compile image can read)."""
+    framework: Literal["tensorflow", "pytorch"]
+    """The framework the model was saved with: tensorflow or pytorch."""
+    architecture: Literal["cnn", "transformer", "other"] = "other"
+    """The network's architecture. cnn enables the Neuron batching flags for batch sizes above 1 and the CNN batch limits."""
+    precision: Literal["fp32", "fp16", "bf16", "mixed"] = "fp16"
+    """Numeric precision on the NeuronCores. mixed casts only matmul and convolution inputs (--fp32-cast=matmult)."""
+    weights: Annotated[StrictInt | None, Field(ge=1)] = None
+    """Number of parameters, when known. Enables the bucket-count bound and the static-weights memory check."""
+
+
+class Compute(ApiModel):
+    """The hardware one replica gets."""
+
+    inf: Annotated[StrictInt, Field(ge=1)]
+    """Whole Neuron chips per replica (one chip is 4 NeuronCores on inf1, 2 on inf2 and trn1, 8 on trn2). Fractional chips are not allowed."""
+    family: Literal[FAMILY_NAMES] = "inf1"  # type: ignore[valid-type]
+    """The Neuron instance family: inf1, inf2, trn1 or trn2."""
+    instance_types: Annotated[list[Annotated[str, Field(max_length=64)]] | None, Field(max_length=16)] = None
+    """Restricts scheduling to these instance types of the family (node.kubernetes.io/instance-type). Default: every type of the family with at least inf chips."""
+    cpu: Quantity = "1"
+    """CPU requested by each replica (a Kubernetes quantity)."""
+    memory: Quantity = "2Gi"
+    """Host memory requested by each replica (a Kubernetes quantity)."""
+
+
+class Batching(ApiModel):
+    """Server-side adaptive batching: requests are grouped until either bound is reached."""
+
+    max_batch_size: Annotated[StrictInt, Field(ge=1)] = 1
+    """Largest batch the server forms from concurrent requests."""
+    max_latency_ms: Annotated[StrictInt, Field(ge=1)] = 100
+    """Latency budget in milliseconds; requests that cannot meet it are answered 503."""
+
+
+class CompileOptions(ApiModel):
+    """How the model is compiled for the NeuronCore Group (compiler flags follow from these and the plan)."""
+
+    batch_size: Annotated[StrictInt, Field(ge=1)] = 1
+    """The batch size the model is compiled for."""
+    dynamic_batch_size: StrictBool = False
+    """Let clients send any multiple of the compiled batch size (compile option dynamic_batch_size=True)."""
+    optimize_for: Literal["throughput", "latency"] | None = None
+    """What the deployment favours. throughput: small groups, many processes; latency: larger groups (NeuronCore pipeline)."""
+    static_weights: Annotated[
+        Literal["auto"] | bool,
+        BeforeValidator(_auto_or_bool),
+        Field(json_schema_extra=lambda s: _replace_schema(s, {"x-kubernetes-preserve-unknown-fields": True})),
+    ] = "auto"
+    """Cache all weights on the NeuronCores (--static-weights): true, false, or auto (on exactly when the weights are known to fit the group's memory)."""
+    buckets: Annotated[
+        list[Annotated[list[Annotated[StrictInt, Field(ge=1)]], Field(min_length=1, max_length=MAX_BUCKET_DIMENSIONS)]] | None,
+        Field(max_length=MAX_BUCKETS),
+    ] = None
+    """Input-shape buckets, one compiled model each, for example [[500,500],[600,600]] or [[64],[128]]. Inputs are padded to the smallest bucket that holds them."""
+    extra_args: Annotated[list[Arg] | None, Field(max_length=MAX_ARGS)] = None
+    """Further compiler arguments, appended after the planned ones."""
+    image: Annotated[str | None, Field(max_length=MAX_STRING)] = None
+    """Compiler image. When set, a compile Job builds the model for the plan before serving; when unset, the serving image compiles at load time from NEURON_CC_FLAGS."""
+    output_uri: Annotated[str | None, Field(max_length=MAX_STRING)] = None
+    """Where compiled artefacts are written. Default: next to the model, under a directory named after the compile inputs' hash."""
+
+
+class EnvVar(ApiModel):
+    """An environment variable for every serving process."""
+
+    name: Annotated[str, Field(min_length=1, max_length=256)]
+    """Variable name."""
+    value: Annotated[str, Field(max_length=MAX_STRING)] = ""
+    """Variable value."""
+
+
+class Serving(ApiModel):
+    """The serving container of each replica."""
+
+    image: Annotated[str, Field(min_length=1, max_length=MAX_STRING)]
+    """Serving image. Each process receives its NeuronCore Group through NEURON_RT_VISIBLE_CORES."""
+    port: Annotated[StrictInt, Field(ge=1, le=65535)] = 8080
+    """Port the first serving process listens on; process i listens on port + i."""
+    args: Annotated[list[Arg] | None, Field(max_length=MAX_ARGS)] = None
+    """Arguments for the serving container."""
+    env: Annotated[list[EnvVar] | None, Field(max_length=MAX_ARGS)] = None
+    """Extra environment for every serving process."""
+    threads_per_process: Annotated[StrictInt | None, Field(ge=1)] = None
+    """Request threads per process. Default: the group's NeuronCores + 3, so that every outstanding inference has a thread."""
+    batching: Batching | None = None
+    """Server-side adaptive batching; off when unset."""
+
+
+class Rollout(ApiModel):
+    """How a new plan replaces running replicas. Accelerators are scarce, so by default no replica is added above spec.replicas."""
+
+    max_surge: IntOrPercent = 0
+    """Replicas that may exist above spec.replicas during a rollout (a number or a percentage)."""
+    max_unavailable: IntOrPercent = 1
+    """Replicas that may be unavailable during a rollout (a number or a percentage)."""
+
+
+class InferentiaModelSpec(ApiModel):
+    """What to serve and on how much Neuron hardware."""
+
+    model: ModelSource
+    """The model to serve."""
+    compute: Compute
+    """Neuron chips, CPU and memory of each replica."""
+    processes_per_replica: Annotated[StrictInt, Field(ge=1)] = 1
+    """Serving processes per replica, one NeuronCore Group each. Must divide the replica's NeuronCores (coresPerChip * inf)."""
+    replicas: Annotated[StrictInt, Field(ge=0)] = 1
+    """Number of replicas (pods). kubectl scale and a HorizontalPodAutoscaler change this through the scale subresource."""
+    compile: CompileOptions = CompileOptions()
+    """Compilation options."""
+    serving: Serving
+    """The serving container."""
+    rollout: Rollout = Rollout()
+    """Rolling-update bounds of the serving Deployment."""
+
+
+class ResourceList(ApiModel):
+    """Requests and limits of the serving container, in Kubernetes ResourceRequirements shape."""
+
+    requests: dict[str, str]
+    """Resources the scheduler reserves: Neuron chips, hugepages, cpu and memory."""
+    limits: dict[str, str]
+    """Limits; extended resources and hugepages must equal their requests."""
+
+
+class Plan(ApiModel):
+    """How a spec maps onto NeuronCores: computed by the planner, never written by users."""
+
+    family: str
+    """Neuron instance family."""
+    chips: int
+    """Neuron chips per replica (spec.compute.inf)."""
+    cores_per_chip: int
+    """NeuronCores on one chip of the family."""
+    total_cores: int
+    """NeuronCores per replica (coresPerChip * chips)."""
+    group_size: int
+    """NeuronCores in each NeuronCore Group (totalCores / groups); the model is compiled for this many cores."""
+    groups: int
+    """NeuronCore Groups per replica, one per serving process."""
+    visible_cores: list[str]
+    """Each group's cores as NEURON_RT_VISIBLE_CORES takes them ("0-1", or "5" for one core): contiguous, disjoint, in order."""
+    device_memory_per_group_bytes: int
+    """Device memory the group's cores can address: the memory of every chip it touches, shared with any other group on those chips."""
+    device_memory_share_per_group_bytes: int
+    """The group's own share of device memory (its cores times the memory per core), which its weights must fit."""
+    static_weights: bool
+    """Whether the model is compiled with --static-weights."""
+    batch_size: int
+    """Compiled batch size."""
+    dynamic_batch_size: bool
+    """Whether clients may send any multiple of the compiled batch size."""
+    buckets: list[list[int]]
+    """Input-shape buckets, one compiled model each (empty: one model)."""
+    compiler_args: list[str]
+    """Neuron compiler arguments, also given to serving processes in NEURON_CC_FLAGS."""
+    threads_per_process: int
+    """Request threads per serving process."""
+    env: list[dict[str, str]]
+    """The Neuron runtime environment of each serving process, in group order."""
+    resources: ResourceList
+    """The serving container's resource requests and limits."""
+    instance_types: list[str]
+    """Instance types that can hold one replica, smallest first."""
+    warnings: list[str]
+    """Things that are allowed but may not work as hoped."""
+
+
+class Condition(ApiModel):
+    """A standard Kubernetes condition (metav1.Condition)."""
+
+    type: str
+    """Condition type: Validated, Compiled, Scheduled, Progressing, Available or Ready."""
+    status: Literal["True", "False", "Unknown"]
+    """True, False or Unknown."""
+    reason: str
+    """A CamelCase word for the last transition."""
+    message: str = ""
+    """A human-readable explanation."""
+    last_transition_time: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
+    """When the status last changed."""
+    observed_generation: int | None = None
+    """The metadata.generation this condition was computed for."""
+
+
+class InferentiaModelStatus(ApiModel):
+    """What the operator last observed and did."""
+
+    observed_generation: int | None = None
+    """The metadata.generation the status describes."""
+    conditions: list[Condition] | None = None
+    """Validated, Compiled, Scheduled, Progressing, Available and Ready."""
+    plan: Plan | None = None
+    """The plan of the observed generation."""
+    replicas: int | None = None
+    """Serving pods that exist."""
+    ready_replicas: int | None = None
+    """Serving pods that are ready."""
+    updated_replicas: int | None = None
+    """Serving pods running the current plan."""
+    selector: str | None = None
+    """Label selector of the serving pods, for the scale subresource."""
+    compile_job: str | None = None
+    """Name of the compile Job of the current plan."""
+    compiled_uri: str | None = None
+    """Where the compiled model of the current plan is."""

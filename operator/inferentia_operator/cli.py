@@ -1,0 +1,141 @@
+"""The inferentia-operator command: validate and plan manifests offline, print the CRD, run the operator."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import yaml
+
+from .crd import crd_yaml
+from .documents import Loaded, ModelDocument, load_models
+from .planner import plan
+
+EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
+
+
+def _report(doc: ModelDocument, out: Any) -> None:
+    if doc.valid:
+        print(f"{doc.key}: ok", file=out)
+    for finding in doc.findings:
+        print(f"{doc.key}: {finding}", file=out)
+
+
+def _load(paths: list[str]) -> Loaded:
+    loaded = load_models(paths)
+    for problem in loaded.problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if not loaded.models and not loaded.problems:
+        print(f"no InferentiaModel found in {', '.join(paths) or '<stdin>'}", file=sys.stderr)
+    return loaded
+
+
+def _exit_code(loaded: Loaded) -> int:
+    if loaded.problems:
+        return EXIT_UNREADABLE
+    return EXIT_OK if all(d.valid for d in loaded.models) else EXIT_INVALID
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    loaded = _load(args.paths)
+    for doc in loaded.models:
+        _report(doc, sys.stdout)
+    return _exit_code(loaded)
+
+
+def plan_record(doc: ModelDocument) -> dict[str, Any]:
+    assert doc.spec is not None
+    return {"name": doc.name, "namespace": doc.namespace, **plan(doc.spec).model_dump(by_alias=True, mode="json")}
+
+
+def _table(records: list[dict[str, Any]]) -> str:
+    columns = [
+        ("NAMESPACE", lambda r: r["namespace"]),
+        ("NAME", lambda r: r["name"]),
+        ("FAMILY", lambda r: r["family"]),
+        ("CHIPS", lambda r: r["chips"]),
+        ("CORES", lambda r: r["totalCores"]),
+        ("GROUPS", lambda r: r["groups"]),
+        ("NCG", lambda r: r["groupSize"]),
+        ("VISIBLE-CORES", lambda r: ",".join(r["visibleCores"])),
+        ("STATIC-WEIGHTS", lambda r: str(r["staticWeights"]).lower()),
+        ("INSTANCE-TYPES", lambda r: ",".join(r["instanceTypes"])),
+    ]
+    rows = [[h for h, _ in columns]] + [[str(get(r)) for _, get in columns] for r in records]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+    return "\n".join("   ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    loaded = _load(args.paths)
+    records = []
+    for doc in loaded.models:
+        if doc.valid:
+            records.append(plan_record(doc))
+        else:
+            for finding in doc.findings:
+                print(f"{doc.key}: {finding}", file=sys.stderr)
+    if args.output == "json":
+        print(json.dumps(records, indent=2))
+    elif args.output == "yaml":
+        print(yaml.safe_dump(records, sort_keys=False), end="")
+    elif records:
+        print(_table(records))
+    return _exit_code(loaded)
+
+
+def cmd_crd(args: argparse.Namespace) -> int:
+    print(crd_yaml(), end="")
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .runner import run  # kopf and the Kubernetes client load only for this command
+
+    return run(args)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="inferentia-operator",
+        description="Serve ML models on AWS Inferentia and Trainium: validate and plan InferentiaModels, or run the operator.",
+    )
+    sub = top.add_subparsers(dest="command", required=True)
+
+    v = sub.add_parser("validate", help="check InferentiaModel manifests (files, directories, - for stdin)")
+    v.add_argument("paths", nargs="*", metavar="PATH", help="YAML or JSON files, directories, or - (default: stdin)")
+    v.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("plan", help="print the NeuronCore plan of each InferentiaModel")
+    p.add_argument("paths", nargs="*", metavar="PATH")
+    p.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    p.set_defaults(func=cmd_plan)
+
+    c = sub.add_parser("crd", help="print the InferentiaModel CustomResourceDefinition")
+    c.set_defaults(func=cmd_crd)
+
+    r = sub.add_parser("run", help="run the operator against the current kubeconfig or in-cluster config")
+    r.add_argument("-n", "--namespace", action="append", default=[], help="watch this namespace (repeatable); default: all")
+    r.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL ('' to disable)")
+    r.add_argument("--peering", default="inferentia-operator", help="peering name: replicas with the same name elect one active")
+    r.add_argument("--standalone", action="store_true", help="no peering: act even if another replica is running")
+    r.add_argument("--resync-seconds", type=float, default=300.0, help="seconds between level-based resyncs of each model")
+    r.add_argument("--verbose", action="store_true")
+    r.set_defaults(func=cmd_run)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except BrokenPipeError:
+        return EXIT_OK
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""The CLI: validate and plan over files, directories and stdin; exit codes; never a traceback."""
+
+import contextlib
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import make_model
+from inferentia_operator.cli import main
+from inferentia_operator.crd import crd_yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "manifests" / "samples"
+
+
+def run_cli(*args, stdin=""):
+    out, err = io.StringIO(), io.StringIO()
+    old_stdin = sys.stdin
+    sys.stdin = io.StringIO(stdin)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(args))
+    finally:
+        sys.stdin = old_stdin
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_valid_samples_pass():
+    code, out, _ = run_cli("validate", *sorted(str(p) for p in SAMPLES.glob("*.yaml")))
+    assert code == 0
+    assert out.splitlines() == ["default/bert-base: ok", "default/gpt2: ok", "default/resnet50: ok"]
+
+
+def test_invalid_samples_fail_with_field_paths():
+    code, out, _ = run_cli("validate", str(SAMPLES / "invalid"))
+    assert code == 1
+    assert (
+        "default/uneven: spec.processesPerReplica: cannot evenly distribute 1 inf1 chip (4 NeuronCores) "
+        "over 3 processes; valid values are 1, 2, 4"
+    ) in out.splitlines()
+    assert "default/half-chip: spec.compute.inf: 1.5 is not a whole number; valid values are whole numbers" in out
+    assert "default/fp32-batch: spec.compile.batchSize: a CNN in fp32 compiles only at batch size 1, got 4" in out
+    assert "default/too-big: spec.compute.inf: 17 chips do not fit any inf1 instance" in out
+
+
+def test_a_whole_directory_skips_other_kinds(tmp_path):
+    (tmp_path / "app").mkdir()
+    docs = [
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"}},
+        make_model("a", "team-a"),
+        {"apiVersion": "v1", "kind": "List", "items": [make_model("b", "team-b", processesPerReplica=3)]},
+        {"apiVersion": "other.example.com/v1", "kind": "InferentiaModel", "metadata": {"name": "theirs"}},
+    ]
+    (tmp_path / "app" / "all.yaml").write_text(yaml.safe_dump_all(docs))
+    (tmp_path / "README.md").write_text("not a manifest: {{")
+    code, out, _ = run_cli("validate", str(tmp_path))
+    assert code == 1
+    assert out.splitlines()[0] == "team-a/a: ok"
+    assert out.splitlines()[1].startswith("team-b/b: spec.processesPerReplica: cannot evenly distribute")
+    assert "theirs" not in out
+
+
+def test_stdin_and_json():
+    code, out, _ = run_cli("validate", "-", stdin=json.dumps(make_model("j")))
+    assert (code, out) == (0, "default/j: ok\n")
+
+
+def test_unreadable_or_unparsable_files_exit_2_and_the_rest_is_still_checked(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: [1, 2\n")
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(make_model("g")))
+    code, out, err = run_cli("validate", str(bad), str(good), str(tmp_path / "missing.yaml"))
+    assert code == 2
+    assert out == "default/g: ok\n"
+    assert f"error: {bad}: not valid YAML" in err
+    assert "missing.yaml: no such file or directory" in err
+
+
+def test_wrong_api_version_and_bad_name():
+    doc = make_model("Bad_Name")
+    doc["apiVersion"] = "inferentia.dev/v1"
+    code, out, _ = run_cli("validate", "-", stdin=yaml.safe_dump(doc))
+    assert code == 1
+    assert "default/Bad_Name: apiVersion: 'inferentia.dev/v1' is not served; valid values are inferentia.dev/v1alpha1" in out
+    assert "default/Bad_Name: metadata.name: 'Bad_Name' is not valid" in out
+
+
+def test_plan_json_has_every_field():
+    code, out, _ = run_cli("plan", str(SAMPLES / "resnet50-throughput.yaml"), "-o", "json")
+    assert code == 0
+    [record] = json.loads(out)
+    assert record["name"] == "resnet50" and record["namespace"] == "default"
+    for field in (
+        "family coresPerChip totalCores groupSize groups visibleCores deviceMemoryPerGroupBytes "
+        "compilerArgs env resources instanceTypes"
+    ).split():
+        assert field in record
+    assert record["visibleCores"] == ["0", "1", "2", "3"]
+    assert record["compilerArgs"][:2] == ["--neuroncore-pipeline-cores", "1"]
+    assert record["resources"]["requests"]["aws.amazon.com/neuron"] == "1"
+
+
+def test_plan_of_an_invalid_model_reports_and_exits_1():
+    code, out, err = run_cli("plan", str(SAMPLES / "invalid" / "three-processes-one-chip.yaml"), "-o", "json")
+    assert code == 1
+    assert json.loads(out) == []
+    assert "valid values are 1, 2, 4" in err
+
+
+def test_plan_table_and_yaml():
+    code, out, _ = run_cli("plan", str(SAMPLES / "bert-latency.yaml"))
+    assert code == 0
+    header, row = out.splitlines()
+    assert header.split()[:7] == ["NAMESPACE", "NAME", "FAMILY", "CHIPS", "CORES", "GROUPS", "NCG"]
+    assert row.split()[:7] == ["default", "bert-base", "inf1", "4", "16", "1", "16"]
+    code, out, _ = run_cli("plan", str(SAMPLES / "bert-latency.yaml"), "-o", "yaml")
+    assert yaml.safe_load(out)[0]["buckets"] == [[64], [128], [256], [512]]
+
+
+def test_console_script_runs_as_a_program():
+    result = subprocess.run(
+        [sys.executable, "-m", "inferentia_operator", "validate", str(SAMPLES / "gpt2-inf2.yaml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (result.returncode, result.stdout) == (0, "default/gpt2: ok\n")
+
+
+def test_crd_command_prints_the_committed_crd():
+    code, out, _ = run_cli("crd")
+    assert code == 0
+    assert out == crd_yaml()
+
+
+# Arbitrary documents, and arbitrary InferentiaModels, never crash the CLI.
+scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=20))
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=5)),
+    max_leaves=25,
+)
+spec_keys = st.sampled_from(
+    ["model", "compute", "inf", "family", "processesPerReplica", "compile", "buckets", "serving", "image", "weights",
+     "staticWeights", "batchSize", "instanceTypes", "replicas", "rollout", "maxSurge", "uri", "framework"]
+)  # fmt: skip
+spec_like = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(spec_keys, inner, max_size=6)),
+    max_leaves=30,
+)
+models = st.builds(
+    lambda spec, name: {"apiVersion": "inferentia.dev/v1alpha1", "kind": "InferentiaModel", "metadata": {"name": name}, "spec": spec},
+    spec_like,
+    st.one_of(st.none(), st.integers(), st.text(max_size=50)),
+)
+
+
+def _assert_clean(code, out, err):
+    assert code in (0, 1, 2)
+    assert out or err, "every run says something"
+    assert "Traceback" not in out + err
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(values, models), min_size=1, max_size=3), st.sampled_from(["yaml", "json"]))
+def test_arbitrary_documents_never_crash(documents, fmt):
+    if fmt == "json":
+        text = "\n".join(json.dumps(d) for d in documents[:1])
+    else:
+        text = yaml.safe_dump_all(documents)
+    for command in ("validate", "plan"):
+        _assert_clean(*run_cli(command, "-", stdin=text))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=200))
+def test_arbitrary_text_never_crashes(text):
+    _assert_clean(*run_cli("validate", "-", stdin=text))

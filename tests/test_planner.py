@@ -1,0 +1,167 @@
+"""Every plan field, table-driven, plus the properties that must hold for every valid spec."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import make_spec
+from inferentia_operator.api import InferentiaModelSpec
+from inferentia_operator.catalogue import FAMILIES, GIB
+from inferentia_operator.planner import InvalidSpec, plan
+from inferentia_operator.rules import divisors, errors, parse_spec
+
+
+def plan_of(**overrides):
+    return plan(InferentiaModelSpec.model_validate(make_spec(**overrides)))
+
+
+def test_plan_of_a_throughput_cnn():
+    p = plan_of(
+        **{
+            "model.architecture": "cnn",
+            "model.weights": 25_000_000,
+            "processesPerReplica": 4,
+            "compile.batchSize": 4,
+            "compute.cpu": "2",
+            "compute.memory": "4Gi",
+        }
+    )
+    assert (p.family, p.chips, p.cores_per_chip, p.total_cores, p.group_size, p.groups) == ("inf1", 1, 4, 4, 1, 4)
+    assert p.visible_cores == ["0", "1", "2", "3"]
+    assert p.device_memory_per_group_bytes == 8 * GIB  # a one-core group sees its whole chip...
+    assert p.device_memory_share_per_group_bytes == 2 * GIB  # ...and owns a quarter of it
+    assert p.static_weights is True  # auto: 50 MB of fp16 weights fit 2 GiB
+    assert p.compiler_args == [
+        "--neuroncore-pipeline-cores", "1",
+        "--batching_en", "--rematerialization_en", "--spill_dis", "--sb_size", "100",
+        "--enable-replication", "True",
+        "--static-weights",
+    ]  # fmt: skip
+    assert p.resources.requests == {"aws.amazon.com/neuron": "1", "hugepages-2Mi": "256Mi", "cpu": "2", "memory": "4Gi"}
+    assert p.resources.limits == {"aws.amazon.com/neuron": "1", "hugepages-2Mi": "256Mi", "memory": "4Gi"}
+    assert p.instance_types == ["inf1.xlarge", "inf1.2xlarge", "inf1.6xlarge", "inf1.24xlarge"]
+    assert p.env[2] == {
+        "NEURON_RT_VISIBLE_CORES": "2",
+        "NEURON_RT_NUM_CORES": "1",
+        "NEURONCORE_GROUP_SIZES": "1",
+        "NEURON_MAX_NUM_INFERS": "4",
+        "NEURON_CC_FLAGS": " ".join(p.compiler_args),
+        "INFERENTIA_PROCESS_INDEX": "2",
+        "INFERENTIA_THREADS": "4",
+    }
+
+
+@pytest.mark.parametrize(
+    "overrides,visible,seen_gib",
+    [
+        ({"compute.inf": 2, "processesPerReplica": 1}, ["0-7"], 16),
+        ({"compute.inf": 2, "processesPerReplica": 2}, ["0-3", "4-7"], 8),
+        ({"compute.inf": 2, "processesPerReplica": 4}, ["0-1", "2-3", "4-5", "6-7"], 8),
+        ({"compute.inf": 3, "processesPerReplica": 4}, ["0-2", "3-5", "6-8", "9-11"], 16),  # straddles: warned
+        ({"compute.family": "inf2", "compute.inf": 12, "processesPerReplica": 3}, ["0-7", "8-15", "16-23"], 128),
+        ({"compute.family": "trn2", "processesPerReplica": 2}, ["0-3", "4-7"], 96),
+    ],
+)
+def test_groups_and_their_memory(overrides, visible, seen_gib):
+    p = plan_of(**overrides)
+    assert p.visible_cores == visible
+    assert p.device_memory_per_group_bytes == seen_gib * GIB
+
+
+@pytest.mark.parametrize(
+    "overrides,expected_tail",
+    [
+        ({"model.precision": "mixed"}, ["--fp32-cast=matmult"]),
+        ({"compile.staticWeights": True}, ["--static-weights"]),
+        ({"compile.extraArgs": ["--verbose", "35"], "model.precision": "mixed"}, ["--fp32-cast=matmult", "--verbose", "35"]),
+        ({"model.architecture": "transformer", "compile.batchSize": 4}, []),  # batching flags are CNN-only
+        ({"model.architecture": "cnn", "compile.batchSize": 1}, []),
+    ],
+)
+def test_compiler_args(overrides, expected_tail):
+    p = plan_of(**overrides)
+    assert p.compiler_args == ["--neuroncore-pipeline-cores", "4", *expected_tail]
+
+
+@pytest.mark.parametrize(
+    "overrides,static",
+    [
+        ({"model.weights": 4 * GIB}, True),  # 2-byte fp16 weights exactly fill a 4-core group's 8 GiB share
+        ({"model.weights": 4 * GIB + 1}, False),
+        ({"model.weights": 2 * GIB // 4, "model.precision": "fp32", "processesPerReplica": 4}, True),
+        ({"model.weights": 2 * GIB // 4 + 1, "model.precision": "fp32", "processesPerReplica": 4}, False),
+        ({}, False),  # unknown weights: auto stays off
+        ({"compile.staticWeights": False, "model.weights": 10}, False),
+    ],
+)
+def test_static_weights_auto(overrides, static):
+    assert plan_of(**overrides).static_weights is static
+
+
+def test_instance_types_follow_chips_and_the_users_list():
+    assert plan_of(**{"compute.inf": 4}).instance_types == ["inf1.6xlarge", "inf1.24xlarge"]
+    assert plan_of(**{"compute.inf": 4, "compute.instanceTypes": ["inf1.24xlarge", "inf1.xlarge"]}).instance_types == [
+        "inf1.24xlarge"
+    ]
+    assert plan_of(**{"compute.family": "inf2", "compute.inf": 6}).instance_types == ["inf2.24xlarge", "inf2.48xlarge"]
+
+
+def test_hugepages_and_threads():
+    p = plan_of(**{"compute.inf": 4, "processesPerReplica": 2, "serving.threadsPerProcess": 12})
+    assert p.resources.requests["hugepages-2Mi"] == "1024Mi"
+    assert p.threads_per_process == 12
+    assert {e["NEURON_MAX_NUM_INFERS"] for e in p.env} == {"11"}  # 8 cores per group + 3
+
+
+def test_plan_refuses_an_invalid_spec():
+    spec = InferentiaModelSpec.model_validate(make_spec(processesPerReplica=3))
+    with pytest.raises(InvalidSpec) as caught:
+        plan(spec)
+    assert "valid values are 1, 2, 4" in str(caught.value)
+
+
+def test_warnings_reach_the_plan():
+    assert any("straddle" in w for w in plan_of(**{"compute.inf": 3, "processesPerReplica": 4}).warnings)
+
+
+def _range(text):
+    first, _, last = text.partition("-")
+    return range(int(first), int(last or first) + 1)
+
+
+family_and_chips = st.sampled_from(list(FAMILIES.values())).flatmap(
+    lambda f: st.tuples(st.just(f), st.sampled_from(f.allowed_chip_counts or range(1, f.max_chips + 1)))
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(family_and_chips, st.data())
+def test_every_divisor_gives_a_complete_disjoint_ordered_layout(fc, data):
+    fam, chips = fc
+    total = fam.cores_per_chip * chips
+    processes = data.draw(st.sampled_from(divisors(total)))
+    spec = make_spec(**{"compute.family": fam.name, "compute.inf": chips, "processesPerReplica": processes})
+    parsed, found = parse_spec(spec)
+    assert errors(found) == []
+    p = plan(parsed)
+    assert p.groups * p.group_size == p.total_cores == total
+    ranges = [_range(v) for v in p.visible_cores]
+    assert [c for r in ranges for c in r] == list(range(total))  # ordered, disjoint, complete
+    assert all(len(r) == p.group_size for r in ranges)
+    if fam.cores_per_chip % p.group_size == 0:  # a group that fits in a chip stays in it
+        assert all(r[0] // fam.cores_per_chip == r[-1] // fam.cores_per_chip for r in ranges)
+    assert [e["NEURON_RT_VISIBLE_CORES"] for e in p.env] == p.visible_cores
+
+
+@settings(max_examples=300, deadline=None)
+@given(family_and_chips, st.integers(min_value=1, max_value=300))
+def test_every_non_divisor_is_refused_with_every_divisor(fc, processes):
+    fam, chips = fc
+    total = fam.cores_per_chip * chips
+    spec = make_spec(**{"compute.family": fam.name, "compute.inf": chips, "processesPerReplica": processes})
+    messages = [f.message for f in errors(parse_spec(spec)[1])]
+    if total % processes == 0:
+        assert messages == []
+    else:
+        expected = ", ".join(str(d) for d in divisors(total))
+        assert any(m.endswith(f"over {processes} processes; valid values are {expected}") for m in messages), messages

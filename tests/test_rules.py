@@ -1,0 +1,187 @@
+"""Table-driven tests of every validation rule, messages included."""
+
+import pytest
+
+from conftest import make_spec
+from inferentia_operator.rules import errors, parse_spec
+
+
+def findings_of(spec):
+    _, found = parse_spec(spec)
+    return [str(f) for f in found]
+
+
+def error_lines(spec):
+    _, found = parse_spec(spec)
+    return [str(f) for f in errors(found)]
+
+
+VALID = [
+    pytest.param(make_spec(), id="minimal"),
+    pytest.param(make_spec(**{"compute.inf": 16}), id="inf1-largest"),
+    pytest.param(make_spec(**{"compute.inf": 2, "processesPerReplica": 8}), id="two-chips-eight-processes"),
+    pytest.param(make_spec(**{"compute.family": "trn1", "compute.inf": 8}), id="trn1-eight"),
+    pytest.param(make_spec(**{"compute.family": "inf2", "compute.inf": 12, "processesPerReplica": 24}), id="inf2-largest"),
+    pytest.param(make_spec(**{"compile.staticWeights": True}), id="static-true-unknown-weights"),
+    pytest.param(make_spec(**{"compile.buckets": [[500, 500], [600, 600]]}), id="image-buckets"),
+    pytest.param(make_spec(**{"compute.cpu": 2, "compute.memory": "4Gi"}), id="int-cpu"),
+]
+
+
+@pytest.mark.parametrize("spec", VALID)
+def test_valid_specs_have_no_errors(spec):
+    assert error_lines(spec) == []
+
+
+INVALID = [
+    # Rule 1: inf is a whole number of at least 1.
+    ({"compute.inf": 0}, "spec.compute.inf: 0 is too small; valid values are at least 1"),
+    ({"compute.inf": -2}, "spec.compute.inf: -2 is too small; valid values are at least 1"),
+    ({"compute.inf": 1.5}, "spec.compute.inf: 1.5 is not a whole number; valid values are whole numbers"),
+    ({"compute.inf": "2"}, "spec.compute.inf: '2' is not a whole number; valid values are whole numbers"),
+    ({"compute.inf": True}, "spec.compute.inf: True is not a whole number; valid values are whole numbers"),
+    # Rule 2: inf fits the family's largest instance.
+    (
+        {"compute.inf": 17},
+        "spec.compute.inf: 17 chips do not fit any inf1 instance: the largest, inf1.24xlarge, has 16; valid values are 1 to 16",
+    ),
+    (
+        {"compute.family": "inf2", "compute.inf": 13},
+        "spec.compute.inf: 13 chips do not fit any inf2 instance: the largest, inf2.48xlarge, has 12; valid values are 1 to 12",
+    ),
+    # Rule 3: processes divide the NeuronCores.
+    (
+        {"processesPerReplica": 3},
+        "spec.processesPerReplica: cannot evenly distribute 1 inf1 chip (4 NeuronCores) over 3 processes; valid values are 1, 2, 4",
+    ),
+    (
+        {"compute.inf": 2, "processesPerReplica": 3},
+        "spec.processesPerReplica: cannot evenly distribute 2 inf1 chips (8 NeuronCores) over 3 processes; valid values are 1, 2, 4, 8",
+    ),
+    (
+        {"compute.family": "inf2", "processesPerReplica": 4},
+        "spec.processesPerReplica: cannot evenly distribute 1 inf2 chip (2 NeuronCores) over 4 processes; valid values are 1, 2",
+    ),
+    (
+        {"compute.family": "trn2", "processesPerReplica": 3},
+        "spec.processesPerReplica: cannot evenly distribute 1 trn2 chip (8 NeuronCores) over 3 processes; valid values are 1, 2, 4, 8",
+    ),
+    ({"processesPerReplica": 0}, "spec.processesPerReplica: 0 is too small; valid values are at least 1"),
+    # Rule 4: CNN batch limits.
+    (
+        {"model.architecture": "cnn", "model.precision": "fp32", "compile.batchSize": 2},
+        "spec.compile.batchSize: a CNN in fp32 compiles only at batch size 1, got 2; valid values are 1 (or use precision fp16 for batch sizes up to 5)",
+    ),
+    # Rule 5: weights.
+    (
+        {"model.weights": 500_000_000, "processesPerReplica": 4, "compile.buckets": [[1], [2], [3]]},
+        "spec.compile.buckets: 3 buckets do not fit: a group of 1 NeuronCores holds at most 2 bucketed models of 500000000 weights (round(1000000000 / weights) per NeuronCore)",
+    ),
+    (
+        {"model.weights": 3_000_000_000, "compile.buckets": [[1]]},
+        "spec.compile.buckets: 1 buckets do not fit: a group of 4 NeuronCores holds at most 0 bucketed models of 3000000000 weights (round(1000000000 / weights) per NeuronCore)",
+    ),
+    (
+        {"model.weights": 3_000_000_000, "processesPerReplica": 2, "compile.staticWeights": True},
+        "spec.compile.staticWeights: true needs 6000000000 bytes for 3000000000 fp16 weights, but a group of 2 NeuronCores has a 4294967296-byte share of device memory; use auto or false, or fewer processesPerReplica",
+    ),
+    ({"compile.staticWeights": "yes"}, "spec.compile.staticWeights: 'yes' is not valid: valid values are auto, true, false"),
+    # Rule 6: bucket shapes.
+    (
+        {"compile.buckets": [[64], [128, 128]]},
+        "spec.compile.buckets: buckets have different numbers of dimensions (1, 2); every bucket needs as many as the first (1)",
+    ),
+    (
+        {"compile.buckets": [[64], [128], [64]]},
+        "spec.compile.buckets: bucket [64] appears more than once; every bucket must be different",
+    ),
+    ({"compile.buckets": [[64], [0]]}, "spec.compile.buckets[1][0]: 0 is too small; valid values are at least 1"),
+    ({"compile.buckets": [[]]}, "spec.compile.buckets[0]: must not be empty"),
+    # Rule 7: trn1 device counts.
+    (
+        {"compute.family": "trn1", "compute.inf": 2},
+        "spec.compute.inf: trn1 containers may use only 1, 4, 8 or 16 chips, got 2; valid values are 1, 4, 8, 16",
+    ),
+    # Instance types.
+    (
+        {"compute.instanceTypes": ["inf2.xlarge"]},
+        "spec.compute.instanceTypes: 'inf2.xlarge' is not an inf1 instance type; valid values are inf1.xlarge, inf1.2xlarge, inf1.6xlarge, inf1.24xlarge",
+    ),
+    (
+        {"compute.inf": 4, "compute.instanceTypes": ["inf1.xlarge"]},
+        "spec.compute.instanceTypes: none of the listed instance types has 4 chips; inf1 types with at least 4 chips: inf1.6xlarge, inf1.24xlarge",
+    ),
+    # Enums and unknown fields.
+    ({"model.framework": "jax"}, "spec.model.framework: 'jax' is not valid; valid values are tensorflow, pytorch"),
+    ({"compute.family": "inf3"}, "spec.compute.family: 'inf3' is not valid; valid values are inf1, inf2, trn1, trn2"),
+    ({"compute.chips": 1}, "spec.compute.chips: is not a field of this object; check its spelling (kubectl explain inferentiamodel.spec lists the fields)"),
+    ({"compute.memory": "lots"}, "spec.compute.memory: 'lots' is not valid: a Kubernetes quantity such as 2, 500m or 4Gi is needed"),
+]
+
+
+@pytest.mark.parametrize("overrides,expected", INVALID, ids=lambda v: str(v)[:60])
+def test_invalid_specs_are_refused_with_the_message(overrides, expected):
+    assert expected in error_lines(make_spec(**overrides))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        # These fit their group's share, so they are valid: listed to pin the boundary.
+        {"model.weights": 2_000_000_000, "model.precision": "fp32", "compile.staticWeights": True},
+        {"model.weights": 1_500_000_000, "processesPerReplica": 2, "compile.staticWeights": True},
+        {"model.weights": 500_000_000, "processesPerReplica": 4, "compile.buckets": [[1], [2]]},
+        {"model.weights": 500_000_000, "compile.buckets": [[1], [2], [3]]},
+    ],
+)
+def test_boundaries_that_fit_are_valid(overrides):
+    assert error_lines(make_spec(**overrides)) == []
+
+
+def test_missing_required_fields_are_named():
+    lines = error_lines({"compute": {"inf": 1}})
+    assert "spec.model: is required" in lines
+    assert "spec.serving: is required" in lines
+
+
+def test_a_spec_that_is_not_a_mapping_is_refused():
+    assert error_lines(["not", "a", "mapping"]) == ["spec: must be a mapping of fields, got list"]
+
+
+WARNINGS = [
+    (
+        {"model.architecture": "cnn", "compile.batchSize": 6},
+        "warning: spec.compile.batchSize: an fp16 CNN above batch size 5 may not compile (the compiler supports FP16 ResNet-50 up to batch 5), got 6",
+    ),
+    (
+        {"compute.inf": 3, "processesPerReplica": 4},
+        "warning: spec.processesPerReplica: groups of 3 NeuronCores straddle chip boundaries (4 cores per chip); values giving whole-chip or in-chip groups: 1, 3, 6, 12",
+    ),
+    (
+        {"serving.threadsPerProcess": 2, "processesPerReplica": 2},
+        "warning: spec.serving.threadsPerProcess: 2 threads cannot keep a group of 2 NeuronCores busy; use more than 2",
+    ),
+    (
+        {"serving.batching": {"maxBatchSize": 8}, "compile.batchSize": 2},
+        "warning: spec.serving.batching.maxBatchSize: 8 is larger than the compiled batch size 2; set spec.compile.dynamicBatchSize: true so the model accepts larger batches",
+    ),
+    (
+        {"compile.optimizeFor": "throughput"},
+        "warning: spec.processesPerReplica: throughput is usually best with one NeuronCore per group (processesPerReplica: 4); 1 gives groups of 4",
+    ),
+    (
+        {"compile.optimizeFor": "latency", "processesPerReplica": 4},
+        "warning: spec.processesPerReplica: latency usually improves with larger groups (NeuronCore pipeline); 4 gives groups of 1 core",
+    ),
+    (
+        {"compile.staticWeights": True},
+        "warning: spec.compile.staticWeights: true cannot be checked against the group's memory without spec.model.weights; the compile fails if the weights do not fit",
+    ),
+]
+
+
+@pytest.mark.parametrize("overrides,expected", WARNINGS, ids=lambda v: str(v)[:60])
+def test_warnings_do_not_block(overrides, expected):
+    spec = make_spec(**overrides)
+    assert expected in findings_of(spec)
+    assert error_lines(spec) == []
