@@ -77,11 +77,32 @@ build_simple() {
   stamp "$name" "$v"
 }
 
+# kwok applies its default stages only when it reads no configuration file. The
+# control plane passes an explicit one (so a user's ~/.kwok never changes the
+# simulation), so it carries the pinned release's own default stages: the same
+# set as kustomize/stage/fast (nodes Ready with leases; pods Ready; Job pods done).
+kwok_stages() {
+  local out="$bin/kwok-stages.yaml" v="$KWOK_VERSION"
+  [[ -s "$out" && "$(cat "$bin/.kwok-stages.version" 2>/dev/null)" == "$v" ]] && return
+  local dir
+  dir=$(cd "$src/kwok" 2>/dev/null && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok) \
+    || dir=$(go mod download -json "sigs.k8s.io/kwok@$v" | sed -n 's/.*"Dir": "\(.*\)",*/\1/p')
+  {
+    for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+             pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+      echo "---"
+      cat "$dir/kustomize/stage/$f"
+    done
+  } > "$out"
+  stamp kwok-stages "$v"
+}
+
 start=$(date +%s)
 build_kubernetes
 build_simple etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3
 build_simple kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok \
   "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
+kwok_stages
 build_simple helm helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
   "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 log "done in $(( $(date +%s) - start ))s: $(du -sh "$bin" | cut -f1) in $bin"

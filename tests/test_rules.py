@@ -89,7 +89,7 @@ INVALID = [
     # Rule 6: bucket shapes.
     (
         {"compile.buckets": [[64], [128, 128]]},
-        "spec.compile.buckets: buckets have different numbers of dimensions (1, 2); every bucket needs as many as the first (1)",
+        "spec.compile.buckets: buckets have different numbers of dimensions [1, 2]; every bucket needs as many as the first (1)",
     ),
     (
         {"compile.buckets": [[64], [128], [64]]},

@@ -47,8 +47,10 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             out[key] = _structural(value, defs)
         else:
             out[key] = value
-    if "enum" in out and "type" not in out:
-        out["type"] = "string"
+    if "enum" in out:
+        out.setdefault("type", "string")
+        # CEL's cost estimator treats a string without maxLength as unbounded.
+        out.setdefault("maxLength", max(len(str(v)) for v in out["enum"]))
     if "properties" in out:
         out.setdefault("type", "object")
     return out

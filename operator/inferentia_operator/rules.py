@@ -1,7 +1,8 @@
 """Validation: the rules every InferentiaModel spec must satisfy.
 
 Each finding names the field path, the value given and what would be valid.
-Every cross-field rule that CEL can express is written twice, side by side: once
+Every cross-field rule that CEL can express (all but the two about staticWeights)
+is written twice, side by side: once
 in Python (used by the CLI and the operator) and once as a CEL rule that the CRD
 carries, so ``kubectl apply`` refuses the same input with the same message.
 An end-to-end test applies invalid objects to a real API server and compares the
@@ -10,6 +11,7 @@ two messages.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -131,49 +133,60 @@ def parse_spec(raw: Any, root: str = "spec") -> tuple[InferentiaModelSpec | None
 
 
 # ---------------------------------------------------------------------------
-# Cross-field rules, each with its CEL twin.
+# Cross-field rules. Each message is one printf-style template: Python renders it
+# with %, and the CRD's CEL rule renders it with the same template through
+# format(), so the CLI, the operator and `kubectl apply` print identical text.
+# (format() also keeps the API server's cost estimator content: it costs
+# string(int) inside a concatenation as unbounded, kubernetes#124234.)
 
 
 @dataclass(frozen=True)
-class CelRule:
-    """An x-kubernetes-validations entry placed on the schema node at ``node``."""
+class CrossFieldRule:
+    """A rule over several fields, with its message template and its CEL twin."""
 
-    node: str  # "spec", "spec.compute" or "spec.compile"
-    rule: str
-    message_expression: str
-    field_path: str  # relative to node, as CEL's fieldPath
-    reason: str = "FieldValueInvalid"
+    path: str  # the field a finding names, e.g. "spec.processesPerReplica"
+    node: str  # the schema node that carries the CEL rule, e.g. "spec"
+    template: str
+    cel_rule: str
+    cel_args: tuple[str, ...]
+
+    def finding(self, *args: Any) -> Finding:
+        return Finding(self.path, self.template % args)
 
     def as_schema(self) -> dict[str, Any]:
         return {
-            "rule": self.rule,
-            "messageExpression": self.message_expression,
-            "fieldPath": self.field_path,
-            "reason": self.reason,
+            "rule": self.cel_rule,
+            "messageExpression": f"{json.dumps(self.template)}.format([{', '.join(self.cel_args)}])",
+            "fieldPath": self.path[len(self.node) :],
+            "reason": "FieldValueInvalid",
         }
 
 
-def _cel_map(mapping: dict[Any, Any]) -> str:
-    def lit(v: Any) -> str:
-        if isinstance(v, str):
-            return "'" + v + "'"
-        if isinstance(v, (list, tuple)):
-            return "[" + ", ".join(lit(x) for x in v) + "]"
-        return str(v)
-
-    return "{" + ", ".join(f"{lit(k)}: {lit(v)}" for k, v in mapping.items()) + "}"
+def _cel(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_cel(k)}: {_cel(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_cel(v) for v in value) + "]"
+    return json.dumps(value)
 
 
 _FAM = list(FAMILIES.values())
-CEL_CORES = _cel_map({f.name: f.cores_per_chip for f in _FAM})
-CEL_MAX = _cel_map({f.name: f.max_chips for f in _FAM})
-CEL_LARGEST = _cel_map({f.name: f.largest_instance[0] for f in _FAM})
-CEL_TYPES = _cel_map({f.name: list(f.instance_chips) for f in _FAM})
-CEL_TYPE_CHIPS = _cel_map({t: c for f in _FAM for t, c in f.instance_chips.items()})
-CEL_MEM_PER_CORE = _cel_map({f.name: f.memory_per_core_bytes for f in _FAM})
-CEL_BUCKET_BUDGET = _cel_map({f.name: bucket_budget_per_core(f) for f in _FAM})
-# The list of valid processesPerReplica for every core count a valid inf can give.
-CEL_DIVISORS = _cel_map(
+CEL_CORES = _cel({f.name: f.cores_per_chip for f in _FAM})
+CEL_MAX = _cel({f.name: f.max_chips for f in _FAM})
+CEL_LARGEST = _cel({f.name: f.largest_instance[0] for f in _FAM})
+CEL_TYPES = _cel({f.name: list(f.instance_chips) for f in _FAM})
+CEL_TYPES_TEXT = _cel({f.name: _format_list(list(f.instance_chips)) for f in _FAM})
+# For every family and chip count: the types with at least that many chips, as text.
+CEL_LARGE_ENOUGH_TEXT = _cel(
+    {
+        f.name: {inf: _format_list([t for t, c in f.instance_chips.items() if c >= inf]) for inf in range(1, f.max_chips + 1)}
+        for f in _FAM
+    }
+)
+CEL_TYPE_CHIPS = _cel({t: c for f in _FAM for t, c in f.instance_chips.items()})
+CEL_BUCKET_BUDGET = _cel({f.name: bucket_budget_per_core(f) for f in _FAM})
+# The valid processesPerReplica of every core count a valid inf gives, as text.
+CEL_DIVISORS = _cel(
     {
         cores: _format_list(divisors(cores))
         for cores in sorted({f.cores_per_chip * inf for f in _FAM for inf in range(1, f.max_chips + 1)})
@@ -181,144 +194,171 @@ CEL_DIVISORS = _cel_map(
 )
 
 # CEL fragments over the spec (self = spec).
-_fam = "self.compute.family"
-_inf = "self.compute.inf"
-_p = "self.processesPerReplica"
+_fam, _inf, _p, _w = "self.compute.family", "self.compute.inf", "self.processesPerReplica", "self.model.weights"
 _cores = f"({CEL_CORES}[{_fam}] * {_inf})"
 _fits_family = f"{_inf} <= {CEL_MAX}[{_fam}]"
 _divides = f"{_cores} % {_p} == 0"
 _group = f"({_cores} / {_p})"
-_w = "self.model.weights"
-_bytes = "(self.model.precision == 'fp32' ? 4 : 2)"
-_planned = f"{_fits_family} && {_divides}"  # the rules below need a group size
-
-CEL_RULES: list[CelRule] = []
-
-
-def _rule(node: str, field_path: str, rule: str, message_expression: str) -> None:
-    CEL_RULES.append(CelRule(node, rule, message_expression, field_path))
-
+_budget = f"{CEL_BUCKET_BUDGET}[{_fam}]"
+_bound = f"({_group} * ((2 * {_budget} + {_w}) / (2 * {_w})))"  # round_half_up_div in integers
 
 # Rule 2: inf fits the family's largest instance type.
+FITS_FAMILY = CrossFieldRule(
+    "spec.compute.inf",
+    "spec.compute",
+    "%d chips do not fit any %s instance: the largest, %s, has %d; valid values are 1 to %d",
+    f"self.inf <= {CEL_MAX}[self.family]",
+    ("self.inf", "self.family", f"{CEL_LARGEST}[self.family]", f"{CEL_MAX}[self.family]", f"{CEL_MAX}[self.family]"),
+)
+
+# Rule 7: platforms that restrict the device count of one container (trn1).
+ALLOWED_CHIPS_TEMPLATE = "%s containers may use only %s chips, got %d; valid values are %s"
+ALLOWED_CHIPS = {
+    f.name: CrossFieldRule(
+        "spec.compute.inf",
+        "spec.compute",
+        ALLOWED_CHIPS_TEMPLATE,
+        f"self.family != {_cel(f.name)} || self.inf in {_cel(list(f.allowed_chip_counts))}",
+        (
+            _cel(f.name),
+            _cel(_or_list(list(f.allowed_chip_counts))),
+            "self.inf",
+            _cel(_format_list(list(f.allowed_chip_counts))),
+        ),
+    )
+    for f in _FAM
+    if f.allowed_chip_counts
+}
+
+# instanceTypes: every entry belongs to the family, and one of them holds a replica.
+_listed_known = f"self.instanceTypes.all(t, t in {CEL_TYPES}[self.family])"
+UNKNOWN_INSTANCE_TYPE = CrossFieldRule(
+    "spec.compute.instanceTypes",
+    "spec.compute",
+    "'%s' is not an %s instance type; valid values are %s",
+    f"!has(self.instanceTypes) || {_listed_known}",
+    (
+        f"self.instanceTypes.filter(t, !(t in {CEL_TYPES}[self.family]))[0]",
+        "self.family",
+        f"{CEL_TYPES_TEXT}[self.family]",
+    ),
+)
+SMALL_INSTANCE_TYPES = CrossFieldRule(
+    "spec.compute.instanceTypes",
+    "spec.compute",
+    "none of the listed instance types has %d chips; %s types with at least %d chips: %s",
+    f"!has(self.instanceTypes) || !{_listed_known} || self.inf > {CEL_MAX}[self.family]"
+    f" || self.instanceTypes.exists(t, {CEL_TYPE_CHIPS}[t] >= self.inf)",
+    ("self.inf", "self.family", "self.inf", f"{CEL_LARGE_ENOUGH_TEXT}[self.family][self.inf]"),
+)
+
+# Rule 3: the processes share the replica's NeuronCores evenly (an oversized inf is rule 2's).
+DIVISIBLE = CrossFieldRule(
+    "spec.processesPerReplica",
+    "spec",
+    "cannot evenly distribute %d %s %s (%d NeuronCores) over %d processes; valid values are %s",
+    f"!({_fits_family}) || {_divides}",
+    (_inf, _fam, f"({_inf} == 1 ? 'chip' : 'chips')", _cores, _p, f"{CEL_DIVISORS}[{_cores}]"),
+)
+
+# Rule 4: CNN batch limits (seed 000).
+FP16_CNN_MAX_BATCH = 5
+FP32_CNN_BATCH = CrossFieldRule(
+    "spec.compile.batchSize",
+    "spec",
+    "a CNN in fp32 compiles only at batch size 1, got %d; valid values are 1 "
+    f"(or use precision fp16 for batch sizes up to {FP16_CNN_MAX_BATCH})",
+    "!(self.model.architecture == 'cnn' && self.model.precision == 'fp32' && self.compile.batchSize > 1)",
+    ("self.compile.batchSize",),
+)
+
+# Rule 6: bucket shapes.
+BUCKET_DIMENSIONS = CrossFieldRule(
+    "spec.compile.buckets",
+    "spec.compile",
+    "buckets have different numbers of dimensions %s; every bucket needs as many as the first (%d)",
+    "!has(self.buckets) || size(self.buckets) == 0 || self.buckets.all(b, size(b) == size(self.buckets[0]))",
+    ("self.buckets.map(b, size(b))", "size(self.buckets[0])"),
+)
+BUCKET_DUPLICATE = CrossFieldRule(
+    "spec.compile.buckets",
+    "spec.compile",
+    "bucket %s appears more than once; every bucket must be different",
+    "!has(self.buckets) || self.buckets.all(a, self.buckets.exists_one(b, b == a))",
+    ("self.buckets.filter(a, !self.buckets.exists_one(b, b == a))[0]",),
+)
+
+# Rule 5: how many buckets the weights allow (seed 003).
+BUCKET_BOUND = CrossFieldRule(
+    "spec.compile.buckets",
+    "spec",
+    "%d buckets do not fit: a group of %d NeuronCores holds at most %d bucketed models of %d weights "
+    "(round(%d / weights) per NeuronCore)",
+    f"!has({_w}) || !has(self.compile.buckets) || size(self.compile.buckets) == 0 || !({_fits_family} && {_divides})"
+    f" || size(self.compile.buckets) <= {_bound}",
+    ("size(self.compile.buckets)", _group, _bound, _w, _budget),
+)
+
+# Rule 5, static weights. No CEL twin: the field is true, false or "auto", which a
+# structural schema can only hold as x-kubernetes-preserve-unknown-fields, and CEL
+# cannot see such a field (the API server refuses the CRD). The operator reports
+# it in status instead.
+STATIC_WEIGHTS_TOO_LARGE = (
+    "true needs %d bytes for %d %s weights, but a group of %d NeuronCores has a %d-byte share of device memory; "
+    "use auto or false, or fewer processesPerReplica"
+)
+
+CEL_RULES: list[CrossFieldRule] = [
+    FITS_FAMILY,
+    *ALLOWED_CHIPS.values(),
+    UNKNOWN_INSTANCE_TYPE,
+    SMALL_INSTANCE_TYPES,
+    DIVISIBLE,
+    FP32_CNN_BATCH,
+    BUCKET_DIMENSIONS,
+    BUCKET_DUPLICATE,
+    BUCKET_BOUND,
+]
+
+
 def _check_fits_family(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     name, most = fam.largest_instance
     if spec.compute.inf <= most:
         return []
-    return [
-        Finding(
-            "spec.compute.inf",
-            f"{spec.compute.inf} chips do not fit any {fam.name} instance: the largest, {name}, has {most}; "
-            f"valid values are 1 to {most}",
-        )
-    ]
+    return [FITS_FAMILY.finding(spec.compute.inf, fam.name, name, most, most)]
 
 
-_rule(
-    "spec.compute",
-    ".inf",
-    f"self.inf <= {CEL_MAX}[self.family]",
-    f"string(self.inf) + ' chips do not fit any ' + self.family + ' instance: the largest, ' + {CEL_LARGEST}[self.family]"
-    f" + ', has ' + string({CEL_MAX}[self.family]) + '; valid values are 1 to ' + string({CEL_MAX}[self.family])",
-)
-
-
-# Rule 7: platforms that restrict the device count of one container (trn1).
 def _check_allowed_chip_counts(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     allowed = fam.allowed_chip_counts
     if allowed is None or spec.compute.inf in allowed:
         return []
     return [
-        Finding(
-            "spec.compute.inf",
-            f"{fam.name} containers may use only {_or_list(list(allowed))} chips, got {spec.compute.inf}; "
-            f"valid values are {_format_list(list(allowed))}",
+        ALLOWED_CHIPS[fam.name].finding(
+            fam.name, _or_list(list(allowed)), spec.compute.inf, _format_list(list(allowed))
         )
     ]
 
 
-for _f in _FAM:
-    if _f.allowed_chip_counts:
-        _allowed = list(_f.allowed_chip_counts)
-        _rule(
-            "spec.compute",
-            ".inf",
-            f"self.family != '{_f.name}' || self.inf in {_allowed}",
-            f"'{_f.name} containers may use only {_or_list(_allowed)} chips, got ' + string(self.inf)"
-            f" + '; valid values are {_format_list(_allowed)}'",
-        )
-
-
-# instanceTypes: every entry belongs to the family, and one of them holds a replica.
 def _check_instance_types(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
-    listed = spec.compute.instance_types
+    listed, inf = spec.compute.instance_types, spec.compute.inf
     if listed is None:
         return []
     unknown = [t for t in listed if t not in fam.instance_chips]
     if unknown:
-        return [
-            Finding(
-                "spec.compute.instanceTypes",
-                f"'{unknown[0]}' is not an {fam.name} instance type; valid values are {_format_list(list(fam.instance_chips))}",
-            )
-        ]
-    inf = spec.compute.inf
+        return [UNKNOWN_INSTANCE_TYPE.finding(unknown[0], fam.name, _format_list(list(fam.instance_chips)))]
     if inf > fam.max_chips or any(fam.instance_chips[t] >= inf for t in listed):
         return []
     large_enough = [t for t, chips in fam.instance_chips.items() if chips >= inf]
-    return [
-        Finding(
-            "spec.compute.instanceTypes",
-            f"none of the listed instance types has {inf} chips; {fam.name} types with at least {inf} chips: "
-            f"{_format_list(large_enough)}",
-        )
-    ]
+    return [SMALL_INSTANCE_TYPES.finding(inf, fam.name, inf, _format_list(large_enough))]
 
 
-_rule(
-    "spec.compute",
-    ".instanceTypes",
-    f"!has(self.instanceTypes) || self.instanceTypes.all(t, t in {CEL_TYPES}[self.family])",
-    f"\"'\" + self.instanceTypes.filter(t, !(t in {CEL_TYPES}[self.family]))[0] + \"' is not an \" + self.family"
-    f" + ' instance type; valid values are ' + {CEL_TYPES}[self.family].join(', ')",
-)
-_rule(
-    "spec.compute",
-    ".instanceTypes",
-    f"!has(self.instanceTypes) || !self.instanceTypes.all(t, t in {CEL_TYPES}[self.family])"
-    f" || self.inf > {CEL_MAX}[self.family] || self.instanceTypes.exists(t, {CEL_TYPE_CHIPS}[t] >= self.inf)",
-    f"'none of the listed instance types has ' + string(self.inf) + ' chips; ' + self.family"
-    f" + ' types with at least ' + string(self.inf) + ' chips: '"
-    f" + {CEL_TYPES}[self.family].filter(t, {CEL_TYPE_CHIPS}[t] >= self.inf).join(', ')",
-)
-
-
-# Rule 3: the processes share the replica's NeuronCores evenly.
 def _check_divisibility(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     inf, p = spec.compute.inf, spec.processes_per_replica
     cores = fam.cores_per_chip * inf
     if inf > fam.max_chips or cores % p == 0:
-        return []  # an oversized inf is reported by rule 2
-    return [
-        Finding(
-            "spec.processesPerReplica",
-            f"cannot evenly distribute {inf} {fam.name} chip{'' if inf == 1 else 's'} ({cores} NeuronCores) over {p} processes; "
-            f"valid values are {_format_list(divisors(cores))}",
-        )
-    ]
-
-
-_rule(
-    "spec",
-    ".processesPerReplica",
-    f"!({_fits_family}) || {_divides}",
-    f"'cannot evenly distribute ' + string({_inf}) + ' ' + {_fam} + ({_inf} == 1 ? ' chip (' : ' chips (')"
-    f" + string({_cores}) + ' NeuronCores) over ' + string({_p}) + ' processes; valid values are '"
-    f" + {CEL_DIVISORS}[{_cores}]",
-)
-
-
-# Rule 4: CNN batch limits (seed 000).
-FP16_CNN_MAX_BATCH = 5
+        return []
+    chips = "chip" if inf == 1 else "chips"
+    return [DIVISIBLE.finding(inf, fam.name, chips, cores, p, _format_list(divisors(cores)))]
 
 
 def _check_cnn_batch(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
@@ -326,13 +366,7 @@ def _check_cnn_batch(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     if model.architecture != "cnn" or b <= 1:
         return []
     if model.precision == "fp32":
-        return [
-            Finding(
-                "spec.compile.batchSize",
-                f"a CNN in fp32 compiles only at batch size 1, got {b}; valid values are 1 "
-                f"(or use precision fp16 for batch sizes up to {FP16_CNN_MAX_BATCH})",
-            )
-        ]
+        return [FP32_CNN_BATCH.finding(b)]
     if model.precision == "fp16" and b > FP16_CNN_MAX_BATCH:
         return [
             Finding(
@@ -345,59 +379,17 @@ def _check_cnn_batch(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     return []
 
 
-_rule(
-    "spec",
-    ".compile.batchSize",
-    "!(self.model.architecture == 'cnn' && self.model.precision == 'fp32' && self.compile.batchSize > 1)",
-    f"'a CNN in fp32 compiles only at batch size 1, got ' + string(self.compile.batchSize)"
-    f" + '; valid values are 1 (or use precision fp16 for batch sizes up to {FP16_CNN_MAX_BATCH})'",
-)
-
-
-# Rule 6: bucket shapes.
-def _bucket_text(bucket: list[int]) -> str:
-    return "[" + _format_list(bucket) + "]"
-
-
 def _check_bucket_shapes(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
-    buckets = spec.compile.buckets or []
+    buckets = [list(b) for b in spec.compile.buckets or []]
     found = []
     if any(len(b) != len(buckets[0]) for b in buckets):
-        found.append(
-            Finding(
-                "spec.compile.buckets",
-                f"buckets have different numbers of dimensions ({_format_list([len(b) for b in buckets])}); "
-                f"every bucket needs as many as the first ({len(buckets[0])})",
-            )
-        )
+        found.append(BUCKET_DIMENSIONS.finding(str([len(b) for b in buckets]), len(buckets[0])))
     duplicates = [b for b in buckets if buckets.count(b) > 1]
     if duplicates:
-        found.append(
-            Finding(
-                "spec.compile.buckets",
-                f"bucket {_bucket_text(duplicates[0])} appears more than once; every bucket must be different",
-            )
-        )
+        found.append(BUCKET_DUPLICATE.finding(str(duplicates[0])))
     return found
 
 
-_rule(
-    "spec.compile",
-    ".buckets",
-    "!has(self.buckets) || size(self.buckets) == 0 || self.buckets.all(b, size(b) == size(self.buckets[0]))",
-    "'buckets have different numbers of dimensions (' + self.buckets.map(b, string(size(b))).join(', ')"
-    " + '); every bucket needs as many as the first (' + string(size(self.buckets[0])) + ')'",
-)
-_rule(
-    "spec.compile",
-    ".buckets",
-    "!has(self.buckets) || self.buckets.all(a, self.buckets.exists_one(b, b == a))",
-    "'bucket [' + self.buckets.filter(a, !self.buckets.exists_one(b, b == a))[0].map(d, string(d)).join(', ')"
-    " + '] appears more than once; every bucket must be different'",
-)
-
-
-# Rule 5: what the weights allow (seeds 001 and 003).
 def _check_weights(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     inf, p, weights = spec.compute.inf, spec.processes_per_replica, spec.model.weights
     cores = fam.cores_per_chip * inf
@@ -419,55 +411,17 @@ def _check_weights(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     buckets = spec.compile.buckets or []
     bound = max_buckets_per_group(fam, group, weights)
     if buckets and len(buckets) > bound:
-        found.append(
-            Finding(
-                "spec.compile.buckets",
-                f"{len(buckets)} buckets do not fit: a group of {group} NeuronCores holds at most {bound} bucketed "
-                f"models of {weights} weights (round({bucket_budget_per_core(fam)} / weights) per NeuronCore)",
-            )
-        )
+        found.append(BUCKET_BOUND.finding(len(buckets), group, bound, weights, bucket_budget_per_core(fam)))
     need = weights * bytes_per_weight(spec.model.precision)
     share = group * fam.memory_per_core_bytes
     if spec.compile.static_weights is True and need > share:
         found.append(
             Finding(
                 "spec.compile.staticWeights",
-                f"true needs {need} bytes for {weights} {spec.model.precision} weights, but a group of {group} "
-                f"NeuronCores has a {share}-byte share of device memory; use auto or false, or fewer processesPerReplica",
+                STATIC_WEIGHTS_TOO_LARGE % (need, weights, spec.model.precision, group, share),
             )
         )
     return found
-
-
-_rule(
-    "spec",
-    ".compile.buckets",
-    f"!has({_w}) || !has(self.compile.buckets) || size(self.compile.buckets) == 0 || !({_planned})"
-    f" || size(self.compile.buckets) <= {_group} * ((2 * {CEL_BUCKET_BUDGET}[{_fam}] + {_w}) / (2 * {_w}))",
-    f"string(size(self.compile.buckets)) + ' buckets do not fit: a group of ' + string({_group})"
-    f" + ' NeuronCores holds at most ' + string({_group} * ((2 * {CEL_BUCKET_BUDGET}[{_fam}] + {_w}) / (2 * {_w})))"
-    f" + ' bucketed models of ' + string({_w}) + ' weights (round(' + string({CEL_BUCKET_BUDGET}[{_fam}])"
-    f" + ' / weights) per NeuronCore)'",
-)
-_rule(
-    "spec",
-    ".compile.staticWeights",
-    f"!has({_w}) || !has(self.compile.staticWeights) || self.compile.staticWeights != true || !({_planned})"
-    f" || {_w} * {_bytes} <= {_group} * {CEL_MEM_PER_CORE}[{_fam}]",
-    f"'true needs ' + string({_w} * {_bytes}) + ' bytes for ' + string({_w}) + ' ' + self.model.precision"
-    f" + ' weights, but a group of ' + string({_group}) + ' NeuronCores has a '"
-    f" + string({_group} * {CEL_MEM_PER_CORE}[{_fam}])"
-    f" + '-byte share of device memory; use auto or false, or fewer processesPerReplica'",
-)
-# staticWeights is true, false or "auto"; the schema cannot say "boolean or string", so CEL does.
-CEL_RULES.append(
-    CelRule(
-        "spec.compile",
-        "!has(self.staticWeights) || type(self.staticWeights) == bool || self.staticWeights == 'auto'",
-        "'is not valid; valid values are auto, true, false'",
-        ".staticWeights",
-    )
-)
 
 
 # Warnings only: allowed, but probably not what the user wants.

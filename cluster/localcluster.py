@@ -1,0 +1,400 @@
+"""A real local Kubernetes control plane on loopback, with simulated Inferentia nodes.
+
+Starts etcd, kube-apiserver (generated CA and certificates, RBAC authorization),
+kube-controller-manager, kube-scheduler and kwok, on ports picked free at start,
+from the binaries cluster/build.sh compiles. kwok keeps the fleet of
+cluster/fleet.yaml Ready and runs pods through their lifecycle.
+
+    python cluster/localcluster.py up [--state-dir DIR]    # prints the kubeconfig path
+    python cluster/localcluster.py down [--state-dir DIR]
+    python cluster/localcluster.py status [--state-dir DIR]
+
+Tests use :class:`LocalCluster` directly (see tests/e2e/conftest.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import ctypes
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+DEFAULT_STATE = REPO / ".cluster"
+FLEET = HERE / "fleet.yaml"
+NEURON_TAINT = {"key": "aws.amazon.com/neuron", "value": "true", "effect": "NoSchedule"}
+HUGEPAGES_PER_CHIP_MI = 256
+SERVICE_CIDR = "10.96.0.0/16"
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+def bin_dir() -> Path:
+    """Builds what is missing (a no-op when cached) and returns the binaries' folder."""
+    out = subprocess.run(["bash", str(HERE / "build.sh")], check=True, stdout=subprocess.PIPE, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """Child side of fork: receive SIGKILL when the process that started us dies."""
+    os.setsid()
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_pki(pki: Path) -> None:
+    """A CA, the API server's serving certificate, an admin client certificate and the service-account key."""
+    pki.mkdir(parents=True, exist_ok=True)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "30", "-subj", "/CN=inferentia-local-ca", cwd=pki)
+
+    def issue(name: str, subject: str, extensions: str) -> None:
+        (pki / f"{name}.ext").write_text(extensions)
+        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject, cwd=pki)
+        _openssl(
+            "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-days", "30", "-out", f"{name}.crt", "-extfile", f"{name}.ext", cwd=pki,
+        )  # fmt: skip
+
+    issue(
+        "apiserver",
+        "/CN=kube-apiserver",
+        "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
+        "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\nextendedKeyUsage=serverAuth\n",
+    )
+    issue("admin", "/O=system:masters/CN=kubernetes-admin", "extendedKeyUsage=clientAuth\n")
+    _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "sa.key", cwd=pki)
+    _openssl("ec", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
+
+
+def write_kubeconfig(path: Path, pki: Path, server: str) -> None:
+    def b64(name: str) -> str:
+        return base64.b64encode((pki / name).read_bytes()).decode()
+
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "inferentia-local", "cluster": {"server": server, "certificate-authority-data": b64("ca.crt")}}],
+        "users": [{"name": "admin", "user": {"client-certificate-data": b64("admin.crt"), "client-key-data": b64("admin.key")}}],
+        "contexts": [{"name": "inferentia-local", "context": {"cluster": "inferentia-local", "user": "admin"}}],
+        "current-context": "inferentia-local",
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+
+
+def fleet_nodes(fleet_file: Path = FLEET) -> list[dict]:
+    """The Node objects of the simulated fleet."""
+    fleet = yaml.safe_load(fleet_file.read_text())
+    nodes = []
+    for group in fleet["nodes"]:
+        itype = group["instanceType"]
+        shape = fleet["instanceTypes"][itype]
+        chips = int(shape["neuron"])
+        resources = {"cpu": str(shape["cpu"]), "memory": str(shape["memory"]), "pods": str(shape["pods"])}
+        if chips:
+            resources |= {
+                "aws.amazon.com/neuron": str(chips),
+                "aws.amazon.com/neuroncore": str(shape["neuroncore"]),
+                "hugepages-2Mi": f"{HUGEPAGES_PER_CHIP_MI * chips}Mi",
+            }
+        for i in range(int(group["count"])):
+            name = f"{itype.replace('.', '-')}-{i}"
+            nodes.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {
+                        "name": name,
+                        "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                        "labels": {
+                            "kubernetes.io/hostname": name,
+                            "kubernetes.io/os": "linux",
+                            "kubernetes.io/arch": "amd64",
+                            "node.kubernetes.io/instance-type": itype,
+                            "type": "kwok",
+                        },
+                    },
+                    "spec": {"taints": [NEURON_TAINT]} if chips else {},
+                    "status": {"capacity": resources, "allocatable": resources},
+                }
+            )
+    return nodes
+
+
+class LocalCluster:
+    """One local control plane whose state (data, PKI, logs, kubeconfig) lives in ``state_dir``."""
+
+    COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+    def __init__(self, state_dir: Path = DEFAULT_STATE, fleet_file: Path = FLEET, die_with_parent: bool = False):
+        self.state = Path(state_dir).resolve()
+        self.fleet_file = fleet_file
+        self.die_with_parent = die_with_parent
+        self.kubeconfig = self.state / "kubeconfig"
+        self.state_file = self.state / "state.json"
+
+    # -- processes -------------------------------------------------------------------------
+    def _start(self, name: str, argv: list[str], pids: dict[str, int]) -> None:
+        log = open(self.state / "logs" / f"{name}.log", "ab")
+        kwargs = {"preexec_fn": _die_with_parent} if self.die_with_parent else {"start_new_session": True}
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **kwargs)
+        pids[name] = proc.pid
+        self._save(pids=pids)
+
+    def _save(self, **fields) -> None:
+        data = self._load()
+        data.update(fields)
+        self.state_file.write_text(json.dumps(data, indent=2))
+
+    def _load(self) -> dict:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def running(self) -> bool:
+        pids = self._load().get("pids", {})
+        return bool(pids) and all(_alive(pid) for pid in pids.values())
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def up(self, timeout: float = 120.0) -> Path:
+        if self.running():
+            return self.kubeconfig
+        self.down()  # a half-dead earlier run
+        started = time.monotonic()
+        bins = bin_dir()
+        for sub in ("logs", "etcd", "pki", "kwok"):
+            (self.state / sub).mkdir(parents=True, exist_ok=True)
+        pki = self.state / "pki"
+        make_pki(pki)
+        ports = {name: free_port() for name in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok")}
+        self._save(ports=ports, pids={})
+        pids: dict[str, int] = {}
+        try:
+            self._start_all(bins, pki, ports, pids, started + timeout)
+        except BaseException:
+            self.down()
+            raise
+        self._save(ready_seconds=round(time.monotonic() - started, 1))
+        return self.kubeconfig
+
+    def _start_all(self, bins: Path, pki: Path, ports: dict[str, int], pids: dict[str, int], deadline: float) -> None:
+        etcd_url = f"http://127.0.0.1:{ports['etcd']}"
+        peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
+        self._start(
+            "etcd",
+            [
+                str(bins / "etcd"), "--name", "local", "--data-dir", str(self.state / "etcd"),
+                "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
+                "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+                "--initial-cluster", f"local={peer_url}",
+                "--unsafe-no-fsync",  # throwaway test data: durability buys nothing, fsync costs seconds
+                "--log-level", "warn",
+            ],
+            pids,
+        )  # fmt: skip
+        self._wait(f"{etcd_url}/health", deadline, "etcd", pids)
+
+        server = f"https://127.0.0.1:{ports['apiserver']}"
+        self._start(
+            "kube-apiserver",
+            [
+                str(bins / "kube-apiserver"), "--etcd-servers", etcd_url,
+                "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+                "--secure-port", str(ports["apiserver"]), "--cert-dir", str(pki),
+                "--tls-cert-file", str(pki / "apiserver.crt"), "--tls-private-key-file", str(pki / "apiserver.key"),
+                "--client-ca-file", str(pki / "ca.crt"),
+                "--service-account-key-file", str(pki / "sa.pub"),
+                "--service-account-signing-key-file", str(pki / "sa.key"),
+                "--service-account-issuer", "https://kubernetes.default.svc",
+                "--authorization-mode", "RBAC", "--service-cluster-ip-range", SERVICE_CIDR,
+                "--allow-privileged=true", "--profiling=false", "--v", "1",
+            ],
+            pids,
+        )  # fmt: skip
+        self._wait(f"{server}/readyz", deadline, "kube-apiserver", pids, pki)
+        write_kubeconfig(self.kubeconfig, pki, server)
+        kubeconfig = str(self.kubeconfig)
+
+        self._start(
+            "kube-controller-manager",
+            [
+                str(bins / "kube-controller-manager"), "--kubeconfig", kubeconfig,
+                "--authentication-kubeconfig", kubeconfig, "--authorization-kubeconfig", kubeconfig,
+                "--bind-address", "127.0.0.1", "--secure-port", str(ports["controller-manager"]),
+                "--leader-elect=false", "--root-ca-file", str(pki / "ca.crt"),
+                "--service-account-private-key-file", str(pki / "sa.key"),
+                "--service-cluster-ip-range", SERVICE_CIDR, "--profiling=false",
+                "--controllers", "*,-bootstrap-signer-controller,-token-cleaner-controller",
+            ],
+            pids,
+        )  # fmt: skip
+        self._start(
+            "kube-scheduler",
+            [
+                str(bins / "kube-scheduler"), "--kubeconfig", kubeconfig,
+                "--authentication-kubeconfig", kubeconfig, "--authorization-kubeconfig", kubeconfig,
+                "--bind-address", "127.0.0.1", "--secure-port", str(ports["scheduler"]),
+                "--leader-elect=false", "--profiling=false",
+            ],
+            pids,
+        )  # fmt: skip
+        # The pinned kwok release's default stages (build.sh): nodes Ready, pods Ready, Job pods Succeeded.
+        kwok_config = bins / "kwok-stages.yaml"
+        self._start(
+            "kwok",
+            [
+                str(bins / "kwok"), "--kubeconfig", kubeconfig, "--config", str(kwok_config),
+                "--manage-nodes-with-annotation-selector", "kwok.x-k8s.io/node=fake",
+                "--node-lease-duration-seconds", "40", "--cidr", "10.244.0.0/16", "--node-ip", "127.0.0.1",
+                "--server-address", f"127.0.0.1:{ports['kwok']}",
+            ],
+            pids,
+        )  # fmt: skip
+        self._wait(f"https://127.0.0.1:{ports['controller-manager']}/healthz", deadline, "kube-controller-manager", pids)
+        self._wait(f"https://127.0.0.1:{ports['scheduler']}/healthz", deadline, "kube-scheduler", pids)
+        self._wait(f"http://127.0.0.1:{ports['kwok']}/healthz", deadline, "kwok", pids)
+
+        kubectl = [str(bins / "kubectl"), "--kubeconfig", kubeconfig]
+        nodes = {"apiVersion": "v1", "kind": "List", "items": fleet_nodes(self.fleet_file)}
+        subprocess.run([*kubectl, "apply", "-f", "-"], input=json.dumps(nodes), text=True, check=True, capture_output=True)
+        remaining = lambda: f"{max(1, int(deadline - time.monotonic()))}s"  # noqa: E731
+        _run_or_fail([*kubectl, "wait", "--for=condition=Ready", "node", "--all", f"--timeout={remaining()}"])
+        # Pods are refused until the namespace's default ServiceAccount exists.
+        while True:
+            if subprocess.run([*kubectl, "get", "serviceaccount", "default", "-n", "default"], capture_output=True).returncode == 0:
+                break
+            if time.monotonic() > deadline:
+                raise ClusterError("the default ServiceAccount never appeared: see kube-controller-manager.log")
+            time.sleep(0.2)
+
+    def _wait(self, url: str, deadline: float, name: str, pids: dict[str, int], pki: Path | None = None) -> None:
+        context = ssl.create_default_context()
+        if pki is not None:
+            context.load_verify_locations(pki / "ca.crt")
+            context.load_cert_chain(pki / "admin.crt", pki / "admin.key")
+        else:
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # health endpoints only
+        while True:
+            if not _alive(pids[name]):
+                raise ClusterError(f"{name} exited during start: see {self.state / 'logs' / (name + '.log')}")
+            try:
+                with urllib.request.urlopen(url, timeout=2, context=context) as reply:
+                    if reply.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{name} was not ready in time: see {self.state / 'logs' / (name + '.log')}")
+            time.sleep(0.1)
+
+    def down(self, grace: float = 10.0) -> None:
+        """Stops every component and waits until none runs; safe to call twice."""
+        pids = self._load().get("pids", {})
+        for pid in pids.values():
+            _signal_group(pid, signal.SIGTERM)
+        end = time.monotonic() + grace
+        while any(_alive(p) for p in pids.values()) and time.monotonic() < end:
+            time.sleep(0.05)
+        for pid in pids.values():
+            _signal_group(pid, signal.SIGKILL)
+        while any(_alive(p) for p in pids.values()):
+            time.sleep(0.05)
+        if self.state_file.exists():
+            self._save(pids={})
+        # The data and kubeconfig are throwaway; logs stay for a post-mortem.
+        for sub in ("etcd", "pki", "kwok"):
+            subprocess.run(["rm", "-rf", str(self.state / sub)], check=False)
+        self.kubeconfig.unlink(missing_ok=True)
+
+    def ports(self) -> dict[str, int]:
+        return self._load().get("ports", {})
+
+
+def _run_or_fail(argv: list[str]) -> None:
+    result = subprocess.run(argv, capture_output=True, text=True)
+    if result.returncode:
+        raise ClusterError(f"{' '.join(argv[2:])}: {result.stderr.strip() or result.stdout.strip()}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        # A zombie child still has a pid: reap it if it is ours.
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    for target in (lambda: os.killpg(pid, sig), lambda: os.kill(pid, sig)):
+        try:
+            target()
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["up", "down", "status"])
+    parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
+    parser.add_argument("--timeout", type=float, default=120.0)
+    args = parser.parse_args(argv)
+    cluster = LocalCluster(args.state_dir)
+    if args.command == "up":
+        try:
+            started = time.monotonic()
+            path = cluster.up(args.timeout)
+        except (ClusterError, subprocess.CalledProcessError) as exc:
+            print(f"cluster-up failed: {exc}", file=sys.stderr)
+            return 1
+        print(f"local control plane ready in {time.monotonic() - started:.1f}s; kubeconfig: {path}", file=sys.stderr)
+        print(path)
+    elif args.command == "down":
+        cluster.down()
+        print("local control plane stopped", file=sys.stderr)
+    else:
+        running = cluster.running()
+        print(json.dumps({"running": running, "ports": cluster.ports(), "kubeconfig": str(cluster.kubeconfig)}))
+        return 0 if running else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
