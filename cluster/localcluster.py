@@ -66,32 +66,52 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
+_EC_KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+
+def _sign(pki: Path, name: str, subject: str, extensions: str) -> None:
+    """A key and a certificate for ``subject``, signed by the CA in ``pki``: NAME.key, NAME.crt."""
+    (pki / f"{name}.ext").write_text(extensions)
+    _openssl("req", *_EC_KEY, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject, cwd=pki)
+    _openssl(
+        "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+        "-days", "30", "-out", f"{name}.crt", "-extfile", f"{name}.ext", cwd=pki,
+    )  # fmt: skip
+
+
+def issue_client_cert(pki: Path, name: str, user: str, groups: tuple[str, ...] = ()) -> None:
+    """A client certificate for ``user`` in ``groups`` (RBAC subjects), signed by the cluster CA."""
+    _sign(pki, name, "".join(f"/O={g}" for g in groups) + f"/CN={user}", "extendedKeyUsage=clientAuth\n")
+
+
 def make_pki(pki: Path) -> None:
     """A CA, the API server's serving certificate, an admin client certificate and the service-account key."""
     pki.mkdir(parents=True, exist_ok=True)
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "30", "-subj", "/CN=inferentia-local-ca", cwd=pki)
-
-    def issue(name: str, subject: str, extensions: str) -> None:
-        (pki / f"{name}.ext").write_text(extensions)
-        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject, cwd=pki)
-        _openssl(
-            "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-            "-days", "30", "-out", f"{name}.crt", "-extfile", f"{name}.ext", cwd=pki,
-        )  # fmt: skip
-
-    issue(
+    _openssl("req", "-x509", *_EC_KEY, "-keyout", "ca.key", "-out", "ca.crt", "-days", "30", "-subj", "/CN=inferentia-local-ca", cwd=pki)
+    _sign(
+        pki,
         "apiserver",
         "/CN=kube-apiserver",
         "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
         "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\nextendedKeyUsage=serverAuth\n",
     )
-    issue("admin", "/O=system:masters/CN=kubernetes-admin", "extendedKeyUsage=clientAuth\n")
+    issue_client_cert(pki, "admin", "kubernetes-admin", ("system:masters",))
     _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "sa.key", cwd=pki)
     _openssl("ec", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
 
 
-def write_kubeconfig(path: Path, pki: Path, server: str) -> None:
+# Write requests, by whom and on what: lets tests count what the operator writes.
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    verbs: [create, update, patch, delete, deletecollection]
+  - level: None
+"""
+
+
+def write_kubeconfig(path: Path, pki: Path, server: str, user: str = "admin") -> None:
     def b64(name: str) -> str:
         return base64.b64encode((pki / name).read_bytes()).decode()
 
@@ -99,8 +119,8 @@ def write_kubeconfig(path: Path, pki: Path, server: str) -> None:
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "inferentia-local", "cluster": {"server": server, "certificate-authority-data": b64("ca.crt")}}],
-        "users": [{"name": "admin", "user": {"client-certificate-data": b64("admin.crt"), "client-key-data": b64("admin.key")}}],
-        "contexts": [{"name": "inferentia-local", "context": {"cluster": "inferentia-local", "user": "admin"}}],
+        "users": [{"name": user, "user": {"client-certificate-data": b64(f"{user}.crt"), "client-key-data": b64(f"{user}.key")}}],
+        "contexts": [{"name": "inferentia-local", "context": {"cluster": "inferentia-local", "user": user}}],
         "current-context": "inferentia-local",
     }
     path.write_text(yaml.safe_dump(config))
@@ -157,6 +177,7 @@ class LocalCluster:
         self.die_with_parent = die_with_parent
         self.kubeconfig = self.state / "kubeconfig"
         self.state_file = self.state / "state.json"
+        self.audit_log = self.state / "logs" / "audit.log"
 
     # -- processes -------------------------------------------------------------------------
     def _start(self, name: str, argv: list[str], pids: dict[str, int]) -> None:
@@ -221,6 +242,8 @@ class LocalCluster:
         self._wait(f"{etcd_url}/health", deadline, "etcd", pids)
 
         server = f"https://127.0.0.1:{ports['apiserver']}"
+        (self.state / "audit-policy.yaml").write_text(AUDIT_POLICY)
+        self.audit_log.unlink(missing_ok=True)
         self._start(
             "kube-apiserver",
             [
@@ -234,6 +257,9 @@ class LocalCluster:
                 "--service-account-issuer", "https://kubernetes.default.svc",
                 "--authorization-mode", "RBAC", "--service-cluster-ip-range", SERVICE_CIDR,
                 "--allow-privileged=true", "--profiling=false", "--v", "1",
+                "--audit-policy-file", str(self.state / "audit-policy.yaml"),
+                "--audit-log-path", str(self.audit_log), "--audit-log-format", "json",
+                "--audit-log-mode", "blocking",
             ],
             pids,
         )  # fmt: skip
@@ -331,6 +357,24 @@ class LocalCluster:
         for sub in ("etcd", "pki", "kwok"):
             subprocess.run(["rm", "-rf", str(self.state / sub)], check=False)
         self.kubeconfig.unlink(missing_ok=True)
+
+    def user_kubeconfig(self, user: str, groups: tuple[str, ...] = ()) -> Path:
+        """A kubeconfig that authenticates as ``user`` (RBAC decides what it may do)."""
+        pki = self.state / "pki"
+        name = "user-" + "".join(c if c.isalnum() else "-" for c in user)
+        issue_client_cert(pki, name, user, groups)
+        path = self.state / f"kubeconfig-{name}"
+        write_kubeconfig(path, pki, f"https://127.0.0.1:{self.ports()['apiserver']}", user=name)
+        return path
+
+    def writes_by(self, user: str) -> list[dict]:
+        """The audited write requests ``user`` made, oldest first."""
+        entries = []
+        for line in self.audit_log.read_text().splitlines() if self.audit_log.exists() else []:
+            event = json.loads(line)
+            if event.get("stage") == "ResponseComplete" and event.get("user", {}).get("username") == user:
+                entries.append(event)
+        return entries
 
     def ports(self) -> dict[str, int]:
         return self._load().get("ports", {})

@@ -288,7 +288,7 @@ class InferentiaModelStatus(ApiModel):
     conditions: list[Condition] | None = None
     """Validated, Compiled, Scheduled, Progressing, Available and Ready."""
     plan: Plan | None = None
-    """The plan of the observed generation."""
+    """The plan being applied: the observed generation's, or the last valid one's while the spec is invalid."""
     replicas: int | None = None
     """Serving pods that exist."""
     ready_replicas: int | None = None
@@ -301,3 +301,8 @@ class InferentiaModelStatus(ApiModel):
     """Name of the compile Job of the current plan."""
     compiled_uri: str | None = None
     """Where the compiled model of the current plan is."""
+    kopf: Annotated[
+        dict[str, Any] | None,
+        Field(json_schema_extra=lambda s: _replace_schema(s, {"type": "object", "x-kubernetes-preserve-unknown-fields": True})),
+    ] = None
+    """The operator framework's own bookkeeping (handler progress, last handled spec)."""

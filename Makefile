@@ -1,0 +1,51 @@
+# inferentia-operator: the commands that matter are `make test` and `make demo`.
+# Everything they need is installed here: a virtualenv from PyPI, and the local
+# control plane compiled from the Go module proxy (cached outside the checkout).
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+CRD    := crds/inferentia.dev_inferentiamodels.yaml
+
+.PHONY: help test unit e2e venv controlplane cluster-up cluster-down crd demo clean
+
+help:
+	@echo "make test          the whole suite: unit tests, then end-to-end tests on a local control plane"
+	@echo "make unit          unit tests only (no cluster)"
+	@echo "make demo          local control plane + operator + samples, until make cluster-down"
+	@echo "make cluster-up    start the local control plane (kubeconfig: .cluster/kubeconfig)"
+	@echo "make cluster-down  stop it, and the demo operator"
+	@echo "make crd           regenerate $(CRD) from the pydantic models"
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+venv: $(BIN)/.installed
+
+controlplane:
+	@bash cluster/build.sh >/dev/null
+
+test: venv controlplane
+	$(BIN)/pytest
+
+unit: venv
+	$(BIN)/pytest -m "not cluster"
+
+e2e: venv controlplane
+	$(BIN)/pytest -m cluster
+
+cluster-up: venv controlplane
+	@$(BIN)/python cluster/localcluster.py up >/dev/null
+
+cluster-down:
+	@if [ -x $(BIN)/python ]; then $(BIN)/python cluster/demo.py stop 2>/dev/null || true; \
+	  $(BIN)/python cluster/localcluster.py down; fi
+
+crd: venv
+	$(BIN)/inferentia-operator crd > $(CRD)
+
+clean: cluster-down
+	rm -rf $(VENV) .cluster build *.egg-info

@@ -1,0 +1,196 @@
+"""The reconcile loop: read the world, plan, apply what differs, report status.
+
+Level-based: every trigger (create, update, resume after a restart, a change to
+any owned child, a slow timer) runs the same ``reconcile``, which looks only at
+the current spec and the current children. Nothing is written when the world
+already matches the plan, so running it twice changes nothing the second time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import kopf
+
+from . import api, children, conditions
+from .children import MODEL_LABEL, Model
+from .drift import applied
+from .kube import Kube, TransientError
+from .planner import plan as make_plan
+from .rules import errors, parse_spec
+
+log = logging.getLogger(__name__)
+
+EventSink = Callable[[dict[str, Any], str, str, str], None]
+
+# One reconcile at a time per model: kopf serialises a model's own handlers, but a
+# child's event may trigger the same model concurrently.
+_locks: dict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+
+
+def reconcile(kube: Kube, body: dict[str, Any], emit: EventSink) -> dict[str, Any]:
+    """Brings one InferentiaModel's children to its plan; returns the status it reports."""
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    with _locks[(namespace, name)]:
+        live = kube.get(api.KIND, namespace, name)
+        if live is None or live["metadata"].get("deletionTimestamp"):
+            return {}  # gone, or going: the garbage collector removes the children
+        return _reconcile(kube, live, emit)
+
+
+def _reconcile(kube: Kube, body: dict[str, Any], emit: EventSink) -> dict[str, Any]:
+    meta = body["metadata"]
+    namespace, name, generation = meta["namespace"], meta["name"], meta.get("generation", 1)
+    previous = body.get("status") or {}
+    observed = conditions.Observed(deployment=kube.get("Deployment", namespace, name))
+
+    spec, findings = parse_spec(body.get("spec"))
+    problems = errors(findings)
+    if spec is None or problems:
+        # Invalid (a cluster without the CRD's CEL rules, or a rule CEL cannot express):
+        # report it, and leave the running Deployment exactly as it is.
+        message = "; ".join(str(f) for f in problems)
+        rollout = conditions.rollout_of(observed.deployment, (body.get("spec") or {}).get("replicas", 0), None)
+        conds = conditions.conditions(valid=False, invalid_message=message, compiled=None, rollout=rollout, observed=observed)
+        status = {**_counts(rollout, previous.get("selector")), "plan": previous.get("plan")}
+        return _report(kube, body, previous, status, conds, emit)
+
+    plan = make_plan(spec)
+    m = Model(name, namespace, meta["uid"], spec, plan)
+    plan_hash = children.plan_hash(plan)
+
+    # The plan ConfigMap is named after its plan, so pods of the previous plan keep
+    # reading theirs while a new compile runs.
+    configmap = children.plan_configmap(m)
+    _ensure(kube, configmap, kube.get("ConfigMap", namespace, configmap["metadata"]["name"]))
+    _ensure(kube, children.service(m), kube.get("Service", namespace, name))
+
+    job_body = children.compile_job(m)
+    if job_body is not None:
+        observed.job = kube.get("Job", namespace, job_body["metadata"]["name"])
+        if observed.job is None:
+            # Named after the hash of its inputs: a finished compile is found and reused.
+            observed.job = kube.apply(job_body)
+    compiled = conditions.compile_state(
+        job_body is not None, job_body and job_body["metadata"]["name"], observed.job, children.compiled_uri(m)
+    )
+    if compiled.status == "True":
+        deployment = children.serving_deployment(m)
+        if _ensure(kube, deployment, observed.deployment):
+            observed.deployment = kube.get("Deployment", namespace, name)
+    # else: compiling or failed, and the previous Deployment (if any) keeps serving untouched.
+
+    _delete_superseded_plans(kube, m, configmap["metadata"]["name"], observed.deployment)
+    observed.pods = kube.list("Pod", namespace, children.selector_string(m))
+    rollout = conditions.rollout_of(observed.deployment, spec.replicas, plan_hash)
+    conds = conditions.conditions(valid=True, invalid_message="", compiled=compiled, rollout=rollout, observed=observed)
+    status = {
+        **_counts(rollout, children.selector_string(m)),
+        "plan": plan.model_dump(by_alias=True, mode="json"),
+        "compileJob": job_body["metadata"]["name"] if job_body else None,
+        "compiledUri": children.compiled_uri(m) if job_body else None,
+    }
+    return _report(kube, body, previous, status, conds, emit)
+
+
+def _ensure(kube: Kube, desired: dict[str, Any], live: dict[str, Any] | None) -> bool:
+    """Applies ``desired`` unless it is already live; True when it wrote."""
+    if live is not None and applied(desired, live):
+        return False
+    kube.apply(desired)
+    return True
+
+
+def _delete_superseded_plans(kube: Kube, m: Model, current: str, deployment: dict[str, Any] | None) -> None:
+    in_use = {current}
+    for volume in (((deployment or {}).get("spec") or {}).get("template") or {}).get("spec", {}).get("volumes") or []:
+        if "configMap" in volume:
+            in_use.add(volume["configMap"]["name"])
+    for cm in kube.list("ConfigMap", m.namespace, f"{MODEL_LABEL}={m.name},app.kubernetes.io/component=plan"):
+        if cm["metadata"]["name"] not in in_use:
+            kube.delete("ConfigMap", m.namespace, cm["metadata"]["name"])
+
+
+def _counts(rollout: conditions.Rollout, selector: str | None) -> dict[str, Any]:
+    return {
+        "replicas": rollout.replicas,
+        "readyReplicas": rollout.ready,
+        "updatedReplicas": rollout.updated,
+        "selector": selector,
+    }
+
+
+def _report(kube, body, previous, status, conds, emit) -> dict[str, Any]:
+    generation = body["metadata"].get("generation", 1)
+    old_conditions = previous.get("conditions") or []
+    stamped = conditions.with_times(conds, old_conditions, generation, conditions.now())
+    status = {"observedGeneration": generation, **status, "conditions": stamped}
+    current = {k: v for k, v in previous.items() if k != "kopf"}
+    wanted = {k: v for k, v in status.items() if v is not None}
+    if current != wanted:
+        # A merge patch: keys we no longer report are nulled, kopf's own stanza is kept.
+        kube.patch_status(body["metadata"]["namespace"], body["metadata"]["name"], {**{k: None for k in current}, **wanted})
+        for kind, reason, message in conditions.transitions(stamped, old_conditions):
+            emit(body, kind, reason, message)
+    return wanted
+
+
+# --- kopf wiring ------------------------------------------------------------------------------
+
+
+def _emit(body: dict[str, Any], kind: str, reason: str, message: str) -> None:
+    kopf.event(body, type=kind, reason=reason, message=message[:1024])
+
+
+def register(registry: kopf.OperatorRegistry, kube_factory: Callable[[], Kube], resync_seconds: float) -> None:
+    """Registers the handlers; ``kube_factory`` gives the API client once the operator is logged in."""
+    holder: dict[str, Kube] = {}
+
+    def kube() -> Kube:
+        if "kube" not in holder:
+            holder["kube"] = kube_factory()
+        return holder["kube"]
+
+    def handle(body: Any, logger: logging.Logger | Any) -> None:
+        try:
+            reconcile(kube(), dict(body), _emit)
+        except TransientError as exc:
+            raise kopf.TemporaryError(str(exc), delay=10) from exc
+
+    model = dict(group=api.GROUP, version=api.VERSION, plural=api.PLURAL, registry=registry)
+
+    @kopf.on.resume(**model, backoff=10)
+    @kopf.on.create(**model, backoff=10)
+    @kopf.on.update(**model, backoff=10)
+    def on_model(body, logger, **_):
+        handle(body, logger)
+
+    @kopf.timer(**model, interval=resync_seconds, initial_delay=resync_seconds, idle=0)
+    def resync(body, logger, **_):
+        # A slow, level-based sweep: catches anything an event did not.
+        handle(body, logger)
+
+    def on_child(body, logger, **_):
+        owner = (body.get("metadata", {}).get("labels") or {}).get(MODEL_LABEL)
+        namespace = body.get("metadata", {}).get("namespace")
+        if not owner or not namespace:
+            return
+        try:
+            reconcile(kube(), {"metadata": {"namespace": namespace, "name": owner}}, _emit)
+        except TransientError as exc:
+            logger.warning("reconcile of %s/%s after a child's change will be retried by the resync: %s", namespace, owner, exc)
+
+    managed = {"app.kubernetes.io/managed-by": children.FIELD_MANAGER}
+    for group, version, plural in (
+        ("apps", "v1", "deployments"),
+        ("batch", "v1", "jobs"),
+        ("", "v1", "services"),
+        ("", "v1", "configmaps"),
+        ("", "v1", "pods"),
+    ):
+        kopf.on.event(group, version, plural, labels=managed, registry=registry)(on_child)

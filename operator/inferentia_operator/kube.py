@@ -1,0 +1,123 @@
+"""The few Kubernetes API calls the operator makes, with retries for transient failures.
+
+Every call the operator makes goes through here, so RBAC can grant exactly these:
+get/list on the children and pods, server-side apply (patch) and create of the
+children, delete of superseded plan ConfigMaps, and patch of InferentiaModel status.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+from urllib.parse import quote
+
+import kubernetes
+import urllib3
+
+from . import api
+from .children import FIELD_MANAGER
+
+log = logging.getLogger(__name__)
+
+# kind -> (API path prefix, plural)
+RESOURCES = {
+    "ConfigMap": ("/api/v1", "configmaps"),
+    "Service": ("/api/v1", "services"),
+    "Pod": ("/api/v1", "pods"),
+    "Deployment": ("/apis/apps/v1", "deployments"),
+    "Job": ("/apis/batch/v1", "jobs"),
+    api.KIND: (f"/apis/{api.API_VERSION}", api.PLURAL),
+}
+TRANSIENT = {409, 429, 500, 502, 503, 504}
+
+
+class TransientError(Exception):
+    """The API server did not answer usefully now; the same call may succeed later."""
+
+
+def path(kind: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+    prefix, plural = RESOURCES[kind]
+    out = f"{prefix}/namespaces/{quote(namespace)}/{plural}"
+    if name:
+        out += f"/{quote(name)}"
+    if subresource:
+        out += f"/{subresource}"
+    return out
+
+
+def load_client() -> kubernetes.client.ApiClient:
+    """In-cluster credentials inside a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+    return kubernetes.client.ApiClient()
+
+
+class Kube:
+    def __init__(self, client: kubernetes.client.ApiClient, attempts: int = 4, first_delay: float = 0.2):
+        self.client = client
+        self.attempts = attempts
+        self.first_delay = first_delay
+
+    def _call(self, method: str, url: str, body: Any = None, query: list | None = None, content_type: str | None = None):
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        delay = self.first_delay
+        for attempt in range(self.attempts):
+            try:
+                request = self.client.param_serialize(
+                    method, url, query_params=query or [], header_params=headers, body=body, auth_settings=["BearerToken"]
+                )
+                response = self.client.call_api(*request)
+                response.read()
+                if not 200 <= response.status < 300:
+                    raise kubernetes.client.ApiException(http_resp=response)
+                return json.loads(response.data or b"null")
+            except kubernetes.client.ApiException as exc:
+                if exc.status == 404:
+                    return None
+                if exc.status not in TRANSIENT or attempt == self.attempts - 1:
+                    if exc.status in TRANSIENT:
+                        raise TransientError(f"{method} {url}: {exc.status} {exc.reason}") from exc
+                    raise
+                log.info("retrying %s %s after %s %s", method, url, exc.status, exc.reason)
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                if attempt == self.attempts - 1:
+                    raise TransientError(f"{method} {url}: {exc}") from exc
+                log.info("retrying %s %s after %s", method, url, exc)
+            time.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._call("GET", path(kind, namespace, name))
+
+    def list(self, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
+        found = self._call("GET", path(kind, namespace), query=[("labelSelector", selector)])
+        return (found or {}).get("items") or []
+
+    def apply(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply under the operator's field manager; fields others own are left alone."""
+        meta = body["metadata"]
+        return self._call(
+            "PATCH",
+            path(body["kind"], meta["namespace"], meta["name"]),
+            body=body,
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            content_type="application/apply-patch+yaml",
+        )
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        self._call("DELETE", path(kind, namespace, name))
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
+        return self._call(
+            "PATCH",
+            path(api.KIND, namespace, name, "status"),
+            body={"status": status},
+            content_type="application/merge-patch+json",
+        )

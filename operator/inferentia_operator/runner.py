@@ -1,0 +1,53 @@
+"""`inferentia-operator run`: kopf, configured for this operator."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import kopf
+
+from . import controller
+from .kube import Kube, load_client
+
+FINALIZER = "inferentia.dev/finalizer"
+
+
+def configure(settings: kopf.OperatorSettings, args: argparse.Namespace) -> None:
+    # Our own names, not kopf's defaults. No handler needs a finalizer (children are
+    # owned, so the garbage collector deletes them), but if one ever does, it is ours.
+    settings.persistence.finalizer = FINALIZER
+    # Handler progress and the last-handled spec live in status.kopf, not in
+    # annotations on the user's object (which GitOps tools would show as drift).
+    settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf.progress")
+    settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(field="status.kopf.lastHandledConfiguration")
+    settings.peering.name = args.peering
+    settings.peering.stealth = True  # keep-alives every minute would drown the log
+    settings.posting.level = logging.WARNING  # kopf's own progress events; ours are posted explicitly
+    settings.watching.server_timeout = 300
+    settings.networking.error_backoffs = [1, 2, 5, 10, 30]
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    registry = kopf.OperatorRegistry()
+    controller.register(registry, lambda: Kube(load_client()), args.resync_seconds)
+
+    @kopf.on.startup(registry=registry)
+    def startup(settings: kopf.OperatorSettings, **_):
+        configure(settings, args)
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs):
+        # In a pod: the ServiceAccount token; elsewhere: the kubeconfig, as kubectl would.
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+    kopf.run(
+        registry=registry,
+        standalone=args.standalone,
+        peering_name=None if args.standalone else args.peering,
+        liveness_endpoint=args.liveness or None,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+    )
+    return 0

@@ -1,0 +1,200 @@
+"""The local control plane is a real one: it schedules on Neuron capacity, refuses what does
+not fit, collects garbage, and serves the CRD with its documentation and CEL rules."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import yaml
+
+from conftest import ROOT, wait_for
+from inferentia_operator.rules import CEL_RULES, errors, parse_spec
+
+TOLERATE_NEURON = [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def neuron_deployment(name: str, chips: int) -> dict:
+    resources = {"aws.amazon.com/neuron": str(chips), "hugepages-2Mi": f"{256 * chips}Mi", "memory": "1Gi"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "tolerations": TOLERATE_NEURON,
+                    "containers": [
+                        {"name": "serve", "image": "example.com/serve:1", "resources": {"requests": resources, "limits": resources}}
+                    ],
+                },
+            },
+        },
+    }
+
+
+def pods_of(cluster, namespace, app):
+    return cluster.get("pods", "-n", namespace, "-l", f"app={app}")["items"]
+
+
+def test_a_four_chip_pod_lands_on_a_node_with_four_free_chips(cluster, namespace):
+    if not any(c >= 4 for c in cluster.neuron_capacity()):
+        pytest.skip("no node offers 4 aws.amazon.com/neuron")
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(neuron_deployment("four", 4)))
+    cluster.kubectl("rollout", "status", "deployment/four", "-n", namespace, "--timeout=60s")
+    [pod] = pods_of(cluster, namespace, "four")
+    node = cluster.get("node", pod["spec"]["nodeName"])
+    assert int(node["status"]["allocatable"]["aws.amazon.com/neuron"]) >= 4
+    ready = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
+    assert ready["Ready"] == "True"
+
+
+def test_a_pod_asking_for_more_chips_than_any_node_stays_pending(cluster, namespace):
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(neuron_deployment("huge", 17)))
+
+    def failed_scheduling():
+        events = cluster.get("events", "-n", namespace, "--field-selector", "reason=FailedScheduling")["items"]
+        return [e for e in events if e["involvedObject"]["name"].startswith("huge-")]
+
+    [event, *_] = wait_for(failed_scheduling, 60, "a FailedScheduling event")
+    assert "aws.amazon.com/neuron" in event["message"]
+    [pod] = pods_of(cluster, namespace, "huge")
+    assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
+
+
+def test_deleting_an_owner_removes_what_it_owns(cluster, namespace):
+    cluster.kubectl("create", "configmap", "owner", "-n", namespace)
+    owner = cluster.get("configmap", "owner", "-n", namespace)
+    child = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "child",
+            "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner["metadata"]["uid"]}],
+        },
+    }
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(child))
+    cluster.kubectl("delete", "configmap", "owner", "-n", namespace)
+    wait_for(
+        lambda: cluster.kubectl("get", "configmap", "child", "-n", namespace, check=False).returncode != 0,
+        60,
+        "the garbage collector to delete the child",
+    )
+
+
+def test_a_job_pod_completes(cluster, namespace):
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "once"},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "example.com/c:1"}]}}},
+    }
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(job))
+    cluster.kubectl("wait", "--for=condition=Complete", "job/once", "-n", namespace, "--timeout=60s")
+
+
+def test_kubectl_explain_documents_the_fields(crd_installed):
+    def explain(field):  # kubectl wraps descriptions: compare with whitespace folded
+        return " ".join(crd_installed.kubectl("explain", f"inferentiamodel.{field}").stdout.split())
+
+    assert "Whole Neuron chips per replica" in explain("spec.compute.inf")
+    assert "Must divide the replica's NeuronCores (coresPerChip * inf)" in explain("spec.processesPerReplica")
+
+
+def model(name: str, spec: dict) -> dict:
+    return {"apiVersion": "inferentia.dev/v1alpha1", "kind": "InferentiaModel", "metadata": {"name": name}, "spec": spec}
+
+
+BASE = {
+    "model": {"uri": "s3://m/", "framework": "tensorflow"},
+    "compute": {"inf": 1},
+    "serving": {"image": "example.com/serve:1"},
+}
+
+
+def with_(**changes):
+    spec = yaml.safe_load(yaml.safe_dump(BASE))
+    for dotted, value in changes.items():
+        node = spec
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return spec
+
+
+# One invalid spec for every CEL rule, so each rule is seen refusing input on a real API server.
+CEL_CASES = {
+    "fits-family": with_(**{"compute.inf": 17}),
+    "trn1-chips": with_(**{"compute.family": "trn1", "compute.inf": 2}),
+    "unknown-type": with_(**{"compute.instanceTypes": ["inf2.xlarge"]}),
+    "small-types": with_(**{"compute.inf": 4, "compute.instanceTypes": ["inf1.xlarge", "inf1.2xlarge"]}),
+    "divisible": with_(processesPerReplica=3),
+    "divisible-plural": with_(**{"compute.inf": 3, "processesPerReplica": 8}),
+    "fp32-cnn": with_(**{"model.architecture": "cnn", "model.precision": "fp32", "compile.batchSize": 2}),
+    "dimensions": with_(**{"compile.buckets": [[64], [128, 128]]}),
+    "duplicate": with_(**{"compile.buckets": [[500, 500], [600, 600], [500, 500]]}),
+    "bucket-bound": with_(**{"model.weights": 500_000_000, "processesPerReplica": 4, "compile.buckets": [[1], [2], [3]]}),
+}
+
+
+def test_every_cel_rule_has_a_case():
+    templates = {r.template for r in CEL_RULES}
+    covered = {
+        r.template
+        for spec in CEL_CASES.values()
+        for f in parse_spec(spec)[1]
+        for r in CEL_RULES
+        if r.template.split("%")[0] in f.message and r.path == f.path
+    }
+    assert covered == templates
+
+
+@pytest.mark.parametrize("case", sorted(CEL_CASES))
+def test_the_api_server_refuses_with_the_python_message(crd_installed, namespace, case):
+    spec = CEL_CASES[case]
+    expected = [f for f in errors(parse_spec(spec)[1])]
+    assert expected, "the case must be invalid"
+    result = crd_installed.kubectl(
+        "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(model(f"bad-{case}", spec)), check=False
+    )
+    assert result.returncode != 0
+    for finding in expected:
+        assert f"{finding.path}: Invalid value: {finding.message}" in result.stderr, result.stderr
+
+
+def test_the_api_server_accepts_the_samples_and_applies_defaults(crd_installed, namespace):
+    for sample in sorted((ROOT / "manifests" / "samples").glob("*.yaml")):
+        body = yaml.safe_load(sample.read_text())
+        body["metadata"]["namespace"] = namespace
+        crd_installed.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(body))
+    crd_installed.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(model("defaults", BASE)))
+    stored = crd_installed.get("inferentiamodel", "defaults", "-n", namespace)["spec"]
+    assert stored["processesPerReplica"] == 1
+    assert stored["compute"]["family"] == "inf1"
+    assert stored["compile"]["staticWeights"] == "auto"
+    assert stored["rollout"] == {"maxSurge": 0, "maxUnavailable": 1}
+
+
+def test_cluster_down_leaves_no_process_or_port(cluster, tmp_path):
+    if cluster.local is None:
+        pytest.skip("only for the built-in control plane")
+    import localcluster
+
+    # A second cluster next to the session's one: free ports are picked per start.
+    second = localcluster.LocalCluster(tmp_path / "second", die_with_parent=True)
+    try:
+        second.up()
+        ports = second.ports()
+        pids = second._load()["pids"]
+        assert set(ports.values()).isdisjoint(cluster.local.ports().values())
+    finally:
+        second.down()
+    assert not any(localcluster._alive(pid) for pid in pids.values())
+    for port in ports.values():
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still listening"
+    assert second.running() is False
