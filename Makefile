@@ -44,6 +44,9 @@ cluster-down:
 	@if [ -x $(BIN)/python ]; then $(BIN)/python cluster/demo.py stop 2>/dev/null || true; \
 	  $(BIN)/python cluster/localcluster.py down; fi
 
+demo: venv controlplane
+	@$(BIN)/python cluster/demo.py
+
 crd: venv
 	$(BIN)/inferentia-operator crd > $(CRD)
 

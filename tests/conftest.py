@@ -1,36 +1,5 @@
-import copy
-from typing import Any
+import sys
+from pathlib import Path
 
-import pytest
-
-BASE_SPEC: dict[str, Any] = {
-    "model": {"uri": "s3://models/resnet50/", "framework": "tensorflow"},
-    "compute": {"inf": 1},
-    "serving": {"image": "example.com/serve:1"},
-}
-
-
-def make_spec(**overrides: Any) -> dict[str, Any]:
-    """BASE_SPEC with dotted-path overrides: make_spec(**{"compute.inf": 2})."""
-    spec = copy.deepcopy(BASE_SPEC)
-    for dotted, value in overrides.items():
-        node = spec
-        *parents, leaf = dotted.split(".")
-        for name in parents:
-            node = node.setdefault(name, {})
-        node[leaf] = value
-    return spec
-
-
-def make_model(name: str = "m", namespace: str = "default", **overrides: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "inferentia.dev/v1alpha1",
-        "kind": "InferentiaModel",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": make_spec(**overrides),
-    }
-
-
-@pytest.fixture
-def spec_factory():
-    return make_spec
+# Test helpers (specs.py, e2e/kit.py) import by their own names.
+sys.path.insert(0, str(Path(__file__).parent))

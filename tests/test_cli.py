@@ -11,7 +11,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import make_model
+from specs import make_model
 from inferentia_operator.cli import main
 from inferentia_operator.crd import crd_yaml
 

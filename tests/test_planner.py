@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import make_spec
+from specs import make_spec
 from inferentia_operator.api import InferentiaModelSpec
 from inferentia_operator.catalogue import FAMILIES, GIB
 from inferentia_operator.planner import InvalidSpec, plan

@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import make_spec
+from specs import make_spec
 from inferentia_operator.rules import errors, parse_spec
 
 

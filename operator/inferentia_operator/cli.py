@@ -121,6 +121,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL ('' to disable)")
     r.add_argument("--peering", default="inferentia-operator", help="peering name: replicas with the same name elect one active")
     r.add_argument("--standalone", action="store_true", help="no peering: act even if another replica is running")
+    r.add_argument(
+        "--priority", type=int, default=None,
+        help="peering priority: the live replica with the highest acts, the others stand by (default: random per start)",
+    )  # fmt: skip
     r.add_argument("--resync-seconds", type=float, default=300.0, help="seconds between level-based resyncs of each model")
     r.add_argument("--verbose", action="store_true")
     r.set_defaults(func=cmd_run)

@@ -143,6 +143,25 @@ def _report(kube, body, previous, status, conds, emit) -> dict[str, Any]:
 # --- kopf wiring ------------------------------------------------------------------------------
 
 
+def _without_finalizer(registry: kopf.OperatorRegistry, fn: Callable[..., Any]) -> None:
+    """Registers the timer ``fn`` as not needing a finalizer on the model.
+
+    kopf puts a finalizer on every object a timer runs for, so that the timer stops
+    before the object goes. Ours only calls an idempotent reconcile that returns early
+    for a model that is gone, and a finalizer would make deleting a model (or its
+    namespace) hang whenever the operator is down or uninstalled. kopf has no public
+    switch for this, so the registered handler is swapped for a copy without the flag;
+    if kopf's internals ever move, this fails at start-up rather than silently."""
+    import dataclasses
+
+    spawning = registry._spawning  # noqa: SLF001 - see the docstring
+    matches = [h for h in spawning._handlers if getattr(h, "fn", None) is fn]  # noqa: SLF001
+    if len(matches) != 1 or not dataclasses.is_dataclass(matches[0]) or not hasattr(matches[0], "requires_finalizer"):
+        raise RuntimeError("kopf's timer registry changed: cannot register the resync timer without a finalizer")
+    index = spawning._handlers.index(matches[0])  # noqa: SLF001
+    spawning._handlers[index] = dataclasses.replace(matches[0], requires_finalizer=False)  # noqa: SLF001
+
+
 def _emit(body: dict[str, Any], kind: str, reason: str, message: str) -> None:
     kopf.event(body, type=kind, reason=reason, message=message[:1024])
 
@@ -174,6 +193,8 @@ def register(registry: kopf.OperatorRegistry, kube_factory: Callable[[], Kube], 
     def resync(body, logger, **_):
         # A slow, level-based sweep: catches anything an event did not.
         handle(body, logger)
+
+    _without_finalizer(registry, resync)
 
     def on_child(body, logger, **_):
         owner = (body.get("metadata", {}).get("labels") or {}).get(MODEL_LABEL)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import random
 
 import kopf
 
@@ -22,6 +23,7 @@ def configure(settings: kopf.OperatorSettings, args: argparse.Namespace) -> None
     settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf.progress")
     settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(field="status.kopf.lastHandledConfiguration")
     settings.peering.name = args.peering
+    settings.peering.priority = args.priority
     settings.peering.stealth = True  # keep-alives every minute would drown the log
     settings.posting.level = logging.WARNING  # kopf's own progress events; ours are posted explicitly
     settings.watching.server_timeout = 300
@@ -29,6 +31,10 @@ def configure(settings: kopf.OperatorSettings, args: argparse.Namespace) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.priority is None:
+        # kopf pauses every replica when two share a priority; distinct ones make the
+        # highest live replica the active one and the others warm standbys.
+        args.priority = random.SystemRandom().randint(1, 2**31 - 1)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     registry = kopf.OperatorRegistry()
     controller.register(registry, lambda: Kube(load_client()), args.resync_seconds)
@@ -46,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         registry=registry,
         standalone=args.standalone,
         peering_name=None if args.standalone else args.peering,
+        priority=args.priority,
         liveness_endpoint=args.liveness or None,
         clusterwide=not args.namespace,
         namespaces=args.namespace,

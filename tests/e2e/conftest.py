@@ -11,62 +11,18 @@ Tests that need simulated Neuron capacity skip themselves on clusters without it
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "cluster"))
-
-import localcluster  # noqa: E402
-
-CRD_FILE = ROOT / "crds" / "inferentia.dev_inferentiamodels.yaml"
-USE_EXISTING = os.environ.get("INFERENTIA_E2E_USE_EXISTING_CLUSTER") == "1"
+from kit import CRD_FILE, USE_EXISTING, Cluster, OperatorProcess, localcluster, wait_for
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
         if str(item.fspath).startswith(str(Path(__file__).parent)):
             item.add_marker(pytest.mark.cluster)
-
-
-@dataclass
-class Cluster:
-    """A reachable cluster: its kubeconfig and the tools to drive it."""
-
-    kubeconfig: Path
-    bin_dir: Path
-    local: localcluster.LocalCluster | None
-
-    def tool(self, name: str) -> str:
-        override = os.environ.get(f"INFERENTIA_{name.upper()}")
-        return override or str(self.bin_dir / name)
-
-    @property
-    def env(self) -> dict[str, str]:
-        return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
-
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run(
-            [self.tool("kubectl"), *args], input=input, capture_output=True, text=True, env=self.env, timeout=120
-        )
-        if check and result.returncode:
-            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
-        return result
-
-    def get(self, *args: str) -> dict:
-        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
-
-    def neuron_capacity(self) -> list[int]:
-        nodes = self.get("nodes")["items"]
-        return sorted(int(n["status"].get("allocatable", {}).get("aws.amazon.com/neuron", 0)) for n in nodes)
 
 
 @pytest.fixture(scope="session")
@@ -105,13 +61,23 @@ def namespace(cluster: Cluster):
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
-    """Polls predicate until it returns a truthy value, which is returned."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+PEERING = "inferentia-operator"
+OPERATOR_USER = "inferentia-operator"
+
+
+@pytest.fixture(scope="module")
+def operator(crd_installed: Cluster, tmp_path_factory):
+    """The operator, watching every namespace, running as its own user where the cluster allows it."""
+    c = crd_installed
+    c.kubectl("apply", "-f", str(CRD_FILE.parent / "kopf.dev_peerings.yaml"))
+    c.kubectl("wait", "--for=condition=Established", "crd/clusterkopfpeerings.kopf.dev", "--timeout=60s")
+    c.kubectl("apply", "-f", "-", input=f"apiVersion: kopf.dev/v1\nkind: ClusterKopfPeering\nmetadata:\n  name: {PEERING}\n")
+    if c.local is not None:
+        kubeconfig = c.local.user_kubeconfig(OPERATOR_USER)
+        c.kubectl("create", "clusterrolebinding", "e2e-operator", "--clusterrole=cluster-admin", f"--user={OPERATOR_USER}", check=False)
+    else:
+        kubeconfig = c.kubeconfig
+    op = OperatorProcess(kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", peering=PEERING)
+    op.start()
+    yield op
+    op.stop()

@@ -8,7 +8,7 @@ import socket
 import pytest
 import yaml
 
-from conftest import ROOT, wait_for
+from kit import ROOT, wait_for
 from inferentia_operator.rules import CEL_RULES, errors, parse_spec
 
 TOLERATE_NEURON = [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}]

@@ -1,0 +1,113 @@
+"""What the end-to-end tests share: a handle on the cluster under test, and polling."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "cluster"))
+
+import localcluster  # noqa: E402
+
+CRD_FILE = ROOT / "crds" / "inferentia.dev_inferentiamodels.yaml"
+USE_EXISTING = os.environ.get("INFERENTIA_E2E_USE_EXISTING_CLUSTER") == "1"
+
+
+@dataclass
+class Cluster:
+    """A reachable cluster: its kubeconfig and the tools to drive it."""
+
+    kubeconfig: Path
+    bin_dir: Path
+    local: localcluster.LocalCluster | None
+
+    def tool(self, name: str) -> str:
+        override = os.environ.get(f"INFERENTIA_{name.upper()}")
+        return override or str(self.bin_dir / name)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        result = subprocess.run(
+            [self.tool("kubectl"), *args], input=input, capture_output=True, text=True, env=self.env, timeout=120
+        )
+        if check and result.returncode:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
+        return result
+
+    def get(self, *args: str) -> dict:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def neuron_capacity(self) -> list[int]:
+        nodes = self.get("nodes")["items"]
+        return sorted(int(n["status"].get("allocatable", {}).get("aws.amazon.com/neuron", 0)) for n in nodes)
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
+    """Polls predicate until it returns a truthy value, which is returned."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    return localcluster.free_port()
+
+
+class OperatorProcess:
+    """`inferentia-operator run` as a separate process, as it runs in production."""
+
+    def __init__(self, kubeconfig: Path, log_path: Path, resync_seconds: float = 3.0, peering: str = "inferentia-operator"):
+        self.kubeconfig, self.log_path = kubeconfig, log_path
+        self.resync_seconds, self.peering = resync_seconds, peering
+        self.proc: subprocess.Popen | None = None
+        self.port = free_port()
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "inferentia_operator", "run",
+                "--liveness", f"http://127.0.0.1:{self.port}/healthz",
+                "--resync-seconds", str(self.resync_seconds), "--peering", self.peering,
+            ],
+            env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        import urllib.request
+
+        def healthy():
+            assert self.proc.poll() is None, f"the operator exited: see {self.log_path}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        wait_for(healthy, 60, "the operator's liveness endpoint")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

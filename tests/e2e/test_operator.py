@@ -1,0 +1,302 @@
+"""The operator against a real API server: children, compile, rollout, drift, restarts, status."""
+
+from __future__ import annotations
+
+import collections
+import json
+import time
+
+import pytest
+import yaml
+
+from conftest import OPERATOR_USER
+from inferentia_operator import children
+from inferentia_operator.api import InferentiaModelSpec
+from inferentia_operator.children import Model
+from inferentia_operator.drift import applied
+from inferentia_operator.planner import plan
+from kit import OperatorProcess, wait_for
+from specs import make_model
+
+COMPILE_IMAGE = "example.com/neuron-compile:1"
+
+
+def apply_model(cluster, namespace, name, **overrides) -> dict:
+    body = make_model(name, namespace, **overrides)
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(body))
+    return body
+
+
+def get_model(cluster, namespace, name) -> dict:
+    return cluster.get("inferentiamodel", name, "-n", namespace)
+
+
+def condition(body, type_) -> dict:
+    return next((c for c in (body.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
+
+
+def wait_ready(cluster, namespace, name, timeout=90):
+    cluster.kubectl("wait", "--for=condition=Ready", f"inferentiamodel/{name}", "-n", namespace, f"--timeout={timeout}s")
+    body = get_model(cluster, namespace, name)
+    # Ready speaks for the current generation only.
+    assert body["status"]["observedGeneration"] == body["metadata"]["generation"]
+    return body
+
+
+def wait_condition(cluster, namespace, name, type_, status, reason=None, timeout=60):
+    def check():
+        body = get_model(cluster, namespace, name)
+        c = condition(body, type_)
+        return body if c.get("status") == status and (reason is None or c.get("reason") == reason) else None
+
+    return wait_for(check, timeout, f"{type_}={status} ({reason}) on {namespace}/{name}")
+
+
+def model_of(body) -> Model:
+    spec = InferentiaModelSpec.model_validate(body["spec"])
+    return Model(body["metadata"]["name"], body["metadata"]["namespace"], body["metadata"]["uid"], spec, plan(spec))
+
+
+def items(cluster, kind, namespace, name):
+    return cluster.get(kind, "-n", namespace, "-l", f"inferentia.dev/model={name}")["items"]
+
+
+def test_a_model_is_compiled_scheduled_and_ready_with_children_matching_the_plan(cluster, operator, namespace):
+    apply_model(
+        cluster, namespace, "resnet",
+        **{"model.architecture": "cnn", "processesPerReplica": 4, "compile.batchSize": 4,
+           "compile.image": COMPILE_IMAGE, "replicas": 2, "serving.port": 8500},
+    )  # fmt: skip
+    body = wait_ready(cluster, namespace, "resnet")
+    m = model_of(body)
+    live = {
+        "configmap": cluster.get("configmap", children.plan_configmap_name(m), "-n", namespace),
+        "job": cluster.get("job", children.compile_job_name(m), "-n", namespace),
+        "deployment": cluster.get("deployment", "resnet", "-n", namespace),
+        "service": cluster.get("service", "resnet", "-n", namespace),
+    }
+    desired = {
+        "configmap": children.plan_configmap(m),
+        "job": children.compile_job(m),
+        "deployment": children.serving_deployment(m),
+        "service": children.service(m),
+    }
+    for kind in desired:
+        assert applied(desired[kind], live[kind]), f"the live {kind} differs from the plan"
+    assert condition(live["job"], "Complete")["status"] == "True"
+    status = body["status"]
+    assert status["plan"] == m.plan.model_dump(by_alias=True, mode="json")
+    assert (status["replicas"], status["readyReplicas"], status["updatedReplicas"]) == (2, 2, 2)
+    assert status["compileJob"] == children.compile_job_name(m)
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "Validated": "True", "Compiled": "True", "Scheduled": "True",
+        "Progressing": "False", "Available": "True", "Ready": "True",
+    }  # fmt: skip
+    pods = cluster.get("pods", "-n", namespace, "-l", status["selector"])["items"]
+    assert len(pods) == 2
+    for pod in pods:
+        node = cluster.get("node", pod["spec"]["nodeName"])
+        assert node["metadata"]["labels"]["node.kubernetes.io/instance-type"] in m.plan.instance_types
+    table = cluster.kubectl("get", "inferentiamodel", "resnet", "-n", namespace).stdout
+    assert table.split("\n")[1].split()[:7] == ["resnet", "1", "4", "1", "2", "2", "Ready"]
+    reasons = {e["reason"] for e in cluster.get("events", "-n", namespace, "--field-selector", "involvedObject.name=resnet")["items"]}
+    assert {"Ready", "Compiled"} <= reasons
+
+
+def test_changing_processes_recompiles_and_rolls_the_new_cores(cluster, operator, namespace):
+    apply_model(cluster, namespace, "m", **{"processesPerReplica": 4, "compile.image": COMPILE_IMAGE})
+    first = model_of(wait_ready(cluster, namespace, "m"))
+    apply_model(cluster, namespace, "m", **{"processesPerReplica": 2, "compile.image": COMPILE_IMAGE})
+    body = wait_ready(cluster, namespace, "m")
+    assert body["metadata"]["generation"] == 2
+    second = model_of(body)
+    assert children.compile_job_name(first) != children.compile_job_name(second)
+    jobs = sorted(j["metadata"]["name"] for j in items(cluster, "jobs", namespace, "m"))
+    assert jobs == sorted([children.compile_job_name(first), children.compile_job_name(second)])
+    deployment = cluster.get("deployment", "m", "-n", namespace)
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["NEURON_CC_FLAGS"].startswith("--neuroncore-pipeline-cores 2")
+    cm = cluster.get("configmap", children.plan_configmap_name(second), "-n", namespace)
+    assert [cm["data"][f"env-{i}"].splitlines()[0] for i in range(2)] == [
+        "NEURON_RT_VISIBLE_CORES=0-1", "NEURON_RT_VISIBLE_CORES=2-3",
+    ]  # fmt: skip
+    # The first plan's ConfigMap goes once no pod reads it.
+    wait_for(lambda: len(items(cluster, "configmaps", namespace, "m")) == 1, 30, "the superseded plan ConfigMap to go")
+    # Going back to the first plan reuses its finished compile: no third Job.
+    apply_model(cluster, namespace, "m", **{"processesPerReplica": 4, "compile.image": COMPILE_IMAGE})
+    wait_ready(cluster, namespace, "m")
+    assert len(items(cluster, "jobs", namespace, "m")) == 2
+
+
+def test_an_invalid_edit_leaves_the_running_deployment_alone(cluster, operator, namespace):
+    apply_model(cluster, namespace, "m", **{"model.weights": 1_000_000})
+    wait_ready(cluster, namespace, "m")
+    before = cluster.get("deployment", "m", "-n", namespace)
+    # Static weights that cannot fit: a rule only the operator checks (CEL cannot see staticWeights).
+    apply_model(cluster, namespace, "m", **{"model.weights": 100_000_000_000, "compile.staticWeights": True})
+    body = wait_condition(cluster, namespace, "m", "Validated", "False", "InvalidSpec")
+    message = condition(body, "Validated")["message"]
+    assert message.startswith("spec.compile.staticWeights: true needs 200000000000 bytes")
+    assert condition(body, "Ready")["reason"] == "InvalidSpec"
+    assert body["status"]["observedGeneration"] == 2
+    time.sleep(operator.resync_seconds * 2)
+    after = cluster.get("deployment", "m", "-n", namespace)
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]
+    assert after["spec"] == before["spec"]
+    warnings = cluster.get("events", "-n", namespace, "--field-selector", "involvedObject.name=m,type=Warning")["items"]
+    assert any(e["reason"] == "InvalidSpec" and "true needs" in e["message"] for e in warnings)
+
+
+def test_a_deleted_or_edited_child_is_put_back_and_others_fields_are_kept(cluster, operator, namespace):
+    apply_model(cluster, namespace, "m")
+    wait_ready(cluster, namespace, "m")
+    uid = cluster.get("deployment", "m", "-n", namespace)["metadata"]["uid"]
+    cluster.kubectl("delete", "deployment", "m", "-n", namespace)
+    back = wait_for(
+        lambda: (d := cluster.kubectl("get", "deployment", "m", "-n", namespace, "-o", "json", check=False)).returncode == 0
+        and json.loads(d.stdout)["metadata"]["uid"] != uid,
+        60,
+        "the Deployment to come back",
+    )
+    assert back
+    wait_ready(cluster, namespace, "m")
+    cluster.kubectl("annotate", "deployment", "m", "-n", namespace, "team.example.com/owner=ml")
+    cluster.kubectl("set", "image", "deployment/m", "-n", namespace, "serve=example.com/not-the-plan:1")
+
+    def image_restored():
+        d = cluster.get("deployment", "m", "-n", namespace)
+        return d["spec"]["template"]["spec"]["containers"][0]["image"] == "example.com/serve:1" and d
+
+    d = wait_for(image_restored, 60, "the planned image to be put back")
+    assert d["metadata"]["annotations"]["team.example.com/owner"] == "ml"
+    cluster.kubectl("delete", "service", "m", "-n", namespace)
+    wait_for(lambda: cluster.kubectl("get", "service", "m", "-n", namespace, check=False).returncode == 0, 60, "the Service to come back")
+
+
+def test_scale_subresource_drives_the_deployment(cluster, operator, namespace):
+    apply_model(cluster, namespace, "m")
+    wait_ready(cluster, namespace, "m")
+    cluster.kubectl("scale", "inferentiamodel/m", "-n", namespace, "--replicas=2")
+    body = wait_for(
+        lambda: (b := get_model(cluster, namespace, "m"))["status"].get("readyReplicas") == 2
+        and condition(b, "Ready").get("status") == "True" and b,
+        60,
+        "two ready replicas",
+    )
+    assert cluster.get("deployment", "m", "-n", namespace)["spec"]["replicas"] == 2
+    scale = json.loads(cluster.kubectl("get", "--raw", f"/apis/inferentia.dev/v1alpha1/namespaces/{namespace}/inferentiamodels/m/scale").stdout)
+    assert scale["status"]["replicas"] == 2 and scale["status"]["selector"] == body["status"]["selector"]
+
+
+def test_deleting_the_model_deletes_its_children(cluster, operator, namespace):
+    apply_model(cluster, namespace, "m", **{"compile.image": COMPILE_IMAGE})
+    wait_ready(cluster, namespace, "m")
+    cluster.kubectl("delete", "inferentiamodel", "m", "-n", namespace)
+
+    def all_gone():
+        return all(not items(cluster, kind, namespace, "m") for kind in ("deployments", "services", "configmaps", "jobs"))
+
+    wait_for(all_gone, 60, "the children to be garbage-collected")
+
+
+def test_a_model_too_large_for_free_capacity_reports_scheduled_false(cluster, operator, namespace):
+    if sum(c >= 16 for c in cluster.neuron_capacity()) >= 2:
+        pytest.skip("the cluster has room for two 16-chip replicas")
+    apply_model(cluster, namespace, "huge", **{"compute.inf": 16, "replicas": 2})
+    body = wait_condition(cluster, namespace, "huge", "Scheduled", "False", "Unschedulable")
+    message = condition(body, "Scheduled")["message"]
+    assert "cannot be placed" in message and "aws.amazon.com/neuron" in message
+    assert condition(body, "Ready")["reason"] == "Unschedulable"
+    assert condition(body, "Progressing")["reason"] == "WaitingForCapacity"
+
+
+def test_ten_models_at_once(cluster, operator, namespace):
+    for i in range(10):
+        apply_model(cluster, namespace, f"model-{i}", **{"processesPerReplica": 2})
+    for i in range(10):
+        wait_ready(cluster, namespace, f"model-{i}", timeout=120)
+    assert len(cluster.get("deployments", "-n", namespace)["items"]) == 10
+
+
+def test_steady_state_writes_nothing(cluster, operator, namespace):
+    if cluster.local is None:
+        pytest.skip("needs the local control plane's audit log")
+    # Steady state of the whole cluster: earlier tests' namespaces must be gone first.
+    wait_for(
+        lambda: not [n for n in cluster.get("namespaces")["items"] if n["status"].get("phase") == "Terminating"],
+        120,
+        "earlier test namespaces to finish terminating",
+    )
+    apply_model(cluster, namespace, "m", **{"compile.image": COMPILE_IMAGE, "processesPerReplica": 2})
+    wait_ready(cluster, namespace, "m")
+    time.sleep(operator.resync_seconds)  # let the last status write land
+    seen = len(cluster.local.writes_by(OPERATOR_USER))
+    time.sleep(operator.resync_seconds * 4)  # several resyncs of every model
+    writes = [
+        e for e in cluster.local.writes_by(OPERATOR_USER)[seen:]
+        # kopf's peering keep-alive, like a leader-election lease renewal, is not about any model.
+        if e["objectRef"]["resource"] not in ("clusterkopfpeerings", "kopfpeerings")
+    ]  # fmt: skip
+    assert writes == [], collections.Counter((e["verb"], e["objectRef"]["resource"], e["objectRef"].get("name")) for e in writes)
+
+
+def test_a_restart_mid_rollout_converges_without_duplicates(cluster, operator, namespace):
+    operator.stop()
+    try:
+        apply_model(cluster, namespace, "m", **{"compile.image": COMPILE_IMAGE})
+        operator.start()
+        wait_for(lambda: items(cluster, "jobs", namespace, "m"), 60, "the compile Job")
+        operator.stop()  # mid-rollout: the Job exists, the Deployment may not
+    finally:
+        operator.start()
+    wait_ready(cluster, namespace, "m")
+    assert len(items(cluster, "jobs", namespace, "m")) == 1
+    assert len(cluster.get("deployments", "-n", namespace)["items"]) == 1
+    if cluster.local is not None:
+        job_creates = [
+            e for e in cluster.local.writes_by(OPERATOR_USER)
+            if e["objectRef"]["resource"] == "jobs" and e["objectRef"].get("namespace") == namespace
+        ]  # fmt: skip
+        assert len(job_creates) == 1, "the compile Job was written once, by the first run"
+
+
+def test_models_carry_no_finalizer_and_delete_while_the_operator_is_down(cluster, operator, namespace):
+    apply_model(cluster, namespace, "m")
+    body = wait_ready(cluster, namespace, "m")
+    assert not body["metadata"].get("finalizers")
+    operator.stop()
+    try:
+        cluster.kubectl("delete", "inferentiamodel", "m", "-n", namespace, "--timeout=30s")
+    finally:
+        operator.start()
+
+
+def test_a_second_replica_stands_by(cluster, operator, namespace, tmp_path):
+    if cluster.local is None:
+        pytest.skip("needs the local control plane's audit log and users")
+    standby_user = "inferentia-operator-standby"
+    cluster.kubectl("create", "clusterrolebinding", "e2e-standby", "--clusterrole=cluster-admin", f"--user={standby_user}", check=False)
+    standby = OperatorProcess(cluster.local.user_kubeconfig(standby_user), tmp_path / "standby.log", peering=operator.peering)
+    standby.start()
+    try:
+        wait_for(
+            lambda: len((cluster.get("clusterkopfpeering", operator.peering).get("status") or {})) >= 2,
+            30,
+            "both replicas to register as peers",
+        )
+        apply_model(cluster, namespace, "m", processesPerReplica=2)
+        wait_ready(cluster, namespace, "m")
+        apply_model(cluster, namespace, "m", processesPerReplica=4)
+        wait_ready(cluster, namespace, "m")
+        acted = [
+            e for e in cluster.local.writes_by(standby_user)
+            if e["objectRef"]["resource"] not in ("clusterkopfpeerings", "kopfpeerings")
+        ]  # fmt: skip
+        # One of the two is paused: whichever drew the lower priority writes nothing.
+        mine = [e for e in cluster.local.writes_by(OPERATOR_USER) if e["objectRef"].get("namespace") == namespace]
+        assert (acted == []) != (mine == []), "exactly one replica acted"
+        peers = cluster.get("clusterkopfpeering", operator.peering)["status"]
+        assert len({p["priority"] for p in peers.values()}) == len(peers), "replicas draw distinct priorities"
+    finally:
+        standby.stop()

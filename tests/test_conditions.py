@@ -1,0 +1,91 @@
+"""Status conditions from observed children: the rules kubectl wait, Argo CD and Flux rely on."""
+
+from inferentia_operator import conditions as c
+
+
+def deployment(*, hash_="h1", replicas=2, ready=2, updated=2, available=2, generation=3, observed=3, spec_replicas=2):
+    return {
+        "metadata": {"generation": generation},
+        "spec": {"replicas": spec_replicas, "template": {"metadata": {"annotations": {"inferentia.dev/plan-hash": hash_}}}},
+        "status": {
+            "observedGeneration": observed, "replicas": replicas, "readyReplicas": ready,
+            "updatedReplicas": updated, "availableReplicas": available,
+            "conditions": [{"type": "Available", "status": "True" if available else "False"}],
+        },
+    }  # fmt: skip
+
+
+def pod(scheduled=True, message=""):
+    cond = {"type": "PodScheduled", "status": "True" if scheduled else "False", "reason": "Unschedulable", "message": message}
+    return {"metadata": {}, "status": {"conditions": [cond]}}
+
+
+COMPILED = c.Cond("Compiled", "True", "Compiled", "done")
+
+
+def by_type(conds):
+    return {x.type: x for x in conds}
+
+
+def test_ready_when_the_current_plan_is_fully_rolled_out():
+    d = deployment()
+    conds = by_type(
+        c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=c.rollout_of(d, 2, "h1"), observed=c.Observed(d, None, [pod(), pod()]))
+    )
+    assert (conds["Ready"].status, conds["Ready"].reason) == ("True", "Ready")
+    assert conds["Progressing"].reason == "RolloutComplete"
+    assert conds["Scheduled"].status == "True" and conds["Available"].status == "True"
+
+
+def test_not_ready_while_old_pods_remain_or_the_plan_is_old():
+    for d, hash_ in [
+        (deployment(replicas=3, updated=2), "h1"),  # an old pod is still there
+        (deployment(), "h2"),  # the Deployment still has the previous plan
+        (deployment(observed=2), "h1"),  # the Deployment controller has not seen the change
+    ]:
+        conds = by_type(c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=c.rollout_of(d, 2, hash_), observed=c.Observed(d)))
+        assert (conds["Ready"].status, conds["Ready"].reason) == ("False", "RollingOut")
+        assert conds["Progressing"].status == "True"
+
+
+def test_unschedulable_pods_name_the_schedulers_reason():
+    d = deployment(ready=1, available=1, updated=2)
+    message = "0/6 nodes are available: 6 Insufficient aws.amazon.com/neuron."
+    conds = by_type(
+        c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=c.rollout_of(d, 2, "h1"), observed=c.Observed(d, None, [pod(), pod(False, message)]))
+    )
+    assert (conds["Scheduled"].status, conds["Scheduled"].reason) == ("False", "Unschedulable")
+    assert conds["Scheduled"].message == f"1 pod cannot be placed: {message}"
+    assert conds["Ready"].reason == "Unschedulable"
+
+
+def test_compile_states():
+    job = lambda t, s, **kw: {"status": {"conditions": [{"type": t, "status": s, **kw}]}}  # noqa: E731
+    assert c.compile_state(True, "j", job("Complete", "True"), "s3://out/").reason == "Compiled"
+    failed = c.compile_state(True, "j", job("Failed", "True", reason="BackoffLimitExceeded", message="too many"), "u")
+    assert (failed.status, failed.reason, failed.message) == ("False", "CompileFailed", "Job j failed: BackoffLimitExceeded: too many")
+    assert c.compile_state(True, "j", None, "u").reason == "Compiling"
+    assert c.compile_state(False, None, None, "u").status == "True"
+
+
+def test_a_failed_compile_keeps_ready_false_and_stops_progressing():
+    failed = c.Cond("Compiled", "False", "CompileFailed", "Job j failed: x")
+    d = deployment(hash_="old")
+    conds = by_type(c.conditions(valid=True, invalid_message="", compiled=failed, rollout=c.rollout_of(d, 2, "new"), observed=c.Observed(d)))
+    assert (conds["Ready"].reason, conds["Progressing"].status) == ("CompileFailed", "False")
+    assert conds["Available"].status == "True"  # the previous Deployment keeps serving
+
+
+def test_invalid_spec():
+    conds = by_type(c.conditions(valid=False, invalid_message="spec.x: bad", compiled=None, rollout=c.rollout_of(None, 1, None), observed=c.Observed()))
+    assert (conds["Validated"].status, conds["Ready"].reason, conds["Ready"].message) == ("False", "InvalidSpec", "spec.x: bad")
+
+
+def test_transition_times_hold_while_status_holds():
+    first = c.with_times([c.Cond("Ready", "False", "RollingOut")], [], 1, "T1")
+    same = c.with_times([c.Cond("Ready", "False", "Compiling")], first, 2, "T2")
+    assert same[0]["lastTransitionTime"] == "T1" and same[0]["observedGeneration"] == 2
+    flipped = c.with_times([c.Cond("Ready", "True", "Ready")], same, 2, "T3")
+    assert flipped[0]["lastTransitionTime"] == "T3"
+    assert c.transitions(flipped, same) == [("Normal", "Ready", "Ready=True: ")]
+    assert c.transitions(flipped, flipped) == []
