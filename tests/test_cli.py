@@ -66,6 +66,12 @@ def test_a_whole_directory_skips_other_kinds(tmp_path):
     assert "theirs" not in out
 
 
+def test_a_file_named_twice_is_checked_once():
+    code, out, _ = run_cli("validate", str(SAMPLES), str(SAMPLES / "invalid"), str(SAMPLES / "gpt2-inf2.yaml"))
+    assert code == 1
+    assert out.count("default/uneven:") == 1 and out.count("default/gpt2: ok") == 1
+
+
 def test_stdin_and_json():
     code, out, _ = run_cli("validate", "-", stdin=json.dumps(make_model("j")))
     assert (code, out) == (0, "default/j: ok\n")

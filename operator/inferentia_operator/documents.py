@@ -132,9 +132,14 @@ def load_models(paths: list[str]) -> Loaded:
     """Every InferentiaModel in the paths (stdin when none), checked. Unreadable files are
     recorded and the rest still read, so one bad file does not hide the others' results."""
     loaded = Loaded()
+    seen: set[str] = set()
     for path in paths or ["-"]:
         try:
             for source, text in _files(path):
+                key = source if source == "<stdin>" else str(Path(source).resolve())
+                if key in seen:
+                    continue  # a file named twice (a folder and its subfolder) is checked once
+                seen.add(key)
                 for document in _documents(source, text):
                     for body in _objects(document):
                         if _is_model(body):
