@@ -7,7 +7,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CRD    := crds/inferentia.dev_inferentiamodels.yaml
 
-.PHONY: help test unit e2e venv controlplane cluster-up cluster-down crd demo clean
+.PHONY: help test unit e2e venv controlplane cluster-up cluster-down crd manifests demo clean
+HELM    = $(shell bash cluster/build.sh --print)/helm
+CHART   := charts/inferentia-operator
 
 help:
 	@echo "make test          the whole suite: unit tests, then end-to-end tests on a local control plane"
@@ -15,7 +17,8 @@ help:
 	@echo "make demo          local control plane + operator + samples, until make cluster-down"
 	@echo "make cluster-up    start the local control plane (kubeconfig: .cluster/kubeconfig)"
 	@echo "make cluster-down  stop it, and the demo operator"
-	@echo "make crd           regenerate $(CRD) from the pydantic models"
+	@echo "make crd           regenerate $(CRD) (and the chart's copy) from the pydantic models"
+	@echo "make manifests     regenerate manifests/*.yaml from the chart's default values"
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +52,10 @@ demo: venv controlplane
 
 crd: venv
 	$(BIN)/inferentia-operator crd > $(CRD)
+	cp crds/*.yaml $(CHART)/crds/
+
+manifests: venv controlplane crd
+	$(BIN)/python charts/render_manifests.py $(HELM)
 
 clean: cluster-down
 	rm -rf $(VENV) .cluster build *.egg-info

@@ -29,6 +29,9 @@ log() { printf '[build] %s\n' "$*" >&2; }
 up_to_date() { [[ -x "$bin/$1" && "$(cat "$bin/.$1.version" 2>/dev/null)" == "$2" ]]; }
 stamp() { echo "$2" > "$bin/.$1.version"; }
 
+# gomod MODULE@VERSION: the path of that module's go.mod, fetched as Go is configured to.
+gomod() { go mod download -json "$1" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p'; }
+
 # new_module DIR: an empty main module that only exists to build dependencies.
 new_module() {
   rm -rf "$1"; mkdir -p "$1"
@@ -47,7 +50,7 @@ build_kubernetes() {
   # which Go ignores in a dependency. Replace each staging module it requires at
   # v0.0.0 with the matching published v0.X.Y instead.
   local mods
-  mods=$(cd "$d" && go mod download -json "k8s.io/kubernetes@$v" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')
+  mods=$(gomod "k8s.io/kubernetes@$v")
   local m
   for m in $(sed -n 's/^[[:space:]]*\(k8s\.io\/[a-z0-9-]*\) v0\.0\.0$/\1/p' "$mods"); do
     (cd "$d" && go mod edit -replace "$m=$m@$staging")
@@ -65,16 +68,22 @@ build_kubernetes() {
   for n in "${names[@]}"; do stamp "$n" "$v"; done
 }
 
-# build_simple NAME MODULE VERSION PACKAGE [LDFLAGS]
+# build_simple NAME MODULE VERSION PACKAGE [LDFLAGS] [STAMP]
 build_simple() {
-  local name="$1" module="$2" v="$3" pkg="$4" ld="-s -w ${5:-}"
-  up_to_date "$name" "$v" && { log "$name $v: cached"; return; }
+  local name="$1" module="$2" v="$3" pkg="$4" ld="-s -w ${5:-}" stamp_as="${6:-$3}"
+  up_to_date "$name" "$stamp_as" && { log "$name $v: cached"; return; }
   log "$name $v: building"
   local d="$src/$name"
   new_module "$d"
   (cd "$d" && go get "$module@$v" >/dev/null 2>&1 || go get "$module@$v")
   (cd "$d" && go build -mod=mod -ldflags "$ld" -o "$bin/$name" "$pkg")
-  stamp "$name" "$v"
+  stamp "$name" "$stamp_as"
+}
+
+# Helm's Makefile stamps the Kubernetes version of its client-go into the binary as
+# the default for `helm template` and `helm lint` (otherwise v1.20); do the same.
+helm_k8s_minor() {
+  sed -n 's/^[[:space:]]*k8s\.io\/client-go v0\.\([0-9]*\)\..*/\1/p' "$(gomod "helm.sh/helm/v3@$HELM_VERSION")" | head -1
 }
 
 # kwok applies its default stages only when it reads no configuration file. The
@@ -103,7 +112,11 @@ build_simple etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/serv
 build_simple kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok \
   "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
 kwok_stages
+minor=$(helm_k8s_minor)
+[[ -n "$minor" ]] || { echo "build.sh: cannot read the client-go version from helm $HELM_VERSION's go.mod" >&2; exit 1; }
 build_simple helm helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
-  "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+  "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION $(for p in chartutil lint/rules; do
+     printf -- '-X helm.sh/helm/v3/pkg/%s.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/%s.k8sVersionMinor=%s ' "$p" "$p" "$minor"; done)" \
+  "$HELM_VERSION+k8s1.$minor"
 log "done in $(( $(date +%s) - start ))s: $(du -sh "$bin" | cut -f1) in $bin"
 echo "$bin"

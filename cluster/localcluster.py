@@ -387,22 +387,21 @@ def _run_or_fail(argv: list[str]) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether any thread of ``pid`` still runs (and so may still hold its sockets).
+
+    A Go program's main thread turns zombie while its other threads are still exiting
+    with the process's file descriptors, so a zombie is not yet gone: our own child is
+    gone once it can be reaped (the kernel allows that only when every thread is
+    gone), another process once no thread of it is left."""
     try:
-        # A zombie child still has a pid: reap it if it is ours.
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
+        reaped, _ = os.waitpid(pid, os.WNOHANG)
+        return reaped != pid
     except ChildProcessError:
-        pass
+        pass  # not our child: make cluster-down stopping what make cluster-up started
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except OSError:
+        state = Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0]
+        return state != "Z" or len(os.listdir(f"/proc/{pid}/task")) > 1
+    except (OSError, IndexError):
         return False
 
 

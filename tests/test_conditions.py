@@ -35,6 +35,7 @@ def test_ready_when_the_current_plan_is_fully_rolled_out():
     assert (conds["Ready"].status, conds["Ready"].reason) == ("True", "Ready")
     assert conds["Progressing"].reason == "RolloutComplete"
     assert conds["Scheduled"].status == "True" and conds["Available"].status == "True"
+    assert (conds["Reconciling"].status, conds["Stalled"].status) == ("False", "False")  # kstatus: Current
 
 
 def test_not_ready_while_old_pods_remain_or_the_plan_is_old():
@@ -46,6 +47,7 @@ def test_not_ready_while_old_pods_remain_or_the_plan_is_old():
         conds = by_type(c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=c.rollout_of(d, 2, hash_), observed=c.Observed(d)))
         assert (conds["Ready"].status, conds["Ready"].reason) == ("False", "RollingOut")
         assert conds["Progressing"].status == "True"
+        assert conds["Reconciling"].status == "True"  # kstatus: InProgress
 
 
 def test_unschedulable_pods_name_the_schedulers_reason():
@@ -74,11 +76,13 @@ def test_a_failed_compile_keeps_ready_false_and_stops_progressing():
     conds = by_type(c.conditions(valid=True, invalid_message="", compiled=failed, rollout=c.rollout_of(d, 2, "new"), observed=c.Observed(d)))
     assert (conds["Ready"].reason, conds["Progressing"].status) == ("CompileFailed", "False")
     assert conds["Available"].status == "True"  # the previous Deployment keeps serving
+    assert (conds["Stalled"].status, conds["Stalled"].reason) == ("True", "CompileFailed")  # kstatus: Failed
 
 
 def test_invalid_spec():
     conds = by_type(c.conditions(valid=False, invalid_message="spec.x: bad", compiled=None, rollout=c.rollout_of(None, 1, None), observed=c.Observed()))
     assert (conds["Validated"].status, conds["Ready"].reason, conds["Ready"].message) == ("False", "InvalidSpec", "spec.x: bad")
+    assert (conds["Stalled"].status, conds["Reconciling"].status) == ("True", "False")
 
 
 def test_transition_times_hold_while_status_holds():

@@ -267,7 +267,7 @@ class Condition(ApiModel):
     """A standard Kubernetes condition (metav1.Condition)."""
 
     type: str
-    """Condition type: Validated, Compiled, Scheduled, Progressing, Available or Ready."""
+    """Condition type: Validated, Compiled, Scheduled, Progressing, Available, Ready, Reconciling or Stalled."""
     status: Literal["True", "False", "Unknown"]
     """True, False or Unknown."""
     reason: str
@@ -286,7 +286,7 @@ class InferentiaModelStatus(ApiModel):
     observed_generation: int | None = None
     """The metadata.generation the status describes."""
     conditions: list[Condition] | None = None
-    """Validated, Compiled, Scheduled, Progressing, Available and Ready."""
+    """Validated, Compiled, Scheduled, Progressing, Available and Ready; Reconciling and Stalled restate them for Flux's kstatus."""
     plan: Plan | None = None
     """The plan being applied: the observed generation's, or the last valid one's while the spec is invalid."""
     replicas: int | None = None

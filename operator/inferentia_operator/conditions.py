@@ -12,7 +12,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-CONDITION_TYPES = ("Validated", "Compiled", "Scheduled", "Progressing", "Available", "Ready")
+CONDITION_TYPES = ("Validated", "Compiled", "Scheduled", "Progressing", "Available", "Ready", "Reconciling", "Stalled")
+# Flux's kstatus reads only observedGeneration and the "abnormal-true" Reconciling and
+# Stalled conditions of a custom resource (anything else counts as Current), so they
+# restate Progressing and the failures in its terms.
+STALLED_REASONS = {"InvalidSpec", "CompileFailed"}
 WARNING_REASONS = {"InvalidSpec", "CompileFailed", "Unschedulable"}
 # Progressing and Available restate Ready in finer steps; events for them would be noise.
 EVENT_TYPES = ("Validated", "Compiled", "Scheduled", "Ready")
@@ -101,7 +105,7 @@ def conditions(
     rollout: Rollout,
     observed: Observed,
 ) -> list[Cond]:
-    """The six conditions, in a fixed order."""
+    """The conditions, in a fixed order."""
     if not valid:
         validated = Cond("Validated", "False", "InvalidSpec", invalid_message)
     else:
@@ -146,7 +150,10 @@ def conditions(
         message = f"{rollout.updated} of {rollout.desired} replicas updated, {rollout.available} available"
         progressing = Cond("Progressing", "True", "RollingOut", message)
         ready = Cond("Ready", "False", "RollingOut", message)
-    return [validated, compile_cond, scheduled, progressing, available, ready]
+    stalled = ready.reason in STALLED_REASONS
+    reconciling = Cond("Reconciling", "True" if progressing.status == "True" else "False", progressing.reason, progressing.message)
+    stalled_cond = Cond("Stalled", "True" if stalled else "False", ready.reason if stalled else "NotStalled", ready.message if stalled else "")
+    return [validated, compile_cond, scheduled, progressing, available, ready, reconciling, stalled_cond]
 
 
 def now() -> str:

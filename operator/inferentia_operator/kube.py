@@ -29,7 +29,11 @@ RESOURCES = {
     "Deployment": ("/apis/apps/v1", "deployments"),
     "Job": ("/apis/batch/v1", "jobs"),
     api.KIND: (f"/apis/{api.API_VERSION}", api.PLURAL),
+    "KopfPeering": ("/apis/kopf.dev/v1", "kopfpeerings"),
+    "ClusterKopfPeering": ("/apis/kopf.dev/v1", "clusterkopfpeerings"),
 }
+CLUSTER_SCOPED = {"ClusterKopfPeering"}
+# 409 is a conflict for an update (retried), but AlreadyExists for a create (not).
 TRANSIENT = {409, 429, 500, 502, 503, 504}
 
 
@@ -37,9 +41,9 @@ class TransientError(Exception):
     """The API server did not answer usefully now; the same call may succeed later."""
 
 
-def path(kind: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+def path(kind: str, namespace: str | None, name: str | None = None, subresource: str | None = None) -> str:
     prefix, plural = RESOURCES[kind]
-    out = f"{prefix}/namespaces/{quote(namespace)}/{plural}"
+    out = f"{prefix}/{plural}" if kind in CLUSTER_SCOPED else f"{prefix}/namespaces/{quote(namespace or '')}/{plural}"
     if name:
         out += f"/{quote(name)}"
     if subresource:
@@ -80,10 +84,11 @@ class Kube:
             except kubernetes.client.ApiException as exc:
                 if exc.status == 404:
                     return None
-                if exc.status not in TRANSIENT or attempt == self.attempts - 1:
-                    if exc.status in TRANSIENT:
-                        raise TransientError(f"{method} {url}: {exc.status} {exc.reason}") from exc
+                transient = exc.status in TRANSIENT and not (exc.status == 409 and method == "POST")
+                if not transient:
                     raise
+                if attempt == self.attempts - 1:
+                    raise TransientError(f"{method} {url}: {exc.status} {exc.reason}") from exc
                 log.info("retrying %s %s after %s %s", method, url, exc.status, exc.reason)
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 if attempt == self.attempts - 1:
@@ -110,6 +115,17 @@ class Kube:
             query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
             content_type="application/apply-patch+yaml",
         )
+
+    def create_if_missing(self, body: dict[str, Any]) -> bool:
+        """Creates ``body`` unless an object of that name exists; True when it created it."""
+        meta = body["metadata"]
+        try:
+            self._call("POST", path(body["kind"], meta.get("namespace")), body=body, content_type="application/json")
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 409:  # AlreadyExists
+                return False
+            raise
+        return True
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
         self._call("DELETE", path(kind, namespace, name))

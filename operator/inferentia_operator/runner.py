@@ -27,7 +27,21 @@ def configure(settings: kopf.OperatorSettings, args: argparse.Namespace) -> None
     settings.peering.stealth = True  # keep-alives every minute would drown the log
     settings.posting.level = logging.WARNING  # kopf's own progress events; ours are posted explicitly
     settings.watching.server_timeout = 300
+    # No watching of CRDs or listing of namespaces: the operator needs no cluster-wide
+    # read access beyond its own resources. (A CRD installed after the operator started
+    # is noticed on its next restart; the chart installs CRDs first.)
+    settings.scanning.disabled = True
     settings.networking.error_backoffs = [1, 2, 5, 10, 30]
+
+
+def peering_objects(name: str, namespaces: list[str]) -> list[dict]:
+    """kopf peers through a ClusterKopfPeering when watching all namespaces, else a KopfPeering in each."""
+    if not namespaces:
+        return [{"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": name}}]
+    return [
+        {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": name, "namespace": ns}}
+        for ns in namespaces
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,8 +54,14 @@ def run(args: argparse.Namespace) -> int:
     controller.register(registry, lambda: Kube(load_client()), args.resync_seconds)
 
     @kopf.on.startup(registry=registry)
-    def startup(settings: kopf.OperatorSettings, **_):
+    def startup(settings: kopf.OperatorSettings, logger, **_):
         configure(settings, args)
+        if not args.standalone:
+            # Without its peering object kopf only logs "not found" at debug level and every
+            # replica acts: make sure it exists (the chart and manifests also create it).
+            for body in peering_objects(args.peering, args.namespace):
+                if Kube(load_client()).create_if_missing(body):
+                    logger.info("created %s %s", body["kind"], body["metadata"])
 
     @kopf.on.login(registry=registry)
     def login(**kwargs):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kit import CRD_FILE, USE_EXISTING, Cluster, OperatorProcess, localcluster, wait_for
+from kit import CRD_FILE, USE_EXISTING, Cluster, OperatorProcess, bind_user_to_operator_role, localcluster, wait_for
 
 
 def pytest_collection_modifyitems(items):
@@ -44,8 +44,10 @@ def cluster(tmp_path_factory) -> Cluster:
 
 @pytest.fixture(scope="session")
 def crd_installed(cluster: Cluster) -> Cluster:
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/inferentiamodels.inferentia.dev", "--timeout=60s")
+    # Everything in crds/: the InferentiaModel CRD and kopf's peering CRDs, as users install them.
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE.parent))
+    for name in ("inferentiamodels.inferentia.dev", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
     # Discovery and the published OpenAPI lag the Established condition by a moment.
     wait_for(lambda: cluster.kubectl("explain", "inferentiamodel.spec", check=False).returncode == 0, 30, "kubectl explain")
     return cluster
@@ -68,13 +70,11 @@ OPERATOR_USER = "inferentia-operator"
 @pytest.fixture(scope="module")
 def operator(crd_installed: Cluster, tmp_path_factory):
     """The operator, watching every namespace, running as its own user where the cluster allows it."""
-    c = crd_installed
-    c.kubectl("apply", "-f", str(CRD_FILE.parent / "kopf.dev_peerings.yaml"))
-    c.kubectl("wait", "--for=condition=Established", "crd/clusterkopfpeerings.kopf.dev", "--timeout=60s")
-    c.kubectl("apply", "-f", "-", input=f"apiVersion: kopf.dev/v1\nkind: ClusterKopfPeering\nmetadata:\n  name: {PEERING}\n")
+    c = crd_installed  # the operator creates its ClusterKopfPeering at start
     if c.local is not None:
+        # Exactly the chart's ClusterRole: every operator test also proves the RBAC is enough.
         kubeconfig = c.local.user_kubeconfig(OPERATOR_USER)
-        c.kubectl("create", "clusterrolebinding", "e2e-operator", "--clusterrole=cluster-admin", f"--user={OPERATOR_USER}", check=False)
+        bind_user_to_operator_role(c, OPERATOR_USER, "e2e-operator")
     else:
         kubeconfig = c.kubeconfig
     op = OperatorProcess(kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", peering=PEERING)

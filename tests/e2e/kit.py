@@ -111,3 +111,60 @@ class OperatorProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+CHART = ROOT / "charts" / "inferentia-operator"
+
+
+def helm_template(cluster: Cluster, *args: str, release: str = "inferentia-operator", namespace: str = "inferentia-system") -> list[dict]:
+    import yaml
+
+    out = subprocess.run(
+        [cluster.tool("helm"), "template", release, str(CHART), "--namespace", namespace, *args],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def operator_cluster_role(cluster: Cluster, name: str) -> dict:
+    """The chart's ClusterRole (default values), renamed: what the operator is granted in production."""
+    [role] = [d for d in helm_template(cluster) if d["kind"] == "ClusterRole"]
+    role["metadata"] = {"name": name}
+    return role
+
+
+def bind_user_to_operator_role(cluster: Cluster, user: str, name: str) -> None:
+    import yaml
+
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([operator_cluster_role(cluster, name), binding]))
+
+
+def service_account_kubeconfig(cluster: Cluster, namespace: str, name: str, path: Path) -> Path:
+    """A kubeconfig that authenticates with a token of that ServiceAccount (TokenRequest API)."""
+    import yaml
+
+    token = cluster.kubectl("create", "token", name, "-n", namespace, "--duration=1h").stdout.strip()
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    context = next(c for c in config["contexts"] if c["name"] == config["current-context"])
+    cluster_entry = next(c for c in config["clusters"] if c["name"] == context["context"]["cluster"])
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [cluster_entry],
+                "users": [{"name": name, "user": {"token": token}}],
+                "contexts": [{"name": "sa", "context": {"cluster": cluster_entry["name"], "user": name}}],
+                "current-context": "sa",
+            }
+        )
+    )
+    path.chmod(0o600)
+    return path

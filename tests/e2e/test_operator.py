@@ -15,7 +15,7 @@ from inferentia_operator.api import InferentiaModelSpec
 from inferentia_operator.children import Model
 from inferentia_operator.drift import applied
 from inferentia_operator.planner import plan
-from kit import OperatorProcess, wait_for
+from kit import OperatorProcess, bind_user_to_operator_role, wait_for
 from specs import make_model
 
 COMPILE_IMAGE = "example.com/neuron-compile:1"
@@ -91,6 +91,7 @@ def test_a_model_is_compiled_scheduled_and_ready_with_children_matching_the_plan
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
         "Validated": "True", "Compiled": "True", "Scheduled": "True",
         "Progressing": "False", "Available": "True", "Ready": "True",
+        "Reconciling": "False", "Stalled": "False",
     }  # fmt: skip
     pods = cluster.get("pods", "-n", namespace, "-l", status["selector"])["items"]
     assert len(pods) == 2
@@ -276,7 +277,7 @@ def test_a_second_replica_stands_by(cluster, operator, namespace, tmp_path):
     if cluster.local is None:
         pytest.skip("needs the local control plane's audit log and users")
     standby_user = "inferentia-operator-standby"
-    cluster.kubectl("create", "clusterrolebinding", "e2e-standby", "--clusterrole=cluster-admin", f"--user={standby_user}", check=False)
+    bind_user_to_operator_role(cluster, standby_user, "e2e-standby")
     standby = OperatorProcess(cluster.local.user_kubeconfig(standby_user), tmp_path / "standby.log", peering=operator.peering)
     standby.start()
     try:

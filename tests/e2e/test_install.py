@@ -1,0 +1,158 @@
+"""Installing the operator as platform teams do: the Helm chart and the plain manifests.
+
+The chart's operator pod cannot run for real on kwok's simulated nodes, so the tests
+run the operator as a process with the chart's ServiceAccount token: the sample
+reaching Ready proves the RBAC is enough, and the refusals prove it is not too much.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+
+import pytest
+import yaml
+
+from kit import CHART, ROOT, OperatorProcess, helm_template, service_account_kubeconfig, wait_for
+from specs import make_model
+
+RESTRICTED = "pod-security.kubernetes.io/enforce=restricted"
+
+
+def helm(cluster, *args, check=True):
+    result = subprocess.run([cluster.tool("helm"), *args], capture_output=True, text=True, env=cluster.env, timeout=180)
+    if check and result.returncode:
+        raise AssertionError(f"helm {' '.join(args)}: {result.stderr}")
+    return result
+
+
+def kinds(docs):
+    return sorted(f"{d['kind']}/{d['metadata'].get('namespace', '')}/{d['metadata']['name']}" for d in docs)
+
+
+def test_helm_lint_with_default_and_other_values(cluster):
+    helm(cluster, "lint", str(CHART))
+    helm(cluster, "lint", str(CHART), "--set", "standby=true", "--set", "watchNamespaces={a,b}", "--set", "verbose=true")
+
+
+def test_default_render_is_cluster_wide_with_one_replica_that_passes_restricted(cluster):
+    docs = helm_template(cluster)
+    assert kinds(docs) == [
+        "ClusterKopfPeering//inferentia-operator",
+        "ClusterRole//inferentia-operator",
+        "ClusterRoleBinding//inferentia-operator",
+        "Deployment/inferentia-system/inferentia-operator",
+        "ServiceAccount/inferentia-system/inferentia-operator",
+    ]
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["replicas"] == 1
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    [container] = pod["containers"]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
+    }  # fmt: skip
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+
+
+def test_watch_namespaces_gives_roles_only_and_standby_a_second_replica(cluster):
+    docs = helm_template(cluster, "--set", "watchNamespaces={team-a,team-b}", "--set", "standby=true")
+    assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering")]
+    assert sorted(f"{d['kind']}/{d['metadata']['namespace']}" for d in docs if d["kind"] in ("Role", "RoleBinding", "KopfPeering")) == [
+        "KopfPeering/team-a", "KopfPeering/team-b", "Role/team-a", "Role/team-b", "RoleBinding/team-a", "RoleBinding/team-b",
+    ]  # fmt: skip
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    assert deployment["spec"]["replicas"] == 2
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args
+
+
+@pytest.mark.parametrize(
+    "setting,complaint",
+    [
+        ("standby=yes", "got string, want boolean"),
+        ("resyncSeconds=1", "minimum"),
+        ("image.pullPolicy=Sometimes", "value must be one of"),
+        ("watchNamespaces={Not_A_Namespace}", "does not match pattern"),
+        ("replicaCount=3", "additional properties 'replicaCount' not allowed"),
+    ],
+)
+def test_the_values_schema_refuses_wrong_values(cluster, setting, complaint):
+    result = helm(cluster, "template", "x", str(CHART), "--set", setting, check=False)
+    assert result.returncode != 0
+    assert complaint in result.stderr, result.stderr
+
+
+def test_manifests_equal_the_charts_default_render(cluster):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "charts" / "render_manifests.py"), cluster.tool("helm"), "--check"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def cluster_scoped(cluster) -> set[str]:
+    names = set()
+    for kind in ("clusterroles", "clusterrolebindings", "clusterkopfpeerings", "customresourcedefinitions"):
+        names |= {f"{kind}/{o['metadata']['name']}" for o in cluster.get(kind)["items"]}
+    return names
+
+
+def prove_rbac(cluster, namespace, service_account, peering, tmp_path, model_namespace):
+    """The operator, with only the ServiceAccount's rights, takes a sample to Ready; and nothing more is granted."""
+    kubeconfig = service_account_kubeconfig(cluster, namespace, service_account, tmp_path / "sa-kubeconfig")
+    op = OperatorProcess(kubeconfig, tmp_path / "operator.log", peering=peering)
+    op.start()
+    try:
+        body = make_model("rbac", model_namespace, processesPerReplica=2, **{"compile.image": "example.com/compile:1"})
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(body))
+        cluster.kubectl("wait", "--for=condition=Ready", "inferentiamodel/rbac", "-n", model_namespace, "--timeout=90s")
+        assert "Forbidden" not in op.log() and "(403)" not in op.log(), op.log()[-2000:]
+    finally:
+        op.stop()
+    who = f"--as=system:serviceaccount:{namespace}:{service_account}"
+    for verb, resource in [("get", "secrets"), ("list", "secrets"), ("patch", "nodes"), ("create", "pods"),
+                           ("delete", "deployments"), ("create", "clusterrolebindings"), ("delete", "inferentiamodels")]:  # fmt: skip
+        answer = cluster.kubectl("auth", "can-i", verb, resource, "-A", who, check=False).stdout.strip()
+        assert answer == "no", f"the operator may {verb} {resource}"
+
+
+def test_helm_install_reconciles_with_its_own_rbac_and_uninstalls_cleanly(crd_installed, namespace, tmp_path):
+    cluster = crd_installed
+    if cluster.local is None:
+        pytest.skip("installs cluster-wide RBAC: only on the built-in control plane")
+    release_ns = f"e2e-helm-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", release_ns)
+    cluster.kubectl("label", "namespace", release_ns, RESTRICTED)  # the API server enforces the standard
+    before = cluster_scoped(cluster)
+    peering = f"e2e-{release_ns}"
+    helm(cluster, "install", "inferentia-operator", str(CHART), "-n", release_ns, "--set", f"peeringName={peering}",
+         "--wait", "--timeout", "90s")  # fmt: skip
+    try:
+        notes = helm(cluster, "get", "notes", "inferentia-operator", "-n", release_ns).stdout
+        assert "kubectl wait --for=condition=Ready inferentiamodel/<name>" in notes
+        prove_rbac(cluster, release_ns, "inferentia-operator", peering, tmp_path, namespace)
+    finally:
+        helm(cluster, "uninstall", "inferentia-operator", "-n", release_ns, "--wait")
+        cluster.kubectl("delete", "namespace", release_ns, "--wait=false", check=False)
+    # Helm keeps the CRDs of crds/ (they were already there) and removes everything else it made.
+    assert cluster_scoped(cluster) == before
+
+
+def test_kubectl_apply_of_the_plain_manifests(crd_installed, namespace, tmp_path):
+    cluster = crd_installed
+    if cluster.local is None:
+        pytest.skip("installs cluster-wide RBAC: only on the built-in control plane")
+    cluster.kubectl("apply", "-f", str(ROOT / "manifests"))
+    try:
+        cluster.kubectl("label", "namespace", "inferentia-system", RESTRICTED, "--overwrite")
+        cluster.kubectl("rollout", "status", "deployment/inferentia-operator", "-n", "inferentia-system", "--timeout=90s")
+        prove_rbac(cluster, "inferentia-system", "inferentia-operator", "inferentia-operator", tmp_path, namespace)
+    finally:
+        # The CRDs stay: other tests use them. Everything else the manifests made goes.
+        cluster.kubectl("delete", "-f", str(ROOT / "manifests" / "10-operator.yaml"), "--wait=false", check=False)
+        wait_for(
+            lambda: cluster.kubectl("get", "clusterrole", "inferentia-operator", check=False).returncode != 0, 60, "cleanup"
+        )

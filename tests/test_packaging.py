@@ -1,0 +1,41 @@
+"""The wheel the image installs, the Dockerfile's promises, and the chart's copy of the CRDs."""
+
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_chart_carries_the_same_crds():
+    for crd in (ROOT / "crds").glob("*.yaml"):
+        copy = ROOT / "charts" / "inferentia-operator" / "crds" / crd.name
+        assert copy.read_text() == crd.read_text(), f"run `make crd`: {copy} differs from {crd}"
+
+
+def test_the_wheel_holds_every_module_and_the_console_script(tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        check=True,
+    )
+    [wheel] = tmp_path.glob("inferentia_operator-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    modules = {p.name for p in (ROOT / "operator" / "inferentia_operator").glob("*.py")}
+    assert modules <= {Path(n).name for n in names if n.startswith("inferentia_operator/")}
+    assert not any(n.startswith("operator/") for n in names), "never ship an importable `operator` package"
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "inferentia-operator = inferentia_operator.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+def test_the_dockerfile_runs_a_slim_image_as_non_root_without_build_tools():
+    text = (ROOT / "Dockerfile").read_text()
+    stages = re.split(r"^FROM ", text, flags=re.M)[1:]
+    final = stages[-1]
+    assert final.startswith("python:3.11-slim")
+    user = re.search(r"^USER (\d+):(\d+)$", final, re.M)
+    assert user and int(user.group(1)) != 0 and int(user.group(2)) != 0
+    assert "--no-index" in final, "the final stage installs only the wheels built in the first"
+    assert not re.search(r"apt-get|gcc|build-essential", final)
+    assert "pip uninstall --yes pip setuptools wheel" in final
