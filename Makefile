@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CRD    := crds/inferentia.dev_inferentiamodels.yaml
 
-.PHONY: help test unit e2e venv controlplane cluster-up cluster-down crd manifests demo clean
+.PHONY: help test unit e2e venv controlplane cluster-up cluster-down crd manifests demo benchmark clean
 HELM    = $(shell bash cluster/build.sh --print)/helm
 CHART   := charts/inferentia-operator
 
@@ -17,6 +17,7 @@ help:
 	@echo "make demo          local control plane + operator + samples, until make cluster-down"
 	@echo "make cluster-up    start the local control plane (kubeconfig: .cluster/kubeconfig)"
 	@echo "make cluster-down  stop it, and the demo operator"
+	@echo "make benchmark     print the performance figures (control-plane warm start, time to Ready, planner rate)"
 	@echo "make crd           regenerate $(CRD) (and the chart's copy) from the pydantic models"
 	@echo "make manifests     regenerate manifests/*.yaml from the chart's default values"
 
@@ -49,6 +50,9 @@ cluster-down:
 
 demo: venv controlplane
 	@$(BIN)/python cluster/demo.py
+
+benchmark: venv controlplane
+	@$(BIN)/python cluster/benchmark.py
 
 crd: venv
 	$(BIN)/inferentia-operator crd > $(CRD)

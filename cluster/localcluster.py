@@ -290,12 +290,14 @@ class LocalCluster:
             ],
             pids,
         )  # fmt: skip
-        # The pinned kwok release's default stages (build.sh): nodes Ready, pods Ready, Job pods Succeeded.
+        # The pinned kwok release's default stages (build.sh): nodes Ready, pods Ready, Job pods
+        # Succeeded; and ours, which fails a compile on request (kwok-test-stages.yaml).
         kwok_config = bins / "kwok-stages.yaml"
         self._start(
             "kwok",
             [
                 str(bins / "kwok"), "--kubeconfig", kubeconfig, "--config", str(kwok_config),
+                "--config", str(HERE / "kwok-test-stages.yaml"),
                 "--manage-nodes-with-annotation-selector", "kwok.x-k8s.io/node=fake",
                 "--node-lease-duration-seconds", "40", "--cidr", "10.244.0.0/16", "--node-ip", "127.0.0.1",
                 "--server-address", f"127.0.0.1:{ports['kwok']}",

@@ -22,10 +22,11 @@ def make_spec(**overrides: Any) -> dict[str, Any]:
     return spec
 
 
-def make_model(name: str = "m", namespace: str = "default", **overrides: Any) -> dict[str, Any]:
+def make_model(name: str = "m", namespace: str = "default", spec: dict[str, Any] | None = None, **overrides: Any) -> dict[str, Any]:
+    """An InferentiaModel with ``spec``, or BASE_SPEC with the overrides."""
     return {
         "apiVersion": "inferentia.dev/v1alpha1",
         "kind": "InferentiaModel",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": make_spec(**overrides),
+        "spec": spec if spec is not None else make_spec(**overrides),
     }

@@ -175,7 +175,10 @@ def compile_job(m: Model) -> dict[str, Any] | None:
         "kind": "Job",
         "metadata": metadata,
         "spec": {
-            "backoffLimit": 2,
+            # A compile is deterministic: one retry covers a flaky node, more only waste time.
+            # Evictions and preemptions do not count against it.
+            "backoffLimit": 1,
+            "podFailurePolicy": {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]},
             "template": {
                 "metadata": {"labels": labels(m, "compile")},
                 "spec": {

@@ -70,8 +70,11 @@ def free_port() -> int:
 class OperatorProcess:
     """`inferentia-operator run` as a separate process, as it runs in production."""
 
-    def __init__(self, kubeconfig: Path, log_path: Path, resync_seconds: float = 3.0, peering: str = "inferentia-operator"):
-        self.kubeconfig, self.log_path = kubeconfig, log_path
+    def __init__(
+        self, kubeconfig: Path, log_path: Path, resync_seconds: float = 3.0, peering: str = "inferentia-operator",
+        extra_args: tuple[str, ...] = (),
+    ):  # fmt: skip
+        self.kubeconfig, self.log_path, self.extra_args = kubeconfig, log_path, extra_args
         self.resync_seconds, self.peering = resync_seconds, peering
         self.proc: subprocess.Popen | None = None
         self.port = free_port()
@@ -82,7 +85,7 @@ class OperatorProcess:
             [
                 sys.executable, "-m", "inferentia_operator", "run",
                 "--liveness", f"http://127.0.0.1:{self.port}/healthz",
-                "--resync-seconds", str(self.resync_seconds), "--peering", self.peering,
+                "--resync-seconds", str(self.resync_seconds), "--peering", self.peering, *self.extra_args,
             ],
             env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
             stdout=log, stderr=subprocess.STDOUT,
@@ -168,3 +171,23 @@ def service_account_kubeconfig(cluster: Cluster, namespace: str, name: str, path
     )
     path.chmod(0o600)
     return path
+
+
+def bind_user_to_namespaced_roles(cluster: Cluster, user: str, namespaces: list[str]) -> None:
+    """The chart's Roles for watchNamespaces, bound to ``user``: no cluster-wide rights at all."""
+    import yaml
+
+    docs = helm_template(cluster, "--set", "watchNamespaces={" + ",".join(namespaces) + "}")
+    roles = [d for d in docs if d["kind"] == "Role"]
+    bindings = []
+    for role in roles:
+        bindings.append(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": role["metadata"]["name"], "namespace": role["metadata"]["namespace"]},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+            }
+        )
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(roles + bindings))

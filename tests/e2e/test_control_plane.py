@@ -8,8 +8,9 @@ import subprocess
 import pytest
 import yaml
 
-from kit import ROOT, wait_for
 from inferentia_operator.rules import CEL_RULES, errors, parse_spec
+from kit import ROOT, wait_for
+from specs import make_model, make_spec
 
 TOLERATE_NEURON = [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}]
 
@@ -104,40 +105,18 @@ def test_kubectl_explain_documents_the_fields(crd_installed):
     assert "Must divide the replica's NeuronCores (coresPerChip * inf)" in explain("spec.processesPerReplica")
 
 
-def model(name: str, spec: dict) -> dict:
-    return {"apiVersion": "inferentia.dev/v1alpha1", "kind": "InferentiaModel", "metadata": {"name": name}, "spec": spec}
-
-
-BASE = {
-    "model": {"uri": "s3://m/", "framework": "tensorflow"},
-    "compute": {"inf": 1},
-    "serving": {"image": "example.com/serve:1"},
-}
-
-
-def with_(**changes):
-    spec = yaml.safe_load(yaml.safe_dump(BASE))
-    for dotted, value in changes.items():
-        node = spec
-        *parents, leaf = dotted.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return spec
-
-
 # One invalid spec for every CEL rule, so each rule is seen refusing input on a real API server.
 CEL_CASES = {
-    "fits-family": with_(**{"compute.inf": 17}),
-    "trn1-chips": with_(**{"compute.family": "trn1", "compute.inf": 2}),
-    "unknown-type": with_(**{"compute.instanceTypes": ["inf2.xlarge"]}),
-    "small-types": with_(**{"compute.inf": 4, "compute.instanceTypes": ["inf1.xlarge", "inf1.2xlarge"]}),
-    "divisible": with_(processesPerReplica=3),
-    "divisible-plural": with_(**{"compute.inf": 3, "processesPerReplica": 8}),
-    "fp32-cnn": with_(**{"model.architecture": "cnn", "model.precision": "fp32", "compile.batchSize": 2}),
-    "dimensions": with_(**{"compile.buckets": [[64], [128, 128]]}),
-    "duplicate": with_(**{"compile.buckets": [[500, 500], [600, 600], [500, 500]]}),
-    "bucket-bound": with_(**{"model.weights": 500_000_000, "processesPerReplica": 4, "compile.buckets": [[1], [2], [3]]}),
+    "fits-family": make_spec(**{"compute.inf": 17}),
+    "trn1-chips": make_spec(**{"compute.family": "trn1", "compute.inf": 2}),
+    "unknown-type": make_spec(**{"compute.instanceTypes": ["inf2.xlarge"]}),
+    "small-types": make_spec(**{"compute.inf": 4, "compute.instanceTypes": ["inf1.xlarge", "inf1.2xlarge"]}),
+    "divisible": make_spec(processesPerReplica=3),
+    "divisible-plural": make_spec(**{"compute.inf": 3, "processesPerReplica": 8}),
+    "fp32-cnn": make_spec(**{"model.architecture": "cnn", "model.precision": "fp32", "compile.batchSize": 2}),
+    "dimensions": make_spec(**{"compile.buckets": [[64], [128, 128]]}),
+    "duplicate": make_spec(**{"compile.buckets": [[500, 500], [600, 600], [500, 500]]}),
+    "bucket-bound": make_spec(**{"model.weights": 500_000_000, "processesPerReplica": 4, "compile.buckets": [[1], [2], [3]]}),
 }
 
 
@@ -159,7 +138,7 @@ def test_the_api_server_refuses_with_the_python_message(crd_installed, namespace
     expected = [f for f in errors(parse_spec(spec)[1])]
     assert expected, "the case must be invalid"
     result = crd_installed.kubectl(
-        "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(model(f"bad-{case}", spec)), check=False
+        "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(make_model(f"bad-{case}", namespace, spec)), check=False
     )
     assert result.returncode != 0
     for finding in expected:
@@ -171,7 +150,7 @@ def test_the_api_server_accepts_the_samples_and_applies_defaults(crd_installed, 
         body = yaml.safe_load(sample.read_text())
         body["metadata"]["namespace"] = namespace
         crd_installed.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(body))
-    crd_installed.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(model("defaults", BASE)))
+    crd_installed.kubectl("apply", "-f", "-", input=yaml.safe_dump(make_model("defaults", namespace)))
     stored = crd_installed.get("inferentiamodel", "defaults", "-n", namespace)["spec"]
     assert stored["processesPerReplica"] == 1
     assert stored["compute"]["family"] == "inf1"
@@ -199,3 +178,38 @@ def test_cluster_down_leaves_no_process_or_port(cluster, tmp_path):
         holders = [line for line in listening if f":{port} " in line]
         assert not holders, f"{name} port {port} still listening: {holders}"
     assert second.running() is False
+
+
+CRASHING_RUNNER = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import localcluster
+from pathlib import Path
+cluster = localcluster.LocalCluster(Path(sys.argv[2]), die_with_parent=True)
+cluster.up()
+print(json.dumps({"pids": cluster._load()["pids"], "ports": cluster.ports()}), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_test_run_takes_its_control_plane_with_it(cluster, tmp_path):
+    if cluster.local is None:
+        pytest.skip("only for the built-in control plane")
+    import json
+    import signal
+    import sys
+
+    import localcluster
+
+    from kit import ROOT
+
+    runner = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_RUNNER, str(ROOT / "cluster"), str(tmp_path / "crashing")],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    started = json.loads(runner.stdout.readline())
+    runner.send_signal(signal.SIGKILL)  # no finalizer, no atexit: only the kernel can clean up
+    runner.wait()
+    wait_for(lambda: not any(localcluster._alive(p) for p in started["pids"].values()), 30, "the components to die")
+    listening = subprocess.run(["ss", "-Htln"], capture_output=True, text=True).stdout
+    assert not [p for p in started["ports"].values() if f":{p} " in listening]

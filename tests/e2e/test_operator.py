@@ -15,7 +15,7 @@ from inferentia_operator.api import InferentiaModelSpec
 from inferentia_operator.children import Model
 from inferentia_operator.drift import applied
 from inferentia_operator.planner import plan
-from kit import OperatorProcess, bind_user_to_operator_role, wait_for
+from kit import OperatorProcess, bind_user_to_namespaced_roles, bind_user_to_operator_role, wait_for
 from specs import make_model
 
 COMPILE_IMAGE = "example.com/neuron-compile:1"
@@ -301,3 +301,52 @@ def test_a_second_replica_stands_by(cluster, operator, namespace, tmp_path):
         assert len({p["priority"] for p in peers.values()}) == len(peers), "replicas draw distinct priorities"
     finally:
         standby.stop()
+
+
+def test_an_operator_restricted_to_namespaces_serves_only_those(cluster, operator, namespace, tmp_path):
+    if cluster.local is None:
+        pytest.skip("needs per-user certificates")
+    other = f"{namespace}-other"
+    cluster.kubectl("create", "namespace", other)
+    # A user with only what the chart grants for watchNamespaces: Roles, nothing cluster-wide.
+    user = f"scoped-{namespace}"
+    bind_user_to_namespaced_roles(cluster, user, [namespace])
+    operator.stop()  # the cluster-wide operator would serve both
+    scoped = OperatorProcess(
+        cluster.local.user_kubeconfig(user), tmp_path / "scoped.log", peering="e2e-scoped", extra_args=("--namespace", namespace)
+    )
+    try:
+        scoped.start()
+        apply_model(cluster, namespace, "mine")
+        apply_model(cluster, other, "theirs")
+        wait_ready(cluster, namespace, "mine")
+        # kopf peers per namespace in this mode; the operator created its KopfPeering.
+        cluster.get("kopfpeering", "e2e-scoped", "-n", namespace)
+        time.sleep(scoped.resync_seconds * 2)
+        assert "status" not in get_model(cluster, other, "theirs")
+        assert cluster.kubectl("get", "deployment", "theirs", "-n", other, check=False).returncode != 0
+        assert "Forbidden" not in scoped.log() and "(403)" not in scoped.log(), scoped.log()[-2000:]
+    finally:
+        scoped.stop()
+        operator.start()
+        cluster.kubectl("delete", "namespace", other, "--wait=false", check=False)
+
+
+FAILING_COMPILER = "fail.invalid/neuron-compile:always"  # the test fleet fails these (cluster/kwok-test-stages.yaml)
+
+
+def test_a_failed_compile_is_reported_and_the_previous_deployment_keeps_serving(cluster, operator, namespace):
+    if cluster.local is None:
+        pytest.skip("needs the simulated fleet's failing compiler")
+    apply_model(cluster, namespace, "m", **{"compile.image": COMPILE_IMAGE})
+    wait_ready(cluster, namespace, "m")
+    before = cluster.get("deployment", "m", "-n", namespace)
+    apply_model(cluster, namespace, "m", **{"compile.image": FAILING_COMPILER})
+    body = wait_condition(cluster, namespace, "m", "Compiled", "False", "CompileFailed", timeout=90)
+    assert "failed: BackoffLimitExceeded" in condition(body, "Compiled")["message"]
+    assert (condition(body, "Ready")["reason"], condition(body, "Stalled")["status"]) == ("CompileFailed", "True")
+    assert condition(body, "Available")["status"] == "True"
+    after = cluster.get("deployment", "m", "-n", namespace)
+    assert after["spec"] == before["spec"] and after["metadata"]["generation"] == before["metadata"]["generation"]
+    warnings = cluster.get("events", "-n", namespace, "--field-selector", "involvedObject.name=m,type=Warning")["items"]
+    assert any(e["reason"] == "CompileFailed" for e in warnings)

@@ -1,0 +1,98 @@
+"""Prints the project's performance figures; targets live here, not in timed tests.
+
+    make benchmark            # or: python cluster/benchmark.py [--runs N]
+
+- warm start of the local control plane (binaries cached) to every component ready;
+  target: under 15 s;
+- time from `kubectl apply` of the samples to every model Ready, operator included;
+- the planner's throughput (plans per second), pure Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import localcluster
+
+REPO = localcluster.REPO
+WARM_START_TARGET_S = 15.0
+
+
+def figures(samples: list[float]) -> str:
+    return f"min {min(samples):.1f}s  median {statistics.median(samples):.1f}s  max {max(samples):.1f}s  (n={len(samples)})"
+
+
+def warm_starts(runs: int) -> list[float]:
+    times = []
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory() as state:
+            cluster = localcluster.LocalCluster(Path(state), die_with_parent=True)
+            started = time.monotonic()
+            cluster.up()
+            times.append(time.monotonic() - started)
+            cluster.down()
+    return times
+
+
+def samples_to_ready() -> float:
+    bins = localcluster.bin_dir()
+    with tempfile.TemporaryDirectory() as state:
+        cluster = localcluster.LocalCluster(Path(state), die_with_parent=True)
+        kubeconfig = cluster.up()
+        kubectl = [str(bins / "kubectl"), "--kubeconfig", str(kubeconfig)]
+        operator = None
+        try:
+            subprocess.run([*kubectl, "apply", "--server-side", "-f", str(REPO / "crds")], check=True, capture_output=True)
+            subprocess.run([*kubectl, "wait", "--for=condition=Established", "crd", "--all"], check=True, capture_output=True)
+            operator = subprocess.Popen(
+                [sys.executable, "-m", "inferentia_operator", "run", "--liveness", ""],
+                env={"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin"},
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            time.sleep(2)  # let it log in and start watching
+            started = time.monotonic()
+            subprocess.run([*kubectl, "apply", "-f", str(REPO / "manifests" / "samples")], check=True, capture_output=True)
+            subprocess.run([*kubectl, "wait", "--for=condition=Ready", "inferentiamodel", "--all", "--timeout=120s"], check=True, capture_output=True)
+            return time.monotonic() - started
+        finally:
+            if operator:
+                operator.terminate()
+                operator.wait()
+            cluster.down()
+
+
+def planner_rate(seconds: float = 2.0) -> float:
+    sys.path.insert(0, str(REPO / "operator"))
+    from inferentia_operator.documents import load_models
+    from inferentia_operator.planner import plan
+
+    specs = [d.spec for d in load_models([str(REPO / "manifests" / "samples")]).models if d.valid]
+    count, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        for spec in specs:
+            plan(spec)
+        count += len(specs)
+    return count / seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    runs = parser.parse_args().runs
+    localcluster.bin_dir()  # build (or find) the binaries before timing anything
+    starts = warm_starts(runs)
+    verdict = "meets" if statistics.median(starts) < WARM_START_TARGET_S else "MISSES"
+    print(f"control plane warm start:  {figures(starts)}  -> {verdict} the {WARM_START_TARGET_S:.0f}s target")
+    print(f"samples apply -> Ready:    {samples_to_ready():.1f}s  (3 models, 2 compile Jobs, operator included)")
+    print(f"planner:                   {planner_rate():,.0f} plans/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
