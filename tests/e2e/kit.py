@@ -191,3 +191,18 @@ def bind_user_to_namespaced_roles(cluster: Cluster, user: str, namespaces: list[
             }
         )
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(roles + bindings))
+
+
+def listening_ports() -> set[int]:
+    """TCP ports in LISTEN state on this machine (from /proc, so no tool is needed)."""
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A":  # TCP_LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports

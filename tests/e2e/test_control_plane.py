@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from inferentia_operator.rules import CEL_RULES, errors, parse_spec
-from kit import ROOT, wait_for
+from kit import ROOT, listening_ports, wait_for
 from specs import make_model, make_spec
 
 TOLERATE_NEURON = [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}]
@@ -173,10 +173,8 @@ def test_cluster_down_leaves_no_process_or_port(cluster, tmp_path):
     finally:
         second.down()
     assert not any(localcluster._alive(pid) for pid in pids.values())
-    listening = subprocess.run(["ss", "-Htlnp"], capture_output=True, text=True).stdout.splitlines()
-    for name, port in ports.items():
-        holders = [line for line in listening if f":{port} " in line]
-        assert not holders, f"{name} port {port} still listening: {holders}"
+    still = {name: port for name, port in ports.items() if port in listening_ports()}
+    assert not still, f"still listening: {still}"
     assert second.running() is False
 
 
@@ -211,5 +209,4 @@ def test_a_killed_test_run_takes_its_control_plane_with_it(cluster, tmp_path):
     runner.send_signal(signal.SIGKILL)  # no finalizer, no atexit: only the kernel can clean up
     runner.wait()
     wait_for(lambda: not any(localcluster._alive(p) for p in started["pids"].values()), 30, "the components to die")
-    listening = subprocess.run(["ss", "-Htln"], capture_output=True, text=True).stdout
-    assert not [p for p in started["ports"].values() if f":{p} " in listening]
+    assert not set(started["ports"].values()) & listening_ports()
