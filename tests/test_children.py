@@ -133,3 +133,29 @@ def test_children_carry_the_standard_labels():
         assert labels["app.kubernetes.io/managed-by"] == "inferentia-operator"
         assert labels["inferentia.dev/model"] == "resnet"
         assert labels["app.kubernetes.io/instance"] == "resnet"
+
+
+def test_the_launcher_gives_each_process_its_group_and_port(tmp_path):
+    import os
+    import subprocess
+
+    m = model(**THROUGHPUT)
+    for name, text in children.plan_configmap(m)["data"].items():
+        (tmp_path / name).write_text(text)
+    out = tmp_path / "started"
+    env = {"PATH": os.environ["PATH"], "INFERENTIA_PLAN_DIR": str(tmp_path), "INFERENTIA_PROCESSES": "4", "INFERENTIA_BASE_PORT": "8500"}
+    # Each "serving process" records what it was given, then the first to exit ends the launcher.
+    record = f'echo "$INFERENTIA_PROCESS_INDEX $NEURON_RT_VISIBLE_CORES $NEURON_RT_NUM_CORES $PORT $NEURON_CC_FLAGS" >> {out}; sleep 0.2'
+    result = subprocess.run(["/bin/sh", str(tmp_path / "launch.sh"), "sh", "-c", record], env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1 and "exited with 0; stopping the others" in result.stderr
+    flags = " ".join(m.plan.compiler_args)
+    assert sorted(out.read_text().splitlines()) == [f"{i} {i} 1 {8500 + i} {flags}" for i in range(4)]
+
+
+def test_the_plan_configmap_name_follows_its_whole_content(monkeypatch):
+    m = model(**THROUGHPUT)
+    before = children.plan_configmap_name(m)
+    assert children.plan_configmap(m)["metadata"]["name"] == before
+    assert children.plan_configmap_name(model(**{**THROUGHPUT, "replicas": 9})) == before  # same content
+    monkeypatch.setattr(children, "LAUNCHER", children.LAUNCHER + "# a newer operator\n")
+    assert children.plan_configmap_name(m) != before  # an immutable ConfigMap is replaced, never edited
