@@ -50,7 +50,7 @@ def test_defaults_minimums_and_enums():
 
 
 def test_cel_rules_are_attached_where_they_belong():
-    placed = []
+    placed = [("", r["rule"]) for r in _schema()["x-kubernetes-validations"]]
     spec = _schema()["properties"]["spec"]
     for path, node in _walk(spec):
         placed += [(path, r["rule"]) for r in node.get("x-kubernetes-validations", [])]

@@ -21,7 +21,7 @@ from .children import MODEL_LABEL, Model
 from .drift import applied
 from .kube import Kube, TransientError
 from .planner import plan as make_plan
-from .rules import errors, parse_spec
+from .rules import check_name, errors, parse_spec
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def _reconcile(kube: Kube, body: dict[str, Any], emit: EventSink) -> dict[str, A
     observed = conditions.Observed(deployment=kube.get("Deployment", namespace, name))
 
     spec, findings = parse_spec(body.get("spec"))
-    problems = errors(findings)
+    problems = check_name(name) + errors(findings)
     if spec is None or problems:
         # Invalid (a cluster without the CRD's CEL rules, or a rule CEL cannot express):
         # report it, and leave the running Deployment exactly as it is.

@@ -70,8 +70,10 @@ def _node(schema: dict[str, Any], dotted: str) -> dict[str, Any]:
 
 def openapi_schema() -> dict[str, Any]:
     spec = _schema_of(api.InferentiaModelSpec)
+    root_rules = [rule.as_schema() for rule in CEL_RULES if not rule.node]
     for rule in CEL_RULES:
-        _node(spec, rule.node).setdefault("x-kubernetes-validations", []).append(rule.as_schema())
+        if rule.node:
+            _node(spec, rule.node).setdefault("x-kubernetes-validations", []).append(rule.as_schema())
     # compile and rollout default to {} so that their own defaults apply when they are omitted.
     for name in ("compile", "rollout"):
         spec["properties"][name]["default"] = {}
@@ -84,10 +86,12 @@ def openapi_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string", "description": "APIVersion of this object: inferentia.dev/v1alpha1."},
             "kind": {"type": "string", "description": "Kind of this object: InferentiaModel."},
-            "metadata": {"type": "object"},
+            # Declared so the name rule can point at it (fieldPath); 253 is every name's limit anyway.
+            "metadata": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 253}}},
             "spec": spec,
             "status": status,
         },
+        "x-kubernetes-validations": root_rules,
     }
 
 

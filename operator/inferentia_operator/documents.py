@@ -6,7 +6,6 @@ repository: every InferentiaModel is checked, every other kind is skipped.
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -16,13 +15,9 @@ from typing import Any
 import yaml
 
 from . import api
-from .rules import Finding, errors, parse_spec
+from .rules import Finding, check_name, errors, parse_spec
 
 MANIFEST_SUFFIXES = {".yaml", ".yml", ".json"}
-# Children (Service, Job "<name>-compile-<hash>") carry the model's name, and a Service
-# name is a DNS-1035 label; 45 characters leave room for the longest suffix.
-NAME_PATTERN = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-MAX_NAME_LENGTH = 45
 
 
 class ManifestError(Exception):
@@ -47,20 +42,6 @@ class ModelDocument:
     @property
     def valid(self) -> bool:
         return self.spec is not None and not errors(self.findings)
-
-
-def check_name(name: Any) -> list[Finding]:
-    if not isinstance(name, str) or not name:
-        return [Finding("metadata.name", "is required")]
-    if len(name) > MAX_NAME_LENGTH or not NAME_PATTERN.match(name):
-        return [
-            Finding(
-                "metadata.name",
-                f"{name!r} is not valid; use at most {MAX_NAME_LENGTH} lower-case letters, digits and '-', "
-                "starting with a letter and ending with a letter or digit",
-            )
-        ]
-    return []
 
 
 def check_document(body: dict[str, Any], source: str = "") -> ModelDocument:

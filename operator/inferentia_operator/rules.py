@@ -12,6 +12,7 @@ two messages.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -157,7 +158,7 @@ class CrossFieldRule:
         return {
             "rule": self.cel_rule,
             "messageExpression": f"{json.dumps(self.template)}.format([{', '.join(self.cel_args)}])",
-            "fieldPath": self.path[len(self.node) :],
+            "fieldPath": self.path[len(self.node) :] if self.node else "." + self.path,
             "reason": "FieldValueInvalid",
         }
 
@@ -201,6 +202,28 @@ _divides = f"{_cores} % {_p} == 0"
 _group = f"({_cores} / {_p})"
 _budget = f"{CEL_BUCKET_BUDGET}[{_fam}]"
 _bound = f"({_group} * ((2 * {_budget} + {_w}) / (2 * {_w})))"  # round_half_up_div in integers
+
+# The model's name is carried by its children: the Service (a DNS-1035 label) and the
+# Job "<name>-compile-<10 hex>" (at most 63 characters).
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+MAX_NAME_LENGTH = 45
+NAME = CrossFieldRule(
+    "metadata.name",
+    "",
+    f"'%s' is not valid; use at most {MAX_NAME_LENGTH} lower-case letters, digits and '-', "
+    "starting with a letter and ending with a letter or digit",
+    f"size(self.metadata.name) <= {MAX_NAME_LENGTH} && self.metadata.name.matches({json.dumps(NAME_PATTERN)})",
+    ("self.metadata.name",),
+)
+
+
+def check_name(name: Any) -> list[Finding]:
+    if not isinstance(name, str) or not name:
+        return [Finding("metadata.name", "is required")]
+    if len(name) > MAX_NAME_LENGTH or not re.match(NAME_PATTERN, name):
+        return [NAME.finding(name)]
+    return []
+
 
 # Rule 2: inf fits the family's largest instance type.
 FITS_FAMILY = CrossFieldRule(
@@ -309,6 +332,7 @@ STATIC_WEIGHTS_TOO_LARGE = (
 )
 
 CEL_RULES: list[CrossFieldRule] = [
+    NAME,
     FITS_FAMILY,
     *ALLOWED_CHIPS.values(),
     UNKNOWN_INSTANCE_TYPE,
