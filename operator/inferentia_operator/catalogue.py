@@ -12,7 +12,6 @@ GIB = 1024**3
 
 # Kubernetes names the device plugin and the Neuron node groups use.
 NEURON_RESOURCE = "aws.amazon.com/neuron"
-NEURONCORE_RESOURCE = "aws.amazon.com/neuroncore"
 HUGEPAGES_RESOURCE = "hugepages-2Mi"
 HUGEPAGES_PER_CHIP_MI = 256  # 128 pages of 2 MiB per chip (Cortex)
 NEURON_TAINT_KEY = "aws.amazon.com/neuron"

@@ -22,7 +22,6 @@ PLAN_HASH_ANNOTATION = f"{api.GROUP}/plan-hash"
 COMPILE_HASH_LABEL = f"{api.GROUP}/compile-hash"
 PLAN_MOUNT = "/etc/inferentia"
 PLAN_FILE = f"{PLAN_MOUNT}/plan.json"
-COMPILED_MOUNT = "/opt/inferentia/compiled"
 
 # Serving processes are started by this launcher when spec.serving.args is given:
 # one process per NeuronCore Group, each with its own runtime environment and port.

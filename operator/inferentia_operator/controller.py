@@ -45,7 +45,7 @@ def reconcile(kube: Kube, body: dict[str, Any], emit: EventSink) -> dict[str, An
 
 def _reconcile(kube: Kube, body: dict[str, Any], emit: EventSink) -> dict[str, Any]:
     meta = body["metadata"]
-    namespace, name, generation = meta["namespace"], meta["name"], meta.get("generation", 1)
+    namespace, name = meta["namespace"], meta["name"]
     previous = body.get("status") or {}
     observed = conditions.Observed(deployment=kube.get("Deployment", namespace, name))
 
@@ -64,7 +64,7 @@ def _reconcile(kube: Kube, body: dict[str, Any], emit: EventSink) -> dict[str, A
     m = Model(name, namespace, meta["uid"], spec, plan)
     plan_hash = children.plan_hash(plan)
 
-    # The plan ConfigMap is named after its plan, so pods of the previous plan keep
+    # The plan ConfigMap is named after its content, so pods of the previous plan keep
     # reading theirs while a new compile runs.
     configmap = children.plan_configmap(m)
     _ensure(kube, configmap, kube.get("ConfigMap", namespace, configmap["metadata"]["name"]))

@@ -11,6 +11,7 @@ Tests that need simulated Neuron capacity skip themselves on clusters without it
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
