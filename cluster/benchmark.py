@@ -41,15 +41,12 @@ def warm_starts(runs: int) -> list[float]:
 
 
 def samples_to_ready() -> float:
-    bins = localcluster.bin_dir()
     with tempfile.TemporaryDirectory() as state:
         cluster = localcluster.LocalCluster(Path(state), die_with_parent=True)
         kubeconfig = cluster.up()
-        kubectl = [str(bins / "kubectl"), "--kubeconfig", str(kubeconfig)]
         operator = None
         try:
-            subprocess.run([*kubectl, "apply", "--server-side", "-f", str(REPO / "crds")], check=True, capture_output=True)
-            subprocess.run([*kubectl, "wait", "--for=condition=Established", "crd", "--all"], check=True, capture_output=True)
+            cluster.install_crds()
             operator = subprocess.Popen(
                 [sys.executable, "-m", "inferentia_operator", "run", "--liveness", ""],
                 env={"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin"},
@@ -57,8 +54,8 @@ def samples_to_ready() -> float:
             )  # fmt: skip
             time.sleep(2)  # let it log in and start watching
             started = time.monotonic()
-            subprocess.run([*kubectl, "apply", "-f", str(REPO / "manifests" / "samples")], check=True, capture_output=True)
-            subprocess.run([*kubectl, "wait", "--for=condition=Ready", "inferentiamodel", "--all", "--timeout=120s"], check=True, capture_output=True)
+            cluster.kubectl("apply", "-f", str(REPO / "manifests" / "samples"))
+            cluster.kubectl("wait", "--for=condition=Ready", "inferentiamodel", "--all", "--timeout=120s")
             return time.monotonic() - started
         finally:
             if operator:

@@ -9,7 +9,6 @@ shows the models going from Compiling to Ready. Everything keeps running until
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,15 +21,6 @@ STATE = localcluster.DEFAULT_STATE
 PID_FILE = STATE / "operator.pid"
 LOG_FILE = STATE / "logs" / "operator.log"
 PEERING = "inferentia-operator"
-
-
-def kubectl(bins: Path, kubeconfig: Path, *args: str, input: str | None = None) -> str:
-    result = subprocess.run(
-        [str(bins / "kubectl"), "--kubeconfig", str(kubeconfig), *args], input=input, capture_output=True, text=True
-    )
-    if result.returncode:
-        raise SystemExit(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
-    return result.stdout
 
 
 def start_operator(kubeconfig: Path) -> None:
@@ -49,14 +39,7 @@ def stop_operator() -> None:
         pid = int(PID_FILE.read_text())
     except (OSError, ValueError):
         return
-    try:
-        os.killpg(pid, signal.SIGTERM)
-        for _ in range(100):
-            os.kill(pid, 0)
-            time.sleep(0.1)
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    localcluster.stop_process_groups([pid])
     PID_FILE.unlink(missing_ok=True)
 
 
@@ -64,23 +47,29 @@ def main() -> int:
     if sys.argv[1:] == ["stop"]:
         stop_operator()
         return 0
+    try:
+        return demo()
+    except (localcluster.ClusterError, subprocess.CalledProcessError) as exc:
+        print(f"demo failed: {exc}", file=sys.stderr)
+        return 1
+
+
+def demo() -> int:
     started = time.monotonic()
     cluster = localcluster.LocalCluster()
     kubeconfig = cluster.up()
     bins = localcluster.bin_dir()
     print(f"control plane ready ({time.monotonic() - started:.0f}s); simulated nodes:")
-    print(kubectl(bins, kubeconfig, "get", "nodes", "-L", "node.kubernetes.io/instance-type", "-L", "aws.amazon.com/neuron"))
-    kubectl(bins, kubeconfig, "apply", "--server-side", "-f", str(REPO / "crds"))
-    kubectl(bins, kubeconfig, "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
-    kubectl(bins, kubeconfig, "apply", "-f", "-", input=f"apiVersion: kopf.dev/v1\nkind: ClusterKopfPeering\nmetadata:\n  name: {PEERING}\n")
+    print(cluster.kubectl("get", "nodes", "-L", "node.kubernetes.io/instance-type", "-L", "aws.amazon.com/neuron"))
+    cluster.install_crds()  # the operator creates its peering object itself
     start_operator(kubeconfig)
     print(f"operator started (log: {LOG_FILE.relative_to(REPO)})\n")
     samples = sorted((REPO / "manifests" / "samples").glob("*.yaml"))
-    print(kubectl(bins, kubeconfig, "apply", *[a for s in samples for a in ("-f", str(s))]))
+    print(cluster.kubectl("apply", *[a for s in samples for a in ("-f", str(s))]))
 
     last, deadline = "", time.monotonic() + 180
     while time.monotonic() < deadline:
-        table = kubectl(bins, kubeconfig, "get", "inferentiamodels", "-o", "wide")
+        table = cluster.kubectl("get", "inferentiamodels", "-o", "wide")
         if table != last:
             print(table)
             last = table
@@ -91,7 +80,7 @@ def main() -> int:
     else:
         print(f"not every model became Ready in time; see {LOG_FILE}", file=sys.stderr)
         return 1
-    print(kubectl(bins, kubeconfig, "get", "jobs,deployments,pods", "-o", "wide"))
+    print(cluster.kubectl("get", "jobs,deployments,pods", "-o", "wide"))
     print(
         f"All samples are Ready ({time.monotonic() - started:.0f}s). Everything keeps running; try:\n"
         f"  export KUBECONFIG={kubeconfig}\n"

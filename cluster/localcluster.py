@@ -343,16 +343,7 @@ class LocalCluster:
 
     def down(self, grace: float = 10.0) -> None:
         """Stops every component and waits until none runs; safe to call twice."""
-        pids = self._load().get("pids", {})
-        for pid in pids.values():
-            _signal_group(pid, signal.SIGTERM)
-        end = time.monotonic() + grace
-        while any(_alive(p) for p in pids.values()) and time.monotonic() < end:
-            time.sleep(0.05)
-        for pid in pids.values():
-            _signal_group(pid, signal.SIGKILL)
-        while any(_alive(p) for p in pids.values()):
-            time.sleep(0.05)
+        stop_process_groups(list(self._load().get("pids", {}).values()), grace)
         if self.state_file.exists():
             self._save(pids={})
         # The data and kubeconfig are throwaway; logs stay for a post-mortem.
@@ -377,6 +368,20 @@ class LocalCluster:
             if event.get("stage") == "ResponseComplete" and event.get("user", {}).get("username") == user:
                 entries.append(event)
         return entries
+
+    def kubectl(self, *args: str, input: str | None = None) -> str:
+        """kubectl against this cluster as its admin; raises ClusterError with kubectl's message."""
+        result = subprocess.run(
+            [str(bin_dir() / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args], input=input, capture_output=True, text=True
+        )
+        if result.returncode:
+            raise ClusterError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
+        return result.stdout
+
+    def install_crds(self) -> None:
+        """Everything in crds/ (the InferentiaModel CRD, kopf's peering CRDs), ready to use."""
+        self.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
+        self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
 
     def ports(self) -> dict[str, int]:
         return self._load().get("ports", {})
@@ -405,6 +410,20 @@ def _alive(pid: int) -> bool:
         return state != "Z" or len(os.listdir(f"/proc/{pid}/task")) > 1
     except (OSError, IndexError):
         return False
+
+
+def stop_process_groups(pids: list[int], grace: float = 10.0) -> None:
+    """SIGTERM each process group, SIGKILL what is left after ``grace`` seconds, and wait
+    until no thread of any of them runs."""
+    for pid in pids:
+        _signal_group(pid, signal.SIGTERM)
+    end = time.monotonic() + grace
+    while any(_alive(p) for p in pids) and time.monotonic() < end:
+        time.sleep(0.05)
+    for pid in pids:
+        _signal_group(pid, signal.SIGKILL)
+    while any(_alive(p) for p in pids):
+        time.sleep(0.05)
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -7,7 +7,7 @@ from inferentia_operator import controller
 
 def registry():
     r = kopf.OperatorRegistry()
-    controller.register(r, kube_factory=lambda: None, resync_seconds=60)
+    controller.register(r, kube=lambda: None, resync_seconds=60)
     return r
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from .children import PLAN_HASH_ANNOTATION
+
 # Flux's kstatus reads only observedGeneration and the "abnormal-true" Reconciling and
 # Stalled conditions of a custom resource (anything else counts as Current), so they
 # restate Progressing and the failures in its terms.
@@ -82,7 +84,7 @@ def rollout_of(deployment: dict[str, Any] | None, desired_replicas: int, plan_ha
         return Rollout(desired_replicas, False, False, 0, 0, 0, 0)
     meta, spec, status = deployment.get("metadata") or {}, deployment.get("spec") or {}, deployment.get("status") or {}
     annotations = ((spec.get("template") or {}).get("metadata") or {}).get("annotations") or {}
-    current = plan_hash is not None and annotations.get("inferentia.dev/plan-hash") == plan_hash
+    current = plan_hash is not None and annotations.get(PLAN_HASH_ANNOTATION) == plan_hash
     replicas, ready = status.get("replicas", 0), status.get("readyReplicas", 0)
     updated, available = status.get("updatedReplicas", 0), status.get("availableReplicas", 0)
     complete = (

@@ -8,7 +8,6 @@ already matches the plan, so running it twice changes nothing the second time.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import defaultdict
 from collections.abc import Callable
@@ -23,8 +22,6 @@ from .kube import Kube, TransientError
 from .planner import plan as make_plan
 from .rules import check_name, errors, parse_spec
 
-log = logging.getLogger(__name__)
-
 EventSink = Callable[[dict[str, Any], str, str, str], None]
 
 # One reconcile at a time per model: kopf serialises a model's own handlers, but a
@@ -32,10 +29,11 @@ EventSink = Callable[[dict[str, Any], str, str, str], None]
 _locks: dict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
 
 
-def reconcile(kube: Kube, body: dict[str, Any], emit: EventSink) -> dict[str, Any]:
-    """Brings one InferentiaModel's children to its plan; returns the status it reports."""
-    meta = body["metadata"]
-    namespace, name = meta["namespace"], meta["name"]
+def reconcile(kube: Kube, namespace: str, name: str, emit: EventSink) -> dict[str, Any]:
+    """Brings one InferentiaModel's children to its plan; returns the status it reports.
+
+    Reads the model itself, under the lock, so a reconcile queued behind another never
+    works from a stale copy."""
     with _locks[(namespace, name)]:
         live = kube.get(api.KIND, namespace, name)
         if live is None or live["metadata"].get("deletionTimestamp"):
@@ -80,9 +78,7 @@ def _reconcile(kube: Kube, body: dict[str, Any], emit: EventSink) -> dict[str, A
         job_body is not None, job_body and job_body["metadata"]["name"], observed.job, children.compiled_uri(m)
     )
     if compiled.status == "True":
-        deployment = children.serving_deployment(m)
-        if _ensure(kube, deployment, observed.deployment):
-            observed.deployment = kube.get("Deployment", namespace, name)
+        observed.deployment = _ensure(kube, children.serving_deployment(m), observed.deployment)
     # else: compiling or failed, and the previous Deployment (if any) keeps serving untouched.
 
     _delete_superseded_plans(kube, m, configmap["metadata"]["name"], observed.deployment)
@@ -98,12 +94,12 @@ def _reconcile(kube: Kube, body: dict[str, Any], emit: EventSink) -> dict[str, A
     return _report(kube, body, previous, status, conds, emit)
 
 
-def _ensure(kube: Kube, desired: dict[str, Any], live: dict[str, Any] | None) -> bool:
-    """Applies ``desired`` unless it is already live; True when it wrote."""
+def _ensure(kube: Kube, desired: dict[str, Any], live: dict[str, Any] | None) -> dict[str, Any]:
+    """Applies ``desired`` unless it is already live; returns the live object either way
+    (server-side apply answers with the object it stored)."""
     if live is not None and applied(desired, live):
-        return False
-    kube.apply(desired)
-    return True
+        return live
+    return kube.apply(desired)
 
 
 def _delete_superseded_plans(kube: Kube, m: Model, current: str, deployment: dict[str, Any] | None) -> None:
@@ -166,18 +162,13 @@ def _emit(body: dict[str, Any], kind: str, reason: str, message: str) -> None:
     kopf.event(body, type=kind, reason=reason, message=message[:1024])
 
 
-def register(registry: kopf.OperatorRegistry, kube_factory: Callable[[], Kube], resync_seconds: float) -> None:
-    """Registers the handlers; ``kube_factory`` gives the API client once the operator is logged in."""
-    holder: dict[str, Kube] = {}
+def register(registry: kopf.OperatorRegistry, kube: Callable[[], Kube], resync_seconds: float) -> None:
+    """Registers the handlers; ``kube()`` gives the operator's API client, called only once
+    handlers run (after kopf's login), so it must return the same client every time."""
 
-    def kube() -> Kube:
-        if "kube" not in holder:
-            holder["kube"] = kube_factory()
-        return holder["kube"]
-
-    def handle(body: Any, logger: logging.Logger | Any) -> None:
+    def handle(namespace: str, name: str) -> None:
         try:
-            reconcile(kube(), dict(body), _emit)
+            reconcile(kube(), namespace, name, _emit)
         except TransientError as exc:
             raise kopf.TemporaryError(str(exc), delay=10) from exc
 
@@ -186,13 +177,13 @@ def register(registry: kopf.OperatorRegistry, kube_factory: Callable[[], Kube], 
     @kopf.on.resume(**model, backoff=10)
     @kopf.on.create(**model, backoff=10)
     @kopf.on.update(**model, backoff=10)
-    def on_model(body, logger, **_):
-        handle(body, logger)
+    def on_model(namespace, name, **_):
+        handle(namespace, name)
 
     @kopf.timer(**model, interval=resync_seconds, initial_delay=resync_seconds, idle=0)
-    def resync(body, logger, **_):
+    def resync(namespace, name, **_):
         # A slow, level-based sweep: catches anything an event did not.
-        handle(body, logger)
+        handle(namespace, name)
 
     _without_finalizer(registry, resync)
 
@@ -202,7 +193,7 @@ def register(registry: kopf.OperatorRegistry, kube_factory: Callable[[], Kube], 
         if not owner or not namespace:
             return
         try:
-            reconcile(kube(), {"metadata": {"namespace": namespace, "name": owner}}, _emit)
+            reconcile(kube(), namespace, owner, _emit)
         except TransientError as exc:
             logger.warning("reconcile of %s/%s after a child's change will be retried by the resync: %s", namespace, owner, exc)
 

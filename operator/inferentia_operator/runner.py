@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import random
 
@@ -51,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
         args.priority = random.SystemRandom().randint(1, 2**31 - 1)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     registry = kopf.OperatorRegistry()
-    controller.register(registry, lambda: Kube(load_client()), args.resync_seconds)
+    kube = functools.cache(lambda: Kube(load_client()))  # one API client for the whole operator
+    controller.register(registry, kube, args.resync_seconds)
 
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, logger, **_):
@@ -60,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
             # Without its peering object kopf only logs "not found" at debug level and every
             # replica acts: make sure it exists (the chart and manifests also create it).
             for body in peering_objects(args.peering, args.namespace):
-                if Kube(load_client()).create_if_missing(body):
+                if kube().create_if_missing(body):
                     logger.info("created %s %s", body["kind"], body["metadata"])
 
     @kopf.on.login(registry=registry)

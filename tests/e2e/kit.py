@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "cluster"))
 
@@ -63,10 +65,6 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
         time.sleep(interval)
 
 
-def free_port() -> int:
-    return localcluster.free_port()
-
-
 class OperatorProcess:
     """`inferentia-operator run` as a separate process, as it runs in production."""
 
@@ -77,7 +75,7 @@ class OperatorProcess:
         self.kubeconfig, self.log_path, self.extra_args = kubeconfig, log_path, extra_args
         self.resync_seconds, self.peering = resync_seconds, peering
         self.proc: subprocess.Popen | None = None
-        self.port = free_port()
+        self.port = localcluster.free_port()
 
     def start(self) -> None:
         log = open(self.log_path, "ab")
@@ -120,8 +118,6 @@ CHART = ROOT / "charts" / "inferentia-operator"
 
 
 def helm_template(cluster: Cluster, *args: str, release: str = "inferentia-operator", namespace: str = "inferentia-system") -> list[dict]:
-    import yaml
-
     out = subprocess.run(
         [cluster.tool("helm"), "template", release, str(CHART), "--namespace", namespace, *args],
         check=True, capture_output=True, text=True,
@@ -129,30 +125,32 @@ def helm_template(cluster: Cluster, *args: str, release: str = "inferentia-opera
     return [d for d in yaml.safe_load_all(out) if d]
 
 
-def operator_cluster_role(cluster: Cluster, name: str) -> dict:
-    """The chart's ClusterRole (default values), renamed: what the operator is granted in production."""
-    [role] = [d for d in helm_template(cluster) if d["kind"] == "ClusterRole"]
-    role["metadata"] = {"name": name}
-    return role
+def _bind_to_user(roles: list[dict], user: str) -> list[dict]:
+    """The roles and, for each, a binding of the same name and scope that grants it to ``user``."""
+    bindings = []
+    for role in roles:
+        binding_kind = "RoleBinding" if role["kind"] == "Role" else "ClusterRoleBinding"
+        bindings.append(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": binding_kind,
+                "metadata": dict(role["metadata"]),
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role["kind"], "name": role["metadata"]["name"]},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+            }
+        )
+    return roles + bindings
 
 
 def bind_user_to_operator_role(cluster: Cluster, user: str, name: str) -> None:
-    import yaml
-
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-    }
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([operator_cluster_role(cluster, name), binding]))
+    """The chart's ClusterRole (default values), renamed, bound to ``user``: what the operator gets in production."""
+    [role] = [d for d in helm_template(cluster) if d["kind"] == "ClusterRole"]
+    role["metadata"] = {"name": name}
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(_bind_to_user([role], user)))
 
 
 def service_account_kubeconfig(cluster: Cluster, namespace: str, name: str, path: Path) -> Path:
     """A kubeconfig that authenticates with a token of that ServiceAccount (TokenRequest API)."""
-    import yaml
-
     token = cluster.kubectl("create", "token", name, "-n", namespace, "--duration=1h").stdout.strip()
     config = yaml.safe_load(cluster.kubeconfig.read_text())
     context = next(c for c in config["contexts"] if c["name"] == config["current-context"])
@@ -175,22 +173,9 @@ def service_account_kubeconfig(cluster: Cluster, namespace: str, name: str, path
 
 def bind_user_to_namespaced_roles(cluster: Cluster, user: str, namespaces: list[str]) -> None:
     """The chart's Roles for watchNamespaces, bound to ``user``: no cluster-wide rights at all."""
-    import yaml
-
     docs = helm_template(cluster, "--set", "watchNamespaces={" + ",".join(namespaces) + "}")
     roles = [d for d in docs if d["kind"] == "Role"]
-    bindings = []
-    for role in roles:
-        bindings.append(
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "RoleBinding",
-                "metadata": {"name": role["metadata"]["name"], "namespace": role["metadata"]["namespace"]},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]},
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-            }
-        )
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(roles + bindings))
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(_bind_to_user(roles, user)))
 
 
 def listening_ports() -> set[int]:

@@ -3,6 +3,7 @@ not fit, collects garbage, and serves the CRD with its documentation and CEL rul
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -120,16 +121,17 @@ CEL_CASES = {
 }
 
 
+def _rendered_by(template: str, message: str) -> bool:
+    """Whether ``message`` is ``template`` with its %d and %s filled in."""
+    pattern = re.escape(template).replace("%d", r"-?\d+").replace("%s", ".*")
+    return re.fullmatch(pattern, message) is not None
+
+
 def test_every_cel_rule_has_a_case():
-    templates = {r.template for r in CEL_RULES if r is not NAME}  # NAME: its own test below
-    covered = {
-        r.template
-        for spec in CEL_CASES.values()
-        for f in parse_spec(spec)[1]
-        for r in CEL_RULES
-        if r.template.split("%")[0] in f.message and r.path == f.path
-    }
-    assert covered == templates
+    rules = [r for r in CEL_RULES if r is not NAME]  # NAME: its own test below
+    findings = [f for spec in CEL_CASES.values() for f in parse_spec(spec)[1]]
+    uncovered = [r.template for r in rules if not any(f.path == r.path and _rendered_by(r.template, f.message) for f in findings)]
+    assert uncovered == []
 
 
 @pytest.mark.parametrize("case", sorted(CEL_CASES))
