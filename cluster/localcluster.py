@@ -30,12 +30,13 @@ from pathlib import Path
 
 import yaml
 
+from inferentia_operator.catalogue import FAMILIES, HUGEPAGES_PER_CHIP_MI, HUGEPAGES_RESOURCE, NEURON_RESOURCE, NEURONCORE_RESOURCE
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DEFAULT_STATE = REPO / ".cluster"
 FLEET = HERE / "fleet.yaml"
 NEURON_TAINT = {"key": "aws.amazon.com/neuron", "value": "true", "effect": "NoSchedule"}
-HUGEPAGES_PER_CHIP_MI = 256
 SERVICE_CIDR = "10.96.0.0/16"
 
 
@@ -127,6 +128,10 @@ def write_kubeconfig(path: Path, pki: Path, server: str, user: str = "admin") ->
     path.chmod(0o600)
 
 
+# Neuron chips and cores of every instance type, from the operator's own catalogue.
+NEURON_SHAPES = {itype: (chips, f) for f in FAMILIES.values() for itype, chips in f.instance_chips.items()}
+
+
 def fleet_nodes(fleet_file: Path = FLEET) -> list[dict]:
     """The Node objects of the simulated fleet."""
     fleet = yaml.safe_load(fleet_file.read_text())
@@ -134,13 +139,13 @@ def fleet_nodes(fleet_file: Path = FLEET) -> list[dict]:
     for group in fleet["nodes"]:
         itype = group["instanceType"]
         shape = fleet["instanceTypes"][itype]
-        chips = int(shape["neuron"])
+        chips, family = NEURON_SHAPES.get(itype, (0, None))
         resources = {"cpu": str(shape["cpu"]), "memory": str(shape["memory"]), "pods": str(shape["pods"])}
-        if chips:
+        if family:
             resources |= {
-                "aws.amazon.com/neuron": str(chips),
-                "aws.amazon.com/neuroncore": str(shape["neuroncore"]),
-                "hugepages-2Mi": f"{HUGEPAGES_PER_CHIP_MI * chips}Mi",
+                NEURON_RESOURCE: str(chips),
+                NEURONCORE_RESOURCE: str(chips * family.physical_cores_per_chip),
+                HUGEPAGES_RESOURCE: f"{HUGEPAGES_PER_CHIP_MI * chips}Mi",
             }
         for i in range(int(group["count"])):
             name = f"{itype.replace('.', '-')}-{i}"

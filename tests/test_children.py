@@ -135,21 +135,133 @@ def test_children_carry_the_standard_labels():
         assert labels["app.kubernetes.io/instance"] == "resnet"
 
 
-def test_the_launcher_gives_each_process_its_group_and_port(tmp_path):
+def run_launcher(tmp_path, m, granted=None):
+    """Runs launch.sh from the plan ConfigMap; each "serving process" records what it was
+    given, then the first to exit ends the launcher. Returns (result, recorded lines)."""
     import os
     import subprocess
 
-    m = model(**THROUGHPUT)
     for name, text in children.plan_configmap(m)["data"].items():
         (tmp_path / name).write_text(text)
     out = tmp_path / "started"
-    env = {"PATH": os.environ["PATH"], "INFERENTIA_PLAN_DIR": str(tmp_path), "INFERENTIA_PROCESSES": "4", "INFERENTIA_BASE_PORT": "8500"}
-    # Each "serving process" records what it was given, then the first to exit ends the launcher.
+    env = {
+        "PATH": os.environ["PATH"],
+        "INFERENTIA_PLAN_DIR": str(tmp_path),
+        "INFERENTIA_PROCESSES": str(m.plan.groups),
+        "INFERENTIA_BASE_PORT": str(m.spec.serving.port),
+    }
+    if granted is not None:
+        env["NEURON_RT_VISIBLE_CORES"] = granted
     record = f'echo "$INFERENTIA_PROCESS_INDEX $NEURON_RT_VISIBLE_CORES $NEURON_RT_NUM_CORES $PORT $NEURON_CC_FLAGS" >> {out}; sleep 0.2'
     result = subprocess.run(["/bin/sh", str(tmp_path / "launch.sh"), "sh", "-c", record], env=env, capture_output=True, text=True, timeout=30)
+    return result, sorted(out.read_text().splitlines()) if out.exists() else []
+
+
+def test_the_launcher_gives_each_process_its_group_and_port(tmp_path):
+    m = model(**THROUGHPUT)
+    result, started = run_launcher(tmp_path, m)
     assert result.returncode == 1 and "exited with 0; stopping the others" in result.stderr
     flags = " ".join(m.plan.compiler_args)
-    assert sorted(out.read_text().splitlines()) == [f"{i} {i} 1 {8500 + i} {flags}" for i in range(4)]
+    assert started == [f"{i} {i} 1 {8500 + i} {flags}" for i in range(4)]
+
+
+def test_the_launcher_splits_the_cores_the_container_was_granted(tmp_path):
+    # inf2, 2 chips = 4 cores, two tensor-parallel groups of 2; the device plugin granted 4-7.
+    m = model(**{"compute.family": "inf2", "compute.inf": 2, "processesPerReplica": 2, "serving.args": ["serve"]})
+    assert m.plan.visible_cores == ["0-1", "2-3"]
+    _, started = run_launcher(tmp_path, m, granted="4-7")
+    flags = " ".join(m.plan.compiler_args)
+    assert started == [f"0 4-5 2 8080 {flags}", f"1 6-7 2 8081 {flags}"]
+
+
+@pytest.mark.parametrize(
+    "granted,groups",
+    [("2,3,6,7", ["2-3", "6-7"]), ("0-1,5", None), ("1,3,5,7", ["1,3", "5,7"]), ("12-15", ["12-13", "14-15"])],
+)
+def test_the_launcher_takes_lists_and_ranges_and_refuses_a_wrong_count(tmp_path, granted, groups):
+    m = model(**{"compute.family": "inf2", "compute.inf": 2, "processesPerReplica": 2, "serving.args": ["serve"]})
+    result, started = run_launcher(tmp_path, m, granted=granted)
+    if groups is None:
+        assert result.returncode == 1 and "are 3, but the plan needs 2 groups of 2" in result.stderr
+        assert started == []
+    else:
+        assert [line.split()[1] for line in started] == groups
+
+
+def test_the_launcher_refuses_a_core_list_it_cannot_read(tmp_path):
+    m = model(**{"compute.family": "inf2", "processesPerReplica": 2, "serving.args": ["serve"]})
+    result, started = run_launcher(tmp_path, m, granted="0-x")
+    assert result.returncode != 0 and "is not a list of cores" in result.stderr and started == []
+
+
+VLLM = {
+    "model.uri": "s3://models/llama-3.1-8b/",
+    "model.framework": "pytorch",
+    "model.architecture": "transformer",
+    "model.precision": "bf16",
+    "compute.family": "inf2",
+    "compute.inf": 6,
+    "processesPerReplica": 3,
+    "compile.buckets": [[1024], [4096]],
+    "serving.port": 8000,
+    "serving.runtime": "vllm",
+    "serving.batching": {"maxBatchSize": 8},
+    "serving.args": ["--block-size", "32"],
+}
+
+
+def test_the_vllm_preset_runs_one_tensor_parallel_server_per_group():
+    m = model(**VLLM, **{"compile.image": "example.com/compile:1"})
+    [container] = children.serving_deployment(m)["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["/bin/sh", "/etc/inferentia/launch.sh"]
+    assert container["args"] == [
+        "/bin/sh", "-c", 'exec python3 -m vllm.entrypoints.openai.api_server --port "$PORT" "$@"', "vllm",
+        "--model", "s3://models/llama-3.1-8b/", "--tensor-parallel-size", "4",
+        "--max-model-len", "4096", "--max-num-seqs", "8",
+        "--block-size", "32",
+    ]  # fmt: skip
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["VLLM_NEURON_FRAMEWORK"] == "neuronx-distributed-inference"
+    assert env["NEURON_COMPILED_ARTIFACTS"] == children.compiled_uri(m)
+    assert container["startupProbe"]["httpGet"] == {"path": "/health", "port": "serve-0"}
+    assert container["startupProbe"]["failureThreshold"] * container["startupProbe"]["periodSeconds"] >= 600
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+
+
+def test_the_vllm_preset_without_a_compile_job_loads_the_model_uri():
+    m = model(**{**VLLM, "serving.args": None, "serving.batching": None, "compile.buckets": None, "processesPerReplica": 1})
+    [container] = children.serving_deployment(m)["spec"]["template"]["spec"]["containers"]
+    assert container["args"][4:] == ["--model", "s3://models/llama-3.1-8b/", "--tensor-parallel-size", "12"]
+    assert "NEURON_COMPILED_ARTIFACTS" not in {e["name"] for e in container["env"]}
+
+
+def test_the_vllm_command_passes_user_text_as_arguments_not_shell(tmp_path):
+    """The flags reach vLLM as separate arguments: a model URI with shell syntax stays literal."""
+    import subprocess
+
+    m = model(**{**VLLM, "model.uri": "s3://x/$(touch pwned);y", "serving.args": None})
+    script_args = children.vllm_args(m)
+    # Stand in for python3: print each argument vLLM would receive on its own line.
+    fake = tmp_path / "python3"
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+    fake.chmod(0o755)
+    result = subprocess.run(
+        script_args, env={"PATH": f"{tmp_path}:/usr/bin:/bin", "PORT": "8001"}, cwd=tmp_path, capture_output=True, text=True
+    )
+    assert result.stdout.splitlines()[:6] == [
+        "-m", "vllm.entrypoints.openai.api_server", "--port", "8001", "--model", "s3://x/$(touch pwned);y",
+    ]  # fmt: skip
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_the_compiler_is_a_compile_input_of_neuronx_families():
+    m = model(**VLLM, **{"compile.image": "example.com/compile:1"})
+    assert children.compile_inputs(m)["compiler"] == "neuronx-cc"
+    job = children.compile_job(m)
+    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["INFERENTIA_COMPILER"] == "neuronx-cc"
+    assert "compiler" not in children.compile_inputs(model(**THROUGHPUT))  # inf1 hashes stay as they were
 
 
 def test_the_plan_configmap_name_follows_its_whole_content(monkeypatch):

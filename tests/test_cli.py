@@ -34,7 +34,9 @@ def run_cli(*args, stdin=""):
 def test_valid_samples_pass():
     code, out, _ = run_cli("validate", *sorted(str(p) for p in SAMPLES.glob("*.yaml")))
     assert code == 0
-    assert out.splitlines() == ["default/bert-base: ok", "default/gpt2: ok", "default/resnet50: ok"]
+    assert out.splitlines() == [
+        "default/bert-base: ok", "default/gpt2: ok", "default/llama-8b: ok", "default/resnet50: ok", "default/llama-70b-trn2: ok",
+    ]  # fmt: skip
 
 
 def test_invalid_samples_fail_with_field_paths():
@@ -124,8 +126,8 @@ def test_plan_table_and_yaml():
     code, out, _ = run_cli("plan", str(SAMPLES / "bert-latency.yaml"))
     assert code == 0
     header, row = out.splitlines()
-    assert header.split()[:7] == ["NAMESPACE", "NAME", "FAMILY", "CHIPS", "CORES", "GROUPS", "NCG"]
-    assert row.split()[:7] == ["default", "bert-base", "inf1", "4", "16", "1", "16"]
+    assert header.split()[:9] == ["NAMESPACE", "NAME", "FAMILY", "COMPILER", "CHIPS", "LNC", "CORES", "GROUPS", "NCG"]
+    assert row.split()[:9] == ["default", "bert-base", "inf1", "neuron-cc", "4", "-", "16", "1", "16"]
     code, out, _ = run_cli("plan", str(SAMPLES / "bert-latency.yaml"), "-o", "yaml")
     assert yaml.safe_load(out)[0]["buckets"] == [[64], [128], [256], [512]]
 
@@ -190,3 +192,38 @@ def test_arbitrary_documents_never_crash(documents, fmt):
 @given(st.text(max_size=200))
 def test_arbitrary_text_never_crashes(text):
     _assert_clean(*run_cli("validate", "-", stdin=text))
+
+
+def test_render_prints_what_the_operator_applies_for_every_sample():
+    from inferentia_operator import children
+    from inferentia_operator.cli import PLACEHOLDER_UID
+    from inferentia_operator.documents import load_models
+    from inferentia_operator.planner import plan
+
+    paths = sorted(str(p) for p in SAMPLES.glob("*.yaml"))
+    code, out, err = run_cli("render", *paths, "-o", "json")
+    assert code == 0 and err == ""
+    objects = json.loads(out)
+    expected = []
+    for doc in load_models(paths).models:
+        m = children.Model(doc.name, doc.namespace, PLACEHOLDER_UID, doc.spec, plan(doc.spec))
+        expected += [children.plan_configmap(m), *filter(None, [children.compile_job(m)]), children.serving_deployment(m), children.service(m)]
+    assert objects == expected
+    kinds = [(o["kind"], o["metadata"]["name"]) for o in objects]
+    assert ("Deployment", "llama-8b") in kinds and ("Job", next(n for k, n in kinds if n.startswith("llama-70b-trn2-compile-"))) in kinds
+    assert {o["metadata"]["ownerReferences"][0]["uid"] for o in objects} == {PLACEHOLDER_UID}
+    # YAML: the same objects, multi-line files as literal blocks.
+    code, out, _ = run_cli("render", *paths)
+    assert code == 0 and list(yaml.safe_load_all(out)) == objects
+    assert "  launch.sh: |" in out
+
+
+def test_render_of_invalid_models_reports_like_validate_and_exits_1():
+    invalid = sorted(str(p) for p in (SAMPLES / "invalid").glob("*.yaml"))
+    code, out, err = run_cli("render", *invalid, "-o", "json")
+    _, validate_out, _ = run_cli("validate", *invalid)
+    assert code == 1 and json.loads(out) == []
+    assert sorted(err.splitlines()) == sorted(validate_out.splitlines())
+    assert "spec.compute.lnc: 2 is not supported on trn1; valid values are 1" in err
+    assert "valid values for 4 chips are 1, 4, 8" in err
+    assert "vllm does not run on inf1" in err

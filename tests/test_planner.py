@@ -1,5 +1,8 @@
 """Every plan field, table-driven, plus the properties that must hold for every valid spec."""
 
+import json
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -8,7 +11,7 @@ from specs import make_spec
 from inferentia_operator.api import InferentiaModelSpec
 from inferentia_operator.catalogue import FAMILIES, GIB
 from inferentia_operator.planner import InvalidSpec, plan
-from inferentia_operator.rules import divisors, errors, parse_spec
+from inferentia_operator.rules import divisors, errors, parse_spec, tensor_parallel_processes
 
 
 def plan_of(**overrides):
@@ -59,7 +62,8 @@ def test_plan_of_a_throughput_cnn():
         ({"compute.inf": 2, "processesPerReplica": 4}, ["0-1", "2-3", "4-5", "6-7"], 8),
         ({"compute.inf": 3, "processesPerReplica": 4}, ["0-2", "3-5", "6-8", "9-11"], 16),  # straddles: warned
         ({"compute.family": "inf2", "compute.inf": 12, "processesPerReplica": 3}, ["0-7", "8-15", "16-23"], 128),
-        ({"compute.family": "trn2", "processesPerReplica": 2}, ["0-3", "4-7"], 96),
+        ({"compute.family": "trn2", "processesPerReplica": 2}, ["0-1", "2-3"], 96),  # lnc 2: 4 logical cores a chip
+        ({"compute.family": "trn2", "compute.lnc": 1, "processesPerReplica": 2}, ["0-3", "4-7"], 96),
     ],
 )
 def test_groups_and_their_memory(overrides, visible, seen_gib):
@@ -129,39 +133,122 @@ def _range(text):
     return range(int(first), int(last or first) + 1)
 
 
-family_and_chips = st.sampled_from(list(FAMILIES.values())).flatmap(
-    lambda f: st.tuples(st.just(f), st.sampled_from(f.allowed_chip_counts or range(1, f.max_chips + 1)))
+family_lnc_and_chips = st.sampled_from(list(FAMILIES.values())).flatmap(
+    lambda f: st.tuples(
+        st.just(f),
+        st.sampled_from(f.lnc_values),
+        st.sampled_from(f.allowed_chip_counts or range(1, f.max_chips + 1)),
+    )
 )
 
 
-@settings(max_examples=300, deadline=None)
-@given(family_and_chips, st.data())
+def spec_of(fam, lnc, chips, processes):
+    overrides = {"compute.family": fam.name, "compute.inf": chips, "processesPerReplica": processes}
+    if lnc != fam.default_lnc or fam.name == "trn2":
+        overrides["compute.lnc"] = lnc  # trn2 both spelled out and defaulted below
+    return make_spec(**overrides)
+
+
+@settings(max_examples=400, deadline=None)
+@given(family_lnc_and_chips, st.data())
 def test_every_divisor_gives_a_complete_disjoint_ordered_layout(fc, data):
-    fam, chips = fc
-    total = fam.cores_per_chip * chips
+    fam, lnc, chips = fc
+    per_chip = fam.cores_per_chip(lnc)
+    total = per_chip * chips
     processes = data.draw(st.sampled_from(divisors(total)))
-    spec = make_spec(**{"compute.family": fam.name, "compute.inf": chips, "processesPerReplica": processes})
-    parsed, found = parse_spec(spec)
+    parsed, found = parse_spec(spec_of(fam, lnc, chips, processes))
+    if not fam.tensor_parallel_ok(total // processes):
+        # trn1: a group size its runtime cannot run is refused, naming the sizes it can
+        assert [f.path for f in errors(found)] == ["spec.processesPerReplica"]
+        assert processes not in tensor_parallel_processes(fam, total)
+        return
     assert errors(found) == []
     p = plan(parsed)
     assert p.groups * p.group_size == p.total_cores == total
     ranges = [_range(v) for v in p.visible_cores]
     assert [c for r in ranges for c in r] == list(range(total))  # ordered, disjoint, complete
     assert all(len(r) == p.group_size for r in ranges)
-    if fam.cores_per_chip % p.group_size == 0:  # a group that fits in a chip stays in it
-        assert all(r[0] // fam.cores_per_chip == r[-1] // fam.cores_per_chip for r in ranges)
+    if per_chip % p.group_size == 0:  # a group that fits in a chip stays in it
+        assert all(r[0] // per_chip == r[-1] // per_chip for r in ranges)
     assert [e["NEURON_RT_VISIBLE_CORES"] for e in p.env] == p.visible_cores
+    assert p.compiler == ("neuronx-cc" if fam.neuronx else "neuron-cc")
+    if fam.neuronx:
+        assert p.lnc == lnc and p.tensor_parallel_size == p.group_size
+        assert {e["NEURON_LOGICAL_NC_CONFIG"] for e in p.env} == {str(lnc)}
+        assert {e["INFERENTIA_TENSOR_PARALLEL_SIZE"] for e in p.env} == {str(p.group_size)}
+        assert fam.tensor_parallel_ok(p.group_size)
+        assert p.device_memory_share_per_group_bytes * p.groups == fam.memory_per_chip_bytes * chips
+    else:
+        assert p.lnc is None and p.tensor_parallel_size is None
 
 
 @settings(max_examples=300, deadline=None)
-@given(family_and_chips, st.integers(min_value=1, max_value=300))
+@given(family_lnc_and_chips, st.integers(min_value=1, max_value=300))
 def test_every_non_divisor_is_refused_with_every_divisor(fc, processes):
-    fam, chips = fc
-    total = fam.cores_per_chip * chips
-    spec = make_spec(**{"compute.family": fam.name, "compute.inf": chips, "processesPerReplica": processes})
+    fam, lnc, chips = fc
+    total = fam.cores_per_chip(lnc) * chips
+    spec = spec_of(fam, lnc, chips, processes)
     messages = [f.message for f in errors(parse_spec(spec)[1])]
     if total % processes == 0:
-        assert messages == []
+        assert messages == [] or not fam.tensor_parallel_ok(total // processes)
     else:
         expected = ", ".join(str(d) for d in divisors(total))
         assert any(m.endswith(f"over {processes} processes; valid values are {expected}") for m in messages), messages
+
+
+@pytest.mark.parametrize(
+    "family,precision,architecture,lnc,expected",
+    [
+        ("inf2", "fp32", "other", None, ["--target", "inf2", "--auto-cast", "none"]),
+        ("inf2", "fp16", "other", None, ["--target", "inf2", "--auto-cast", "all", "--auto-cast-type", "fp16"]),
+        ("inf2", "bf16", "transformer", None,
+         ["--target", "inf2", "--auto-cast", "all", "--auto-cast-type", "bf16", "--model-type", "transformer"]),
+        ("inf2", "mixed", "cnn", None, ["--target", "inf2", "--auto-cast", "matmult", "--auto-cast-type", "bf16"]),
+        ("trn1", "fp32", "transformer", None, ["--target", "trn1", "--auto-cast", "none", "--model-type", "transformer"]),
+        ("trn1", "bf16", "other", None, ["--target", "trn1", "--auto-cast", "all", "--auto-cast-type", "bf16"]),
+        ("trn2", "fp16", "other", None, ["--target", "trn2", "--auto-cast", "all", "--auto-cast-type", "fp16", "--lnc", "2"]),
+        ("trn2", "fp32", "transformer", 1,
+         ["--target", "trn2", "--auto-cast", "none", "--model-type", "transformer", "--lnc", "1"]),
+        ("trn2", "mixed", "other", 2, ["--target", "trn2", "--auto-cast", "matmult", "--auto-cast-type", "bf16", "--lnc", "2"]),
+    ],
+)  # fmt: skip
+def test_neuronx_cc_flags_per_family_and_precision(family, precision, architecture, lnc, expected):
+    overrides = {"compute.family": family, "model.precision": precision, "model.architecture": architecture,
+                 "compile.batchSize": 4, "compile.extraArgs": ["-O", "2"]}  # fmt: skip
+    if lnc:
+        overrides["compute.lnc"] = lnc
+    p = plan_of(**overrides)
+    assert p.compiler == "neuronx-cc"
+    assert p.compiler_args == [*expected, "-O", "2"]  # never a neuron-cc flag, extraArgs last
+    assert p.static_weights is False
+    assert {e["NEURON_CC_FLAGS"] for e in p.env} == {" ".join(p.compiler_args)}
+    assert all("NEURONCORE_GROUP_SIZES" not in e and "NEURON_MAX_NUM_INFERS" not in e for e in p.env)
+
+
+def test_trn2_counts_logical_cores():
+    p = plan_of(**{"compute.family": "trn2", "compute.inf": 2, "processesPerReplica": 2})
+    assert (p.lnc, p.cores_per_chip, p.total_cores, p.group_size, p.tensor_parallel_size) == (2, 4, 8, 4, 4)
+    assert p.visible_cores == ["0-3", "4-7"]
+    assert p.device_memory_share_per_group_bytes == 96 * GIB  # 24 GiB per logical core
+    assert p.env[1]["NEURON_LOGICAL_NC_CONFIG"] == "2"
+    assert p.compiler_args[-2:] == ["--lnc", "2"]  # the compiler's LNC matches the runtime's
+
+
+GOLDEN = Path(__file__).parent / "golden" / "inf1-plans.json"
+
+
+def test_inf1_plans_are_byte_for_byte_what_they_were():
+    """tests/golden/inf1-plans.json was written by the planner before Neuron 2.x planning:
+    every inf1 plan keeps every field and value, gains only compiler: neuron-cc, and
+    keeps its compile hash (so an operator upgrade recompiles nothing)."""
+    from inferentia_operator.children import Model, compile_hash, plan_document
+
+    cases = json.loads(GOLDEN.read_text())
+    assert len(cases) > 50
+    for case in cases:
+        spec = InferentiaModelSpec.model_validate(case["spec"])
+        p = plan(spec)
+        document = plan_document(p)
+        assert document.pop("compiler") == "neuron-cc"
+        assert json.dumps(document, sort_keys=True) == json.dumps(case["plan"], sort_keys=True)
+        assert compile_hash(Model("m", "default", "u", spec, p)) == case["compileHash"]

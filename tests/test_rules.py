@@ -64,7 +64,7 @@ INVALID = [
     ),
     (
         {"compute.family": "trn2", "processesPerReplica": 3},
-        "spec.processesPerReplica: cannot evenly distribute 1 trn2 chip (8 NeuronCores) over 3 processes; valid values are 1, 2, 4, 8",
+        "spec.processesPerReplica: cannot evenly distribute 1 trn2 chip (4 NeuronCores) over 3 processes; valid values are 1, 2, 4",
     ),
     ({"processesPerReplica": 0}, "spec.processesPerReplica: 0 is too small; valid values are at least 1"),
     # Rule 4: CNN batch limits.
@@ -116,6 +116,35 @@ INVALID = [
     ({"compute.family": "inf3"}, "spec.compute.family: 'inf3' is not valid; valid values are inf1, inf2, trn1, trn2"),
     ({"compute.chips": 1}, "spec.compute.chips: is not a field of this object; check its spelling (kubectl explain inferentiamodel.spec lists the fields)"),
     ({"compute.memory": "lots"}, "spec.compute.memory: 'lots' is not valid: a Kubernetes quantity such as 2, 500m or 4Gi is needed"),
+    # Logical NeuronCores: trn2 takes 1 or 2, every other family only 1.
+    ({"compute.family": "trn1", "compute.lnc": 2}, "spec.compute.lnc: 2 is not supported on trn1; valid values are 1"),
+    ({"compute.family": "inf2", "compute.lnc": 2}, "spec.compute.lnc: 2 is not supported on inf2; valid values are 1"),
+    ({"compute.family": "trn2", "compute.lnc": 4}, "spec.compute.lnc: 4 is not supported on trn2; valid values are 1, 2"),
+    ({"compute.lnc": 0}, "spec.compute.lnc: 0 is too small; valid values are at least 1"),
+    (
+        {"compute.family": "trn2", "compute.lnc": 1, "processesPerReplica": 3},
+        "spec.processesPerReplica: cannot evenly distribute 1 trn2 chip (8 NeuronCores) over 3 processes; valid values are 1, 2, 4, 8",
+    ),
+    # trn1 tensor-parallel groups: 1, 2, 8, 16 or a multiple of 32 cores.
+    (
+        {"compute.family": "trn1", "compute.inf": 4, "processesPerReplica": 2},
+        "spec.processesPerReplica: a trn1 group of 4 NeuronCores cannot run one model tensor parallel: the runtime "
+        "loads collectives only on 1, 2, 8, 16 or a multiple of 32 cores (huggingface/optimum-neuron#619); "
+        "valid values for 4 chips are 1, 4, 8",
+    ),
+    (
+        {"compute.family": "trn1", "compute.inf": 16, "processesPerReplica": 8},
+        "spec.processesPerReplica: a trn1 group of 4 NeuronCores cannot run one model tensor parallel: the runtime "
+        "loads collectives only on 1, 2, 8, 16 or a multiple of 32 cores (huggingface/optimum-neuron#619); "
+        "valid values for 16 chips are 1, 2, 4, 16, 32",
+    ),
+    # The vLLM preset needs a neuronx family.
+    (
+        {"serving.runtime": "vllm"},
+        "spec.serving.runtime: vllm does not run on inf1: vLLM on Neuron is built on NxD Inference, which supports "
+        "inf2, trn1 and trn2 only; valid values on inf1 are custom",
+    ),
+    ({"serving.runtime": "tgi"}, "spec.serving.runtime: 'tgi' is not valid; valid values are custom, vllm"),
 ]
 
 
@@ -185,3 +214,28 @@ def test_warnings_do_not_block(overrides, expected):
     spec = make_spec(**overrides)
     assert expected in findings_of(spec)
     assert error_lines(spec) == []
+
+
+NEURONX_VALID = [
+    # neuron-cc's CNN batch limits do not apply to neuronx-cc families.
+    {"compute.family": "inf2", "model.architecture": "cnn", "model.precision": "fp32", "compile.batchSize": 8},
+    {"compute.family": "trn2", "compute.lnc": 2, "processesPerReplica": 4},
+    {"compute.family": "trn2", "compute.lnc": 1, "processesPerReplica": 8},
+    {"compute.family": "trn1", "compute.inf": 16, "processesPerReplica": 1},  # a group of 32
+    {"compute.family": "inf2", "compute.inf": 2, "processesPerReplica": 1, "serving.runtime": "vllm"},
+]
+
+
+@pytest.mark.parametrize("overrides", NEURONX_VALID, ids=str)
+def test_neuronx_specs_without_errors(overrides):
+    assert error_lines(make_spec(**overrides)) == []
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_static_weights_on_a_neuronx_family_is_a_warning_not_a_silent_drop(value):
+    spec = make_spec(**{"compute.family": "inf2", "compile.staticWeights": value, "model.weights": 10**12})
+    assert error_lines(spec) == []  # not the inf1 memory check either: the option does nothing here
+    assert (
+        f"warning: spec.compile.staticWeights: {str(value).lower()} has no effect on inf2: static weights are a "
+        "neuron-cc (inf1) option, and neuronx-cc has no --static-weights; remove it or leave it at auto"
+    ) in findings_of(spec)

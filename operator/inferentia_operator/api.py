@@ -98,9 +98,9 @@ class ModelSource(ApiModel):
     framework: Literal["tensorflow", "pytorch"]
     """The framework the model was saved with: tensorflow or pytorch."""
     architecture: Literal["cnn", "transformer", "other"] = "other"
-    """The network's architecture. cnn enables the Neuron batching flags for batch sizes above 1 and the CNN batch limits."""
+    """The network's architecture. On inf1, cnn enables the neuron-cc batching flags for batch sizes above 1 and the CNN batch limits; on inf2, trn1 and trn2, transformer compiles with --model-type transformer."""
     precision: Literal["fp32", "fp16", "bf16", "mixed"] = "fp16"
-    """Numeric precision on the NeuronCores. mixed casts only matmul and convolution inputs (--fp32-cast=matmult)."""
+    """Numeric precision on the NeuronCores. inf1 (neuron-cc): mixed casts only matmul and convolution inputs (--fp32-cast=matmult). inf2, trn1, trn2 (neuronx-cc): fp32 keeps fp32 (--auto-cast none), fp16 and bf16 cast everything to that type, mixed casts only matrix multiplications."""
     weights: Annotated[StrictInt | None, Field(ge=1)] = None
     """Number of parameters, when known. Enables the bucket-count bound and the static-weights memory check."""
 
@@ -109,11 +109,13 @@ class Compute(ApiModel):
     """The hardware one replica gets."""
 
     inf: Annotated[StrictInt, Field(ge=1)]
-    """Whole Neuron chips per replica (one chip is 4 NeuronCores on inf1, 2 on inf2 and trn1, 8 on trn2). Fractional chips are not allowed."""
+    """Whole Neuron chips per replica (one chip is 4 NeuronCores on inf1, 2 on inf2 and trn1, 8 physical on trn2: 4 logical at lnc 2). Fractional chips are not allowed."""
     family: Literal[FAMILY_NAMES] = "inf1"  # type: ignore[valid-type]
     """The Neuron instance family: inf1, inf2, trn1 or trn2."""
     instance_types: Annotated[list[Annotated[str, Field(max_length=64)]] | None, Field(max_length=16)] = None
     """Restricts scheduling to these instance types of the family (node.kubernetes.io/instance-type). Default: every type of the family with at least inf chips."""
+    lnc: Annotated[StrictInt | None, Field(ge=1)] = None
+    """Logical NeuronCore configuration: physical cores per logical core. trn2: 1 or 2 (default 2, so a chip shows 4 logical cores); every other family: 1. Cores are counted in logical cores everywhere else."""
     cpu: Quantity = "1"
     """CPU requested by each replica (a Kubernetes quantity)."""
     memory: Quantity = "2Gi"
@@ -181,6 +183,8 @@ class Serving(ApiModel):
     """Request threads per process. Default: the group's NeuronCores + 3, so that every outstanding inference has a thread."""
     batching: Batching | None = None
     """Server-side adaptive batching; off when unset."""
+    runtime: Literal["custom", "vllm"] = "custom"
+    """custom: your image runs args (one process per NeuronCore Group). vllm (inf2, trn1, trn2): the operator runs vLLM's OpenAI-compatible server in each process, tensor parallel over its group; args are appended to vLLM's own."""
 
 
 class Rollout(ApiModel):
@@ -227,14 +231,20 @@ class Plan(ApiModel):
     """Neuron instance family."""
     chips: int
     """Neuron chips per replica (spec.compute.inf)."""
+    compiler: Literal["neuron-cc", "neuronx-cc"]
+    """The Neuron compiler of the family: neuron-cc on inf1, neuronx-cc on inf2, trn1 and trn2."""
+    lnc: int | None = None
+    """Physical NeuronCores per logical core (inf2, trn1, trn2); every core count of the plan is in logical cores."""
     cores_per_chip: int
-    """NeuronCores on one chip of the family."""
+    """NeuronCores on one chip of the family (logical cores at the plan's lnc)."""
     total_cores: int
     """NeuronCores per replica (coresPerChip * chips)."""
     group_size: int
     """NeuronCores in each NeuronCore Group (totalCores / groups); the model is compiled for this many cores."""
     groups: int
     """NeuronCore Groups per replica, one per serving process."""
+    tensor_parallel_size: int | None = None
+    """inf2, trn1, trn2: the group's cores run one model sharded across them, this many ways (= groupSize)."""
     visible_cores: list[str]
     """Each group's cores as NEURON_RT_VISIBLE_CORES takes them ("0-1", or "5" for one core): contiguous, disjoint, in order."""
     device_memory_per_group_bytes: int
@@ -250,7 +260,7 @@ class Plan(ApiModel):
     buckets: list[list[int]]
     """Input-shape buckets, one compiled model each (empty: one model)."""
     compiler_args: list[str]
-    """Neuron compiler arguments, also given to serving processes in NEURON_CC_FLAGS."""
+    """Arguments of the plan's compiler (planned flags, then compile.extraArgs), also given to serving processes in NEURON_CC_FLAGS."""
     threads_per_process: int
     """Request threads per serving process."""
     env: list[dict[str, str]]

@@ -1,35 +1,79 @@
 """The Neuron hardware catalogue: what each family's chips and instances hold.
 
-Every number here traces to ``shared/inferentia-facts.md`` (seeds 003 and 004 for
-inf1, the AWS Neuron architecture pages for the other families).
+Sources (public AWS Neuron documentation):
+- chips, cores and memory: the architecture pages for Inferentia
+  (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/arch/neuron-hardware/inferentia.html),
+  Inferentia2 (.../inferentia2.html), Trainium (.../trainium.html) and Trainium2 (.../trainium2.html);
+- compilers: ``neuron-cc`` is the Inf1 compiler
+  (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/compiler/neuron-cc/command-line-reference.html),
+  ``neuronx-cc`` the compiler of Inf2, Trn1 and Trn2
+  (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/compiler/neuronx-cc/api-reference-guide/neuron-compiler-cli-reference-guide.html);
+- logical NeuronCores (LNC): only Trainium2 groups physical cores, 1 or 2 to a logical
+  core, 2 by default; Trn1 (and Inf2) support only LNC=1, compiler error NCC_EARG001
+  (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-features/logical-neuroncore-config.html,
+  https://awsdocs-neuron.readthedocs-hosted.com/en/latest/compiler/error-codes/EARG001.html);
+- trn1 containers may use 1, 4, 8 or 16 devices (the Neuron scheduler extension,
+  https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/k8s-neuron-scheduler.html);
+- trn1's runtime loads collectives only on 1, 2, 8, 16 or a multiple of 32 cores
+  ("Unsupported topology", huggingface/optimum-neuron#619).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 GIB = 1024**3
 
-# Kubernetes names the device plugin and the Neuron node groups use.
+# Kubernetes names the device plugin and the Neuron node groups use
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/kubernetes-getting-started.html).
 NEURON_RESOURCE = "aws.amazon.com/neuron"
+NEURONCORE_RESOURCE = "aws.amazon.com/neuroncore"
 HUGEPAGES_RESOURCE = "hugepages-2Mi"
-HUGEPAGES_PER_CHIP_MI = 256  # 128 pages of 2 MiB per chip (Cortex)
+HUGEPAGES_PER_CHIP_MI = 256  # 128 pages of 2 MiB per chip, as Cortex requests them
 NEURON_TAINT_KEY = "aws.amazon.com/neuron"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+
+Compiler = Literal["neuron-cc", "neuronx-cc"]
 
 
 @dataclass(frozen=True)
 class Family:
     name: str
-    cores_per_chip: int
+    physical_cores_per_chip: int
     memory_per_chip_bytes: int
     instance_chips: dict[str, int]  # instance type -> chips, smallest first
+    compiler: Compiler
+    # Physical cores per logical core the family supports; the first is the default.
+    lnc_values: tuple[int, ...] = (1,)
     # Device counts a single container may ask for, where the platform restricts them.
     allowed_chip_counts: tuple[int, ...] | None = None
+    # Core counts a tensor-parallel group may have, where the runtime restricts them
+    # (besides these, any multiple of tensor_parallel_multiple).
+    tensor_parallel_sizes: tuple[int, ...] | None = None
+    tensor_parallel_multiple: int | None = None
 
     @property
-    def memory_per_core_bytes(self) -> int:
-        return self.memory_per_chip_bytes // self.cores_per_chip
+    def default_lnc(self) -> int:
+        return self.lnc_values[0]
+
+    @property
+    def neuronx(self) -> bool:
+        """Neuron 2.x families: neuronx-cc, logical cores, tensor-parallel groups."""
+        return self.compiler == "neuronx-cc"
+
+    def cores_per_chip(self, lnc: int) -> int:
+        """Logical NeuronCores one chip shows at this LNC (physical cores on inf1, inf2, trn1)."""
+        return self.physical_cores_per_chip // lnc
+
+    def memory_per_core_bytes(self, lnc: int) -> int:
+        return self.memory_per_chip_bytes // self.cores_per_chip(lnc)
+
+    def tensor_parallel_ok(self, cores: int) -> bool:
+        if self.tensor_parallel_sizes is None:
+            return True
+        multiple = self.tensor_parallel_multiple
+        return cores in self.tensor_parallel_sizes or bool(multiple and cores % multiple == 0)
 
     @property
     def largest_instance(self) -> tuple[str, int]:
@@ -45,40 +89,51 @@ FAMILIES: dict[str, Family] = {
     for f in (
         Family(
             "inf1",
-            cores_per_chip=4,
+            physical_cores_per_chip=4,
             memory_per_chip_bytes=8 * GIB,
             instance_chips={"inf1.xlarge": 1, "inf1.2xlarge": 1, "inf1.6xlarge": 4, "inf1.24xlarge": 16},
+            compiler="neuron-cc",
         ),
         Family(
             "inf2",
-            cores_per_chip=2,
+            physical_cores_per_chip=2,
             memory_per_chip_bytes=32 * GIB,
             instance_chips={"inf2.xlarge": 1, "inf2.8xlarge": 1, "inf2.24xlarge": 6, "inf2.48xlarge": 12},
+            compiler="neuronx-cc",
         ),
         Family(
             "trn1",
-            cores_per_chip=2,
+            physical_cores_per_chip=2,
             memory_per_chip_bytes=32 * GIB,
             instance_chips={"trn1.2xlarge": 1, "trn1.32xlarge": 16},
+            compiler="neuronx-cc",
             allowed_chip_counts=(1, 4, 8, 16),
+            tensor_parallel_sizes=(1, 2, 8, 16),
+            tensor_parallel_multiple=32,
         ),
         Family(
             "trn2",
-            cores_per_chip=8,
+            physical_cores_per_chip=8,
             memory_per_chip_bytes=96 * GIB,
             instance_chips={"trn2.48xlarge": 16},
+            compiler="neuronx-cc",
+            lnc_values=(2, 1),  # LNC=2 is Trainium2's default
         ),
     )
 }
 
 FAMILY_NAMES: tuple[str, ...] = tuple(FAMILIES)
+LNC_CHOICES: tuple[int, ...] = tuple(sorted({v for f in FAMILIES.values() for v in f.lnc_values}))
 
-# Seed 003 bounds bucketed models per NeuronCore by round(10^9 / weights) on inf1,
-# whose cores hold 2 GiB each. Other families' cores hold more; the bound scales
-# with per-core memory so that inf1 keeps exactly the seed's formula.
+# The bucketing application note bounds bucketed models per NeuronCore by
+# round(10^9 / weights) on inf1, whose cores hold 2 GiB each
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/appnotes/torch-neuron/bucketing-app-note.html).
+# Other families' cores hold more; the bound scales with the memory of one (logical)
+# core so that inf1 keeps exactly the note's formula.
 BUCKET_BUDGET_PER_INF1_CORE = 10**9
 
 
-def bucket_budget_per_core(family: Family) -> int:
+def bucket_budget_per_core(family: Family, lnc: int) -> int:
     """The numerator N of round(N / weights): bucketed models one core holds."""
-    return BUCKET_BUDGET_PER_INF1_CORE * family.memory_per_core_bytes // FAMILIES["inf1"].memory_per_core_bytes
+    inf1 = FAMILIES["inf1"]
+    return BUCKET_BUDGET_PER_INF1_CORE * family.memory_per_core_bytes(lnc) // inf1.memory_per_core_bytes(1)

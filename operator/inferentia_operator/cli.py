@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from .children import Model, desired_objects, plan_document
 from .crd import crd_yaml
 from .documents import Loaded, ModelDocument, load_models
 from .planner import plan
@@ -47,7 +48,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def plan_record(doc: ModelDocument) -> dict[str, Any]:
     assert doc.spec is not None
-    return {"name": doc.name, "namespace": doc.namespace, **plan(doc.spec).model_dump(by_alias=True, mode="json")}
+    return {"name": doc.name, "namespace": doc.namespace, **plan_document(plan(doc.spec))}
 
 
 def _table(records: list[dict[str, Any]]) -> str:
@@ -55,7 +56,9 @@ def _table(records: list[dict[str, Any]]) -> str:
         ("NAMESPACE", lambda r: r["namespace"]),
         ("NAME", lambda r: r["name"]),
         ("FAMILY", lambda r: r["family"]),
+        ("COMPILER", lambda r: r["compiler"]),
         ("CHIPS", lambda r: r["chips"]),
+        ("LNC", lambda r: r.get("lnc", "-")),
         ("CORES", lambda r: r["totalCores"]),
         ("GROUPS", lambda r: r["groups"]),
         ("NCG", lambda r: r["groupSize"]),
@@ -86,6 +89,42 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return _exit_code(loaded)
 
 
+# render has no cluster to ask for the model's uid; the owner references carry this one.
+PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
+
+
+def rendered_objects(doc: ModelDocument) -> list[dict[str, Any]]:
+    """The objects the operator would apply for a valid model, from the operator's own builders."""
+    assert doc.spec is not None
+    return desired_objects(Model(doc.name, doc.namespace, PLACEHOLDER_UID, doc.spec, plan(doc.spec)))
+
+
+class _ReviewDumper(yaml.SafeDumper):
+    """Multi-line strings (plan.json, env files, launch.sh) as literal blocks, readable in a diff."""
+
+
+_ReviewDumper.add_representer(
+    str,
+    lambda dumper, text: dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None),
+)
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    loaded = _load(args.paths)
+    objects = []
+    for doc in loaded.models:
+        if doc.valid:
+            objects += rendered_objects(doc)
+        else:
+            for finding in doc.findings:
+                print(f"{doc.key}: {finding}", file=sys.stderr)
+    if args.output == "json":
+        print(json.dumps(objects, indent=2))
+    elif objects:
+        print(yaml.dump_all(objects, Dumper=_ReviewDumper, sort_keys=False), end="")
+    return _exit_code(loaded)
+
+
 def cmd_crd(args: argparse.Namespace) -> int:
     print(crd_yaml(), end="")
     return EXIT_OK
@@ -112,6 +151,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="*", metavar="PATH")
     p.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
     p.set_defaults(func=cmd_plan)
+
+    r = sub.add_parser(
+        "render",
+        help="print the objects the operator would apply for each InferentiaModel (plan ConfigMap, compile Job, Deployment, Service)",
+    )
+    r.add_argument("paths", nargs="*", metavar="PATH")
+    r.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+    r.set_defaults(func=cmd_render)
 
     c = sub.add_parser("crd", help="print the InferentiaModel CustomResourceDefinition")
     c.set_defaults(func=cmd_crd)

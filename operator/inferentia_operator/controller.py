@@ -16,7 +16,8 @@ from typing import Any
 import kopf
 
 from . import api, children, conditions
-from .children import MODEL_LABEL, Model
+from .children import Model
+from .names import FIELD_MANAGER, MANAGED_BY_LABEL, MODEL_LABEL
 from .drift import applied
 from .kube import Kube, TransientError
 from .planner import plan as make_plan
@@ -87,7 +88,7 @@ def _reconcile(kube: Kube, body: dict[str, Any], emit: EventSink) -> dict[str, A
     conds = conditions.conditions(valid=True, invalid_message="", compiled=compiled, rollout=rollout, observed=observed)
     status = {
         **_counts(rollout, children.selector_string(m)),
-        "plan": plan.model_dump(by_alias=True, mode="json"),
+        "plan": children.plan_document(plan),
         "compileJob": job_body["metadata"]["name"] if job_body else None,
         "compiledUri": children.compiled_uri(m) if job_body else None,
     }
@@ -197,7 +198,7 @@ def register(registry: kopf.OperatorRegistry, kube: Callable[[], Kube], resync_s
         except TransientError as exc:
             logger.warning("reconcile of %s/%s after a child's change will be retried by the resync: %s", namespace, owner, exc)
 
-    managed = {"app.kubernetes.io/managed-by": children.FIELD_MANAGER}
+    managed = {MANAGED_BY_LABEL: FIELD_MANAGER}
     for group, version, plural in (
         ("apps", "v1", "deployments"),
         ("batch", "v1", "jobs"),

@@ -17,7 +17,7 @@ import kubernetes
 import urllib3
 
 from . import api
-from .children import FIELD_MANAGER
+from .names import FIELD_MANAGER
 
 log = logging.getLogger(__name__)
 

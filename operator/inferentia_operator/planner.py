@@ -1,8 +1,18 @@
 """The planner: a pure function from a valid spec to the Plan the operator applies.
 
-Nothing here talks to Kubernetes. Sources: seed 004 (groups, one model each,
-compile for the group size), seeds 000 and 001 (compiler flags, static weights,
-NEURON_MAX_NUM_INFERS), seed 003 (bucket bound), and the hardware catalogue.
+Nothing here talks to Kubernetes. Sources (public documentation):
+- groups, one model each, compiled for the group size: Cortex's "Using Inferentia"
+  (https://github.com/cortexlabs/cortex/blob/master/docs/deployments/inferentia.md) and the Neuron
+  runtime's NeuronCore allocation
+  (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/guides/configuration-guide.html);
+- neuron-cc flags, static weights and NEURON_MAX_NUM_INFERS: the Neuron batching tech
+  note and performance-tuning application note
+  (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-features/neuroncore-batching.html,
+  https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/appnotes/perf/neuron-cc/performance-tuning.html);
+- neuronx-cc flags: its CLI reference and the mixed-precision application note
+  (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/compiler/neuronx-cc/api-reference-guide/neuron-compiler-cli-reference-guide.html,
+  https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/appnotes/neuronx-cc/neuronx-cc-training-mixed-precision.html);
+- logical cores: https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-features/logical-neuroncore-config.html
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ from .catalogue import (
     NEURON_RESOURCE,
     Family,
 )
-from .rules import Finding, bytes_per_weight, check_spec, errors
+from .rules import Finding, bytes_per_weight, check_spec, errors, lnc_of
 
 
 class InvalidSpec(ValueError):
@@ -36,28 +46,82 @@ def chips_touched(first_core: int, count: int, cores_per_chip: int) -> int:
 
 
 def static_weights_on(spec: InferentiaModelSpec, fam: Family, group_size: int) -> bool:
-    """true and false mean what they say; auto is on exactly when the weights are known to fit the group's share."""
+    """neuron-cc only. true and false mean what they say; auto is on exactly when the
+    weights are known to fit the group's share."""
+    if fam.neuronx:
+        return False  # neuronx-cc has no --static-weights
     choice = spec.compile.static_weights
     if isinstance(choice, bool):
         return choice
     weights = spec.model.weights
     if weights is None:
         return False
-    return weights * bytes_per_weight(spec.model.precision) <= group_size * fam.memory_per_core_bytes
+    return weights * bytes_per_weight(spec.model.precision) <= group_size * fam.memory_per_core_bytes(1)
 
 
-def compiler_args(spec: InferentiaModelSpec, group_size: int, static_weights: bool) -> list[str]:
+def neuron_cc_args(spec: InferentiaModelSpec, group_size: int, static_weights: bool) -> list[str]:
+    """The Inf1 compiler's flags: pipeline cores, the CNN batching flags, static weights, mixed precision."""
     args = ["--neuroncore-pipeline-cores", str(group_size)]
     b = spec.compile.batch_size
     if spec.model.architecture == "cnn" and b > 1:
-        # Seed 000: the CNN batching flags, with the state-buffer size (b + 6) * 10.
+        # The batching tech note's CNN flags, with the state-buffer size (b + 6) * 10.
         args += ["--batching_en", "--rematerialization_en", "--spill_dis", "--sb_size", str((b + 6) * 10)]
         args += ["--enable-replication", "True"]
     if static_weights:
         args.append("--static-weights")
     if spec.model.precision == "mixed":
         args.append("--fp32-cast=matmult")
-    return args + list(spec.compile.extra_args or [])
+    return args
+
+
+# neuronx-cc casts fp32 matrix multiplications to bf16 unless told otherwise, so every
+# precision is spelled out: fp32 keeps fp32, fp16 and bf16 cast everything to that type,
+# mixed casts matrix multiplications only.
+AUTO_CAST = {
+    "fp32": ["--auto-cast", "none"],
+    "fp16": ["--auto-cast", "all", "--auto-cast-type", "fp16"],
+    "bf16": ["--auto-cast", "all", "--auto-cast-type", "bf16"],
+    "mixed": ["--auto-cast", "matmult", "--auto-cast-type", "bf16"],
+}
+
+
+def neuronx_cc_args(spec: InferentiaModelSpec, fam: Family, lnc: int) -> list[str]:
+    """The Neuron 2.x compiler's flags: target, precision, model type, and the LNC on families that have one."""
+    args = ["--target", fam.name, *AUTO_CAST[spec.model.precision]]
+    if spec.model.architecture == "transformer":
+        args += ["--model-type", "transformer"]
+    if len(fam.lnc_values) > 1:
+        # Must match the runtime's NEURON_LOGICAL_NC_CONFIG: the runtime refuses a mismatch.
+        args += ["--lnc", str(lnc)]
+    return args
+
+
+def compiler_args(spec: InferentiaModelSpec, fam: Family, lnc: int, group_size: int, static_weights: bool) -> list[str]:
+    planned = neuronx_cc_args(spec, fam, lnc) if fam.neuronx else neuron_cc_args(spec, group_size, static_weights)
+    return planned + list(spec.compile.extra_args or [])
+
+
+def process_env(fam: Family, lnc: int, cores: str, size: int, args: list[str], index: int, threads: int) -> dict[str, str]:
+    """The runtime environment of one serving process."""
+    if not fam.neuronx:
+        return {
+            "NEURON_RT_VISIBLE_CORES": cores,
+            "NEURON_RT_NUM_CORES": str(size),
+            "NEURONCORE_GROUP_SIZES": str(size),  # Inf1's older runtimes read this instead
+            "NEURON_MAX_NUM_INFERS": str(size + 3),  # the tuning note: the default outstanding inferences, cores + 3
+            "NEURON_CC_FLAGS": " ".join(args),
+            "INFERENTIA_PROCESS_INDEX": str(index),
+            "INFERENTIA_THREADS": str(threads),
+        }
+    return {
+        "NEURON_RT_VISIBLE_CORES": cores,  # logical core indices
+        "NEURON_RT_NUM_CORES": str(size),
+        "NEURON_LOGICAL_NC_CONFIG": str(lnc),
+        "NEURON_CC_FLAGS": " ".join(args),
+        "INFERENTIA_TENSOR_PARALLEL_SIZE": str(size),
+        "INFERENTIA_PROCESS_INDEX": str(index),
+        "INFERENTIA_THREADS": str(threads),
+    }
 
 
 def plan(spec: InferentiaModelSpec) -> Plan:
@@ -67,32 +131,21 @@ def plan(spec: InferentiaModelSpec) -> Plan:
         raise InvalidSpec(findings)
 
     fam = FAMILIES[spec.compute.family]
+    lnc = lnc_of(spec, fam)
+    per_chip = fam.cores_per_chip(lnc)
     chips = spec.compute.inf
-    total = fam.cores_per_chip * chips
+    total = per_chip * chips
     groups = spec.processes_per_replica
     size = total // groups
     # Contiguous groups from core 0: when a group fits in one chip it never crosses
     # a chip boundary, and multi-chip groups start on a chip boundary.
     firsts = [i * size for i in range(groups)]
     visible = [core_range(first, size) for first in firsts]
-    seen = max(chips_touched(first, size, fam.cores_per_chip) for first in firsts) * fam.memory_per_chip_bytes
+    seen = max(chips_touched(first, size, per_chip) for first in firsts) * fam.memory_per_chip_bytes
     static = static_weights_on(spec, fam, size)
-    args = compiler_args(spec, size, static)
-    max_infers = size + 3  # seed 001: the runtime's default outstanding inferences, cores + 3
-    threads = spec.serving.threads_per_process or max_infers
-
-    env = [
-        {
-            "NEURON_RT_VISIBLE_CORES": cores,
-            "NEURON_RT_NUM_CORES": str(size),
-            "NEURONCORE_GROUP_SIZES": str(size),  # older runtimes read this instead
-            "NEURON_MAX_NUM_INFERS": str(max_infers),
-            "NEURON_CC_FLAGS": " ".join(args),
-            "INFERENTIA_PROCESS_INDEX": str(index),
-            "INFERENTIA_THREADS": str(threads),
-        }
-        for index, cores in enumerate(visible)
-    ]
+    args = compiler_args(spec, fam, lnc, size, static)
+    threads = spec.serving.threads_per_process or size + 3  # every outstanding inference gets a thread
+    env = [process_env(fam, lnc, cores, size, args, index, threads) for index, cores in enumerate(visible)]
 
     hugepages = f"{HUGEPAGES_PER_CHIP_MI * chips}Mi"
     resources = ResourceList(
@@ -115,14 +168,17 @@ def plan(spec: InferentiaModelSpec) -> Plan:
 
     return Plan(
         family=fam.name,
+        compiler=fam.compiler,
+        lnc=lnc if fam.neuronx else None,
         chips=chips,
-        cores_per_chip=fam.cores_per_chip,
+        cores_per_chip=per_chip,
         total_cores=total,
         group_size=size,
         groups=groups,
+        tensor_parallel_size=size if fam.neuronx else None,
         visible_cores=visible,
         device_memory_per_group_bytes=seen,
-        device_memory_share_per_group_bytes=size * fam.memory_per_core_bytes,
+        device_memory_share_per_group_bytes=size * fam.memory_per_core_bytes(lnc),
         static_weights=static,
         batch_size=spec.compile.batch_size,
         dynamic_batch_size=spec.compile.dynamic_batch_size,

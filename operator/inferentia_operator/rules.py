@@ -56,9 +56,32 @@ def bytes_per_weight(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
-def max_buckets_per_group(family: Family, group_size: int, weights: int) -> int:
-    """Seed 003: round(10^9 / weights) bucketed models per NeuronCore (scaled for non-inf1 cores)."""
-    return group_size * round_half_up_div(bucket_budget_per_core(family), weights)
+def lnc_of(spec: InferentiaModelSpec, family: Family) -> int:
+    """The spec's logical NeuronCore configuration, or the family's default."""
+    return spec.compute.lnc if spec.compute.lnc is not None else family.default_lnc
+
+
+def replica_cores(spec: InferentiaModelSpec, family: Family) -> int:
+    """The replica's NeuronCores, in logical cores."""
+    return family.cores_per_chip(lnc_of(spec, family)) * spec.compute.inf
+
+
+def group_size_of(spec: InferentiaModelSpec, family: Family) -> int | None:
+    """The cores of one group, or None when the spec has no valid group size to check against."""
+    lnc, cores = lnc_of(spec, family), replica_cores(spec, family)
+    if spec.compute.inf > family.max_chips or lnc not in family.lnc_values or cores % spec.processes_per_replica:
+        return None
+    return cores // spec.processes_per_replica
+
+
+def max_buckets_per_group(family: Family, lnc: int, group_size: int, weights: int) -> int:
+    """The bucketing note's round(10^9 / weights) bucketed models per NeuronCore (scaled for non-inf1 cores)."""
+    return group_size * round_half_up_div(bucket_budget_per_core(family, lnc), weights)
+
+
+def tensor_parallel_processes(family: Family, cores: int) -> list[int]:
+    """The processesPerReplica values whose groups the family's runtime can run tensor parallel."""
+    return [d for d in divisors(cores) if family.tensor_parallel_ok(cores // d)]
 
 
 def _format_list(values: list[Any]) -> str:
@@ -172,7 +195,11 @@ def _cel(value: Any) -> str:
 
 
 _FAM = list(FAMILIES.values())
-CEL_CORES = _cel({f.name: f.cores_per_chip for f in _FAM})
+_NEURON_CC = [f.name for f in _FAM if not f.neuronx]
+CEL_PHYSICAL_CORES = _cel({f.name: f.physical_cores_per_chip for f in _FAM})
+CEL_DEFAULT_LNC = _cel({f.name: f.default_lnc for f in _FAM})
+CEL_LNC_VALUES = _cel({f.name: list(f.lnc_values) for f in _FAM})
+CEL_LNC_TEXT = _cel({f.name: _format_list(sorted(f.lnc_values)) for f in _FAM})
 CEL_MAX = _cel({f.name: f.max_chips for f in _FAM})
 CEL_LARGEST = _cel({f.name: f.largest_instance[0] for f in _FAM})
 CEL_TYPES = _cel({f.name: list(f.instance_chips) for f in _FAM})
@@ -185,22 +212,39 @@ CEL_LARGE_ENOUGH_TEXT = _cel(
     }
 )
 CEL_TYPE_CHIPS = _cel({t: c for f in _FAM for t, c in f.instance_chips.items()})
-CEL_BUCKET_BUDGET = _cel({f.name: bucket_budget_per_core(f) for f in _FAM})
-# The valid processesPerReplica of every core count a valid inf gives, as text.
+CEL_BUCKET_BUDGET = _cel({f.name: {lnc: bucket_budget_per_core(f, lnc) for lnc in f.lnc_values} for f in _FAM})
+# The valid processesPerReplica of every core count a valid inf and lnc give, as text.
 CEL_DIVISORS = _cel(
     {
         cores: _format_list(divisors(cores))
-        for cores in sorted({f.cores_per_chip * inf for f in _FAM for inf in range(1, f.max_chips + 1)})
+        for cores in sorted(
+            {f.cores_per_chip(lnc) * inf for f in _FAM for lnc in f.lnc_values for inf in range(1, f.max_chips + 1)}
+        )
+    }
+)
+# Families whose runtime restricts tensor-parallel group sizes (trn1): for every core
+# count, the processesPerReplica values whose groups it can run, as text.
+_TP_RESTRICTED = [f for f in _FAM if f.tensor_parallel_sizes is not None]
+CEL_TP_PROCESSES_TEXT = _cel(
+    {
+        f.name: {
+            f.cores_per_chip(lnc) * inf: _format_list(tensor_parallel_processes(f, f.cores_per_chip(lnc) * inf))
+            for lnc in f.lnc_values
+            for inf in range(1, f.max_chips + 1)
+        }
+        for f in _TP_RESTRICTED
     }
 )
 
 # CEL fragments over the spec (self = spec).
 _fam, _inf, _p, _w = "self.compute.family", "self.compute.inf", "self.processesPerReplica", "self.model.weights"
-_cores = f"({CEL_CORES}[{_fam}] * {_inf})"
-_fits_family = f"{_inf} <= {CEL_MAX}[{_fam}]"
+_lnc = f"(has(self.compute.lnc) ? self.compute.lnc : {CEL_DEFAULT_LNC}[{_fam}])"
+_cores = f"({CEL_PHYSICAL_CORES}[{_fam}] / {_lnc} * {_inf})"
+# Only where inf fits the family and lnc is one it supports is there a core count to divide.
+_fits_family = f"{_inf} <= {CEL_MAX}[{_fam}] && {_lnc} in {CEL_LNC_VALUES}[{_fam}]"
 _divides = f"{_cores} % {_p} == 0"
 _group = f"({_cores} / {_p})"
-_budget = f"{CEL_BUCKET_BUDGET}[{_fam}]"
+_budget = f"{CEL_BUCKET_BUDGET}[{_fam}][{_lnc}]"
 _bound = f"({_group} * ((2 * {_budget} + {_w}) / (2 * {_w})))"  # round_half_up_div in integers
 
 # The model's name is carried by its children: the Service (a DNS-1035 label) and the
@@ -275,6 +319,16 @@ SMALL_INSTANCE_TYPES = CrossFieldRule(
     ("self.inf", "self.family", "self.inf", f"{CEL_LARGE_ENOUGH_TEXT}[self.family][self.inf]"),
 )
 
+# Logical NeuronCores: trn2 groups 1 or 2 physical cores into a logical one; every other
+# family only 1 (NCC_EARG001).
+LNC_VALUE = CrossFieldRule(
+    "spec.compute.lnc",
+    "spec.compute",
+    "%d is not supported on %s; valid values are %s",
+    f"!has(self.lnc) || self.lnc in {CEL_LNC_VALUES}[self.family]",
+    ("self.lnc", "self.family", f"{CEL_LNC_TEXT}[self.family]"),
+)
+
 # Rule 3: the processes share the replica's NeuronCores evenly (an oversized inf is rule 2's).
 DIVISIBLE = CrossFieldRule(
     "spec.processesPerReplica",
@@ -284,14 +338,43 @@ DIVISIBLE = CrossFieldRule(
     (_inf, _fam, f"({_inf} == 1 ? 'chip' : 'chips')", _cores, _p, f"{CEL_DIVISORS}[{_cores}]"),
 )
 
-# Rule 4: CNN batch limits (seed 000).
+# Tensor-parallel groups on trn1: its runtime loads collectives only on 1, 2, 8, 16 or a
+# multiple of 32 cores ("Unsupported topology", huggingface/optimum-neuron#619).
+TENSOR_PARALLEL_GROUP = {
+    f.name: CrossFieldRule(
+        "spec.processesPerReplica",
+        "spec",
+        f"a {f.name} group of %d NeuronCores cannot run one model tensor parallel: the runtime loads collectives "
+        f"only on {_format_list(list(f.tensor_parallel_sizes or ()))} or a multiple of {f.tensor_parallel_multiple} "
+        "cores (huggingface/optimum-neuron#619); valid values for %d chips are %s",
+        f"{_fam} != {_cel(f.name)} || !({_fits_family} && {_divides})"
+        f" || {_group} in {_cel(list(f.tensor_parallel_sizes or ()))} || {_group} % {f.tensor_parallel_multiple} == 0",
+        (_group, _inf, f"{CEL_TP_PROCESSES_TEXT}[{_cel(f.name)}][{_cores}]"),
+    )
+    for f in _TP_RESTRICTED
+}
+
+# The vLLM preset: vLLM on Neuron runs on NxD Inference, which supports inf2, trn1 and trn2
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/vllm/index.html).
+VLLM_FAMILY = CrossFieldRule(
+    "spec.serving.runtime",
+    "spec",
+    "vllm does not run on %s: vLLM on Neuron is built on NxD Inference, which supports inf2, trn1 and trn2 only; "
+    "valid values on %s are custom",
+    f"!has(self.serving.runtime) || self.serving.runtime != 'vllm' || !({_fam} in {_cel(_NEURON_CC)})",
+    (_fam, _fam),
+)
+
+# Rule 4: CNN batch limits of neuron-cc, the Inf1 compiler (the Neuron batching tech note,
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-features/neuroncore-batching.html).
 FP16_CNN_MAX_BATCH = 5
 FP32_CNN_BATCH = CrossFieldRule(
     "spec.compile.batchSize",
     "spec",
     "a CNN in fp32 compiles only at batch size 1, got %d; valid values are 1 "
     f"(or use precision fp16 for batch sizes up to {FP16_CNN_MAX_BATCH})",
-    "!(self.model.architecture == 'cnn' && self.model.precision == 'fp32' && self.compile.batchSize > 1)",
+    f"!({_fam} in {_cel(_NEURON_CC)} && self.model.architecture == 'cnn' && self.model.precision == 'fp32'"
+    " && self.compile.batchSize > 1)",
     ("self.compile.batchSize",),
 )
 
@@ -311,7 +394,8 @@ BUCKET_DUPLICATE = CrossFieldRule(
     ("self.buckets.filter(a, !self.buckets.exists_one(b, b == a))[0]",),
 )
 
-# Rule 5: how many buckets the weights allow (seed 003).
+# Rule 5: how many buckets the weights allow (the bucketing application note,
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/appnotes/torch-neuron/bucketing-app-note.html).
 BUCKET_BOUND = CrossFieldRule(
     "spec.compile.buckets",
     "spec",
@@ -337,7 +421,10 @@ CEL_RULES: list[CrossFieldRule] = [
     *ALLOWED_CHIPS.values(),
     UNKNOWN_INSTANCE_TYPE,
     SMALL_INSTANCE_TYPES,
+    LNC_VALUE,
     DIVISIBLE,
+    *TENSOR_PARALLEL_GROUP.values(),
+    VLLM_FAMILY,
     FP32_CNN_BATCH,
     BUCKET_DIMENSIONS,
     BUCKET_DUPLICATE,
@@ -376,19 +463,55 @@ def _check_instance_types(spec: InferentiaModelSpec, fam: Family) -> list[Findin
     return [SMALL_INSTANCE_TYPES.finding(inf, fam.name, inf, _format_list(large_enough))]
 
 
+def _check_lnc(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    lnc = spec.compute.lnc
+    if lnc is None or lnc in fam.lnc_values:
+        return []
+    return [LNC_VALUE.finding(lnc, fam.name, _format_list(sorted(fam.lnc_values)))]
+
+
 def _check_divisibility(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     inf, p = spec.compute.inf, spec.processes_per_replica
-    cores = fam.cores_per_chip * inf
-    if inf > fam.max_chips or cores % p == 0:
+    cores = replica_cores(spec, fam)
+    if inf > fam.max_chips or lnc_of(spec, fam) not in fam.lnc_values or cores % p == 0:
         return []
     chips = "chip" if inf == 1 else "chips"
     return [DIVISIBLE.finding(inf, fam.name, chips, cores, p, _format_list(divisors(cores)))]
 
 
+def _check_tensor_parallel(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    group = group_size_of(spec, fam)
+    if group is None or fam.name not in TENSOR_PARALLEL_GROUP or fam.tensor_parallel_ok(group):
+        return []
+    cores = replica_cores(spec, fam)
+    valid = _format_list(tensor_parallel_processes(fam, cores))
+    return [TENSOR_PARALLEL_GROUP[fam.name].finding(group, spec.compute.inf, valid)]
+
+
+def _check_runtime(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    if spec.serving.runtime == "vllm" and not fam.neuronx:
+        return [VLLM_FAMILY.finding(fam.name, fam.name)]
+    return []
+
+
+def _check_neuron_cc_options(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    """Options that only neuron-cc (inf1) has: set on a neuronx-cc family, they mean nothing."""
+    if not fam.neuronx or isinstance(spec.compile.static_weights, str):
+        return []
+    return [
+        Finding(
+            "spec.compile.staticWeights",
+            f"{str(spec.compile.static_weights).lower()} has no effect on {fam.name}: static weights are a neuron-cc "
+            "(inf1) option, and neuronx-cc has no --static-weights; remove it or leave it at auto",
+            "warning",
+        )
+    ]
+
+
 def _check_cnn_batch(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     model, b = spec.model, spec.compile.batch_size
-    if model.architecture != "cnn" or b <= 1:
-        return []
+    if fam.neuronx or model.architecture != "cnn" or b <= 1:
+        return []  # the CNN batch limits are neuron-cc's
     if model.precision == "fp32":
         return [FP32_CNN_BATCH.finding(b)]
     if model.precision == "fp16" and b > FP16_CNN_MAX_BATCH:
@@ -415,14 +538,12 @@ def _check_bucket_shapes(spec: InferentiaModelSpec, fam: Family) -> list[Finding
 
 
 def _check_weights(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
-    inf, p, weights = spec.compute.inf, spec.processes_per_replica, spec.model.weights
-    cores = fam.cores_per_chip * inf
-    if inf > fam.max_chips or cores % p:
+    weights, lnc, group = spec.model.weights, lnc_of(spec, fam), group_size_of(spec, fam)
+    if group is None:
         return []  # no group size to check against
-    group = cores // p
     found = []
     if weights is None:
-        if spec.compile.static_weights is True:
+        if spec.compile.static_weights is True and not fam.neuronx:
             found.append(
                 Finding(
                     "spec.compile.staticWeights",
@@ -433,12 +554,12 @@ def _check_weights(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
             )
         return found
     buckets = spec.compile.buckets or []
-    bound = max_buckets_per_group(fam, group, weights)
+    bound = max_buckets_per_group(fam, lnc, group, weights)
     if buckets and len(buckets) > bound:
-        found.append(BUCKET_BOUND.finding(len(buckets), group, bound, weights, bucket_budget_per_core(fam)))
+        found.append(BUCKET_BOUND.finding(len(buckets), group, bound, weights, bucket_budget_per_core(fam, lnc)))
     need = weights * bytes_per_weight(spec.model.precision)
-    share = group * fam.memory_per_core_bytes
-    if spec.compile.static_weights is True and need > share:
+    share = group * fam.memory_per_core_bytes(lnc)
+    if spec.compile.static_weights is True and need > share and not fam.neuronx:
         found.append(
             Finding(
                 "spec.compile.staticWeights",
@@ -450,19 +571,18 @@ def _check_weights(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
 
 # Warnings only: allowed, but probably not what the user wants.
 def _check_advice(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
-    inf, p = spec.compute.inf, spec.processes_per_replica
-    cores = fam.cores_per_chip * inf
-    if inf > fam.max_chips or cores % p:
+    p, group = spec.processes_per_replica, group_size_of(spec, fam)
+    if group is None:
         return []
-    group = cores // p
+    cores, per_chip = replica_cores(spec, fam), fam.cores_per_chip(lnc_of(spec, fam))
     found = []
-    if group < fam.cores_per_chip and fam.cores_per_chip % group or group > fam.cores_per_chip and group % fam.cores_per_chip:
+    if group < per_chip and per_chip % group or group > per_chip and group % per_chip:
         found.append(
             Finding(
                 "spec.processesPerReplica",
-                f"groups of {group} NeuronCores straddle chip boundaries ({fam.cores_per_chip} cores per chip); "
+                f"groups of {group} NeuronCores straddle chip boundaries ({per_chip} cores per chip); "
                 f"values giving whole-chip or in-chip groups: "
-                f"{_format_list([d for d in divisors(cores) if (cores // d) % fam.cores_per_chip == 0 or fam.cores_per_chip % (cores // d) == 0])}",
+                f"{_format_list([d for d in divisors(cores) if (cores // d) % per_chip == 0 or per_chip % (cores // d) == 0])}",
                 "warning",
             )
         )
@@ -476,7 +596,13 @@ def _check_advice(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
             )
         )
     batching = spec.serving.batching
-    if batching and batching.max_batch_size > spec.compile.batch_size and not spec.compile.dynamic_batch_size:
+    # vLLM batches sequences itself (--max-num-seqs); the compiled batch size is not its limit.
+    if (
+        batching
+        and spec.serving.runtime != "vllm"
+        and batching.max_batch_size > spec.compile.batch_size
+        and not spec.compile.dynamic_batch_size
+    ):
         found.append(
             Finding(
                 "spec.serving.batching.maxBatchSize",
@@ -495,10 +621,11 @@ def _check_advice(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
             )
         )
     if spec.compile.optimize_for == "latency" and group == 1 and cores > 1:
+        how = "tensor parallel" if fam.neuronx else "NeuronCore pipeline"
         found.append(
             Finding(
                 "spec.processesPerReplica",
-                f"latency usually improves with larger groups (NeuronCore pipeline); {p} gives groups of 1 core",
+                f"latency usually improves with larger groups ({how}); {p} gives groups of 1 core",
                 "warning",
             )
         )
@@ -509,7 +636,11 @@ _CHECKS = (
     _check_fits_family,
     _check_allowed_chip_counts,
     _check_instance_types,
+    _check_lnc,
     _check_divisibility,
+    _check_tensor_parallel,
+    _check_runtime,
+    _check_neuron_cc_options,
     _check_cnn_batch,
     _check_bucket_shapes,
     _check_weights,

@@ -48,8 +48,12 @@ class Cluster:
     def get(self, *args: str) -> dict:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 
-    def neuron_capacity(self) -> list[int]:
+    def neuron_capacity(self, family: str | None = None) -> list[int]:
+        """Neuron chips per node, of one family's instance types when ``family`` is given."""
         nodes = self.get("nodes")["items"]
+        if family:
+            prefix = f"{family}."
+            nodes = [n for n in nodes if n["metadata"]["labels"].get("node.kubernetes.io/instance-type", "").startswith(prefix)]
         return sorted(int(n["status"].get("allocatable", {}).get("aws.amazon.com/neuron", 0)) for n in nodes)
 
 

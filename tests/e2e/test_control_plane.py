@@ -118,6 +118,14 @@ CEL_CASES = {
     "dimensions": make_spec(**{"compile.buckets": [[64], [128, 128]]}),
     "duplicate": make_spec(**{"compile.buckets": [[500, 500], [600, 600], [500, 500]]}),
     "bucket-bound": make_spec(**{"model.weights": 500_000_000, "processesPerReplica": 4, "compile.buckets": [[1], [2], [3]]}),
+    "lnc-trn1": make_spec(**{"compute.family": "trn1", "compute.lnc": 2}),
+    "lnc-trn2": make_spec(**{"compute.family": "trn2", "compute.lnc": 4}),
+    "trn2-lnc1-divisible": make_spec(**{"compute.family": "trn2", "compute.lnc": 1, "processesPerReplica": 3}),
+    "trn1-group-of-4": make_spec(**{"compute.family": "trn1", "compute.inf": 4, "processesPerReplica": 2}),
+    "vllm-inf1": make_spec(**{"serving.runtime": "vllm"}),
+    "fp32-cnn-inf2-ok-but-lnc": make_spec(
+        **{"compute.family": "inf2", "compute.lnc": 2, "model.architecture": "cnn", "model.precision": "fp32", "compile.batchSize": 2}
+    ),
 }
 
 

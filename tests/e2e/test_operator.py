@@ -202,7 +202,7 @@ def test_deleting_the_model_deletes_its_children(cluster, operator, namespace):
 
 
 def test_a_model_too_large_for_free_capacity_reports_scheduled_false(cluster, operator, namespace):
-    if sum(c >= 16 for c in cluster.neuron_capacity()) >= 2:
+    if sum(c >= 16 for c in cluster.neuron_capacity("inf1")) >= 2:
         pytest.skip("the cluster has room for two 16-chip replicas")
     apply_model(cluster, namespace, "huge", **{"compute.inf": 16, "replicas": 2})
     body = wait_condition(cluster, namespace, "huge", "Scheduled", "False", "Unschedulable")
@@ -350,3 +350,35 @@ def test_a_failed_compile_is_reported_and_the_previous_deployment_keeps_serving(
     assert after["spec"] == before["spec"] and after["metadata"]["generation"] == before["metadata"]["generation"]
     warnings = cluster.get("events", "-n", namespace, "--field-selector", "involvedObject.name=m,type=Warning")["items"]
     assert any(e["reason"] == "CompileFailed" for e in warnings)
+
+
+@pytest.mark.parametrize("sample", ["llama-inf2-vllm.yaml", "trn2-lnc2.yaml"])
+def test_neuron_2x_samples_reach_ready_with_the_planned_command(cluster, operator, namespace, sample):
+    """The vLLM preset on inf2 and logical cores on trn2, on the simulated fleet."""
+    from kit import ROOT
+
+    body = yaml.safe_load((ROOT / "manifests" / "samples" / sample).read_text())
+    body["metadata"]["namespace"] = namespace
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(body))
+    name = body["metadata"]["name"]
+    live_model = wait_ready(cluster, namespace, name, timeout=120)
+    m = model_of(live_model)
+    assert live_model["status"]["plan"]["compiler"] == "neuronx-cc"
+    assert live_model["status"]["plan"]["tensorParallelSize"] == m.plan.group_size
+    deployment = cluster.get("deployment", name, "-n", namespace)
+    assert applied(children.serving_deployment(m), deployment)
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["/bin/sh", "/etc/inferentia/launch.sh"]
+    if m.spec.serving.runtime == "vllm":
+        assert container["args"] == children.vllm_args(m)
+        assert container["args"][container["args"].index("--tensor-parallel-size") + 1] == "2"
+        assert container["startupProbe"]["httpGet"]["path"] == "/health"
+    else:
+        env = json.loads(cluster.get("configmap", children.plan_configmap_name(m), "-n", namespace)["data"]["plan.json"])["env"]
+        assert {e["NEURON_LOGICAL_NC_CONFIG"] for e in env} == {"2"}
+        assert cluster.get("job", children.compile_job_name(m), "-n", namespace)["spec"]["template"]["spec"]["containers"][0][
+            "args"
+        ][-2:] == ["--lnc", "2"]
+    [pod] = items(cluster, "pod", namespace, name)
+    node = cluster.get("node", pod["spec"]["nodeName"])
+    assert node["metadata"]["labels"]["node.kubernetes.io/instance-type"] in m.plan.instance_types
