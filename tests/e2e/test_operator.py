@@ -85,7 +85,7 @@ def test_a_model_is_compiled_scheduled_and_ready_with_children_matching_the_plan
         assert applied(desired[kind], live[kind]), f"the live {kind} differs from the plan"
     assert condition(live["job"], "Complete")["status"] == "True"
     status = body["status"]
-    assert status["plan"] == m.plan.model_dump(by_alias=True, mode="json")
+    assert status["plan"] == children.plan_document(m.plan)
     assert (status["replicas"], status["readyReplicas"], status["updatedReplicas"]) == (2, 2, 2)
     assert status["compileJob"] == children.compile_job_name(m)
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
@@ -379,6 +379,6 @@ def test_neuron_2x_samples_reach_ready_with_the_planned_command(cluster, operato
         assert cluster.get("job", children.compile_job_name(m), "-n", namespace)["spec"]["template"]["spec"]["containers"][0][
             "args"
         ][-2:] == ["--lnc", "2"]
-    [pod] = items(cluster, "pod", namespace, name)
+    [pod] = cluster.get("pod", "-n", namespace, "-l", children.selector_string(m))["items"]
     node = cluster.get("node", pod["spec"]["nodeName"])
     assert node["metadata"]["labels"]["node.kubernetes.io/instance-type"] in m.plan.instance_types
