@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CRD    := crds/inferentia.dev_inferentiamodels.yaml
 
-.PHONY: help test unit e2e venv controlplane cluster-up cluster-down crd manifests demo benchmark clean
+.PHONY: help test unit e2e lint venv controlplane cluster-up cluster-down crd manifests demo benchmark benchmark-scale clean
 HELM    = $(shell bash cluster/build.sh --print)/helm
 CHART   := charts/inferentia-operator
 
@@ -18,6 +18,8 @@ help:
 	@echo "make cluster-up    start the local control plane (kubeconfig: .cluster/kubeconfig)"
 	@echo "make cluster-down  stop it, and the demo operator"
 	@echo "make benchmark     print the performance figures (control-plane warm start, time to Ready, planner rate)"
+	@echo "make benchmark-scale [N=1000]  the reconcile core at scale, against the bare API (about 15 min at N=1000)"
+	@echo "make lint          ruff, as configured in pyproject.toml (make test runs it too)"
 	@echo "make crd           regenerate $(CRD) (and the chart's copy) from the pydantic models"
 	@echo "make manifests     regenerate manifests/*.yaml from the chart's default values"
 
@@ -53,6 +55,13 @@ demo: venv controlplane
 
 benchmark: venv controlplane
 	@$(BIN)/python cluster/benchmark.py
+
+N ?= 1000
+benchmark-scale: venv controlplane
+	@$(BIN)/python cluster/benchmark_scale.py --models $(N)
+
+lint: venv
+	$(BIN)/ruff check .
 
 crd: venv
 	$(BIN)/inferentia-operator crd > $(CRD)

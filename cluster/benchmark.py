@@ -48,7 +48,7 @@ def samples_to_ready() -> float:
         try:
             cluster.install_crds()
             operator = subprocess.Popen(
-                [sys.executable, "-m", "inferentia_operator", "run", "--liveness", ""],
+                [sys.executable, "-m", "inferentia_operator", "run", "--liveness", "", "--metrics-port", "0"],
                 env={"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin"},
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip

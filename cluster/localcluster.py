@@ -176,9 +176,12 @@ class LocalCluster:
 
     COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
-    def __init__(self, state_dir: Path = DEFAULT_STATE, fleet_file: Path = FLEET, die_with_parent: bool = False):
+    def __init__(
+        self, state_dir: Path = DEFAULT_STATE, fleet_file: Path = FLEET, die_with_parent: bool = False, audit_policy: str = AUDIT_POLICY
+    ):
         self.state = Path(state_dir).resolve()
         self.fleet_file = fleet_file
+        self.audit_policy = audit_policy
         self.die_with_parent = die_with_parent
         self.kubeconfig = self.state / "kubeconfig"
         self.state_file = self.state / "state.json"
@@ -193,19 +196,19 @@ class LocalCluster:
         self._save(pids=pids)
 
     def _save(self, **fields) -> None:
-        data = self._load()
+        data = self.recorded()
         data.update(fields)
         self.state_file.write_text(json.dumps(data, indent=2))
 
-    def _load(self) -> dict:
+    def recorded(self) -> dict:
         try:
             return json.loads(self.state_file.read_text())
         except (OSError, ValueError):
             return {}
 
     def running(self) -> bool:
-        pids = self._load().get("pids", {})
-        return bool(pids) and all(_alive(pid) for pid in pids.values())
+        pids = self.recorded().get("pids", {})
+        return bool(pids) and all(alive(pid) for pid in pids.values())
 
     # -- lifecycle -------------------------------------------------------------------------
     def up(self, timeout: float = 120.0) -> Path:
@@ -247,7 +250,7 @@ class LocalCluster:
         self._wait(f"{etcd_url}/health", deadline, "etcd", pids)
 
         server = f"https://127.0.0.1:{ports['apiserver']}"
-        (self.state / "audit-policy.yaml").write_text(AUDIT_POLICY)
+        (self.state / "audit-policy.yaml").write_text(self.audit_policy)
         self.audit_log.unlink(missing_ok=True)
         self._start(
             "kube-apiserver",
@@ -334,7 +337,7 @@ class LocalCluster:
         else:
             context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # health endpoints only
         while True:
-            if not _alive(pids[name]):
+            if not alive(pids[name]):
                 raise ClusterError(f"{name} exited during start: see {self.state / 'logs' / (name + '.log')}")
             try:
                 with urllib.request.urlopen(url, timeout=2, context=context) as reply:
@@ -348,7 +351,7 @@ class LocalCluster:
 
     def down(self, grace: float = 10.0) -> None:
         """Stops every component and waits until none runs; safe to call twice."""
-        stop_process_groups(list(self._load().get("pids", {}).values()), grace)
+        stop_process_groups(list(self.recorded().get("pids", {}).values()), grace)
         if self.state_file.exists():
             self._save(pids={})
         # The data and kubeconfig are throwaway; logs stay for a post-mortem.
@@ -389,7 +392,7 @@ class LocalCluster:
         self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
 
     def ports(self) -> dict[str, int]:
-        return self._load().get("ports", {})
+        return self.recorded().get("ports", {})
 
 
 def _run_or_fail(argv: list[str]) -> None:
@@ -398,7 +401,7 @@ def _run_or_fail(argv: list[str]) -> None:
         raise ClusterError(f"{' '.join(argv[2:])}: {result.stderr.strip() or result.stdout.strip()}")
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """Whether any thread of ``pid`` still runs (and so may still hold its sockets).
 
     A Go program's main thread turns zombie while its other threads are still exiting
@@ -423,11 +426,11 @@ def stop_process_groups(pids: list[int], grace: float = 10.0) -> None:
     for pid in pids:
         _signal_group(pid, signal.SIGTERM)
     end = time.monotonic() + grace
-    while any(_alive(p) for p in pids) and time.monotonic() < end:
+    while any(alive(p) for p in pids) and time.monotonic() < end:
         time.sleep(0.05)
     for pid in pids:
         _signal_group(pid, signal.SIGKILL)
-    while any(_alive(p) for p in pids):
+    while any(alive(p) for p in pids):
         time.sleep(0.05)
 
 

@@ -11,9 +11,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specs import make_model
 from inferentia_operator.cli import main
 from inferentia_operator.crd import crd_yaml
+from specs import make_model
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "manifests" / "samples"

@@ -3,10 +3,9 @@ API server cannot be made to produce on demand; every real call is covered by te
 
 import json
 
-import kubernetes
 import pytest
 
-from inferentia_operator.kube import Kube, TransientError
+from inferentia_operator.kube import ApiError, Kube, TransientError
 
 
 class ScriptedResponse:
@@ -71,6 +70,7 @@ def test_not_found_is_none_and_forbidden_is_raised_at_once():
     k, _ = kube(404)
     assert k.get("Service", "ns", "x") is None
     k, t = kube(403)
-    with pytest.raises(kubernetes.client.ApiException):
+    with pytest.raises(ApiError) as refused:
         k.get("Service", "ns", "x")
+    assert refused.value.code == 403 and not isinstance(refused.value, TransientError)
     assert len(t.calls) == 1

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specs import make_spec
 from inferentia_operator.api import InferentiaModelSpec
 from inferentia_operator.catalogue import FAMILIES, GIB
 from inferentia_operator.planner import InvalidSpec, plan
 from inferentia_operator.rules import divisors, errors, parse_spec, tensor_parallel_processes
+from specs import make_spec
 
 
 def plan_of(**overrides):

@@ -1,4 +1,5 @@
-"""What the operator registers with kopf: no handler may put a finalizer on users' models."""
+"""What the operator registers with kopf: indexes and event handlers only, so kopf never puts
+a finalizer on users' models or writes its own bookkeeping into them."""
 
 import kopf
 
@@ -7,17 +8,32 @@ from inferentia_operator import controller
 
 def registry():
     r = kopf.OperatorRegistry()
-    controller.register(r, kube=lambda: None, resync_seconds=60)
+    controller.register(r, controller.Reconciler(kube=lambda: None, workers=1, resync_seconds=60, is_active=lambda: True))
     return r
 
 
-def test_no_handler_requires_a_finalizer():
+def test_no_handler_requires_a_finalizer_or_keeps_progress():
     r = registry()
-    handlers = [*r._spawning._handlers, *r._changing._handlers]
-    assert any(type(h).__name__ == "TimerHandler" for h in handlers)
-    assert [h.id for h in handlers if getattr(h, "requires_finalizer", False)] == []
+    # Change and spawning handlers (create/update/resume, timers, daemons) make kopf write
+    # progress and finalizers into the model; the operator registers none.
+    assert r._changing._handlers == [] and r._spawning._handlers == []  # noqa: SLF001 - kopf has no public listing
 
 
-def test_children_of_every_kind_trigger_a_reconcile():
-    watched = {h.selector.any_name for h in registry()._watching._handlers}
-    assert watched == {"deployments", "jobs", "services", "configmaps", "pods"}
+def test_every_kind_is_cached_and_triggers_a_reconcile():
+    r = registry()
+    indexed = {h.id: h.selector.any_name or h.selector.plural for h in r._indexing._handlers}  # noqa: SLF001
+    assert indexed == {
+        "model_index": "inferentiamodels", "deployment_index": "deployments", "job_index": "jobs",
+        "service_index": "services", "configmap_index": "configmaps", "pod_index": "pods",
+    }  # fmt: skip
+    watched = {h.selector.any_name or h.selector.plural for h in r._watching._handlers}  # noqa: SLF001
+    assert watched == {"inferentiamodels", "deployments", "jobs", "services", "configmaps", "pods"}
+
+
+def test_children_are_filtered_on_the_server():
+    settings = kopf.OperatorSettings()
+    controller.configure_watches(settings)
+    selectors = {s.any_name: v for s, v in settings.watching.label_selectors.items()}
+    assert selectors == dict.fromkeys(
+        ["deployments", "jobs", "services", "configmaps", "pods"], "app.kubernetes.io/managed-by=inferentia-operator"
+    )

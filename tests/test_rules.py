@@ -2,8 +2,8 @@
 
 import pytest
 
-from specs import make_spec
 from inferentia_operator.rules import errors, parse_spec
+from specs import make_spec
 
 
 def findings_of(spec):

@@ -68,7 +68,7 @@ def _table(records: list[dict[str, Any]]) -> str:
     ]
     rows = [[h for h, _ in columns]] + [[str(get(r)) for _, get in columns] for r in records]
     widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
-    return "\n".join("   ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+    return "\n".join("   ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -172,7 +172,12 @@ def parser() -> argparse.ArgumentParser:
         "--priority", type=int, default=None,
         help="peering priority: the live replica with the highest acts, the others stand by (default: random per start)",
     )  # fmt: skip
-    r.add_argument("--resync-seconds", type=float, default=300.0, help="seconds between level-based resyncs of each model")
+    r.add_argument("--resync-seconds", type=float, default=300.0, help="seconds between resyncs of every model against the caches")
+    r.add_argument(
+        "--workers", type=int, default=4,
+        help="reconciles in flight at once (default 4: each waits on the API server, which answers a few at a time)",
+    )  # fmt: skip
+    r.add_argument("--metrics-port", type=int, default=8081, help="port of the Prometheus /metrics endpoint (0 to disable)")
     r.add_argument("--verbose", action="store_true")
     r.set_defaults(func=cmd_run)
     return top

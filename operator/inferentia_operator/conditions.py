@@ -9,7 +9,7 @@ which generation the status describes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from .names import PLAN_HASH_ANNOTATION
@@ -17,8 +17,8 @@ from .names import PLAN_HASH_ANNOTATION
 # Flux's kstatus reads only observedGeneration and the "abnormal-true" Reconciling and
 # Stalled conditions of a custom resource (anything else counts as Current), so they
 # restate Progressing and the failures in its terms.
-STALLED_REASONS = {"InvalidSpec", "CompileFailed"}
-WARNING_REASONS = {"InvalidSpec", "CompileFailed", "Unschedulable"}
+STALLED_REASONS = {"InvalidSpec", "CompileFailed", "NameConflict"}
+WARNING_REASONS = {"InvalidSpec", "CompileFailed", "Unschedulable", "NameConflict", "ApplyFailed"}
 # Progressing and Available restate Ready in finer steps; events for them would be noise.
 EVENT_TYPES = ("Validated", "Compiled", "Scheduled", "Ready")
 
@@ -38,6 +38,16 @@ class Cond:
     status: str
     reason: str
     message: str = ""
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """Why the operator could not write a child: NameConflict (someone else's object has
+    the name) or ApplyFailed (the API server refused it, with its message)."""
+
+    reason: str
+    message: str
+    permanent: bool  # retrying the same write cannot help: Stalled=True
 
 
 def _conditions_of(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -105,6 +115,7 @@ def conditions(
     compiled: Cond | None,
     rollout: Rollout,
     observed: Observed,
+    blocked: Blocked | None = None,
 ) -> list[Cond]:
     """The conditions, in a fixed order."""
     if not valid:
@@ -135,6 +146,9 @@ def conditions(
     if not valid:
         progressing = Cond("Progressing", "False", "InvalidSpec", "fix the spec; the running Deployment is left as it was")
         ready = Cond("Ready", "False", "InvalidSpec", invalid_message)
+    elif blocked is not None:
+        progressing = Cond("Progressing", "False" if blocked.permanent else "True", blocked.reason, blocked.message)
+        ready = Cond("Ready", "False", blocked.reason, blocked.message)
     elif compile_cond.reason == "CompileFailed":
         progressing = Cond("Progressing", "False", "CompileFailed", compile_cond.message + "; the previous Deployment keeps serving")
         ready = Cond("Ready", "False", "CompileFailed", compile_cond.message)
@@ -151,14 +165,14 @@ def conditions(
         message = f"{rollout.updated} of {rollout.desired} replicas updated, {rollout.available} available"
         progressing = Cond("Progressing", "True", "RollingOut", message)
         ready = Cond("Ready", "False", "RollingOut", message)
-    stalled = ready.reason in STALLED_REASONS
+    stalled = ready.reason in STALLED_REASONS or (blocked is not None and blocked.permanent and ready.reason == blocked.reason)
     reconciling = Cond("Reconciling", "True" if progressing.status == "True" else "False", progressing.reason, progressing.message)
     stalled_cond = Cond("Stalled", "True" if stalled else "False", ready.reason if stalled else "NotStalled", ready.message if stalled else "")
     return [validated, compile_cond, scheduled, progressing, available, ready, reconciling, stalled_cond]
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def with_times(new: list[Cond], previous: list[dict[str, Any]], generation: int, at: str) -> list[dict[str, Any]]:

@@ -1,209 +1,349 @@
-"""The reconcile loop: read the world, plan, apply what differs, report status.
+"""The reconcile loop: observe from watch caches, decide, write only what differs, report.
 
-Level-based: every trigger (create, update, resume after a restart, a change to
-any owned child, a slow timer) runs the same ``reconcile``, which looks only at
-the current spec and the current children. Nothing is written when the world
-already matches the plan, so running it twice changes nothing the second time.
+- **Observe.** kopf indexes are the caches: every InferentiaModel and every child and
+  pod the operator manages (server-side filtered by its managed-by label) are kept in
+  memory as the watches deliver them, as :mod:`observe` projects them. kopf starts no
+  other handler until every index is fully populated, so nothing is decided from a
+  half-filled cache. What the operator wrote itself is kept beside the caches until
+  the watch delivers it (``_written``), so a reconcile right after a write does not
+  repeat it. No GET or LIST runs in the hot path; the one read left is a GET before
+  creating a child the caches do not hold: its name may be taken by an object the
+  label-filtered watch cannot see, and the operator never writes over someone else's.
+- **Decide.** :func:`decide.decide`, a pure function.
+- **Act.** Server-side apply of the children that differ, deletes of superseded plans;
+  a write the API server refuses is recorded, and the others still go ahead.
+- **Report.** The status is patched only when it changed, and events are posted only
+  for condition transitions.
+
+Triggers are coalesced in a :class:`workqueue.WorkQueue`: an event only enqueues its
+model's key, a burst becomes one reconcile, and a pod event counts only when it changes
+what status reports. A fixed pool of workers (``--workers``) runs the reconciles; the
+API round trips are their cost, so more workers than the API server has cores to
+answer them only queue inside the server.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import defaultdict
+import asyncio
+import logging
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
-from . import api, children, conditions
-from .children import Model
-from .names import FIELD_MANAGER, MANAGED_BY_LABEL, MODEL_LABEL
-from .drift import applied
-from .kube import Kube, TransientError
-from .planner import plan as make_plan
-from .rules import check_name, errors, parse_spec
+from . import api, conditions, metrics
+from .decide import Conflict, Decision, Observed, WriteFailure, decide, holder_of, status_document, status_patch
+from .kube import ApiError, Kube
+from .names import FIELD_MANAGER, MANAGED_BY_LABEL
+from .observe import Key, owner_key, pod_signature, project, project_pod, resource_version
 
-EventSink = Callable[[dict[str, Any], str, str, str], None]
+log = logging.getLogger(__name__)
 
-# One reconcile at a time per model: kopf serialises a model's own handlers, but a
-# child's event may trigger the same model concurrently.
-_locks: dict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
-
-
-def reconcile(kube: Kube, namespace: str, name: str, emit: EventSink) -> dict[str, Any]:
-    """Brings one InferentiaModel's children to its plan; returns the status it reports.
-
-    Reads the model itself, under the lock, so a reconcile queued behind another never
-    works from a stale copy."""
-    with _locks[(namespace, name)]:
-        live = kube.get(api.KIND, namespace, name)
-        if live is None or live["metadata"].get("deletionTimestamp"):
-            return {}  # gone, or going: the garbage collector removes the children
-        return _reconcile(kube, live, emit)
+# The children's kinds, as kopf names their resources, and the index that caches each.
+CHILD_RESOURCES = {
+    "Deployment": ("apps", "v1", "deployments"),
+    "Job": ("batch", "v1", "jobs"),
+    "Service": ("", "v1", "services"),
+    "ConfigMap": ("", "v1", "configmaps"),
+    "Pod": ("", "v1", "pods"),
+}
+MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={FIELD_MANAGER}"
+_GONE = {"metadata": {"resourceVersion": "-1"}, "gone": True}
 
 
-def _reconcile(kube: Kube, body: dict[str, Any], emit: EventSink) -> dict[str, Any]:
-    meta = body["metadata"]
-    namespace, name = meta["namespace"], meta["name"]
-    previous = body.get("status") or {}
-    observed = conditions.Observed(deployment=kube.get("Deployment", namespace, name))
+@dataclass
+class Outcome:
+    """What the act step wrote and what it could not."""
 
-    spec, findings = parse_spec(body.get("spec"))
-    problems = check_name(name) + errors(findings)
-    if spec is None or problems:
-        # Invalid (a cluster without the CRD's CEL rules, or a rule CEL cannot express):
-        # report it, and leave the running Deployment exactly as it is.
-        message = "; ".join(str(f) for f in problems)
-        rollout = conditions.rollout_of(observed.deployment, (body.get("spec") or {}).get("replicas", 0), None)
-        conds = conditions.conditions(valid=False, invalid_message=message, compiled=None, rollout=rollout, observed=observed)
-        status = {**_counts(rollout, previous.get("selector")), "plan": previous.get("plan")}
-        return _report(kube, body, previous, status, conds, emit)
+    written: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (kind, name) -> object
+    failures: list[WriteFailure] = field(default_factory=list)
+    conflicts: list[Conflict] = field(default_factory=list)
 
-    plan = make_plan(spec)
-    m = Model(name, namespace, meta["uid"], spec, plan)
-    plan_hash = children.plan_hash(plan)
-
-    # The plan ConfigMap is named after its content, so pods of the previous plan keep
-    # reading theirs while a new compile runs.
-    configmap = children.plan_configmap(m)
-    _ensure(kube, configmap, kube.get("ConfigMap", namespace, configmap["metadata"]["name"]))
-    _ensure(kube, children.service(m), kube.get("Service", namespace, name))
-
-    job_body = children.compile_job(m)
-    if job_body is not None:
-        observed.job = kube.get("Job", namespace, job_body["metadata"]["name"])
-        if observed.job is None:
-            # Named after the hash of its inputs: a finished compile is found and reused.
-            observed.job = kube.apply(job_body)
-    compiled = conditions.compile_state(
-        job_body is not None, job_body and job_body["metadata"]["name"], observed.job, children.compiled_uri(m)
-    )
-    if compiled.status == "True":
-        observed.deployment = _ensure(kube, children.serving_deployment(m), observed.deployment)
-    # else: compiling or failed, and the previous Deployment (if any) keeps serving untouched.
-
-    _delete_superseded_plans(kube, m, configmap["metadata"]["name"], observed.deployment)
-    observed.pods = kube.list("Pod", namespace, children.selector_string(m))
-    rollout = conditions.rollout_of(observed.deployment, spec.replicas, plan_hash)
-    conds = conditions.conditions(valid=True, invalid_message="", compiled=compiled, rollout=rollout, observed=observed)
-    status = {
-        **_counts(rollout, children.selector_string(m)),
-        "plan": children.plan_document(plan),
-        "compileJob": job_body["metadata"]["name"] if job_body else None,
-        "compiledUri": children.compiled_uri(m) if job_body else None,
-    }
-    return _report(kube, body, previous, status, conds, emit)
+    @property
+    def changed(self) -> bool:
+        return bool(self.written)
 
 
-def _ensure(kube: Kube, desired: dict[str, Any], live: dict[str, Any] | None) -> dict[str, Any]:
-    """Applies ``desired`` unless it is already live; returns the live object either way
-    (server-side apply answers with the object it stored)."""
-    if live is not None and applied(desired, live):
-        return live
-    return kube.apply(desired)
+class Reconciler:
+    def __init__(self, kube: Callable[[], Kube], workers: int, resync_seconds: float, is_active: Callable[[], bool]):
+        self.kube = kube
+        self.workers = workers
+        self.resync_seconds = resync_seconds
+        self.is_active = is_active  # False while peering keeps this replica on standby
+        self.queue: Any = None  # a WorkQueue, made on the operator's event loop
+        self.indexes: dict[str, Any] | None = None  # kopf's, captured when they are populated
+        # Per model: what the operator wrote, (kind, name) -> object, until the watch delivers it.
+        self._written: dict[Key, dict[tuple[str, str], dict[str, Any]]] = {}
+        self._pods: dict[tuple[str, str], tuple[Any, ...]] = {}
+        self._generations: dict[Key, int] = {}
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reconcile")
+
+    # --- observe -------------------------------------------------------------------------
+
+    def _cached(self, index: str, key: Key) -> list[dict[str, Any]]:
+        assert self.indexes is not None
+        return list(self.indexes[index].get(key, ()))
+
+    def _resolve(self, key: Key, kind: str, cached: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The cached objects, each replaced by what the operator wrote when that is newer,
+        plus objects it created that the watch has not delivered yet."""
+        by_name = {o["metadata"]["name"]: o for o in cached}
+        written_here = self._written.get(key, {})
+        for (k, name), written in list(written_here.items()):
+            if k != kind:
+                continue
+            current = by_name.get(name)
+            if written.get("gone"):
+                if current is None:
+                    del written_here[(k, name)]  # the watch has seen the delete
+                else:
+                    by_name.pop(name)  # deleted, though the watch has not said so yet
+            elif current is not None and resource_version(current) >= resource_version(written):
+                del written_here[(k, name)]  # the watch has caught up
+            else:
+                by_name[name] = written
+        return list(by_name.values())
+
+    def observe(self, key: Key) -> Observed | None:
+        models = self._resolve(key, api.KIND, self._cached("model_index", key))
+        model = next((m for m in models if m["metadata"]["name"] == key[1]), None)
+        if model is None:
+            return None
+
+        def children(kind: str, index: str) -> list[dict[str, Any]]:
+            return self._resolve(key, kind, self._cached(index, key))
+
+        deployments = [d for d in children("Deployment", "deployment_index") if d["metadata"]["name"] == key[1]]
+        services = [s for s in children("Service", "service_index") if s["metadata"]["name"] == key[1]]
+        return Observed(
+            model=model,
+            deployment=deployments[0] if deployments else None,
+            service=services[0] if services else None,
+            configmaps=children("ConfigMap", "configmap_index"),
+            jobs=children("Job", "job_index"),
+            pods=self._cached("pod_index", key),
+        )
+
+    # --- act -----------------------------------------------------------------------------
+
+    def act(self, observed: Observed, decision: Decision) -> Outcome:
+        """Runs in a worker thread: the decision's writes, each failure recorded, none stopping the rest."""
+        kube, out = self.kube(), Outcome()
+        meta = observed.model["metadata"]
+        namespace, uid = meta["namespace"], meta["uid"]
+        for body in decision.apply:
+            kind, name = body["kind"], body["metadata"]["name"]
+            try:
+                if observed.live(kind, name) is None:
+                    # Not in the caches: the name may be taken by an object the
+                    # label-filtered watch cannot see. Never write over someone else's.
+                    existing = kube.get(kind, namespace, name)
+                    holder = holder_of(existing, uid) if existing is not None else None
+                    if holder is not None:
+                        out.conflicts.append(Conflict(kind, name, holder))
+                        continue
+                out.written[(kind, name)] = project(kube.apply(body))
+            except ApiError as exc:
+                out.failures.append(WriteFailure(kind, name, exc.code, exc.message))
+        for kind, name in decision.delete:
+            try:
+                kube.delete(kind, namespace, name)
+                out.written[(kind, name)] = _GONE
+            except ApiError as exc:
+                log.warning("could not delete superseded %s %s/%s: %s", kind, namespace, name, exc)
+        return out
+
+    # --- the loop ------------------------------------------------------------------------
+
+    async def reconcile(self, key: Key) -> str:
+        observed = self.observe(key)
+        if observed is None:
+            self._forget(key)
+            return "noop"
+        now = conditions.now()
+        decision = decide(observed, now)
+        if decision.status is None:
+            return "noop"
+        loop = asyncio.get_running_loop()
+        outcome = Outcome()
+        if decision.apply or decision.delete:
+            outcome = await loop.run_in_executor(self._executor, self.act, observed, decision)
+            self._written.setdefault(key, {}).update(outcome.written)
+            observed = self.observe(key) or observed
+            observed.failures, observed.conflicts = outcome.failures, outcome.conflicts
+            decision = decide(observed, now)
+        for failure in outcome.failures:
+            log.warning("%s/%s: the API server refused %s", *key, failure)
+        assert decision.status is not None
+        patch = status_patch(observed.model.get("status") or {}, decision.status)
+        if patch is not None:
+            kube = self.kube()
+            stored = await loop.run_in_executor(self._executor, kube.patch_status, key[0], key[1], patch)
+            if stored:
+                self._written.setdefault(key, {})[(api.KIND, key[1])] = project(stored)
+            old = (observed.model.get("status") or {}).get("conditions") or []
+            new = status_document(decision.status).get("conditions") or []
+            for kind, reason, message in conditions.transitions(new, old):
+                await loop.run_in_executor(self._executor, kube.post_event, observed.model, kind, reason, message)
+        if any(not f.permanent for f in outcome.failures):
+            raise RetryLater(f"{len(outcome.failures)} writes refused for now")
+        return "changed" if outcome.changed or patch is not None else "noop"
+
+    async def worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            started = time.monotonic()
+            try:
+                result = await self.reconcile(key)
+                self.queue.forget(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one model's failure must not stop the worker
+                result = "failed"
+                delay = self.queue.retry_delay(key)
+                log.warning("reconcile of %s/%s failed, retrying in %.0fs: %s", *key, delay, exc)
+                self.queue.add_after(key, delay)
+            finally:
+                self.queue.done(key)
+                metrics.QUEUE_DEPTH.set(len(self.queue))
+            metrics.RECONCILES.labels(result).inc()
+            metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+
+    async def resync(self) -> None:
+        """Every ``resync_seconds``: every model reconciled against the caches (no reads, and
+        writes only where something differs), and the models-by-Ready gauge refreshed."""
+        while True:
+            await asyncio.sleep(self.resync_seconds)
+            if self.indexes is None:
+                continue
+            active = await asyncio.get_running_loop().run_in_executor(self._executor, self.is_active)
+            if not active:
+                continue  # a standby's caches are frozen by kopf's pause: it must not act on them
+            for key in list(self.indexes["model_index"].keys()):
+                self.queue.add(key)
+            self.count_models()
+
+    def count_models(self) -> None:
+        if self.indexes is None:
+            return
+        counts = {"True": 0, "False": 0, "Unknown": 0}
+        for store in self.indexes["model_index"].values():
+            for model in store:
+                ready = next((c for c in (model.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), {})
+                counts[ready.get("status", "Unknown") if ready.get("status") in counts else "Unknown"] += 1
+        for status, n in counts.items():
+            metrics.MODELS.labels(status).set(n)
+
+    # --- triggers ------------------------------------------------------------------------
+
+    def _capture(self, kwargs: dict[str, Any]) -> None:
+        if self.indexes is None:
+            self.indexes = {k: v for k, v in kwargs.items() if k.endswith("_index")}
+
+    def _forget(self, key: Key) -> None:
+        self._generations.pop(key, None)
+        self._written.pop(key, None)
+
+    def on_model(self, body: dict[str, Any], event_type: str | None, kwargs: dict[str, Any]) -> None:
+        self._capture(kwargs)
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace"), meta.get("name"))
+        if event_type == "DELETED":
+            self._forget(key)  # type: ignore[arg-type]
+            return
+        generation = meta.get("generation")
+        # A new model or a changed spec goes ahead of status-only reconciles of others.
+        urgent = self._generations.get(key) != generation  # type: ignore[arg-type]
+        self._generations[key] = generation  # type: ignore[index]
+        self.queue.add(key, urgent=urgent)
+
+    def on_child(self, body: dict[str, Any], event_type: str | None, kwargs: dict[str, Any]) -> None:
+        self._capture(kwargs)
+        key = owner_key(body)
+        if key is not None and key in self.indexes["model_index"]:  # type: ignore[index]
+            self.queue.add(key)
+
+    def on_pod(self, body: dict[str, Any], event_type: str | None, kwargs: dict[str, Any]) -> None:
+        self._capture(kwargs)
+        key = owner_key(body)
+        meta = body.get("metadata") or {}
+        pod = (meta.get("namespace"), meta.get("name"))
+        if event_type == "DELETED":
+            self._pods.pop(pod, None)  # type: ignore[arg-type]
+            signature: Any = None
+        else:
+            signature = pod_signature(body)
+            if self._pods.get(pod) == signature:  # type: ignore[arg-type]
+                return  # nothing status reports has changed
+            self._pods[pod] = signature  # type: ignore[index]
+        if key is not None and key in self.indexes["model_index"]:  # type: ignore[index]
+            self.queue.add(key)
 
 
-def _delete_superseded_plans(kube: Kube, m: Model, current: str, deployment: dict[str, Any] | None) -> None:
-    in_use = {current}
-    for volume in (((deployment or {}).get("spec") or {}).get("template") or {}).get("spec", {}).get("volumes") or []:
-        if "configMap" in volume:
-            in_use.add(volume["configMap"]["name"])
-    for cm in kube.list("ConfigMap", m.namespace, f"{MODEL_LABEL}={m.name},app.kubernetes.io/component=plan"):
-        if cm["metadata"]["name"] not in in_use:
-            kube.delete("ConfigMap", m.namespace, cm["metadata"]["name"])
-
-
-def _counts(rollout: conditions.Rollout, selector: str | None) -> dict[str, Any]:
-    return {
-        "replicas": rollout.replicas,
-        "readyReplicas": rollout.ready,
-        "updatedReplicas": rollout.updated,
-        "selector": selector,
-    }
-
-
-def _report(kube, body, previous, status, conds, emit) -> dict[str, Any]:
-    generation = body["metadata"].get("generation", 1)
-    old_conditions = previous.get("conditions") or []
-    stamped = conditions.with_times(conds, old_conditions, generation, conditions.now())
-    status = {"observedGeneration": generation, **status, "conditions": stamped}
-    current = {k: v for k, v in previous.items() if k != "kopf"}
-    wanted = {k: v for k, v in status.items() if v is not None}
-    if current != wanted:
-        # A merge patch: keys we no longer report are nulled, kopf's own stanza is kept.
-        kube.patch_status(body["metadata"]["namespace"], body["metadata"]["name"], {**{k: None for k in current}, **wanted})
-        for kind, reason, message in conditions.transitions(stamped, old_conditions):
-            emit(body, kind, reason, message)
-    return wanted
+class RetryLater(Exception):
+    """Some writes failed for reasons that may pass (the API server overloaded or restarting)."""
 
 
 # --- kopf wiring ------------------------------------------------------------------------------
 
 
-def _without_finalizer(registry: kopf.OperatorRegistry, fn: Callable[..., Any]) -> None:
-    """Registers the timer ``fn`` as not needing a finalizer on the model.
+def configure_watches(settings: kopf.OperatorSettings) -> None:
+    """The children and pods are filtered on the server: the operator is sent only its own.
 
-    kopf puts a finalizer on every object a timer runs for, so that the timer stops
-    before the object goes. Ours only calls an idempotent reconcile that returns early
-    for a model that is gone, and a finalizer would make deleting a model (or its
-    namespace) hang whenever the operator is down or uninstalled. kopf has no public
-    switch for this, so the registered handler is swapped for a copy without the flag;
-    if kopf's internals ever move, this fails at start-up rather than silently."""
-    import dataclasses
-
-    spawning = registry._spawning  # noqa: SLF001 - see the docstring
-    matches = [h for h in spawning._handlers if getattr(h, "fn", None) is fn]  # noqa: SLF001
-    if len(matches) != 1 or not dataclasses.is_dataclass(matches[0]) or not hasattr(matches[0], "requires_finalizer"):
-        raise RuntimeError("kopf's timer registry changed: cannot register the resync timer without a finalizer")
-    index = spawning._handlers.index(matches[0])  # noqa: SLF001
-    spawning._handlers[index] = dataclasses.replace(matches[0], requires_finalizer=False)  # noqa: SLF001
+    An object whose managed-by label someone removes leaves these watches: the API
+    server sends a DELETED event for it. Its model is then reconciled, finds the child
+    missing from the cache, GETs it before writing, recognises it as its own by its
+    owner reference, and applies it again, which puts the labels back."""
+    for group, version, plural in CHILD_RESOURCES.values():
+        settings.watching.label_selectors[group, version, plural] = MANAGED_SELECTOR
 
 
-def _emit(body: dict[str, Any], kind: str, reason: str, message: str) -> None:
-    kopf.event(body, type=kind, reason=reason, message=message[:1024])
-
-
-def register(registry: kopf.OperatorRegistry, kube: Callable[[], Kube], resync_seconds: float) -> None:
-    """Registers the handlers; ``kube()`` gives the operator's API client, called only once
-    handlers run (after kopf's login), so it must return the same client every time."""
-
-    def handle(namespace: str, name: str) -> None:
-        try:
-            reconcile(kube(), namespace, name, _emit)
-        except TransientError as exc:
-            raise kopf.TemporaryError(str(exc), delay=10) from exc
-
+def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
+    """Registers the indexes (the caches), the triggers and the worker pool."""
     model = dict(group=api.GROUP, version=api.VERSION, plural=api.PLURAL, registry=registry)
 
-    @kopf.on.resume(**model, backoff=10)
-    @kopf.on.create(**model, backoff=10)
-    @kopf.on.update(**model, backoff=10)
-    def on_model(namespace, name, **_):
-        handle(namespace, name)
+    # Async, so that kopf runs them on its event loop, where the queue lives, not in threads.
+    # kopf passes each index to handlers under its id.
+    @kopf.index(**model, id="model_index")
+    async def model_index(namespace, name, body, **_):
+        return {(namespace, name): project(body)}
 
-    @kopf.timer(**model, interval=resync_seconds, initial_delay=resync_seconds, idle=0)
-    def resync(namespace, name, **_):
-        # A slow, level-based sweep: catches anything an event did not.
-        handle(namespace, name)
+    def child_index(kind: str, projection: Callable[[Any], dict[str, Any]]):
+        async def index(body, **_):
+            key = owner_key(body)
+            return {key: projection(body)} if key else None
 
-    _without_finalizer(registry, resync)
+        group, version, plural = CHILD_RESOURCES[kind]
+        kopf.index(group, version, plural, registry=registry, id=f"{kind.lower()}_index")(index)
 
-    def on_child(body, logger, **_):
-        owner = (body.get("metadata", {}).get("labels") or {}).get(MODEL_LABEL)
-        namespace = body.get("metadata", {}).get("namespace")
-        if not owner or not namespace:
-            return
-        try:
-            reconcile(kube(), namespace, owner, _emit)
-        except TransientError as exc:
-            logger.warning("reconcile of %s/%s after a child's change will be retried by the resync: %s", namespace, owner, exc)
+    for kind in CHILD_RESOURCES:
+        child_index(kind, project_pod if kind == "Pod" else project)
 
-    managed = {MANAGED_BY_LABEL: FIELD_MANAGER}
-    for group, version, plural in (
-        ("apps", "v1", "deployments"),
-        ("batch", "v1", "jobs"),
-        ("", "v1", "services"),
-        ("", "v1", "configmaps"),
-        ("", "v1", "pods"),
-    ):
-        kopf.on.event(group, version, plural, labels=managed, registry=registry)(on_child)
+    @kopf.on.event(**model, id="on_model")
+    async def on_model(body, type, **kwargs):
+        reconciler.on_model(body, type, kwargs)
+
+    for kind, (group, version, plural) in CHILD_RESOURCES.items():
+        handler = reconciler.on_pod if kind == "Pod" else reconciler.on_child
+
+        async def on_child(body, type, _handler=handler, **kwargs):
+            _handler(body, type, kwargs)
+
+        kopf.on.event(group, version, plural, registry=registry, id=f"on_{kind.lower()}")(on_child)
+
+    @kopf.on.startup(registry=registry)
+    async def start_workers(memo: kopf.Memo, **_):
+        from .workqueue import WorkQueue
+
+        reconciler.queue = WorkQueue()
+        loop = asyncio.get_running_loop()
+        memo["reconcile_tasks"] = [loop.create_task(reconciler.worker()) for _ in range(reconciler.workers)]
+        memo["reconcile_tasks"].append(loop.create_task(reconciler.resync()))
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop_workers(memo: kopf.Memo, **_):
+        for task in memo.get("reconcile_tasks", []):
+            task.cancel()

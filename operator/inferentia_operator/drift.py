@@ -52,7 +52,7 @@ def applied(desired: Any, live: Any, path: tuple[str, ...] = ()) -> bool:
         )
     if isinstance(desired, list):
         return isinstance(live, list) and len(desired) == len(live) and all(
-            applied(d, lv, path) for d, lv in zip(desired, live)
+            applied(d, lv, path) for d, lv in zip(desired, live, strict=True)
         )
     if desired == live:
         return True

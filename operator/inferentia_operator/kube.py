@@ -1,8 +1,10 @@
 """The few Kubernetes API calls the operator makes, with retries for transient failures.
 
-Every call the operator makes goes through here, so RBAC can grant exactly these:
-get/list on the children and pods, server-side apply (patch) and create of the
-children, delete of superseded plan ConfigMaps, and patch of InferentiaModel status.
+Every call the operator's reconciles make goes through here, so RBAC can grant exactly
+these, and the metrics count them: server-side apply (patch) and create of the children,
+a get before creating a child its caches do not hold, delete of superseded plan
+ConfigMaps and compile Jobs, patch of InferentiaModel status, and create of events.
+Reads of the children otherwise come from the watch caches (see :mod:`controller`).
 """
 
 from __future__ import annotations
@@ -10,13 +12,14 @@ from __future__ import annotations
 import json
 import logging
 import time
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
 import kubernetes
 import urllib3
 
-from . import api
+from . import api, metrics
 from .names import FIELD_MANAGER
 
 log = logging.getLogger(__name__)
@@ -26,6 +29,7 @@ RESOURCES = {
     "ConfigMap": ("/api/v1", "configmaps"),
     "Service": ("/api/v1", "services"),
     "Pod": ("/api/v1", "pods"),
+    "Event": ("/api/v1", "events"),
     "Deployment": ("/apis/apps/v1", "deployments"),
     "Job": ("/apis/batch/v1", "jobs"),
     api.KIND: (f"/apis/{api.API_VERSION}", api.PLURAL),
@@ -37,8 +41,23 @@ CLUSTER_SCOPED = {"ClusterKopfPeering"}
 TRANSIENT = {409, 429, 500, 502, 503, 504}
 
 
-class TransientError(Exception):
-    """The API server did not answer usefully now; the same call may succeed later."""
+class ApiError(Exception):
+    """The API server refused a request; ``message`` is its own explanation."""
+
+    def __init__(self, code: int, reason: str, message: str):
+        self.code, self.reason, self.message = code, reason, message
+        super().__init__(f"{code} {reason}: {message}")
+
+
+class TransientError(ApiError):
+    """The API server did not answer usefully now, even after retries; the same call may succeed later."""
+
+
+def _server_message(exc: kubernetes.client.ApiException) -> str:
+    try:
+        return json.loads(exc.body or b"{}").get("message") or str(exc.reason)
+    except (ValueError, AttributeError):
+        return str(exc.reason)
 
 
 def path(kind: str, namespace: str | None, name: str | None = None, subresource: str | None = None) -> str:
@@ -51,13 +70,16 @@ def path(kind: str, namespace: str | None, name: str | None = None, subresource:
     return out
 
 
-def load_client() -> kubernetes.client.ApiClient:
-    """In-cluster credentials inside a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+def load_client(pool_size: int = 4) -> kubernetes.client.ApiClient:
+    """In-cluster credentials inside a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config).
+    ``pool_size`` HTTP connections, one for each reconcile that may be in flight."""
+    config = kubernetes.client.Configuration()
     try:
-        kubernetes.config.load_incluster_config()
+        kubernetes.config.load_incluster_config(client_configuration=config)
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()
-    return kubernetes.client.ApiClient()
+        kubernetes.config.load_kube_config(client_configuration=config)
+    config.connection_pool_maxsize = pool_size
+    return kubernetes.client.ApiClient(config)
 
 
 class Kube:
@@ -70,6 +92,9 @@ class Kube:
         headers = {"Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type
+        resource = url.split("?")[0].split("/")
+        verb = {"GET": "get", "PATCH": "patch", "POST": "create", "DELETE": "delete", "PUT": "update"}[method]
+        plural = next((p for _, p in RESOURCES.values() if p in resource), "other")
         delay = self.first_delay
         for attempt in range(self.attempts):
             try:
@@ -78,21 +103,23 @@ class Kube:
                 )
                 response = self.client.call_api(*request)
                 response.read()
+                metrics.API_REQUESTS.labels(verb, plural, str(response.status)).inc()
                 if not 200 <= response.status < 300:
                     raise kubernetes.client.ApiException(http_resp=response)
                 return json.loads(response.data or b"null")
             except kubernetes.client.ApiException as exc:
-                if exc.status == 404:
+                if exc.status == 404 and method == "GET":
                     return None
                 transient = exc.status in TRANSIENT and not (exc.status == 409 and method == "POST")
                 if not transient:
-                    raise
+                    raise ApiError(exc.status, str(exc.reason), _server_message(exc)) from None
                 if attempt == self.attempts - 1:
-                    raise TransientError(f"{method} {url}: {exc.status} {exc.reason}") from exc
+                    raise TransientError(exc.status, str(exc.reason), _server_message(exc)) from None
                 log.info("retrying %s %s after %s %s", method, url, exc.status, exc.reason)
             except (urllib3.exceptions.HTTPError, OSError) as exc:
+                metrics.API_REQUESTS.labels(verb, plural, "error").inc()
                 if attempt == self.attempts - 1:
-                    raise TransientError(f"{method} {url}: {exc}") from exc
+                    raise TransientError(0, type(exc).__name__, f"{method} {url}: {exc}") from None
                 log.info("retrying %s %s after %s", method, url, exc)
             time.sleep(delay)
             delay *= 2
@@ -121,14 +148,21 @@ class Kube:
         meta = body["metadata"]
         try:
             self._call("POST", path(body["kind"], meta.get("namespace")), body=body, content_type="application/json")
-        except kubernetes.client.ApiException as exc:
-            if exc.status == 409:  # AlreadyExists
+        except ApiError as exc:
+            if exc.code == 409:  # AlreadyExists
                 return False
             raise
         return True
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
-        self._call("DELETE", path(kind, namespace, name))
+        """Deletes an object; its dependents (a Job's pods) go with it. Already gone is fine."""
+        try:
+            self._call(
+                "DELETE", path(kind, namespace, name), body={"propagationPolicy": "Background"}, content_type="application/json"
+            )
+        except ApiError as exc:
+            if exc.code != 404:
+                raise
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
         return self._call(
@@ -137,3 +171,26 @@ class Kube:
             body={"status": status},
             content_type="application/merge-patch+json",
         )
+
+    def post_event(self, model: dict[str, Any], kind: str, reason: str, message: str) -> None:
+        """A core/v1 Event on the model, as ``kubectl describe`` shows them."""
+        meta = model["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": api.API_VERSION, "kind": api.KIND, "name": meta["name"],
+                "namespace": meta["namespace"], "uid": meta["uid"],
+            },  # fmt: skip
+            "type": kind,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self._call("POST", path("Event", meta["namespace"]), body=event, content_type="application/json")

@@ -86,4 +86,4 @@ while :; do
   done
   sleep 1
 done
-""" % {"mount": PLAN_MOUNT}
+""" % {"mount": PLAN_MOUNT}  # noqa: UP031 - a shell script: format() would trip on its ${...}

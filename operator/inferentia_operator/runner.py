@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import functools
 import logging
 import random
+from typing import Any
 
 import kopf
 
-from . import controller
-from .kube import Kube, load_client
+from . import controller, metrics
+from .kube import ApiError, Kube, load_client
 
 FINALIZER = "inferentia.dev/finalizer"
 
@@ -33,7 +35,33 @@ def configure(settings: kopf.OperatorSettings, args: argparse.Namespace) -> None
     # is noticed on its next restart; the chart installs CRDs first.)
     settings.scanning.disabled = True
     settings.networking.error_backoffs = [1, 2, 5, 10, 30]
+    controller.configure_watches(settings)
 
+
+def peering_paused(bodies: list[dict[str, Any] | None], priority: int, now: datetime.datetime) -> bool:
+    """kopf's own rule, read from the peering objects: a replica stands by while a live peer
+    has a higher priority, or another has the same one.
+
+    The periodic resync must know this, and kopf does not expose its pause state: its
+    watches stop while paused (so the caches freeze and no event triggers a reconcile),
+    but a loop of the operator's own keeps running. This reads what kopf writes, the
+    keep-alives in the peering objects' status: {peer id: {priority, lifetime, lastseen}}."""
+    same = 0
+    for body in bodies:
+        for peer in ((body or {}).get("status") or {}).values():
+            if not isinstance(peer, dict):
+                continue
+            try:
+                seen = datetime.datetime.fromisoformat(str(peer["lastseen"]))
+                lifetime = datetime.timedelta(seconds=int(peer["lifetime"]))
+                peer_priority = int(peer["priority"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            alive = (seen if seen.tzinfo else seen.replace(tzinfo=datetime.UTC)) + lifetime > now
+            if alive and peer_priority > priority:
+                return True
+            same += alive and peer_priority == priority
+    return same > 1  # ourselves, and another replica with our priority
 
 def peering_objects(name: str, namespaces: list[str]) -> list[dict]:
     """kopf peers through a ClusterKopfPeering when watching all namespaces, else a KopfPeering in each."""
@@ -52,8 +80,20 @@ def run(args: argparse.Namespace) -> int:
         args.priority = random.SystemRandom().randint(1, 2**31 - 1)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     registry = kopf.OperatorRegistry()
-    kube = functools.cache(lambda: Kube(load_client()))  # one API client for the whole operator
-    controller.register(registry, kube, args.resync_seconds)
+    kube = functools.cache(lambda: Kube(load_client(pool_size=args.workers)))  # one API client for the whole operator
+
+    def active() -> bool:
+        if args.standalone:
+            return True
+        try:
+            bodies = [kube().get(b["kind"], b["metadata"].get("namespace"), b["metadata"]["name"]) for b in peering_objects(args.peering, args.namespace)]
+        except ApiError:
+            return False  # cannot tell: standing by is the safe side
+        return not peering_paused(bodies, args.priority, datetime.datetime.now(datetime.UTC))
+
+    controller.register(registry, controller.Reconciler(kube, args.workers, args.resync_seconds, active))
+    if args.metrics_port:
+        metrics.serve(args.metrics_port)
 
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, logger, **_):

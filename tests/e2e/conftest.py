@@ -16,7 +16,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from kit import CRD_FILE, USE_EXISTING, Cluster, OperatorProcess, bind_user_to_operator_role, localcluster, wait_for
 
 

@@ -80,13 +80,14 @@ class OperatorProcess:
         self.resync_seconds, self.peering = resync_seconds, peering
         self.proc: subprocess.Popen | None = None
         self.port = localcluster.free_port()
+        self.metrics_port = localcluster.free_port()
 
     def start(self) -> None:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [
                 sys.executable, "-m", "inferentia_operator", "run",
-                "--liveness", f"http://127.0.0.1:{self.port}/healthz",
+                "--liveness", f"http://127.0.0.1:{self.port}/healthz", "--metrics-port", str(self.metrics_port),
                 "--resync-seconds", str(self.resync_seconds), "--peering", self.peering, *self.extra_args,
             ],
             env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},

@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 import yaml
+from kit import ROOT, listening_ports, wait_for
 
 from inferentia_operator.rules import CEL_RULES, NAME, check_name, errors, parse_spec
-from kit import ROOT, listening_ports, wait_for
 from specs import make_model, make_spec
 
 TOLERATE_NEURON = [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}]
@@ -186,11 +186,11 @@ def test_cluster_down_leaves_no_process_or_port(cluster, tmp_path):
     try:
         second.up()
         ports = second.ports()
-        pids = second._load()["pids"]
+        pids = second.recorded()["pids"]
         assert set(ports.values()).isdisjoint(cluster.local.ports().values())
     finally:
         second.down()
-    assert not any(localcluster._alive(pid) for pid in pids.values())
+    assert not any(localcluster.alive(pid) for pid in pids.values())
     still = {name: port for name, port in ports.items() if port in listening_ports()}
     assert not still, f"still listening: {still}"
     assert second.running() is False
@@ -203,7 +203,7 @@ import localcluster
 from pathlib import Path
 cluster = localcluster.LocalCluster(Path(sys.argv[2]), die_with_parent=True)
 cluster.up()
-print(json.dumps({"pids": cluster._load()["pids"], "ports": cluster.ports()}), flush=True)
+print(json.dumps({"pids": cluster.recorded()["pids"], "ports": cluster.ports()}), flush=True)
 time.sleep(600)
 """
 
@@ -215,9 +215,9 @@ def test_a_killed_test_run_takes_its_control_plane_with_it(cluster, tmp_path):
     import signal
     import sys
 
-    import localcluster
-
     from kit import ROOT
+
+    import localcluster
 
     runner = subprocess.Popen(
         [sys.executable, "-c", CRASHING_RUNNER, str(ROOT / "cluster"), str(tmp_path / "crashing")],
@@ -226,5 +226,5 @@ def test_a_killed_test_run_takes_its_control_plane_with_it(cluster, tmp_path):
     started = json.loads(runner.stdout.readline())
     runner.send_signal(signal.SIGKILL)  # no finalizer, no atexit: only the kernel can clean up
     runner.wait()
-    wait_for(lambda: not any(localcluster._alive(p) for p in started["pids"].values()), 30, "the components to die")
+    wait_for(lambda: not any(localcluster.alive(p) for p in started["pids"].values()), 30, "the components to die")
     assert not set(started["ports"].values()) & listening_ports()

@@ -13,8 +13,8 @@ import uuid
 
 import pytest
 import yaml
-
 from kit import CHART, ROOT, OperatorProcess, helm_template, service_account_kubeconfig, wait_for
+
 from specs import make_model
 
 RESTRICTED = "pod-security.kubernetes.io/enforce=restricted"
@@ -43,6 +43,7 @@ def test_default_render_is_cluster_wide_with_one_replica_that_passes_restricted(
         "ClusterRole//inferentia-operator",
         "ClusterRoleBinding//inferentia-operator",
         "Deployment/inferentia-system/inferentia-operator",
+        "Service/inferentia-system/inferentia-operator-metrics",
         "ServiceAccount/inferentia-system/inferentia-operator",
     ]
     [deployment] = [d for d in docs if d["kind"] == "Deployment"]
@@ -56,6 +57,17 @@ def test_default_render_is_cluster_wide_with_one_replica_that_passes_restricted(
         "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
     }  # fmt: skip
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert "--metrics-port=8081" in container["args"] and "--workers=4" in container["args"]
+    [service] = [d for d in docs if d["kind"] == "Service"]
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 8081, "targetPort": "metrics", "protocol": "TCP"}]
+
+
+def test_a_service_monitor_only_when_asked(cluster):
+    assert "ServiceMonitor" not in [d["kind"] for d in helm_template(cluster)]
+    docs = helm_template(cluster, "--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.serviceMonitor.labels.release=prom")
+    [monitor] = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "interval": "30s"}]
+    assert monitor["metadata"]["labels"]["release"] == "prom"
 
 
 def test_watch_namespaces_gives_roles_only_and_standby_a_second_replica(cluster):

@@ -8,6 +8,7 @@ import time
 
 import pytest
 import yaml
+from kit import OperatorProcess, bind_user_to_namespaced_roles, bind_user_to_operator_role, wait_for
 
 from conftest import OPERATOR_USER
 from inferentia_operator import children
@@ -15,7 +16,6 @@ from inferentia_operator.api import InferentiaModelSpec
 from inferentia_operator.children import Model
 from inferentia_operator.drift import applied
 from inferentia_operator.planner import plan
-from kit import OperatorProcess, bind_user_to_namespaced_roles, bind_user_to_operator_role, wait_for
 from specs import make_model
 
 COMPILE_IMAGE = "example.com/neuron-compile:1"
@@ -282,7 +282,7 @@ def test_a_second_replica_stands_by(cluster, operator, namespace, tmp_path):
     standby.start()
     try:
         wait_for(
-            lambda: len((cluster.get("clusterkopfpeering", operator.peering).get("status") or {})) >= 2,
+            lambda: len(cluster.get("clusterkopfpeering", operator.peering).get("status") or {}) >= 2,
             30,
             "both replicas to register as peers",
         )
@@ -382,3 +382,71 @@ def test_neuron_2x_samples_reach_ready_with_the_planned_command(cluster, operato
     [pod] = cluster.get("pod", "-n", namespace, "-l", children.selector_string(m))["items"]
     node = cluster.get("node", pod["spec"]["nodeName"])
     assert node["metadata"]["labels"]["node.kubernetes.io/instance-type"] in m.plan.instance_types
+
+
+def test_a_write_the_api_server_refuses_ends_in_status_and_does_not_hold_back_the_others(cluster, operator, namespace):
+    # "1iM" passes the CRD's pattern but not the API server's quantity grammar: the
+    # Deployment is refused (v1.36 answers the apply with a 500 that names the suffix),
+    # while the plan ConfigMap and the Service still go in.
+    apply_model(cluster, namespace, "bad-quantity", **{"compute.memory": "1iM"})
+    body = wait_condition(cluster, namespace, "bad-quantity", "Ready", "False", "ApplyFailed")
+    ready = condition(body, "Ready")
+    assert "the API server refused Deployment bad-quantity:" in ready["message"]
+    assert "unable to parse quantity's suffix" in ready["message"]
+    assert cluster.kubectl("get", "service", "bad-quantity", "-n", namespace, check=False).returncode == 0
+    assert cluster.kubectl("get", "deployment", "bad-quantity", "-n", namespace, check=False).returncode != 0
+    events = cluster.get("events", "-n", namespace, "--field-selector", "involvedObject.name=bad-quantity")["items"]
+    assert any(e["type"] == "Warning" and e["reason"] == "ApplyFailed" for e in events)
+    # Fixing the spec recovers.
+    apply_model(cluster, namespace, "bad-quantity", **{"compute.memory": "1Gi"})
+    wait_ready(cluster, namespace, "bad-quantity")
+
+
+def test_an_object_of_someone_else_with_the_childs_name_is_never_taken(cluster, operator, namespace):
+    admins = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "taken", "namespace": namespace, "labels": {"team": "admin"}},
+        "spec": {"selector": {"app": "admin"}, "ports": [{"name": "http", "port": 80}]},
+    }  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(admins))
+    before = cluster.get("service", "taken", "-n", namespace)
+    apply_model(cluster, namespace, "taken")
+    body = wait_condition(cluster, namespace, "taken", "Ready", "False", "NameConflict")
+    assert "Service taken already exists and is not managed by this model" in condition(body, "Ready")["message"]
+    after = cluster.get("service", "taken", "-n", namespace)
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]  # not written at all
+    assert not after["metadata"].get("ownerReferences")
+    cluster.kubectl("delete", "inferentiamodel", "taken", "-n", namespace)
+    time.sleep(2)  # the garbage collector would have removed it by now, were it owned
+    assert cluster.get("service", "taken", "-n", namespace)["spec"]["selector"] == {"app": "admin"}
+
+
+def test_a_child_whose_labels_are_removed_is_found_and_repaired(cluster, operator, namespace):
+    apply_model(cluster, namespace, "m")
+    wait_ready(cluster, namespace, "m")
+    # The label-filtered watch now sends DELETED for it; the owner reference still says whose it is.
+    cluster.kubectl("label", "deployment", "m", "-n", namespace, "app.kubernetes.io/managed-by-", "inferentia.dev/model-")
+    cluster.kubectl("label", "service", "m", "-n", namespace, "app.kubernetes.io/managed-by-")
+
+    def relabelled():
+        labels = [cluster.get(k, "m", "-n", namespace)["metadata"].get("labels") or {} for k in ("deployment", "service")]
+        return all(x.get("app.kubernetes.io/managed-by") == "inferentia-operator" for x in labels)
+
+    wait_for(relabelled, 60, "the labels to be put back")
+    wait_ready(cluster, namespace, "m")
+
+
+def test_the_operator_serves_prometheus_metrics(cluster, operator, namespace):
+    import urllib.request
+
+    apply_model(cluster, namespace, "m")
+    wait_ready(cluster, namespace, "m")
+    with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    for name in (
+        "inferentia_operator_reconcile_duration_seconds_bucket",
+        'inferentia_operator_reconciles_total{result="changed"}',
+        'inferentia_operator_api_requests_total{code="200",resource="deployments",verb="patch"}',
+        "inferentia_operator_queue_depth",
+    ):
+        assert name in text, name

@@ -30,7 +30,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 The rules the operator needs on the namespaced resources it reads and writes: exactly
 the calls in operator/inferentia_operator/kube.py and kopf's watches, nothing more.
 Server-side apply updates through "patch", and needs "create" as well when the object
-does not exist yet.
+does not exist yet; "get" is the check before creating a child the caches do not hold.
+Superseded plan ConfigMaps and compile Jobs are deleted.
 */}}
 {{- define "inferentia-operator.namespacedRules" -}}
 - apiGroups: [inferentia.dev]
@@ -44,7 +45,7 @@ does not exist yet.
   verbs: [get, list, watch, create, patch]
 - apiGroups: [batch]
   resources: [jobs]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [services]
   verbs: [get, list, watch, create, patch]

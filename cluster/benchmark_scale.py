@@ -1,0 +1,360 @@
+"""The reconcile core at scale, against the bare API: prints one table of ratios.
+
+    make benchmark-scale                 # N = 1000
+    make benchmark-scale N=100           # or: python cluster/benchmark_scale.py --models 100
+
+Each phase runs on a fresh local control plane whose simulated fleet has room for
+every model (capacity never limits), with models of ``inf: 1``, one replica and no
+compile image:
+
+- **floor**: a plain client creates each model's ConfigMap, Service and Deployment
+  itself (the operator's own builders, without owner) and waits for every Deployment
+  to be available. The time, and the CPU the API server and etcd spend, are the floor.
+- **operator**: the same number of InferentiaModels, created the same way, until every
+  one is Ready. Requests per model while converging are counted in the API server's
+  audit log (reads and writes of the operator's user); the operator's RSS is read from
+  /proc.
+- **at rest**: requests per minute over ``--rest-seconds`` with every model Ready,
+  apart from kopf's peering keep-alives.
+- **restart**: the operator killed and started again over the N unchanged models:
+  seconds until its queue is empty and no reconcile has run for 3 s, and its writes.
+- **stream**: models created at 10 and then 20 a second; the latency from each create
+  to its Deployment's existence, p50 and p99.
+
+Every figure is printed beside the goal it is measured against. The machine is shared
+and small, so times are ratios against the floor measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import calendar
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import yaml
+
+import localcluster
+from inferentia_operator import children
+from inferentia_operator.api import InferentiaModelSpec
+from inferentia_operator.kube import Kube
+from inferentia_operator.planner import plan
+
+OPERATOR_USER = "benchmark-operator"
+NAMESPACE = "default"
+CLIENT_THREADS = 4
+# The operator's requests, reads included; everyone's writes.
+AUDIT_POLICY = f"""apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    users: [{OPERATOR_USER}]
+  - level: None
+"""
+SPEC = {
+    "model": {"uri": "s3://models/bench/", "framework": "pytorch"},
+    "compute": {"inf": 1, "cpu": "100m", "memory": "128Mi"},
+    "serving": {"image": "example.com/serve:1"},
+}
+
+
+def fleet(path: Path, models: int) -> Path:
+    """inf1.24xlarge nodes (16 chips) for every model, with room to spare, and one plain node."""
+    nodes = math.ceil(models * 1.1 / 16) + 1
+    base = yaml.safe_load(localcluster.FLEET.read_text())
+    base["nodes"] = [{"instanceType": "inf1.24xlarge", "count": nodes}, {"instanceType": "m5.xlarge", "count": 1}]
+    path.write_text(yaml.safe_dump(base))
+    return path
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def control_plane_cpu(cluster: localcluster.LocalCluster) -> float:
+    pids = cluster.recorded()["pids"]
+    return sum(cpu_seconds(pids[name]) for name in ("kube-apiserver", "etcd"))
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def client(cluster: localcluster.LocalCluster) -> Kube:
+    from kubernetes import client as k8s
+    from kubernetes import config
+
+    configuration = k8s.Configuration()
+    config.load_kube_config(str(cluster.kubeconfig), client_configuration=configuration)
+    configuration.connection_pool_maxsize = CLIENT_THREADS
+    return Kube(k8s.ApiClient(configuration))
+
+
+def model_body(name: str) -> dict:
+    return {"apiVersion": "inferentia.dev/v1alpha1", "kind": "InferentiaModel", "metadata": {"name": name, "namespace": NAMESPACE}, "spec": SPEC}
+
+
+def children_of(name: str) -> list[dict]:
+    spec = InferentiaModelSpec.model_validate(SPEC)
+    m = children.Model(name, NAMESPACE, "bench", spec, plan(spec))
+    objects = [children.plan_configmap(m), children.service(m), children.serving_deployment(m)]
+    for o in objects:
+        o["metadata"].pop("ownerReferences")
+    return objects
+
+
+def create_all(kube: Kube, bodies: list[dict]) -> None:
+    with ThreadPoolExecutor(CLIENT_THREADS) as pool:
+        list(pool.map(kube.create_if_missing, bodies))
+
+
+def wait_until(predicate, timeout: float, interval: float = 1.0) -> float:
+    started = time.monotonic()
+    while not predicate():
+        if time.monotonic() - started > timeout:
+            raise TimeoutError("timed out")
+        time.sleep(interval)
+    return time.monotonic()
+
+
+def available_deployments(kube: Kube) -> int:
+    return sum(1 for d in kube.list("Deployment", NAMESPACE, "") if (d.get("status") or {}).get("availableReplicas") == 1)
+
+
+def ready_models(kube: Kube) -> int:
+    def ready(m):
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in (m.get("status") or {}).get("conditions") or [])
+
+    return sum(1 for m in kube.list("InferentiaModel", NAMESPACE, "") if ready(m))
+
+
+def floor(models: int, workdir: Path) -> dict:
+    cluster = localcluster.LocalCluster(workdir / "floor", fleet_file=fleet(workdir / "fleet.yaml", models), die_with_parent=True)
+    cluster.up()
+    try:
+        kube = client(cluster)
+        cpu0, started = control_plane_cpu(cluster), time.monotonic()
+        create_all(kube, [o for i in range(models) for o in children_of(f"m-{i}")])
+        done = wait_until(lambda: available_deployments(kube) >= models, timeout=models * 3 + 120)
+        return {"seconds": done - started, "cpu": control_plane_cpu(cluster) - cpu0}
+    finally:
+        cluster.down()
+
+
+class Operator:
+    def __init__(self, cluster: localcluster.LocalCluster, log: Path):
+        self.cluster, self.log = cluster, log
+        self.kubeconfig = cluster.user_kubeconfig(OPERATOR_USER, groups=("system:masters",))
+        self.metrics_port = localcluster.free_port()
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "inferentia_operator", "run", "--liveness", "", "--metrics-port", str(self.metrics_port)],
+            env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
+            stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        if self.proc:
+            self.proc.kill()
+            self.proc.wait()
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            lines = r.read().decode().splitlines()
+        return {k: float(v) for k, _, v in (line.rpartition(" ") for line in lines if line and not line.startswith("#"))}
+
+    def reconciles(self) -> float:
+        return sum(v for k, v in self.metrics().items() if k.startswith("inferentia_operator_reconciles_total{"))
+
+    def wait_idle(self, quiet: float = 3.0, timeout: float = 600) -> float:
+        """Seconds until the queue is empty and no reconcile has run for ``quiet`` seconds."""
+        started = time.monotonic()
+        last, last_change = None, time.monotonic()
+        while time.monotonic() - started < timeout:
+            try:
+                m = self.metrics()
+            except OSError:
+                time.sleep(0.2)
+                continue
+            count = sum(v for k, v in m.items() if k.startswith("inferentia_operator_reconciles_total{"))
+            if count != last:
+                last, last_change = count, time.monotonic()
+            elif m.get("inferentia_operator_queue_depth", 0) == 0 and time.monotonic() - last_change >= quiet and count > 0:
+                return last_change - started
+            time.sleep(0.2)
+        raise TimeoutError("the operator did not go idle")
+
+
+def audited(cluster: localcluster.LocalCluster, since: float, until: float | None = None) -> list[dict]:
+    """The operator's requests between two wall-clock times, peering keep-alives excluded."""
+    out = []
+    for line in cluster.audit_log.read_text().splitlines():
+        e = json.loads(line)
+        if e.get("stage") not in ("ResponseComplete", "ResponseStarted") or e.get("user", {}).get("username") != OPERATOR_USER:
+            continue
+        if e.get("verb") == "watch" and e["stage"] == "ResponseComplete":
+            continue  # a watch counts once, when it starts
+        if e["stage"] == "ResponseStarted" and e.get("verb") != "watch":
+            continue
+        at = calendar.timegm(time.strptime(e["stageTimestamp"][:19], "%Y-%m-%dT%H:%M:%S"))
+        if at < since or (until is not None and at > until):
+            continue
+        if "kopfpeerings" in (e.get("objectRef") or {}).get("resource", ""):
+            continue
+        out.append(e)
+    return out
+
+
+def split(requests: list[dict]) -> tuple[int, int]:
+    reads = sum(1 for e in requests if e["verb"] in ("get", "list", "watch"))
+    return reads, len(requests) - reads
+
+
+def stream(kube: Kube, rate: int, seconds: int, prefix: str) -> list[float]:
+    """Creates ``rate`` models a second; returns each one's create -> Deployment latency."""
+    created: dict[str, float] = {}
+    seen: dict[str, float] = {}
+    stop = threading.Event()
+
+    def watch_deployments():
+        while not stop.is_set():
+            for d in kube.list("Deployment", NAMESPACE, ""):
+                name = d["metadata"]["name"]
+                if name.startswith(prefix) and name not in seen:
+                    seen[name] = time.monotonic()
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch_deployments, daemon=True)
+    watcher.start()
+    pool = ThreadPoolExecutor(CLIENT_THREADS)
+    started = time.monotonic()
+    for i in range(rate * seconds):
+        due = started + i / rate
+        time.sleep(max(0.0, due - time.monotonic()))
+        name = f"{prefix}{i}"
+
+        def create(name=name):
+            kube.create_if_missing(model_body(name))
+            created[name] = time.monotonic()
+
+        pool.submit(create)
+    pool.shutdown(wait=True)
+    wait_until(lambda: all(n in seen for n in created), timeout=300, interval=0.2)
+    stop.set()
+    return sorted(seen[n] - created[n] for n in created)
+
+
+def percentile(values: list[float], p: float) -> float:
+    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
+
+
+def with_operator(models: int, workdir: Path, rest_seconds: int, rates: list[int], stream_seconds: int) -> dict:
+    extra = sum(rates) * stream_seconds
+    cluster = localcluster.LocalCluster(
+        workdir / "operator", fleet_file=fleet(workdir / "fleet.yaml", models + extra), die_with_parent=True, audit_policy=AUDIT_POLICY
+    )
+    cluster.up()
+    operator = Operator(cluster, workdir / "operator.log")
+    out: dict = {}
+    try:
+        cluster.install_crds()
+        kube = client(cluster)
+        operator.start()
+        wait_until(lambda: _answers(operator), timeout=60, interval=0.2)
+        time.sleep(2)
+        cpu0, started, wall0 = control_plane_cpu(cluster), time.monotonic(), time.time()
+        create_all(kube, [model_body(f"m-{i}") for i in range(models)])
+        done = wait_until(lambda: ready_models(kube) >= models, timeout=models * 3 + 120)
+        out["seconds"], out["cpu"] = done - started, control_plane_cpu(cluster) - cpu0
+        operator.wait_idle()
+        time.sleep(1)
+        out["reads"], out["writes"] = split(audited(cluster, wall0 - 1, time.time()))
+        out["rss_mb"] = rss_mb(operator.proc.pid)
+
+        rest0 = time.time()
+        time.sleep(rest_seconds)
+        reads, writes = split(audited(cluster, rest0, time.time()))
+        out["rest_per_minute"] = (reads + writes) * 60 / rest_seconds
+
+        operator.stop()
+        restart0 = time.time()
+        operator.start()
+        out["restart_idle_s"] = operator.wait_idle()
+        out["restart_reads"], out["restart_writes"] = split(audited(cluster, restart0, time.time()))
+
+        out["streams"] = {}
+        for rate in rates:
+            latencies = stream(kube, rate, stream_seconds, prefix=f"s{rate}-")
+            out["streams"][rate] = (percentile(latencies, 50), percentile(latencies, 99))
+        out["rss_mb_end"] = rss_mb(operator.proc.pid)
+        return out
+    finally:
+        operator.stop()
+        cluster.down()
+
+
+def _answers(operator: Operator) -> bool:
+    try:
+        operator.metrics()
+        return True
+    except OSError:
+        return False
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", type=int, default=1000)
+    parser.add_argument("--rest-seconds", type=int, default=180)
+    parser.add_argument("--stream-seconds", type=int, default=30)
+    parser.add_argument("--rates", default="10,20")
+    args = parser.parse_args()
+    rates = [int(r) for r in args.rates.split(",") if r]
+    localcluster.bin_dir()
+    n = args.models
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        base = floor(n, workdir)
+        op = with_operator(n, workdir, args.rest_seconds, rates, args.stream_seconds)
+
+    def row(what, value, goal, ok):
+        print(f"| {what} | {value} | {goal} | {'met' if ok else 'NOT met'} |")
+
+    print(f"\nN = {n} models, {os.cpu_count()} CPUs ({time.strftime('%Y-%m-%d')})\n")
+    print("| measure | figure | goal | |")
+    print("|---|---|---|---|")
+    ratio = op["seconds"] / base["seconds"]
+    row("convergence, operator / bare-API floor", f"{op['seconds']:.1f} s / {base['seconds']:.1f} s = {ratio:.2f}x", "≤ 1.25x", ratio <= 1.25)
+    cpu_ratio = op["cpu"] / base["cpu"]
+    row("API server + etcd CPU while converging", f"{op['cpu']:.1f} s / {base['cpu']:.1f} s = {cpu_ratio:.2f}x", "≤ 1.25x", cpu_ratio <= 1.25)
+    reads, writes = op["reads"] / n, op["writes"] / n
+    row("requests per model while converging", f"{reads:.2f} reads, {writes:.2f} writes", "≤ 1 read, ≤ 5 writes", reads <= 1 and writes <= 5)
+    row("requests per minute at rest (peering excluded)", f"{op['rest_per_minute']:.1f}", "0", op["rest_per_minute"] == 0)
+    row("operator RSS after converging / at the end", f"{op['rss_mb']:.0f} MB / {op['rss_mb_end']:.0f} MB", "≤ 150 MB at 1,000", op["rss_mb_end"] <= 150)
+    row(
+        "restart over unchanged models: time to idle, writes",
+        f"{op['restart_idle_s']:.1f} s, {op['restart_writes']} writes ({op['restart_reads']} reads)", "0 writes", op["restart_writes"] == 0,
+    )  # fmt: skip
+    for rate, (p50, p99) in op["streams"].items():
+        goal = "p99 ≤ 1 s" if rate == 20 else ""
+        row(f"create → Deployment at {rate}/s", f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms", goal or "—", p99 <= 1.0 or rate != 20)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

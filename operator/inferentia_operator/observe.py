@@ -1,0 +1,92 @@
+"""What the operator keeps of the objects its watches deliver, and how it finds their model.
+
+Pure functions over plain dicts: the kopf indexes in :mod:`controller` store these
+projections instead of whole objects, which keeps the operator's memory flat as
+models grow (managedFields alone are often most of an object).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import api
+from .names import MODEL_LABEL
+
+_METADATA_KEPT = (
+    "name", "namespace", "uid", "labels", "annotations", "ownerReferences",
+    "generation", "resourceVersion", "deletionTimestamp", "creationTimestamp",
+)  # fmt: skip
+_POD_CONDITIONS = ("PodScheduled", "Ready")
+
+Key = tuple[str, str]  # (namespace, model name)
+
+
+def _metadata(body: dict[str, Any]) -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    return {k: meta[k] for k in _METADATA_KEPT if meta.get(k) is not None}
+
+
+def project(body: dict[str, Any]) -> dict[str, Any]:
+    """An object as the decision needs it: its identity, spec, data and status; no managedFields."""
+    kept = {k: body[k] for k in ("apiVersion", "kind", "spec", "status", "data", "immutable") if k in body}
+    return {**kept, "metadata": _metadata(body)}
+
+
+def project_pod(body: dict[str, Any]) -> dict[str, Any]:
+    """A pod as status needs it: where it runs, whether it is placed and ready, which plan it mounts."""
+    spec, status = body.get("spec") or {}, body.get("status") or {}
+    volumes = [{"configMap": {"name": v["configMap"]["name"]}} for v in spec.get("volumes") or [] if isinstance(v.get("configMap"), dict)]
+    conds = [
+        {k: c[k] for k in ("type", "status", "reason", "message") if k in c}
+        for c in status.get("conditions") or []
+        if c.get("type") in _POD_CONDITIONS
+    ]
+    return {
+        "metadata": _metadata(body),
+        "spec": {"nodeName": spec.get("nodeName"), "volumes": volumes},
+        "status": {"phase": status.get("phase"), "conditions": conds},
+    }
+
+
+def pod_signature(pod: dict[str, Any]) -> tuple[Any, ...]:
+    """What of a pod the model's status reports: its placement, readiness and plan. A pod
+    event that changes none of these is not worth a reconcile."""
+    p = project_pod(pod)
+    meta = p["metadata"]
+    conds = tuple(sorted((c.get("type"), c.get("status"), c.get("reason"), c.get("message")) for c in p["status"]["conditions"]))
+    return (meta.get("deletionTimestamp") is not None, p["spec"]["nodeName"], conds, tuple(str(v) for v in p["spec"]["volumes"]))
+
+
+def owner_key(body: dict[str, Any]) -> Key | None:
+    """The model an object belongs to: its controller InferentiaModel, else its model label.
+
+    The owner reference comes first because it survives someone removing the labels;
+    pods, owned by ReplicaSets and Jobs, are found by their label."""
+    meta = body.get("metadata") or {}
+    namespace = meta.get("namespace")
+    if not namespace:
+        return None
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == api.KIND and (ref.get("apiVersion") or "").startswith(f"{api.GROUP}/"):
+            return namespace, ref["name"]
+    model = (meta.get("labels") or {}).get(MODEL_LABEL)
+    return (namespace, model) if model else None
+
+
+def resource_version(obj: dict[str, Any] | None) -> int:
+    """The object's resourceVersion as a number, -1 when absent. Kubernetes calls it opaque,
+    but every API server backed by etcd gives its revision; it is used here only to
+    tell which of two copies of one object is newer."""
+    try:
+        return int(((obj or {}).get("metadata") or {}).get("resourceVersion") or -1)
+    except ValueError:
+        return -1
+
+
+def newer(cached: dict[str, Any] | None, written: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The newer of what the watch cache holds and what the operator last wrote itself."""
+    if written is None:
+        return cached
+    if cached is None:
+        return written
+    return written if resource_version(written) > resource_version(cached) else cached

@@ -1,0 +1,254 @@
+"""decide(): every branch of a reconcile over observed states, without a cluster."""
+
+import pytest
+
+from inferentia_operator import children
+from inferentia_operator.api import InferentiaModelSpec
+from inferentia_operator.children import Model
+from inferentia_operator.decide import Conflict, Observed, WriteFailure, decide, status_document, status_patch
+from inferentia_operator.planner import plan
+from specs import make_spec
+
+NOW = "2026-11-22T10:00:00Z"
+UID = "uid-1"
+
+
+def model_body(generation=1, status=None, **overrides):
+    return {
+        "metadata": {"name": "m", "namespace": "ns", "uid": UID, "generation": generation},
+        "spec": make_spec(**overrides),
+        "status": status or {},
+    }
+
+
+def built(body) -> Model:
+    spec = InferentiaModelSpec.model_validate(body["spec"])
+    return Model("m", "ns", UID, spec, plan(spec))
+
+
+def live(obj, **status):
+    """A child as the API server would hold it: what was applied, plus status and metadata."""
+    out = {**obj, "metadata": {**obj["metadata"], "resourceVersion": "7", "generation": 1}}
+    if status:
+        out["status"] = status
+    return out
+
+
+def complete(job):
+    return live(job, conditions=[{"type": "Complete", "status": "True"}])
+
+
+def rolled_out(deployment, replicas=1):
+    return live(
+        deployment,
+        observedGeneration=1, replicas=replicas, readyReplicas=replicas, updatedReplicas=replicas,
+        availableReplicas=replicas, conditions=[{"type": "Available", "status": "True"}],
+    )  # fmt: skip
+
+
+def kinds(objects):
+    return [o["kind"] for o in objects]
+
+
+def conds(decision):
+    return {c["type"]: c for c in status_document(decision.status)["conditions"]}
+
+
+def test_a_new_model_applies_its_children_and_holds_the_deployment_for_the_compile():
+    body = model_body(**{"compile.image": "example.com/compile:1"})
+    d = decide(Observed(body), NOW)
+    assert kinds(d.apply) == ["ConfigMap", "Service", "Job"]  # no Deployment before the compile
+    assert d.delete == []
+    c = conds(d)
+    assert (c["Compiled"]["status"], c["Compiled"]["reason"]) == ("False", "Compiling")
+    assert (c["Ready"]["reason"], c["Reconciling"]["status"], c["Stalled"]["status"]) == ("Compiling", "True", "False")
+
+
+def test_a_compile_in_progress_holds_the_rollout_and_the_previous_deployment_keeps_serving():
+    before = model_body(**{"compile.image": "example.com/compile:1", "processesPerReplica": 4})
+    old = built(before)
+    after = model_body(generation=2, **{"compile.image": "example.com/compile:1", "processesPerReplica": 2})
+    new = built(after)
+    o = Observed(
+        after,
+        deployment=rolled_out(children.serving_deployment(old)),
+        service=live(children.service(new)),
+        configmaps=[live(children.plan_configmap(old)), live(children.plan_configmap(new))],
+        jobs=[complete(children.compile_job(old)), live(children.compile_job(new))],  # running
+    )
+    d = decide(o, NOW)
+    assert d.apply == []  # nothing to write: the new Job exists, the Deployment must wait
+    assert d.delete == []  # the old plan still serves
+    assert conds(d)["Ready"]["reason"] == "Compiling"
+
+
+def test_once_compiled_the_deployment_rolls_and_superseded_plans_go_when_unused():
+    before = model_body(**{"compile.image": "example.com/compile:1", "processesPerReplica": 4})
+    old = built(before)
+    after = model_body(generation=2, **{"compile.image": "example.com/compile:1", "processesPerReplica": 2})
+    new = built(after)
+    o = Observed(
+        after,
+        deployment=rolled_out(children.serving_deployment(old)),
+        service=live(children.service(new)),
+        configmaps=[live(children.plan_configmap(old)), live(children.plan_configmap(new))],
+        jobs=[complete(children.compile_job(old)), complete(children.compile_job(new))],
+    )
+    d = decide(o, NOW)
+    assert kinds(d.apply) == ["Deployment"]
+    assert d.delete == []  # the live Deployment still mounts the old plan
+    # The Deployment has rolled: the old plan is unused, and the old compile Job is kept
+    # (the newest successful superseded one) so that going back reuses it.
+    o.deployment = rolled_out(children.serving_deployment(new))
+    d = decide(o, NOW)
+    assert d.apply == []
+    assert d.delete == [("ConfigMap", children.plan_configmap_name(old))]
+    assert conds(d)["Ready"]["status"] == "True"
+
+
+def test_a_superseded_plan_that_a_running_pod_still_mounts_is_kept():
+    old = built(model_body(**{"processesPerReplica": 4}))
+    after = model_body(generation=2, **{"processesPerReplica": 2})
+    new = built(after)
+    old_pod = {
+        "metadata": {"name": "p", "labels": {"app.kubernetes.io/component": "serving"}},
+        "spec": {"volumes": [{"configMap": {"name": children.plan_configmap_name(old)}}]},
+        "status": {"phase": "Running", "conditions": []},
+    }
+    o = Observed(
+        after,
+        deployment=rolled_out(children.serving_deployment(new)),
+        service=live(children.service(new)),
+        configmaps=[live(children.plan_configmap(old)), live(children.plan_configmap(new))],
+        pods=[old_pod],
+    )
+    assert decide(o, NOW).delete == []
+    old_pod["status"]["phase"] = "Succeeded"
+    assert decide(o, NOW).delete == [("ConfigMap", children.plan_configmap_name(old))]
+
+
+def test_superseded_compile_jobs_go_except_the_newest_successful():
+    bodies = [model_body(**{"compile.image": "example.com/compile:1", "compile.batchSize": b}) for b in (1, 2, 3)]
+    jobs = [children.compile_job(built(b)) for b in bodies]
+    current = model_body(generation=4, **{"compile.image": "example.com/compile:1", "compile.batchSize": 4})
+    o = Observed(
+        current,
+        jobs=[
+            {**complete(jobs[0]), "metadata": {**jobs[0]["metadata"], "creationTimestamp": "2026-01-01T00:00:00Z"}},
+            {**complete(jobs[1]), "metadata": {**jobs[1]["metadata"], "creationTimestamp": "2026-01-02T00:00:00Z"}},
+            live(jobs[2], conditions=[{"type": "Failed", "status": "True"}]),
+        ],
+    )
+    deleted = decide(o, NOW).delete
+    assert ("Job", jobs[0]["metadata"]["name"]) in deleted and ("Job", jobs[2]["metadata"]["name"]) in deleted
+    assert ("Job", jobs[1]["metadata"]["name"]) not in deleted
+
+
+def test_an_invalid_edit_leaves_every_child_alone_and_reports_it():
+    good = built(model_body())
+    bad = model_body(generation=2, processesPerReplica=3, status={"plan": children.plan_document(good.plan), "selector": "s"})
+    o = Observed(bad, deployment=rolled_out(children.serving_deployment(good)), service=live(children.service(good)))
+    d = decide(o, NOW)
+    assert d.apply == [] and d.delete == []
+    c = conds(d)
+    assert (c["Validated"]["status"], c["Ready"]["reason"], c["Stalled"]["status"]) == ("False", "InvalidSpec", "True")
+    assert "valid values are 1, 2, 4" in c["Validated"]["message"]
+    document = status_document(d.status)
+    assert document["plan"] == children.plan_document(good.plan)  # the last valid plan stays visible
+    assert document["observedGeneration"] == 2
+
+
+def test_a_child_controlled_by_someone_else_is_never_written():
+    body = model_body()
+    m = built(body)
+    foreign = live(children.service(m))
+    foreign["metadata"]["ownerReferences"] = [{"kind": "Deployment", "name": "web", "uid": "other", "controller": True}]
+    d = decide(Observed(body, service=foreign), NOW)
+    assert "Service" not in kinds(d.apply)
+    c = conds(d)
+    assert (c["Ready"]["reason"], c["Stalled"]["status"]) == ("NameConflict", "True")
+    assert "Service m already exists and is controlled by Deployment web" in c["Ready"]["message"]
+
+
+def test_write_failures_end_in_status_with_the_servers_message():
+    body = model_body()
+    refused = WriteFailure("Deployment", "m", 422, 'Deployment.apps "m" is invalid: quantities must match the regular expression')
+    d = decide(Observed(body, failures=[refused]), NOW)
+    c = conds(d)
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "ApplyFailed")
+    assert "422 Deployment.apps" in c["Ready"]["message"] and c["Stalled"]["status"] == "True"
+    transient = WriteFailure("Deployment", "m", 503, "the server is currently unable to handle the request")
+    c = conds(decide(Observed(body, failures=[transient]), NOW))
+    assert (c["Ready"]["reason"], c["Stalled"]["status"], c["Reconciling"]["status"]) == ("ApplyFailed", "False", "True")
+
+
+def test_a_conflict_found_before_creating_is_reported():
+    body = model_body()
+    conflict = Conflict("Service", "m", "not managed by this model (it has no controller)")
+    c = conds(decide(Observed(body, conflicts=[conflict]), NOW))
+    assert c["Ready"]["reason"] == "NameConflict" and "has no controller" in c["Ready"]["message"]
+
+
+def test_a_steady_model_needs_no_write_and_no_status_patch():
+    body = model_body()
+    m = built(body)
+    o = Observed(
+        body,
+        deployment=rolled_out(children.serving_deployment(m)),
+        service=live(children.service(m)),
+        configmaps=[live(children.plan_configmap(m))],
+    )
+    first = decide(o, NOW)
+    assert first.apply == [] and first.delete == []
+    o.model = {**body, "status": status_document(first.status)}
+    again = decide(o, "2026-11-22T11:00:00Z")  # later: unchanged conditions keep their times
+    assert status_patch(o.model["status"], again.status) is None
+
+
+def test_status_patch_nulls_what_is_no_longer_reported_and_keeps_kopfs_stanza():
+    body = model_body()
+    d = decide(Observed(body), NOW)
+    previous = {"kopf": {"progress": {}}, "compiledUri": "s3://old/", "observedGeneration": 0}
+    patch = status_patch(previous, d.status)
+    assert patch["compiledUri"] is None and "kopf" not in patch and patch["observedGeneration"] == 1
+
+
+def test_a_model_being_deleted_gets_nothing():
+    body = model_body()
+    body["metadata"]["deletionTimestamp"] = NOW
+    d = decide(Observed(body), NOW)
+    assert (d.apply, d.delete, d.status) == ([], [], None)
+
+
+@pytest.mark.parametrize("edit", ["port", "label"])
+def test_a_hand_edited_child_of_ours_is_applied_again(edit):
+    body = model_body()
+    m = built(body)
+    service = live(children.service(m))
+    if edit == "port":
+        service["spec"]["ports"][0]["port"] = 9999
+    else:
+        del service["metadata"]["labels"]["app.kubernetes.io/managed-by"]
+    o = Observed(
+        body, deployment=rolled_out(children.serving_deployment(m)), service=service, configmaps=[live(children.plan_configmap(m))]
+    )
+    assert kinds(decide(o, NOW).apply) == ["Service"]
+
+
+def test_peering_pause_follows_kopfs_rule():
+    import datetime
+
+    from inferentia_operator.runner import peering_paused
+
+    now = datetime.datetime(2026, 11, 22, 10, 0, tzinfo=datetime.UTC)
+    alive, dead = "2026-11-22T09:59:30+00:00", "2026-11-22T09:00:00+00:00"
+
+    def peering(*peers):
+        return {"status": {f"peer-{i}": {"priority": p, "lifetime": 60, "lastseen": seen} for i, (p, seen) in enumerate(peers)}}
+
+    assert not peering_paused([peering((10, alive))], 10, now)  # only ourselves
+    assert peering_paused([peering((10, alive), (20, alive))], 10, now)  # a live peer above us
+    assert not peering_paused([peering((10, alive), (20, dead))], 10, now)  # ...gone
+    assert not peering_paused([peering((10, alive), (5, alive))], 10, now)  # we are the highest
+    assert peering_paused([peering((10, alive), (10, alive))], 10, now)  # kopf pauses both on a tie
+    assert not peering_paused([None, {"status": {"x": "garbage"}}], 10, now)

@@ -1,0 +1,68 @@
+"""The work queue: coalescing, one worker per key, the urgent lane, backoff."""
+
+import asyncio
+
+from inferentia_operator.workqueue import WorkQueue
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_a_burst_for_one_key_is_one_item():
+    async def scenario():
+        q = WorkQueue()
+        for _ in range(50):
+            q.add(("ns", "a"))
+        q.add(("ns", "b"))
+        assert len(q) == 2
+        assert [await q.get(), await q.get()] == [("ns", "a"), ("ns", "b")]
+
+    run(scenario())
+
+
+def test_a_key_added_while_worked_on_comes_back_once_after():
+    async def scenario():
+        q = WorkQueue()
+        q.add("a")
+        key = await q.get()
+        q.add("a")
+        q.add("a")
+        assert len(q) == 0  # never handed to a second worker while the first has it
+        q.done(key)
+        assert len(q) == 1 and await q.get() == "a"
+        q.done("a")
+        assert len(q) == 0
+
+    run(scenario())
+
+
+def test_urgent_keys_go_ahead_of_a_backlog():
+    async def scenario():
+        q = WorkQueue()
+        for i in range(100):
+            q.add(f"status-{i}")
+        q.add("new-model", urgent=True)
+        q.add("status-50", urgent=True)  # a queued key that turns urgent moves up
+        assert [await q.get(), await q.get(), await q.get()] == ["new-model", "status-50", "status-0"]
+
+    run(scenario())
+
+
+def test_get_waits_for_work():
+    async def scenario():
+        q = WorkQueue()
+        getter = asyncio.ensure_future(q.get())
+        await asyncio.sleep(0.01)
+        assert not getter.done()
+        q.add("a")
+        assert await asyncio.wait_for(getter, 1) == "a"
+
+    run(scenario())
+
+
+def test_backoff_doubles_per_failure_and_resets_on_success():
+    q = WorkQueue(base_delay=1, max_delay=10)
+    assert [q.retry_delay("a") for _ in range(6)] == [1, 2, 4, 8, 10, 10]
+    q.forget("a")
+    assert q.retry_delay("a") == 1
