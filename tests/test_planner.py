@@ -9,8 +9,10 @@ from hypothesis import strategies as st
 
 from inferentia_operator.api import InferentiaModelSpec
 from inferentia_operator.catalogue import FAMILIES, GIB
+from inferentia_operator.cores import divisors, tensor_parallel_processes
+from inferentia_operator.findings import errors
+from inferentia_operator.parsing import parse_spec
 from inferentia_operator.planner import InvalidSpec, plan
-from inferentia_operator.rules import divisors, errors, parse_spec, tensor_parallel_processes
 from specs import make_spec
 
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from inferentia_operator.rules import errors, parse_spec
+from inferentia_operator.findings import errors
+from inferentia_operator.parsing import parse_spec
 from specs import make_spec
 
 

@@ -17,9 +17,11 @@ from . import api, children, conditions
 from .api import InferentiaModelStatus
 from .children import Model
 from .drift import applied
+from .findings import errors
 from .names import COMPONENT_LABEL, PLAN_HASH_ANNOTATION
+from .parsing import parse_spec
 from .planner import plan as make_plan
-from .rules import check_name, errors, parse_spec
+from .rules import check_name
 
 # API status codes for which retrying the same write cannot help.
 PERMANENT_CODES = {400, 403, 404, 405, 409, 410, 413, 415, 422}

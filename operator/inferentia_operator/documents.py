@@ -15,7 +15,9 @@ from typing import Any
 import yaml
 
 from . import api
-from .rules import Finding, check_name, errors, parse_spec
+from .findings import Finding, errors
+from .parsing import parse_spec
+from .rules import check_name
 
 MANIFEST_SUFFIXES = {".yaml", ".yml", ".json"}
 

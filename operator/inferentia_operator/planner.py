@@ -25,7 +25,9 @@ from .catalogue import (
     NEURON_RESOURCE,
     Family,
 )
-from .rules import Finding, bytes_per_weight, check_spec, errors, lnc_of
+from .cores import bytes_per_weight, lnc_of
+from .findings import Finding, errors
+from .rules import check_spec
 
 
 class InvalidSpec(ValueError):

@@ -1,251 +1,58 @@
-"""Validation: the rules every InferentiaModel spec must satisfy.
+"""Validation: the cross-field rules every InferentiaModel spec must satisfy.
 
-Each finding names the field path, the value given and what would be valid.
-Every cross-field rule that CEL can express (all but the two about staticWeights)
-is written twice, side by side: once
-in Python (used by the CLI and the operator) and once as a CEL rule that the CRD
-carries, so ``kubectl apply`` refuses the same input with the same message.
-An end-to-end test applies invalid objects to a real API server and compares the
-two messages.
+Each finding names the field path, the value given and what would be valid. Every rule
+that CEL can express (all but the two about staticWeights) is written twice, side by
+side: once in Python (used by the CLI and the operator) and once as a CEL rule that the
+CRD carries (:mod:`cel`), so ``kubectl apply`` refuses the same input with the same
+message. An end-to-end test applies invalid objects to a real API server and compares
+the two messages. Parsing (pydantic's errors) is in :mod:`parsing`.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
-from typing import Any, Literal
-
-from pydantic import ValidationError
+from typing import Any
 
 from .api import InferentiaModelSpec
 from .catalogue import FAMILIES, Family, bucket_budget_per_core
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One problem with a spec. Errors block planning; warnings do not."""
-
-    path: str
-    message: str
-    severity: Literal["error", "warning"] = "error"
-
-    def __str__(self) -> str:
-        prefix = "warning: " if self.severity == "warning" else ""
-        return f"{prefix}{self.path}: {self.message}"
-
-
-def errors(findings: list[Finding]) -> list[Finding]:
-    return [f for f in findings if f.severity == "error"]
-
-
-# ---------------------------------------------------------------------------
-# Shared arithmetic (the planner uses the same functions).
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def round_half_up_div(numerator: int, denominator: int) -> int:
-    """round(numerator / denominator) with halves rounded up, in integers (as the CEL rule computes it)."""
-    return (2 * numerator + denominator) // (2 * denominator)
-
-
-def bytes_per_weight(precision: str) -> int:
-    return 4 if precision == "fp32" else 2
-
-
-def lnc_of(spec: InferentiaModelSpec, family: Family) -> int:
-    """The spec's logical NeuronCore configuration, or the family's default."""
-    return spec.compute.lnc if spec.compute.lnc is not None else family.default_lnc
-
-
-def replica_cores(spec: InferentiaModelSpec, family: Family) -> int:
-    """The replica's NeuronCores, in logical cores."""
-    return family.cores_per_chip(lnc_of(spec, family)) * spec.compute.inf
-
-
-def group_size_of(spec: InferentiaModelSpec, family: Family) -> int | None:
-    """The cores of one group, or None when the spec has no valid group size to check against."""
-    lnc, cores = lnc_of(spec, family), replica_cores(spec, family)
-    if spec.compute.inf > family.max_chips or lnc not in family.lnc_values or cores % spec.processes_per_replica:
-        return None
-    return cores // spec.processes_per_replica
-
-
-def max_buckets_per_group(family: Family, lnc: int, group_size: int, weights: int) -> int:
-    """The bucketing note's round(10^9 / weights) bucketed models per NeuronCore (scaled for non-inf1 cores)."""
-    return group_size * round_half_up_div(bucket_budget_per_core(family, lnc), weights)
-
-
-def tensor_parallel_processes(family: Family, cores: int) -> list[int]:
-    """The processesPerReplica values whose groups the family's runtime can run tensor parallel."""
-    return [d for d in divisors(cores) if family.tensor_parallel_ok(cores // d)]
-
-
-def _format_list(values: list[Any]) -> str:
-    return ", ".join(str(v) for v in values)
-
-
-def _or_list(values: list[Any]) -> str:
-    words = [str(v) for v in values]
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
-
-
-# ---------------------------------------------------------------------------
-# Parsing: pydantic errors, translated into findings with field paths.
-
-_UNION_TAGS = {"int", "str", "bool", "float", "list", "dict", "none"}
-
-
-def _path(loc: tuple[Any, ...], root: str) -> str:
-    path = root
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif part in _UNION_TAGS or any(c in str(part) for c in "[]()-"):
-            continue  # pydantic names the union member it tried; users never wrote it
-        else:
-            path += f".{part}"
-    return path
-
-
-def _describe_error(error: dict[str, Any]) -> str:
-    kind, value, ctx = error["type"], error.get("input"), error.get("ctx") or {}
-    if kind == "missing":
-        return "is required"
-    if kind == "extra_forbidden":
-        return "is not a field of this object; check its spelling (kubectl explain inferentiamodel.spec lists the fields)"
-    if kind in {"int_type", "int_from_float", "int_parsing"}:
-        return f"{value!r} is not a whole number; valid values are whole numbers"
-    if kind == "bool_type":
-        return f"{value!r} is not valid; valid values are true, false"
-    if kind == "greater_than_equal":
-        return f"{value!r} is too small; valid values are at least {ctx['ge']}"
-    if kind == "less_than_equal":
-        return f"{value!r} is too large; valid values are at most {ctx['le']}"
-    if kind == "literal_error":
-        expected = ctx.get("expected", "").replace("'", "").replace(" or ", ", ")
-        return f"{value!r} is not valid; valid values are {expected}"
-    if kind in {"too_short", "string_too_short"}:
-        return "must not be empty"
-    if kind in {"too_long", "string_too_long"}:
-        limit = ctx.get("max_length")
-        return f"is too long; at most {limit} {'items' if kind == 'too_long' else 'characters'}"
-    if kind == "string_pattern_mismatch":
-        return f"{value!r} does not match the pattern {ctx.get('pattern')}"
-    if kind == "value_error":
-        return f"{value!r} is not valid: {ctx.get('error')}"
-    return f"{value!r} is not valid: {error['msg']}"
-
-
-def parse_spec(raw: Any, root: str = "spec") -> tuple[InferentiaModelSpec | None, list[Finding]]:
-    """Parses and checks a spec: (the spec or None, every finding)."""
-    if not isinstance(raw, dict):
-        return None, [Finding(root, f"must be a mapping of fields, got {type(raw).__name__}")]
-    try:
-        spec = InferentiaModelSpec.model_validate(raw)
-    except ValidationError as exc:
-        seen: dict[str, Finding] = {}
-        for error in exc.errors():
-            path = _path(error["loc"], root)
-            # A union reports one error per member; the first says enough.
-            seen.setdefault(path, Finding(path, _describe_error(error)))
-        return None, list(seen.values())
-    return spec, check_spec(spec)
-
-
-# ---------------------------------------------------------------------------
-# Cross-field rules. Each message is one printf-style template: Python renders it
-# with %, and the CRD's CEL rule renders it with the same template through
-# format(), so the CLI, the operator and `kubectl apply` print identical text.
-# (format() also keeps the API server's cost estimator content: it costs
-# string(int) inside a concatenation as unbounded, kubernetes#124234.)
-
-
-@dataclass(frozen=True)
-class CrossFieldRule:
-    """A rule over several fields, with its message template and its CEL twin."""
-
-    path: str  # the field a finding names, e.g. "spec.processesPerReplica"
-    node: str  # the schema node that carries the CEL rule, e.g. "spec"
-    template: str
-    cel_rule: str
-    cel_args: tuple[str, ...]
-
-    def finding(self, *args: Any) -> Finding:
-        return Finding(self.path, self.template % args)
-
-    def as_schema(self) -> dict[str, Any]:
-        return {
-            "rule": self.cel_rule,
-            "messageExpression": f"{json.dumps(self.template)}.format([{', '.join(self.cel_args)}])",
-            "fieldPath": self.path[len(self.node) :] if self.node else "." + self.path,
-            "reason": "FieldValueInvalid",
-        }
-
-
-def _cel(value: Any) -> str:
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_cel(k)}: {_cel(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_cel(v) for v in value) + "]"
-    return json.dumps(value)
-
-
-_FAM = list(FAMILIES.values())
-_NEURON_CC = [f.name for f in _FAM if not f.neuronx]
-CEL_PHYSICAL_CORES = _cel({f.name: f.physical_cores_per_chip for f in _FAM})
-CEL_DEFAULT_LNC = _cel({f.name: f.default_lnc for f in _FAM})
-CEL_LNC_VALUES = _cel({f.name: list(f.lnc_values) for f in _FAM})
-CEL_LNC_TEXT = _cel({f.name: _format_list(sorted(f.lnc_values)) for f in _FAM})
-CEL_MAX = _cel({f.name: f.max_chips for f in _FAM})
-CEL_LARGEST = _cel({f.name: f.largest_instance[0] for f in _FAM})
-CEL_TYPES = _cel({f.name: list(f.instance_chips) for f in _FAM})
-CEL_TYPES_TEXT = _cel({f.name: _format_list(list(f.instance_chips)) for f in _FAM})
-# For every family and chip count: the types with at least that many chips, as text.
-CEL_LARGE_ENOUGH_TEXT = _cel(
-    {
-        f.name: {inf: _format_list([t for t, c in f.instance_chips.items() if c >= inf]) for inf in range(1, f.max_chips + 1)}
-        for f in _FAM
-    }
+from .cel import (
+    CEL_BUCKET_LIMIT,
+    CEL_BUDGET,
+    CEL_CORES,
+    CEL_DIVIDES,
+    CEL_DIVISORS,
+    CEL_FAMILY,
+    CEL_FITS,
+    CEL_GROUP,
+    CEL_INF,
+    CEL_LARGE_ENOUGH_TEXT,
+    CEL_LARGEST,
+    CEL_LNC_TEXT,
+    CEL_LNC_VALUES,
+    CEL_MAX,
+    CEL_PROCESSES,
+    CEL_TP_PROCESSES_TEXT,
+    CEL_TYPE_CHIPS,
+    CEL_TYPES,
+    CEL_TYPES_TEXT,
+    CEL_WEIGHTS,
+    FAMILY_LIST,
+    NEURON_CC_FAMILIES,
+    TP_RESTRICTED,
+    CrossFieldRule,
+    literal,
 )
-CEL_TYPE_CHIPS = _cel({t: c for f in _FAM for t, c in f.instance_chips.items()})
-CEL_BUCKET_BUDGET = _cel({f.name: {lnc: bucket_budget_per_core(f, lnc) for lnc in f.lnc_values} for f in _FAM})
-# The valid processesPerReplica of every core count a valid inf and lnc give, as text.
-CEL_DIVISORS = _cel(
-    {
-        cores: _format_list(divisors(cores))
-        for cores in sorted(
-            {f.cores_per_chip(lnc) * inf for f in _FAM for lnc in f.lnc_values for inf in range(1, f.max_chips + 1)}
-        )
-    }
+from .cores import (
+    bytes_per_weight,
+    divisors,
+    group_size_of,
+    lnc_of,
+    max_buckets_per_group,
+    replica_cores,
+    tensor_parallel_processes,
 )
-# Families whose runtime restricts tensor-parallel group sizes (trn1): for every core
-# count, the processesPerReplica values whose groups it can run, as text.
-_TP_RESTRICTED = [f for f in _FAM if f.tensor_parallel_sizes is not None]
-CEL_TP_PROCESSES_TEXT = _cel(
-    {
-        f.name: {
-            f.cores_per_chip(lnc) * inf: _format_list(tensor_parallel_processes(f, f.cores_per_chip(lnc) * inf))
-            for lnc in f.lnc_values
-            for inf in range(1, f.max_chips + 1)
-        }
-        for f in _TP_RESTRICTED
-    }
-)
-
-# CEL fragments over the spec (self = spec).
-_fam, _inf, _p, _w = "self.compute.family", "self.compute.inf", "self.processesPerReplica", "self.model.weights"
-_lnc = f"(has(self.compute.lnc) ? self.compute.lnc : {CEL_DEFAULT_LNC}[{_fam}])"
-_cores = f"({CEL_PHYSICAL_CORES}[{_fam}] / {_lnc} * {_inf})"
-# Only where inf fits the family and lnc is one it supports is there a core count to divide.
-_fits_family = f"{_inf} <= {CEL_MAX}[{_fam}] && {_lnc} in {CEL_LNC_VALUES}[{_fam}]"
-_divides = f"{_cores} % {_p} == 0"
-_group = f"({_cores} / {_p})"
-_budget = f"{CEL_BUCKET_BUDGET}[{_fam}][{_lnc}]"
-_bound = f"({_group} * ((2 * {_budget} + {_w}) / (2 * {_w})))"  # round_half_up_div in integers
+from .findings import Finding, format_list, or_list
 
 # The model's name is carried by its children: the Service (a DNS-1035 label) and the
 # Job "<name>-compile-<10 hex>" (at most 63 characters).
@@ -285,15 +92,15 @@ ALLOWED_CHIPS = {
         "spec.compute.inf",
         "spec.compute",
         ALLOWED_CHIPS_TEMPLATE,
-        f"self.family != {_cel(f.name)} || self.inf in {_cel(list(f.allowed_chip_counts))}",
+        f"self.family != {literal(f.name)} || self.inf in {literal(list(f.allowed_chip_counts))}",
         (
-            _cel(f.name),
-            _cel(_or_list(list(f.allowed_chip_counts))),
+            literal(f.name),
+            literal(or_list(list(f.allowed_chip_counts))),
             "self.inf",
-            _cel(_format_list(list(f.allowed_chip_counts))),
+            literal(format_list(list(f.allowed_chip_counts))),
         ),
     )
-    for f in _FAM
+    for f in FAMILY_LIST
     if f.allowed_chip_counts
 }
 
@@ -334,8 +141,8 @@ DIVISIBLE = CrossFieldRule(
     "spec.processesPerReplica",
     "spec",
     "cannot evenly distribute %d %s %s (%d NeuronCores) over %d processes; valid values are %s",
-    f"!({_fits_family}) || {_divides}",
-    (_inf, _fam, f"({_inf} == 1 ? 'chip' : 'chips')", _cores, _p, f"{CEL_DIVISORS}[{_cores}]"),
+    f"!({CEL_FITS}) || {CEL_DIVIDES}",
+    (CEL_INF, CEL_FAMILY, f"({CEL_INF} == 1 ? 'chip' : 'chips')", CEL_CORES, CEL_PROCESSES, f"{CEL_DIVISORS}[{CEL_CORES}]"),
 )
 
 # Tensor-parallel groups on trn1: its runtime loads collectives only on 1, 2, 8, 16 or a
@@ -345,13 +152,13 @@ TENSOR_PARALLEL_GROUP = {
         "spec.processesPerReplica",
         "spec",
         f"a {f.name} group of %d NeuronCores cannot run one model tensor parallel: the runtime loads collectives "
-        f"only on {_format_list(list(f.tensor_parallel_sizes or ()))} or a multiple of {f.tensor_parallel_multiple} "
+        f"only on {format_list(list(f.tensor_parallel_sizes or ()))} or a multiple of {f.tensor_parallel_multiple} "
         "cores (huggingface/optimum-neuron#619); valid values for %d chips are %s",
-        f"{_fam} != {_cel(f.name)} || !({_fits_family} && {_divides})"
-        f" || {_group} in {_cel(list(f.tensor_parallel_sizes or ()))} || {_group} % {f.tensor_parallel_multiple} == 0",
-        (_group, _inf, f"{CEL_TP_PROCESSES_TEXT}[{_cel(f.name)}][{_cores}]"),
+        f"{CEL_FAMILY} != {literal(f.name)} || !({CEL_FITS} && {CEL_DIVIDES})"
+        f" || {CEL_GROUP} in {literal(list(f.tensor_parallel_sizes or ()))} || {CEL_GROUP} % {f.tensor_parallel_multiple} == 0",
+        (CEL_GROUP, CEL_INF, f"{CEL_TP_PROCESSES_TEXT}[{literal(f.name)}][{CEL_CORES}]"),
     )
-    for f in _TP_RESTRICTED
+    for f in TP_RESTRICTED
 }
 
 # The vLLM preset: vLLM on Neuron runs on NxD Inference, which supports inf2, trn1 and trn2
@@ -361,8 +168,8 @@ VLLM_FAMILY = CrossFieldRule(
     "spec",
     "vllm does not run on %s: vLLM on Neuron is built on NxD Inference, which supports inf2, trn1 and trn2 only; "
     "valid values on %s are custom",
-    f"!has(self.serving.runtime) || self.serving.runtime != 'vllm' || !({_fam} in {_cel(_NEURON_CC)})",
-    (_fam, _fam),
+    f"!has(self.serving.runtime) || self.serving.runtime != 'vllm' || !({CEL_FAMILY} in {literal(NEURON_CC_FAMILIES)})",
+    (CEL_FAMILY, CEL_FAMILY),
 )
 
 # Rule 4: CNN batch limits of neuron-cc, the Inf1 compiler (the Neuron batching tech note,
@@ -373,7 +180,7 @@ FP32_CNN_BATCH = CrossFieldRule(
     "spec",
     "a CNN in fp32 compiles only at batch size 1, got %d; valid values are 1 "
     f"(or use precision fp16 for batch sizes up to {FP16_CNN_MAX_BATCH})",
-    f"!({_fam} in {_cel(_NEURON_CC)} && self.model.architecture == 'cnn' && self.model.precision == 'fp32'"
+    f"!({CEL_FAMILY} in {literal(NEURON_CC_FAMILIES)} && self.model.architecture == 'cnn' && self.model.precision == 'fp32'"
     " && self.compile.batchSize > 1)",
     ("self.compile.batchSize",),
 )
@@ -401,9 +208,9 @@ BUCKET_BOUND = CrossFieldRule(
     "spec",
     "%d buckets do not fit: a group of %d NeuronCores holds at most %d bucketed models of %d weights "
     "(round(%d / weights) per NeuronCore)",
-    f"!has({_w}) || !has(self.compile.buckets) || size(self.compile.buckets) == 0 || !({_fits_family} && {_divides})"
-    f" || size(self.compile.buckets) <= {_bound}",
-    ("size(self.compile.buckets)", _group, _bound, _w, _budget),
+    f"!has({CEL_WEIGHTS}) || !has(self.compile.buckets) || size(self.compile.buckets) == 0 || !({CEL_FITS} && {CEL_DIVIDES})"
+    f" || size(self.compile.buckets) <= {CEL_BUCKET_LIMIT}",
+    ("size(self.compile.buckets)", CEL_GROUP, CEL_BUCKET_LIMIT, CEL_WEIGHTS, CEL_BUDGET),
 )
 
 # Rule 5, static weights. No CEL twin: the field is true, false or "auto", which a
@@ -445,7 +252,7 @@ def _check_allowed_chip_counts(spec: InferentiaModelSpec, fam: Family) -> list[F
         return []
     return [
         ALLOWED_CHIPS[fam.name].finding(
-            fam.name, _or_list(list(allowed)), spec.compute.inf, _format_list(list(allowed))
+            fam.name, or_list(list(allowed)), spec.compute.inf, format_list(list(allowed))
         )
     ]
 
@@ -456,18 +263,18 @@ def _check_instance_types(spec: InferentiaModelSpec, fam: Family) -> list[Findin
         return []
     unknown = [t for t in listed if t not in fam.instance_chips]
     if unknown:
-        return [UNKNOWN_INSTANCE_TYPE.finding(unknown[0], fam.name, _format_list(list(fam.instance_chips)))]
+        return [UNKNOWN_INSTANCE_TYPE.finding(unknown[0], fam.name, format_list(list(fam.instance_chips)))]
     if inf > fam.max_chips or any(fam.instance_chips[t] >= inf for t in listed):
         return []
     large_enough = [t for t, chips in fam.instance_chips.items() if chips >= inf]
-    return [SMALL_INSTANCE_TYPES.finding(inf, fam.name, inf, _format_list(large_enough))]
+    return [SMALL_INSTANCE_TYPES.finding(inf, fam.name, inf, format_list(large_enough))]
 
 
 def _check_lnc(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     lnc = spec.compute.lnc
     if lnc is None or lnc in fam.lnc_values:
         return []
-    return [LNC_VALUE.finding(lnc, fam.name, _format_list(sorted(fam.lnc_values)))]
+    return [LNC_VALUE.finding(lnc, fam.name, format_list(sorted(fam.lnc_values)))]
 
 
 def _check_divisibility(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
@@ -476,7 +283,7 @@ def _check_divisibility(spec: InferentiaModelSpec, fam: Family) -> list[Finding]
     if inf > fam.max_chips or lnc_of(spec, fam) not in fam.lnc_values or cores % p == 0:
         return []
     chips = "chip" if inf == 1 else "chips"
-    return [DIVISIBLE.finding(inf, fam.name, chips, cores, p, _format_list(divisors(cores)))]
+    return [DIVISIBLE.finding(inf, fam.name, chips, cores, p, format_list(divisors(cores)))]
 
 
 def _check_tensor_parallel(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
@@ -484,7 +291,7 @@ def _check_tensor_parallel(spec: InferentiaModelSpec, fam: Family) -> list[Findi
     if group is None or fam.name not in TENSOR_PARALLEL_GROUP or fam.tensor_parallel_ok(group):
         return []
     cores = replica_cores(spec, fam)
-    valid = _format_list(tensor_parallel_processes(fam, cores))
+    valid = format_list(tensor_parallel_processes(fam, cores))
     return [TENSOR_PARALLEL_GROUP[fam.name].finding(group, spec.compute.inf, valid)]
 
 
@@ -582,7 +389,7 @@ def _check_advice(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
                 "spec.processesPerReplica",
                 f"groups of {group} NeuronCores straddle chip boundaries ({per_chip} cores per chip); "
                 f"values giving whole-chip or in-chip groups: "
-                f"{_format_list([d for d in divisors(cores) if (cores // d) % per_chip == 0 or per_chip % (cores // d) == 0])}",
+                f"{format_list([d for d in divisors(cores) if (cores // d) % per_chip == 0 or per_chip % (cores // d) == 0])}",
                 "warning",
             )
         )

@@ -1,0 +1,103 @@
+"""The CEL side of the cross-field rules: the rule type, the catalogue as CEL literals, and
+CEL expressions over the spec that several rules share.
+
+Each message is one printf-style template: Python renders it with %, and the CRD's CEL
+rule renders it with the same template through format(), so the CLI, the operator and
+`kubectl apply` print identical text. (format() also keeps the API server's cost
+estimator content: it costs string(int) inside a concatenation as unbounded,
+kubernetes#124234.)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .catalogue import FAMILIES, bucket_budget_per_core
+from .cores import divisors, tensor_parallel_processes
+from .findings import Finding, format_list
+
+
+@dataclass(frozen=True)
+class CrossFieldRule:
+    """A rule over several fields, with its message template and its CEL twin."""
+
+    path: str  # the field a finding names, e.g. "spec.processesPerReplica"
+    node: str  # the schema node that carries the CEL rule, e.g. "spec"
+    template: str
+    cel_rule: str
+    cel_args: tuple[str, ...]
+
+    def finding(self, *args: Any) -> Finding:
+        return Finding(self.path, self.template % args)
+
+    def as_schema(self) -> dict[str, Any]:
+        return {
+            "rule": self.cel_rule,
+            "messageExpression": f"{json.dumps(self.template)}.format([{', '.join(self.cel_args)}])",
+            "fieldPath": self.path[len(self.node) :] if self.node else "." + self.path,
+            "reason": "FieldValueInvalid",
+        }
+
+
+def literal(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{literal(k)}: {literal(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(literal(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+FAMILY_LIST = list(FAMILIES.values())
+NEURON_CC_FAMILIES = [f.name for f in FAMILY_LIST if not f.neuronx]
+CEL_PHYSICAL_CORES = literal({f.name: f.physical_cores_per_chip for f in FAMILY_LIST})
+CEL_DEFAULT_LNC = literal({f.name: f.default_lnc for f in FAMILY_LIST})
+CEL_LNC_VALUES = literal({f.name: list(f.lnc_values) for f in FAMILY_LIST})
+CEL_LNC_TEXT = literal({f.name: format_list(sorted(f.lnc_values)) for f in FAMILY_LIST})
+CEL_MAX = literal({f.name: f.max_chips for f in FAMILY_LIST})
+CEL_LARGEST = literal({f.name: f.largest_instance[0] for f in FAMILY_LIST})
+CEL_TYPES = literal({f.name: list(f.instance_chips) for f in FAMILY_LIST})
+CEL_TYPES_TEXT = literal({f.name: format_list(list(f.instance_chips)) for f in FAMILY_LIST})
+# For every family and chip count: the types with at least that many chips, as text.
+CEL_LARGE_ENOUGH_TEXT = literal(
+    {
+        f.name: {inf: format_list([t for t, c in f.instance_chips.items() if c >= inf]) for inf in range(1, f.max_chips + 1)}
+        for f in FAMILY_LIST
+    }
+)
+CEL_TYPE_CHIPS = literal({t: c for f in FAMILY_LIST for t, c in f.instance_chips.items()})
+CEL_BUCKET_BUDGET = literal({f.name: {lnc: bucket_budget_per_core(f, lnc) for lnc in f.lnc_values} for f in FAMILY_LIST})
+# The valid processesPerReplica of every core count a valid inf and lnc give, as text.
+CEL_DIVISORS = literal(
+    {
+        cores: format_list(divisors(cores))
+        for cores in sorted(
+            {f.cores_per_chip(lnc) * inf for f in FAMILY_LIST for lnc in f.lnc_values for inf in range(1, f.max_chips + 1)}
+        )
+    }
+)
+# Families whose runtime restricts tensor-parallel group sizes (trn1): for every core
+# count, the processesPerReplica values whose groups it can run, as text.
+TP_RESTRICTED = [f for f in FAMILY_LIST if f.tensor_parallel_sizes is not None]
+CEL_TP_PROCESSES_TEXT = literal(
+    {
+        f.name: {
+            f.cores_per_chip(lnc) * inf: format_list(tensor_parallel_processes(f, f.cores_per_chip(lnc) * inf))
+            for lnc in f.lnc_values
+            for inf in range(1, f.max_chips + 1)
+        }
+        for f in TP_RESTRICTED
+    }
+)
+
+# CEL fragments over the spec (self = spec).
+CEL_FAMILY, CEL_INF, CEL_PROCESSES, CEL_WEIGHTS = "self.compute.family", "self.compute.inf", "self.processesPerReplica", "self.model.weights"
+CEL_LNC = f"(has(self.compute.lnc) ? self.compute.lnc : {CEL_DEFAULT_LNC}[{CEL_FAMILY}])"
+CEL_CORES = f"({CEL_PHYSICAL_CORES}[{CEL_FAMILY}] / {CEL_LNC} * {CEL_INF})"
+# Only where inf fits the family and lnc is one it supports is there a core count to divide.
+CEL_FITS = f"{CEL_INF} <= {CEL_MAX}[{CEL_FAMILY}] && {CEL_LNC} in {CEL_LNC_VALUES}[{CEL_FAMILY}]"
+CEL_DIVIDES = f"{CEL_CORES} % {CEL_PROCESSES} == 0"
+CEL_GROUP = f"({CEL_CORES} / {CEL_PROCESSES})"
+CEL_BUDGET = f"{CEL_BUCKET_BUDGET}[{CEL_FAMILY}][{CEL_LNC}]"
+CEL_BUCKET_LIMIT = f"({CEL_GROUP} * ((2 * {CEL_BUDGET} + {CEL_WEIGHTS}) / (2 * {CEL_WEIGHTS})))"  # round_half_up_div in integers

@@ -1,0 +1,71 @@
+"""Parsing a spec: pydantic's errors translated into findings with the user's field paths,
+then every cross-field rule of :mod:`rules`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from .api import InferentiaModelSpec
+from .findings import Finding
+from .rules import check_spec
+
+_UNION_TAGS = {"int", "str", "bool", "float", "list", "dict", "none"}
+
+
+def _path(loc: tuple[Any, ...], root: str) -> str:
+    path = root
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part in _UNION_TAGS or any(c in str(part) for c in "[]()-"):
+            continue  # pydantic names the union member it tried; users never wrote it
+        else:
+            path += f".{part}"
+    return path
+
+
+def _describe_error(error: dict[str, Any]) -> str:
+    kind, value, ctx = error["type"], error.get("input"), error.get("ctx") or {}
+    if kind == "missing":
+        return "is required"
+    if kind == "extra_forbidden":
+        return "is not a field of this object; check its spelling (kubectl explain inferentiamodel.spec lists the fields)"
+    if kind in {"int_type", "int_from_float", "int_parsing"}:
+        return f"{value!r} is not a whole number; valid values are whole numbers"
+    if kind == "bool_type":
+        return f"{value!r} is not valid; valid values are true, false"
+    if kind == "greater_than_equal":
+        return f"{value!r} is too small; valid values are at least {ctx['ge']}"
+    if kind == "less_than_equal":
+        return f"{value!r} is too large; valid values are at most {ctx['le']}"
+    if kind == "literal_error":
+        expected = ctx.get("expected", "").replace("'", "").replace(" or ", ", ")
+        return f"{value!r} is not valid; valid values are {expected}"
+    if kind in {"too_short", "string_too_short"}:
+        return "must not be empty"
+    if kind in {"too_long", "string_too_long"}:
+        limit = ctx.get("max_length")
+        return f"is too long; at most {limit} {'items' if kind == 'too_long' else 'characters'}"
+    if kind == "string_pattern_mismatch":
+        return f"{value!r} does not match the pattern {ctx.get('pattern')}"
+    if kind == "value_error":
+        return f"{value!r} is not valid: {ctx.get('error')}"
+    return f"{value!r} is not valid: {error['msg']}"
+
+
+def parse_spec(raw: Any, root: str = "spec") -> tuple[InferentiaModelSpec | None, list[Finding]]:
+    """Parses and checks a spec: (the spec or None, every finding)."""
+    if not isinstance(raw, dict):
+        return None, [Finding(root, f"must be a mapping of fields, got {type(raw).__name__}")]
+    try:
+        spec = InferentiaModelSpec.model_validate(raw)
+    except ValidationError as exc:
+        seen: dict[str, Finding] = {}
+        for error in exc.errors():
+            path = _path(error["loc"], root)
+            # A union reports one error per member; the first says enough.
+            seen.setdefault(path, Finding(path, _describe_error(error)))
+        return None, list(seen.values())
+    return spec, check_spec(spec)
