@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import base64
 import ctypes
+import functools
 import json
 import os
 import signal
@@ -44,8 +45,9 @@ class ClusterError(RuntimeError):
     pass
 
 
+@functools.cache
 def bin_dir() -> Path:
-    """Builds what is missing (a no-op when cached) and returns the binaries' folder."""
+    """Builds what is missing (a no-op when cached) and returns the binaries' folder; once a process."""
     out = subprocess.run(["bash", str(HERE / "build.sh")], check=True, stdout=subprocess.PIPE, text=True)
     return Path(out.stdout.strip().splitlines()[-1])
 

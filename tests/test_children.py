@@ -271,3 +271,22 @@ def test_the_plan_configmap_name_follows_its_whole_content(monkeypatch):
     assert children.plan_configmap_name(model(**{**THROUGHPUT, "replicas": 9})) == before  # same content
     monkeypatch.setattr(children, "LAUNCHER", children.LAUNCHER + "# a newer operator\n")
     assert children.plan_configmap_name(m) != before  # an immutable ConfigMap is replaced, never edited
+
+
+def test_serving_and_compile_pods_are_hardened_by_default():
+    m = model(**THROUGHPUT)
+    pods = [children.serving_deployment(m)["spec"]["template"]["spec"], children.compile_job(m)["spec"]["template"]["spec"]]
+    for pod in pods:
+        assert pod["automountServiceAccountToken"] is False
+        assert pod["securityContext"] == {
+            "runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "seccompProfile": {"type": "RuntimeDefault"},
+        }  # fmt: skip
+        [container] = pod["containers"]
+        assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def test_run_as_root_is_an_explicit_escape_hatch():
+    m = model(**THROUGHPUT, runAsRoot=True)
+    pod = children.serving_deployment(m)["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsUser"] == 0 and pod["securityContext"]["runAsNonRoot"] is False
+    assert pod["containers"][0]["securityContext"]["allowPrivilegeEscalation"] is False

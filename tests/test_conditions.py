@@ -93,3 +93,31 @@ def test_transition_times_hold_while_status_holds():
     assert flipped[0]["lastTransitionTime"] == "T3"
     assert c.transitions(flipped, same) == [("Normal", "Ready", "Ready=True: ")]
     assert c.transitions(flipped, flipped) == []
+
+
+def test_pods_the_replicaset_cannot_create_are_reported_never_available_with_zero_pods():
+    d = deployment(replicas=0, ready=0, updated=0, available=0, spec_replicas=1)
+    d["status"]["conditions"] = [
+        {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},  # within maxUnavailable 1
+        {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+         "message": 'pods "m-1" is forbidden: violates PodSecurity "restricted:latest"'},
+    ]  # fmt: skip
+    conds = by_type(c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=c.rollout_of(d, 1, "h1"), observed=c.Observed(d)))
+    assert (conds["Available"].status, conds["Available"].message) == ("False", "0 of 1 replicas available")
+    assert (conds["Ready"].reason, conds["Stalled"].status) == ("FailedCreate", "True")
+    assert "violates PodSecurity" in conds["Ready"].message
+
+
+def test_events_tell_of_readiness_finished_compiles_and_problems_not_routine_steps():
+    def cond(type_, status, reason):
+        return {"type": type_, "status": status, "reason": reason, "message": "m"}
+
+    before = [cond("Validated", "Unknown", "New"), cond("Scheduled", "Unknown", "Pending"), cond("Ready", "False", "RollingOut")]
+    after = [cond("Validated", "True", "Valid"), cond("Scheduled", "True", "Scheduled"), cond("Ready", "True", "Ready")]
+    assert c.transitions(after, before) == [("Normal", "Ready", "Ready=True: m")]
+    broken = [cond("Validated", "False", "InvalidSpec"), cond("Scheduled", "True", "Scheduled"), cond("Ready", "False", "InvalidSpec")]
+    assert c.transitions(broken, after) == [
+        ("Warning", "InvalidSpec", "Validated=False: m"), ("Warning", "InvalidSpec", "Ready=False: m"),
+    ]  # fmt: skip
+    rolling = [*after[:2], cond("Ready", "False", "RollingOut")]
+    assert c.transitions(rolling, after) == [("Normal", "RollingOut", "Ready=False: m")]  # no longer Ready is news

@@ -213,6 +213,8 @@ class InferentiaModelSpec(ApiModel):
     """The serving container."""
     rollout: Rollout = Rollout()
     """Rolling-update bounds of the serving Deployment."""
+    run_as_root: StrictBool = False
+    """Run the serving and compile containers as root, for images that need it. By default they run as user 65532 with no capabilities and no privilege escalation, which passes the restricted Pod Security level; as root they pass baseline only."""
 
 
 class ResourceList(ApiModel):

@@ -162,6 +162,27 @@ def plan_configmap(m: Model) -> dict[str, Any]:
     }
 
 
+# The user the serving and compile containers run as, unless spec.runAsRoot: an unprivileged
+# uid, as distroless images use. The restricted Pod Security level needs runAsNonRoot,
+# no privilege escalation, every capability dropped and the RuntimeDefault seccomp profile.
+NON_ROOT_UID = 65532
+
+
+def pod_security(m: Model) -> dict[str, Any]:
+    """The pod-level securityContext: restricted by default, root only when the spec asks."""
+    if m.spec.run_as_root:
+        return {"runAsNonRoot": False, "runAsUser": 0, "seccompProfile": {"type": "RuntimeDefault"}}
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": NON_ROOT_UID,
+        "runAsGroup": NON_ROOT_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
 def _plan_volume(m: Model) -> dict[str, Any]:
     return {"name": "plan", "configMap": {"name": plan_configmap_name(m)}}
 
@@ -196,8 +217,11 @@ def compile_job(m: Model) -> dict[str, Any] | None:
             "template": {
                 "metadata": {"labels": labels(m, "compile")},
                 "spec": {
-                    # Compiling needs no Neuron device: it runs on ordinary nodes.
+                    # Compiling needs no Neuron device: it runs on ordinary nodes. Nor
+                    # does it need the API: no ServiceAccount token is mounted.
                     "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
+                    "securityContext": pod_security(m),
                     "containers": [
                         {
                             "name": "compile",
@@ -209,6 +233,7 @@ def compile_job(m: Model) -> dict[str, Any] | None:
                                 *m.plan.compiler_args,
                             ],  # fmt: skip
                             "env": [{"name": k, "value": v} for k, v in env.items()],
+                            "securityContext": CONTAINER_SECURITY,
                             "volumeMounts": [{"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True}],
                         }
                     ],
@@ -288,6 +313,7 @@ def serving_deployment(m: Model) -> dict[str, Any]:
         "ports": ports,
         "resources": plan.resources.model_dump(),
         **_probes(m),
+        "securityContext": CONTAINER_SECURITY,
         "volumeMounts": [{"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True}],
     }
     args = vllm_args(m) if spec.serving.runtime == "vllm" else spec.serving.args
@@ -310,6 +336,9 @@ def serving_deployment(m: Model) -> dict[str, Any]:
             "template": {
                 "metadata": {"labels": template_labels, "annotations": {PLAN_HASH_ANNOTATION: plan_hash(plan)}},
                 "spec": {
+                    # A model server has no business with the Kubernetes API.
+                    "automountServiceAccountToken": False,
+                    "securityContext": pod_security(m),
                     "containers": [container],
                     "volumes": [_plan_volume(m)],
                     "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],

@@ -17,10 +17,14 @@ from .names import PLAN_HASH_ANNOTATION
 # Flux's kstatus reads only observedGeneration and the "abnormal-true" Reconciling and
 # Stalled conditions of a custom resource (anything else counts as Current), so they
 # restate Progressing and the failures in its terms.
-STALLED_REASONS = {"InvalidSpec", "CompileFailed", "NameConflict"}
-WARNING_REASONS = {"InvalidSpec", "CompileFailed", "Unschedulable", "NameConflict", "ApplyFailed"}
+STALLED_REASONS = {"InvalidSpec", "CompileFailed", "NameConflict", "FailedCreate"}
+WARNING_REASONS = {"InvalidSpec", "CompileFailed", "Unschedulable", "NameConflict", "ApplyFailed", "FailedCreate"}
 # Progressing and Available restate Ready in finer steps; events for them would be noise.
 EVENT_TYPES = ("Validated", "Compiled", "Scheduled", "Ready")
+# Normal events only where something happened that a person watching `kubectl describe`
+# would want told: the model became Ready (or stopped being), a compile Job finished.
+# The routine steps in between (validated, scheduled) are in the conditions.
+NORMAL_EVENTS = {("Ready", "Ready"), ("Compiled", "Compiled")}
 
 
 @dataclass
@@ -134,10 +138,17 @@ def conditions(
     else:
         scheduled = Cond("Scheduled", "Unknown", "Pending", "no serving pod has been placed yet")
 
-    dep_available = _conditions_of(observed.deployment).get("Available", {})
+    dep_conditions = _conditions_of(observed.deployment)
+    dep_available = dep_conditions.get("Available", {})
+    # The ReplicaSet could not create pods (a Pod Security refusal, a quota, a missing
+    # ServiceAccount): the Deployment controller restates it as ReplicaFailure.
+    replica_failure = dep_conditions.get("ReplicaFailure", {})
+    failed_create = replica_failure.get("status") == "True"
     if observed.deployment is None:
         available = Cond("Available", "False", "NoDeployment", "the serving Deployment does not exist yet")
-    elif dep_available.get("status") == "True":
+    elif dep_available.get("status") == "True" and (rollout.available > 0 or rollout.desired == 0):
+        # The Deployment counts itself available within maxUnavailable, which with one
+        # replica and the default maxUnavailable 1 is true of zero pods: not here.
         available = Cond("Available", "True", "MinimumReplicasAvailable", f"{rollout.available} of {rollout.desired} replicas available")
     else:
         available = Cond("Available", "False", "MinimumReplicasUnavailable", f"{rollout.available} of {rollout.desired} replicas available")
@@ -149,6 +160,10 @@ def conditions(
     elif blocked is not None:
         progressing = Cond("Progressing", "False" if blocked.permanent else "True", blocked.reason, blocked.message)
         ready = Cond("Ready", "False", blocked.reason, blocked.message)
+    elif failed_create and not rollout.complete:
+        message = f"pods cannot be created: {replica_failure.get('message') or replica_failure.get('reason') or 'no reason given'}"
+        progressing = Cond("Progressing", "False", "FailedCreate", message)
+        ready = Cond("Ready", "False", "FailedCreate", message)
     elif compile_cond.reason == "CompileFailed":
         progressing = Cond("Progressing", "False", "CompileFailed", compile_cond.message + "; the previous Deployment keeps serving")
         ready = Cond("Ready", "False", "CompileFailed", compile_cond.message)
@@ -202,6 +217,8 @@ def transitions(new: list[dict[str, Any]], previous: list[dict[str, Any]]) -> li
     for c in new:
         old = before.get(c["type"]) or {}
         if c["type"] in EVENT_TYPES and (old.get("status"), old.get("reason")) != (c["status"], c["reason"]):
-            kind = "Warning" if c["reason"] in WARNING_REASONS else "Normal"
-            events.append((kind, c["reason"], f"{c['type']}={c['status']}: {c['message']}"))
+            if c["reason"] in WARNING_REASONS:
+                events.append(("Warning", c["reason"], f"{c['type']}={c['status']}: {c['message']}"))
+            elif (c["type"], c["reason"]) in NORMAL_EVENTS or (c["type"] == "Ready" and old.get("reason") == "Ready"):
+                events.append(("Normal", c["reason"], f"{c['type']}={c['status']}: {c['message']}"))
     return events

@@ -51,6 +51,12 @@ CHILD_RESOURCES = {
     "Pod": ("", "v1", "pods"),
 }
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={FIELD_MANAGER}"
+# Children one reconcile may write at once: plan ConfigMap, Service, compile Job, Deployment.
+WRITES_PER_RECONCILE = 4
+# A child's or a pod's change is reconciled after this delay, so that the changes of one
+# rollout step (a ReplicaSet scaling, its pods starting, the Deployment's status) make one
+# reconcile and one status patch, not one each. Created models and changed specs go at once.
+SETTLE_SECONDS = 0.5
 _GONE = {"metadata": {"resourceVersion": "-1"}, "gone": True}
 
 
@@ -80,6 +86,7 @@ class Reconciler:
         self._pods: dict[tuple[str, str], tuple[Any, ...]] = {}
         self._generations: dict[Key, int] = {}
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reconcile")
+        self._writes = ThreadPoolExecutor(max_workers=workers * WRITES_PER_RECONCILE, thread_name_prefix="write")
 
     # --- observe -------------------------------------------------------------------------
 
@@ -130,11 +137,14 @@ class Reconciler:
     # --- act -----------------------------------------------------------------------------
 
     def act(self, observed: Observed, decision: Decision) -> Outcome:
-        """Runs in a worker thread: the decision's writes, each failure recorded, none stopping the rest."""
+        """Runs in a worker thread: the decision's writes, each failure recorded, none stopping
+        the rest. The children are independent (a pod waits for its plan ConfigMap by itself),
+        so they are written at once: a reconcile takes one or two round trips, not six."""
         kube, out = self.kube(), Outcome()
         meta = observed.model["metadata"]
         namespace, uid = meta["namespace"], meta["uid"]
-        for body in decision.apply:
+
+        def write(body: dict[str, Any]) -> None:
             kind, name = body["kind"], body["metadata"]["name"]
             try:
                 if observed.live(kind, name) is None:
@@ -144,10 +154,12 @@ class Reconciler:
                     holder = holder_of(existing, uid) if existing is not None else None
                     if holder is not None:
                         out.conflicts.append(Conflict(kind, name, holder))
-                        continue
-                out.written[(kind, name)] = project(kube.apply(body))
+                        return
+                out.written[(kind, name)] = project(self._apply(kube, body, observed.live(kind, name)))
             except ApiError as exc:
                 out.failures.append(WriteFailure(kind, name, exc.code, exc.message))
+
+        list(self._writes.map(write, decision.apply))
         for kind, name in decision.delete:
             try:
                 kube.delete(kind, namespace, name)
@@ -155,6 +167,25 @@ class Reconciler:
             except ApiError as exc:
                 log.warning("could not delete superseded %s %s/%s: %s", kind, namespace, name, exc)
         return out
+
+    @staticmethod
+    def _apply(kube: Kube, body: dict[str, Any], live: dict[str, Any] | None) -> dict[str, Any]:
+        """Server-side apply; for a Service of ours whose ports someone edited by hand, the
+        ports are first replaced whole.
+
+        Service ports are a list keyed by port and protocol: an entry someone else changed
+        (``kubectl patch`` of a port) belongs to them, so applying the planned entry beside
+        it makes two ports of one name, which the API server refuses (422, Duplicate value)
+        on every apply after. Replacing the list takes the entries back."""
+        try:
+            return kube.apply(body)
+        except ApiError as exc:
+            if exc.code != 422 or body["kind"] != "Service" or live is None:
+                raise
+            meta = body["metadata"]
+            log.info("Service %s/%s: ports edited by someone else; replacing them with the planned ones", meta["namespace"], meta["name"])
+            kube.replace_field("Service", meta["namespace"], meta["name"], "/spec/ports", body["spec"]["ports"])
+            return kube.apply(body)
 
     # --- the loop ------------------------------------------------------------------------
 
@@ -264,7 +295,7 @@ class Reconciler:
         self._capture(kwargs)
         key = owner_key(body)
         if key is not None and key in self.indexes["model_index"]:  # type: ignore[index]
-            self.queue.add(key)
+            self.queue.add_after(key, SETTLE_SECONDS)
 
     def on_pod(self, body: dict[str, Any], event_type: str | None, kwargs: dict[str, Any]) -> None:
         self._capture(kwargs)
@@ -280,7 +311,7 @@ class Reconciler:
                 return  # nothing status reports has changed
             self._pods[pod] = signature  # type: ignore[index]
         if key is not None and key in self.indexes["model_index"]:  # type: ignore[index]
-            self.queue.add(key)
+            self.queue.add_after(key, SETTLE_SECONDS)
 
 
 class RetryLater(Exception):

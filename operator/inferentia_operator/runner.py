@@ -80,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
         args.priority = random.SystemRandom().randint(1, 2**31 - 1)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     registry = kopf.OperatorRegistry()
-    kube = functools.cache(lambda: Kube(load_client(pool_size=args.workers)))  # one API client for the whole operator
+    # One API client for the whole operator, with a connection for every write in flight.
+    kube = functools.cache(lambda: Kube(load_client(pool_size=args.workers * (controller.WRITES_PER_RECONCILE + 1))))
 
     def active() -> bool:
         if args.standalone:

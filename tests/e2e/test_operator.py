@@ -450,3 +450,31 @@ def test_the_operator_serves_prometheus_metrics(cluster, operator, namespace):
         "inferentia_operator_queue_depth",
     ):
         assert name in text, name
+
+
+def test_models_run_in_a_namespace_that_enforces_restricted_and_root_is_reported(cluster, operator, namespace):
+    cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted", "--overwrite")
+    apply_model(cluster, namespace, "hardened", **{"compile.image": COMPILE_IMAGE, "processesPerReplica": 2})
+    wait_ready(cluster, namespace, "hardened")  # the compile pod and the serving pod were admitted
+    # An image that needs root is admitted nowhere restricted: the ReplicaSet's refusal
+    # reaches the model's status instead of "Available, 0 of 1".
+    apply_model(cluster, namespace, "needs-root", runAsRoot=True)
+    body = wait_condition(cluster, namespace, "needs-root", "Ready", "False", "FailedCreate")
+    assert "violates PodSecurity" in condition(body, "Ready")["message"]
+    assert condition(body, "Available")["status"] == "False" and condition(body, "Stalled")["status"] == "True"
+
+
+def test_a_hand_edited_service_port_is_repaired_and_never_blocks_the_deployment(cluster, operator, namespace):
+    apply_model(cluster, namespace, "m", **{"processesPerReplica": 2})
+    wait_ready(cluster, namespace, "m")
+    cluster.kubectl("patch", "svc", "m", "-n", namespace, "--type=json", "-p", '[{"op":"replace","path":"/spec/ports/0/port","value":9999}]')
+
+    def ports():
+        return sorted((p["name"], p["port"]) for p in cluster.get("service", "m", "-n", namespace)["spec"]["ports"])
+
+    wait_for(lambda: ports() == [("serve-0", 8080), ("serve-1", 8081)], 60, "the planned ports to be put back")
+    # A later change of the spec still reaches the Deployment.
+    apply_model(cluster, namespace, "m", **{"processesPerReplica": 2, "serving.image": "example.com/serve:2"})
+    wait_ready(cluster, namespace, "m")
+    [container] = cluster.get("deployment", "m", "-n", namespace)["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "example.com/serve:2"
