@@ -41,6 +41,8 @@ def test_default_render_is_cluster_wide_with_one_replica_that_passes_restricted(
     assert kinds(docs) == [
         "ClusterKopfPeering//inferentia-operator",
         "ClusterRole//inferentia-operator",
+        "ClusterRole//inferentia-operator-edit",
+        "ClusterRole//inferentia-operator-view",
         "ClusterRoleBinding//inferentia-operator",
         "Deployment/inferentia-system/inferentia-operator",
         "Service/inferentia-system/inferentia-operator-metrics",
@@ -168,3 +170,54 @@ def test_kubectl_apply_of_the_plain_manifests(crd_installed, namespace, tmp_path
         wait_for(
             lambda: cluster.kubectl("get", "clusterrole", "inferentia-operator", check=False).returncode != 0, 60, "cleanup"
         )
+
+
+def test_namespace_editors_and_viewers_get_models_through_the_aggregated_roles(crd_installed, namespace):
+    cluster = crd_installed
+    if cluster.local is None:
+        pytest.skip("installs cluster-wide roles: only on the built-in control plane")
+    roles = [d for d in helm_template(cluster) if d["kind"] == "ClusterRole" and d["metadata"]["name"] != "inferentia-operator"]
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(roles))
+    try:
+        for who, role in (("alice", "edit"), ("bob", "view")):
+            cluster.kubectl("create", "rolebinding", f"{who}-{role}", f"--clusterrole={role}", f"--user={who}", "-n", namespace)
+
+        def can(who, verb, subresource=""):
+            extra = [f"--subresource={subresource}"] if subresource else []
+            result = cluster.kubectl("auth", "can-i", verb, "inferentiamodels", *extra, "-n", namespace, "--as", who, check=False)
+            return result.stdout.strip() == "yes"
+
+        # The built-in roles pick the rules up through their aggregation labels.
+        wait_for(lambda: can("alice", "create"), 30, "edit to include inferentiamodels")
+        assert can("alice", "delete") and can("alice", "patch", "scale")
+        assert can("bob", "get") and can("bob", "watch") and not can("bob", "create")
+        assert not can("bob", "patch", "status") and not can("alice", "patch", "status")  # status is the operator's
+    finally:
+        cluster.kubectl("delete", "clusterrole", *[r["metadata"]["name"] for r in roles], check=False)
+
+
+def test_an_image_outside_the_allow_list_is_refused_at_apply(crd_installed, namespace):
+    cluster = crd_installed
+    if cluster.local is None:
+        pytest.skip("installs a cluster-wide admission policy: only on the built-in control plane")
+    docs = helm_template(cluster, "--set", "imageAllowList={registry.example.com/neuron/}")
+    policy = [d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    assert sorted(d["kind"] for d in policy) == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    assert "ValidatingAdmissionPolicy" not in [d["kind"] for d in helm_template(cluster)]  # off by default
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(policy))
+    try:
+        allowed = make_model("allowed", namespace, **{"serving.image": "registry.example.com/neuron/serve:1"})
+
+        def admitted():  # the policy takes a moment to reach the admission plugin
+            probe = make_model("probe", namespace, **{"serving.image": "docker.io/evil/serve:1"})
+            return cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(probe), check=False).returncode != 0
+
+        wait_for(admitted, 30, "the policy to be enforced")
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(allowed))
+        bad_compile = make_model("bad", namespace, **{"serving.image": "registry.example.com/neuron/serve:1",
+                                                      "compile.image": "docker.io/evil/compile:1"})  # fmt: skip
+        result = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(bad_compile), check=False)
+        assert result.returncode != 0
+        assert "image docker.io/evil/compile:1 is not from an allowed registry; allowed prefixes: registry.example.com/neuron/" in result.stderr
+    finally:
+        cluster.kubectl("delete", "-f", "-", input=yaml.safe_dump_all(policy), check=False)
