@@ -227,3 +227,18 @@ def test_render_of_invalid_models_reports_like_validate_and_exits_1():
     assert "spec.compute.lnc: 2 is not supported on trn1; valid values are 1" in err
     assert "valid values for 4 chips are 1, 4, 8" in err
     assert "vllm does not run on inf1" in err
+
+
+def test_a_plan_too_large_for_its_configmap_is_refused_by_validate():
+    long_args = ["--opt=" + "x" * 1000] * 64
+    body = make_model("huge-plan", spec={
+        "model": {"uri": "s3://m/", "framework": "pytorch"},
+        "compute": {"family": "trn2", "inf": 16, "lnc": 1},
+        "processesPerReplica": 128,
+        "compile": {"extraArgs": long_args},
+        "serving": {"image": "example.com/serve:1"},
+    })  # fmt: skip
+    code, out, _ = run_cli("validate", "-", stdin=yaml.safe_dump(body))
+    assert code == 1
+    assert "default/huge-plan: spec.compile.extraArgs: the plan of 128 processes with these compiler arguments is" in out
+    assert "more than the 1032192 a ConfigMap can hold" in out

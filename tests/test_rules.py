@@ -116,7 +116,8 @@ INVALID = [
     ({"model.framework": "jax"}, "spec.model.framework: 'jax' is not valid; valid values are tensorflow, pytorch"),
     ({"compute.family": "inf3"}, "spec.compute.family: 'inf3' is not valid; valid values are inf1, inf2, trn1, trn2"),
     ({"compute.chips": 1}, "spec.compute.chips: is not a field of this object; check its spelling (kubectl explain inferentiamodel.spec lists the fields)"),
-    ({"compute.memory": "lots"}, "spec.compute.memory: 'lots' is not valid: a Kubernetes quantity such as 2, 500m or 4Gi is needed"),
+    ({"compute.memory": "lots"}, "spec.compute.memory: 'lots' is not a Kubernetes quantity; valid values are a non-negative number with an "
+        "optional suffix (m, k, M, G, T, P, E, Ki, Mi, Gi, Ti, Pi, Ei, or an exponent such as e3), for example 500m, 2 or 4Gi"),
     # Logical NeuronCores: trn2 takes 1 or 2, every other family only 1.
     ({"compute.family": "trn1", "compute.lnc": 2}, "spec.compute.lnc: 2 is not supported on trn1; valid values are 1"),
     ({"compute.family": "inf2", "compute.lnc": 2}, "spec.compute.lnc: 2 is not supported on inf2; valid values are 1"),
@@ -146,6 +147,7 @@ INVALID = [
         "inf2, trn1 and trn2 only; valid values on inf1 are custom",
     ),
     ({"serving.runtime": "tgi"}, "spec.serving.runtime: 'tgi' is not valid; valid values are custom, vllm"),
+
 ]
 
 
@@ -240,3 +242,53 @@ def test_static_weights_on_a_neuronx_family_is_a_warning_not_a_silent_drop(value
         f"warning: spec.compile.staticWeights: {str(value).lower()} has no effect on inf2: static weights are a "
         "neuron-cc (inf1) option, and neuronx-cc has no --static-weights; remove it or leave it at auto"
     ) in findings_of(spec)
+
+
+ONE_VERDICT = [
+    *[
+        ({"compute.memory": q}, f"spec.compute.memory: '{q}' is not a Kubernetes quantity")
+        for q in ("1.2.3", "1iM", "-1Gi", "1kk", "1 Gi", "Gi", "")
+    ],
+    ({"compute.cpu": "1e"}, "spec.compute.cpu: '1e' is not a Kubernetes quantity"),
+    (
+        {"serving.port": 65535, "processesPerReplica": 2},
+        "spec.serving.port: processes listen on ports 65535 to 65536 (port + i for each of 2 processes), past 65535; "
+        "valid values are at most 65534",
+    ),
+    (
+        {"serving.env": [{"name": "A=B", "value": "x"}]},
+        "spec.serving.env: 'A=B' is not a valid environment variable name; valid names are letters, digits and '_', "
+        "not starting with a digit",
+    ),
+    ({"serving.env": [{"name": "1X", "value": "x"}]}, "spec.serving.env: '1X' is not a valid environment variable name"),
+    (
+        {"compile.extraArgs": ["--x\nLD_PRELOAD=/evil.so"]},
+        "spec.compile.extraArgs: 1 compiler arguments contain a line break or NUL, which cannot reach the process intact; "
+        "valid values are single lines",
+    ),
+    ({"serving.args": ["a\x00b", "c\rd"]}, "spec.serving.args: 2 arguments contain a line break or NUL"),
+    ({"serving.env": [{"name": "X", "value": "a\nB=c"}]}, "spec.serving.env: 1 environment values contain a line break or NUL"),
+    (
+        {"serving.image": "example.com/serve:1 "},
+        "spec.serving.image: 'example.com/serve:1 ' is not a valid image reference: it contains white space",
+    ),
+    ({"compile.image": "a b"}, "spec.compile.image: 'a b' is not a valid image reference: it contains white space"),
+    ({"rollout.maxSurge": -1}, "spec.rollout.maxSurge: '-1' is not valid; valid values are a whole number or a percentage"),
+    (
+        {"rollout.maxUnavailable": "150%"},
+        "spec.rollout.maxUnavailable: '150%' is not valid; valid values are a whole number or a percentage up to 100%",
+    ),
+    (
+        {"rollout.maxSurge": 0, "rollout.maxUnavailable": "0%"},
+        "spec.rollout: maxSurge and maxUnavailable cannot both be 0: no replica could ever be replaced; "
+        "valid values make at least one of them positive",
+    ),
+    ({"replicas": 2**31}, "spec.replicas: 2147483648 is too large; valid values are at most 2147483647"),
+]
+
+
+@pytest.mark.parametrize("overrides,expected", ONE_VERDICT, ids=lambda v: str(v)[:60])
+def test_what_a_child_could_not_hold_is_refused_on_the_model(overrides, expected):
+    """What the API server would refuse in a child is refused on the model (one verdict)."""
+    lines = error_lines(make_spec(**overrides))
+    assert any(line.startswith(expected) for line in lines), lines

@@ -9,7 +9,6 @@ matching CEL for the CRD.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt
@@ -31,18 +30,16 @@ MAX_BUCKET_DIMENSIONS = 8
 MAX_ARGS = 64
 MAX_STRING = 1024
 
-QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+INT32_MAX = 2**31 - 1  # Deployment replicas and ports are int32 in every child
+MAX_QUANTITY = 64
 
 
 def _quantity(value: Any) -> Any:
-    """cpu and memory accept what Kubernetes accepts: ``2``, ``0.5``, ``500m``, ``4Gi``."""
-    if isinstance(value, bool):
-        raise ValueError("a Kubernetes quantity such as 2, 500m or 4Gi is needed, not a boolean")
-    if isinstance(value, (int, float)):
-        value = str(value)
-    if not isinstance(value, str) or not re.match(QUANTITY_PATTERN, value):
+    """cpu and memory are strings or numbers; their grammar is a rule (rules.QUANTITY), so
+    that `kubectl apply` refuses a bad one with the same message as validate."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError("a Kubernetes quantity such as 2, 500m or 4Gi is needed")
-    return value
+    return str(value)
 
 
 def _auto_or_bool(value: Any) -> Any:
@@ -59,21 +56,33 @@ def _replace_schema(schema: dict[str, Any], replacement: dict[str, Any]) -> None
     schema.update(replacement, **kept)
 
 
-def _int_or_string(pattern: str | None = None) -> Any:
-    schema: dict[str, Any] = {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}
-    if pattern:
-        schema["pattern"] = pattern
+def _int_or_string(max_length: int) -> Any:
+    """An int-or-string field; its values are judged by CEL rules (rules.py), not by a
+    pattern, so that the API server and validate refuse them with the same message."""
+    # The one anyOf a structural schema allows; maxLength beside it applies to strings.
+    schema: dict[str, Any] = {
+        "x-kubernetes-int-or-string": True,
+        "anyOf": [{"type": "integer"}, {"type": "string"}],
+        "maxLength": max_length,
+    }
     return lambda s: _replace_schema(s, schema)
+
+
+def _int_or_text(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError("a whole number or a percentage such as 25% is needed")
+    return value
 
 
 Quantity = Annotated[
     str,
     BeforeValidator(_quantity),
-    Field(json_schema_extra=_int_or_string(QUANTITY_PATTERN)),
+    Field(json_schema_extra=_int_or_string(MAX_QUANTITY)),
 ]
 IntOrPercent = Annotated[
-    StrictInt | Annotated[str, Field(pattern=r"^[0-9]+%$")],
-    Field(json_schema_extra=_int_or_string()),
+    int | str,
+    BeforeValidator(_int_or_text),
+    Field(json_schema_extra=_int_or_string(16)),
 ]
 Arg = Annotated[str, Field(max_length=MAX_STRING)]
 
@@ -108,7 +117,7 @@ class ModelSource(ApiModel):
 class Compute(ApiModel):
     """The hardware one replica gets."""
 
-    inf: Annotated[StrictInt, Field(ge=1)]
+    inf: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)]
     """Whole Neuron chips per replica (one chip is 4 NeuronCores on inf1, 2 on inf2 and trn1, 8 physical on trn2: 4 logical at lnc 2). Fractional chips are not allowed."""
     family: Literal[FAMILY_NAMES] = "inf1"  # type: ignore[valid-type]
     """The Neuron instance family: inf1, inf2, trn1 or trn2."""
@@ -125,16 +134,16 @@ class Compute(ApiModel):
 class Batching(ApiModel):
     """Server-side adaptive batching: requests are grouped until either bound is reached."""
 
-    max_batch_size: Annotated[StrictInt, Field(ge=1)] = 1
+    max_batch_size: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = 1
     """Largest batch the server forms from concurrent requests."""
-    max_latency_ms: Annotated[StrictInt, Field(ge=1)] = 100
+    max_latency_ms: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = 100
     """Latency budget in milliseconds; requests that cannot meet it are answered 503."""
 
 
 class CompileOptions(ApiModel):
     """How the model is compiled for the NeuronCore Group (compiler flags follow from these and the plan)."""
 
-    batch_size: Annotated[StrictInt, Field(ge=1)] = 1
+    batch_size: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = 1
     """The batch size the model is compiled for."""
     dynamic_batch_size: StrictBool = False
     """Let clients send any multiple of the compiled batch size (compile option dynamic_batch_size=True)."""
@@ -179,7 +188,7 @@ class Serving(ApiModel):
     """Arguments for the serving container."""
     env: Annotated[list[EnvVar] | None, Field(max_length=MAX_ARGS)] = None
     """Extra environment for every serving process."""
-    threads_per_process: Annotated[StrictInt | None, Field(ge=1)] = None
+    threads_per_process: Annotated[StrictInt | None, Field(ge=1, le=INT32_MAX)] = None
     """Request threads per process. Default: the group's NeuronCores + 3, so that every outstanding inference has a thread."""
     batching: Batching | None = None
     """Server-side adaptive batching; off when unset."""
@@ -203,9 +212,9 @@ class InferentiaModelSpec(ApiModel):
     """The model to serve."""
     compute: Compute
     """Neuron chips, CPU and memory of each replica."""
-    processes_per_replica: Annotated[StrictInt, Field(ge=1)] = 1
+    processes_per_replica: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = 1
     """Serving processes per replica, one NeuronCore Group each. Must divide the replica's NeuronCores (coresPerChip * inf)."""
-    replicas: Annotated[StrictInt, Field(ge=0)] = 1
+    replicas: Annotated[StrictInt, Field(ge=0, le=INT32_MAX)] = 1
     """Number of replicas (pods). kubectl scale and a HorizontalPodAutoscaler change this through the scale subresource."""
     compile: CompileOptions = CompileOptions()
     """Compilation options."""

@@ -15,6 +15,7 @@ from typing import Any
 from . import api
 from .api import InferentiaModelSpec, Plan
 from .catalogue import INSTANCE_TYPE_LABEL, NEURON_TAINT_KEY
+from .findings import Finding
 from .launcher import LAUNCHER
 from .names import (
     COMPILE_HASH_LABEL,
@@ -139,6 +140,26 @@ def _plan_files(m: Model) -> dict[str, str]:
         data[f"env-{i}"] = "".join(f"{k}={v}\n" for k, v in env.items())
     data["launch.sh"] = LAUNCHER
     return data
+
+
+# What one object may hold in etcd (the API server's default --max-request-bytes is 1.5 MiB,
+# and a ConfigMap's data is capped at 1 MiB): the plan must fit, with room for metadata.
+CONFIGMAP_DATA_LIMIT = 1024 * 1024 - 16 * 1024
+
+
+def plan_size_findings(m: Model) -> list[Finding]:
+    """The plan ConfigMap must fit its object; a plan of 128 processes with long compiler
+    arguments does not, and the API server would refuse it on every reconcile."""
+    size = sum(len(k) + len(v.encode()) for k, v in _plan_files(m).items())
+    if size <= CONFIGMAP_DATA_LIMIT:
+        return []
+    return [
+        Finding(
+            "spec.compile.extraArgs",
+            f"the plan of {m.plan.groups} processes with these compiler arguments is {size} bytes, more than the "
+            f"{CONFIGMAP_DATA_LIMIT} a ConfigMap can hold; valid plans use fewer processesPerReplica or shorter extraArgs",
+        )
+    ]
 
 
 def plan_configmap_name(m: Model) -> str:

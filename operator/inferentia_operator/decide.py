@@ -190,6 +190,9 @@ def decide(o: Observed, now: str) -> Decision:
 
     spec, findings = parse_spec(o.model.get("spec"))
     problems = check_name(name) + errors(findings)
+    if spec is not None and not problems:
+        m = Model(name, namespace, uid, spec, make_plan(spec))
+        problems = children.plan_size_findings(m)
     if spec is None or problems:
         # Invalid (a cluster without the CRD's CEL rules, or a rule CEL cannot express):
         # report it, and leave every child exactly as it is.
@@ -202,8 +205,7 @@ def decide(o: Observed, now: str) -> Decision:
         )  # fmt: skip
         return Decision([], [], status)
 
-    plan = make_plan(spec)
-    m = Model(name, namespace, uid, spec, plan)
+    plan = m.plan
     job_body = children.compile_job(m)
     job_name = _name(job_body)
     live_job = o.live("Job", job_name) if job_name else None

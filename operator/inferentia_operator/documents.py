@@ -15,8 +15,10 @@ from typing import Any
 import yaml
 
 from . import api
+from .children import Model, plan_size_findings
 from .findings import Finding, errors
 from .parsing import parse_spec
+from .planner import plan
 from .rules import check_name
 
 MANIFEST_SUFFIXES = {".yaml", ".yml", ".json"}
@@ -57,6 +59,10 @@ def check_document(body: dict[str, Any], source: str = "") -> ModelDocument:
     doc.findings += check_name(name)
     doc.spec, spec_findings = parse_spec(body.get("spec"))
     doc.findings += spec_findings
+    if doc.valid:
+        assert doc.spec is not None
+        model = Model(doc.name, doc.namespace, "", doc.spec, plan(doc.spec))
+        doc.findings += plan_size_findings(model)
     return doc
 
 

@@ -222,6 +222,113 @@ STATIC_WEIGHTS_TOO_LARGE = (
     "use auto or false, or fewer processesPerReplica"
 )
 
+# ---------------------------------------------------------------------------
+# What the API server would refuse in a child, refused on the model instead (one verdict):
+# the children are only ever what the model says, so a model that validates is a model
+# whose children the API server stores.
+
+# Kubernetes' quantity grammar (resource.ParseQuantity): a number, then a binary or decimal
+# SI suffix or an exponent. Requests are never negative.
+QUANTITY_GRAMMAR = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
+
+
+def _quantity_rule(field: str) -> CrossFieldRule:
+    value = f"string(self.{field})"
+    return CrossFieldRule(
+        f"spec.compute.{field}",
+        "spec.compute",
+        "'%s' is not a Kubernetes quantity; valid values are a non-negative number with an optional suffix "
+        "(m, k, M, G, T, P, E, Ki, Mi, Gi, Ti, Pi, Ei, or an exponent such as e3), for example 500m, 2 or 4Gi",
+        f"!has(self.{field}) || (isQuantity({value}) && !{value}.startsWith('-'))",
+        (value,),
+    )
+
+
+QUANTITY = {field: _quantity_rule(field) for field in ("cpu", "memory")}
+
+PORTS_FIT = CrossFieldRule(
+    "spec.serving.port",
+    "spec",
+    "processes listen on ports %d to %d (port + i for each of %d processes), past 65535; valid values are at most %d",
+    "self.serving.port + self.processesPerReplica - 1 <= 65535",
+    ("self.serving.port", "self.serving.port + self.processesPerReplica - 1", "self.processesPerReplica",
+     "65536 - self.processesPerReplica"),
+)  # fmt: skip
+
+# Environment names: C identifiers, which every shell can export (the launcher does).
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+ENV_NAME = CrossFieldRule(
+    "spec.serving.env",
+    "spec.serving",
+    "'%s' is not a valid environment variable name; valid names are letters, digits and '_', not starting with a digit",
+    f"!has(self.env) || self.env.all(e, e.name.matches({json.dumps(ENV_NAME_PATTERN)}))",
+    (f"self.env.filter(e, !e.name.matches({json.dumps(ENV_NAME_PATTERN)}))[0].name",),
+)
+
+# Values reach a process as one argument or one line of its env file: a line break or a
+# NUL would cut them short or add a line of its own.
+BREAK = r"[\x00\n\r]"
+
+
+def _single_line_rule(path: str, node: str, items: str, what: str) -> CrossFieldRule:
+    return CrossFieldRule(
+        path,
+        node,
+        f"%d {what} contain a line break or NUL, which cannot reach the process intact; valid values are single lines",
+        f"!has(self.{items.split('.')[0]}) || self.{items}.all(x, !x.matches({json.dumps(BREAK)}))",
+        (f"size(self.{items}.filter(x, x.matches({json.dumps(BREAK)})))",),
+    )
+
+
+SINGLE_LINE = {
+    "args": _single_line_rule("spec.serving.args", "spec.serving", "args", "arguments"),
+    "env": CrossFieldRule(
+        "spec.serving.env",
+        "spec.serving",
+        "%d environment values contain a line break or NUL, which cannot reach the process intact; valid values are single lines",
+        f"!has(self.env) || self.env.all(e, !has(e.value) || !e.value.matches({json.dumps(BREAK)}))",
+        (f"size(self.env.filter(e, has(e.value) && e.value.matches({json.dumps(BREAK)})))",),
+    ),
+    "extraArgs": _single_line_rule("spec.compile.extraArgs", "spec.compile", "extraArgs", "compiler arguments"),
+}
+
+IMAGE_TEMPLATE = "'%s' is not a valid image reference: it contains white space"
+_WHITE_SPACE = json.dumps(r"\s")  # as a CEL string literal
+IMAGE = {
+    "serving": CrossFieldRule("spec.serving.image", "spec.serving", IMAGE_TEMPLATE, f"!self.image.matches({_WHITE_SPACE})", ("self.image",)),
+    "compile": CrossFieldRule(
+        "spec.compile.image", "spec.compile", IMAGE_TEMPLATE, f"!has(self.image) || !self.image.matches({_WHITE_SPACE})", ("self.image",)
+    ),
+}
+
+# Rolling-update bounds, as the Deployment takes them: a count or a percentage, never
+# negative, maxUnavailable at most 100%, and not both zero (the rollout could never move).
+_INT_OR_PERCENT = r"^(0|[1-9][0-9]{0,8})%?$"
+
+
+def _bound_rule(field: str, most: str) -> CrossFieldRule:
+    value = f"string(self.{field})"
+    percent_ok = f"!{value}.endsWith('%') || int({value}.replace('%', '')) <= {most}" if most else "true"
+    # The percent signs travel as arguments: the template is also a CEL format() string.
+    return CrossFieldRule(
+        f"spec.rollout.{field}",
+        "spec.rollout",
+        "'%s' is not valid; valid values are a whole number or a percentage%s, for example 1 or %s",
+        f"!has(self.{field}) || ({value}.matches({json.dumps(_INT_OR_PERCENT)}) && ({percent_ok}))",
+        (value, literal(f" up to {most}%" if most else ""), literal("25%")),
+    )
+
+
+ROLLOUT_VALUE = {"maxSurge": _bound_rule("maxSurge", ""), "maxUnavailable": _bound_rule("maxUnavailable", "100")}
+ROLLOUT_MOVES = CrossFieldRule(
+    "spec.rollout",
+    "spec.rollout",
+    "maxSurge and maxUnavailable cannot both be 0: no replica could ever be replaced; valid values make at least one of them positive",
+    "!(has(self.maxSurge) && has(self.maxUnavailable)"
+    " && string(self.maxSurge) in ['0', '0%'] && string(self.maxUnavailable) in ['0', '0%'])",
+    (),
+)
+
 CEL_RULES: list[CrossFieldRule] = [
     NAME,
     FITS_FAMILY,
@@ -236,6 +343,13 @@ CEL_RULES: list[CrossFieldRule] = [
     BUCKET_DIMENSIONS,
     BUCKET_DUPLICATE,
     BUCKET_BOUND,
+    *QUANTITY.values(),
+    PORTS_FIT,
+    ENV_NAME,
+    *SINGLE_LINE.values(),
+    *IMAGE.values(),
+    *ROLLOUT_VALUE.values(),
+    ROLLOUT_MOVES,
 ]
 
 
@@ -439,7 +553,42 @@ def _check_advice(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     return found
 
 
+def _check_child_values(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    """The values the API server would refuse in a child."""
+    found = []
+    for field, value in (("cpu", spec.compute.cpu), ("memory", spec.compute.memory)):
+        if not re.match(QUANTITY_GRAMMAR, value):
+            found.append(QUANTITY[field].finding(value))
+    port, p = spec.serving.port, spec.processes_per_replica
+    if port + p - 1 > 65535:
+        found.append(PORTS_FIT.finding(port, port + p - 1, p, 65536 - p))
+    env = spec.serving.env or []
+    bad_names = [e.name for e in env if not re.match(ENV_NAME_PATTERN, e.name)]
+    if bad_names:
+        found.append(ENV_NAME.finding(bad_names[0]))
+    for key, values in (
+        ("args", spec.serving.args or []),
+        ("env", [e.value for e in env]),
+        ("extraArgs", spec.compile.extra_args or []),
+    ):
+        broken = sum(1 for v in values if re.search(BREAK, v))
+        if broken:
+            found.append(SINGLE_LINE[key].finding(broken))
+    for key, image in (("serving", spec.serving.image), ("compile", spec.compile.image)):
+        if image is not None and re.search(r"\s", image):
+            found.append(IMAGE[key].finding(image))
+    bounds = {"maxSurge": spec.rollout.max_surge, "maxUnavailable": spec.rollout.max_unavailable}
+    for key, value in bounds.items():
+        text = str(value)
+        if not re.match(_INT_OR_PERCENT, text) or (key == "maxUnavailable" and text.endswith("%") and int(text[:-1]) > 100):
+            found.append(ROLLOUT_VALUE[key].finding(text, " up to 100%" if key == "maxUnavailable" else "", "25%"))
+    if all(str(v) in ("0", "0%") for v in bounds.values()):
+        found.append(ROLLOUT_MOVES.finding())
+    return found
+
+
 _CHECKS = (
+    _check_child_values,
     _check_fits_family,
     _check_allowed_chip_counts,
     _check_instance_types,

@@ -3,6 +3,7 @@ not fit, collects garbage, and serves the CRD with its documentation and CEL rul
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 
@@ -125,6 +126,18 @@ CEL_CASES = {
     "trn2-lnc1-divisible": make_spec(**{"compute.family": "trn2", "compute.lnc": 1, "processesPerReplica": 3}),
     "trn1-group-of-4": make_spec(**{"compute.family": "trn1", "compute.inf": 4, "processesPerReplica": 2}),
     "vllm-inf1": make_spec(**{"serving.runtime": "vllm"}),
+    "quantity-cpu": make_spec(**{"compute.cpu": "1.2.3"}),
+    "quantity-memory": make_spec(**{"compute.memory": "-1Gi"}),
+    "ports": make_spec(**{"serving.port": 65535, "processesPerReplica": 4}),
+    "env-name": make_spec(**{"serving.env": [{"name": "A=B", "value": "x"}]}),
+    "env-newline": make_spec(**{"serving.env": [{"name": "A", "value": "x\ny"}]}),
+    "args-newline": make_spec(**{"serving.args": ["serve", "--x\nLD_PRELOAD=/evil.so"]}),
+    "extra-args-nul": make_spec(**{"compile.extraArgs": ["a\x00b"]}),
+    "image-space": make_spec(**{"serving.image": "example.com/serve:1 "}),
+    "compile-image-space": make_spec(**{"compile.image": "example.com/compile :1"}),
+    "surge": make_spec(**{"rollout.maxSurge": -1}),
+    "unavailable": make_spec(**{"rollout.maxUnavailable": "150%"}),
+    "both-zero": make_spec(**{"rollout.maxSurge": 0, "rollout.maxUnavailable": 0}),
     "fp32-cnn-inf2-ok-but-lnc": make_spec(
         **{"compute.family": "inf2", "compute.lnc": 2, "model.architecture": "cnn", "model.precision": "fp32", "compile.batchSize": 2}
     ),
@@ -230,3 +243,30 @@ def test_a_killed_test_run_takes_its_control_plane_with_it(cluster, tmp_path):
     runner.wait()
     wait_for(lambda: not any(localcluster.alive(p) for p in started["pids"].values()), 30, "the components to die")
     assert not set(started["ports"].values()) & listening_ports()
+
+
+# Edge cases of the grammars the children's fields are held to: validate and the API
+# server must give the same verdict on every one (the API server's is the truth).
+DIVERGENCE_CORPUS = [
+    *[{"compute.cpu": q} for q in (
+        "1", "0.5", ".5", "5.", "1e3", "1E3", "1E", "1Ei", "500m", "1.5Gi", "+1", "1e-3", "1ki", "1K", "1.2.3", "1iM",
+        "-1Gi", "1kk", "", " 1", "1 ", "1e", "0x10", "1_000", "00", "1.0e3", "1n", "1u", "1Mi ", "١", "12345678901234567890",
+    )],
+    *[{"compute.memory": q} for q in (2, 0, "4Gi", "4gi", "4GiB")],
+    *[{"rollout.maxSurge": v} for v in (0, 1, "0%", "25%", "250%", -1, "1.5", "%", "01")],
+    *[{"rollout.maxUnavailable": v} for v in ("100%", "101%", 3)],
+    *[{"serving.port": p, "processesPerReplica": 4} for p in (65532, 65533)],
+    *[{"serving.env": [{"name": n, "value": "v"}]} for n in ("A", "_a1", "a-b", "1a", "A.B", "É")],
+    *[{"serving.args": [a]} for a in ("ok", "tab\there", "new\nline", "cr\rx", "nul\x00x")],
+    {"serving.image": "example.com/a b:1"},
+    {"serving.image": "example.com/ab:1\t"},
+]
+
+
+@pytest.mark.parametrize("overrides", DIVERGENCE_CORPUS, ids=lambda o: repr(o)[:50])
+def test_validate_and_the_api_server_agree(crd_installed, namespace, overrides):
+    spec = make_spec(**overrides)
+    refused_by_validate = bool(errors(parse_spec(spec)[1]))
+    body = make_model("corpus", namespace, spec)
+    result = crd_installed.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(body), check=False)
+    assert (result.returncode != 0) == refused_by_validate, (overrides, result.stderr, parse_spec(spec)[1])
