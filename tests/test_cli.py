@@ -5,6 +5,7 @@ import io
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -242,3 +243,75 @@ def test_a_plan_too_large_for_its_configmap_is_refused_by_validate():
     assert code == 1
     assert "default/huge-plan: spec.compile.extraArgs: the plan of 128 processes with these compiler arguments is" in out
     assert "more than the 1032192 a ConfigMap can hold" in out
+
+
+def run_cli_process(*args, stdin=b"", encoding=None):
+    """The CLI as a program, so that a traceback or a hang would show."""
+    env = {"PATH": "/usr/bin:/bin", **({"PYTHONIOENCODING": encoding} if encoding else {})}
+    return subprocess.run(
+        [sys.executable, "-m", "inferentia_operator", *args], input=stdin, capture_output=True, timeout=60, env=env
+    )
+
+
+def test_yaml_type_tags_are_errors_of_their_file_not_tracebacks(tmp_path):
+    for i, text in enumerate(['a: !!int ""\n', 'a: !!bool ""\n', 'a: !!timestamp "x"\n']):
+        (tmp_path / f"bad-{i}.yaml").write_text(text)
+    (tmp_path / "good.yaml").write_text(yaml.safe_dump(make_model("fine")))
+    result = run_cli_process("validate", str(tmp_path))
+    assert result.returncode == 2 and b"Traceback" not in result.stderr
+    assert result.stdout.decode().splitlines() == ["default/fine: ok"]  # the other file is still checked
+    assert len(result.stderr.decode().splitlines()) == 3 and b"cannot be parsed" in result.stderr
+
+
+def test_a_billion_laughs_is_refused_at_once(tmp_path):
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, 9):
+        lines.append(f"a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 9)}]")
+    lines += ["apiVersion: inferentia.dev/v1alpha1", "kind: InferentiaModel", "metadata: {name: *a8}"]
+    started = time.monotonic()
+    result = run_cli_process("validate", "-", stdin="\n".join(lines).encode())
+    assert time.monotonic() - started < 20
+    assert result.returncode == 2 and b"aliases expand to more than 1000000 nodes" in result.stderr
+
+
+def test_output_in_any_encoding_never_crashes():
+    body = json.dumps(make_model("\ud83d\ude00"))
+    result = run_cli_process("validate", "-", stdin=body.encode("utf-8", "surrogatepass"), encoding="ascii")
+    assert result.returncode == 1 and b"Traceback" not in result.stderr
+    assert b"metadata.name" in result.stdout
+
+
+def test_a_huge_file_is_not_read():
+    result = run_cli_process("validate", "-", stdin=b"a: " + b"x" * (9 * 1024 * 1024))
+    assert result.returncode == 2 and b"larger than 8388608 bytes" in result.stderr
+
+
+_scalars = st.one_of(st.text(max_size=8), st.integers(), st.booleans(), st.none(), st.floats(allow_nan=False))
+_tags = st.sampled_from(["", "!!int ", "!!bool ", "!!float ", "!!timestamp ", "!!binary ", "!!str ", "!!null ", "!!set ", "!!omap "])
+
+
+@st.composite
+def hostile_yaml(draw):
+    """YAML text with type tags, anchors and aliases, unicode and odd structure."""
+    lines = ["apiVersion: inferentia.dev/v1alpha1", "kind: InferentiaModel"]
+    anchors = []
+    for i in range(draw(st.integers(0, 6))):
+        tag = draw(_tags)
+        value = json.dumps(draw(_scalars), ensure_ascii=draw(st.booleans()))
+        if anchors and draw(st.booleans()):
+            value = f"[{', '.join('*' + draw(st.sampled_from(anchors)) for _ in range(draw(st.integers(1, 4))))}]"
+            tag = ""
+        lines.append(f"k{i}: &n{i} {tag}{value}")
+        anchors.append(f"n{i}")
+    field = draw(st.sampled_from(["metadata: {name: %s}", "spec: %s", "spec: {compute: {inf: %s}}", "metadata: %s"]))
+    lines.append(field % (("*" + draw(st.sampled_from(anchors))) if anchors else json.dumps(draw(_scalars))))
+    return "\n".join(lines) + "\n" + draw(st.sampled_from(["", "---\n", "--- !!map\n", "...\n", "\t\n"]))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hostile_yaml())
+def test_no_yaml_makes_the_cli_crash(text):
+    for command in ("validate", "plan", "render"):
+        code, out, err = run_cli(command, "-", stdin=text)
+        assert code in (0, 1, 2), (command, code)
+        assert "Traceback" not in err

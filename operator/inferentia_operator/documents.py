@@ -22,6 +22,12 @@ from .planner import plan
 from .rules import check_name
 
 MANIFEST_SUFFIXES = {".yaml", ".yml", ".json"}
+# A manifest larger than this is refused unread (the API server's own request limit is 3 MiB).
+MAX_MANIFEST_BYTES = 8 * 1024 * 1024
+# Nodes a document may have once its aliases are expanded: aliases are shared at load
+# time, but anything that walks the result (printing a name, validating a spec) walks
+# every copy, and a "billion laughs" document has 9^8 of them.
+MAX_EXPANDED_NODES = 1_000_000
 
 
 class ManifestError(Exception):
@@ -81,9 +87,23 @@ def _objects(document: Any) -> Iterator[Any]:
         yield document
 
 
-def _files(path: str) -> Iterator[tuple[str, str]]:
+def _read(source: str, read: Any) -> str:
+    data = read(MAX_MANIFEST_BYTES + 1)
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{source}: larger than {MAX_MANIFEST_BYTES} bytes; not read")
+    try:
+        return data.decode("utf-8") if isinstance(data, bytes) else data
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{source}: cannot be read: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
+def _files(path: str) -> Iterator[tuple[str, str | ManifestError]]:
+    """(source, text) for each file of ``path``, or (source, the error) for one that cannot be read."""
     if path == "-":
-        yield "<stdin>", sys.stdin.read()
+        try:
+            yield "<stdin>", _read("<stdin>", sys.stdin.buffer.read if hasattr(sys.stdin, "buffer") else sys.stdin.read)
+        except ManifestError as exc:
+            yield "<stdin>", exc
         return
     p = Path(path)
     if p.is_dir():
@@ -91,22 +111,57 @@ def _files(path: str) -> Iterator[tuple[str, str]]:
     elif p.exists():
         candidates = [p]
     else:
-        raise ManifestError(f"{path}: no such file or directory")
+        yield path, ManifestError(f"{path}: no such file or directory")
+        return
     for f in candidates:
         try:
-            yield str(f), f.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ManifestError(f"{f}: cannot be read: {exc}") from None
+            with open(f, "rb") as stream:
+                yield str(f), _read(str(f), stream.read)
+        except OSError as exc:
+            yield str(f), ManifestError(f"{f}: cannot be read: {exc.strerror or exc}")
+        except ManifestError as exc:
+            yield str(f), exc
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing documents whose aliases expand past MAX_EXPANDED_NODES."""
+
+    def compose_document(self) -> Any:
+        node = super().compose_document()
+        _expanded_size(node, {})
+        return node
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    key = id(node)
+    if key in sizes:
+        if sizes[key] < 0:
+            raise ManifestError("an alias refers to itself")
+        return sizes[key]
+    sizes[key] = -1  # in progress: meeting it again is a cycle
+    size = 1
+    if isinstance(node, yaml.SequenceNode):
+        size += sum(_expanded_size(child, sizes) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size += sum(_expanded_size(k, sizes) + _expanded_size(v, sizes) for k, v in node.value)
+    if size > MAX_EXPANDED_NODES:
+        raise ManifestError(f"its aliases expand to more than {MAX_EXPANDED_NODES} nodes")
+    sizes[key] = size
+    return size
 
 
 def _documents(source: str, text: str) -> list[Any]:
     try:
-        return list(yaml.safe_load_all(text))
+        return list(yaml.load_all(text, Loader=_BoundedLoader))
+    except ManifestError as exc:
+        raise ManifestError(f"{source}: refused: {exc}") from None
     except yaml.YAMLError as exc:
         lines = str(exc).strip().splitlines()
         raise ManifestError(f"{source}: not valid YAML: {' '.join(line.strip() for line in lines)}") from None
-    except (RecursionError, ValueError, TypeError, OverflowError) as exc:
-        raise ManifestError(f"{source}: cannot be parsed: {type(exc).__name__}") from None
+    except RecursionError:
+        raise ManifestError(f"{source}: nested too deeply to read") from None
+    except Exception as exc:  # noqa: BLE001 - a tag's constructor (!!int "", !!timestamp "x") may raise anything
+        raise ManifestError(f"{source}: cannot be parsed: {type(exc).__name__}: {exc}") from None
 
 
 @dataclass
@@ -123,16 +178,20 @@ def load_models(paths: list[str]) -> Loaded:
     loaded = Loaded()
     seen: set[str] = set()
     for path in paths or ["-"]:
-        try:
-            for source, text in _files(path):
-                key = source if source == "<stdin>" else str(Path(source).resolve())
-                if key in seen:
-                    continue  # a file named twice (a folder and its subfolder) is checked once
-                seen.add(key)
-                for document in _documents(source, text):
-                    for body in _objects(document):
-                        if _is_model(body):
-                            loaded.models.append(check_document(body, source))
-        except ManifestError as exc:
-            loaded.problems.append(str(exc))
+        for source, text in _files(path):
+            key = source if source == "<stdin>" else str(Path(source).resolve())
+            if key in seen:
+                continue  # a file named twice (a folder and its subfolder) is checked once
+            seen.add(key)
+            try:
+                if isinstance(text, ManifestError):
+                    raise text
+                models = [check_document(b, source) for d in _documents(source, text) for b in _objects(d) if _is_model(b)]
+            except ManifestError as exc:
+                loaded.problems.append(str(exc))
+                continue
+            except RecursionError:
+                loaded.problems.append(f"{source}: nested too deeply to check")
+                continue
+            loaded.models += models
     return loaded
