@@ -7,13 +7,14 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CRD    := crds/inferentia.dev_inferentiamodels.yaml
 
-.PHONY: help test unit e2e lint venv controlplane cluster-up cluster-down crd manifests demo benchmark benchmark-scale clean
+.PHONY: help test test-faults unit e2e lint venv controlplane cluster-up cluster-down crd manifests demo benchmark benchmark-scale clean
 HELM    = $(shell bash cluster/build.sh --print)/helm
 CHART   := charts/inferentia-operator
 
 help:
 	@echo "make test          the whole suite: unit tests, then end-to-end tests on a local control plane"
 	@echo "make unit          unit tests only (no cluster)"
+	@echo "make test-faults   the fault suite alone (kill -9, API server outage, tampering, two replicas, deletions while down)"
 	@echo "make demo          local control plane + operator + samples, until make cluster-down"
 	@echo "make cluster-up    start the local control plane (kubeconfig: .cluster/kubeconfig)"
 	@echo "make cluster-down  stop it, and the demo operator"
@@ -42,6 +43,9 @@ unit: venv
 
 e2e: venv controlplane
 	$(BIN)/pytest -m cluster
+
+test-faults: venv controlplane
+	$(BIN)/pytest -m faults -v
 
 cluster-up: venv controlplane
 	@$(BIN)/python cluster/localcluster.py up >/dev/null

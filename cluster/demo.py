@@ -81,12 +81,21 @@ def demo() -> int:
         print(f"not every model became Ready in time; see {LOG_FILE}", file=sys.stderr)
         return 1
     print(cluster.kubectl("get", "jobs,deployments,pods", "-o", "wide"))
+    # The cached tools on a short path inside the checkout (git-ignored with .cluster/).
+    short = REPO / ".cluster" / "bin"
+    short.mkdir(parents=True, exist_ok=True)
+    for tool in ("kubectl", "helm"):
+        link = short / tool
+        if not link.is_symlink() or link.resolve() != (bins / tool).resolve():
+            link.unlink(missing_ok=True)
+            link.symlink_to(bins / tool)
     print(
         f"All samples are Ready ({time.monotonic() - started:.0f}s). Everything keeps running; try:\n"
-        f"  export KUBECONFIG={kubeconfig}\n"
-        f"  {bins / 'kubectl'} get inferentiamodels\n"
-        f"  {bins / 'kubectl'} get inferentiamodel resnet50 -o jsonpath='{{.status.plan}}'\n"
-        f"  {bins / 'kubectl'} apply -f manifests/samples/invalid/three-processes-one-chip.yaml   # refused\n"
+        f"  export KUBECONFIG=$PWD/.cluster/kubeconfig PATH=$PWD/.cluster/bin:$PATH\n"
+        "  kubectl get inferentiamodels\n"
+        "  kubectl get inferentiamodel resnet50 -o jsonpath='{.status.plan}'\n"
+        "  kubectl apply -f manifests/samples/invalid/three-processes-one-chip.yaml   # refused\n"
+        "  .venv/bin/inferentia-operator render manifests/samples/llama-inf2-vllm.yaml\n"
         "Stop it all with: make cluster-down"
     )
     return 0

@@ -195,7 +195,29 @@ class LocalCluster:
         kwargs = {"preexec_fn": _die_with_parent} if self.die_with_parent else {"start_new_session": True}
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **kwargs)
         pids[name] = proc.pid
-        self._save(pids=pids)
+        argvs = self.recorded().get("argv", {})
+        argvs[name] = argv
+        self._save(pids=pids, argv=argvs)
+
+    # -- faults, for the fault tests -------------------------------------------------------
+    def stop_component(self, name: str) -> None:
+        """Stops one component (the API server, say) and leaves the others running."""
+        stop_process_groups([self.recorded()["pids"][name]])
+
+    def start_component(self, name: str, timeout: float = 60.0) -> None:
+        """Starts a stopped component again, as it was started, and waits until it answers."""
+        data = self.recorded()
+        pids = data["pids"]
+        self._start(name, data["argv"][name], pids)
+        if name == "kube-apiserver":
+            self._wait(f"https://127.0.0.1:{data['ports']['apiserver']}/readyz", time.monotonic() + timeout, name, pids, self.state / "pki")
+
+    def etcd(self, method: str, body: dict) -> dict:
+        """A call to etcd's v3 JSON gateway (``method`` such as "kv/put" or "kv/compaction")."""
+        url = f"http://127.0.0.1:{self.ports()['etcd']}/v3/{method}"
+        request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read() or b"{}")
 
     def _save(self, **fields) -> None:
         data = self.recorded()

@@ -252,3 +252,15 @@ def test_peering_pause_follows_kopfs_rule():
     assert not peering_paused([peering((10, alive), (5, alive))], 10, now)  # we are the highest
     assert peering_paused([peering((10, alive), (10, alive))], 10, now)  # kopf pauses both on a tie
     assert not peering_paused([None, {"status": {"x": "garbage"}}], 10, now)
+
+
+def test_a_child_of_ours_whose_owner_reference_was_removed_is_taken_back_but_a_stranger_is_not():
+    body = model_body()
+    m = built(body)
+    orphan = live(children.service(m))
+    orphan["metadata"].pop("ownerReferences")
+    o = Observed(body, deployment=rolled_out(children.serving_deployment(m)), service=orphan, configmaps=[live(children.plan_configmap(m))])
+    assert kinds(decide(o, NOW).apply) == ["Service"]  # our labels: re-applied, owner reference and all
+    orphan["metadata"]["labels"] = {"team": "admin"}
+    d = decide(o, NOW)
+    assert d.apply == [] and conds(d)["Ready"]["reason"] == "NameConflict"

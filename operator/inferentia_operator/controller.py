@@ -56,7 +56,7 @@ WRITES_PER_RECONCILE = 4
 # A child's or a pod's change is reconciled after this delay, so that the changes of one
 # rollout step (a ReplicaSet scaling, its pods starting, the Deployment's status) make one
 # reconcile and one status patch, not one each. Created models and changed specs go at once.
-SETTLE_SECONDS = 0.5
+SETTLE_SECONDS = 1.0
 _GONE = {"metadata": {"resourceVersion": "-1"}, "gone": True}
 
 
@@ -85,6 +85,7 @@ class Reconciler:
         self._written: dict[Key, dict[tuple[str, str], dict[str, Any]]] = {}
         self._pods: dict[tuple[str, str], tuple[Any, ...]] = {}
         self._generations: dict[Key, int] = {}
+        self._own_status: dict[Key, str] = {}  # the resourceVersion the last status patch made
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reconcile")
         self._writes = ThreadPoolExecutor(max_workers=workers * WRITES_PER_RECONCILE, thread_name_prefix="write")
 
@@ -151,7 +152,7 @@ class Reconciler:
                     # Not in the caches: the name may be taken by an object the
                     # label-filtered watch cannot see. Never write over someone else's.
                     existing = kube.get(kind, namespace, name)
-                    holder = holder_of(existing, uid) if existing is not None else None
+                    holder = holder_of(existing, uid, meta["name"]) if existing is not None else None
                     if holder is not None:
                         out.conflicts.append(Conflict(kind, name, holder))
                         return
@@ -215,6 +216,7 @@ class Reconciler:
             stored = await loop.run_in_executor(self._executor, kube.patch_status, key[0], key[1], patch)
             if stored:
                 self._written.setdefault(key, {})[(api.KIND, key[1])] = project(stored)
+                self._own_status[key] = (stored.get("metadata") or {}).get("resourceVersion")
             old = (observed.model.get("status") or {}).get("conditions") or []
             new = status_document(decision.status).get("conditions") or []
             for kind, reason, message in conditions.transitions(new, old):
@@ -277,6 +279,7 @@ class Reconciler:
     def _forget(self, key: Key) -> None:
         self._generations.pop(key, None)
         self._written.pop(key, None)
+        self._own_status.pop(key, None)
 
     def on_model(self, body: dict[str, Any], event_type: str | None, kwargs: dict[str, Any]) -> None:
         self._capture(kwargs)
@@ -289,6 +292,8 @@ class Reconciler:
         # A new model or a changed spec goes ahead of status-only reconciles of others.
         urgent = self._generations.get(key) != generation  # type: ignore[arg-type]
         self._generations[key] = generation  # type: ignore[index]
+        if not urgent and self._own_status.get(key) == meta.get("resourceVersion"):  # type: ignore[arg-type]
+            return  # the echo of the operator's own status patch: nothing new to decide
         self.queue.add(key, urgent=urgent)
 
     def on_child(self, body: dict[str, Any], event_type: str | None, kwargs: dict[str, Any]) -> None:

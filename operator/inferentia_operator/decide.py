@@ -18,7 +18,7 @@ from .api import InferentiaModelStatus
 from .children import Model
 from .drift import applied
 from .findings import errors
-from .names import COMPONENT_LABEL, PLAN_HASH_ANNOTATION
+from .names import COMPONENT_LABEL, FIELD_MANAGER, MANAGED_BY_LABEL, MODEL_LABEL, PLAN_HASH_ANNOTATION
 from .parsing import parse_spec
 from .planner import plan as make_plan
 from .rules import check_name
@@ -94,11 +94,17 @@ def _meta(obj: dict[str, Any] | None) -> dict[str, Any]:
     return (obj or {}).get("metadata") or {}
 
 
-def holder_of(live: dict[str, Any], uid: str) -> str | None:
-    """Why ``live`` is not this model's to write, or None when it is."""
-    refs = _meta(live).get("ownerReferences") or []
-    controller = next((r for r in refs if r.get("controller")), None)
+def holder_of(live: dict[str, Any], uid: str, model: str) -> str | None:
+    """Why ``live`` is not this model's to write, or None when it is: another controller
+    owns it, or it has no controller and does not carry this model's labels either (an
+    object of someone else's with the child's name). A child of this model whose owner
+    reference someone removed still has its labels, and is taken back."""
+    meta = _meta(live)
+    controller = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
     if controller is None:
+        labels = meta.get("labels") or {}
+        if labels.get(MANAGED_BY_LABEL) == FIELD_MANAGER and labels.get(MODEL_LABEL) == model:
+            return None
         return "not managed by this model (it has no controller)"
     if controller.get("uid") != uid:
         return f"controlled by {controller.get('kind')} {controller.get('name')}"
@@ -225,7 +231,7 @@ def decide(o: Observed, now: str) -> Decision:
         live = o.live(body["kind"], _name(body))  # type: ignore[arg-type]
         if live is None:
             to_apply.append(body)
-        elif (holder := holder_of(live, uid)) is not None:
+        elif (holder := holder_of(live, uid, name)) is not None:
             conflicts.append(Conflict(body["kind"], _name(body), holder))  # type: ignore[arg-type]
         elif body["kind"] == "Job":
             continue  # a Job's template is immutable: found by its hash, it is never rewritten

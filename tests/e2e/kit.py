@@ -105,6 +105,13 @@ class OperatorProcess:
 
         wait_for(healthy, 60, "the operator's liveness endpoint")
 
+    def kill(self) -> None:
+        """kill -9: no shutdown handler runs, as when a node dies."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
@@ -149,7 +156,7 @@ def _bind_to_user(roles: list[dict], user: str) -> list[dict]:
 
 def bind_user_to_operator_role(cluster: Cluster, user: str, name: str) -> None:
     """The chart's ClusterRole (default values), renamed, bound to ``user``: what the operator gets in production."""
-    [role] = [d for d in helm_template(cluster) if d["kind"] == "ClusterRole"]
+    [role] = [d for d in helm_template(cluster) if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "inferentia-operator"]
     role["metadata"] = {"name": name}
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(_bind_to_user([role], user)))
 
