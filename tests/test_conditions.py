@@ -30,7 +30,7 @@ def by_type(conds):
 def test_ready_when_the_current_plan_is_fully_rolled_out():
     d = deployment()
     conds = by_type(
-        c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=c.rollout_of(d, 2, "h1"), observed=c.Observed(d, None, [pod(), pod()]))
+        c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=c.rollout_of(d, 2, "h1"), observed=c.Observed(d, [pod(), pod()]))
     )
     assert (conds["Ready"].status, conds["Ready"].reason) == ("True", "Ready")
     assert conds["Progressing"].reason == "RolloutComplete"
@@ -54,7 +54,7 @@ def test_unschedulable_pods_name_the_schedulers_reason():
     d = deployment(ready=1, available=1, updated=2)
     message = "0/6 nodes are available: 6 Insufficient aws.amazon.com/neuron."
     conds = by_type(
-        c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=c.rollout_of(d, 2, "h1"), observed=c.Observed(d, None, [pod(), pod(False, message)]))
+        c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=c.rollout_of(d, 2, "h1"), observed=c.Observed(d, [pod(), pod(False, message)]))
     )
     assert (conds["Scheduled"].status, conds["Scheduled"].reason) == ("False", "Unschedulable")
     assert conds["Scheduled"].message == f"1 pod cannot be placed: {message}"

@@ -64,18 +64,25 @@ def test_a_new_model_applies_its_children_and_holds_the_deployment_for_the_compi
     assert (c["Ready"]["reason"], c["Reconciling"]["status"], c["Stalled"]["status"]) == ("Compiling", "True", "False")
 
 
-def test_a_compile_in_progress_holds_the_rollout_and_the_previous_deployment_keeps_serving():
-    before = model_body(**{"compile.image": "example.com/compile:1", "processesPerReplica": 4})
-    old = built(before)
+def a_recompile(new_job_done: bool):
+    """A model rolled out with 4 processes, edited to 2: the new plan's compile Job is
+    running or done, and the Deployment still has the old plan."""
+    old = built(model_body(**{"compile.image": "example.com/compile:1", "processesPerReplica": 4}))
     after = model_body(generation=2, **{"compile.image": "example.com/compile:1", "processesPerReplica": 2})
     new = built(after)
+    new_job = children.compile_job(new)
     o = Observed(
         after,
         deployment=rolled_out(children.serving_deployment(old)),
         service=live(children.service(new)),
         configmaps=[live(children.plan_configmap(old)), live(children.plan_configmap(new))],
-        jobs=[complete(children.compile_job(old)), live(children.compile_job(new))],  # running
+        jobs=[complete(children.compile_job(old)), complete(new_job) if new_job_done else live(new_job)],
     )
+    return o, old, new
+
+
+def test_a_compile_in_progress_holds_the_rollout_and_the_previous_deployment_keeps_serving():
+    o, _, _ = a_recompile(new_job_done=False)
     d = decide(o, NOW)
     assert d.apply == []  # nothing to write: the new Job exists, the Deployment must wait
     assert d.delete == []  # the old plan still serves
@@ -83,17 +90,7 @@ def test_a_compile_in_progress_holds_the_rollout_and_the_previous_deployment_kee
 
 
 def test_once_compiled_the_deployment_rolls_and_superseded_plans_go_when_unused():
-    before = model_body(**{"compile.image": "example.com/compile:1", "processesPerReplica": 4})
-    old = built(before)
-    after = model_body(generation=2, **{"compile.image": "example.com/compile:1", "processesPerReplica": 2})
-    new = built(after)
-    o = Observed(
-        after,
-        deployment=rolled_out(children.serving_deployment(old)),
-        service=live(children.service(new)),
-        configmaps=[live(children.plan_configmap(old)), live(children.plan_configmap(new))],
-        jobs=[complete(children.compile_job(old)), complete(children.compile_job(new))],
-    )
+    o, old, new = a_recompile(new_job_done=True)
     d = decide(o, NOW)
     assert kinds(d.apply) == ["Deployment"]
     assert d.delete == []  # the live Deployment still mounts the old plan

@@ -32,7 +32,6 @@ class Observed:
     """The children as they are now; dicts are the live objects, None when absent."""
 
     deployment: dict[str, Any] | None = None
-    job: dict[str, Any] | None = None
     pods: list[dict[str, Any]] = field(default_factory=list)
 
 

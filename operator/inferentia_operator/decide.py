@@ -18,7 +18,7 @@ from .api import InferentiaModelStatus
 from .children import Model
 from .drift import applied
 from .findings import errors
-from .names import COMPONENT_LABEL, FIELD_MANAGER, MANAGED_BY_LABEL, MODEL_LABEL, PLAN_HASH_ANNOTATION
+from .names import COMPONENT_LABEL, FIELD_MANAGER, MANAGED_BY_LABEL, MODEL_LABEL
 from .parsing import parse_spec
 from .planner import plan as make_plan
 from .rules import check_name
@@ -281,7 +281,3 @@ def status_patch(previous: dict[str, Any], status: InferentiaModelStatus) -> dic
         return None
     return {**{k: None for k in current if k not in wanted}, **wanted}
 
-
-def plan_hash_of(deployment: dict[str, Any] | None) -> str | None:
-    template = ((deployment or {}).get("spec") or {}).get("template") or {}
-    return ((template.get("metadata") or {}).get("annotations") or {}).get(PLAN_HASH_ANNOTATION)
