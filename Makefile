@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CRD    := crds/inferentia.dev_inferentiamodels.yaml
 
-.PHONY: help test test-faults unit e2e lint venv controlplane cluster-up cluster-down crd manifests demo benchmark benchmark-scale clean
+.PHONY: help test test-faults unit e2e lint venv controlplane cluster-up cluster-down crd manifests demo benchmark benchmark-scale benchmark-batching clean
 HELM    = $(shell bash cluster/build.sh --print)/helm
 CHART   := charts/inferentia-operator
 
@@ -20,6 +20,7 @@ help:
 	@echo "make cluster-down  stop it, and the demo operator"
 	@echo "make benchmark     print the performance figures (control-plane warm start, time to Ready, planner rate)"
 	@echo "make benchmark-scale [N=1000]  the reconcile core at scale, against the bare API (about 15 min at N=1000)"
+	@echo "make benchmark-batching  the batching front end: none, a fixed window and adaptive, under Poisson load"
 	@echo "make lint          ruff, as configured in pyproject.toml (make test runs it too)"
 	@echo "make crd           regenerate $(CRD) (and the chart's copy) from the pydantic models"
 	@echo "make manifests     regenerate manifests/*.yaml from the chart's default values"
@@ -63,6 +64,9 @@ benchmark: venv controlplane
 N ?= 1000
 benchmark-scale: venv controlplane
 	@$(BIN)/python cluster/benchmark_scale.py --models $(N)
+
+benchmark-batching: venv
+	@$(BIN)/python cluster/benchmark_batching.py
 
 lint: venv
 	$(BIN)/ruff check .

@@ -290,3 +290,30 @@ def test_run_as_root_is_an_explicit_escape_hatch():
     pod = children.serving_deployment(m)["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsUser"] == 0 and pod["securityContext"]["runAsNonRoot"] is False
     assert pod["containers"][0]["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_batching_adds_a_front_end_on_the_serving_port_and_moves_the_processes_up_one():
+    m = model(**THROUGHPUT, **{"serving.batching": {"maxBatchSize": 4, "maxLatencyMs": 50}, "compile.buckets": [[64], [128]]})
+    pod = children.serving_deployment(m)["spec"]["template"]["spec"]
+    serve, batcher = pod["containers"]
+    assert [p["containerPort"] for p in serve["ports"]] == [8501, 8502, 8503, 8504]
+    assert {e["name"]: e["value"] for e in serve["env"]}["INFERENTIA_BASE_PORT"] == "8501"
+    assert batcher["image"] == "inferentia-operator:0.1.0"
+    assert batcher["args"] == [
+        "batch", "--port", "8500", "--processes", "4", "--process-base-port", "8501",
+        "--max-batch-size", "4", "--max-latency-ms", "50", "--buckets", "[[64], [128]]",
+    ]  # fmt: skip
+    assert batcher["ports"] == [{"name": "batch", "containerPort": 8500, "protocol": "TCP"}]
+    assert batcher["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "batch", "scheme": "HTTP"}
+    assert batcher["securityContext"] == children.CONTAINER_SECURITY
+    ports = children.service(m)["spec"]["ports"]
+    assert [(p["name"], p["port"]) for p in ports] == [("batch", 8500), ("serve-0", 8501), ("serve-1", 8502), ("serve-2", 8503), ("serve-3", 8504)]
+    # The image can be set per model, or for the whole operator.
+    custom = model(**THROUGHPUT, **{"serving.batching": {"image": "registry.example.com/batcher:2"}})
+    assert children.serving_deployment(custom)["spec"]["template"]["spec"]["containers"][1]["image"] == "registry.example.com/batcher:2"
+
+
+def test_no_front_end_without_batching_or_with_vllm():
+    assert len(children.serving_deployment(model(**THROUGHPUT))["spec"]["template"]["spec"]["containers"]) == 1
+    m = model(**VLLM)  # vLLM batches sequences itself: batching becomes --max-num-seqs
+    assert len(children.serving_deployment(m)["spec"]["template"]["spec"]["containers"]) == 1

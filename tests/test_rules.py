@@ -252,8 +252,12 @@ ONE_VERDICT = [
     ({"compute.cpu": "1e"}, "spec.compute.cpu: '1e' is not a Kubernetes quantity"),
     (
         {"serving.port": 65535, "processesPerReplica": 2},
-        "spec.serving.port: processes listen on ports 65535 to 65536 (port + i for each of 2 processes), past 65535; "
-        "valid values are at most 65534",
+        "spec.serving.port: the pod listens on ports 65535 to 65536 (2 ports: the processes, and the batching front "
+        "end if any), past 65535; valid values are at most 65534",
+    ),
+    (
+        {"serving.port": 65534, "processesPerReplica": 2, "serving.batching": {"maxBatchSize": 4}},
+        "spec.serving.port: the pod listens on ports 65534 to 65536 (3 ports",
     ),
     (
         {"serving.env": [{"name": "A=B", "value": "x"}]},

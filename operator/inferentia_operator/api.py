@@ -138,6 +138,8 @@ class Batching(ApiModel):
     """Largest batch the server forms from concurrent requests."""
     max_latency_ms: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = 100
     """Latency budget in milliseconds; requests that cannot meet it are answered 503."""
+    image: Annotated[str | None, Field(max_length=MAX_STRING)] = None
+    """Image of the batching front end the serving pod runs beside the model processes. Default: the operator's own image (its batch command), or the operator's --batching-image."""
 
 
 class CompileOptions(ApiModel):

@@ -20,6 +20,7 @@ from .launcher import LAUNCHER
 from .names import (
     COMPILE_HASH_LABEL,
     COMPONENT_LABEL,
+    DEFAULT_BATCHING_IMAGE,
     FIELD_MANAGER,
     MANAGED_BY_LABEL,
     MODEL_LABEL,
@@ -49,6 +50,8 @@ class Model:
     uid: str
     spec: InferentiaModelSpec
     plan: Plan
+    # The batching front end's image unless the spec names one (the operator's --batching-image).
+    batching_image: str = DEFAULT_BATCHING_IMAGE
 
 
 def stable_hash(value: Any, length: int = 10) -> str:
@@ -271,7 +274,7 @@ def _serving_env(m: Model) -> list[dict[str, str]]:
         "INFERENTIA_MODEL_URI": m.spec.model.uri,
         "INFERENTIA_PLAN_FILE": PLAN_FILE,
         "INFERENTIA_PROCESSES": str(plan.groups),
-        "INFERENTIA_BASE_PORT": str(m.spec.serving.port),
+        "INFERENTIA_BASE_PORT": str(process_base_port(m)),
         "INFERENTIA_THREADS": str(plan.threads_per_process),
         # Frameworks that compile at load time (torch-neuron, tensorflow-neuron) read this.
         "NEURON_CC_FLAGS": " ".join(plan.compiler_args),
@@ -324,9 +327,50 @@ def _probes(m: Model) -> dict[str, Any]:
     }
 
 
+def batching_front_end(m: Model) -> bool:
+    """A batching front end runs beside the model processes when spec.serving.batching is
+    set, except with the vLLM preset, which batches sequences itself (--max-num-seqs)."""
+    return m.spec.serving.batching is not None and m.spec.serving.runtime != "vllm"
+
+
+def process_base_port(m: Model) -> int:
+    """Process i listens on this + i: the serving port, or the one after it when the
+    batching front end takes the serving port."""
+    return m.spec.serving.port + (1 if batching_front_end(m) else 0)
+
+
+# The front end's own share of the pod: an asyncio process that forwards JSON.
+BATCHER_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}}
+
+
+def batcher_container(m: Model) -> dict[str, Any]:
+    batching = m.spec.serving.batching
+    assert batching is not None
+    args = [
+        "batch", "--port", str(m.spec.serving.port),
+        "--processes", str(m.plan.groups), "--process-base-port", str(process_base_port(m)),
+        "--max-batch-size", str(batching.max_batch_size), "--max-latency-ms", str(batching.max_latency_ms),
+    ]  # fmt: skip
+    if m.plan.buckets:
+        args += ["--buckets", json.dumps(m.plan.buckets)]
+    http = {"port": "batch", "scheme": "HTTP"}
+    return {
+        "name": "batcher",
+        "image": batching.image or m.batching_image,
+        "args": args,
+        "ports": [{"name": "batch", "containerPort": m.spec.serving.port, "protocol": "TCP"}],
+        "resources": BATCHER_RESOURCES,
+        # Ready only when every model process answers: the pod's readiness is the front end's.
+        "readinessProbe": {"httpGet": {"path": "/readyz", **http}, "periodSeconds": 5},
+        "livenessProbe": {"httpGet": {"path": "/healthz", **http}, "periodSeconds": 10, "failureThreshold": 6},
+        "securityContext": CONTAINER_SECURITY,
+    }
+
+
 def serving_deployment(m: Model) -> dict[str, Any]:
     plan, spec = m.plan, m.spec
-    ports = [{"name": f"serve-{i}", "containerPort": spec.serving.port + i, "protocol": "TCP"} for i in range(plan.groups)]
+    base = process_base_port(m)
+    ports = [{"name": f"serve-{i}", "containerPort": base + i, "protocol": "TCP"} for i in range(plan.groups)]
     container: dict[str, Any] = {
         "name": "serve",
         "image": spec.serving.image,
@@ -360,7 +404,7 @@ def serving_deployment(m: Model) -> dict[str, Any]:
                     # A model server has no business with the Kubernetes API.
                     "automountServiceAccountToken": False,
                     "securityContext": pod_security(m),
-                    "containers": [container],
+                    "containers": [container, *([batcher_container(m)] if batching_front_end(m) else [])],
                     "volumes": [_plan_volume(m)],
                     "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
                     "affinity": {
@@ -394,10 +438,12 @@ def serving_deployment(m: Model) -> dict[str, Any]:
 
 
 def service(m: Model) -> dict[str, Any]:
+    base = process_base_port(m)
     ports = [
-        {"name": f"serve-{i}", "port": m.spec.serving.port + i, "targetPort": f"serve-{i}", "protocol": "TCP"}
-        for i in range(m.plan.groups)
+        {"name": f"serve-{i}", "port": base + i, "targetPort": f"serve-{i}", "protocol": "TCP"} for i in range(m.plan.groups)
     ]
+    if batching_front_end(m):
+        ports.insert(0, {"name": "batch", "port": m.spec.serving.port, "targetPort": "batch", "protocol": "TCP"})
     return {
         "apiVersion": "v1",
         "kind": "Service",

@@ -12,6 +12,7 @@ import yaml
 from .children import Model, desired_objects, plan_document
 from .crd import crd_yaml
 from .documents import Loaded, ModelDocument, load_models
+from .names import DEFAULT_BATCHING_IMAGE
 from .planner import plan
 
 EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
@@ -130,6 +131,15 @@ def cmd_crd(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_batch(args: argparse.Namespace) -> int:
+    from .batching.frontend import serve  # aiohttp loads only for this command
+
+    backends = [f"http://127.0.0.1:{args.process_base_port + i}" for i in range(args.processes)]
+    buckets = json.loads(args.buckets) if args.buckets else None
+    serve(args.port, backends, args.max_batch_size, args.max_latency_ms / 1000, buckets)
+    return EXIT_OK
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .runner import run  # kopf and the Kubernetes client load only for this command
 
@@ -163,6 +173,15 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("crd", help="print the InferentiaModel CustomResourceDefinition")
     c.set_defaults(func=cmd_crd)
 
+    b = sub.add_parser("batch", help="run the batching front end of a serving pod (the operator adds it as a sidecar)")
+    b.add_argument("--port", type=int, required=True, help="port the front end listens on (the model's serving port)")
+    b.add_argument("--processes", type=int, required=True, help="model processes, on ports process-base-port + i")
+    b.add_argument("--process-base-port", type=int, required=True)
+    b.add_argument("--max-batch-size", type=int, required=True)
+    b.add_argument("--max-latency-ms", type=float, required=True)
+    b.add_argument("--buckets", help="input-shape buckets as JSON, e.g. [[64],[128]]: inputs are padded to the smallest that holds them")
+    b.set_defaults(func=cmd_batch)
+
     r = sub.add_parser("run", help="run the operator against the current kubeconfig or in-cluster config")
     r.add_argument("-n", "--namespace", action="append", default=[], help="watch this namespace (repeatable); default: all")
     r.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL ('' to disable)")
@@ -178,6 +197,10 @@ def parser() -> argparse.ArgumentParser:
         help="reconciles in flight at once (default 4: each waits on the API server, which answers a few at a time)",
     )  # fmt: skip
     r.add_argument("--metrics-port", type=int, default=8081, help="port of the Prometheus /metrics endpoint (0 to disable)")
+    r.add_argument(
+        "--batching-image", default=DEFAULT_BATCHING_IMAGE,
+        help="image of the batching front end added to pods of models with serving.batching (default: this operator's image)",
+    )  # fmt: skip
     r.add_argument("--verbose", action="store_true")
     r.set_defaults(func=cmd_run)
     return top

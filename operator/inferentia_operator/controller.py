@@ -37,7 +37,7 @@ import kopf
 from . import api, conditions, metrics
 from .decide import Conflict, Decision, Observed, WriteFailure, decide, holder_of, status_document, status_patch
 from .kube import ApiError, Kube
-from .names import FIELD_MANAGER, MANAGED_BY_LABEL
+from .names import DEFAULT_BATCHING_IMAGE, FIELD_MANAGER, MANAGED_BY_LABEL
 from .observe import Key, owner_key, pod_signature, project, project_pod, resource_version
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,15 @@ class Outcome:
 
 
 class Reconciler:
-    def __init__(self, kube: Callable[[], Kube], workers: int, resync_seconds: float, is_active: Callable[[], bool]):
+    def __init__(
+        self,
+        kube: Callable[[], Kube],
+        workers: int,
+        resync_seconds: float,
+        is_active: Callable[[], bool],
+        batching_image: str = DEFAULT_BATCHING_IMAGE,
+    ):
+        self.batching_image = batching_image
         self.kube = kube
         self.workers = workers
         self.resync_seconds = resync_seconds
@@ -133,6 +141,7 @@ class Reconciler:
             configmaps=children("ConfigMap", "configmap_index"),
             jobs=children("Job", "job_index"),
             pods=self._cached("pod_index", key),
+            batching_image=self.batching_image,
         )
 
     # --- act -----------------------------------------------------------------------------

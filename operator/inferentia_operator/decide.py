@@ -18,7 +18,7 @@ from .api import InferentiaModelStatus
 from .children import Model
 from .drift import applied
 from .findings import errors
-from .names import COMPONENT_LABEL, FIELD_MANAGER, MANAGED_BY_LABEL, MODEL_LABEL
+from .names import COMPONENT_LABEL, DEFAULT_BATCHING_IMAGE, FIELD_MANAGER, MANAGED_BY_LABEL, MODEL_LABEL
 from .parsing import parse_spec
 from .planner import plan as make_plan
 from .rules import check_name
@@ -69,6 +69,8 @@ class Observed:
     # What the last attempt to write found; empty before the act step.
     failures: list[WriteFailure] = field(default_factory=list)
     conflicts: list[Conflict] = field(default_factory=list)
+    # Configuration, not state: the operator's --batching-image.
+    batching_image: str = DEFAULT_BATCHING_IMAGE
 
     def live(self, kind: str, name: str) -> dict[str, Any] | None:
         if kind == "Deployment":
@@ -197,7 +199,7 @@ def decide(o: Observed, now: str) -> Decision:
     spec, findings = parse_spec(o.model.get("spec"))
     problems = check_name(name) + errors(findings)
     if spec is not None and not problems:
-        m = Model(name, namespace, uid, spec, make_plan(spec))
+        m = Model(name, namespace, uid, spec, make_plan(spec), o.batching_image)
         problems = children.plan_size_findings(m)
     if spec is None or problems:
         # Invalid (a cluster without the CRD's CEL rules, or a rule CEL cannot express):

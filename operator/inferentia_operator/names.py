@@ -11,6 +11,10 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 PLAN_HASH_ANNOTATION = f"{GROUP}/plan-hash"
 COMPILE_HASH_LABEL = f"{GROUP}/compile-hash"
 
+# The batching front end ships in the operator's own image (`inferentia-operator batch`);
+# the operator's --batching-image (chart value batching.image) names the one to use.
+DEFAULT_BATCHING_IMAGE = "inferentia-operator:0.1.0"
+
 # Where the plan ConfigMap is mounted in the compile and serving pods.
 PLAN_MOUNT = "/etc/inferentia"
 PLAN_FILE = f"{PLAN_MOUNT}/plan.json"

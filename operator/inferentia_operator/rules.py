@@ -246,14 +246,17 @@ def _quantity_rule(field: str) -> CrossFieldRule:
 
 QUANTITY = {field: _quantity_rule(field) for field in ("cpu", "memory")}
 
+# With a batching front end on the serving port, the processes start one port higher.
+_FRONT_END = "(has(self.serving.batching) && (!has(self.serving.runtime) || self.serving.runtime != 'vllm') ? 1 : 0)"
+_PORTS = f"(self.processesPerReplica + {_FRONT_END})"
 PORTS_FIT = CrossFieldRule(
     "spec.serving.port",
     "spec",
-    "processes listen on ports %d to %d (port + i for each of %d processes), past 65535; valid values are at most %d",
-    "self.serving.port + self.processesPerReplica - 1 <= 65535",
-    ("self.serving.port", "self.serving.port + self.processesPerReplica - 1", "self.processesPerReplica",
-     "65536 - self.processesPerReplica"),
-)  # fmt: skip
+    "the pod listens on ports %d to %d (%d ports: the processes, and the batching front end if any), past 65535; "
+    "valid values are at most %d",
+    f"self.serving.port + {_PORTS} - 1 <= 65535",
+    ("self.serving.port", f"self.serving.port + {_PORTS} - 1", _PORTS, f"65536 - {_PORTS}"),
+)
 
 # Environment names: C identifiers, which every shell can export (the launcher does).
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -559,7 +562,8 @@ def _check_child_values(spec: InferentiaModelSpec, fam: Family) -> list[Finding]
     for field, value in (("cpu", spec.compute.cpu), ("memory", spec.compute.memory)):
         if not re.match(QUANTITY_GRAMMAR, value):
             found.append(QUANTITY[field].finding(value))
-    port, p = spec.serving.port, spec.processes_per_replica
+    port = spec.serving.port
+    p = spec.processes_per_replica + (1 if spec.serving.batching is not None and spec.serving.runtime != "vllm" else 0)
     if port + p - 1 > 65535:
         found.append(PORTS_FIT.finding(port, port + p - 1, p, 65536 - p))
     env = spec.serving.env or []

@@ -92,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
             return False  # cannot tell: standing by is the safe side
         return not peering_paused(bodies, args.priority, datetime.datetime.now(datetime.UTC))
 
-    controller.register(registry, controller.Reconciler(kube, args.workers, args.resync_seconds, active))
+    reconciler = controller.Reconciler(kube, args.workers, args.resync_seconds, active, batching_image=args.batching_image)
+    controller.register(registry, reconciler)
     if args.metrics_port:
         metrics.serve(args.metrics_port)
 

@@ -564,3 +564,17 @@ def test_a_namespace_deleted_while_the_operator_is_down_leaves_nothing_behind(cl
     wait_ready(cluster, namespace, "after")
     assert cluster.kubectl("get", "namespace", doomed, check=False).returncode != 0
     assert "Traceback" not in operator.log()[seen:]
+
+
+def test_a_model_with_batching_gets_the_front_end_its_port_and_its_readiness(cluster, operator, namespace):
+    apply_model(cluster, namespace, "batched", **{"processesPerReplica": 2, "serving.batching": {"maxBatchSize": 4, "maxLatencyMs": 50}})
+    body = wait_ready(cluster, namespace, "batched")
+    m = model_of(body)
+    deployment = cluster.get("deployment", "batched", "-n", namespace)
+    assert applied(children.serving_deployment(m), deployment)
+    names = [c["name"] for c in deployment["spec"]["template"]["spec"]["containers"]]
+    assert names == ["serve", "batcher"]
+    batcher = deployment["spec"]["template"]["spec"]["containers"][1]
+    assert batcher["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    service = cluster.get("service", "batched", "-n", namespace)
+    assert [(p["name"], p["port"]) for p in service["spec"]["ports"]][0] == ("batch", 8080)

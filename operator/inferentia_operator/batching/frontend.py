@@ -1,0 +1,213 @@
+"""The batching front end: one HTTP server in front of a pod's model processes.
+
+The contract with clients: ``POST /`` (or ``/predict``) with one JSON input; the answer
+is that input's JSON output. ``413`` when the input fits no bucket (the body lists
+them), ``503`` with ``Retry-After`` when it cannot be answered within ``maxLatencyMs``.
+
+The contract with a model process (``batching.model_server`` follows it): ``POST /``
+with a JSON list of inputs, answered by a JSON list of outputs of the same length and
+order; ``GET /healthz`` answers 200 once the model is loaded.
+
+Also: ``GET /metrics`` (Prometheus), ``GET /healthz`` (the front end runs), ``GET
+/readyz`` (every model process answers its ``/healthz``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from .dispatch import Dispatch, Dispatcher, Reject, Request
+from .padding import Shape, TooLarge, bucket_for, pad, shape_of, unpad
+
+log = logging.getLogger(__name__)
+MAX_BODY = 16 * 1024 * 1024
+
+
+class Metrics:
+    def __init__(self, processes: int):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.batch_size = Histogram(
+            "inferentia_batch_size", "Inputs per batch sent to a model process.", buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r
+        )
+        self.queue_wait = Histogram("inferentia_batch_queue_wait_seconds", "Time a request waited before its batch was sent.", registry=r)
+        self.latency = Histogram("inferentia_batch_request_seconds", "Time from a request's arrival to its answer.", registry=r)
+        self.rejected = Counter("inferentia_batch_rejected", "Requests answered without a model call, by status code.", ["code"], registry=r)
+        self.inflight = Gauge("inferentia_batch_inflight", "Batches in flight, per model process.", ["process"], registry=r)
+        for p in range(processes):
+            self.inflight.labels(str(p)).set(0)
+
+
+class FrontEnd:
+    def __init__(
+        self,
+        backends: list[str],
+        max_batch: int,
+        max_latency: float,
+        buckets: list[list[int]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        dispatcher: Dispatcher | None = None,
+    ):
+        self.backends = backends
+        # Another policy can be put in (the benchmark compares a fixed window and none).
+        self.dispatcher = dispatcher or Dispatcher(len(backends), max_batch, max_latency)
+        self.buckets: list[Shape] = [tuple(b) for b in buckets or []]
+        self.clock = clock
+        self.metrics = Metrics(len(backends))
+        self._answers: dict[int, asyncio.Future] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    # --- HTTP ------------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY)
+        app.router.add_post("/", self.predict)
+        app.router.add_post("/predict", self.predict)
+        app.router.add_get("/healthz", _healthy)
+        app.router.add_get("/readyz", self.ready)
+        app.router.add_get("/metrics", self.scrape)
+        app.on_cleanup.append(self._close)
+        return app
+
+    async def _close(self, _app: web.Application) -> None:
+        if self._session:
+            await self._session.close()
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300))
+        return self._session
+
+    async def predict(self, request: web.Request) -> web.Response:
+        arrived = self.clock()
+        try:
+            payload = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return self._refuse(400, {"error": "the body must be one JSON input"})
+        shape: Shape | None = None
+        bucket: Shape | None = None
+        if self.buckets:
+            try:
+                shape = shape_of(payload)
+                bucket = bucket_for(shape, self.buckets)
+            except TooLarge as exc:
+                return self._refuse(413, {"error": str(exc), "buckets": [list(b) for b in self.buckets]})
+            except ValueError as exc:
+                return self._refuse(400, {"error": str(exc)})
+            payload = pad(payload, bucket)
+        job = Request(arrived, bucket, payload)
+        refused = self.dispatcher.arrive(job)
+        if refused is not None:
+            return self._busy(refused)
+        answer: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._answers[job.id] = answer
+        self._decide()
+        outcome = await answer
+        if isinstance(outcome, Reject):
+            return self._busy(outcome)
+        if isinstance(outcome, web.Response):
+            return outcome
+        self.metrics.latency.observe(self.clock() - arrived)
+        if bucket is not None and shape is not None and _shape_or_none(outcome) == bucket:
+            outcome = unpad(outcome, shape)
+        return web.json_response(outcome)
+
+    def _refuse(self, code: int, body: dict[str, Any]) -> web.Response:
+        self.metrics.rejected.labels(str(code)).inc()
+        return web.json_response(body, status=code)
+
+    def _busy(self, reject: Reject) -> web.Response:
+        self.metrics.rejected.labels("503").inc()
+        retry = max(1, round(reject.retry_after + 0.5))
+        return web.json_response(
+            {"error": "cannot be answered within the latency budget; retry later"}, status=503, headers={"Retry-After": str(retry)}
+        )
+
+    async def ready(self, _request: web.Request) -> web.Response:
+        async def answers(url: str) -> bool:
+            try:
+                async with self._client().get(f"{url}/healthz", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                    return r.status == 200
+            except (TimeoutError, aiohttp.ClientError, OSError):
+                return False
+
+        results = await asyncio.gather(*(answers(b) for b in self.backends))
+        status = 200 if all(results) else 503
+        return web.json_response({"processes": dict(zip(self.backends, results, strict=True))}, status=status)
+
+    async def scrape(self, _request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    # --- dispatch ----------------------------------------------------------------------------
+
+    def _decide(self) -> None:
+        actions, wake = self.dispatcher.decide(self.clock())
+        for action in actions:
+            if isinstance(action, Dispatch):
+                asyncio.get_running_loop().create_task(self._send(action))
+            else:
+                self._resolve(action.request, action)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if wake is not None:
+            delay = max(0.0, wake - self.clock())
+            self._timer = asyncio.get_running_loop().call_later(delay, self._decide)
+
+    async def _send(self, batch: Dispatch) -> None:
+        sent = self.clock()
+        n = len(batch.requests)
+        self.metrics.batch_size.observe(n)
+        self.metrics.inflight.labels(str(batch.process)).inc()
+        for r in batch.requests:
+            self.metrics.queue_wait.observe(sent - r.arrived)
+        try:
+            async with self._client().post(self.backends[batch.process] + "/", json=[r.payload for r in batch.requests]) as response:
+                body = await response.read()
+                if response.status != 200:
+                    raise ValueError(f"the model process answered {response.status}")
+                outputs = json.loads(body)
+                if not isinstance(outputs, list) or len(outputs) != n:
+                    raise ValueError(f"the model process answered {type(outputs).__name__}, not a list of {n}")
+            for r, out in zip(batch.requests, outputs, strict=True):
+                self._resolve(r, out)
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
+            log.warning("batch of %d to process %d failed: %s", n, batch.process, exc)
+            for r in batch.requests:
+                self._resolve(r, self._refuse(502, {"error": f"the model process failed: {exc}"}))
+        finally:
+            self.metrics.inflight.labels(str(batch.process)).dec()
+            self.dispatcher.done(batch.process, n, self.clock() - sent)
+            self._decide()
+
+    def _resolve(self, request: Request, outcome: Any) -> None:
+        future = self._answers.pop(request.id, None)
+        if future is not None and not future.done():
+            future.set_result(outcome)
+
+
+def _shape_or_none(value: Any) -> Shape | None:
+    try:
+        return shape_of(value)
+    except ValueError:
+        return None
+
+
+def serve(port: int, backends: list[str], max_batch: int, max_latency: float, buckets: list[list[int]] | None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    front = FrontEnd(backends, max_batch, max_latency, buckets)
+    web.run_app(front.app(), host="0.0.0.0", port=port, print=None, access_log=None)
+
+
+async def _healthy(_request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})

@@ -1,0 +1,94 @@
+"""A model process that follows the front end's contract: ``POST /`` with a JSON list of
+inputs, answered with a JSON list of outputs; ``GET /healthz`` once loaded.
+
+- ``--torchscript PATH``: a traced torch-neuron / torch-neuronx model (``torch.jit.load``;
+  the Neuron frameworks register the Neuron ops when imported). Inputs are stacked into
+  one batch tensor, run in one call, and split back per input. Run it in each serving
+  process (``serving.args``); the launcher gives it ``PORT`` and its NeuronCore Group.
+- ``--stand-in FIXED_MS,PER_ITEM_MS``: no model; a batch of n takes FIXED + PER_ITEM * n
+  milliseconds and each output is its input. The tests and the benchmark use it.
+
+One batch runs at a time, as on a NeuronCore Group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+Predict = Callable[[list[Any]], Awaitable[list[Any]]]
+
+
+def stand_in(fixed_ms: float, per_item_ms: float) -> Predict:
+    async def predict(inputs: list[Any]) -> list[Any]:
+        await asyncio.sleep((fixed_ms + per_item_ms * len(inputs)) / 1000)
+        return inputs
+
+    return predict
+
+
+def torchscript(path: str) -> Predict:  # pragma: no cover - needs torch and a Neuron device
+    import torch
+
+    for framework in ("torch_neuronx", "torch_neuron"):
+        try:
+            __import__(framework)  # registers the Neuron ops the traced graph calls
+            break
+        except ImportError:
+            continue
+    model = torch.jit.load(path)
+
+    async def predict(inputs: list[Any]) -> list[Any]:
+        def run() -> list[Any]:
+            with torch.no_grad():
+                batch = torch.tensor(inputs)
+                return model(batch).tolist()
+
+        return await asyncio.get_running_loop().run_in_executor(None, run)
+
+    return predict
+
+
+def app(predict: Predict) -> web.Application:
+    lock = asyncio.Lock()
+
+    async def batch(request: web.Request) -> web.Response:
+        inputs = await request.json()
+        if not isinstance(inputs, list):
+            return web.json_response({"error": "a JSON list of inputs is expected"}, status=400)
+        async with lock:
+            outputs = await predict(inputs)
+        return web.json_response(outputs)
+
+    application = web.Application(client_max_size=64 * 1024 * 1024)
+    application.router.add_post("/", batch)
+    application.router.add_get("/healthz", _healthy)
+    return application
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8080")))
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--torchscript", metavar="PATH")
+    group.add_argument("--stand-in", metavar="FIXED_MS,PER_ITEM_MS")
+    args = parser.parse_args(argv)
+    if args.stand_in:
+        fixed, per_item = (float(x) for x in args.stand_in.split(","))
+        predict = stand_in(fixed, per_item)
+    else:
+        predict = torchscript(args.torchscript)
+    web.run_app(app(predict), host="127.0.0.1", port=args.port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()
+
+
+async def _healthy(_request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})

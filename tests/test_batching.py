@@ -1,0 +1,236 @@
+"""The batching front end: the dispatcher's decisions with a fake clock, padding properties,
+and the front end run for real on loopback in front of stand-in model processes."""
+
+import asyncio
+import json
+import socket
+
+import aiohttp
+import pytest
+from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inferentia_operator.batching import model_server
+from inferentia_operator.batching.dispatch import Dispatch, Dispatcher, LatencyModel, Reject, Request
+from inferentia_operator.batching.frontend import FrontEnd
+from inferentia_operator.batching.padding import TooLarge, bucket_for, pad, shape_of, unpad
+
+
+def request(at, bucket=None):
+    return Request(at, bucket, {"x": at})
+
+
+def trained(d: Dispatcher, fixed=0.010, per_item=0.002):
+    for p in range(len(d.models)):
+        d.models[p].fixed, d.models[p].per_item = fixed, per_item
+    return d
+
+
+# --- the latency model ------------------------------------------------------------------
+
+
+def test_the_latency_model_fits_fixed_and_per_item_cost():
+    m = LatencyModel()
+    for n in (1, 2, 4, 8, 1, 8):
+        m.observe(n, 0.010 + 0.003 * n)
+    assert m.fixed == pytest.approx(0.010) and m.per_item == pytest.approx(0.003)
+    assert m(16) == pytest.approx(0.058)
+
+
+# --- the dispatcher, with a fake clock -------------------------------------------------------
+
+
+def test_a_full_batch_goes_at_once_and_never_exceeds_the_maximum():
+    d = trained(Dispatcher(processes=1, max_batch=4, max_latency=0.100))
+    for _ in range(6):
+        assert d.arrive(request(0.0)) is None
+    actions, _ = d.decide(0.0)
+    [batch] = actions
+    assert isinstance(batch, Dispatch) and len(batch.requests) == 4 and d.queued == 2
+
+
+def test_a_partial_batch_waits_only_while_the_oldest_can_still_finish():
+    d = trained(Dispatcher(processes=1, max_batch=8, max_latency=0.100))
+    for t in (0.000, 0.005, 0.010):  # arriving every 5 ms
+        d.arrive(request(t))
+    actions, wake = d.decide(0.010)
+    assert actions == []  # worth waiting: the next is due in 5 ms and there is slack
+    assert wake == pytest.approx(0.100 - (0.010 + 0.002 * 4))  # the last moment the oldest can go
+    actions, _ = d.decide(wake)
+    [batch] = actions
+    assert len(batch.requests) == 3
+
+
+def test_without_traffic_a_lone_request_goes_at_once():
+    d = trained(Dispatcher(processes=1, max_batch=8, max_latency=0.100))
+    d.arrive(request(5.0))  # nothing else has arrived: no rate to wait for
+    [batch], _ = d.decide(5.0)
+    assert len(batch.requests) == 1
+
+
+def test_requests_that_cannot_finish_in_time_are_refused_at_once():
+    d = trained(Dispatcher(processes=1, max_batch=2, max_latency=0.030), fixed=0.020, per_item=0.001)
+    assert d.arrive(request(0.0)) is None  # 0.021 s alone
+    assert d.arrive(request(0.0)) is None  # 0.022 s, batched with the first
+    refused = d.arrive(request(0.0))  # a second batch after the first: 0.043 s
+    assert isinstance(refused, Reject) and refused.retry_after > 0
+    # One already queued that aged past the budget is refused when the dispatcher looks.
+    d2 = trained(Dispatcher(processes=1, max_batch=4, max_latency=0.030), fixed=0.020, per_item=0.001)
+    d2.arrive(request(0.0))
+    actions, _ = d2.decide(0.015)  # 0.015 waited + 0.021 to run > 0.030
+    assert [type(a) for a in actions] == [Reject]
+
+
+def test_one_batch_in_flight_per_process_and_the_least_loaded_first():
+    d = trained(Dispatcher(processes=2, max_batch=1, max_latency=1.0))
+    for _ in range(3):
+        d.arrive(request(0.0))
+    actions, _ = d.decide(0.0)
+    assert sorted(a.process for a in actions) == [0, 1] and d.queued == 1  # the third waits for a free process
+    d.done(1, 1, 0.012)
+    [next_batch], _ = d.decide(0.012)
+    assert next_batch.process == 1
+
+
+def test_buckets_are_batched_apart():
+    d = trained(Dispatcher(processes=2, max_batch=4, max_latency=1.0))
+    for bucket in [(64,), (128,), (64,), (128,)]:
+        d.arrive(request(0.0, bucket))
+    d._arrivals.clear()  # noqa: SLF001 - forget the burst's rate: nothing more is coming, so nothing is held
+    actions, _ = d.decide(0.0)
+    assert sorted(tuple(r.bucket for r in a.requests) for a in actions) == [((64,), (64,)), ((128,), (128,))]
+
+
+# --- padding ------------------------------------------------------------------------------
+
+
+def test_padding_examples():
+    assert bucket_for((100,), [(64,), (128,), (256,)]) == (128,)
+    assert bucket_for((3, 5), [(4, 4), (8, 8), (4, 6)]) == (4, 6)
+    with pytest.raises(TooLarge, match=r"fits no bucket; buckets: \[\[64\], \[128\]\]"):
+        bucket_for((129,), [(64,), (128,)])
+    assert pad([[1, 2], [3, 4]], (3, 3)) == [[1, 2, 0], [3, 4, 0], [0, 0, 0]]
+
+
+shapes = st.lists(st.integers(1, 6), min_size=1, max_size=3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data(), shapes)
+def test_every_input_lands_in_the_smallest_fitting_bucket_and_comes_back_unpadded(data, shape):
+    dims = len(shape)
+    buckets = data.draw(st.lists(st.tuples(*[st.integers(1, 8)] * dims), min_size=1, max_size=5, unique=True))
+
+    counter = iter(range(1, 10**6))
+
+    def build(s):
+        return [build(s[1:]) for _ in range(s[0])] if s else next(counter)
+
+    value = build(tuple(shape))
+    fitting = [b for b in buckets if all(x <= y for x, y in zip(shape, b, strict=True))]
+    if not fitting:
+        with pytest.raises(TooLarge):
+            bucket_for(tuple(shape), buckets)
+        return
+    chosen = bucket_for(tuple(shape), buckets)
+    assert chosen in fitting
+    volume = 1
+    for x in chosen:
+        volume *= x
+    assert all(volume <= __import__("math").prod(b) for b in fitting)  # no smaller bucket holds it
+    padded = pad(value, chosen)
+    assert shape_of(padded) == chosen
+    assert unpad(padded, tuple(shape)) == value
+
+
+# --- the front end for real, on loopback ----------------------------------------------------
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def start(app, port):
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner
+
+
+async def with_front_end(scenario, *, processes=2, fixed_ms=20, per_item_ms=2, max_batch=8, max_latency=0.5, buckets=None):
+    ports = [free_port() for _ in range(processes)]
+    runners = [await start(model_server.app(model_server.stand_in(fixed_ms, per_item_ms)), p) for p in ports]
+    front = FrontEnd([f"http://127.0.0.1:{p}" for p in ports], max_batch, max_latency, buckets)
+    front_port = free_port()
+    runners.append(await start(front.app(), front_port))
+    try:
+        async with aiohttp.ClientSession() as session:
+            return await scenario(session, f"http://127.0.0.1:{front_port}")
+    finally:
+        for r in runners:
+            await r.cleanup()
+
+
+def test_the_front_end_batches_answers_each_request_and_reports_metrics():
+    async def scenario(session, url):
+        async with session.get(f"{url}/readyz") as r:
+            assert r.status == 200
+        async def one(i):
+            async with session.post(f"{url}/predict", json=[i, i + 1]) as r:
+                return r.status, await r.json()
+
+        results = await asyncio.gather(*(one(i) for i in range(40)))
+        assert all(status == 200 for status, _ in results)
+        assert [body for _, body in results] == [[i, i + 1] for i in range(40)]  # each gets its own answer
+        async with session.get(f"{url}/metrics") as r:
+            text = await r.text()
+        batches = float(next(line.split()[-1] for line in text.splitlines() if line.startswith("inferentia_batch_size_count")))
+        assert batches < 40  # requests were grouped
+        assert "inferentia_batch_queue_wait_seconds_bucket" in text and 'inferentia_batch_inflight{process="1"}' in text
+
+    asyncio.run(with_front_end(scenario))
+
+
+def test_inputs_are_padded_to_their_bucket_and_too_large_ones_get_413():
+    async def scenario(session, url):
+        async with session.post(url + "/", json=[1, 2, 3]) as r:
+            assert r.status == 200 and await r.json() == [1, 2, 3]  # padded to [4], answered, cut back
+        async with session.post(url + "/", json=list(range(9))) as r:
+            assert r.status == 413
+            assert (await r.json())["buckets"] == [[4], [8]]
+
+    asyncio.run(with_front_end(scenario, buckets=[[4], [8]]))
+
+
+def test_overload_is_shed_with_503_and_retry_after_instead_of_queueing():
+    async def scenario(session, url):
+        async def one(i):
+            async with session.post(url + "/", json=i) as r:
+                return r.status, r.headers.get("Retry-After")
+
+        results = await asyncio.gather(*(one(i) for i in range(200)))
+        codes = [c for c, _ in results]
+        assert 503 in codes and 200 in codes
+        assert all(retry and int(retry) >= 1 for c, retry in results if c == 503)
+        async with session.get(url + "/metrics") as r:
+            assert 'inferentia_batch_rejected_total{code="503"}' in await r.text()
+
+    # One slow process, a 100 ms budget, 200 requests at once: most cannot be served in time.
+    asyncio.run(with_front_end(scenario, processes=1, fixed_ms=40, per_item_ms=5, max_batch=4, max_latency=0.1))
+
+
+def test_readyz_waits_for_every_model_process():
+    async def scenario():
+        front = FrontEnd([f"http://127.0.0.1:{free_port()}"], 4, 0.1)
+        port = free_port()
+        runner = await start(front.app(), port)
+        try:
+            async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/readyz") as r:
+                assert r.status == 503 and json.loads(await r.text())["processes"]
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(scenario())
