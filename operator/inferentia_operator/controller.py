@@ -57,6 +57,10 @@ WRITES_PER_RECONCILE = 4
 # rollout step (a ReplicaSet scaling, its pods starting, the Deployment's status) make one
 # reconcile and one status patch, not one each. Created models and changed specs go at once.
 SETTLE_SECONDS = 1.0
+# Children named after their content and never written again (a ConfigMap is immutable,
+# a Job's template too): created, not applied, so no field of theirs is ever left owned
+# by a create that a later apply would have to remove.
+WRITTEN_ONCE = {"ConfigMap", "Job"}
 _GONE = {"metadata": {"resourceVersion": "-1"}, "gone": True}
 
 
@@ -157,7 +161,19 @@ class Reconciler:
         def write(body: dict[str, Any]) -> None:
             kind, name = body["kind"], body["metadata"]["name"]
             try:
-                if observed.live(kind, name) is None:
+                if kind in WRITTEN_ONCE and observed.live(kind, name) is None:
+                    # Named after their content and never updated: a plain create, which
+                    # the API server refuses (409) if the name is taken, needs no check first.
+                    created = kube.create(body)
+                    if created is not None:
+                        out.written[(kind, name)] = project(created)
+                        return
+                    existing = kube.get(kind, namespace, name)
+                    holder = holder_of(existing, uid, meta["name"]) if existing is not None else None
+                    if holder is not None:
+                        out.conflicts.append(Conflict(kind, name, holder))
+                        return
+                elif observed.live(kind, name) is None:
                     # Not in the caches: the name may be taken by an object the
                     # label-filtered watch cannot see. Never write over someone else's.
                     existing = kube.get(kind, namespace, name)

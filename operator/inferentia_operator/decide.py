@@ -235,8 +235,8 @@ def decide(o: Observed, now: str) -> Decision:
             to_apply.append(body)
         elif (holder := holder_of(live, uid, name)) is not None:
             conflicts.append(Conflict(body["kind"], _name(body), holder))  # type: ignore[arg-type]
-        elif body["kind"] == "Job":
-            continue  # a Job's template is immutable: found by its hash, it is never rewritten
+        elif body["kind"] in ("Job", "ConfigMap"):
+            continue  # immutable and named after their content: found by name, never rewritten
         elif not applied(body, live):
             to_apply.append(body)
     conflicts = list(dict.fromkeys(conflicts))

@@ -150,6 +150,19 @@ class Kube:
             content_type="application/json-patch+json",
         )  # fmt: skip
 
+    def create(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Creates ``body`` as the operator's field manager; None when the name is taken (409)."""
+        meta = body["metadata"]
+        try:
+            return self._call(
+                "POST", path(body["kind"], meta.get("namespace")), body=body,
+                query=[("fieldManager", FIELD_MANAGER)], content_type="application/json",
+            )  # fmt: skip
+        except ApiError as exc:
+            if exc.code == 409:
+                return None
+            raise
+
     def create_if_missing(self, body: dict[str, Any]) -> bool:
         """Creates ``body`` unless an object of that name exists; True when it created it."""
         meta = body["metadata"]

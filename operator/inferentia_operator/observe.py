@@ -27,8 +27,13 @@ def _metadata(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def project(body: dict[str, Any]) -> dict[str, Any]:
-    """An object as the decision needs it: its identity, spec, data and status; no managedFields."""
-    kept = {k: body[k] for k in ("apiVersion", "kind", "spec", "status", "data", "immutable") if k in body}
+    """An object as the decision needs it: its identity, spec and status; no managedFields.
+
+    A ConfigMap's data is left out too: plan ConfigMaps are immutable and named after
+    their content, so the name says everything the decision needs."""
+    kept = {k: body[k] for k in ("apiVersion", "kind", "spec", "status", "immutable") if k in body}
+    if body.get("kind") != "ConfigMap" and "data" in body:
+        kept["data"] = body["data"]
     return {**kept, "metadata": _metadata(body)}
 
 

@@ -29,7 +29,9 @@ def configure(settings: kopf.OperatorSettings, args: argparse.Namespace) -> None
     settings.peering.priority = args.priority
     settings.peering.stealth = True  # keep-alives every minute would drown the log
     settings.posting.level = logging.WARNING  # kopf's own progress events; ours are posted explicitly
-    settings.watching.server_timeout = 300
+    # No watch timeout of our own: the API server ends each watch after its
+    # --min-request-timeout (30 to 60 minutes), and kopf resumes it; at rest that is the
+    # only request besides peering.
     # No watching of CRDs or listing of namespaces: the operator needs no cluster-wide
     # read access beyond its own resources. (A CRD installed after the operator started
     # is noticed on its next restart; the chart installs CRDs first.)
