@@ -66,8 +66,13 @@ class LatencyModel:
 
 
 class Dispatcher:
+    # A share of the budget kept for what the fitted batch latency does not see: the front
+    # end's own HTTP handling of the request and the answer.
+    HEADROOM = 0.05
+
     def __init__(self, processes: int, max_batch: int, max_latency: float, inflight_per_process: int = 1):
-        self.max_batch, self.max_latency = max_batch, max_latency
+        self.max_batch = max_batch
+        self.max_latency = max_latency * (1 - self.HEADROOM)
         self.capacity = inflight_per_process
         self.inflight = [0] * processes
         self.models = [LatencyModel() for _ in range(processes)]
