@@ -57,10 +57,26 @@ def test_a_partial_batch_waits_only_while_the_oldest_can_still_finish():
     actions, wake = d.decide(0.010)
     assert actions == []  # worth waiting: the next is due in 5 ms and there is slack
     assert d.max_latency == pytest.approx(0.095)  # 5% of the budget is kept for the HTTP around the batch
-    assert wake == pytest.approx(0.095 - (0.010 + 0.002 * 4))  # the last moment the oldest can go
-    actions, _ = d.decide(wake)
+    assert wake == pytest.approx(0.015)  # look again when the next arrival is due
+    # No more arrive: the longer the quiet, the less a wait is worth; it goes well
+    # before the last moment the oldest could (0.095 - latency(4) = 0.077).
+    now = wake
+    while not actions:
+        actions, wake = d.decide(now)
+        now = wake if wake is not None else now
     [batch] = actions
-    assert len(batch.requests) == 3
+    assert len(batch.requests) == 3 and now < 0.077
+
+
+def test_after_a_burst_the_rest_goes_at_once_not_at_the_deadline():
+    d = trained(Dispatcher(processes=1, max_batch=8, max_latency=10.0))
+    for _ in range(12):
+        d.arrive(request(0.0))
+    [full], _ = d.decide(0.0)
+    assert len(full.requests) == 8
+    d.done(0, 8, 0.026)
+    actions, _ = d.decide(0.026)  # 4 left; the burst ended 26 ms ago, longer than one alone takes
+    assert len(actions) == 1 and len(actions[0].requests) == 4  # now, not near the 10 s deadline
 
 
 def test_without_traffic_a_lone_request_goes_at_once():
@@ -184,7 +200,7 @@ def test_the_front_end_batches_answers_each_request_and_reports_metrics():
                 return r.status, await r.json()
 
         results = await asyncio.gather(*(one(i) for i in range(40)))
-        assert all(status == 200 for status, _ in results)
+        assert [status for status, _ in results] == [200] * 40, results
         assert [body for _, body in results] == [[i, i + 1] for i in range(40)]  # each gets its own answer
         async with session.get(f"{url}/metrics") as r:
             text = await r.text()
@@ -192,7 +208,8 @@ def test_the_front_end_batches_answers_each_request_and_reports_metrics():
         assert batches < 40  # requests were grouped
         assert "inferentia_batch_queue_wait_seconds_bucket" in text and 'inferentia_batch_inflight{process="1"}' in text
 
-    asyncio.run(with_front_end(scenario))
+    # A budget no busy test machine misses: this is about batching, not latency.
+    asyncio.run(with_front_end(scenario, max_latency=10.0))
 
 
 def test_inputs_are_padded_to_their_bucket_and_too_large_ones_get_413():
@@ -203,7 +220,7 @@ def test_inputs_are_padded_to_their_bucket_and_too_large_ones_get_413():
             assert r.status == 413
             assert (await r.json())["buckets"] == [[4], [8]]
 
-    asyncio.run(with_front_end(scenario, buckets=[[4], [8]]))
+    asyncio.run(with_front_end(scenario, buckets=[[4], [8]], max_latency=10.0))
 
 
 def test_overload_is_shed_with_503_and_retry_after_instead_of_queueing():

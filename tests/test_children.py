@@ -294,6 +294,8 @@ def test_run_as_root_is_an_explicit_escape_hatch():
 
 def test_batching_adds_a_front_end_on_the_serving_port_and_moves_the_processes_up_one():
     m = model(**THROUGHPUT, **{"serving.batching": {"maxBatchSize": 4, "maxLatencyMs": 50}, "compile.buckets": [[64], [128]]})
+    # The plan says so, and status.plan and render show it.
+    assert children.plan_document(m.plan)["frontEnd"] == {"port": 8500, "processBasePort": 8501, "maxBatchSize": 4, "maxLatencyMs": 50}
     pod = children.serving_deployment(m)["spec"]["template"]["spec"]
     serve, batcher = pod["containers"]
     assert [p["containerPort"] for p in serve["ports"]] == [8501, 8502, 8503, 8504]
@@ -317,3 +319,4 @@ def test_no_front_end_without_batching_or_with_vllm():
     assert len(children.serving_deployment(model(**THROUGHPUT))["spec"]["template"]["spec"]["containers"]) == 1
     m = model(**VLLM)  # vLLM batches sequences itself: batching becomes --max-num-seqs
     assert len(children.serving_deployment(m)["spec"]["template"]["spec"]["containers"]) == 1
+    assert m.plan.front_end is None and "frontEnd" not in children.plan_document(model(**THROUGHPUT).plan)

@@ -228,6 +228,19 @@ class InferentiaModelSpec(ApiModel):
     """Run the serving and compile containers as root, for images that need it. By default they run as user 65532 with no capabilities and no privilege escalation, which passes the restricted Pod Security level; as root they pass baseline only."""
 
 
+class FrontEnd(ApiModel):
+    """The batching front end of each serving pod (spec.serving.batching, not with vLLM)."""
+
+    port: int
+    """Port it listens on: the model's serving port (the Service's batch port)."""
+    process_base_port: int
+    """Model process i listens on this + i, behind the front end."""
+    max_batch_size: int
+    """Largest batch it sends to one process."""
+    max_latency_ms: int
+    """Latency budget; requests that cannot meet it are answered 503."""
+
+
 class ResourceList(ApiModel):
     """Requests and limits of the serving container, in Kubernetes ResourceRequirements shape."""
 
@@ -282,6 +295,8 @@ class Plan(ApiModel):
     """The serving container's resource requests and limits."""
     instance_types: list[str]
     """Instance types that can hold one replica, smallest first."""
+    front_end: FrontEnd | None = None
+    """The batching front end beside the model processes, when there is one."""
     warnings: list[str]
     """Things that are allowed but may not work as hoped."""
 

@@ -328,15 +328,14 @@ def _probes(m: Model) -> dict[str, Any]:
 
 
 def batching_front_end(m: Model) -> bool:
-    """A batching front end runs beside the model processes when spec.serving.batching is
-    set, except with the vLLM preset, which batches sequences itself (--max-num-seqs)."""
-    return m.spec.serving.batching is not None and m.spec.serving.runtime != "vllm"
+    """The plan says whether a batching front end runs beside the model processes."""
+    return m.plan.front_end is not None
 
 
 def process_base_port(m: Model) -> int:
-    """Process i listens on this + i: the serving port, or the one after it when the
-    batching front end takes the serving port."""
-    return m.spec.serving.port + (1 if batching_front_end(m) else 0)
+    """Process i listens on this + i: the serving port, or the plan's when the batching
+    front end takes the serving port."""
+    return m.plan.front_end.process_base_port if m.plan.front_end else m.spec.serving.port
 
 
 # The front end's own share of the pod: an asyncio process that forwards JSON.
@@ -344,12 +343,12 @@ BATCHER_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {
 
 
 def batcher_container(m: Model) -> dict[str, Any]:
-    batching = m.spec.serving.batching
-    assert batching is not None
+    front, batching = m.plan.front_end, m.spec.serving.batching
+    assert front is not None and batching is not None
     args = [
-        "batch", "--port", str(m.spec.serving.port),
-        "--processes", str(m.plan.groups), "--process-base-port", str(process_base_port(m)),
-        "--max-batch-size", str(batching.max_batch_size), "--max-latency-ms", str(batching.max_latency_ms),
+        "batch", "--port", str(front.port),
+        "--processes", str(m.plan.groups), "--process-base-port", str(front.process_base_port),
+        "--max-batch-size", str(front.max_batch_size), "--max-latency-ms", str(front.max_latency_ms),
     ]  # fmt: skip
     if m.plan.buckets:
         args += ["--buckets", json.dumps(m.plan.buckets)]
@@ -358,7 +357,7 @@ def batcher_container(m: Model) -> dict[str, Any]:
         "name": "batcher",
         "image": batching.image or m.batching_image,
         "args": args,
-        "ports": [{"name": "batch", "containerPort": m.spec.serving.port, "protocol": "TCP"}],
+        "ports": [{"name": "batch", "containerPort": front.port, "protocol": "TCP"}],
         "resources": BATCHER_RESOURCES,
         # Ready only when every model process answers: the pod's readiness is the front end's.
         "readinessProbe": {"httpGet": {"path": "/readyz", **http}, "periodSeconds": 5},

@@ -17,7 +17,7 @@ Nothing here talks to Kubernetes. Sources (public documentation):
 
 from __future__ import annotations
 
-from .api import InferentiaModelSpec, Plan, ResourceList
+from .api import FrontEnd, InferentiaModelSpec, Plan, ResourceList
 from .catalogue import (
     FAMILIES,
     HUGEPAGES_PER_CHIP_MI,
@@ -168,6 +168,18 @@ def plan(spec: InferentiaModelSpec) -> Plan:
         if count >= chips and (wanted is None or name in wanted)
     ]
 
+    # A batching front end takes the serving port and the processes move up one; vLLM
+    # batches sequences itself and gets none.
+    batching = spec.serving.batching
+    front_end = None
+    if batching is not None and spec.serving.runtime != "vllm":
+        front_end = FrontEnd(
+            port=spec.serving.port,
+            process_base_port=spec.serving.port + 1,
+            max_batch_size=batching.max_batch_size,
+            max_latency_ms=batching.max_latency_ms,
+        )
+
     return Plan(
         family=fam.name,
         compiler=fam.compiler,
@@ -190,5 +202,6 @@ def plan(spec: InferentiaModelSpec) -> Plan:
         env=env,
         resources=resources,
         instance_types=instance_types,
+        front_end=front_end,
         warnings=[str(f) for f in findings if f.severity == "warning"],
     )

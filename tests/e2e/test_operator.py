@@ -578,3 +578,42 @@ def test_a_model_with_batching_gets_the_front_end_its_port_and_its_readiness(clu
     assert batcher["readinessProbe"]["httpGet"]["path"] == "/readyz"
     service = cluster.get("service", "batched", "-n", namespace)
     assert [(p["name"], p["port"]) for p in service["spec"]["ports"]][0] == ("batch", 8080)
+
+
+def test_validate_the_api_server_and_the_operators_status_agree_on_the_corpus(cluster, operator, namespace):
+    """Three verdicts on each document: validate's, the API server's, and the status the
+    operator writes for what the API server stores."""
+    from test_control_plane import DIVERGENCE_CORPUS
+
+    from inferentia_operator.findings import errors
+    from inferentia_operator.parsing import parse_spec
+    from specs import make_spec
+
+    operator_only = [
+        # Accepted by the API server (CEL cannot see these); refused by validate and the operator.
+        make_spec(**{"compile.staticWeights": True, "model.weights": 10**10}),
+        make_spec(**{"compute.family": "trn2", "compute.inf": 16, "compute.lnc": 1, "processesPerReplica": 128,
+                     "compile.extraArgs": ["--opt=" + "x" * 1000] * 64}),  # fmt: skip
+    ]
+    specs = [make_spec(**o) for o in DIVERGENCE_CORPUS] + operator_only
+    expected = {}
+    for i, spec in enumerate(specs):
+        body = make_model(f"corpus-{i}", namespace, spec)
+        result = cluster.kubectl("apply", "-f", "-", input=json.dumps(body), check=False)
+        if result.returncode == 0:
+            found = [f for f in errors(parse_spec(spec)[1])]
+            if i >= len(DIVERGENCE_CORPUS) and not found:  # the plan-size rule is checked with the plan
+                found = ["too large"]
+            expected[f"corpus-{i}"] = not found
+    assert sum(expected.values()) > 20 and False in expected.values()
+
+    def verdicts():
+        out = {}
+        for m in cluster.get("inferentiamodels", "-n", namespace)["items"]:
+            c = condition(m, "Validated")
+            if c.get("status") in ("True", "False"):
+                out[m["metadata"]["name"]] = c["status"] == "True"
+        return out if set(out) >= set(expected) else None
+
+    seen = wait_for(verdicts, 120, "a Validated condition on every stored document")
+    assert {k: seen[k] for k in expected} == expected

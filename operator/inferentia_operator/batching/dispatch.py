@@ -5,7 +5,9 @@ The design follows BentoML's adaptive batching (https://docs.bentoml.com/en/late
 the dispatcher learns how long a batch of n takes on a process (a least-squares line,
 latency = fixed + per_item * n, over recent batches) and holds the oldest request only
 while it can still finish within ``max_latency``: waiting for one more request is worth
-it while the expected gap to the next arrival plus the larger batch still fits the budget.
+it while the next is expected sooner than serving it alone would take, and the expected
+gap plus the larger batch still fits the budget. Once the stream goes quiet (a burst
+has ended), the expected gap grows with the quiet and what is queued goes.
 A request that cannot finish in time is answered 503 at once, never queued past the
 budget. Each process runs one batch at a time (a NeuronCore Group executes one model
 invocation at once), and work goes to the least-loaded free process.
@@ -105,12 +107,19 @@ class Dispatcher:
     def _best_model(self) -> LatencyModel:
         return min(self.models, key=lambda m: m(self.max_batch))
 
-    def _arrival_gap(self) -> float:
-        """The expected time to the next arrival, from the recent rate."""
+    def _mean_gap(self) -> float:
+        """The mean time between recent arrivals."""
         if len(self._arrivals) < 2:
             return float("inf")
         span = self._arrivals[-1] - self._arrivals[0]
         return span / (len(self._arrivals) - 1) if span > 0 else 0.0
+
+    def _arrival_gap(self, now: float) -> float:
+        """The expected time to the next arrival: the recent mean gap, or longer once the
+        stream has been quiet for longer than that (a burst that has ended brings no more)."""
+        if not self._arrivals:
+            return float("inf")
+        return max(self._mean_gap(), now - self._arrivals[-1])
 
     def decide(self, now: float) -> tuple[list[Dispatch | Reject], float | None]:
         """The batches to send now and the requests to refuse, and when to decide again
@@ -133,11 +142,15 @@ class Dispatcher:
                 waited = now - queue[0].arrived
                 if n < self.max_batch:
                     # Hold for one more request while it is expected soon enough that the
-                    # oldest, in the bigger batch, still finishes within the budget.
-                    gap = self._arrival_gap()
-                    if waited + gap + model(n + 1) <= self.max_latency:
+                    # oldest, in the bigger batch, still finishes within the budget; look
+                    # again once that arrival is overdue, or at the last moment.
+                    # Waiting is worth it only while the next request is expected sooner
+                    # than serving it alone later would take (its own fixed cost).
+                    gap = self._arrival_gap(now)
+                    if gap <= model(1) and waited + gap + model(n + 1) <= self.max_latency:
                         deadline = queue[0].arrived + self.max_latency - model(n + 1)
-                        wake = deadline if wake is None else min(wake, deadline)
+                        recheck = min(deadline, now + max(self._mean_gap(), 0.001))
+                        wake = recheck if wake is None else min(wake, recheck)
                         break
                 batch = [queue.popleft() for _ in range(n)]
                 self.inflight[process] += 1
