@@ -5,6 +5,8 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+# The targets below depend on `controlplane`, which has just built (or found) the binaries.
+export INFERENTIA_CONTROLPLANE_BUILT := 1
 CRD    := crds/inferentia.dev_inferentiamodels.yaml
 
 .PHONY: help test test-faults unit e2e lint venv controlplane cluster-up cluster-down crd manifests demo benchmark benchmark-scale benchmark-batching clean

@@ -47,8 +47,10 @@ class ClusterError(RuntimeError):
 
 @functools.cache
 def bin_dir() -> Path:
-    """Builds what is missing (a no-op when cached) and returns the binaries' folder; once a process."""
-    out = subprocess.run(["bash", str(HERE / "build.sh")], check=True, stdout=subprocess.PIPE, text=True)
+    """Builds what is missing (a no-op when cached) and returns the binaries' folder; once a
+    process, and not at all when make has just built it (INFERENTIA_CONTROLPLANE_BUILT)."""
+    check = ["--print"] if os.environ.get("INFERENTIA_CONTROLPLANE_BUILT") else []
+    out = subprocess.run(["bash", str(HERE / "build.sh"), *check], check=True, stdout=subprocess.PIPE, text=True)
     return Path(out.stdout.strip().splitlines()[-1])
 
 
