@@ -87,11 +87,3 @@ def resource_version(obj: dict[str, Any] | None) -> int:
     except ValueError:
         return -1
 
-
-def newer(cached: dict[str, Any] | None, written: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The newer of what the watch cache holds and what the operator last wrote itself."""
-    if written is None:
-        return cached
-    if cached is None:
-        return written
-    return written if resource_version(written) > resource_version(cached) else cached
