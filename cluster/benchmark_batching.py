@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import multiprocessing
 import random
-import socket
 import time
 from concurrent.futures import ProcessPoolExecutor
 
@@ -32,6 +31,7 @@ from aiohttp import web
 from inferentia_operator.batching import model_server
 from inferentia_operator.batching.dispatch import Dispatch, Dispatcher
 from inferentia_operator.batching.frontend import FrontEnd
+from localcluster import free_port
 
 PROCESSES, MAX_BATCH, BUDGET = 2, 8, 0.100
 FIXED_MS, PER_ITEM_MS = 20.0, 2.0
@@ -65,12 +65,6 @@ class FixedWindow(Dispatcher):
                 actions.append(Dispatch(process, [queue.popleft() for _ in range(n)]))
         self.queues = {b: q for b, q in self.queues.items() if q}
         return actions, wake
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def start(app: web.Application, port: int) -> web.AppRunner:

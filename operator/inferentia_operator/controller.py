@@ -158,28 +158,28 @@ class Reconciler:
         meta = observed.model["metadata"]
         namespace, uid = meta["namespace"], meta["uid"]
 
+        def taken(kind: str, name: str) -> bool:
+            """Whether an object the model does not control has the name (recorded as a conflict)."""
+            existing = kube.get(kind, namespace, name)
+            holder = holder_of(existing, uid, meta["name"]) if existing is not None else None
+            if holder is not None:
+                out.conflicts.append(Conflict(kind, name, holder))
+            return holder is not None
+
         def write(body: dict[str, Any]) -> None:
             kind, name = body["kind"], body["metadata"]["name"]
             try:
-                if kind in WRITTEN_ONCE and observed.live(kind, name) is None:
-                    # Named after their content and never updated: a plain create, which
-                    # the API server refuses (409) if the name is taken, needs no check first.
-                    created = kube.create(body)
-                    if created is not None:
-                        out.written[(kind, name)] = project(created)
-                        return
-                    existing = kube.get(kind, namespace, name)
-                    holder = holder_of(existing, uid, meta["name"]) if existing is not None else None
-                    if holder is not None:
-                        out.conflicts.append(Conflict(kind, name, holder))
-                        return
-                elif observed.live(kind, name) is None:
-                    # Not in the caches: the name may be taken by an object the
-                    # label-filtered watch cannot see. Never write over someone else's.
-                    existing = kube.get(kind, namespace, name)
-                    holder = holder_of(existing, uid, meta["name"]) if existing is not None else None
-                    if holder is not None:
-                        out.conflicts.append(Conflict(kind, name, holder))
+                if observed.live(kind, name) is None:
+                    if kind in WRITTEN_ONCE:
+                        # Named after their content and never updated: a plain create, which
+                        # the API server refuses (409) if the name is taken, needs no check first.
+                        created = kube.create(body)
+                        if created is not None:
+                            out.written[(kind, name)] = project(created)
+                            return
+                    # Not in the caches (or the create found the name taken): it may be an
+                    # object the label-filtered watch cannot see. Never write over someone else's.
+                    if taken(kind, name):
                         return
                 out.written[(kind, name)] = project(self._apply(kube, body, observed.live(kind, name)))
             except ApiError as exc:
