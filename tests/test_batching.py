@@ -252,3 +252,33 @@ def test_readyz_waits_for_every_model_process():
             await runner.cleanup()
 
     asyncio.run(scenario())
+
+
+def test_the_reference_model_server_starts_from_its_command_line():
+    """The command the README gives (``python -m ...model_server``) starts and answers: it
+    once raised NameError at start, which tests calling app() could not see."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    port = free_port()
+    argv = [sys.executable, "-m", "inferentia_operator.batching.model_server", "--stand-in", "1,0", "--port", str(port), "--host", "127.0.0.1"]
+    server = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert server.poll() is None, f"the model server exited: {server.stderr.read()}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as reply:
+                    assert json.loads(reply.read()) == {"ok": True}
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "the model server never answered /healthz"
+                time.sleep(0.2)
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/", data=b"[1, 2, 3]", headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            assert len(json.loads(reply.read())) == 3
+    finally:
+        server.terminate()
+        server.wait(10)

@@ -54,6 +54,10 @@ def torchscript(path: str) -> Predict:  # pragma: no cover - needs torch and a N
     return predict
 
 
+async def _healthy(_request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
 def app(predict: Predict) -> web.Application:
     lock = asyncio.Lock()
 
@@ -74,6 +78,9 @@ def app(predict: Predict) -> web.Application:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8080")))
+    # Every address of the pod by default: the Service reaches a process directly when no
+    # front end runs.
+    parser.add_argument("--host", default="0.0.0.0")
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--torchscript", metavar="PATH")
     group.add_argument("--stand-in", metavar="FIXED_MS,PER_ITEM_MS")
@@ -83,12 +90,8 @@ def main(argv: list[str] | None = None) -> None:
         predict = stand_in(fixed, per_item)
     else:
         predict = torchscript(args.torchscript)
-    web.run_app(app(predict), host="127.0.0.1", port=args.port, print=None, access_log=None)
+    web.run_app(app(predict), host=args.host, port=args.port, print=None, access_log=None)
 
 
 if __name__ == "__main__":
     main()
-
-
-async def _healthy(_request: web.Request) -> web.Response:
-    return web.json_response({"ok": True})
