@@ -37,6 +37,7 @@ venv: $(BIN)/.installed
 
 controlplane:
 	@bash cluster/build.sh >/dev/null
+	@bash cluster/node-deps.sh
 
 test: venv controlplane
 	$(BIN)/pytest

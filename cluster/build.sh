@@ -39,7 +39,7 @@ new_module() {
 }
 
 build_kubernetes() {
-  local v="$KUBERNETES_VERSION" names=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  local v="$KUBERNETES_VERSION" names=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
   local missing=0 n
   for n in "${names[@]}"; do up_to_date "$n" "$v" || missing=1; done
   (( missing )) || { log "kubernetes $v: cached"; return; }
@@ -106,6 +106,37 @@ kwok_stages() {
   stamp kwok-stages "$v"
 }
 
+# build_packages NAME MODULE VERSION TAGS PACKAGE...: several commands of one module, in one
+# build (they share its compiled packages), each named after its last path element.
+build_packages() {
+  local name="$1" module="$2" v="$3" tags="$4"; shift 4
+  local p missing=0
+  for p in "$@"; do up_to_date "$(basename "$p")" "$v" || missing=1; done
+  (( missing )) || { log "$name $v: cached"; return; }
+  log "$name $v: building $(for p in "$@"; do printf '%s ' "$(basename "$p")"; done)"
+  local d="$src/$name"
+  new_module "$d"
+  (cd "$d" && go get "$module@$v" >/dev/null 2>&1 || go get "$module@$v")
+  (cd "$d" && go build -mod=mod -tags "$tags" -ldflags "-s -w" -o "$bin/" "$@")
+  for p in "$@"; do stamp "$(basename "$p")" "$v"; done
+}
+
+# build_local NAME DIR REQUIREMENT...: a command of this repository (cluster/node/NAME),
+# rebuilt when its source or requirements change.
+build_local() {
+  local name="$1" dir="$2"; shift 2
+  local v
+  v="$(cat "$dir"/*.go | sha256sum | cut -c1-16) $*"
+  up_to_date "$name" "$v" && { log "$name: cached"; return; }
+  log "$name: building"
+  local d="$src/$name"
+  new_module "$d"
+  cp "$dir"/*.go "$d/"
+  if (( $# )); then (cd "$d" && go get "$@" >/dev/null 2>&1 || go get "$@"); fi
+  (cd "$d" && go mod tidy >/dev/null 2>&1 && go build -mod=mod -ldflags "-s -w" -o "$bin/$name" .)
+  stamp "$name" "$v"
+}
+
 start=$(date +%s)
 build_kubernetes
 build_simple etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3
@@ -118,5 +149,21 @@ build_simple helm helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
   "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION $(for p in chartutil lint/rules; do
      printf -- '-X helm.sh/helm/v3/pkg/%s.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/%s.k8sVersionMinor=%s ' "$p" "$p" "$minor"; done)" \
   "$HELM_VERSION+k8s1.$minor"
+build_simple helm4 helm.sh/helm/v4 "$HELM4_VERSION" helm.sh/helm/v4/cmd/helm \
+  "-X helm.sh/helm/v4/internal/version.version=$HELM4_VERSION"
+
+# The real node: containerd (without the storage drivers this machine lacks) and its runc
+# shim; the CNI plugins it wires pods with; the device-plugin stand-in and the sandbox's
+# pause process, from cluster/node/. runc itself comes from Debian (cluster/node-deps.sh):
+# it must be built with seccomp, which pods' RuntimeDefault profile needs.
+build_packages containerd github.com/containerd/containerd/v2 "$CONTAINERD_VERSION" "no_btrfs no_devmapper no_zfs" \
+  github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+  github.com/containerd/containerd/v2/cmd/ctr
+mkdir -p "$bin/cni"
+( bin="$bin/cni"; build_packages cni-plugins github.com/containernetworking/plugins "$CNI_PLUGINS_VERSION" "" \
+  github.com/containernetworking/plugins/plugins/main/bridge github.com/containernetworking/plugins/plugins/ipam/host-local \
+  github.com/containernetworking/plugins/plugins/main/loopback github.com/containernetworking/plugins/plugins/meta/portmap )
+build_local neuron-device-plugin-standin "$here/node/deviceplugin" "k8s.io/kubelet@v0.${KUBERNETES_VERSION#v1.}" google.golang.org/grpc
+build_local pause "$here/node/pause"
 log "done in $(( $(date +%s) - start ))s: $(du -sh "$bin" | cut -f1) in $bin"
 echo "$bin"

@@ -9,6 +9,12 @@ cluster/fleet.yaml Ready and runs pods through their lifecycle.
     python cluster/localcluster.py down [--state-dir DIR]
     python cluster/localcluster.py status [--state-dir DIR]
 
+With ``real_node=True`` (``make cluster-up``, ``make demo`` and the e2e suite's cluster) it
+also starts one real node (cluster/realnode.py): a kubelet with containerd, runc, a CNI
+bridge, kube-proxy and a Neuron device-plugin stand-in, where pods really run. That needs
+root; without it the cluster starts without the node and says why
+(:attr:`LocalCluster.real_node_skipped`).
+
 Tests use :class:`LocalCluster` directly (see tests/e2e/conftest.py).
 """
 
@@ -31,6 +37,7 @@ from pathlib import Path
 
 import yaml
 
+import realnode
 from inferentia_operator.catalogue import FAMILIES, HUGEPAGES_PER_CHIP_MI, HUGEPAGES_RESOURCE, NEURON_RESOURCE, NEURONCORE_RESOURCE
 
 HERE = Path(__file__).resolve().parent
@@ -90,17 +97,21 @@ def issue_client_cert(pki: Path, name: str, user: str, groups: tuple[str, ...] =
 
 
 def make_pki(pki: Path) -> None:
-    """A CA, the API server's serving certificate, an admin client certificate and the service-account key."""
+    """A CA, the API server's serving certificate, the admin's, the real node's and kube-proxy's
+    client certificates, and the service-account key."""
     pki.mkdir(parents=True, exist_ok=True)
     _openssl("req", "-x509", *_EC_KEY, "-keyout", "ca.key", "-out", "ca.crt", "-days", "30", "-subj", "/CN=inferentia-local-ca", cwd=pki)
     _sign(
         pki,
         "apiserver",
         "/CN=kube-apiserver",
-        "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
+        f"subjectAltName=IP:127.0.0.1,IP:{realnode.GATEWAY},IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
         "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\nextendedKeyUsage=serverAuth\n",
     )
     issue_client_cert(pki, "admin", "kubernetes-admin", ("system:masters",))
+    # The node authorizer's and kube-proxy's own identities (their default RBAC bindings).
+    issue_client_cert(pki, "kubelet", f"system:node:{realnode.NODE_NAME}", ("system:nodes",))
+    issue_client_cert(pki, "kube-proxy", "system:kube-proxy")
     _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "sa.key", cwd=pki)
     _openssl("ec", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
 
@@ -181,9 +192,17 @@ class LocalCluster:
     COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
     def __init__(
-        self, state_dir: Path = DEFAULT_STATE, fleet_file: Path = FLEET, die_with_parent: bool = False, audit_policy: str = AUDIT_POLICY
+        self,
+        state_dir: Path = DEFAULT_STATE,
+        fleet_file: Path = FLEET,
+        die_with_parent: bool = False,
+        audit_policy: str = AUDIT_POLICY,
+        real_node: bool = False,
     ):
         self.state = Path(state_dir).resolve()
+        # Why the real node did not start (not asked for, or not possible here); None when it runs.
+        self.real_node_skipped: str | None = None if real_node else "not asked for"
+        self.real_node: realnode.RealNode | None = None
         self.fleet_file = fleet_file
         self.audit_policy = audit_policy
         self.die_with_parent = die_with_parent
@@ -192,10 +211,11 @@ class LocalCluster:
         self.audit_log = self.state / "logs" / "audit.log"
 
     # -- processes -------------------------------------------------------------------------
-    def _start(self, name: str, argv: list[str], pids: dict[str, int]) -> None:
+    def _start(self, name: str, argv: list[str], pids: dict[str, int], env: dict[str, str] | None = None) -> None:
         log = open(self.state / "logs" / f"{name}.log", "ab")
         kwargs = {"preexec_fn": _die_with_parent} if self.die_with_parent else {"start_new_session": True}
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **kwargs)
+        full_env = {**os.environ, **env} if env else None
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env, **kwargs)
         pids[name] = proc.pid
         argvs = self.recorded().get("argv", {})
         argvs[name] = argv
@@ -212,7 +232,7 @@ class LocalCluster:
         pids = data["pids"]
         self._start(name, data["argv"][name], pids)
         if name == "kube-apiserver":
-            self._wait(f"https://127.0.0.1:{data['ports']['apiserver']}/readyz", time.monotonic() + timeout, name, pids, self.state / "pki")
+            self._wait(f"{self.server()}/readyz", time.monotonic() + timeout, name, pids, self.state / "pki")
 
     def etcd(self, method: str, body: dict) -> dict:
         """A call to etcd's v3 JSON gateway (``method`` such as "kv/put" or "kv/compaction")."""
@@ -250,8 +270,18 @@ class LocalCluster:
         ports = {name: free_port() for name in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok")}
         self._save(ports=ports, pids={})
         pids: dict[str, int] = {}
+        if self.real_node_skipped is None:
+            self.real_node_skipped = realnode.unavailable_reason()
         try:
+            if self.real_node_skipped is None:
+                import images  # only the real node needs them
+
+                self.real_node = realnode.RealNode(self.state, bins, self._start, images.build(bins))
+                self.real_node.network_up()
+                self._save(real_node=True)
             self._start_all(bins, pki, ports, pids, started + timeout)
+            if self.real_node is not None:
+                self._start_real_node(bins, pki, pids, started + timeout + 120)
         except BaseException:
             self.down()
             raise
@@ -275,21 +305,29 @@ class LocalCluster:
         )  # fmt: skip
         self._wait(f"{etcd_url}/health", deadline, "etcd", pids)
 
-        server = f"https://127.0.0.1:{ports['apiserver']}"
+        # With a real node the API server listens on the node's bridge address too, the
+        # only address its pods (the operator under Helm among them) can reach.
+        host = realnode.GATEWAY if self.real_node else "127.0.0.1"
+        server = f"https://{host}:{ports['apiserver']}"
         (self.state / "audit-policy.yaml").write_text(self.audit_policy)
         self.audit_log.unlink(missing_ok=True)
         self._start(
             "kube-apiserver",
             [
                 str(bins / "kube-apiserver"), "--etcd-servers", etcd_url,
-                "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+                "--bind-address", host, "--advertise-address", host,
                 "--secure-port", str(ports["apiserver"]), "--cert-dir", str(pki),
                 "--tls-cert-file", str(pki / "apiserver.crt"), "--tls-private-key-file", str(pki / "apiserver.key"),
                 "--client-ca-file", str(pki / "ca.crt"),
                 "--service-account-key-file", str(pki / "sa.pub"),
                 "--service-account-signing-key-file", str(pki / "sa.key"),
                 "--service-account-issuer", "https://kubernetes.default.svc",
-                "--authorization-mode", "RBAC", "--service-cluster-ip-range", SERVICE_CIDR,
+                "--authorization-mode", "Node,RBAC", "--service-cluster-ip-range", SERVICE_CIDR,
+                # Namespaces opt in to the real node (realnode.REAL_NODE_NAMESPACE_ANNOTATIONS).
+                "--enable-admission-plugins", "NodeRestriction,PodNodeSelector,PodTolerationRestriction",
+                "--kubelet-client-certificate", str(pki / "admin.crt"), "--kubelet-client-key", str(pki / "admin.key"),
+                # Reach kubelets by address, never by a host name that would need a DNS look-up.
+                "--kubelet-preferred-address-types", "InternalIP",
                 "--allow-privileged=true", "--profiling=false", "--v", "1",
                 "--audit-policy-file", str(self.state / "audit-policy.yaml"),
                 "--audit-log-path", str(self.audit_log), "--audit-log-format", "json",
@@ -355,6 +393,28 @@ class LocalCluster:
                 raise ClusterError("the default ServiceAccount never appeared: see kube-controller-manager.log")
             time.sleep(0.2)
 
+    def _start_real_node(self, bins: Path, pki: Path, pids: dict[str, int], deadline: float) -> None:
+        server = f"https://{realnode.GATEWAY}:{self.ports()['apiserver']}"
+        kubeconfigs = {}
+        for user in ("kubelet", "kube-proxy"):
+            kubeconfigs[user] = self.state / f"kubeconfig-{user}"
+            write_kubeconfig(kubeconfigs[user], pki, server, user=user)
+        assert self.real_node is not None
+        self.real_node.start(kubeconfigs, pki, pids, deadline)
+        kubectl = [str(bins / "kubectl"), "--kubeconfig", str(self.kubeconfig)]
+        node = f"node/{realnode.NODE_NAME}"
+        while subprocess.run([*kubectl, "get", node], capture_output=True).returncode:
+            if time.monotonic() > deadline:
+                raise ClusterError("the real node never registered: see logs/kubelet.log")
+            time.sleep(0.5)
+        remaining = f"{max(1, int(deadline - time.monotonic()))}s"
+        _run_or_fail([*kubectl, "wait", "--for=condition=Ready", node, f"--timeout={remaining}"])
+        jsonpath = "jsonpath={.status.allocatable.aws\\.amazon\\.com/neuron}"
+        while subprocess.run([*kubectl, "get", node, "-o", jsonpath], capture_output=True, text=True).stdout != str(realnode.CHIPS):
+            if time.monotonic() > deadline:
+                raise ClusterError("the real node never advertised its Neuron devices: see logs/device-plugin.log")
+            time.sleep(0.5)
+
     def _wait(self, url: str, deadline: float, name: str, pids: dict[str, int], pki: Path | None = None) -> None:
         context = ssl.create_default_context()
         if pki is not None:
@@ -376,14 +436,22 @@ class LocalCluster:
             time.sleep(0.1)
 
     def down(self, grace: float = 10.0) -> None:
-        """Stops every component and waits until none runs; safe to call twice."""
-        stop_process_groups(list(self.recorded().get("pids", {}).values()), grace)
+        """Stops every component and waits until none runs, and removes what the real node
+        made (processes, mounts, cgroups, namespaces, links, routes, rules); safe to call twice."""
+        pids = dict(self.recorded().get("pids", {}))
+        if self.recorded().get("real_node") or self.real_node is not None:
+            node = self.real_node or realnode.RealNode(self.state, bin_dir(), self._start, [])
+            node.stop(stop_process_groups, pids)
+            self._save(real_node=False)
+        stop_process_groups(list(pids.values()), grace)
         if self.state_file.exists():
             self._save(pids={})
         # The data and kubeconfig are throwaway; logs stay for a post-mortem.
         for sub in ("etcd", "pki", "kwok"):
             subprocess.run(["rm", "-rf", str(self.state / sub)], check=False)
         self.kubeconfig.unlink(missing_ok=True)
+        for path in self.state.glob("kubeconfig-*"):  # the node's, kube-proxy's and test users' keys
+            path.unlink()
 
     def user_kubeconfig(self, user: str, groups: tuple[str, ...] = ()) -> Path:
         """A kubeconfig that authenticates as ``user`` (RBAC decides what it may do)."""
@@ -391,7 +459,7 @@ class LocalCluster:
         name = "user-" + "".join(c if c.isalnum() else "-" for c in user)
         issue_client_cert(pki, name, user, groups)
         path = self.state / f"kubeconfig-{name}"
-        write_kubeconfig(path, pki, f"https://127.0.0.1:{self.ports()['apiserver']}", user=name)
+        write_kubeconfig(path, pki, self.server(), user=name)
         return path
 
     def writes_by(self, user: str) -> list[dict]:
@@ -416,6 +484,10 @@ class LocalCluster:
         """Everything in crds/ (the InferentiaModel CRD, kopf's peering CRDs), ready to use."""
         self.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
         self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+
+    def server(self) -> str:
+        """The API server's URL, as this cluster's kubeconfigs name it."""
+        return yaml.safe_load(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
 
     def ports(self) -> dict[str, int]:
         return self.recorded().get("ports", {})
@@ -473,8 +545,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["up", "down", "status"])
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--no-real-node", action="store_true", help="only the simulated fleet")
     args = parser.parse_args(argv)
-    cluster = LocalCluster(args.state_dir)
+    cluster = LocalCluster(args.state_dir, real_node=not args.no_real_node)
     if args.command == "up":
         try:
             started = time.monotonic()
@@ -483,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"cluster-up failed: {exc}", file=sys.stderr)
             return 1
         print(f"local control plane ready in {time.monotonic() - started:.1f}s; kubeconfig: {path}", file=sys.stderr)
+        if cluster.real_node_skipped:
+            print(f"no real node: {cluster.real_node_skipped}", file=sys.stderr)
         print(path)
     elif args.command == "down":
         cluster.down()

@@ -11,12 +11,23 @@ Tests that need simulated Neuron capacity skip themselves on clusters without it
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from pathlib import Path
 
 import pytest
 from kit import CRD_FILE, USE_EXISTING, Cluster, OperatorProcess, bind_user_to_operator_role, localcluster, wait_for
+
+REAL_NODE_STATE: dict[str, str | None] = {"skipped": None}
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Real-node tests never skip silently: the summary's last words say that they did not run, and why."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if "real_node" in r.nodeid or "test_real_node" in r.nodeid]
+    if skipped:
+        reason = REAL_NODE_STATE["skipped"] or "see the skip reasons above"
+        terminalreporter.write_line(f"REAL-NODE TESTS DID NOT RUN ({len(skipped)} skipped): {reason}", red=True, bold=True)
 
 
 def pytest_collection_modifyitems(items):
@@ -34,12 +45,22 @@ def cluster(tmp_path_factory) -> Cluster:
         yield c
         return
     # die_with_parent: if pytest is killed outright, the kernel stops the control plane too.
-    local = localcluster.LocalCluster(tmp_path_factory.mktemp("cluster"), die_with_parent=True)
+    # The real node runs where it can (root); the summary says when and why it did not.
+    local = localcluster.LocalCluster(tmp_path_factory.mktemp("cluster"), die_with_parent=True, real_node=True)
     try:
-        local.up()
+        local.up(timeout=300)
+        REAL_NODE_STATE["skipped"] = local.real_node_skipped
         yield Cluster(local.kubeconfig, bins, local)
     finally:
+        had_real_node = local.real_node is not None
         local.down()
+    if had_real_node:
+        # Stopping the cluster removes every process, mount, cgroup, link, route and rule the
+        # real node made: checked here, where the whole suite has used it.
+        import realnode
+
+        left = realnode.leftovers(local.state, bins)
+        assert not left, f"the real node left these behind: {left}"
 
 
 @pytest.fixture(scope="session")
@@ -81,3 +102,26 @@ def operator(crd_installed: Cluster, tmp_path_factory):
     op.start()
     yield op
     op.stop()
+
+
+@pytest.fixture(scope="session")
+def real_node(crd_installed: Cluster) -> Cluster:
+    """The cluster, with its real node: pods in a ``real_namespace`` run as real containers."""
+    if USE_EXISTING:
+        pytest.skip("real-node tests need the local cluster's real node (stand-in images and device plugin)")
+    if crd_installed.local is None or crd_installed.local.real_node is None:
+        pytest.skip(f"the real node did not start: {crd_installed.local.real_node_skipped if crd_installed.local else 'no local cluster'}")
+    return crd_installed
+
+
+@pytest.fixture
+def real_namespace(real_node: Cluster):
+    """A namespace whose pods go to the real node (its admission annotations), deleted after."""
+    import realnode
+
+    name = f"real-{uuid.uuid4().hex[:8]}"
+    manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "annotations": realnode.REAL_NODE_NAMESPACE_ANNOTATIONS}}
+    real_node.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+    wait_for(lambda: real_node.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0, 30, "default SA")
+    yield name
+    real_node.kubectl("delete", "namespace", name, "--wait=false", check=False)

@@ -50,7 +50,8 @@ class Cluster:
 
     def neuron_capacity(self, family: str | None = None) -> list[int]:
         """Neuron chips per node, of one family's instance types when ``family`` is given."""
-        nodes = self.get("nodes")["items"]
+        # The real node is tainted for the real-node tests alone: it is not fleet capacity.
+        nodes = [n for n in self.get("nodes")["items"] if "inferentia.dev/real-node" not in n["metadata"]["labels"]]
         if family:
             prefix = f"{family}."
             nodes = [n for n in nodes if n["metadata"]["labels"].get("node.kubernetes.io/instance-type", "").startswith(prefix)]

@@ -1,0 +1,234 @@
+"""Container images for the real node, made without a registry or a container engine.
+
+No registry is reachable from these machines and no Docker engine runs, so the images are
+assembled here as OCI image layouts and imported into the node's containerd:
+
+- ``inferentia-base``: Debian bookworm's minimal system with python3 (3.11), made by
+  mmdebstrap from Debian's packages and cached;
+- ``inferentia-operator:0.1.0``: the operator's image. Its content is what the Dockerfile
+  installs (this checkout's wheel and its dependencies, from PyPI) and its configuration
+  (ENTRYPOINT, CMD, USER, ENV) is read from the Dockerfile's final stage, so the two cannot
+  drift; the base is the Debian one above instead of python:3.11-slim, which no registry
+  here serves;
+- ``neuron-standin:0.1.0``: the operator's image plus the Neuron stand-ins
+  (cluster/node/standins): the compilers, the compile Job's entry point, the runtime/server
+  and vLLM's entry point;
+- ``inferentia-pause:1``: the pod sandbox's process (cluster/node/pause).
+
+    python cluster/images.py            # build what is missing, print the image archives
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+STANDINS = HERE / "node" / "standins"
+SITE = "usr/local/lib/python3.11/dist-packages"
+OPERATOR_IMAGE = "inferentia-operator:0.1.0"
+STANDIN_IMAGE = "neuron-standin:0.1.0"
+PAUSE_IMAGE = "inferentia-pause:1"
+BASE_PACKAGES = "python3,ca-certificates"
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("INFERENTIA_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"), "inferentia-operator")
+    path = Path(base) / "images"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def log(message: str) -> None:
+    print(f"[images] {message}", file=sys.stderr, flush=True)
+
+
+def digest_of_files(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for path in sorted(paths):
+        h.update(str(path.relative_to(REPO)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def base_rootfs() -> Path:
+    """Debian bookworm, minbase, with python3: one tar, cached."""
+    out = cache_dir() / f"base-bookworm-{hashlib.sha256(BASE_PACKAGES.encode()).hexdigest()[:8]}.tar"
+    if out.exists():
+        return out
+    log("debian base: mmdebstrap bookworm (once)")
+    tmp = out.with_suffix(".partial.tar")
+    excludes = [f"--dpkgopt=path-exclude=/usr/share/{d}/*" for d in ("doc", "man", "locale", "info")]
+    subprocess.run(
+        ["mmdebstrap", "--variant=minbase", f"--include={BASE_PACKAGES}", *excludes, "bookworm", str(tmp)],
+        check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    tmp.rename(out)
+    return out
+
+
+def _tar_dir(root: Path) -> bytes:
+    """A layer of everything under ``root``, owned by root, with stable times."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(root.rglob("*")):
+            info = tar.gettarinfo(str(path), arcname=str(path.relative_to(root)))
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            info.mtime = 0
+            if info.isfile():
+                with path.open("rb") as f:
+                    tar.addfile(info, f)
+            else:
+                tar.addfile(info)
+    return buf.getvalue()
+
+
+def python_layer(extra: list[Path] | None = None) -> tuple[bytes, str]:
+    """This checkout's wheel with its dependencies (and the S3 client for fetching artefacts),
+    installed where Debian's python3 looks; plus ``extra`` files' layer for the stand-ins."""
+    sources = [REPO / "pyproject.toml", *(REPO / "operator").rglob("*.py")]
+    key = digest_of_files(sources)
+    out = cache_dir() / f"layer-python-{key}.tar"
+    if out.exists():
+        return out.read_bytes(), key
+    log("operator layer: pip wheel + install (this checkout)")
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(t / "wheels"), str(REPO)], check=True)
+        [wheel] = (t / "wheels").glob("*.whl")
+        root = t / "root"
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", "--target", str(root / SITE), f"{wheel}[s3]"],
+            check=True,
+        )
+        # pip --target leaves console scripts pointing at this interpreter: write the image's own.
+        subprocess.run(["rm", "-rf", str(root / SITE / "bin")], check=True)
+        bindir = root / "usr/local/bin"
+        bindir.mkdir(parents=True)
+        script = bindir / "inferentia-operator"
+        script.write_text("#!/usr/bin/python3\nimport sys\nfrom inferentia_operator.cli import main\nsys.exit(main())\n")
+        script.chmod(0o755)
+        data = _tar_dir(root)
+    out.write_bytes(data)
+    return data, key
+
+
+def standin_layer() -> tuple[bytes, str]:
+    files = sorted(p for p in STANDINS.rglob("*.py"))
+    key = digest_of_files(files)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for f in files:
+            dest = root / SITE / f.relative_to(STANDINS)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(f.read_bytes())
+        bindir = root / "usr/local/bin"
+        bindir.mkdir(parents=True)
+        for name in ("neuron-cc", "neuronx-cc", "neuron-compile", "neuron-serve"):
+            script = bindir / name
+            script.write_text("#!/usr/bin/python3\nimport sys\nfrom neuron_standin import main\nsys.exit(main())\n")
+            script.chmod(0o755)
+        return _tar_dir(root), key
+
+
+def dockerfile_config(path: Path = REPO / "Dockerfile") -> dict:
+    """ENTRYPOINT, CMD, USER and ENV of the Dockerfile's final stage, as an image config."""
+    stages = path.read_text().replace("\\\n", " ").split("\nFROM ")
+    config: dict = {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]}
+    for line in stages[-1].splitlines():
+        word, _, rest = line.strip().partition(" ")
+        if word == "ENTRYPOINT":
+            config["Entrypoint"] = json.loads(rest)
+        elif word == "CMD":
+            config["Cmd"] = json.loads(rest)
+        elif word == "USER":
+            config["User"] = rest.strip()
+        elif word == "ENV":
+            config["Env"] += shlex.split(rest)
+    return config
+
+
+def write_oci(out: Path, name: str, layers: list[bytes], config: dict) -> None:
+    """An OCI image layout in a tar, which ``ctr images import`` reads, named ``name``."""
+    blobs: dict[str, bytes] = {}
+
+    def blob(data: bytes, media_type: str) -> dict:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        blobs[digest] = data
+        return {"mediaType": media_type, "digest": digest, "size": len(data)}
+
+    layer_descs = [blob(layer, "application/vnd.oci.image.layer.v1.tar") for layer in layers]
+    image_config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "config": config,
+        "rootfs": {"type": "layers", "diff_ids": [d["digest"] for d in layer_descs]},
+    }
+    config_desc = blob(json.dumps(image_config).encode(), "application/vnd.oci.image.config.v1+json")
+    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json", "config": config_desc, "layers": layer_descs}
+    manifest_desc = blob(json.dumps(manifest).encode(), "application/vnd.oci.image.manifest.v1+json")
+    full = name if "/" in name.split(":")[0] else f"docker.io/library/{name}"
+    manifest_desc["annotations"] = {"io.containerd.image.name": full, "org.opencontainers.image.ref.name": name.split(":")[-1]}
+    index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [manifest_desc]}
+    tmp = out.with_suffix(".partial")
+    with tarfile.open(tmp, "w") as tar:
+
+        def add(arcname: str, data: bytes) -> None:
+            info = tarfile.TarInfo(arcname)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+        add("oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+        add("index.json", json.dumps(index).encode())
+        for digest, data in blobs.items():
+            add(f"blobs/sha256/{digest.removeprefix('sha256:')}", data)
+    tmp.rename(out)
+
+
+def build(bins: Path) -> list[Path]:
+    """Every image the real node needs, as OCI archives (cached by content)."""
+    base_tar = base_rootfs()
+    base = base_tar.read_bytes()
+    python, pkey = python_layer()
+    standins, skey = standin_layer()
+    bkey = base_tar.stem.rsplit("-", 1)[-1]
+    config = dockerfile_config()
+    images = []
+    operator = cache_dir() / f"operator-{bkey}-{pkey}.oci.tar"
+    if not operator.exists():
+        log(f"{OPERATOR_IMAGE}: assembling")
+        write_oci(operator, OPERATOR_IMAGE, [base, python], config)
+    images.append(operator)
+    standin = cache_dir() / f"standin-{bkey}-{pkey}-{skey}.oci.tar"
+    if not standin.exists():
+        log(f"{STANDIN_IMAGE}: assembling")
+        # The stand-ins run as whatever user the pod says; no entry point of their own.
+        write_oci(standin, STANDIN_IMAGE, [base, python, standins], {"Env": config["Env"]})
+    images.append(standin)
+    pause_bin = bins / "pause"
+    pause = cache_dir() / f"pause-{hashlib.sha256(pause_bin.read_bytes()).hexdigest()[:12]}.oci.tar"
+    if not pause.exists():
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "pause").write_bytes(pause_bin.read_bytes())
+            (Path(tmp) / "pause").chmod(0o755)
+            write_oci(pause, PAUSE_IMAGE, [_tar_dir(Path(tmp))], {"Entrypoint": ["/pause"], "User": "65535:65535"})
+    images.append(pause)
+    return images
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
+    from localcluster import bin_dir
+
+    for path in build(bin_dir()):
+        print(path)

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The Debian packages the real node (cluster/realnode.py) needs, installed when missing:
+# runc (Debian's is built with seccomp, which pods' RuntimeDefault profile needs), iptables
+# for kube-proxy, conntrack, and mmdebstrap for the images' Debian base. Only as root, since
+# only root can run the real node; otherwise it says so and does nothing.
+set -euo pipefail
+[[ "${INFERENTIA_REAL_NODE:-1}" == "0" ]] && exit 0
+if [[ $(id -u) -ne 0 ]]; then
+  echo "[node-deps] not root: the real node will not run (the suite says so), nothing installed" >&2
+  exit 0
+fi
+need=()
+for pair in runc:/usr/sbin/runc iptables:/usr/sbin/iptables conntrack:/usr/sbin/conntrack mmdebstrap:/usr/bin/mmdebstrap; do
+  [[ -x "${pair#*:}" ]] || need+=("${pair%%:*}")
+done
+(( ${#need[@]} )) || exit 0
+echo "[node-deps] apt-get install ${need[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq >/dev/null
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

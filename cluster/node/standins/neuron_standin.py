@@ -1,0 +1,248 @@
+"""Stand-ins for the Neuron side of a serving pod, for the local cluster's real node.
+
+Three command lines, one module (installed as /usr/local/bin/{neuron-cc,neuronx-cc,
+neuron-compile,neuron-serve} and as vLLM's ``python3 -m vllm.entrypoints.openai.api_server``):
+
+- ``neuron-cc`` / ``neuronx-cc compile``: records its flags, refuses what the real compiler
+  refuses for that target, and writes an artefact (JSON) carrying flags, target, LNC and
+  tensor-parallel degree.
+- ``neuron-compile``: the compile Job's entry point (the operator's contract:
+  ``--model-uri --output-uri --framework <compiler args>``): runs the compiler the plan names
+  and uploads the artefact to the object store.
+- ``neuron-serve`` and the vLLM entry point: an HTTP server with vLLM's OpenAI-compatible
+  ``/v1/completions`` and ``/health``. At start it checks what the Neuron runtime and vLLM
+  would check, and exits non-zero with the kind of message they give when a check fails.
+
+Nothing here is Neuron: it only enforces the contract a real node puts on a pod.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+ARTEFACT = "model.neff.json"
+
+
+def fail(component: str, message: str) -> None:
+    # The Neuron runtime logs as "<time> ERROR  NRT:<function>  <message>".
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} ERROR  {component}  {message}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def expand(cores: str) -> list[int]:
+    out: list[int] = []
+    for part in cores.split(","):
+        part = part.strip()
+        if not re.fullmatch(r"\d+(-\d+)?", part):
+            fail("NRT:nrt_init", f"NEURON_RT_VISIBLE_CORES={cores!r} is not a valid core list")
+        first, _, last = part.partition("-")
+        out += range(int(first), int(last or first) + 1)
+    return out
+
+
+# -- the compiler ------------------------------------------------------------------------------
+
+NEURONX_TARGETS = {"inf2", "trn1", "trn2"}
+
+
+def compiler(argv: list[str], prog: str) -> int:
+    if prog == "neuronx-cc":
+        if not argv or argv[0] != "compile":
+            print("usage: neuronx-cc compile [options] <model>", file=sys.stderr)
+            return 2
+        argv = argv[1:]
+    p = argparse.ArgumentParser(prog=prog)
+    p.add_argument("model", nargs="?")
+    p.add_argument("--target")
+    p.add_argument("--lnc", "--logical-nc-config", dest="lnc", type=int)
+    p.add_argument("--output", default=ARTEFACT)
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    args, rest = p.parse_known_args(argv)
+    target = args.target or ("inf1" if prog == "neuron-cc" else "trn1")
+    if prog == "neuronx-cc":
+        if target not in NEURONX_TARGETS:
+            print(f"ERROR [NCC_EARG000] --target {target} is not supported by neuronx-cc", file=sys.stderr)
+            return 1
+        if args.lnc not in (None, 1, 2) or (args.lnc == 2 and target != "trn2"):
+            # LNC=2 exists only on Trainium2 (compiler error NCC_EARG001).
+            print(f"ERROR [NCC_EARG001] --lnc {args.lnc} is not supported for target {target}", file=sys.stderr)
+            return 1
+    elif target != "inf1":
+        print(f"neuron-cc: error: inf1 is the only target, not {target}", file=sys.stderr)
+        return 1
+    artefact = {
+        "compiler": prog,
+        "target": target,
+        "lnc": args.lnc or (2 if target == "trn2" else 1),
+        "tensorParallelSize": args.tensor_parallel_size,
+        "flags": argv,
+        "model": args.model,
+    }
+    Path(args.output).write_text(json.dumps(artefact, indent=2))
+    print(f"{prog}: compiled {args.model} for {target} -> {args.output}")
+    return 0
+
+
+def compile_job(argv: list[str]) -> int:
+    """The compile Job's entry point: compile as the plan says and upload the artefact."""
+    p = argparse.ArgumentParser(prog="neuron-compile")
+    p.add_argument("--model-uri", required=True)
+    p.add_argument("--output-uri", required=True)
+    p.add_argument("--framework", required=True)
+    args, flags = p.parse_known_args(argv)
+    plan = json.loads(Path(os.environ.get("INFERENTIA_PLAN_FILE", "/etc/inferentia/plan.json")).read_text())
+    prog = plan.get("compiler", "neuron-cc")
+    work = Path(os.environ.get("TMPDIR", "/tmp")) / "compile"
+    work.mkdir(parents=True, exist_ok=True)
+    out = work / ARTEFACT
+    ccargs = (["compile"] if prog == "neuronx-cc" else []) + [args.model_uri, *flags, "--output", str(out)]
+    if plan.get("tensorParallelSize"):
+        ccargs += ["--tensor-parallel-size", str(plan["tensorParallelSize"])]
+    status = compiler(ccargs, prog)
+    if status:
+        return status
+    upload(out, args.output_uri.rstrip("/") + "/" + ARTEFACT)
+    print(f"neuron-compile: uploaded {args.output_uri}")
+    return 0
+
+
+def upload(path: Path, uri: str) -> None:
+    import boto3
+
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    boto3.client("s3").upload_file(str(path), bucket, key)
+
+
+# -- the runtime and server ---------------------------------------------------------------------
+
+
+def runtime_checks(tp: int | None) -> dict:
+    """What the Neuron runtime and vLLM check when a server starts; returns what it found."""
+    devices = sorted(glob.glob("/dev/neuron[0-9]*"), key=lambda d: int(d.removeprefix("/dev/neuron")))
+    if not devices:
+        fail("NRT:nrt_init", "No neuron device available")
+    per_device = int(os.environ.get("NEURON_STANDIN_CORES_PER_DEVICE", "2"))
+    mounted = [int(d.removeprefix("/dev/neuron")) * per_device + k for d in devices for k in range(per_device)]
+    visible = os.environ.get("NEURON_RT_VISIBLE_CORES")
+    cores = expand(visible) if visible else mounted
+    absent = [c for c in cores if c not in mounted]
+    if absent:
+        fail(
+            "NRT:nrt_allocate_neuron_cores",
+            f"Logical Neuron Core(s) not available - Requested: {visible} Available: {','.join(map(str, mounted))} "
+            f"(devices mounted: {' '.join(devices)})",
+        )
+    for var in ("HOME", "HF_HOME"):
+        where = os.environ.get(var)
+        if not where:
+            continue
+        try:
+            Path(where).mkdir(parents=True, exist_ok=True)
+            probe = Path(where) / ".standin-write-check"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as exc:
+            fail("vllm", f"cannot write the cache in {var}={where}: {exc}")
+    if "HOME" not in os.environ or not os.access(os.environ["HOME"], os.W_OK):
+        fail("vllm", f"HOME={os.environ.get('HOME')!r} is not writable: downloads and caches fail ([Errno 13] Permission denied)")
+    artefact = None
+    compiled = os.environ.get("NEURON_COMPILED_ARTIFACTS")
+    if compiled:
+        if "://" in compiled or not Path(compiled).is_dir():
+            fail("vllm", f"NEURON_COMPILED_ARTIFACTS={compiled} is not a local directory: No such file or directory")
+        path = Path(compiled) / ARTEFACT
+        if not path.is_file():
+            fail("vllm", f"no compiled model in {compiled}: {ARTEFACT} not found")
+        artefact = json.loads(path.read_text())
+        lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "1"))
+        if artefact["lnc"] != lnc:
+            fail("NRT:nrt_load", f"NEFF compiled for LNC={artefact['lnc']} cannot load with NEURON_LOGICAL_NC_CONFIG={lnc}")
+        if tp is not None and artefact["tensorParallelSize"] != tp:
+            fail("vllm", f"model compiled for tensor parallel degree {artefact['tensorParallelSize']}, started with {tp}")
+    if tp is not None and tp != len(cores):
+        fail("NRT:nrt_init", f"tensor parallel size {tp} needs {tp} NeuronCores, {len(cores)} visible ({visible})")
+    return {"cores": cores, "devices": devices, "artefact": artefact, "loaded": "compiled" if artefact else "compiled-at-load"}
+
+
+def serve(port: int, model: str, found: dict) -> None:
+    started = time.time()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _json(self, code: int, body: dict | list) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path in ("/health", "/healthz", "/readyz"):
+                self._json(200, {"status": "ok"})
+            elif self.path == "/standin":
+                self._json(200, {**found, "pid": os.getpid(), "uptime": time.time() - started})
+            else:
+                self._json(404, {"error": "not found"})
+
+        def do_POST(self):
+            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                body = json.loads(self.rfile.read(length) or b"{}")
+            except ValueError:
+                self._json(400, {"error": "body is not JSON"})
+                return
+            if self.path == "/v1/completions" and isinstance(body, dict):
+                prompt = body.get("prompt", "")
+                self._json(
+                    200,
+                    {
+                        "object": "text_completion",
+                        "model": model,
+                        "choices": [{"index": 0, "text": f" [cores {found['cores']}] {prompt}", "finish_reason": "length"}],
+                    },
+                )
+            elif self.path == "/" and isinstance(body, list):
+                # The model-process contract the batching front end speaks: a JSON list of
+                # inputs, answered by a list of outputs of the same length and order.
+                self._json(200, [{"cores": found["cores"], "input": i} for i in body])
+            else:
+                self._json(404, {"error": "not found"})
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    print(f"serving {model} on :{port} with NeuronCores {found['cores']} ({found['loaded']})", flush=True)
+    server.serve_forever()
+
+
+def server_main(argv: list[str], prog: str) -> int:
+    p = argparse.ArgumentParser(prog=prog)
+    p.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8080")))
+    p.add_argument("--model", default=os.environ.get("INFERENTIA_MODEL_URI", "model"))
+    p.add_argument("--tensor-parallel-size", type=int)
+    args, _ = p.parse_known_args(argv)
+    found = runtime_checks(args.tensor_parallel_size)
+    serve(args.port, args.model, found)
+    return 0
+
+
+def main() -> int:
+    prog = Path(sys.argv[0]).name
+    if prog in ("neuron-cc", "neuronx-cc"):
+        return compiler(sys.argv[1:], prog)
+    if prog == "neuron-compile":
+        return compile_job(sys.argv[1:])
+    return server_main(sys.argv[1:], "vllm" if "vllm" in sys.argv[0] else "neuron-serve")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,533 @@
+"""One real node beside the simulated fleet: a kubelet with containerd, runc, a CNI bridge,
+kube-proxy and a Neuron device-plugin stand-in, on this machine.
+
+Pods that must really run (the serving pods, the compile Job, the operator under Helm)
+land here; the kwok fleet stays for scale and capacity. The node needs root (it creates a
+bridge, network namespaces, cgroups, mounts and iptables rules); without root
+:func:`unavailable_reason` says why it cannot run and the suite says so.
+
+Networking stays on this machine: pods get addresses on the cluster's own bridge, the pod
+and Service ranges are routed to that bridge (never through the default route), and a
+FORWARD rule drops anything from the bridge to another interface. ``stop()`` removes every
+process, mount, cgroup, namespace, link, route and rule the node made.
+
+Facts this stand-in follows: the device plugin's resources and Allocate
+(cluster/node/deviceplugin/main.go); the kubelet on a cgroup v1 host needs
+``failCgroupV1: false`` (https://kubernetes.io/docs/concepts/architecture/cgroups/).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+NODE_NAME = "real-inf2"
+# An inf2.24xlarge: 6 Inferentia2 chips of 2 NeuronCores each, so the device plugin can
+# grant a chip other than the first.
+INSTANCE_TYPE = "inf2.24xlarge"
+CHIPS, CORES_PER_CHIP = 6, 2
+# Pods reach this node only where their namespace lets them: the node carries this taint,
+# and a namespace annotated with REAL_NODE_NAMESPACE_ANNOTATIONS gets the toleration and node
+# selector by the API server's PodTolerationRestriction and PodNodeSelector admission plugins.
+REAL_NODE_LABEL = "inferentia.dev/real-node"
+REAL_NODE_TAINT = f"{REAL_NODE_LABEL}=true:NoSchedule"
+REAL_NODE_NAMESPACE_ANNOTATIONS = {
+    "scheduler.alpha.kubernetes.io/node-selector": f"{REAL_NODE_LABEL}=true",
+    "scheduler.alpha.kubernetes.io/defaultTolerations": json.dumps(
+        [{"key": REAL_NODE_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}]
+    ),
+}
+
+BRIDGE = "infbr0"
+POD_CIDR = "10.85.0.0/24"
+GATEWAY = "10.85.0.1"
+SERVICE_CIDR = "10.96.0.0/16"
+FORWARD_CHAIN = "INFERENTIA-NODE"
+# Chains other programs of the node create: kube-proxy (KUBE-*), the CNI portmap plugin (CNI-*).
+OWNED_CHAIN_PREFIXES = ("KUBE-", "CNI-", FORWARD_CHAIN)
+CGROUP_ROOT = "inferentia-node"  # the kubelet's --cgroup-root: every pod cgroup is under it
+RUNC = "/usr/sbin/runc"
+# The kubelet's device manager listens here whatever its --root-dir (pluginapi.KubeletSocket),
+# so there is one real node per machine; stop() removes the directory again.
+DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+REQUIRED_COMMANDS = ("ip", "iptables", "ip6tables", "mmdebstrap", RUNC, "mount", "umount")
+
+
+def unavailable_reason() -> str | None:
+    """Why the real node cannot run on this machine, or None when it can."""
+    if os.environ.get("INFERENTIA_REAL_NODE", "1") == "0":
+        return "INFERENTIA_REAL_NODE=0 turned it off"
+    if os.geteuid() != 0:
+        return "it needs root (a bridge, network namespaces, cgroups, mounts and iptables rules); run make test as root"
+    missing = [c for c in REQUIRED_COMMANDS if not shutil.which(c)]
+    if missing:
+        return f"missing commands {missing}: cluster/node-deps.sh installs them"
+    if not Path("/sys/fs/cgroup").is_dir():
+        return "no cgroup file system at /sys/fs/cgroup"
+    return None
+
+
+def run(*argv: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), check=check, capture_output=True, text=True, input=input)
+
+
+@dataclass
+class NodePaths:
+    root: Path
+
+    def __getattr__(self, name: str) -> Path:  # node.paths.kubelet -> root/kubelet
+        return self.root / name.replace("_", "-")
+
+
+class RealNode:
+    """The real node of one LocalCluster, whose state lives in ``state/node``."""
+
+    COMPONENTS = ("containerd", "kubelet", "kube-proxy", "device-plugin")
+
+    def __init__(self, state: Path, bins: Path, start_process, images: list[Path]):
+        self.state = state / "node"
+        self.paths = NodePaths(self.state)
+        self.bins = bins
+        self._start_process = start_process  # LocalCluster._start: records pid and argv
+        self.images = images
+
+    # -- network ----------------------------------------------------------------------------
+    def network_up(self) -> None:
+        """The bridge, its address, the routes of the pod and Service ranges, and the rule that
+        keeps pod traffic on the bridge; before anything starts, so that no packet to those
+        ranges can take the default route even while kube-proxy has not programmed its rules."""
+        self.network_down()
+        self.state.mkdir(parents=True, exist_ok=True)
+        run("ip", "link", "add", BRIDGE, "type", "bridge")
+        run("ip", "addr", "add", f"{GATEWAY}/24", "dev", BRIDGE)
+        run("ip", "link", "set", BRIDGE, "up")
+        run("ip", "route", "replace", SERVICE_CIDR, "dev", BRIDGE)
+        for cmd in ("iptables",):
+            run(cmd, "-N", FORWARD_CHAIN)
+            # Between pods (and to the Services kube-proxy rewrites to them): allowed. From a
+            # pod to any other interface: dropped. Pods reach the host itself (INPUT), which
+            # is how they reach the API server and the object store on the gateway address.
+            run(cmd, "-A", FORWARD_CHAIN, "-i", BRIDGE, "-o", BRIDGE, "-j", "ACCEPT")
+            run(cmd, "-A", FORWARD_CHAIN, "-i", BRIDGE, "-j", "DROP")
+            run(cmd, "-A", FORWARD_CHAIN, "-o", BRIDGE, "!", "-i", BRIDGE, "!", "-s", GATEWAY, "-j", "DROP")
+            run(cmd, "-I", "FORWARD", "1", "-j", FORWARD_CHAIN)
+        # Routed Service traffic from a pod back to a pod on the same bridge must pass the
+        # iptables rules kube-proxy writes; br_netfilter is how bridged traffic does.
+        for knob in ("net/bridge/bridge-nf-call-iptables", "net/ipv4/ip_forward"):
+            self._set_sysctl(knob, "1")
+        # The operator requests 2 MiB hugepages with every chip, as Neuron 1.x nodes provide them
+        # (128 pages a chip); reserve them so that the kubelet advertises them.
+        self._set_sysctl("vm/nr_hugepages", str(128 * CHIPS))
+
+    def _set_sysctl(self, knob: str, value: str) -> None:
+        path = Path("/proc/sys") / knob
+        if not path.exists():
+            return
+        saved = self.state / "sysctl.json"
+        previous = json.loads(saved.read_text()) if saved.exists() else {}
+        previous.setdefault(knob, path.read_text().strip())
+        saved.write_text(json.dumps(previous))
+        path.write_text(value)
+
+    def network_down(self) -> None:
+        for link in _links_with_master(BRIDGE):
+            run("ip", "link", "del", link, check=False)
+        run("ip", "link", "del", BRIDGE, check=False)
+        remove_owned_iptables()
+        saved = self.state / "sysctl.json"
+        if saved.exists():
+            for knob, value in json.loads(saved.read_text()).items():
+                try:
+                    (Path("/proc/sys") / knob).write_text(value)
+                except OSError:
+                    pass
+            saved.unlink()
+
+    # -- processes --------------------------------------------------------------------------
+    def start(self, kubeconfigs: dict[str, Path], pki: Path, pids: dict[str, int], deadline: float) -> None:
+        """containerd, the images, the kubelet, the device plugin and kube-proxy; returns once
+        the node is Ready and advertises its Neuron devices."""
+        for sub in ("containerd", "kubelet", "cni-conf", "cni-data", "dev"):
+            (self.state / sub).mkdir(parents=True, exist_ok=True)
+        self._make_devices()
+        self._write_cni_config()
+        sock = self.state / "containerd" / "containerd.sock"
+        (self.state / "containerd.toml").write_text(self._containerd_config(sock))
+        env_path = f"{self.bins}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+        self._start_process(
+            "containerd", [str(self.bins / "containerd"), "--config", str(self.state / "containerd.toml")], pids, {"PATH": env_path}
+        )
+        _wait(lambda: sock.exists() and self.ctr("version", check=False).returncode == 0, deadline, "containerd")
+        for image in self.images:
+            self.ctr("images", "import", "--platform", "linux/amd64", str(image))
+        # The kubelet must never collect an image nothing can pull back: pin them.
+        for line in self.ctr("images", "list", "-q").stdout.split():
+            self.ctr("images", "label", line, "io.cri-containerd.pinned=pinned", check=False)
+
+        make_cgroups(CGROUP_ROOT)
+        kubelet_config = self.state / "kubelet-config.yaml"
+        kubelet_config.write_text(yaml.safe_dump(self._kubelet_config(pki)))
+        self._start_process(
+            "kubelet",
+            [
+                str(self.bins / "kubelet"), "--config", str(kubelet_config),
+                "--kubeconfig", str(kubeconfigs["kubelet"]), "--root-dir", str(self.state / "kubelet"),
+                "--cert-dir", str(self.state / "kubelet" / "pki"),
+                "--container-runtime-endpoint", f"unix://{sock}",
+                "--hostname-override", NODE_NAME, "--node-ip", GATEWAY,
+                "--node-labels", f"node.kubernetes.io/instance-type={INSTANCE_TYPE},{REAL_NODE_LABEL}=true",
+                "--register-with-taints", f"aws.amazon.com/neuron=true:NoSchedule,{REAL_NODE_TAINT}",
+                "--v", "1",
+            ],
+            pids,
+            {"PATH": env_path},
+        )  # fmt: skip
+        plugin_dir = DEVICE_PLUGIN_DIR
+        _wait(lambda: (plugin_dir / "kubelet.sock").exists(), deadline, "kubelet's device-plugin socket")
+        self._start_process(
+            "device-plugin",
+            [
+                str(self.bins / "neuron-device-plugin-standin"), "--plugin-dir", str(plugin_dir),
+                "--dev-dir", str(self.state / "dev"), "--chips", str(CHIPS), "--cores-per-chip", str(CORES_PER_CHIP),
+            ],
+            pids,
+        )  # fmt: skip
+        healthz_port, metrics_port = _free_port("127.0.0.1"), _free_port("127.0.0.1")
+        self._start_process(
+            "kube-proxy",
+            [
+                str(self.bins / "kube-proxy"), "--kubeconfig", str(kubeconfigs["kube-proxy"]),
+                "--hostname-override", NODE_NAME, "--proxy-mode", "iptables", "--cluster-cidr", POD_CIDR,
+                # This machine refuses raising conntrack limits (no CAP_SYS_RESOURCE): leave them.
+                "--conntrack-max-per-core", "0",
+                "--bind-address", "127.0.0.1", "--metrics-bind-address", f"127.0.0.1:{metrics_port}",
+                "--healthz-bind-address", f"127.0.0.1:{healthz_port}",
+                "--v", "1",
+            ],
+            pids,
+            {"PATH": env_path},
+        )  # fmt: skip
+        # Ready once it has programmed the Services it found: its healthz answers 200 then.
+        _wait(lambda: _http_ok(f"http://127.0.0.1:{healthz_port}/healthz"), deadline, "kube-proxy")
+
+    def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        sock = self.state / "containerd" / "containerd.sock"
+        return run(str(self.bins / "ctr"), "--address", str(sock), "--namespace", "k8s.io", *args, check=check)
+
+    def _make_devices(self) -> None:
+        """Stand-in /dev/neuronN files: character devices with /dev/null's numbers, so that
+        runc can create them in a container as it creates a real Neuron device."""
+        dev = self.state / "dev"
+        for chip in range(CHIPS):
+            path = dev / f"neuron{chip}"
+            if not path.exists():
+                os.mknod(path, 0o666 | 0o020000, os.makedev(1, 3))
+
+    def _write_cni_config(self) -> None:
+        conf = {
+            "cniVersion": "1.0.0",
+            "name": "inferentia-node",
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": BRIDGE,
+                    "isGateway": True,
+                    # No masquerading: nothing a pod sends may leave the machine.
+                    "ipMasq": False,
+                    "hairpinMode": True,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": POD_CIDR, "gateway": GATEWAY}]],
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                        "dataDir": str(self.state / "cni-data"),
+                    },
+                },
+                {"type": "portmap", "capabilities": {"portMappings": True}},
+            ],
+        }
+        (self.state / "cni-conf" / "10-inferentia.conflist").write_text(json.dumps(conf, indent=2))
+
+    def _containerd_config(self, sock: Path) -> str:
+        s = self.state / "containerd"
+        return f"""version = 3
+root = "{s / "root"}"
+state = "{s / "state"}"
+[grpc]
+  address = "{sock}"
+[ttrpc]
+  address = "{sock}.ttrpc"
+[debug]
+  level = "warn"
+[plugins."io.containerd.grpc.v1.cri"]
+  disable_tcp_service = true
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  # No registry is reachable: the images are imported, never pulled.
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "docker.io/library/inferentia-pause:1"
+[plugins."io.containerd.cri.v1.runtime"]
+  # This machine does not grant CAP_SYS_RESOURCE: a negative oom_score_adj, which containerd
+  # gives every sandbox, kills runc's init. Restricting it to the daemon's own avoids that.
+  restrict_oom_score_adj = true
+  # Network namespaces under the state directory, so that stopping the node finds them all.
+  netns_mounts_under_state_dir = true
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["{self.bins / "cni"}"]
+    conf_dir = "{self.state / "cni-conf"}"
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+      BinaryName = "{RUNC}"
+      SystemdCgroup = false
+"""
+
+    def _kubelet_config(self, pki: Path) -> dict:
+        return {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            # This machine boots cgroup v1, which the kubelet refuses unless told otherwise.
+            "failCgroupV1": False,
+            "cgroupDriver": "cgroupfs",
+            "cgroupRoot": f"/{CGROUP_ROOT}",
+            "address": GATEWAY,
+            "port": _free_port(),
+            "readOnlyPort": 0,
+            "healthzPort": 0,
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": False},
+                "x509": {"clientCAFile": str(pki / "ca.crt")},
+            },
+            # The API server reaches the kubelet (logs, exec) with the cluster's admin-class
+            # client certificate; nothing else can reach the bridge address.
+            "authorization": {"mode": "AlwaysAllow"},
+            "failSwapOn": False,
+            "resolvConf": "",
+            # Imported images cannot be pulled again: never collect them, never evict for disk.
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+            "enforceNodeAllocatable": [],
+            "maxPods": 30,
+            "serializeImagePulls": False,
+            "containerLogMaxSize": "5Mi",
+            "syncFrequency": "5s",
+            "fileCheckFrequency": "5s",
+            "nodeStatusReportFrequency": "10s",
+            "staticPodPath": "",
+            "shutdownGracePeriod": "0s",
+        }
+
+    def stop(self, stop_process_groups, pids: dict[str, int]) -> None:
+        """Stops the node and removes everything it made; safe to call twice and after a crash."""
+        order = [n for n in ("kubelet", "kube-proxy", "device-plugin") if n in pids]
+        stop_process_groups([pids[n] for n in order], 10.0)
+        kill_cgroup_tree(CGROUP_ROOT)
+        kill_cgroup_tree("k8s.io")
+        if "containerd" in pids:
+            stop_process_groups([pids["containerd"]], 10.0)
+        # The runc shims outlive containerd by design; ours are known by their binary.
+        shim = str(self.bins / "containerd-shim-runc-v2")
+        for pid in _pids_of_exe(shim):
+            _kill(pid)
+        unmount_under(self.state)
+        _remove_device_plugin_dir()
+        if Path("/proc/self/ns/net").exists():
+            remove_cgroups(CGROUP_ROOT)
+            remove_cgroups("k8s.io")
+        # kube-proxy's own clean-up of its rules, then whatever remains of ours by name.
+        proxy = self.bins / "kube-proxy"
+        if proxy.exists():
+            run(str(proxy), "--cleanup", check=False)
+        self.network_down()
+        subprocess.run(["rm", "-rf", str(self.state)], check=False)
+
+
+# -- clean-up helpers, shared with the test that checks nothing is left ----------------------
+
+
+def _remove_device_plugin_dir() -> None:
+    """The kubelet's device-plugin sockets and checkpoint, and the directories it made for
+    them when they are left empty (a real kubelet of this machine's own would keep them)."""
+    if not DEVICE_PLUGIN_DIR.is_dir():
+        return
+    for name in ("kubelet.sock", "neuron-standin.sock", "neuroncore-standin.sock", "kubelet_internal_checkpoint"):
+        (DEVICE_PLUGIN_DIR / name).unlink(missing_ok=True)
+    for d in (DEVICE_PLUGIN_DIR, DEVICE_PLUGIN_DIR.parent):
+        try:
+            d.rmdir()
+        except OSError:
+            break
+
+
+def _links_with_master(bridge: str) -> list[str]:
+    out = run("ip", "-o", "link", "show", "master", bridge, check=False).stdout
+    return [line.split(": ")[1].split("@")[0] for line in out.splitlines() if ": " in line]
+
+
+def owned_iptables_chains() -> dict[tuple[str, str], list[str]]:
+    """(command, table) -> chains of ours that exist, for iptables and ip6tables."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for cmd in ("iptables", "ip6tables"):
+        for table in ("filter", "nat", "mangle", "raw"):
+            out = run(cmd, "-t", table, "-S", check=False).stdout
+            chains = [line.split()[1] for line in out.splitlines() if line.startswith("-N ")]
+            mine = [c for c in chains if c.startswith(OWNED_CHAIN_PREFIXES)]
+            if mine:
+                found[(cmd, table)] = mine
+    return found
+
+
+def remove_owned_iptables() -> None:
+    for (cmd, table), chains in owned_iptables_chains().items():
+        rules = run(cmd, "-t", table, "-S", check=False).stdout.splitlines()
+        for rule in rules:
+            words = rule.split()
+            if rule.startswith("-A ") and "-j" in words and words[words.index("-j") + 1] in chains and words[1] not in chains:
+                run(cmd, "-t", table, "-D", *words[1:], check=False)
+        for chain in chains:
+            run(cmd, "-t", table, "-F", chain, check=False)
+        for chain in chains:
+            run(cmd, "-t", table, "-X", chain, check=False)
+
+
+def cgroup_dirs(name: str) -> list[Path]:
+    """``name`` in every mounted cgroup hierarchy, where it exists."""
+    return [top / name for top in cgroup_hierarchies() if (top / name).is_dir()]
+
+
+def cgroup_hierarchies() -> list[Path]:
+    """Every mounted cgroup hierarchy (v1: one per controller, and systemd's; v2: one)."""
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[fields.index("-") + 1] in ("cgroup", "cgroup2"):
+            found.append(Path(fields[4]))
+    return found
+
+
+def make_cgroups(name: str) -> None:
+    """The kubelet's --cgroup-root must exist in every hierarchy; a v1 cpuset cgroup starts
+    with no CPUs or memory nodes, so it takes its parent's."""
+    for top in cgroup_hierarchies():
+        path = top / name
+        path.mkdir(exist_ok=True)
+        for knob in ("cpuset.cpus", "cpuset.mems"):
+            if (top / knob).exists() and not (path / knob).read_text().strip():
+                (path / knob).write_text((top / knob).read_text())
+
+
+def kill_cgroup_tree(name: str) -> None:
+    for _ in range(50):
+        pids = set()
+        for top in cgroup_dirs(name):
+            for procs in top.rglob("cgroup.procs"):
+                try:
+                    pids |= {int(p) for p in procs.read_text().split()}
+                except OSError:
+                    pass
+        if not pids:
+            return
+        for pid in pids:
+            _kill(pid)
+        time.sleep(0.1)
+
+
+def remove_cgroups(name: str) -> None:
+    for top in cgroup_dirs(name):
+        for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        try:
+            top.rmdir()
+        except OSError:
+            pass
+
+
+def mounts_under(root: Path) -> list[str]:
+    prefix = str(root)
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        if point == prefix or point.startswith(prefix + "/"):
+            found.append(point)
+    return found
+
+
+def unmount_under(root: Path) -> None:
+    for _ in range(5):
+        points = mounts_under(root)
+        if not points:
+            return
+        for point in sorted(points, key=len, reverse=True):
+            run("umount", "-l", point, check=False)
+
+
+def _pids_of_exe(exe: str) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if os.readlink(proc / "exe") == exe:
+                    pids.append(int(proc.name))
+            except OSError:
+                pass
+    return pids
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _free_port(address: str = GATEWAY) -> int:
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
+
+
+def _wait(predicate, deadline: float, what: str) -> None:
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} was not ready in time")
+        time.sleep(0.2)
+
+
+def leftovers(state: Path, bins: Path) -> list[str]:
+    """What a stopped node left behind on this machine; empty when ``stop()`` cleaned up."""
+    found = []
+    if run("ip", "link", "show", BRIDGE, check=False).returncode == 0:
+        found.append(f"link {BRIDGE}")
+    found += [f"iptables {cmd} -t {table}: {chains}" for (cmd, table), chains in owned_iptables_chains().items()]
+    found += [f"route {line}" for line in run("ip", "route", "show", check=False).stdout.splitlines() if BRIDGE in line]
+    found += [f"mount {m}" for m in mounts_under(state)]
+    found += [f"cgroup {d}" for name in (CGROUP_ROOT, "k8s.io") for d in cgroup_dirs(name)]
+    ours = [str(bins / n) for n in ("containerd", "containerd-shim-runc-v2", "kubelet", "kube-proxy", "neuron-device-plugin-standin")]
+    found += [f"process {pid} ({exe})" for exe in ours for pid in _pids_of_exe(exe)]
+    if DEVICE_PLUGIN_DIR.exists():
+        found.append(f"directory {DEVICE_PLUGIN_DIR}")
+    if (state / "node").exists():
+        found.append(f"directory {state / 'node'}")
+    return found

@@ -1,0 +1,180 @@
+"""The serving contract, on the real node: pods the operator renders run as real containers
+(containerd and runc), get their Neuron devices from the device-plugin stand-in through the
+kubelet's device-plugin API, and start the Neuron stand-ins, which check what a real Neuron
+node and vLLM check (cluster/node/standins/neuron_standin.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+import yaml
+from kit import wait_for
+
+from specs import make_model
+
+pytestmark = pytest.mark.usefixtures("operator")
+
+STANDIN = "neuron-standin:0.1.0"
+
+
+def standin_spec(**overrides) -> dict:
+    spec = {
+        "model": {"uri": "s3://models/llama/", "framework": "pytorch"},
+        "compute": {"family": "inf2", "inf": 1, "instanceTypes": ["inf2.24xlarge"], "cpu": "100m", "memory": "256Mi"},
+        "serving": {"image": STANDIN, "args": ["neuron-serve"]},
+    }
+    for dotted, value in overrides.items():
+        node = spec
+        *parents, leaf = dotted.split(".")
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[leaf] = value
+    return spec
+
+
+def apply(cluster, namespace: str, name: str, spec: dict) -> None:
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(make_model(name, namespace, spec=spec)))
+
+
+def why_not_ready(cluster, namespace: str, name: str) -> str:
+    """What a failing test should show: the model's conditions, the pods' states and logs."""
+    out = [json.dumps(cluster.get("inferentiamodel", name, "-n", namespace).get("status", {}).get("conditions"), indent=1)]
+    for pod in cluster.get("pods", "-n", namespace)["items"]:
+        out.append(f"pod {pod['metadata']['name']}: {json.dumps(pod['status'].get('containerStatuses'))[:1500]}")
+        for c in pod["spec"]["containers"]:
+            log = cluster.kubectl("logs", "-n", namespace, pod["metadata"]["name"], "-c", c["name"], "--tail=20", check=False)
+            prev = cluster.kubectl("logs", "-n", namespace, pod["metadata"]["name"], "-c", c["name"], "--previous", "--tail=20", check=False)
+            out.append(f"--- logs {c['name']}: {log.stdout[-1500:]}{log.stderr[-300:]} | previous: {prev.stdout[-1500:]}")
+    events = cluster.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False).stdout
+    out.append(events[-3000:])
+    return "\n".join(out)
+
+
+def wait_ready(cluster, namespace: str, name: str, timeout: float = 150) -> None:
+    def ready() -> bool:
+        conditions = cluster.get("inferentiamodel", name, "-n", namespace).get("status", {}).get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    try:
+        wait_for(ready, timeout, f"{name} Ready", interval=1)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{why_not_ready(cluster, namespace, name)}") from None
+
+
+def serving_pods(cluster, namespace: str, name: str) -> list[dict]:
+    pods = cluster.get("pods", "-n", namespace, "-l", f"inferentia.dev/model={name},app.kubernetes.io/component=serving")["items"]
+    return [p for p in pods if p["metadata"].get("deletionTimestamp") is None and p["status"].get("phase") == "Running"]
+
+
+def granted_cores(cluster, pod: dict) -> list[int]:
+    """The cores the device plugin granted the pod, from the kubelet's own checkpoint of its
+    allocations (the record the kubelet keeps of what each device plugin gave each container)."""
+    import realnode
+
+    checkpoint = json.loads((realnode.DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint").read_text())
+    cores: list[int] = []
+    for entry in checkpoint["Data"]["PodDeviceEntries"]:
+        if entry["PodUID"] == pod["metadata"]["uid"] and entry["ResourceName"] == "aws.amazon.com/neuron":
+            for ids in entry["DeviceIDs"].values():
+                cores += [int(i) * 2 + k for i in ids for k in range(2)]
+    return sorted(cores)
+
+
+PROCESS_ENV = """
+import json, os
+out = []
+for pid in sorted(p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()):
+    try:
+        cmd = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')
+        env = dict(kv.split('=', 1) for kv in open(f'/proc/{pid}/environ', 'rb').read().decode().split('\\0') if '=' in kv)
+    except OSError:
+        continue
+    if any(b'neuron-serve' in c or b'vllm' in c for c in cmd) and b'/bin/sh' not in cmd[0]:
+        out.append({k: env.get(k) for k in ('NEURON_RT_VISIBLE_CORES', 'NEURON_CC_FLAGS', 'PORT', 'HOME', 'HF_HOME')})
+print(json.dumps(out))
+"""
+
+
+def process_envs(cluster, namespace: str, pod: str) -> list[dict]:
+    """Each serving process's environment, read through kubectl exec from /proc."""
+    out = cluster.kubectl("exec", "-n", namespace, pod, "-c", "serve", "--", "python3", "-c", PROCESS_ENV).stdout
+    return json.loads(out)
+
+
+def cluster_ip_request(cluster, namespace: str, service: str, path: str, body: dict) -> dict:
+    """A request to the model's Service, from this machine through kube-proxy's rules."""
+    svc = cluster.get("service", service, "-n", namespace)
+    ip, port = svc["spec"]["clusterIP"], svc["spec"]["ports"][0]["port"]
+    url = f"http://{ip}:{port}{path}"
+    deadline = time.monotonic() + 30
+    while True:
+        result = subprocess.run(
+            ["curl", "-sS", "--max-time", "5", "-H", "Content-Type: application/json", "-d", json.dumps(body), url],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if result.returncode == 0 and result.stdout.startswith("{"):
+            return json.loads(result.stdout)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{url}: {result.stderr or result.stdout}")
+        time.sleep(1)
+
+
+def test_a_single_process_model_serves_on_the_cores_it_was_granted(real_node, real_namespace):
+    """Defect: the pod spec pinned NEURON_RT_VISIBLE_CORES=0-1 over the device plugin's grant;
+    granted /dev/neuron5 (cores 10,11), the runtime refuses cores 0-1."""
+    apply(real_node, real_namespace, "single", standin_spec())
+    wait_ready(real_node, real_namespace, "single")
+    [pod] = serving_pods(real_node, real_namespace, "single")
+    granted = granted_cores(real_node, pod)
+    assert granted and granted != [0, 1], f"the stand-in plugin grants the last free chip first, got {granted}"
+    [proc] = process_envs(real_node, real_namespace, pod["metadata"]["name"])
+    assert [int(c) for c in proc["NEURON_RT_VISIBLE_CORES"].replace("-", ",").split(",")] == granted or proc["NEURON_RT_VISIBLE_CORES"] == f"{granted[0]}-{granted[-1]}"
+    answer = cluster_ip_request(real_node, real_namespace, "single", "/v1/completions", {"prompt": "hello"})
+    assert answer["choices"][0]["text"].endswith("hello")
+    assert str(granted) in answer["choices"][0]["text"]
+
+
+def test_each_process_gets_its_share_of_the_grant_and_the_users_env_wins(real_node, real_namespace):
+    """Two processes split the granted chip's two cores; the user's NEURON_CC_FLAGS reaches
+    every process (defect: the launcher exported the planned env-i on top of it)."""
+    spec = standin_spec(processesPerReplica=2, **{"serving.env": [{"name": "NEURON_CC_FLAGS", "value": "--users-own-flag"}]})
+    apply(real_node, real_namespace, "split", spec)
+    wait_ready(real_node, real_namespace, "split")
+    [pod] = serving_pods(real_node, real_namespace, "split")
+    granted = granted_cores(real_node, pod)
+    procs = sorted(process_envs(real_node, real_namespace, pod["metadata"]["name"]), key=lambda p: int(p["PORT"]))
+    assert [p["NEURON_RT_VISIBLE_CORES"] for p in procs] == [str(c) for c in granted]
+    assert [p["NEURON_CC_FLAGS"] for p in procs] == ["--users-own-flag"] * 2
+
+
+def test_a_vllm_model_runs_as_non_root_with_somewhere_to_write(real_node, real_namespace):
+    """Defects: the vLLM preset pinned cores, and gave a non-root process no writable HOME or
+    HF_HOME, so vLLM's downloads and caches fail."""
+    spec = standin_spec(**{"serving.runtime": "vllm", "serving.args": None})
+    spec["serving"].pop("args")
+    apply(real_node, real_namespace, "vllm", spec)
+    wait_ready(real_node, real_namespace, "vllm")
+    [pod] = serving_pods(real_node, real_namespace, "vllm")
+    [proc] = process_envs(real_node, real_namespace, pod["metadata"]["name"])
+    assert proc["HOME"] and proc["HF_HOME"]
+    security = pod["spec"]["containers"][0]["securityContext"]
+    assert security.get("readOnlyRootFilesystem") is True
+    answer = cluster_ip_request(real_node, real_namespace, "vllm", "/v1/completions", {"prompt": "hi"})
+    assert answer["object"] == "text_completion"
+
+
+def test_pod_and_service_ranges_route_to_the_clusters_bridge_only(real_node):
+    """No packet to a pod or Service address can take the default route, even before kube-proxy
+    has programmed its rules; and nothing from the bridge is forwarded to another interface."""
+    import realnode
+
+    for address in ("10.85.0.200", "10.96.255.254"):
+        route = subprocess.run(["ip", "route", "get", address], capture_output=True, text=True, check=True).stdout
+        assert f"dev {realnode.BRIDGE}" in route, route
+    rules = subprocess.run(["iptables", "-S", realnode.FORWARD_CHAIN], capture_output=True, text=True, check=True).stdout
+    assert f"-A {realnode.FORWARD_CHAIN} -i {realnode.BRIDGE} -j DROP" in rules
+    forward = subprocess.run(["iptables", "-S", "FORWARD"], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert f"-A FORWARD -j {realnode.FORWARD_CHAIN}" in forward, forward
