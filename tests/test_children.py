@@ -59,14 +59,20 @@ def test_deployment_carries_the_plan():
     assert container["args"] == ["serve", "--model", "/models"]
     assert container["readinessProbe"]["tcpSocket"] == {"port": "serve-0"}
     assert spec["template"]["metadata"]["annotations"] == {"inferentia.dev/plan-hash": children.plan_hash(m.plan)}
-    assert pod["volumes"] == [{"name": "plan", "configMap": {"name": children.plan_configmap_name(m)}}]
+    assert pod["volumes"] == [
+        {"name": "plan", "configMap": {"name": children.plan_configmap_name(m)}},
+        {"name": "home", "emptyDir": {"sizeLimit": "20Gi"}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+    ]
 
 
-def test_one_process_gets_its_group_in_the_container_environment():
+def test_one_process_gets_its_group_in_the_container_environment_but_never_its_cores():
     m = model(**{"compute.inf": 4})
     [container] = children.serving_deployment(m)["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e["value"] for e in container["env"]}
-    assert env["NEURON_RT_VISIBLE_CORES"] == "0-15"
+    # The device plugin sets the granted cores; a literal value in the pod spec would win over it.
+    assert "NEURON_RT_VISIBLE_CORES" not in env
+    assert env["NEURON_RT_NUM_CORES"] == "16"
     assert env["NEURON_MAX_NUM_INFERS"] == "19"
     assert "command" not in container  # no args: the image's own entrypoint runs
     assert "INFERENTIA_COMPILED_MODEL_URI" not in env  # no compile image
@@ -76,6 +82,15 @@ def test_user_env_wins_over_planned_env():
     m = model(**{"serving.env": [{"name": "INFERENTIA_THREADS", "value": "32"}]})
     [container] = children.serving_deployment(m)["spec"]["template"]["spec"]["containers"]
     assert [e for e in container["env"] if e["name"] == "INFERENTIA_THREADS"] == [{"name": "INFERENTIA_THREADS", "value": "32"}]
+
+
+def test_user_env_wins_in_every_process_the_launcher_starts(tmp_path):
+    """The launcher exports each group's env-i over the container's environment: a name the
+    user set must not be in env-i, or the planned value would win in every process."""
+    m = model(**THROUGHPUT, **{"serving.env": [{"name": "NEURON_CC_FLAGS", "value": "--mine"}]})
+    assert all("NEURON_CC_FLAGS=" not in text for name, text in children.plan_configmap(m)["data"].items() if name.startswith("env-"))
+    _, started = run_launcher(tmp_path, m, extra_env={"NEURON_CC_FLAGS": "--mine"})
+    assert [line.split(" ", 4)[4] for line in started] == ["--mine"] * 4
 
 
 def test_plan_configmap_holds_the_plan_and_each_process_environment():
@@ -135,7 +150,7 @@ def test_children_carry_the_standard_labels():
         assert labels["app.kubernetes.io/instance"] == "resnet"
 
 
-def run_launcher(tmp_path, m, granted=None):
+def run_launcher(tmp_path, m, granted=None, extra_env=None):
     """Runs launch.sh from the plan ConfigMap; each "serving process" records what it was
     given, then the first to exit ends the launcher. Returns (result, recorded lines)."""
     import os
@@ -148,7 +163,9 @@ def run_launcher(tmp_path, m, granted=None):
         "PATH": os.environ["PATH"],
         "INFERENTIA_PLAN_DIR": str(tmp_path),
         "INFERENTIA_PROCESSES": str(m.plan.groups),
+        "INFERENTIA_GROUP_SIZE": str(m.plan.group_size),
         "INFERENTIA_BASE_PORT": str(m.spec.serving.port),
+        **(extra_env or {}),
     }
     if granted is not None:
         env["NEURON_RT_VISIBLE_CORES"] = granted
@@ -282,7 +299,14 @@ def test_serving_and_compile_pods_are_hardened_by_default():
             "runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "seccompProfile": {"type": "RuntimeDefault"},
         }  # fmt: skip
         [container] = pod["containers"]
-        assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+        assert container["securityContext"] == {
+            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True,
+        }  # fmt: skip
+        # A read-only root and a non-root user: HOME, the caches and TMPDIR are size-limited emptyDirs.
+        env = {e["name"]: e["value"] for e in container["env"]}
+        mounts = {v["mountPath"] for v in container["volumeMounts"]}
+        assert {env["HOME"], env["TMPDIR"]} <= mounts and env["HF_HOME"].startswith(env["HOME"] + "/")
+        assert all(v["emptyDir"]["sizeLimit"] for v in pod["volumes"] if "emptyDir" in v)
 
 
 def test_run_as_root_is_an_explicit_escape_hatch():

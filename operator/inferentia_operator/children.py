@@ -137,10 +137,18 @@ def _metadata(m: Model, name: str, component: str) -> dict[str, Any]:
     }
 
 
+def user_env_names(m: Model) -> set[str]:
+    return {e.name for e in m.spec.serving.env or []}
+
+
 def _plan_files(m: Model) -> dict[str, str]:
     data = {"plan.json": json.dumps(plan_document(m.plan), indent=2, sort_keys=True)}
+    # The one rule for the environment: what the user sets in serving.env wins over what the
+    # operator plans, in every process. The launcher exports env-i over the container's
+    # environment, so a planned name the user set must not be in env-i at all.
+    mine = user_env_names(m)
     for i, env in enumerate(m.plan.env):
-        data[f"env-{i}"] = "".join(f"{k}={v}\n" for k, v in env.items())
+        data[f"env-{i}"] = "".join(f"{k}={v}\n" for k, v in env.items() if k not in mine)
     data["launch.sh"] = LAUNCHER
     return data
 
@@ -204,7 +212,30 @@ def pod_security(m: Model) -> dict[str, Any]:
     }
 
 
-CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True}
+
+# Where a serving or compile process may write: its root file system is read-only, and a
+# non-root user has no home in most images. vLLM and Hugging Face download and cache under
+# HOME / HF_HOME; everything else writes to TMPDIR.
+HOME_DIR = "/home/inferentia"
+SCRATCH_VOLUMES = [
+    ({"name": "home", "emptyDir": {"sizeLimit": "20Gi"}}, HOME_DIR),
+    ({"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}, "/tmp"),
+]
+SCRATCH_ENV = {
+    "HOME": HOME_DIR,
+    "HF_HOME": f"{HOME_DIR}/.cache/huggingface",
+    "XDG_CACHE_HOME": f"{HOME_DIR}/.cache",
+    "TMPDIR": "/tmp",
+}
+
+
+def _scratch_volumes() -> list[dict[str, Any]]:
+    return [volume for volume, _ in SCRATCH_VOLUMES]
+
+
+def _scratch_mounts() -> list[dict[str, Any]]:
+    return [{"name": volume["name"], "mountPath": path} for volume, path in SCRATCH_VOLUMES]
 
 
 def _plan_volume(m: Model) -> dict[str, Any]:
@@ -256,12 +287,12 @@ def compile_job(m: Model) -> dict[str, Any] | None:
                                 "--framework", m.spec.model.framework,
                                 *m.plan.compiler_args,
                             ],  # fmt: skip
-                            "env": [{"name": k, "value": v} for k, v in env.items()],
+                            "env": [{"name": k, "value": v} for k, v in {**SCRATCH_ENV, **env}.items()],
                             "securityContext": CONTAINER_SECURITY,
-                            "volumeMounts": [{"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True}],
+                            "volumeMounts": [{"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True}, *_scratch_mounts()],
                         }
                     ],
-                    "volumes": [_plan_volume(m)],
+                    "volumes": [_plan_volume(m), *_scratch_volumes()],
                 },
             },
         },
@@ -271,9 +302,11 @@ def compile_job(m: Model) -> dict[str, Any] | None:
 def _serving_env(m: Model) -> list[dict[str, str]]:
     plan = m.plan
     env = {
+        **SCRATCH_ENV,
         "INFERENTIA_MODEL_URI": m.spec.model.uri,
         "INFERENTIA_PLAN_FILE": PLAN_FILE,
         "INFERENTIA_PROCESSES": str(plan.groups),
+        "INFERENTIA_GROUP_SIZE": str(plan.group_size),
         "INFERENTIA_BASE_PORT": str(process_base_port(m)),
         "INFERENTIA_THREADS": str(plan.threads_per_process),
         # Frameworks that compile at load time (torch-neuron, tensorflow-neuron) read this.
@@ -282,7 +315,13 @@ def _serving_env(m: Model) -> list[dict[str, str]]:
     if m.spec.compile.image:
         env["INFERENTIA_COMPILED_MODEL_URI"] = compiled_uri(m)
     if plan.groups == 1:
-        env |= plan.env[0]  # one process: the container's own environment is its group's
+        # One process: the container's own environment is its group's, but never its cores.
+        # The device plugin sets NEURON_RT_VISIBLE_CORES to the cores of the devices it
+        # granted (a pod granted /dev/neuron1 sees 2,3: the Neuron scheduler extension's flow,
+        # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/k8s-neuron-scheduler-flow.html),
+        # and a literal value in the pod spec would win over it. The launcher falls back to the
+        # planned range only where no device plugin set the variable.
+        env |= {k: v for k, v in plan.env[0].items() if k != "NEURON_RT_VISIBLE_CORES"}
     if m.spec.serving.batching:
         env["INFERENTIA_MAX_BATCH_SIZE"] = str(m.spec.serving.batching.max_batch_size)
         env["INFERENTIA_MAX_LATENCY_MS"] = str(m.spec.serving.batching.max_latency_ms)
@@ -291,8 +330,7 @@ def _serving_env(m: Model) -> list[dict[str, str]]:
         if m.spec.compile.image:
             env["NEURON_COMPILED_ARTIFACTS"] = compiled_uri(m)
     user = [{"name": e.name, "value": e.value} for e in m.spec.serving.env or []]
-    user_names = {e["name"] for e in user}
-    return [{"name": k, "value": v} for k, v in env.items() if k not in user_names] + user
+    return [{"name": k, "value": v} for k, v in env.items() if k not in user_env_names(m)] + user
 
 
 def vllm_args(m: Model) -> list[str]:
@@ -378,7 +416,7 @@ def serving_deployment(m: Model) -> dict[str, Any]:
         "resources": plan.resources.model_dump(),
         **_probes(m),
         "securityContext": CONTAINER_SECURITY,
-        "volumeMounts": [{"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True}],
+        "volumeMounts": [{"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True}, *_scratch_mounts()],
     }
     args = vllm_args(m) if spec.serving.runtime == "vllm" else spec.serving.args
     if args:
@@ -404,7 +442,7 @@ def serving_deployment(m: Model) -> dict[str, Any]:
                     "automountServiceAccountToken": False,
                     "securityContext": pod_security(m),
                     "containers": [container, *([batcher_container(m)] if batching_front_end(m) else [])],
-                    "volumes": [_plan_volume(m)],
+                    "volumes": [_plan_volume(m), *_scratch_volumes()],
                     "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
                     "affinity": {
                         "nodeAffinity": {
