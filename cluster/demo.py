@@ -1,9 +1,10 @@
 """`make demo`: the operator's main job on the local control plane, in one command.
 
-Brings the local control plane up (simulated Inferentia fleet), installs the CRDs,
-starts the operator in the background, applies manifests/samples/*.yaml and
-shows the models going from Compiling to Ready. Everything keeps running until
-`make cluster-down`.
+Brings the local control plane up (simulated Inferentia fleet and, as root, the real
+node), installs the CRDs, starts the operator in the background, applies
+manifests/samples/*.yaml and shows the models going from Compiling to Ready; then a
+model on the real node answers a request through its Service. Everything keeps running
+until `make cluster-down`.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ def main() -> int:
 
 def demo() -> int:
     started = time.monotonic()
-    cluster = localcluster.LocalCluster()
-    kubeconfig = cluster.up()
+    cluster = localcluster.LocalCluster(real_node=True)
+    kubeconfig = cluster.up(timeout=300)
     bins = localcluster.bin_dir()
     print(f"control plane ready ({time.monotonic() - started:.0f}s); simulated nodes:")
     print(cluster.kubectl("get", "nodes", "-L", "node.kubernetes.io/instance-type", "-L", "aws.amazon.com/neuron"))
@@ -89,6 +90,7 @@ def demo() -> int:
         if not link.is_symlink() or link.resolve() != (bins / tool).resolve():
             link.unlink(missing_ok=True)
             link.symlink_to(bins / tool)
+    ask = real_node_request(cluster)
     print(
         f"All samples are Ready ({time.monotonic() - started:.0f}s). Everything keeps running; try:\n"
         f"  export KUBECONFIG=$PWD/.cluster/kubeconfig PATH=$PWD/.cluster/bin:$PATH\n"
@@ -96,9 +98,26 @@ def demo() -> int:
         "  kubectl get inferentiamodel resnet50 -o jsonpath='{.status.plan}'\n"
         "  kubectl apply -f manifests/samples/invalid/three-processes-one-chip.yaml   # refused\n"
         "  .venv/bin/inferentia-operator render manifests/samples/llama-inf2-vllm.yaml\n"
-        "Stop it all with: make cluster-down"
+        + ask
+        + "Stop it all with: make cluster-down"
     )
     return 0
+
+
+def real_node_request(cluster: localcluster.LocalCluster) -> str:
+    """The last step: a model on the real node answers a request through its Service.
+    Returns the command to send one yourself ("" when the node could not run here)."""
+    if cluster.real_node is None:
+        print(f"no real node ({cluster.real_node_skipped}): the models above ran on simulated nodes only")
+        return ""
+    cluster.kubectl("apply", "-f", str(localcluster.HERE / "demo-real-node.yaml"))
+    ns, name = "real-node-demo", "llama-standin"
+    cluster.kubectl("wait", "-n", ns, f"inferentiamodel/{name}", "--for=condition=Ready", "--timeout=180s")
+    ip = cluster.kubectl("get", "-n", ns, "service", name, "-o", "jsonpath={.spec.clusterIP}")
+    command = f"curl -s -H 'Content-Type: application/json' -d '{{\"prompt\": \"Hello\"}}' http://{ip}:8000/v1/completions"
+    answer = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30)
+    print(f"{name} on the real node (real containers; Neuron stand-ins) answers through its Service:\n  $ {command}\n  {answer.stdout}\n")
+    return f"  {command}   # the real node's model\n"
 
 
 if __name__ == "__main__":

@@ -10,9 +10,9 @@ BASE_SPEC: dict[str, Any] = {
 }
 
 
-def make_spec(**overrides: Any) -> dict[str, Any]:
-    """BASE_SPEC with dotted-path overrides: make_spec(**{"compute.inf": 2})."""
-    spec = copy.deepcopy(BASE_SPEC)
+def make_spec(base: dict[str, Any] | None = None, **overrides: Any) -> dict[str, Any]:
+    """``base`` (BASE_SPEC by default) with dotted-path overrides: make_spec(**{"compute.inf": 2})."""
+    spec = copy.deepcopy(BASE_SPEC if base is None else base)
     for dotted, value in overrides.items():
         node = spec
         *parents, leaf = dotted.split(".")

@@ -13,26 +13,23 @@ import pytest
 import yaml
 from kit import wait_for
 
-from specs import make_model
+from specs import make_model, make_spec
 
 pytestmark = pytest.mark.usefixtures("operator")
 
 STANDIN = "neuron-standin:0.1.0"
 
 
+STANDIN_SPEC = {
+    "model": {"uri": "s3://models/llama/", "framework": "pytorch"},
+    "compute": {"family": "inf2", "inf": 1, "instanceTypes": ["inf2.24xlarge"], "cpu": "100m", "memory": "256Mi"},
+    "serving": {"image": STANDIN, "args": ["neuron-serve"]},
+}
+
+
 def standin_spec(**overrides) -> dict:
-    spec = {
-        "model": {"uri": "s3://models/llama/", "framework": "pytorch"},
-        "compute": {"family": "inf2", "inf": 1, "instanceTypes": ["inf2.24xlarge"], "cpu": "100m", "memory": "256Mi"},
-        "serving": {"image": STANDIN, "args": ["neuron-serve"]},
-    }
-    for dotted, value in overrides.items():
-        node = spec
-        *parents, leaf = dotted.split(".")
-        for name in parents:
-            node = node.setdefault(name, {})
-        node[leaf] = value
-    return spec
+    """A model of the Neuron stand-in image on the real node's instance type."""
+    return make_spec(STANDIN_SPEC, **overrides)
 
 
 def apply(cluster, namespace: str, name: str, spec: dict) -> None:
