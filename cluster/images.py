@@ -12,7 +12,8 @@ assembled here as OCI image layouts and imported into the node's containerd:
   here serves;
 - ``neuron-standin:0.1.0``: the operator's image plus the Neuron stand-ins
   (cluster/node/standins): the compilers, the compile Job's entry point, the runtime/server
-  and vLLM's entry point;
+  and vLLM's entry point; ``neuron-compile-standin:0.1.0`` is the same with the compile
+  Job's entry point as its own;
 - ``inferentia-pause:1``: the pod sandbox's process (cluster/node/pause).
 
     python cluster/images.py            # build what is missing, print the image archives
@@ -37,6 +38,9 @@ STANDINS = HERE / "node" / "standins"
 SITE = "usr/local/lib/python3.11/dist-packages"
 OPERATOR_IMAGE = "inferentia-operator:0.1.0"
 STANDIN_IMAGE = "neuron-standin:0.1.0"
+# The same content, with the compile Job's entry point (the operator runs compile images
+# with arguments only: --model-uri, --output-uri, --framework, then the compiler's flags).
+COMPILE_STANDIN_IMAGE = "neuron-compile-standin:0.1.0"
 PAUSE_IMAGE = "inferentia-pause:1"
 BASE_PACKAGES = "python3,ca-certificates"
 
@@ -215,6 +219,11 @@ def build(bins: Path) -> list[Path]:
         # The stand-ins run as whatever user the pod says; no entry point of their own.
         write_oci(standin, STANDIN_IMAGE, [base, python, standins], {"Env": config["Env"]})
     images.append(standin)
+    compile_standin = cache_dir() / f"compile-standin-{bkey}-{pkey}-{skey}.oci.tar"
+    if not compile_standin.exists():
+        log(f"{COMPILE_STANDIN_IMAGE}: assembling")
+        write_oci(compile_standin, COMPILE_STANDIN_IMAGE, [base, python, standins], {"Env": config["Env"], "Entrypoint": ["neuron-compile"]})
+    images.append(compile_standin)
     pause_bin = bins / "pause"
     pause = cache_dir() / f"pause-{hashlib.sha256(pause_bin.read_bytes()).hexdigest()[:12]}.oci.tar"
     if not pause.exists():

@@ -401,6 +401,12 @@ class LocalCluster:
             write_kubeconfig(kubeconfigs[user], pki, server, user=user)
         assert self.real_node is not None
         self.real_node.start(kubeconfigs, pki, pids, deadline)
+        # The object store for compiled artefacts and model files, on the bridge's address so
+        # that pods reach it: moto's S3 server (PyPI's moto[server]), in memory, no build.
+        store = free_port()
+        self._start("object-store", [sys.executable, "-m", "moto.server", "-H", realnode.GATEWAY, "-p", str(store)], pids)
+        self._wait(f"http://{realnode.GATEWAY}:{store}/moto-api/", deadline, "object-store", pids)
+        self._save(object_store=f"http://{realnode.GATEWAY}:{store}")
         kubectl = [str(bins / "kubectl"), "--kubeconfig", str(self.kubeconfig)]
         node = f"node/{realnode.NODE_NAME}"
         while subprocess.run([*kubectl, "get", node], capture_output=True).returncode:
@@ -484,6 +490,10 @@ class LocalCluster:
         """Everything in crds/ (the InferentiaModel CRD, kopf's peering CRDs), ready to use."""
         self.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
         self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+
+    def object_store(self) -> str | None:
+        """The S3-compatible object store's endpoint (with the real node), for AWS_ENDPOINT_URL."""
+        return self.recorded().get("object_store")
 
     def server(self) -> str:
         """The API server's URL, as this cluster's kubeconfigs name it."""

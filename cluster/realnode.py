@@ -43,8 +43,13 @@ REAL_NODE_LABEL = "inferentia.dev/real-node"
 REAL_NODE_TAINT = f"{REAL_NODE_LABEL}=true:NoSchedule"
 REAL_NODE_NAMESPACE_ANNOTATIONS = {
     "scheduler.alpha.kubernetes.io/node-selector": f"{REAL_NODE_LABEL}=true",
+    # The Neuron taint too, for the pods that need no device (the compile Job): on this
+    # one-node cluster they run where everything else does.
     "scheduler.alpha.kubernetes.io/defaultTolerations": json.dumps(
-        [{"key": REAL_NODE_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}]
+        [
+            {"key": REAL_NODE_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"},
+            {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"},
+        ]
     ),
 }
 

@@ -63,6 +63,7 @@ def test_deployment_carries_the_plan():
         {"name": "plan", "configMap": {"name": children.plan_configmap_name(m)}},
         {"name": "home", "emptyDir": {"sizeLimit": "20Gi"}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+        {"name": "compiled", "emptyDir": {"sizeLimit": "50Gi"}},
     ]
 
 
@@ -239,7 +240,13 @@ def test_the_vllm_preset_runs_one_tensor_parallel_server_per_group():
     ]  # fmt: skip
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["VLLM_NEURON_FRAMEWORK"] == "neuronx-distributed-inference"
-    assert env["NEURON_COMPILED_ARTIFACTS"] == children.compiled_uri(m)
+    # The artefact is fetched into a local directory before the server starts, and a cache
+    # miss there ends the server instead of compiling in the serving pod.
+    assert env["NEURON_COMPILED_ARTIFACTS"] == children.COMPILED_DIR
+    assert env["VLLM_NEURON_DISABLE_WARMUP_COMPILE"] == "1"
+    [fetch] = children.serving_deployment(m)["spec"]["template"]["spec"]["initContainers"]
+    assert fetch["args"] == ["fetch", "--from", children.compiled_uri(m), "--to", children.COMPILED_DIR]
+    assert {"name": "compiled", "mountPath": children.COMPILED_DIR, "readOnly": True} in container["volumeMounts"]
     assert container["startupProbe"]["httpGet"] == {"path": "/health", "port": "serve-0"}
     assert container["startupProbe"]["failureThreshold"] * container["startupProbe"]["periodSeconds"] >= 600
     assert container["readinessProbe"]["httpGet"]["path"] == "/health"
@@ -251,6 +258,32 @@ def test_the_vllm_preset_without_a_compile_job_loads_the_model_uri():
     [container] = children.serving_deployment(m)["spec"]["template"]["spec"]["containers"]
     assert container["args"][4:] == ["--model", "s3://models/llama-3.1-8b/", "--tensor-parallel-size", "12"]
     assert "NEURON_COMPILED_ARTIFACTS" not in {e["name"] for e in container["env"]}
+    assert "initContainers" not in children.serving_deployment(m)["spec"]["template"]["spec"]
+
+
+def test_the_compile_key_holds_what_invalidates_an_artefact_and_nothing_else():
+    base = model(**VLLM, **{"compile.image": "example.com/compile:2.21"})
+    key = children.compile_hash(base)
+    # Replicas, resources and serving options never recompile.
+    for same in ({"replicas": 5}, {"compute.cpu": "8"}, {"compute.memory": "64Gi"}, {"serving.port": 9000}):
+        assert children.compile_hash(model(**{**VLLM, "compile.image": "example.com/compile:2.21", **same})) == key, same
+    # The SDK (as the compile image names it), the compiler's flags and the tensor-parallel degree do.
+    for other in ({"compile.image": "example.com/compile:2.22"}, {"compile.extraArgs": ["-O3"]}, {"processesPerReplica": 6}):
+        assert children.compile_hash(model(**{**VLLM, "compile.image": "example.com/compile:2.21", **other})) != key, other
+    inputs = children.compile_inputs(base)
+    assert {"compiler", "lnc", "tensorParallelSize", "buckets", "compilerArgs", "image"} <= set(inputs)
+    annotation = children.compile_job(base)["metadata"]["annotations"]["inferentia.dev/compile-inputs"]
+    assert json.loads(annotation) == inputs
+
+
+def test_storage_credentials_reach_the_compile_job_and_the_fetch_only():
+    m = model(**VLLM, **{"compile.image": "example.com/compile:1", "compile.storageSecret": "s3-creds"}, serviceAccountName="models")
+    secret = [{"secretRef": {"name": "s3-creds"}}]
+    job_pod = children.compile_job(m)["spec"]["template"]["spec"]
+    pod = children.serving_deployment(m)["spec"]["template"]["spec"]
+    assert job_pod["containers"][0]["envFrom"] == secret and pod["initContainers"][0]["envFrom"] == secret
+    assert "envFrom" not in pod["containers"][0]  # the server itself never sees the store's keys
+    assert job_pod["serviceAccountName"] == pod["serviceAccountName"] == "models"
 
 
 def test_the_vllm_command_passes_user_text_as_arguments_not_shell(tmp_path):

@@ -87,6 +87,9 @@ def test_a_compile_in_progress_holds_the_rollout_and_the_previous_deployment_kee
     assert d.apply == []  # nothing to write: the new Job exists, the Deployment must wait
     assert d.delete == []  # the old plan still serves
     assert conds(d)["Ready"]["reason"] == "Compiling"
+    # inf1 groups are compiled into the model (neuron-cc's --neuroncore-pipeline-cores), so
+    # the compiler's arguments changed: status says so.
+    assert "(compilerArgs changed since the last compile)" in conds(d)["Compiled"]["message"]
 
 
 def test_once_compiled_the_deployment_rolls_and_superseded_plans_go_when_unused():

@@ -168,6 +168,8 @@ class CompileOptions(ApiModel):
     """Compiler image. When set, a compile Job builds the model for the plan before serving; when unset, the serving image compiles at load time from NEURON_CC_FLAGS."""
     output_uri: Annotated[str | None, Field(max_length=MAX_STRING)] = None
     """Where compiled artefacts are written. Default: next to the model, under a directory named after the compile inputs' hash."""
+    storage_secret: Annotated[str | None, Field(max_length=253)] = None
+    """A Secret in the model's namespace whose keys become the environment of the compile Job and of the serving pods' artefact fetch: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, and AWS_ENDPOINT_URL for an S3-compatible store. Without it, credentials come from serviceAccountName (IRSA, EKS Pod Identity)."""
 
 
 class EnvVar(ApiModel):
@@ -224,6 +226,8 @@ class InferentiaModelSpec(ApiModel):
     """The serving container."""
     rollout: Rollout = Rollout()
     """Rolling-update bounds of the serving Deployment."""
+    service_account_name: Annotated[str | None, Field(max_length=253)] = None
+    """The ServiceAccount of the compile Job and the serving pods, for cloud credentials (IRSA, EKS Pod Identity) to the model and artefact store. Default: the namespace's default ServiceAccount."""
     run_as_root: StrictBool = False
     """Run the serving and compile containers as root, for images that need it. By default they run as user 65532 with no capabilities and no privilege escalation, which passes the restricted Pod Security level; as root they pass baseline only."""
 

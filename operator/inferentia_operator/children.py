@@ -19,6 +19,7 @@ from .findings import Finding
 from .launcher import LAUNCHER
 from .names import (
     COMPILE_HASH_LABEL,
+    COMPILE_INPUTS_ANNOTATION,
     COMPONENT_LABEL,
     DEFAULT_BATCHING_IMAGE,
     FIELD_MANAGER,
@@ -37,6 +38,12 @@ from .names import (
 # Its OpenAI-compatible server answers /health once the model is loaded.
 VLLM_SERVER = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
 VLLM_ENV = {"VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference"}
+# With a compiled artefact, a cache miss must end the server, never start a compile in the
+# serving pod: VLLM_NEURON_DISABLE_WARMUP_COMPILE=1 "treats a local cache miss as a fatal
+# error" (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/compilation/compilation_cache.html).
+VLLM_PRECOMPILED_ENV = {"VLLM_NEURON_DISABLE_WARMUP_COMPILE": "1"}
+# Where the fetch init container puts the compiled artefact, read-only for the server.
+COMPILED_DIR = "/var/lib/inferentia/compiled"
 # Loading (and, without a compile Job, compiling) a large model takes minutes: the startup
 # probe allows 30 of them before the liveness probe takes over.
 VLLM_STARTUP_SECONDS = 1800
@@ -83,7 +90,9 @@ def compile_inputs(m: Model) -> dict[str, Any]:
     if m.plan.compiler != "neuron-cc":
         # neuron-cc is inf1's only compiler, which "family" already pins; leaving it out
         # keeps every inf1 compile hash as it was, so upgrading the operator recompiles nothing.
-        inputs["compiler"] = m.plan.compiler
+        # A neuronx-cc artefact is also bound to its logical-core size and tensor-parallel
+        # degree: the runtime refuses to load it under another.
+        inputs |= {"compiler": m.plan.compiler, "lnc": m.plan.lnc, "tensorParallelSize": m.plan.tensor_parallel_size}
     return inputs
 
 
@@ -230,6 +239,31 @@ SCRATCH_ENV = {
 }
 
 
+def _service_account(m: Model) -> dict[str, Any]:
+    return {"serviceAccountName": m.spec.service_account_name} if m.spec.service_account_name else {}
+
+
+def _storage_env_from(m: Model) -> dict[str, Any]:
+    """The object store's credentials and endpoint, from the Secret the spec names."""
+    secret = m.spec.compile.storage_secret
+    return {"envFrom": [{"secretRef": {"name": secret}}]} if secret else {}
+
+
+def fetch_container(m: Model) -> dict[str, Any]:
+    """The init container that copies the compiled artefact into the pod before the server
+    starts (the operator's own image: ``inferentia-operator fetch``)."""
+    return {
+        "name": "fetch-artifacts",
+        "image": m.batching_image,
+        "args": ["fetch", "--from", compiled_uri(m), "--to", COMPILED_DIR],
+        **_storage_env_from(m),
+        "env": [{"name": k, "value": v} for k, v in SCRATCH_ENV.items()],
+        "resources": BATCHER_RESOURCES,
+        "securityContext": CONTAINER_SECURITY,
+        "volumeMounts": [{"name": "compiled", "mountPath": COMPILED_DIR}, *_scratch_mounts()],
+    }
+
+
 def _scratch_volumes() -> list[dict[str, Any]]:
     return [volume for volume, _ in SCRATCH_VOLUMES]
 
@@ -260,6 +294,8 @@ def compile_job(m: Model) -> dict[str, Any] | None:
     }
     metadata = _metadata(m, compile_job_name(m), "compile")
     metadata["labels"][COMPILE_HASH_LABEL] = compile_hash(m)
+    # What was compiled, so that status can say which part of the key a new compile changed.
+    metadata["annotations"] = {COMPILE_INPUTS_ANNOTATION: json.dumps(compile_inputs(m), sort_keys=True, separators=(",", ":"))}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -276,10 +312,12 @@ def compile_job(m: Model) -> dict[str, Any] | None:
                     # does it need the API: no ServiceAccount token is mounted.
                     "restartPolicy": "Never",
                     "automountServiceAccountToken": False,
+                    **_service_account(m),
                     "securityContext": pod_security(m),
                     "containers": [
                         {
                             "name": "compile",
+                            **_storage_env_from(m),
                             "image": m.spec.compile.image,
                             "args": [
                                 "--model-uri", m.spec.model.uri,
@@ -314,6 +352,7 @@ def _serving_env(m: Model) -> list[dict[str, str]]:
     }
     if m.spec.compile.image:
         env["INFERENTIA_COMPILED_MODEL_URI"] = compiled_uri(m)
+        env["INFERENTIA_COMPILED_MODEL_DIR"] = COMPILED_DIR
     if plan.groups == 1:
         # One process: the container's own environment is its group's, but never its cores.
         # The device plugin sets NEURON_RT_VISIBLE_CORES to the cores of the devices it
@@ -328,7 +367,8 @@ def _serving_env(m: Model) -> list[dict[str, str]]:
     if m.spec.serving.runtime == "vllm":
         env |= VLLM_ENV
         if m.spec.compile.image:
-            env["NEURON_COMPILED_ARTIFACTS"] = compiled_uri(m)
+            # A local directory, as vLLM's Neuron loader reads it: the fetch init container filled it.
+            env |= {"NEURON_COMPILED_ARTIFACTS": COMPILED_DIR, **VLLM_PRECOMPILED_ENV}
     user = [{"name": e.name, "value": e.value} for e in m.spec.serving.env or []]
     return [{"name": k, "value": v} for k, v in env.items() if k not in user_env_names(m)] + user
 
@@ -416,7 +456,11 @@ def serving_deployment(m: Model) -> dict[str, Any]:
         "resources": plan.resources.model_dump(),
         **_probes(m),
         "securityContext": CONTAINER_SECURITY,
-        "volumeMounts": [{"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True}, *_scratch_mounts()],
+        "volumeMounts": [
+            {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
+            *_scratch_mounts(),
+            *([{"name": "compiled", "mountPath": COMPILED_DIR, "readOnly": True}] if spec.compile.image else []),
+        ],
     }
     args = vllm_args(m) if spec.serving.runtime == "vllm" else spec.serving.args
     if args:
@@ -440,9 +484,15 @@ def serving_deployment(m: Model) -> dict[str, Any]:
                 "spec": {
                     # A model server has no business with the Kubernetes API.
                     "automountServiceAccountToken": False,
+                    **_service_account(m),
                     "securityContext": pod_security(m),
+                    **({"initContainers": [fetch_container(m)]} if spec.compile.image else {}),
                     "containers": [container, *([batcher_container(m)] if batching_front_end(m) else [])],
-                    "volumes": [_plan_volume(m), *_scratch_volumes()],
+                    "volumes": [
+                        _plan_volume(m),
+                        *_scratch_volumes(),
+                        *([{"name": "compiled", "emptyDir": {"sizeLimit": "50Gi"}}] if spec.compile.image else []),
+                    ],
                     "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
                     "affinity": {
                         "nodeAffinity": {

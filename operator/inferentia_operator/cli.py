@@ -182,6 +182,11 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--buckets", help="input-shape buckets as JSON, e.g. [[64],[128]]: inputs are padded to the smallest that holds them")
     b.set_defaults(func=cmd_batch)
 
+    f = sub.add_parser("fetch", help="copy a compiled artefact from the object store (the serving pods' init container)")
+    f.add_argument("--from", dest="uri", required=True, help="the artefact's s3:// URI (the model's status.compiledUri)")
+    f.add_argument("--to", dest="destination", required=True, help="the local directory to fill")
+    f.set_defaults(func=cmd_fetch)
+
     r = sub.add_parser("run", help="run the operator against the current kubeconfig or in-cluster config")
     r.add_argument("-n", "--namespace", action="append", default=[], help="watch this namespace (repeatable); default: all")
     r.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL ('' to disable)")
@@ -199,11 +204,17 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--metrics-port", type=int, default=8081, help="port of the Prometheus /metrics endpoint (0 to disable)")
     r.add_argument(
         "--batching-image", default=DEFAULT_BATCHING_IMAGE,
-        help="image of the batching front end added to pods of models with serving.batching (default: this operator's image)",
+        help="this operator's own image, which the serving pods use for the batching front end and the artefact fetch",
     )  # fmt: skip
     r.add_argument("--verbose", action="store_true")
     r.set_defaults(func=cmd_run)
     return top
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from .fetch import main as fetch_main
+
+    return fetch_main(args.uri, args.destination)
 
 
 def main(argv: list[str] | None = None) -> int:

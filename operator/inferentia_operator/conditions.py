@@ -57,17 +57,23 @@ def _conditions_of(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
     return {c.get("type"): c for c in ((obj or {}).get("status") or {}).get("conditions") or []}
 
 
-def compile_state(job_required: bool, job_name: str | None, job: dict[str, Any] | None, uri: str) -> Cond:
+def compile_state(job_required: bool, job_name: str | None, job: dict[str, Any] | None, uri: str, changed: list[str] | None = None) -> Cond:
+    """The Compiled condition. ``changed``: the compile inputs that differ from the last
+    successful compile's, named in the message while a new compile runs."""
     if not job_required:
-        return Cond("Compiled", "True", "CompiledAtLoad", "no compile image: the serving framework compiles at load time from NEURON_CC_FLAGS")
+        return Cond("Compiled", "True", "CompiledAtLoad", "no compile image: the serving pods compile at load time from NEURON_CC_FLAGS")
     conds = _conditions_of(job)
     if conds.get("Complete", {}).get("status") == "True":
-        return Cond("Compiled", "True", "Compiled", f"Job {job_name} compiled the model to {uri}")
+        return Cond(
+            "Compiled", "True", "Compiled",
+            f"Job {job_name} compiled the model to {uri}; the serving pods fetch it and load it without compiling",
+        )  # fmt: skip
     failed = conds.get("Failed", {})
     if failed.get("status") == "True":
         why = ": ".join(x for x in (failed.get("reason"), failed.get("message")) if x)
         return Cond("Compiled", "False", "CompileFailed", f"Job {job_name} failed: {why or 'no reason given'}")
-    return Cond("Compiled", "False", "Compiling", f"Job {job_name} is compiling the model for the new plan")
+    why = f" ({', '.join(changed)} changed since the last compile)" if changed else ""
+    return Cond("Compiled", "False", "Compiling", f"Job {job_name} is compiling the model for the new plan{why}")
 
 
 def _unschedulable(pods: list[dict[str, Any]]) -> list[str]:

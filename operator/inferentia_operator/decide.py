@@ -10,6 +10,7 @@ superseded plans (only when no pod, Job or Deployment still uses them).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,7 @@ from .api import InferentiaModelStatus
 from .children import Model
 from .drift import applied
 from .findings import errors
-from .names import COMPONENT_LABEL, DEFAULT_BATCHING_IMAGE, FIELD_MANAGER, MANAGED_BY_LABEL, MODEL_LABEL
+from .names import COMPILE_INPUTS_ANNOTATION, COMPONENT_LABEL, DEFAULT_BATCHING_IMAGE, FIELD_MANAGER, MANAGED_BY_LABEL, MODEL_LABEL
 from .parsing import parse_spec
 from .planner import plan as make_plan
 from .rules import check_name
@@ -141,6 +142,22 @@ def _superseded_jobs(o: Observed, current: str | None) -> list[str]:
     return [_name(j) for j in old if _name(j) not in keep]  # type: ignore[misc]
 
 
+def _changed_compile_inputs(o: Observed, current: str | None, inputs: dict[str, Any]) -> list[str]:
+    """The compile inputs that differ from those of the newest earlier compile that succeeded."""
+    earlier = sorted(
+        (j for j in o.jobs if _name(j) != current and _job_succeeded(j)), key=lambda j: _meta(j).get("creationTimestamp") or ""
+    )
+    if not earlier:
+        return []
+    try:
+        before = json.loads((_meta(earlier[-1]).get("annotations") or {}).get(COMPILE_INPUTS_ANNOTATION, ""))
+    except ValueError:
+        return []  # a Job of an operator that did not record its inputs
+    if not isinstance(before, dict):
+        return []
+    return sorted(k for k in inputs.keys() | before.keys() if inputs.get(k) != before.get(k))
+
+
 def _counts(rollout: conditions.Rollout) -> dict[str, int]:
     return {"replicas": rollout.replicas, "ready_replicas": rollout.ready, "updated_replicas": rollout.updated}
 
@@ -217,7 +234,8 @@ def decide(o: Observed, now: str) -> Decision:
     job_body = children.compile_job(m)
     job_name = _name(job_body)
     live_job = o.live("Job", job_name) if job_name else None
-    compiled = conditions.compile_state(job_body is not None, job_name, live_job, children.compiled_uri(m))
+    changed = _changed_compile_inputs(o, job_name, children.compile_inputs(m)) if job_body is not None else None
+    compiled = conditions.compile_state(job_body is not None, job_name, live_job, children.compiled_uri(m), changed)
 
     # The plan ConfigMap and Service always; the compile Job when there is one; the
     # Deployment only once the plan is compiled (else the previous one keeps serving).

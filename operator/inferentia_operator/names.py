@@ -10,6 +10,7 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 PLAN_HASH_ANNOTATION = f"{GROUP}/plan-hash"
 COMPILE_HASH_LABEL = f"{GROUP}/compile-hash"
+COMPILE_INPUTS_ANNOTATION = f"{GROUP}/compile-inputs"
 
 # The batching front end ships in the operator's own image (`inferentia-operator batch`);
 # the operator's --batching-image (chart value batching.image) names the one to use.

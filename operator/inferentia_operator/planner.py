@@ -71,7 +71,15 @@ def neuron_cc_args(spec: InferentiaModelSpec, group_size: int, static_weights: b
         args += ["--enable-replication", "True"]
     if static_weights:
         args.append("--static-weights")
-    if spec.model.precision == "mixed":
+    # neuron-cc casts every FP32 operator to BF16 by default (--fast-math all); --fast-math
+    # none keeps FP32, and --fp32-cast=matmult (the same as --fast-math fp32-cast-matmult)
+    # casts only matrix multiplications. The cast touches FP32 operators only, so fp16 and
+    # bf16 models keep their own types without a flag
+    # (https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.0/archive/appnotes/neuron-cc/mixed-precision.html,
+    # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/compiler/neuron-cc/command-line-reference.html).
+    if spec.model.precision == "fp32":
+        args += ["--fast-math", "none"]
+    elif spec.model.precision == "mixed":
         args.append("--fp32-cast=matmult")
     return args
 

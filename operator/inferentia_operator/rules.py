@@ -268,6 +268,27 @@ ENV_NAME = CrossFieldRule(
     (f"self.env.filter(e, !e.name.matches({json.dumps(ENV_NAME_PATTERN)}))[0].name",),
 )
 
+# Names of the Secret and ServiceAccount the pods refer to: DNS-1123 subdomains, as the API
+# server requires of every object name.
+SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+def _object_name_rule(path: str, node: str, field: str, kind: str) -> CrossFieldRule:
+    return CrossFieldRule(
+        path,
+        node,
+        f"'%s' is not a valid {kind} name; valid names are lower-case letters, digits, '-' and '.', "
+        "starting and ending with a letter or digit, at most 253 characters",
+        f"!has(self.{field}) || self.{field}.matches({json.dumps(SUBDOMAIN_PATTERN)})",
+        (f"self.{field}",),
+    )
+
+
+OBJECT_NAMES = {
+    "storageSecret": _object_name_rule("spec.compile.storageSecret", "spec.compile", "storageSecret", "Secret"),
+    "serviceAccountName": _object_name_rule("spec.serviceAccountName", "spec", "serviceAccountName", "ServiceAccount"),
+}
+
 # Values reach a process as one argument or one line of its env file: a line break or a
 # NUL would cut them short or add a line of its own.
 BREAK = r"[\x00\n\r]"
@@ -349,6 +370,7 @@ CEL_RULES: list[CrossFieldRule] = [
     *QUANTITY.values(),
     PORTS_FIT,
     ENV_NAME,
+    *OBJECT_NAMES.values(),
     *SINGLE_LINE.values(),
     *IMAGE.values(),
     *ROLLOUT_VALUE.values(),
@@ -570,6 +592,9 @@ def _check_child_values(spec: InferentiaModelSpec, fam: Family) -> list[Finding]
     bad_names = [e.name for e in env if not re.match(ENV_NAME_PATTERN, e.name)]
     if bad_names:
         found.append(ENV_NAME.finding(bad_names[0]))
+    for key, name in (("storageSecret", spec.compile.storage_secret), ("serviceAccountName", spec.service_account_name)):
+        if name is not None and not re.match(SUBDOMAIN_PATTERN, name):
+            found.append(OBJECT_NAMES[key].finding(name))
     for key, values in (
         ("args", spec.serving.args or []),
         ("env", [e.value for e in env]),

@@ -90,7 +90,7 @@ for pid in sorted(p for p in os.listdir('/proc') if p.isdigit() and int(p) != os
     except OSError:
         continue
     if any(b'neuron-serve' in c or b'vllm' in c for c in cmd) and b'/bin/sh' not in cmd[0]:
-        out.append({k: env.get(k) for k in ('NEURON_RT_VISIBLE_CORES', 'NEURON_CC_FLAGS', 'PORT', 'HOME', 'HF_HOME')})
+        out.append({k: env.get(k) for k in ('NEURON_RT_VISIBLE_CORES', 'NEURON_CC_FLAGS', 'PORT', 'HOME', 'HF_HOME', 'NEURON_COMPILED_ARTIFACTS', 'VLLM_NEURON_DISABLE_WARMUP_COMPILE')})
 print(json.dumps(out))
 """
 
@@ -175,3 +175,55 @@ def test_pod_and_service_ranges_route_to_the_clusters_bridge_only(real_node):
     assert f"-A {realnode.FORWARD_CHAIN} -i {realnode.BRIDGE} -j DROP" in rules
     forward = subprocess.run(["iptables", "-S", "FORWARD"], capture_output=True, text=True, check=True).stdout.splitlines()
     assert f"-A FORWARD -j {realnode.FORWARD_CHAIN}" in forward, forward
+
+
+def store_client(cluster):
+    import boto3
+
+    return boto3.client(
+        "s3", endpoint_url=cluster.local.object_store(), region_name="us-east-1",
+        aws_access_key_id="local", aws_secret_access_key="local",
+    )  # fmt: skip
+
+
+def test_a_compile_job_writes_the_artefact_the_serving_pods_fetch_and_load(real_node, real_namespace):
+    """Defect: NEURON_COMPILED_ARTIFACTS was the s3:// URI, which vLLM's loader reads as a
+    local directory, and nothing downloaded it. Now the compile Job (the compiler stand-in)
+    uploads to the object store, an init container fetches it, and the server loads it
+    with cache misses fatal, on as many cores as the artefact's tensor-parallel degree."""
+    bucket = f"models-{real_namespace}"
+    store_client(real_node).create_bucket(Bucket=bucket)
+    secret = {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "store", "namespace": real_namespace},
+        "stringData": {
+            "AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local", "AWS_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": real_node.local.object_store(),
+        },
+    }  # fmt: skip
+    real_node.kubectl("apply", "-f", "-", input=json.dumps(secret))
+    spec = standin_spec(
+        **{
+            "model.uri": f"s3://{bucket}/llama/",
+            "compile.image": "neuron-compile-standin:0.1.0",
+            "compile.storageSecret": "store",
+            "serving.runtime": "vllm",
+        }
+    )
+    spec["serving"].pop("args")
+    apply(real_node, real_namespace, "compiled", spec)
+    wait_ready(real_node, real_namespace, "compiled", timeout=200)
+    status = real_node.get("inferentiamodel", "compiled", "-n", real_namespace)["status"]
+    prefix = status["compiledUri"].removeprefix(f"s3://{bucket}/")
+    keys = [o["Key"] for o in store_client(real_node).list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
+    assert keys == [prefix + "model.neff.json"], keys
+    [pod] = serving_pods(real_node, real_namespace, "compiled")
+    found = json.loads(
+        real_node.kubectl("exec", "-n", real_namespace, pod["metadata"]["name"], "-c", "serve", "--",
+                          "python3", "-c", "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8080/standin').read().decode())").stdout
+    )  # fmt: skip
+    assert found["loaded"] == "compiled"
+    assert found["artefact"]["compiler"] == "neuronx-cc" and found["artefact"]["target"] == "inf2"
+    assert found["artefact"]["tensorParallelSize"] == 2 == len(found["cores"])
+    [proc] = process_envs(real_node, real_namespace, pod["metadata"]["name"])
+    assert proc["NEURON_RT_VISIBLE_CORES"]
+    assert "Compiled" == next(c for c in status["conditions"] if c["type"] == "Compiled")["reason"]
