@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -38,7 +39,8 @@ def apply(cluster, namespace: str, name: str, spec: dict) -> None:
 
 def why_not_ready(cluster, namespace: str, name: str) -> str:
     """What a failing test should show: the model's conditions, the pods' states and logs."""
-    out = [json.dumps(cluster.get("inferentiamodel", name, "-n", namespace).get("status", {}).get("conditions"), indent=1)]
+    model = cluster.kubectl("get", "inferentiamodel", name, "-n", namespace, "-o", "json", check=False)
+    out = [json.dumps(json.loads(model.stdout).get("status", {}).get("conditions"), indent=1) if model.returncode == 0 else model.stderr]
     for pod in cluster.get("pods", "-n", namespace)["items"]:
         out.append(f"pod {pod['metadata']['name']}: {json.dumps(pod['status'].get('containerStatuses'))[:1500]}")
         for c in pod["spec"]["containers"]:
@@ -227,3 +229,71 @@ def test_a_compile_job_writes_the_artefact_the_serving_pods_fetch_and_load(real_
     [proc] = process_envs(real_node, real_namespace, pod["metadata"]["name"])
     assert proc["NEURON_RT_VISIBLE_CORES"]
     assert "Compiled" == next(c for c in status["conditions"] if c["type"] == "Compiled")["reason"]
+
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "inferentia-operator"
+
+
+def real_node_namespace(cluster, name: str, *labels: str) -> str:
+    import realnode
+
+    manifest = {
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": name, "annotations": realnode.REAL_NODE_NAMESPACE_ANNOTATIONS, "labels": dict(lb.split("=") for lb in labels)},
+    }  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+    wait_for(lambda: cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0, 30, "default SA")
+    return name
+
+
+@pytest.mark.parametrize("helm_binary", ["helm", "helm4"])
+def test_helm_install_wait_runs_the_operator_image_as_a_real_pod(real_node, real_namespace, helm_binary):
+    """`helm install --wait` (Helm 3, and Helm 4 whose --wait reads kstatus) runs the operator
+    from its image, in a namespace that enforces the restricted Pod Security level, with the
+    chart's own RBAC (namespace mode: it watches the model's namespace only). Its model goes
+    Ready; deleting the operator's pod resumes without creating anything twice."""
+    cluster = real_node
+    release_ns = real_node_namespace(
+        cluster, f"op-{helm_binary}-{real_namespace[-6:]}", "pod-security.kubernetes.io/enforce=restricted"
+    )
+    helm = [cluster.tool(helm_binary), "-n", release_ns]
+    # Helm 4 applies the chart's CRDs server-side: over a CRD that kubectl applied first (as
+    # this suite does), it must take the fields over (the README's install section says so).
+    takeover = ["--force-conflicts"] if helm_binary == "helm4" else []
+    install = subprocess.run(
+        [*helm, "install", "op", str(CHART), "--set", f"watchNamespaces={{{real_namespace}}}", "--set", f"peeringName=op-{release_ns}",
+         "--wait", "--timeout", "180s", *takeover],
+        capture_output=True, text=True, env=cluster.env, timeout=240,
+    )  # fmt: skip
+    try:
+        assert install.returncode == 0, f"{install.stderr}\n{why_not_ready(cluster, release_ns, 'op')}"
+        [op_pod] = cluster.get("pods", "-n", release_ns, "-l", "app.kubernetes.io/name=inferentia-operator")["items"]
+        assert op_pod["spec"]["nodeName"] == "real-inf2"
+        assert op_pod["status"]["containerStatuses"][0]["ready"] is True
+        logs = cluster.kubectl("logs", "-n", release_ns, op_pod["metadata"]["name"]).stdout
+        assert "Traceback" not in logs
+
+        apply(cluster, real_namespace, "by-helm", standin_spec())
+        wait_ready(cluster, real_namespace, "by-helm")
+        children = {kind: names(cluster, kind, real_namespace) for kind in ("deployments", "services", "configmaps", "replicasets")}
+
+        cluster.kubectl("delete", "pod", "-n", release_ns, op_pod["metadata"]["name"], "--wait=true")
+        wait_for(lambda: len(ready_pods(cluster, release_ns)) == 1, 120, "a new operator pod Ready")
+        time.sleep(10)  # the new replica's first reconcile of every model, and then some
+        assert {kind: names(cluster, kind, real_namespace) for kind in children} == children
+        wait_ready(cluster, real_namespace, "by-helm", timeout=30)
+    finally:
+        subprocess.run([*helm, "uninstall", "op", "--wait", "--timeout", "60s"], capture_output=True, env=cluster.env, timeout=90)
+        cluster.kubectl("delete", "namespace", release_ns, "--wait=false", check=False)
+
+
+def names(cluster, kind: str, namespace: str) -> list[str]:
+    return sorted(o["metadata"]["name"] for o in cluster.get(kind, "-n", namespace)["items"])
+
+
+def ready_pods(cluster, namespace: str) -> list[dict]:
+    pods = cluster.get("pods", "-n", namespace)["items"]
+    return [
+        p for p in pods
+        if p["metadata"].get("deletionTimestamp") is None and any(c.get("ready") for c in p["status"].get("containerStatuses") or [])
+    ]  # fmt: skip
