@@ -19,11 +19,13 @@ from pathlib import Path
 import pytest
 from kit import CRD_FILE, USE_EXISTING, Cluster, OperatorProcess, bind_user_to_operator_role, localcluster, wait_for
 
-REAL_NODE_STATE: dict[str, str | None] = {"skipped": None}
+REAL_NODE_STATE: dict[str, str | None] = {"skipped": None, "rollout": None}
 
 
 def pytest_terminal_summary(terminalreporter):
     """Real-node tests never skip silently: the summary's last words say that they did not run, and why."""
+    if REAL_NODE_STATE["rollout"]:
+        terminalreporter.write_line(f"real node: {REAL_NODE_STATE['rollout']}")
     skipped = [r for r in terminalreporter.stats.get("skipped", []) if "real_node" in r.nodeid or "test_real_node" in r.nodeid]
     if skipped:
         reason = REAL_NODE_STATE["skipped"] or "see the skip reasons above"

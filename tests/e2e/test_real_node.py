@@ -297,3 +297,67 @@ def ready_pods(cluster, namespace: str) -> list[dict]:
         p for p in pods
         if p["metadata"].get("deletionTimestamp") is None and any(c.get("ready") for c in p["status"].get("containerStatuses") or [])
     ]  # fmt: skip
+
+
+def post(url: str, body, timeout: float = 5.0) -> tuple[int, str]:
+    """One request with curl (loopback and pod or Service addresses only); (HTTP status, body)."""
+    result = subprocess.run(
+        ["curl", "-sS", "-o", "-", "-w", "\\n%{http_code}", "--max-time", str(timeout), "-H", "Content-Type: application/json",
+         "-d", json.dumps(body), url],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    text, _, code = result.stdout.rpartition("\n")
+    return (int(code) if code.isdigit() else 0), text
+
+
+def test_a_request_through_the_service_goes_through_the_batching_sidecar(real_node, real_namespace):
+    """The batching front end (the operator's own image) answers on the serving port and
+    batches into the model processes, which each run on their share of the grant."""
+    spec = standin_spec(processesPerReplica=2, **{"serving.batching": {"maxBatchSize": 4, "maxLatencyMs": 50}})
+    apply(real_node, real_namespace, "batched", spec)
+    wait_ready(real_node, real_namespace, "batched")
+    [pod] = serving_pods(real_node, real_namespace, "batched")
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["serve", "batcher"]
+    svc = real_node.get("service", "batched", "-n", real_namespace)
+    batch_port = next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "batch")
+    granted = granted_cores(real_node, pod)
+    answers = [post(f"http://{svc['spec']['clusterIP']}:{batch_port}/predict", [i, i + 1]) for i in range(6)]
+    assert [code for code, _ in answers] == [200] * 6, answers
+    outputs = [json.loads(text) for _, text in answers]
+    assert [o["input"] for o in outputs] == [[i, i + 1] for i in range(6)]
+    # Each answer came from a model process on one of the pod's granted cores.
+    assert {c for o in outputs for c in o["cores"]} <= set(granted)
+
+
+def test_a_rolling_update_replaces_the_real_pods_under_traffic(real_node, real_namespace):
+    """Two replicas, a new plan, requests all along: the rollout replaces both pods, and the
+    figure of requests that failed meanwhile is recorded (the session summary prints it)."""
+    from conftest import REAL_NODE_STATE
+
+    apply(real_node, real_namespace, "rolling", standin_spec(replicas=2))
+    wait_ready(real_node, real_namespace, "rolling")
+    before = {p["metadata"]["name"] for p in serving_pods(real_node, real_namespace, "rolling")}
+    svc = real_node.get("service", "rolling", "-n", real_namespace)
+    url = f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}/v1/completions"
+    assert post(url, {"prompt": "warm"})[0] == 200
+
+    # A new plan: a user's variable, which changes every process's environment.
+    apply(real_node, real_namespace, "rolling", standin_spec(replicas=2, **{"serving.env": [{"name": "GENERATION", "value": "2"}]}))
+    codes: list[int] = []
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        codes.append(post(url, {"prompt": "x"}, timeout=2)[0])
+        current = serving_pods(real_node, real_namespace, "rolling")
+        names_now = {p["metadata"]["name"] for p in current}
+        if len(current) == 2 and not names_now & before and all(
+            all(c.get("ready") for c in p["status"].get("containerStatuses") or []) for p in current
+        ):
+            break
+    else:
+        raise AssertionError(f"the rollout did not finish\n{why_not_ready(real_node, real_namespace, 'rolling')}")
+    for _ in range(20):  # and after it, every request answers
+        codes.append(post(url, {"prompt": "after"})[0])
+    failed = sum(1 for c in codes if c != 200)
+    REAL_NODE_STATE["rollout"] = f"{failed} of {len(codes)} requests failed during a rolling update of 2 real replicas"
+    assert codes[-20:] == [200] * 20
+    assert failed < len(codes) / 2, codes  # maxUnavailable 1 of 2: one replica serves throughout
