@@ -296,3 +296,31 @@ def test_what_a_child_could_not_hold_is_refused_on_the_model(overrides, expected
     """What the API server would refuse in a child is refused on the model (one verdict)."""
     lines = error_lines(make_spec(**overrides))
     assert any(line.startswith(expected) for line in lines), lines
+
+
+def test_secrets_reach_the_serving_process_by_reference_only():
+    """valueFrom and envFrom are accepted, and checked with the messages the API server gives."""
+    from inferentia_operator import children
+    from inferentia_operator.children import Model
+    from inferentia_operator.planner import plan as make_plan
+
+    env = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]
+    spec, found = parse_spec(make_spec(**{"serving.env": env, "serving.envFrom": [{"configMapRef": {"name": "tuning"}, "prefix": "APP_"}]}))
+    assert not errors(found)
+    container = children.serving_deployment(Model("m", "ns", "u", spec, make_plan(spec)))["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in container["env"]
+    assert container["envFrom"] == [{"configMapRef": {"name": "tuning"}, "prefix": "APP_"}]
+
+
+@pytest.mark.parametrize(
+    "env,message",
+    [
+        ({"name": "A", "value": "x", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}, "environment variable 'A' needs one value"),
+        ({"name": "B", "valueFrom": {}}, "environment variable 'B' needs one value"),
+        ({"name": "C", "valueFrom": {"fieldRef": {"fieldPath": "spec.containers"}}}, "valid fieldRef.fieldPath values are metadata.name"),
+        ({"name": "D", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "a/b"}}}, "environment variable 'D' names a Secret or ConfigMap key"),
+    ],
+)
+def test_bad_env_sources_are_refused_naming_the_variable(env, message):
+    _, found = parse_spec(make_spec(**{"serving.env": [env]}))
+    assert any(message in f.message and f.path == "spec.serving.env" for f in errors(found)), found

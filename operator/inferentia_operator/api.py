@@ -172,13 +172,73 @@ class CompileOptions(ApiModel):
     """A Secret in the model's namespace whose keys become the environment of the compile Job and of the serving pods' artefact fetch: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, and AWS_ENDPOINT_URL for an S3-compatible store. Without it, credentials come from serviceAccountName (IRSA, EKS Pod Identity)."""
 
 
+class KeySelector(ApiModel):
+    """One key of a Secret or ConfigMap in the model's namespace."""
+
+    name: Annotated[str, Field(min_length=1, max_length=253)]
+    """The Secret's or ConfigMap's name."""
+    key: Annotated[str, Field(min_length=1, max_length=253)]
+    """The key whose value the variable takes."""
+    optional: StrictBool | None = None
+    """Start the pod even when the Secret, ConfigMap or key does not exist."""
+
+
+class FieldSelector(ApiModel):
+    """A field of the pod (the downward API)."""
+
+    field_path: Annotated[str, Field(min_length=1, max_length=256)]
+    """metadata.name, metadata.namespace, metadata.uid, metadata.labels['<key>'], metadata.annotations['<key>'], spec.nodeName, spec.serviceAccountName, status.hostIP, status.hostIPs, status.podIP or status.podIPs."""
+
+
+class ResourceFieldSelector(ApiModel):
+    """A resource request or limit of the serving container."""
+
+    resource: Annotated[str, Field(min_length=1, max_length=64)]
+    """limits.cpu, limits.memory, limits.ephemeral-storage, requests.cpu, requests.memory or requests.ephemeral-storage."""
+
+
+class EnvVarSource(ApiModel):
+    """Where a variable's value comes from; exactly one of these."""
+
+    secret_key_ref: KeySelector | None = None
+    """A key of a Secret, for credentials such as HF_TOKEN: the value never appears in the model."""
+    config_map_key_ref: KeySelector | None = None
+    """A key of a ConfigMap."""
+    field_ref: FieldSelector | None = None
+    """A field of the pod."""
+    resource_field_ref: ResourceFieldSelector | None = None
+    """A resource of the serving container."""
+
+
 class EnvVar(ApiModel):
-    """An environment variable for every serving process."""
+    """An environment variable for every serving process: a value, or valueFrom."""
 
     name: Annotated[str, Field(min_length=1, max_length=256)]
     """Variable name."""
-    value: Annotated[str, Field(max_length=MAX_STRING)] = ""
-    """Variable value."""
+    value: Annotated[str | None, Field(max_length=MAX_STRING)] = None
+    """Variable value (empty when neither value nor valueFrom is set)."""
+    value_from: EnvVarSource | None = None
+    """Take the value from a Secret, a ConfigMap, the pod or the container's resources instead."""
+
+
+class SourceRef(ApiModel):
+    """A Secret or ConfigMap in the model's namespace."""
+
+    name: Annotated[str, Field(min_length=1, max_length=253)]
+    """Its name."""
+    optional: StrictBool | None = None
+    """Start the pod even when it does not exist."""
+
+
+class EnvFromSource(ApiModel):
+    """Every key of a Secret or ConfigMap as a variable; exactly one of secretRef and configMapRef."""
+
+    prefix: Annotated[str | None, Field(max_length=64)] = None
+    """Prepended to every key."""
+    secret_ref: SourceRef | None = None
+    """A Secret."""
+    config_map_ref: SourceRef | None = None
+    """A ConfigMap."""
 
 
 class Serving(ApiModel):
@@ -191,7 +251,9 @@ class Serving(ApiModel):
     args: Annotated[list[Arg] | None, Field(max_length=MAX_ARGS)] = None
     """Arguments for the serving container."""
     env: Annotated[list[EnvVar] | None, Field(max_length=MAX_ARGS)] = None
-    """Extra environment for every serving process."""
+    """Extra environment for every serving process. A name set here wins over the value the operator plans for it, in every process."""
+    env_from: Annotated[list[EnvFromSource] | None, Field(max_length=16)] = None
+    """Secrets and ConfigMaps whose keys become variables of the serving container. As in Kubernetes, env (yours and the planned values) wins over envFrom for the same name."""
     threads_per_process: Annotated[StrictInt | None, Field(ge=1, le=INT32_MAX)] = None
     """Request threads per process. Default: the group's NeuronCores + 3, so that every outstanding inference has a thread."""
     batching: Batching | None = None

@@ -369,7 +369,9 @@ def _serving_env(m: Model) -> list[dict[str, str]]:
         if m.spec.compile.image:
             # A local directory, as vLLM's Neuron loader reads it: the fetch init container filled it.
             env |= {"NEURON_COMPILED_ARTIFACTS": COMPILED_DIR, **VLLM_PRECOMPILED_ENV}
-    user = [{"name": e.name, "value": e.value} for e in m.spec.serving.env or []]
+    # The user's entries as the API takes them (value or valueFrom); the operator never reads
+    # a Secret, so a secret's value is never in the model, the plan, a log or an event.
+    user = [e.model_dump(by_alias=True, exclude_none=True) for e in m.spec.serving.env or []]
     return [{"name": k, "value": v} for k, v in env.items() if k not in user_env_names(m)] + user
 
 
@@ -451,6 +453,7 @@ def serving_deployment(m: Model) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": "serve",
         "image": spec.serving.image,
+        **({"envFrom": [s.model_dump(by_alias=True, exclude_none=True) for s in spec.serving.env_from]} if spec.serving.env_from else {}),
         "env": _serving_env(m),
         "ports": ports,
         "resources": plan.resources.model_dump(),

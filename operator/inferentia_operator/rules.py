@@ -268,6 +268,111 @@ ENV_NAME = CrossFieldRule(
     (f"self.env.filter(e, !e.name.matches({json.dumps(ENV_NAME_PATTERN)}))[0].name",),
 )
 
+# valueFrom and envFrom: what the API server accepts in a container's env and envFrom,
+# refused on the model with one message each (validate, the API server, the operator agree).
+_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef", "resourceFieldRef")
+_ONE_SOURCE = " + ".join(f"(has(e.valueFrom.{k}) ? 1 : 0)" for k in _SOURCES)
+_ENV_SOURCE_OK = f"(!has(e.valueFrom) || (!has(e.value) && {_ONE_SOURCE} == 1))"
+ENV_SOURCE = CrossFieldRule(
+    "spec.serving.env",
+    "spec.serving",
+    "environment variable '%s' needs one value: either value, or valueFrom with exactly one of "
+    "secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef",
+    f"!has(self.env) || self.env.all(e, {_ENV_SOURCE_OK})",
+    (f"self.env.filter(e, !{_ENV_SOURCE_OK})[0].name",),
+)
+# The downward API's fields and the resources a container's env may name (Kubernetes'
+# own validation of EnvVarSource).
+FIELD_PATHS = (
+    "metadata.name", "metadata.namespace", "metadata.uid", "spec.nodeName", "spec.serviceAccountName",
+    "status.hostIP", "status.hostIPs", "status.podIP", "status.podIPs",
+)  # fmt: skip
+FIELD_PATH_PATTERN = r"^metadata\.(labels|annotations)\['[-._a-zA-Z0-9/]+'\]$"
+RESOURCES = tuple(f"{kind}.{r}" for kind in ("limits", "requests") for r in ("cpu", "memory", "ephemeral-storage"))
+_FIELD_OK = (
+    f"(!has(e.valueFrom) || !has(e.valueFrom.fieldRef) || e.valueFrom.fieldRef.fieldPath in {literal(list(FIELD_PATHS))}"
+    f" || e.valueFrom.fieldRef.fieldPath.matches({json.dumps(FIELD_PATH_PATTERN)}))"
+)
+_RESOURCE_OK = f"(!has(e.valueFrom) || !has(e.valueFrom.resourceFieldRef) || e.valueFrom.resourceFieldRef.resource in {literal(list(RESOURCES))})"
+ENV_FIELD = CrossFieldRule(
+    "spec.serving.env",
+    "spec.serving",
+    "environment variable '%s' refers to a field or resource a container cannot read; valid fieldRef.fieldPath values are "
+    + ", ".join(FIELD_PATHS) + ", metadata.labels['<key>'], metadata.annotations['<key>']; valid resourceFieldRef.resource values are "
+    + ", ".join(RESOURCES),
+    f"!has(self.env) || self.env.all(e, {_FIELD_OK} && {_RESOURCE_OK})",
+    (f"self.env.filter(e, !({_FIELD_OK} && {_RESOURCE_OK}))[0].name",),
+)
+CONFIG_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_KEY_REF_OK = " && ".join(
+    f"(!has(e.valueFrom) || !has(e.valueFrom.{k}) || (e.valueFrom.{k}.name.matches({json.dumps(_SUBDOMAIN)})"
+    f" && e.valueFrom.{k}.key.matches({json.dumps(CONFIG_KEY_PATTERN)})))"
+    for k in ("secretKeyRef", "configMapKeyRef")
+)
+ENV_KEY_REF = CrossFieldRule(
+    "spec.serving.env",
+    "spec.serving",
+    "environment variable '%s' names a Secret or ConfigMap key that cannot exist; valid names are lower-case letters, digits, "
+    "'-' and '.', starting and ending with a letter or digit, and valid keys are letters, digits, '-', '_' and '.'",
+    f"!has(self.env) || self.env.all(e, {_KEY_REF_OK})",
+    (f"self.env.filter(e, !({_KEY_REF_OK}))[0].name",),
+)
+_ENV_FROM_OK = (
+    "((has(s.secretRef) ? 1 : 0) + (has(s.configMapRef) ? 1 : 0) == 1"
+    f" && (!has(s.secretRef) || s.secretRef.name.matches({json.dumps(_SUBDOMAIN)}))"
+    f" && (!has(s.configMapRef) || s.configMapRef.name.matches({json.dumps(_SUBDOMAIN)}))"
+    f" && (!has(s.prefix) || s.prefix.matches({json.dumps(ENV_NAME_PATTERN)})))"
+)
+ENV_FROM = CrossFieldRule(
+    "spec.serving.envFrom",
+    "spec.serving",
+    "%d envFrom entries are not valid; valid entries have exactly one of secretRef and configMapRef, a valid object name "
+    "(lower-case letters, digits, '-' and '.'), and an optional prefix that is a valid variable name",
+    f"!has(self.envFrom) || self.envFrom.all(s, {_ENV_FROM_OK})",
+    (f"size(self.envFrom.filter(s, !{_ENV_FROM_OK}))",),
+)
+ENV_REFERENCES = (ENV_SOURCE, ENV_FIELD, ENV_KEY_REF, ENV_FROM)
+
+
+def _env_source_ok(e) -> bool:
+    if e.value_from is None:
+        return True
+    sources = [e.value_from.secret_key_ref, e.value_from.config_map_key_ref, e.value_from.field_ref, e.value_from.resource_field_ref]
+    return e.value is None and sum(x is not None for x in sources) == 1
+
+
+def _env_field_ok(e) -> bool:
+    source = e.value_from
+    if source is None:
+        return True
+    field_ok = source.field_ref is None or source.field_ref.field_path in FIELD_PATHS or bool(re.match(FIELD_PATH_PATTERN, source.field_ref.field_path))
+    return field_ok and (source.resource_field_ref is None or source.resource_field_ref.resource in RESOURCES)
+
+
+def _env_key_ref_ok(e) -> bool:
+    refs = [] if e.value_from is None else [e.value_from.secret_key_ref, e.value_from.config_map_key_ref]
+    return all(r is None or (re.match(_SUBDOMAIN, r.name) and re.match(CONFIG_KEY_PATTERN, r.key)) for r in refs)
+
+
+def _env_from_ok(s) -> bool:
+    refs = [r for r in (s.secret_ref, s.config_map_ref) if r is not None]
+    return len(refs) == 1 and bool(re.match(_SUBDOMAIN, refs[0].name)) and (s.prefix is None or bool(re.match(ENV_NAME_PATTERN, s.prefix)))
+
+
+def _check_env_references(spec: InferentiaModelSpec) -> list[Finding]:
+    env = spec.serving.env or []
+    found = []
+    for rule, ok in ((ENV_SOURCE, _env_source_ok), (ENV_FIELD, _env_field_ok), (ENV_KEY_REF, _env_key_ref_ok)):
+        bad = [e.name for e in env if not ok(e)]
+        if bad:
+            found.append(rule.finding(bad[0]))
+    bad_from = [s for s in spec.serving.env_from or [] if not _env_from_ok(s)]
+    if bad_from:
+        found.append(ENV_FROM.finding(len(bad_from)))
+    return found
+
+
 # Names of the Secret and ServiceAccount the pods refer to: DNS-1123 subdomains, as the API
 # server requires of every object name.
 SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -370,6 +475,7 @@ CEL_RULES: list[CrossFieldRule] = [
     *QUANTITY.values(),
     PORTS_FIT,
     ENV_NAME,
+    *ENV_REFERENCES,
     *OBJECT_NAMES.values(),
     *SINGLE_LINE.values(),
     *IMAGE.values(),
@@ -592,12 +698,13 @@ def _check_child_values(spec: InferentiaModelSpec, fam: Family) -> list[Finding]
     bad_names = [e.name for e in env if not re.match(ENV_NAME_PATTERN, e.name)]
     if bad_names:
         found.append(ENV_NAME.finding(bad_names[0]))
+    found += _check_env_references(spec)
     for key, name in (("storageSecret", spec.compile.storage_secret), ("serviceAccountName", spec.service_account_name)):
         if name is not None and not re.match(SUBDOMAIN_PATTERN, name):
             found.append(OBJECT_NAMES[key].finding(name))
     for key, values in (
         ("args", spec.serving.args or []),
-        ("env", [e.value for e in env]),
+        ("env", [e.value for e in env if e.value is not None]),
         ("extraArgs", spec.compile.extra_args or []),
     ):
         broken = sum(1 for v in values if re.search(BREAK, v))

@@ -245,6 +245,24 @@ def test_a_killed_test_run_takes_its_control_plane_with_it(cluster, tmp_path):
     assert not set(started["ports"].values()) & listening_ports()
 
 
+SECRET = {"secretKeyRef": {"name": "hf", "key": "token"}}
+ENV_SOURCES = [
+    {}, {"value": ""}, {"valueFrom": SECRET}, {"value": "x", "valueFrom": SECRET}, {"valueFrom": {}},
+    {"valueFrom": {**SECRET, "configMapKeyRef": {"name": "c", "key": "k"}}},
+    {"valueFrom": {"secretKeyRef": {"name": "Bad_Name", "key": "token"}}},
+    {"valueFrom": {"secretKeyRef": {"name": "hf", "key": "a/b"}}},
+    {"valueFrom": {"configMapKeyRef": {"name": "c.d", "key": "k.e-y_1", "optional": True}}},
+    *[{"valueFrom": {"fieldRef": {"fieldPath": f}}} for f in (
+        "metadata.name", "status.podIP", "metadata.labels['app']", "metadata.annotations['a.b/c']", "spec.containers", "metadata.labels",
+    )],
+    *[{"valueFrom": {"resourceFieldRef": {"resource": r}}} for r in ("limits.cpu", "requests.memory", "limits.gpu")],
+]
+ENV_FROM_SOURCES = [
+    {"secretRef": {"name": "hf"}}, {"configMapRef": {"name": "c", "optional": True}, "prefix": "HF_"},
+    {}, {"secretRef": {"name": "a"}, "configMapRef": {"name": "b"}}, {"secretRef": {"name": "UPPER"}},
+    {"secretRef": {"name": "a"}, "prefix": "1X"},
+]
+
 # Edge cases of the grammars the children's fields are held to: validate and the API
 # server must give the same verdict on every one (the API server's is the truth).
 DIVERGENCE_CORPUS = [
@@ -258,6 +276,8 @@ DIVERGENCE_CORPUS = [
     *[{"serving.port": p, "processesPerReplica": 4} for p in (65532, 65533)],
     *[{"serving.env": [{"name": n, "value": "v"}]} for n in ("A", "_a1", "a-b", "1a", "A.B", "É")],
     *[{"serving.args": [a]} for a in ("ok", "tab\there", "new\nline", "cr\rx", "nul\x00x")],
+    *[{"serving.env": [{"name": "V", **e}]} for e in ENV_SOURCES],
+    *[{"serving.envFrom": [f]} for f in ENV_FROM_SOURCES],
     {"serving.image": "example.com/a b:1"},
     {"serving.image": "example.com/ab:1\t"},
 ]

@@ -361,3 +361,29 @@ def test_a_rolling_update_replaces_the_real_pods_under_traffic(real_node, real_n
     REAL_NODE_STATE["rollout"] = f"{failed} of {len(codes)} requests failed during a rolling update of 2 real replicas"
     assert codes[-20:] == [200] * 20
     assert failed < len(codes) / 2, codes  # maxUnavailable 1 of 2: one replica serves throughout
+
+
+def test_a_secret_reaches_every_serving_process_and_never_the_model(real_node, real_namespace):
+    """HF_TOKEN from a Secret (valueFrom) and a ConfigMap's keys (envFrom) reach both
+    processes; the model and its children carry only the references."""
+    for manifest in (
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf", "namespace": real_namespace}, "stringData": {"token": "s3cr3t-value"}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "tuning", "namespace": real_namespace}, "data": {"MODE": "fast"}},
+    ):
+        real_node.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+    spec = standin_spec(
+        processesPerReplica=2,
+        **{
+            "serving.env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}],
+            "serving.envFrom": [{"configMapRef": {"name": "tuning"}, "prefix": "APP_"}],
+        },
+    )
+    apply(real_node, real_namespace, "secretive", spec)
+    wait_ready(real_node, real_namespace, "secretive")
+    [pod] = serving_pods(real_node, real_namespace, "secretive")
+    script = PROCESS_ENV.replace("('NEURON_RT_VISIBLE_CORES',", "('HF_TOKEN', 'APP_MODE', 'NEURON_RT_VISIBLE_CORES',")
+    out = real_node.kubectl("exec", "-n", real_namespace, pod["metadata"]["name"], "-c", "serve", "--", "python3", "-c", script).stdout
+    procs = json.loads(out)
+    assert [(p["HF_TOKEN"], p["APP_MODE"]) for p in procs] == [("s3cr3t-value", "fast")] * 2
+    for kind in ("inferentiamodel", "deployment", "configmaps"):
+        assert "s3cr3t-value" not in real_node.kubectl("get", kind, "-n", real_namespace, "-o", "yaml").stdout
