@@ -377,3 +377,18 @@ def test_no_front_end_without_batching_or_with_vllm():
     m = model(**VLLM)  # vLLM batches sequences itself: batching becomes --max-num-seqs
     assert len(children.serving_deployment(m)["spec"]["template"]["spec"]["containers"]) == 1
     assert m.plan.front_end is None and "frontEnd" not in children.plan_document(model(**THROUGHPUT).plan)
+
+
+def test_the_compile_job_has_resources_a_deadline_and_bounded_retries():
+    job = children.compile_job(model(**{"compile.image": "example.com/compile:1"}))
+    [container] = job["spec"]["template"]["spec"]["containers"]
+    assert container["resources"] == {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}  # never BestEffort
+    assert job["spec"]["backoffLimit"] == 1 and job["spec"]["activeDeadlineSeconds"] == 6 * 3600
+    # 70B bf16 weights: 4 x 140 GB, on neuronx-cc; overrides win and change no compile hash.
+    big = model(**{**VLLM, "compile.buckets": None, "compile.image": "example.com/compile:1", "model.weights": 70_000_000_000})
+    assert children.compile_resources(big) == {"requests": {"cpu": "4", "memory": "522Gi"}, "limits": {"memory": "522Gi"}}
+    tuned = model(**{**VLLM, "compile.buckets": None, "compile.image": "example.com/compile:1", "model.weights": 70_000_000_000,
+                     "compile.cpu": "16", "compile.memory": "600Gi", "compile.timeoutSeconds": 7200})  # fmt: skip
+    assert children.compile_resources(tuned)["requests"] == {"cpu": "16", "memory": "600Gi"}
+    assert children.compile_job(tuned)["spec"]["activeDeadlineSeconds"] == 7200
+    assert children.compile_hash(tuned) == children.compile_hash(big)

@@ -168,6 +168,12 @@ class CompileOptions(ApiModel):
     """Compiler image. When set, a compile Job builds the model for the plan before serving; when unset, the serving image compiles at load time from NEURON_CC_FLAGS."""
     output_uri: Annotated[str | None, Field(max_length=MAX_STRING)] = None
     """Where compiled artefacts are written. Default: next to the model, under a directory named after the compile inputs' hash."""
+    cpu: Quantity | None = None
+    """CPU the compile Job requests. Default: 4 for neuronx-cc, 2 for neuron-cc."""
+    memory: Quantity | None = None
+    """Memory the compile Job requests and is limited to. Default: 4 times the weights' size when spec.model.weights is known (at least 8Gi), else 16Gi for neuronx-cc and 8Gi for neuron-cc."""
+    timeout_seconds: Annotated[StrictInt, Field(ge=60, le=7 * 24 * 3600)] = 6 * 3600
+    """How long a compile may run, retries included, before it fails with Compiled=False (the Job's activeDeadlineSeconds)."""
     storage_secret: Annotated[str | None, Field(max_length=253)] = None
     """A Secret in the model's namespace whose keys become the environment of the compile Job and of the serving pods' artefact fetch: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, and AWS_ENDPOINT_URL for an S3-compatible store. Without it, credentials come from serviceAccountName (IRSA, EKS Pod Identity)."""
 

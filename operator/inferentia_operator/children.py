@@ -15,6 +15,7 @@ from typing import Any
 from . import api
 from .api import InferentiaModelSpec, Plan
 from .catalogue import INSTANCE_TYPE_LABEL, NEURON_TAINT_KEY
+from .cores import bytes_per_weight
 from .findings import Finding
 from .launcher import LAUNCHER
 from .names import (
@@ -276,6 +277,26 @@ def _plan_volume(m: Model) -> dict[str, Any]:
     return {"name": "plan", "configMap": {"name": plan_configmap_name(m)}}
 
 
+GIB = 1024**3
+
+
+def compile_resources(m: Model) -> dict[str, dict[str, str]]:
+    """What the compile Job requests, so that it is never BestEffort (the first pod evicted)
+    and a node can be chosen for it. The compiler holds the model's graph and weights
+    several times over; 4x the weights is this operator's rule of thumb, not an AWS figure,
+    which compile.cpu and compile.memory override."""
+    neuronx = m.plan.compiler == "neuronx-cc"
+    cpu = m.spec.compile.cpu or ("4" if neuronx else "2")
+    if m.spec.compile.memory:
+        memory = m.spec.compile.memory
+    elif m.spec.model.weights:
+        gib = -(-4 * m.spec.model.weights * bytes_per_weight(m.spec.model.precision) // GIB)
+        memory = f"{max(8, gib)}Gi"
+    else:
+        memory = "16Gi" if neuronx else "8Gi"
+    return {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory}}
+
+
 def compile_job(m: Model) -> dict[str, Any] | None:
     """The compile Job of this plan, or None when the serving image compiles at load time."""
     if not m.spec.compile.image:
@@ -302,8 +323,10 @@ def compile_job(m: Model) -> dict[str, Any] | None:
         "metadata": metadata,
         "spec": {
             # A compile is deterministic: one retry covers a flaky node, more only waste time.
-            # Evictions and preemptions do not count against it.
+            # Evictions and preemptions do not count against it, so the deadline bounds them:
+            # past it the Job fails (DeadlineExceeded) and status says Compiled=False.
             "backoffLimit": 1,
+            "activeDeadlineSeconds": m.spec.compile.timeout_seconds,
             "podFailurePolicy": {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]},
             "template": {
                 "metadata": {"labels": labels(m, "compile")},
@@ -326,6 +349,7 @@ def compile_job(m: Model) -> dict[str, Any] | None:
                                 *m.plan.compiler_args,
                             ],  # fmt: skip
                             "env": [{"name": k, "value": v} for k, v in {**SCRATCH_ENV, **env}.items()],
+                            "resources": compile_resources(m),
                             "securityContext": CONTAINER_SECURITY,
                             "volumeMounts": [{"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True}, *_scratch_mounts()],
                         }

@@ -232,11 +232,11 @@ STATIC_WEIGHTS_TOO_LARGE = (
 QUANTITY_GRAMMAR = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
 
 
-def _quantity_rule(field: str) -> CrossFieldRule:
+def _quantity_rule(field: str, node: str = "spec.compute") -> CrossFieldRule:
     value = f"string(self.{field})"
     return CrossFieldRule(
-        f"spec.compute.{field}",
-        "spec.compute",
+        f"{node}.{field}",
+        node,
         "'%s' is not a Kubernetes quantity; valid values are a non-negative number with an optional suffix "
         "(m, k, M, G, T, P, E, Ki, Mi, Gi, Ti, Pi, Ei, or an exponent such as e3), for example 500m, 2 or 4Gi",
         f"!has(self.{field}) || (isQuantity({value}) && !{value}.startsWith('-'))",
@@ -245,6 +245,7 @@ def _quantity_rule(field: str) -> CrossFieldRule:
 
 
 QUANTITY = {field: _quantity_rule(field) for field in ("cpu", "memory")}
+COMPILE_QUANTITY = {field: _quantity_rule(field, "spec.compile") for field in ("cpu", "memory")}
 
 # With a batching front end on the serving port, the processes start one port higher.
 _FRONT_END = "(has(self.serving.batching) && (!has(self.serving.runtime) || self.serving.runtime != 'vllm') ? 1 : 0)"
@@ -473,6 +474,7 @@ CEL_RULES: list[CrossFieldRule] = [
     BUCKET_DUPLICATE,
     BUCKET_BOUND,
     *QUANTITY.values(),
+    *COMPILE_QUANTITY.values(),
     PORTS_FIT,
     ENV_NAME,
     *ENV_REFERENCES,
@@ -690,6 +692,9 @@ def _check_child_values(spec: InferentiaModelSpec, fam: Family) -> list[Finding]
     for field, value in (("cpu", spec.compute.cpu), ("memory", spec.compute.memory)):
         if not re.match(QUANTITY_GRAMMAR, value):
             found.append(QUANTITY[field].finding(value))
+    for field, value in (("cpu", spec.compile.cpu), ("memory", spec.compile.memory)):
+        if value is not None and not re.match(QUANTITY_GRAMMAR, value):
+            found.append(COMPILE_QUANTITY[field].finding(value))
     port = spec.serving.port
     p = spec.processes_per_replica + (1 if spec.serving.batching is not None and spec.serving.runtime != "vllm" else 0)
     if port + p - 1 > 65535:

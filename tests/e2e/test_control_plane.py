@@ -271,6 +271,8 @@ DIVERGENCE_CORPUS = [
         "-1Gi", "1kk", "", " 1", "1 ", "1e", "0x10", "1_000", "00", "1.0e3", "1n", "1u", "1Mi ", "١", "12345678901234567890",
     )],
     *[{"compute.memory": q} for q in (2, 0, "4Gi", "4gi", "4GiB")],
+    *[{"compile.cpu": q} for q in ("4", "500m", "-1", "4 cores")],
+    *[{"compile.memory": q} for q in ("600Gi", "8GiB", 64)],
     *[{"rollout.maxSurge": v} for v in (0, 1, "0%", "25%", "250%", -1, "1.5", "%", "01")],
     *[{"rollout.maxUnavailable": v} for v in ("100%", "101%", 3)],
     *[{"serving.port": p, "processesPerReplica": 4} for p in (65532, 65533)],

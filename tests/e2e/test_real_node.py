@@ -387,3 +387,23 @@ def test_a_secret_reaches_every_serving_process_and_never_the_model(real_node, r
     assert [(p["HF_TOKEN"], p["APP_MODE"]) for p in procs] == [("s3cr3t-value", "fast")] * 2
     for kind in ("inferentiamodel", "deployment", "configmaps"):
         assert "s3cr3t-value" not in real_node.kubectl("get", kind, "-n", real_namespace, "-o", "yaml").stdout
+
+
+def test_a_compile_the_compiler_refuses_ends_in_compiled_false_with_the_reason(real_node, real_namespace):
+    """neuronx-cc refuses --lnc 2 for inf2 (NCC_EARG001); the stand-in does too. The Job
+    retries once (backoffLimit 1), fails, and the model says Compiled=False with why,
+    while nothing is served from a plan that never compiled."""
+    spec = standin_spec(**{"compile.image": "neuron-compile-standin:0.1.0", "compile.extraArgs": ["--lnc", "2"]})
+    apply(real_node, real_namespace, "refused", spec)
+
+    def compiled() -> dict:
+        conditions = real_node.get("inferentiamodel", "refused", "-n", real_namespace).get("status", {}).get("conditions") or []
+        return next((c for c in conditions if c["type"] == "Compiled"), {})
+
+    wait_for(lambda: compiled().get("reason") == "CompileFailed", 150, "Compiled=False, CompileFailed", interval=1)
+    assert compiled()["status"] == "False" and "BackoffLimitExceeded" in compiled()["message"]
+    [job] = real_node.get("jobs", "-n", real_namespace)["items"]
+    assert job["status"].get("failed") == 2
+    logs = real_node.kubectl("logs", "-n", real_namespace, f"job/{job['metadata']['name']}").stdout
+    assert "NCC_EARG001" in logs
+    assert real_node.get("deployments", "-n", real_namespace)["items"] == []
