@@ -106,7 +106,7 @@ INVALID = [
     # Instance types.
     (
         {"compute.instanceTypes": ["inf2.xlarge"]},
-        "spec.compute.instanceTypes: 'inf2.xlarge' is not an inf1 instance type; valid values are inf1.xlarge, inf1.2xlarge, inf1.6xlarge, inf1.24xlarge",
+        "spec.compute.instanceTypes: 'inf2.xlarge' is not one of the inf1 instance types; valid values are inf1.xlarge, inf1.2xlarge, inf1.6xlarge, inf1.24xlarge",
     ),
     (
         {"compute.inf": 4, "compute.instanceTypes": ["inf1.xlarge"]},
@@ -324,3 +324,24 @@ def test_secrets_reach_the_serving_process_by_reference_only():
 def test_bad_env_sources_are_refused_naming_the_variable(env, message):
     _, found = parse_spec(make_spec(**{"serving.env": [env]}))
     assert any(message in f.message and f.path == "spec.serving.env" for f in errors(found)), found
+
+
+def test_instance_types_are_filtered_by_cpu_and_memory_after_system_reservations():
+    """An inf2.xlarge has 4 vCPUs in all, of which the kubelet's reservations leave 3920m:
+    a replica asking for 4 CPUs is planned onto the larger types only."""
+    from inferentia_operator.planner import plan as make_plan
+
+    spec, found = parse_spec(make_spec(**{"compute.family": "inf2", "compute.cpu": "4"}))
+    assert not errors(found)
+    assert make_plan(spec).instance_types == ["inf2.8xlarge", "inf2.24xlarge", "inf2.48xlarge"]
+    spec, found = parse_spec(make_spec(**{"compute.family": "inf2", "compute.cpu": "3920m", "compute.memory": "15391Mi"}))
+    assert make_plan(spec).instance_types[0] == "inf2.xlarge"
+
+
+def test_a_replica_no_instance_type_can_hold_is_refused_with_the_valid_values():
+    found = errors(parse_spec(make_spec(**{"compute.family": "inf2", "compute.cpu": "4", "compute.instanceTypes": ["inf2.xlarge"]}))[1])
+    [finding] = found
+    assert finding.path == "spec.compute"
+    assert finding.message.startswith("a replica asks for 4 CPU and 2Gi of memory, more than any inf2 instance type with 1 chip")
+    assert "inf2.xlarge (3920m CPU, 15391Mi)" in finding.message and "inf2.48xlarge (191450m CPU" in finding.message
+    assert not errors(parse_spec(make_spec(**{"compute.family": "trn1", "compute.inf": 16, "compute.instanceTypes": ["trn1n.32xlarge"]}))[1])

@@ -105,7 +105,9 @@ FAMILIES: dict[str, Family] = {
             "trn1",
             physical_cores_per_chip=2,
             memory_per_chip_bytes=32 * GIB,
-            instance_chips={"trn1.2xlarge": 1, "trn1.32xlarge": 16},
+            # trn1n.32xlarge: trn1.32xlarge with twice the network bandwidth (the Trn1/Trn1n
+            # architecture page's table).
+            instance_chips={"trn1.2xlarge": 1, "trn1.32xlarge": 16, "trn1n.32xlarge": 16},
             compiler="neuronx-cc",
             allowed_chip_counts=(1, 4, 8, 16),
             tensor_parallel_sizes=(1, 2, 8, 16),
@@ -137,3 +139,58 @@ def bucket_budget_per_core(family: Family, lnc: int) -> int:
     """The numerator N of round(N / weights): bucketed models one core holds."""
     inf1 = FAMILIES["inf1"]
     return BUCKET_BUDGET_PER_INF1_CORE * family.memory_per_core_bytes(lnc) // inf1.memory_per_core_bytes(1)
+
+
+@dataclass(frozen=True)
+class Host:
+    """An instance type's CPUs, memory and pods, and what the kubelet leaves to pods."""
+
+    vcpus: int
+    memory_gib: int
+    max_pods: int
+
+    @property
+    def allocatable_millicpu(self) -> int:
+        """vCPUs less the EKS AMI's kube-reserved CPU: 6% of the first core, 1% of the
+        second, 0.5% of the third and fourth, 0.25% of every further one (amazon-eks-ami's
+        bootstrap, reproduced by eksctl, https://github.com/eksctl-io/eksctl/pull/2443)."""
+        steps = ((1000, 0.06), (2000, 0.01), (4000, 0.005), (10**12, 0.0025))
+        total, lower, reserved = self.vcpus * 1000, 0, 0.0
+        for upper, fraction in steps:
+            reserved += (min(total, upper) - lower) * fraction
+            if total <= upper:
+                break
+            lower = upper
+        return total - int(reserved)
+
+    @property
+    def allocatable_memory_mib(self) -> int:
+        """Memory less the EKS AMI's kube-reserved memory (11 MiB a pod plus 255 MiB, the same
+        sources) and the kubelet's default eviction threshold (memory.available 100Mi)."""
+        return self.memory_gib * 1024 - (11 * self.max_pods + 255) - 100
+
+
+# vCPUs and memory as AWS publishes them (the Neuron architecture pages' instance tables:
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-hardware/inf1-arch.html,
+# .../inf2-arch.html, .../trn1-arch.html, .../trn2-arch.html); max pods: the EKS VPC-CNI
+# maximum for each type.
+HOSTS: dict[str, Host] = {
+    "inf1.xlarge": Host(4, 8, 38),
+    "inf1.2xlarge": Host(8, 16, 38),
+    "inf1.6xlarge": Host(24, 48, 234),
+    "inf1.24xlarge": Host(96, 192, 437),
+    "inf2.xlarge": Host(4, 16, 58),
+    "inf2.8xlarge": Host(32, 128, 234),
+    "inf2.24xlarge": Host(96, 384, 737),
+    "inf2.48xlarge": Host(192, 768, 737),
+    "trn1.2xlarge": Host(8, 32, 58),
+    "trn1.32xlarge": Host(128, 512, 247),
+    "trn1n.32xlarge": Host(128, 512, 247),
+    "trn2.48xlarge": Host(192, 2048, 737),
+}
+
+
+def host_fits(itype: str, millicpu: float, memory_bytes: float) -> bool:
+    """Whether one replica's CPU and memory fit what an instance type leaves to pods."""
+    h = HOSTS[itype]
+    return millicpu <= h.allocatable_millicpu and memory_bytes <= h.allocatable_memory_mib * 2**20

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .catalogue import FAMILIES, bucket_budget_per_core
+from .catalogue import FAMILIES, HOSTS, bucket_budget_per_core
 from .cores import divisors, tensor_parallel_processes
 from .findings import Finding, format_list
 
@@ -67,6 +67,14 @@ CEL_LARGE_ENOUGH_TEXT = literal(
     }
 )
 CEL_TYPE_CHIPS = literal({t: c for f in FAMILY_LIST for t, c in f.instance_chips.items()})
+# What each instance type leaves to pods, as quantities, and every family's types as text.
+CEL_ALLOC_CPU = literal({t: f"{h.allocatable_millicpu}m" for t, h in HOSTS.items()})
+CEL_ALLOC_MEMORY = literal({t: f"{h.allocatable_memory_mib}Mi" for t, h in HOSTS.items()})
+HOST_TEXT = {
+    f.name: format_list([f"{t} ({HOSTS[t].allocatable_millicpu}m CPU, {HOSTS[t].allocatable_memory_mib}Mi)" for t in f.instance_chips])
+    for f in FAMILY_LIST
+}
+CEL_HOST_TEXT = literal(HOST_TEXT)
 CEL_BUCKET_BUDGET = literal({f.name: {lnc: bucket_budget_per_core(f, lnc) for lnc in f.lnc_values} for f in FAMILY_LIST})
 # The valid processesPerReplica of every core count a valid inf and lnc give, as text.
 CEL_DIVISORS = literal(

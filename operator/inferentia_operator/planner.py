@@ -24,8 +24,10 @@ from .catalogue import (
     HUGEPAGES_RESOURCE,
     NEURON_RESOURCE,
     Family,
+    host_fits,
 )
 from .cores import bytes_per_weight, lnc_of
+from .drift import quantity
 from .findings import Finding, errors
 from .rules import check_spec
 
@@ -170,10 +172,13 @@ def plan(spec: InferentiaModelSpec) -> Plan:
     )
 
     wanted = spec.compute.instance_types
+    # Types with the chips, and the CPU and memory a replica asks for after the kubelet's
+    # reservations (a 4-CPU replica does not fit an inf2.xlarge, which has 4 vCPUs in all).
+    cpu, memory = quantity(spec.compute.cpu), quantity(spec.compute.memory)
     instance_types = [
         name
         for name, count in sorted(fam.instance_chips.items(), key=lambda item: item[1])
-        if count >= chips and (wanted is None or name in wanted)
+        if count >= chips and (wanted is None or name in wanted) and host_fits(name, float(cpu or 0) * 1000, float(memory or 0))
     ]
 
     # A batching front end takes the serving port and the processes move up one; vLLM

@@ -15,8 +15,10 @@ import re
 from typing import Any
 
 from .api import InferentiaModelSpec
-from .catalogue import FAMILIES, Family, bucket_budget_per_core
+from .catalogue import FAMILIES, Family, bucket_budget_per_core, host_fits
 from .cel import (
+    CEL_ALLOC_CPU,
+    CEL_ALLOC_MEMORY,
     CEL_BUCKET_LIMIT,
     CEL_BUDGET,
     CEL_CORES,
@@ -25,6 +27,7 @@ from .cel import (
     CEL_FAMILY,
     CEL_FITS,
     CEL_GROUP,
+    CEL_HOST_TEXT,
     CEL_INF,
     CEL_LARGE_ENOUGH_TEXT,
     CEL_LARGEST,
@@ -38,6 +41,7 @@ from .cel import (
     CEL_TYPES_TEXT,
     CEL_WEIGHTS,
     FAMILY_LIST,
+    HOST_TEXT,
     NEURON_CC_FAMILIES,
     TP_RESTRICTED,
     CrossFieldRule,
@@ -52,6 +56,7 @@ from .cores import (
     replica_cores,
     tensor_parallel_processes,
 )
+from .drift import quantity
 from .findings import Finding, format_list, or_list
 
 # The model's name is carried by its children: the Service (a DNS-1035 label) and the
@@ -109,7 +114,7 @@ _listed_known = f"self.instanceTypes.all(t, t in {CEL_TYPES}[self.family])"
 UNKNOWN_INSTANCE_TYPE = CrossFieldRule(
     "spec.compute.instanceTypes",
     "spec.compute",
-    "'%s' is not an %s instance type; valid values are %s",
+    "'%s' is not one of the %s instance types; valid values are %s",
     f"!has(self.instanceTypes) || {_listed_known}",
     (
         f"self.instanceTypes.filter(t, !(t in {CEL_TYPES}[self.family]))[0]",
@@ -124,6 +129,27 @@ SMALL_INSTANCE_TYPES = CrossFieldRule(
     f"!has(self.instanceTypes) || !{_listed_known} || self.inf > {CEL_MAX}[self.family]"
     f" || self.instanceTypes.exists(t, {CEL_TYPE_CHIPS}[t] >= self.inf)",
     ("self.inf", "self.family", "self.inf", f"{CEL_LARGE_ENOUGH_TEXT}[self.family][self.inf]"),
+)
+
+# The replica's CPU and memory must fit what some allowed instance type with the chips
+# leaves to pods (catalogue.HOSTS); checked only where the other compute rules hold.
+_CPU, _MEMORY = "string(self.cpu)", "string(self.memory)"
+CHIPS_TEXT = {n: "1 chip" if n == 1 else f"{n} chips" for n in range(1, max(f.max_chips for f in FAMILY_LIST) + 1)}
+_TYPES_CONSIDERED = f"(has(self.instanceTypes) ? self.instanceTypes : {CEL_TYPES}[self.family])"
+HOST_FITS = CrossFieldRule(
+    "spec.compute",
+    "spec.compute",
+    "a replica asks for %s CPU and %s of memory, more than any %s instance type with %s leaves to pods after "
+    "system reservations; valid values fit one of %s",
+    f"!isQuantity({_CPU}) || {_CPU}.startsWith('-') || !isQuantity({_MEMORY}) || {_MEMORY}.startsWith('-')"
+    f" || self.inf > {CEL_MAX}[self.family] || (has(self.instanceTypes) && !{_listed_known})"
+    f" || (has(self.instanceTypes) && !self.instanceTypes.exists(t, {CEL_TYPE_CHIPS}[t] >= self.inf))"
+    f" || {_TYPES_CONSIDERED}.exists(t, {CEL_TYPE_CHIPS}[t] >= self.inf"
+    f" && quantity({_CPU}).compareTo(quantity({CEL_ALLOC_CPU}[t])) <= 0"
+    f" && quantity({_MEMORY}).compareTo(quantity({CEL_ALLOC_MEMORY}[t])) <= 0)",
+    # "N chips" from a literal map: string(int) concatenation trips the CRD cost estimator
+    # (kubernetes#124234); the rule only fails where inf is at most a family's largest.
+    (_CPU, _MEMORY, "self.family", f"{literal(CHIPS_TEXT)}[self.inf]", f"{CEL_HOST_TEXT}[self.family]"),
 )
 
 # Logical NeuronCores: trn2 groups 1 or 2 physical cores into a logical one; every other
@@ -465,6 +491,7 @@ CEL_RULES: list[CrossFieldRule] = [
     *ALLOWED_CHIPS.values(),
     UNKNOWN_INSTANCE_TYPE,
     SMALL_INSTANCE_TYPES,
+    HOST_FITS,
     LNC_VALUE,
     DIVISIBLE,
     *TENSOR_PARALLEL_GROUP.values(),
@@ -515,6 +542,20 @@ def _check_instance_types(spec: InferentiaModelSpec, fam: Family) -> list[Findin
         return []
     large_enough = [t for t, chips in fam.instance_chips.items() if chips >= inf]
     return [SMALL_INSTANCE_TYPES.finding(inf, fam.name, inf, format_list(large_enough))]
+
+
+def _check_host_fits(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    c = spec.compute
+    cpu, memory = quantity(c.cpu), quantity(c.memory)
+    if not (re.match(QUANTITY_GRAMMAR, c.cpu) and re.match(QUANTITY_GRAMMAR, c.memory)) or cpu is None or memory is None:
+        return []
+    if c.inf > fam.max_chips or (c.instance_types and any(t not in fam.instance_chips for t in c.instance_types)):
+        return []
+    considered = c.instance_types or list(fam.instance_chips)
+    with_chips = [t for t in considered if fam.instance_chips[t] >= c.inf]
+    if not with_chips or any(host_fits(t, float(cpu) * 1000, float(memory)) for t in with_chips):
+        return []
+    return [HOST_FITS.finding(c.cpu, c.memory, fam.name, CHIPS_TEXT[c.inf], HOST_TEXT[fam.name])]
 
 
 def _check_lnc(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
@@ -733,6 +774,7 @@ _CHECKS = (
     _check_fits_family,
     _check_allowed_chip_counts,
     _check_instance_types,
+    _check_host_fits,
     _check_lnc,
     _check_divisibility,
     _check_tensor_parallel,

@@ -272,6 +272,12 @@ DIVERGENCE_CORPUS = [
     )],
     *[{"compute.memory": q} for q in (2, 0, "4Gi", "4gi", "4GiB")],
     *[{"compile.cpu": q} for q in ("4", "500m", "-1", "4 cores")],
+    # The replica's CPU and memory against what each instance type leaves to pods.
+    *[{"compute.family": "inf2", "compute.instanceTypes": ["inf2.xlarge"], **r} for r in (
+        {"compute.cpu": "4"}, {"compute.cpu": "3920m"}, {"compute.cpu": "3921m"}, {"compute.memory": "15391Mi"}, {"compute.memory": "16Gi"},
+    )],
+    *[{"compute.memory": m} for m in ("190Gi", "300Gi")],
+    {"compute.family": "trn1", "compute.inf": 16, "compute.instanceTypes": ["trn1n.32xlarge"], "compute.cpu": "127"},
     *[{"compile.memory": q} for q in ("600Gi", "8GiB", 64)],
     *[{"rollout.maxSurge": v} for v in (0, 1, "0%", "25%", "250%", -1, "1.5", "%", "01")],
     *[{"rollout.maxUnavailable": v} for v in ("100%", "101%", 3)],
