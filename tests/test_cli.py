@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -315,3 +316,36 @@ def test_no_yaml_makes_the_cli_crash(text):
         code, out, err = run_cli(command, "-", stdin=text)
         assert code in (0, 1, 2), (command, code)
         assert "Traceback" not in err
+
+
+def test_validate_of_a_repository_skips_chart_templates_and_hidden_folders_and_says_so(tmp_path, capsys):
+    chart = tmp_path / "charts" / "op"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: op\nversion: 0.1.0\n")
+    (chart / "templates" / "deployment.yaml").write_text("metadata:\n  {{- include \"x\" . | nindent 4 }}\n")
+    (tmp_path / ".venv" / "data").mkdir(parents=True)
+    (tmp_path / ".venv" / "data" / "x.json").write_text('{\n\t"tab": 1\n}')
+    (tmp_path / "model.yaml").write_text(
+        "apiVersion: inferentia.dev/v1alpha1\nkind: InferentiaModel\nmetadata: {name: m}\n"
+        "spec: {model: {uri: 's3://a/', framework: pytorch}, compute: {inf: 1}, serving: {image: x}}\n"
+    )
+    assert main(["validate", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert f"note: {chart}: 1 Helm chart templates skipped (render them first: helm template {chart}" in err
+    assert "error" not in err
+
+
+@pytest.mark.parametrize("namespace", ["Team_A", "a" * 64, "-x", "team.a"])
+def test_an_invalid_namespace_is_refused(tmp_path, capsys, namespace):
+    (tmp_path / "m.yaml").write_text(
+        f"apiVersion: inferentia.dev/v1alpha1\nkind: InferentiaModel\nmetadata: {{name: m, namespace: '{namespace}'}}\n"
+        "spec: {model: {uri: 's3://a/', framework: pytorch}, compute: {inf: 1}, serving: {image: x}}\n"
+    )
+    assert main(["validate", str(tmp_path / "m.yaml")]) == 1
+    assert f"metadata.namespace: '{namespace}' is not a valid namespace" in capsys.readouterr().out
+
+
+def test_a_missing_api_version_is_named_in_yaml_terms(tmp_path, capsys):
+    (tmp_path / "m.yaml").write_text("kind: InferentiaModel\nmetadata: {name: m}\nspec: {}\n")
+    main(["validate", str(tmp_path / "m.yaml")])
+    assert "apiVersion: null is not served; valid values are inferentia.dev/v1alpha1" in capsys.readouterr().out

@@ -40,7 +40,7 @@ INVALID = [
     ({"compute.inf": -2}, "spec.compute.inf: -2 is too small; valid values are at least 1"),
     ({"compute.inf": 1.5}, "spec.compute.inf: 1.5 is not a whole number; valid values are whole numbers"),
     ({"compute.inf": "2"}, "spec.compute.inf: '2' is not a whole number; valid values are whole numbers"),
-    ({"compute.inf": True}, "spec.compute.inf: True is not a whole number; valid values are whole numbers"),
+    ({"compute.inf": True}, "spec.compute.inf: true is not a whole number; valid values are whole numbers"),
     # Rule 2: inf fits the family's largest instance.
     (
         {"compute.inf": 17},
@@ -84,7 +84,7 @@ INVALID = [
     ),
     (
         {"model.weights": 3_000_000_000, "processesPerReplica": 2, "compile.staticWeights": True},
-        "spec.compile.staticWeights: true needs 6000000000 bytes for 3000000000 fp16 weights, but a group of 2 NeuronCores has a 4294967296-byte share of device memory; use auto or false, or fewer processesPerReplica",
+        "spec.compile.staticWeights: true needs 5.59 GiB for 3000000000 fp16 weights, but a group of 2 NeuronCores has a 4 GiB share of device memory; use auto or false, or fewer processesPerReplica",
     ),
     ({"compile.staticWeights": "yes"}, "spec.compile.staticWeights: 'yes' is not valid: valid values are auto, true, false"),
     # Rule 6: bucket shapes.
@@ -177,7 +177,7 @@ def test_missing_required_fields_are_named():
 
 
 def test_a_spec_that_is_not_a_mapping_is_refused():
-    assert error_lines(["not", "a", "mapping"]) == ["spec: must be a mapping of fields, got list"]
+    assert error_lines(["not", "a", "mapping"]) == ["spec: must be a mapping of fields, not a list"]
 
 
 WARNINGS = [
@@ -345,3 +345,19 @@ def test_a_replica_no_instance_type_can_hold_is_refused_with_the_valid_values():
     assert finding.message.startswith("a replica asks for 4 CPU and 2Gi of memory, more than any inf2 instance type with 1 chip")
     assert "inf2.xlarge (3920m CPU, 15391Mi)" in finding.message and "inf2.48xlarge (191450m CPU" in finding.message
     assert not errors(parse_spec(make_spec(**{"compute.family": "trn1", "compute.inf": 16, "compute.instanceTypes": ["trn1n.32xlarge"]}))[1])
+
+
+@pytest.mark.parametrize(
+    "overrides,line",
+    [
+        ({"model": None}, "spec.model: null is not valid; a mapping of fields is needed"),
+        ({"compute.family": None}, "spec.compute.family: null is not valid; valid values are inf1, inf2, trn1, trn2"),
+        ({"serving.runtime": None}, "spec.serving.runtime: null is not valid; valid values are custom, vllm"),
+        ({"serving.image": 5}, "spec.serving.image: 5 is not valid; a string is needed"),
+    ],
+)
+def test_messages_speak_yaml_not_python(overrides, line):
+    """null, true and a mapping, as the user wrote them; never None, True or NoneType."""
+    lines = error_lines(make_spec(**overrides))
+    assert line in lines
+    assert not any(word in " ".join(lines) for word in ("None", "True", "NoneType", "dict", "ModelSource"))

@@ -27,6 +27,8 @@ def _report(doc: ModelDocument, out: Any) -> None:
 
 def _load(paths: list[str]) -> Loaded:
     loaded = load_models(paths)
+    for note in loaded.skipped:
+        print(f"note: {note}", file=sys.stderr)
     for problem in loaded.problems:
         print(f"error: {problem}", file=sys.stderr)
     if not loaded.models and not loaded.problems:

@@ -17,9 +17,9 @@ import yaml
 from . import api
 from .children import Model, plan_size_findings
 from .findings import Finding, errors
-from .parsing import parse_spec
+from .parsing import parse_spec, shown
 from .planner import plan
-from .rules import check_name
+from .rules import check_name, check_namespace
 
 MANIFEST_SUFFIXES = {".yaml", ".yml", ".json"}
 # A manifest larger than this is refused unread (the API server's own request limit is 3 MiB).
@@ -59,10 +59,9 @@ def check_document(body: dict[str, Any], source: str = "") -> ModelDocument:
     name, namespace = metadata.get("name"), metadata.get("namespace") or "default"
     doc = ModelDocument(source, str(name) if name else "<unnamed>", str(namespace), body)
     if body.get("apiVersion") != api.API_VERSION:
-        doc.findings.append(
-            Finding("apiVersion", f"{body.get('apiVersion')!r} is not served; valid values are {api.API_VERSION}")
-        )
+        doc.findings.append(Finding("apiVersion", f"{shown(body.get('apiVersion'))} is not served; valid values are {api.API_VERSION}"))
     doc.findings += check_name(name)
+    doc.findings += check_namespace(metadata.get("namespace"))
     doc.spec, spec_findings = parse_spec(body.get("spec"))
     doc.findings += spec_findings
     if doc.valid:
@@ -97,7 +96,36 @@ def _read(source: str, read: Any) -> str:
         raise ManifestError(f"{source}: cannot be read: not UTF-8 ({exc.reason} at byte {exc.start})") from None
 
 
-def _files(path: str) -> Iterator[tuple[str, str | ManifestError]]:
+@dataclass(frozen=True)
+class Skipped:
+    """Files a folder holds that are not manifests as they stand, and why."""
+
+    note: str
+
+
+def _hidden(f: Path, root: Path) -> bool:
+    """Below a folder named with a dot (.git, .venv, .cluster): never the user's manifests."""
+    return any(part.startswith(".") for part in f.relative_to(root).parts[:-1])
+
+
+def _chart_of(f: Path) -> Path | None:
+    """The Helm chart whose templates/ holds ``f``: templates are Go templates, not YAML."""
+    for parent in f.parents:
+        if parent.name == "templates" and (parent.parent / "Chart.yaml").is_file():
+            return parent.parent
+    return None
+
+
+def _chart_templates(files: list[Path]) -> list[tuple[Path, int]]:
+    counts: dict[Path, int] = {}
+    for f in files:
+        chart = _chart_of(f)
+        if chart is not None:
+            counts[chart] = counts.get(chart, 0) + 1
+    return sorted(counts.items())
+
+
+def _files(path: str) -> Iterator[tuple[str, str | ManifestError | Skipped]]:
     """(source, text) for each file of ``path``, or (source, the error) for one that cannot be read."""
     if path == "-":
         try:
@@ -107,7 +135,10 @@ def _files(path: str) -> Iterator[tuple[str, str | ManifestError]]:
         return
     p = Path(path)
     if p.is_dir():
-        candidates = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in MANIFEST_SUFFIXES)
+        candidates = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in MANIFEST_SUFFIXES and not _hidden(f, p))
+        for chart_dir, templates in _chart_templates(candidates):
+            yield str(chart_dir), Skipped(f"{chart_dir}: {templates} Helm chart templates skipped (render them first: helm template {chart_dir} | inferentia-operator validate -)")
+        candidates = [f for f in candidates if _chart_of(f) is None]
     elif p.exists():
         candidates = [p]
     else:
@@ -170,6 +201,7 @@ class Loaded:
 
     models: list[ModelDocument] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
 
 
 def load_models(paths: list[str]) -> Loaded:
@@ -183,6 +215,9 @@ def load_models(paths: list[str]) -> Loaded:
             if key in seen:
                 continue  # a file named twice (a folder and its subfolder) is checked once
             seen.add(key)
+            if isinstance(text, Skipped):
+                loaded.skipped.append(text.note)
+                continue
             try:
                 if isinstance(text, ManifestError):
                     raise text

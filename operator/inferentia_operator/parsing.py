@@ -26,39 +26,63 @@ def _path(loc: tuple[Any, ...], root: str) -> str:
     return path
 
 
+def shown(value: Any) -> str:
+    """A value as the user wrote it in YAML, never as Python spells it (None, True, NoneType)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return "this value"
+
+
 def _describe_error(error: dict[str, Any]) -> str:
-    kind, value, ctx = error["type"], error.get("input"), error.get("ctx") or {}
+    kind, raw, ctx = error["type"], error.get("input"), error.get("ctx") or {}
+    value = shown(raw)
     if kind == "missing":
         return "is required"
     if kind == "extra_forbidden":
         return "is not a field of this object; check its spelling (kubectl explain inferentiamodel.spec lists the fields)"
     if kind in {"int_type", "int_from_float", "int_parsing"}:
-        return f"{value!r} is not a whole number; valid values are whole numbers"
+        return f"{value} is not a whole number; valid values are whole numbers"
     if kind == "bool_type":
-        return f"{value!r} is not valid; valid values are true, false"
+        return f"{value} is not valid; valid values are true, false"
     if kind == "greater_than_equal":
-        return f"{value!r} is too small; valid values are at least {ctx['ge']}"
+        return f"{value} is too small; valid values are at least {ctx['ge']}"
     if kind == "less_than_equal":
-        return f"{value!r} is too large; valid values are at most {ctx['le']}"
+        return f"{value} is too large; valid values are at most {ctx['le']}"
     if kind == "literal_error":
         expected = ctx.get("expected", "").replace("'", "").replace(" or ", ", ")
-        return f"{value!r} is not valid; valid values are {expected}"
+        return f"{value} is not valid; valid values are {expected}"
     if kind in {"too_short", "string_too_short"}:
         return "must not be empty"
     if kind in {"too_long", "string_too_long"}:
         limit = ctx.get("max_length")
         return f"is too long; at most {limit} {'items' if kind == 'too_long' else 'characters'}"
     if kind == "string_pattern_mismatch":
-        return f"{value!r} does not match the pattern {ctx.get('pattern')}"
+        return f"{value} does not match the pattern {ctx.get('pattern')}"
+    if kind in {"dict_type", "model_type", "model_attributes_type"}:
+        return f"{value} is not valid; a mapping of fields is needed"
+    if kind == "list_type":
+        return f"{value} is not valid; a list is needed"
+    if kind in {"string_type", "string_sub_type"}:
+        return f"{value} is not valid; a string is needed"
     if kind == "value_error":
-        return f"{value!r} is not valid: {ctx.get('error')}"
-    return f"{value!r} is not valid: {error['msg']}"
+        return f"{value} is not valid: {ctx.get('error')}"
+    return f"{value} is not valid: {error['msg']}"
 
 
 def parse_spec(raw: Any, root: str = "spec") -> tuple[InferentiaModelSpec | None, list[Finding]]:
     """Parses and checks a spec: (the spec or None, every finding)."""
     if not isinstance(raw, dict):
-        return None, [Finding(root, f"must be a mapping of fields, got {type(raw).__name__}")]
+        return None, [Finding(root, f"must be a mapping of fields, not {shown(raw)}")]
     try:
         spec = InferentiaModelSpec.model_validate(raw)
     except ValidationError as exc:

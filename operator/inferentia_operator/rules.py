@@ -81,6 +81,25 @@ def check_name(name: Any) -> list[Finding]:
     return []
 
 
+# A namespace is a DNS-1123 label: the API server refuses any other, so validate does too.
+NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+def check_namespace(namespace: Any) -> list[Finding]:
+    if namespace is None:
+        return []
+    if not isinstance(namespace, str) or len(namespace) > 63 or not re.match(NAMESPACE_PATTERN, namespace):
+        shown = namespace if isinstance(namespace, str) else "a non-string"
+        return [
+            Finding(
+                "metadata.namespace",
+                f"'{shown}' is not a valid namespace; valid namespaces are at most 63 lower-case letters, digits and '-', "
+                "starting and ending with a letter or digit",
+            )
+        ]
+    return []
+
+
 # Rule 2: inf fits the family's largest instance type.
 FITS_FAMILY = CrossFieldRule(
     "spec.compute.inf",
@@ -244,7 +263,7 @@ BUCKET_BOUND = CrossFieldRule(
 # cannot see such a field (the API server refuses the CRD). The operator reports
 # it in status instead.
 STATIC_WEIGHTS_TOO_LARGE = (
-    "true needs %d bytes for %d %s weights, but a group of %d NeuronCores has a %d-byte share of device memory; "
+    "true needs %s for %d %s weights, but a group of %d NeuronCores has a %s share of device memory; "
     "use auto or false, or fewer processesPerReplica"
 )
 
@@ -658,10 +677,15 @@ def _check_weights(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
         found.append(
             Finding(
                 "spec.compile.staticWeights",
-                STATIC_WEIGHTS_TOO_LARGE % (need, weights, spec.model.precision, group, share),
+                STATIC_WEIGHTS_TOO_LARGE % (gib(need), weights, spec.model.precision, group, gib(share)),
             )
         )
     return found
+
+
+def gib(size: int) -> str:
+    """Bytes as people read them: 8 GiB, 1.5 GiB."""
+    return f"{size / 2**30:.3g} GiB"
 
 
 # Warnings only: allowed, but probably not what the user wants.
