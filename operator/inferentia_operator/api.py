@@ -171,7 +171,7 @@ class CompileOptions(ApiModel):
     cpu: Quantity | None = None
     """CPU the compile Job requests. Default: 4 for neuronx-cc, 2 for neuron-cc."""
     memory: Quantity | None = None
-    """Memory the compile Job requests and is limited to. Default: 4 times the weights' size when spec.model.weights is known (at least 8Gi), else 16Gi for neuronx-cc and 8Gi for neuron-cc."""
+    """Memory the compile Job requests and is limited to. Default: twice the weights' size when spec.model.weights is known (at least 8Gi), else 16Gi for neuronx-cc and 8Gi for neuron-cc."""
     timeout_seconds: Annotated[StrictInt, Field(ge=60, le=7 * 24 * 3600)] = 6 * 3600
     """How long a compile may run, retries included, before it fails with Compiled=False (the Job's activeDeadlineSeconds)."""
     storage_secret: Annotated[str | None, Field(max_length=253)] = None

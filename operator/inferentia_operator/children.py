@@ -282,15 +282,15 @@ GIB = 1024**3
 
 def compile_resources(m: Model) -> dict[str, dict[str, str]]:
     """What the compile Job requests, so that it is never BestEffort (the first pod evicted)
-    and a node can be chosen for it. The compiler holds the model's graph and weights
-    several times over; 4x the weights is this operator's rule of thumb, not an AWS figure,
+    and a node can be chosen for it. The compiler holds the weights and a working copy of
+    the graph; twice the weights is this operator's rule of thumb, not an AWS figure,
     which compile.cpu and compile.memory override."""
     neuronx = m.plan.compiler == "neuronx-cc"
     cpu = m.spec.compile.cpu or ("4" if neuronx else "2")
     if m.spec.compile.memory:
         memory = m.spec.compile.memory
     elif m.spec.model.weights:
-        gib = -(-4 * m.spec.model.weights * bytes_per_weight(m.spec.model.precision) // GIB)
+        gib = -(-2 * m.spec.model.weights * bytes_per_weight(m.spec.model.precision) // GIB)
         memory = f"{max(8, gib)}Gi"
     else:
         memory = "16Gi" if neuronx else "8Gi"

@@ -75,9 +75,9 @@ class OperatorProcess:
 
     def __init__(
         self, kubeconfig: Path, log_path: Path, resync_seconds: float = 3.0, peering: str = "inferentia-operator",
-        extra_args: tuple[str, ...] = (),
+        extra_args: tuple[str, ...] = (), python: str = sys.executable,
     ):  # fmt: skip
-        self.kubeconfig, self.log_path, self.extra_args = kubeconfig, log_path, extra_args
+        self.kubeconfig, self.log_path, self.extra_args, self.python = kubeconfig, log_path, extra_args, python
         self.resync_seconds, self.peering = resync_seconds, peering
         self.proc: subprocess.Popen | None = None
         self.port = localcluster.free_port()
@@ -87,7 +87,7 @@ class OperatorProcess:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [
-                sys.executable, "-m", "inferentia_operator", "run",
+                self.python, "-m", "inferentia_operator", "run",
                 "--liveness", f"http://127.0.0.1:{self.port}/healthz", "--metrics-port", str(self.metrics_port),
                 "--resync-seconds", str(self.resync_seconds), "--peering", self.peering, *self.extra_args,
             ],

@@ -138,6 +138,15 @@ CEL_CASES = {
     "surge": make_spec(**{"rollout.maxSurge": -1}),
     "unavailable": make_spec(**{"rollout.maxUnavailable": "150%"}),
     "both-zero": make_spec(**{"rollout.maxSurge": 0, "rollout.maxUnavailable": 0}),
+    "host-fits": make_spec(**{"compute.family": "inf2", "compute.cpu": "4", "compute.instanceTypes": ["inf2.xlarge"]}),
+    "compile-cpu": make_spec(**{"compile.cpu": "4 cores"}),
+    "compile-memory": make_spec(**{"compile.memory": "8GiB"}),
+    "storage-secret": make_spec(**{"compile.storageSecret": "S3_Creds"}),
+    "service-account": make_spec(serviceAccountName="-models"),
+    "env-source": make_spec(**{"serving.env": [{"name": "T", "value": "x", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}),
+    "env-field": make_spec(**{"serving.env": [{"name": "T", "valueFrom": {"resourceFieldRef": {"resource": "limits.gpu"}}}]}),
+    "env-key-ref": make_spec(**{"serving.env": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "a/b"}}}]}),
+    "env-from": make_spec(**{"serving.envFrom": [{"secretRef": {"name": "a"}, "configMapRef": {"name": "b"}}]}),
     "fp32-cnn-inf2-ok-but-lnc": make_spec(
         **{"compute.family": "inf2", "compute.lnc": 2, "model.architecture": "cnn", "model.precision": "fp32", "compile.batchSize": 2}
     ),

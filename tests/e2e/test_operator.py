@@ -139,7 +139,7 @@ def test_an_invalid_edit_leaves_the_running_deployment_alone(cluster, operator, 
     apply_model(cluster, namespace, "m", **{"model.weights": 100_000_000_000, "compile.staticWeights": True})
     body = wait_condition(cluster, namespace, "m", "Validated", "False", "InvalidSpec")
     message = condition(body, "Validated")["message"]
-    assert message.startswith("spec.compile.staticWeights: true needs 200000000000 bytes")
+    assert message.startswith("spec.compile.staticWeights: true needs 186 GiB")
     assert condition(body, "Ready")["reason"] == "InvalidSpec"
     assert body["status"]["observedGeneration"] == 2
     time.sleep(operator.resync_seconds * 2)

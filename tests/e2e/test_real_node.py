@@ -208,6 +208,9 @@ def test_a_compile_job_writes_the_artefact_the_serving_pods_fetch_and_load(real_
             "model.uri": f"s3://{bucket}/llama/",
             "compile.image": "neuron-compile-standin:0.1.0",
             "compile.storageSecret": "store",
+            # The stand-in compiler is tiny, and the real node has 2 CPUs.
+            "compile.cpu": "200m",
+            "compile.memory": "512Mi",
             "serving.runtime": "vllm",
         }
     )
@@ -393,7 +396,9 @@ def test_a_compile_the_compiler_refuses_ends_in_compiled_false_with_the_reason(r
     """neuronx-cc refuses --lnc 2 for inf2 (NCC_EARG001); the stand-in does too. The Job
     retries once (backoffLimit 1), fails, and the model says Compiled=False with why,
     while nothing is served from a plan that never compiled."""
-    spec = standin_spec(**{"compile.image": "neuron-compile-standin:0.1.0", "compile.extraArgs": ["--lnc", "2"]})
+    spec = standin_spec(
+        **{"compile.image": "neuron-compile-standin:0.1.0", "compile.extraArgs": ["--lnc", "2"], "compile.cpu": "200m", "compile.memory": "512Mi"}
+    )
     apply(real_node, real_namespace, "refused", spec)
 
     def compiled() -> dict:

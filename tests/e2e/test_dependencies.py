@@ -1,0 +1,94 @@
+"""The declared dependency ranges hold at their lower bounds: a virtualenv with exactly the
+lowest version of every runtime dependency pyproject.toml declares runs the operator
+against the cluster, and it reconciles a model.
+
+A lower bound that no test installs is a guess: `kopf>=1.37` once allowed a kopf without
+the `settings.watching.label_selectors` the operator sets. The virtualenv is cached outside
+the checkout, keyed by the bounds, so only a change of bounds downloads again."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+from kit import ROOT, OperatorProcess, wait_for
+
+from specs import make_model
+
+
+def lowest_pins() -> list[str]:
+    """``name==lower`` for every runtime dependency (each must declare a lower bound)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = []
+    for requirement in project["dependencies"]:
+        match = re.match(r"^([A-Za-z0-9_.\-\[\]]+)\s*>=\s*([0-9][0-9.]*)", requirement)
+        assert match, f"{requirement!r} declares no lower bound"
+        pins.append(f"{match.group(1)}=={match.group(2)}")
+    return pins
+
+
+def test_every_import_of_the_package_is_a_declared_dependency():
+    """What the code imports from outside the standard library is declared."""
+    declared = {re.split(r"[<>=\[ ]", r)[0].lower().replace("-", "_") for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
+    names = {"prometheus_client": "prometheus_client", "yaml": "pyyaml"}
+    imported = set()
+    for path in (ROOT / "operator" / "inferentia_operator").rglob("*.py"):
+        for line in path.read_text().splitlines():
+            match = re.match(r"^(?:from|import) ([a-z_0-9]+)", line)
+            if match and match.group(1) not in sys.stdlib_module_names and match.group(1) != "inferentia_operator":
+                imported.add(names.get(match.group(1), match.group(1)))
+    optional = {"boto3"}  # the [s3] extra, imported only by `fetch`
+    assert imported - optional <= declared, imported - optional - declared
+
+
+@pytest.fixture(scope="module")
+def lowest_venv() -> Path:
+    pins = lowest_pins()
+    key = hashlib.sha256(" ".join(pins).encode()).hexdigest()[:12]
+    cache = Path(os.environ.get("INFERENTIA_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "inferentia-operator")
+    venv = cache / f"lowest-deps-{key}"
+    python = venv / "bin" / "python"
+    if not (venv / ".complete").exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        result = subprocess.run([str(python), "-m", "pip", "install", "--quiet", *pins], capture_output=True, text=True)
+        assert result.returncode == 0, f"the lowest declared versions do not install together: {result.stderr[-2000:]}"
+        (venv / ".complete").write_text(" ".join(pins))
+    # This checkout's package on top, without letting pip move any pinned version.
+    result = subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall", str(ROOT)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return venv
+
+
+def test_the_operator_runs_on_the_lowest_declared_versions(lowest_venv, crd_installed, namespace, tmp_path):
+    cluster = crd_installed
+    versions = subprocess.run(
+        [str(lowest_venv / "bin" / "python"), "-m", "pip", "freeze"], capture_output=True, text=True, check=True
+    ).stdout.lower()
+    for pin in lowest_pins():
+        assert pin.lower().replace("_", "-") in versions.replace("_", "-"), f"{pin} is not what the virtualenv holds"
+    op = OperatorProcess(
+        cluster.kubeconfig, tmp_path / "operator.log", peering=f"lowest-{namespace}", python=str(lowest_venv / "bin" / "python"),
+        extra_args=("--namespace", namespace),
+    )  # fmt: skip
+    op.start()
+    try:
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(make_model("lowest", namespace)))
+
+        def validated() -> bool:
+            conditions = cluster.get("inferentiamodel", "lowest", "-n", namespace).get("status", {}).get("conditions") or []
+            return any(c["type"] == "Validated" and c["status"] == "True" for c in conditions)
+
+        wait_for(validated, 60, "the model Validated by the operator on the lowest versions")
+        assert cluster.get("deployment", "lowest", "-n", namespace)["metadata"]["name"] == "lowest"
+    finally:
+        op.stop()
+    assert "Traceback" not in op.log()
