@@ -392,3 +392,11 @@ def test_the_compile_job_has_resources_a_deadline_and_bounded_retries():
     assert children.compile_resources(tuned)["requests"] == {"cpu": "16", "memory": "600Gi"}
     assert children.compile_job(tuned)["spec"]["activeDeadlineSeconds"] == 7200
     assert children.compile_hash(tuned) == children.compile_hash(big)
+
+
+def test_scratch_sizes_and_the_read_only_root_are_the_users_to_set():
+    m = model(**{"serving.homeSize": "200Gi", "serving.tmpSize": "4Gi", "serving.readOnlyRootFilesystem": False})
+    pod = children.serving_deployment(m)["spec"]["template"]["spec"]
+    sizes = {v["name"]: v["emptyDir"]["sizeLimit"] for v in pod["volumes"] if "emptyDir" in v}
+    assert sizes == {"home": "200Gi", "tmp": "4Gi"}
+    assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is False

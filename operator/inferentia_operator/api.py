@@ -264,6 +264,12 @@ class Serving(ApiModel):
     """Request threads per process. Default: the group's NeuronCores + 3, so that every outstanding inference has a thread."""
     batching: Batching | None = None
     """Server-side adaptive batching; off when unset."""
+    home_size: Quantity = "20Gi"
+    """Size limit of the writable emptyDir at HOME (/home/inferentia), where HF_HOME and the other caches live: model downloads need room."""
+    tmp_size: Quantity = "1Gi"
+    """Size limit of the writable emptyDir at /tmp (TMPDIR)."""
+    read_only_root_filesystem: StrictBool = True
+    """Mount the serving container's root file system read-only (it writes to HOME and /tmp). false for images that write elsewhere."""
     runtime: Literal["custom", "vllm"] = "custom"
     """custom: your image runs args (one process per NeuronCore Group). vllm (inf2, trn1, trn2): the operator runs vLLM's OpenAI-compatible server in each process, tensor parallel over its group; args are appended to vLLM's own."""
 

@@ -228,10 +228,7 @@ CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop"
 # non-root user has no home in most images. vLLM and Hugging Face download and cache under
 # HOME / HF_HOME; everything else writes to TMPDIR.
 HOME_DIR = "/home/inferentia"
-SCRATCH_VOLUMES = [
-    ({"name": "home", "emptyDir": {"sizeLimit": "20Gi"}}, HOME_DIR),
-    ({"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}, "/tmp"),
-]
+SCRATCH_PATHS = {"home": HOME_DIR, "tmp": "/tmp"}
 SCRATCH_ENV = {
     "HOME": HOME_DIR,
     "HF_HOME": f"{HOME_DIR}/.cache/huggingface",
@@ -265,12 +262,14 @@ def fetch_container(m: Model) -> dict[str, Any]:
     }
 
 
-def _scratch_volumes() -> list[dict[str, Any]]:
-    return [volume for volume, _ in SCRATCH_VOLUMES]
+def _scratch_volumes(m: Model) -> list[dict[str, Any]]:
+    """HOME (and the caches under it) and /tmp: size-limited emptyDirs (spec.serving.homeSize, tmpSize)."""
+    sizes = {"home": m.spec.serving.home_size, "tmp": m.spec.serving.tmp_size}
+    return [{"name": name, "emptyDir": {"sizeLimit": sizes[name]}} for name in SCRATCH_PATHS]
 
 
 def _scratch_mounts() -> list[dict[str, Any]]:
-    return [{"name": volume["name"], "mountPath": path} for volume, path in SCRATCH_VOLUMES]
+    return [{"name": name, "mountPath": path} for name, path in SCRATCH_PATHS.items()]
 
 
 def _plan_volume(m: Model) -> dict[str, Any]:
@@ -354,7 +353,7 @@ def compile_job(m: Model) -> dict[str, Any] | None:
                             "volumeMounts": [{"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True}, *_scratch_mounts()],
                         }
                     ],
-                    "volumes": [_plan_volume(m), *_scratch_volumes()],
+                    "volumes": [_plan_volume(m), *_scratch_volumes(m)],
                 },
             },
         },
@@ -482,7 +481,7 @@ def serving_deployment(m: Model) -> dict[str, Any]:
         "ports": ports,
         "resources": plan.resources.model_dump(),
         **_probes(m),
-        "securityContext": CONTAINER_SECURITY,
+        "securityContext": {**CONTAINER_SECURITY, "readOnlyRootFilesystem": spec.serving.read_only_root_filesystem},
         "volumeMounts": [
             {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
             *_scratch_mounts(),
@@ -517,7 +516,7 @@ def serving_deployment(m: Model) -> dict[str, Any]:
                     "containers": [container, *([batcher_container(m)] if batching_front_end(m) else [])],
                     "volumes": [
                         _plan_volume(m),
-                        *_scratch_volumes(),
+                        *_scratch_volumes(m),
                         *([{"name": "compiled", "emptyDir": {"sizeLimit": "50Gi"}}] if spec.compile.image else []),
                     ],
                     "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],

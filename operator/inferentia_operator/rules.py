@@ -291,6 +291,7 @@ def _quantity_rule(field: str, node: str = "spec.compute") -> CrossFieldRule:
 
 QUANTITY = {field: _quantity_rule(field) for field in ("cpu", "memory")}
 COMPILE_QUANTITY = {field: _quantity_rule(field, "spec.compile") for field in ("cpu", "memory")}
+SCRATCH_QUANTITY = {field: _quantity_rule(field, "spec.serving") for field in ("homeSize", "tmpSize")}
 
 # With a batching front end on the serving port, the processes start one port higher.
 _FRONT_END = "(has(self.serving.batching) && (!has(self.serving.runtime) || self.serving.runtime != 'vllm') ? 1 : 0)"
@@ -521,6 +522,7 @@ CEL_RULES: list[CrossFieldRule] = [
     BUCKET_BOUND,
     *QUANTITY.values(),
     *COMPILE_QUANTITY.values(),
+    *SCRATCH_QUANTITY.values(),
     PORTS_FIT,
     ENV_NAME,
     *ENV_REFERENCES,
@@ -760,6 +762,9 @@ def _check_child_values(spec: InferentiaModelSpec, fam: Family) -> list[Finding]
     for field, value in (("cpu", spec.compile.cpu), ("memory", spec.compile.memory)):
         if value is not None and not re.match(QUANTITY_GRAMMAR, value):
             found.append(COMPILE_QUANTITY[field].finding(value))
+    for field, value in (("homeSize", spec.serving.home_size), ("tmpSize", spec.serving.tmp_size)):
+        if not re.match(QUANTITY_GRAMMAR, value):
+            found.append(SCRATCH_QUANTITY[field].finding(value))
     port = spec.serving.port
     p = spec.processes_per_replica + (1 if spec.serving.batching is not None and spec.serving.runtime != "vllm" else 0)
     if port + p - 1 > 65535:

@@ -141,6 +141,8 @@ CEL_CASES = {
     "host-fits": make_spec(**{"compute.family": "inf2", "compute.cpu": "4", "compute.instanceTypes": ["inf2.xlarge"]}),
     "compile-cpu": make_spec(**{"compile.cpu": "4 cores"}),
     "compile-memory": make_spec(**{"compile.memory": "8GiB"}),
+    "home-size": make_spec(**{"serving.homeSize": "lots"}),
+    "tmp-size": make_spec(**{"serving.tmpSize": "-1Gi"}),
     "storage-secret": make_spec(**{"compile.storageSecret": "S3_Creds"}),
     "service-account": make_spec(serviceAccountName="-models"),
     "env-source": make_spec(**{"serving.env": [{"name": "T", "value": "x", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}),
