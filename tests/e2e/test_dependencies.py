@@ -89,6 +89,9 @@ def test_the_operator_runs_on_the_lowest_declared_versions(lowest_venv, crd_inst
 
         wait_for(validated, 60, "the model Validated by the operator on the lowest versions")
         assert cluster.get("deployment", "lowest", "-n", namespace)["metadata"]["name"] == "lowest"
+        # Deleted while this operator still runs: its finalizer goes with it, and no later
+        # operator of the suite is left to finish a deletion in a terminating namespace.
+        cluster.kubectl("delete", "inferentiamodel", "lowest", "-n", namespace, "--wait=true", "--timeout=60s")
     finally:
         op.stop()
     assert "Traceback" not in op.log()
