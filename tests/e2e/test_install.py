@@ -222,3 +222,6 @@ def test_an_image_outside_the_allow_list_is_refused_at_apply(crd_installed, name
         assert "image docker.io/evil/compile:1 is not from an allowed registry; allowed prefixes: registry.example.com/neuron/" in result.stderr
     finally:
         cluster.kubectl("delete", "-f", "-", input=yaml.safe_dump_all(policy), check=False)
+        # The admission plugin drops the policy a moment after its deletion, as it picked
+        # it up a moment after its creation: the next test must not meet it.
+        wait_for(lambda: not admitted(), 30, "the policy to stop being enforced")
