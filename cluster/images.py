@@ -97,9 +97,9 @@ def _tar_dir(root: Path) -> bytes:
     return buf.getvalue()
 
 
-def python_layer(extra: list[Path] | None = None) -> tuple[bytes, str]:
+def python_layer() -> tuple[bytes, str]:
     """This checkout's wheel with its dependencies (and the S3 client for fetching artefacts),
-    installed where Debian's python3 looks; plus ``extra`` files' layer for the stand-ins."""
+    installed where Debian's python3 looks."""
     sources = [REPO / "pyproject.toml", *(REPO / "operator").rglob("*.py")]
     key = digest_of_files(sources)
     out = cache_dir() / f"layer-python-{key}.tar"

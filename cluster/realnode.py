@@ -26,7 +26,6 @@ import socket
 import subprocess
 import time
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -86,22 +85,11 @@ def run(*argv: str, check: bool = True, input: str | None = None) -> subprocess.
     return subprocess.run(list(argv), check=check, capture_output=True, text=True, input=input)
 
 
-@dataclass
-class NodePaths:
-    root: Path
-
-    def __getattr__(self, name: str) -> Path:  # node.paths.kubelet -> root/kubelet
-        return self.root / name.replace("_", "-")
-
-
 class RealNode:
     """The real node of one LocalCluster, whose state lives in ``state/node``."""
 
-    COMPONENTS = ("containerd", "kubelet", "kube-proxy", "device-plugin")
-
     def __init__(self, state: Path, bins: Path, start_process, images: list[Path]):
         self.state = state / "node"
-        self.paths = NodePaths(self.state)
         self.bins = bins
         self._start_process = start_process  # LocalCluster._start: records pid and argv
         self.images = images
@@ -117,15 +105,14 @@ class RealNode:
         run("ip", "addr", "add", f"{GATEWAY}/24", "dev", BRIDGE)
         run("ip", "link", "set", BRIDGE, "up")
         run("ip", "route", "replace", SERVICE_CIDR, "dev", BRIDGE)
-        for cmd in ("iptables",):
-            run(cmd, "-N", FORWARD_CHAIN)
-            # Between pods (and to the Services kube-proxy rewrites to them): allowed. From a
-            # pod to any other interface: dropped. Pods reach the host itself (INPUT), which
-            # is how they reach the API server and the object store on the gateway address.
-            run(cmd, "-A", FORWARD_CHAIN, "-i", BRIDGE, "-o", BRIDGE, "-j", "ACCEPT")
-            run(cmd, "-A", FORWARD_CHAIN, "-i", BRIDGE, "-j", "DROP")
-            run(cmd, "-A", FORWARD_CHAIN, "-o", BRIDGE, "!", "-i", BRIDGE, "!", "-s", GATEWAY, "-j", "DROP")
-            run(cmd, "-I", "FORWARD", "1", "-j", FORWARD_CHAIN)
+        run("iptables", "-N", FORWARD_CHAIN)
+        # Between pods (and to the Services kube-proxy rewrites to them): allowed. From a
+        # pod to any other interface: dropped. Pods reach the host itself (INPUT), which
+        # is how they reach the API server and the object store on the gateway address.
+        run("iptables", "-A", FORWARD_CHAIN, "-i", BRIDGE, "-o", BRIDGE, "-j", "ACCEPT")
+        run("iptables", "-A", FORWARD_CHAIN, "-i", BRIDGE, "-j", "DROP")
+        run("iptables", "-A", FORWARD_CHAIN, "-o", BRIDGE, "!", "-i", BRIDGE, "!", "-s", GATEWAY, "-j", "DROP")
+        run("iptables", "-I", "FORWARD", "1", "-j", FORWARD_CHAIN)
         # Routed Service traffic from a pod back to a pod on the same bridge must pass the
         # iptables rules kube-proxy writes; br_netfilter is how bridged traffic does.
         for knob in ("net/bridge/bridge-nf-call-iptables", "net/ipv4/ip_forward"):
@@ -347,9 +334,8 @@ state = "{s / "state"}"
             _kill(pid)
         unmount_under(self.state)
         _remove_device_plugin_dir()
-        if Path("/proc/self/ns/net").exists():
-            remove_cgroups(CGROUP_ROOT)
-            remove_cgroups("k8s.io")
+        remove_cgroups(CGROUP_ROOT)
+        remove_cgroups("k8s.io")
         # kube-proxy's own clean-up of its rules, then whatever remains of ours by name.
         proxy = self.bins / "kube-proxy"
         if proxy.exists():

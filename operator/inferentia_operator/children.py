@@ -14,7 +14,7 @@ from typing import Any
 
 from . import api
 from .api import InferentiaModelSpec, Plan
-from .catalogue import INSTANCE_TYPE_LABEL, NEURON_TAINT_KEY
+from .catalogue import GIB, INSTANCE_TYPE_LABEL, NEURON_TAINT_KEY
 from .cores import bytes_per_weight
 from .findings import Finding
 from .launcher import LAUNCHER
@@ -274,9 +274,6 @@ def _scratch_mounts() -> list[dict[str, Any]]:
 
 def _plan_volume(m: Model) -> dict[str, Any]:
     return {"name": "plan", "configMap": {"name": plan_configmap_name(m)}}
-
-
-GIB = 1024**3
 
 
 def compile_resources(m: Model) -> dict[str, dict[str, str]]:

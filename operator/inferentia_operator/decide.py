@@ -134,23 +134,26 @@ def _job_succeeded(job: dict[str, Any]) -> bool:
     return any(c.get("type") == "Complete" and c.get("status") == "True" for c in (job.get("status") or {}).get("conditions") or [])
 
 
+def _newest_earlier_success(o: Observed, current: str | None) -> dict[str, Any] | None:
+    """The newest compile Job of an earlier plan that succeeded, if any."""
+    succeeded = [j for j in o.jobs if _name(j) != current and _job_succeeded(j)]
+    return max(succeeded, key=lambda j: _meta(j).get("creationTimestamp") or "", default=None)
+
+
 def _superseded_jobs(o: Observed, current: str | None) -> list[str]:
     """Compile Jobs of earlier plans, less the newest that succeeded (kept for a rollback to reuse)."""
-    old = [j for j in o.jobs if _name(j) != current]
-    succeeded = sorted((j for j in old if _job_succeeded(j)), key=lambda j: _meta(j).get("creationTimestamp") or "")
-    keep = {_name(succeeded[-1])} if succeeded else set()
-    return [_name(j) for j in old if _name(j) not in keep]  # type: ignore[misc]
+    kept = _newest_earlier_success(o, current)
+    keep = {_name(kept)} if kept is not None else set()
+    return [_name(j) for j in o.jobs if _name(j) != current and _name(j) not in keep]  # type: ignore[misc]
 
 
 def _changed_compile_inputs(o: Observed, current: str | None, inputs: dict[str, Any]) -> list[str]:
     """The compile inputs that differ from those of the newest earlier compile that succeeded."""
-    earlier = sorted(
-        (j for j in o.jobs if _name(j) != current and _job_succeeded(j)), key=lambda j: _meta(j).get("creationTimestamp") or ""
-    )
-    if not earlier:
+    earlier = _newest_earlier_success(o, current)
+    if earlier is None:
         return []
     try:
-        before = json.loads((_meta(earlier[-1]).get("annotations") or {}).get(COMPILE_INPUTS_ANNOTATION, ""))
+        before = json.loads((_meta(earlier).get("annotations") or {}).get(COMPILE_INPUTS_ANNOTATION, ""))
     except ValueError:
         return []  # a Job of an operator that did not record its inputs
     if not isinstance(before, dict):

@@ -315,6 +315,10 @@ ENV_NAME = CrossFieldRule(
     (f"self.env.filter(e, !e.name.matches({json.dumps(ENV_NAME_PATTERN)}))[0].name",),
 )
 
+# Object names (Secrets, ConfigMaps, ServiceAccounts): DNS-1123 subdomains, as the API
+# server requires of every object name.
+SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
 # valueFrom and envFrom: what the API server accepts in a container's env and envFrom,
 # refused on the model with one message each (validate, the API server, the operator agree).
 _SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef", "resourceFieldRef")
@@ -351,9 +355,8 @@ ENV_FIELD = CrossFieldRule(
     (f"self.env.filter(e, !({_FIELD_OK} && {_RESOURCE_OK}))[0].name",),
 )
 CONFIG_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
-_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 _KEY_REF_OK = " && ".join(
-    f"(!has(e.valueFrom) || !has(e.valueFrom.{k}) || (e.valueFrom.{k}.name.matches({json.dumps(_SUBDOMAIN)})"
+    f"(!has(e.valueFrom) || !has(e.valueFrom.{k}) || (e.valueFrom.{k}.name.matches({json.dumps(SUBDOMAIN_PATTERN)})"
     f" && e.valueFrom.{k}.key.matches({json.dumps(CONFIG_KEY_PATTERN)})))"
     for k in ("secretKeyRef", "configMapKeyRef")
 )
@@ -367,8 +370,8 @@ ENV_KEY_REF = CrossFieldRule(
 )
 _ENV_FROM_OK = (
     "((has(s.secretRef) ? 1 : 0) + (has(s.configMapRef) ? 1 : 0) == 1"
-    f" && (!has(s.secretRef) || s.secretRef.name.matches({json.dumps(_SUBDOMAIN)}))"
-    f" && (!has(s.configMapRef) || s.configMapRef.name.matches({json.dumps(_SUBDOMAIN)}))"
+    f" && (!has(s.secretRef) || s.secretRef.name.matches({json.dumps(SUBDOMAIN_PATTERN)}))"
+    f" && (!has(s.configMapRef) || s.configMapRef.name.matches({json.dumps(SUBDOMAIN_PATTERN)}))"
     f" && (!has(s.prefix) || s.prefix.matches({json.dumps(ENV_NAME_PATTERN)})))"
 )
 ENV_FROM = CrossFieldRule(
@@ -399,12 +402,12 @@ def _env_field_ok(e) -> bool:
 
 def _env_key_ref_ok(e) -> bool:
     refs = [] if e.value_from is None else [e.value_from.secret_key_ref, e.value_from.config_map_key_ref]
-    return all(r is None or (re.match(_SUBDOMAIN, r.name) and re.match(CONFIG_KEY_PATTERN, r.key)) for r in refs)
+    return all(r is None or (re.match(SUBDOMAIN_PATTERN, r.name) and re.match(CONFIG_KEY_PATTERN, r.key)) for r in refs)
 
 
 def _env_from_ok(s) -> bool:
     refs = [r for r in (s.secret_ref, s.config_map_ref) if r is not None]
-    return len(refs) == 1 and bool(re.match(_SUBDOMAIN, refs[0].name)) and (s.prefix is None or bool(re.match(ENV_NAME_PATTERN, s.prefix)))
+    return len(refs) == 1 and bool(re.match(SUBDOMAIN_PATTERN, refs[0].name)) and (s.prefix is None or bool(re.match(ENV_NAME_PATTERN, s.prefix)))
 
 
 def _check_env_references(spec: InferentiaModelSpec) -> list[Finding]:
@@ -420,9 +423,7 @@ def _check_env_references(spec: InferentiaModelSpec) -> list[Finding]:
     return found
 
 
-# Names of the Secret and ServiceAccount the pods refer to: DNS-1123 subdomains, as the API
-# server requires of every object name.
-SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# Names of the Secret and ServiceAccount the pods refer to: DNS-1123 subdomains (SUBDOMAIN_PATTERN).
 
 
 def _object_name_rule(path: str, node: str, field: str, kind: str) -> CrossFieldRule:

@@ -110,14 +110,11 @@ def cluster_ip_request(cluster, namespace: str, service: str, path: str, body: d
     url = f"http://{ip}:{port}{path}"
     deadline = time.monotonic() + 30
     while True:
-        result = subprocess.run(
-            ["curl", "-sS", "--max-time", "5", "-H", "Content-Type: application/json", "-d", json.dumps(body), url],
-            capture_output=True, text=True,
-        )  # fmt: skip
-        if result.returncode == 0 and result.stdout.startswith("{"):
-            return json.loads(result.stdout)
+        code, text = post(url, body)
+        if code == 200:
+            return json.loads(text)
         if time.monotonic() > deadline:
-            raise AssertionError(f"{url}: {result.stderr or result.stdout}")
+            raise AssertionError(f"{url}: {code} {text}")
         time.sleep(1)
 
 
