@@ -66,8 +66,8 @@ def samples_to_ready() -> float:
 
 def planner_rate(seconds: float = 2.0) -> float:
     sys.path.insert(0, str(REPO / "operator"))
-    from inferentia_operator.documents import load_models
-    from inferentia_operator.planner import plan
+    from inferentia_operator.core.planner import plan
+    from inferentia_operator.manifests import load_models
 
     specs = [d.spec for d in load_models([str(REPO / "manifests" / "samples")]).models if d.valid]
     count, end = 0, time.monotonic() + seconds

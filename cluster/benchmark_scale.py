@@ -44,10 +44,10 @@ from pathlib import Path
 import yaml
 
 import localcluster
-from inferentia_operator import children
-from inferentia_operator.api import InferentiaModelSpec
-from inferentia_operator.kube import Kube
-from inferentia_operator.planner import plan
+from inferentia_operator.core import children
+from inferentia_operator.core.api import InferentiaModelSpec
+from inferentia_operator.core.planner import plan
+from inferentia_operator.shell.kube import Kube
 
 OPERATOR_USER = "benchmark-operator"
 NAMESPACE = "default"

@@ -38,7 +38,7 @@ from pathlib import Path
 import yaml
 
 import realnode
-from inferentia_operator.catalogue import FAMILIES, HUGEPAGES_PER_CHIP_MI, HUGEPAGES_RESOURCE, NEURON_RESOURCE, NEURONCORE_RESOURCE
+from inferentia_operator.core.catalogue import FAMILIES, HUGEPAGES_PER_CHIP_MI, HUGEPAGES_RESOURCE, NEURON_RESOURCE, NEURONCORE_RESOURCE
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from inferentia_operator import children
-from inferentia_operator.api import InferentiaModelSpec
-from inferentia_operator.children import Model
-from inferentia_operator.planner import plan
+from inferentia_operator.core import children
+from inferentia_operator.core.api import InferentiaModelSpec
+from inferentia_operator.core.children import Model
+from inferentia_operator.core.planner import plan
 from specs import make_spec
 
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inferentia_operator.cli import main
-from inferentia_operator.crd import crd_yaml
+from inferentia_operator.core.crd import crd_yaml
 from specs import make_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -197,10 +197,10 @@ def test_arbitrary_text_never_crashes(text):
 
 
 def test_render_prints_what_the_operator_applies_for_every_sample():
-    from inferentia_operator import children
     from inferentia_operator.cli import PLACEHOLDER_UID
-    from inferentia_operator.documents import load_models
-    from inferentia_operator.planner import plan
+    from inferentia_operator.core import children
+    from inferentia_operator.core.planner import plan
+    from inferentia_operator.manifests import load_models
 
     paths = sorted(str(p) for p in SAMPLES.glob("*.yaml"))
     code, out, err = run_cli("render", *paths, "-o", "json")

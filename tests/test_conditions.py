@@ -1,6 +1,6 @@
 """Status conditions from observed children: the rules kubectl wait, Argo CD and Flux rely on."""
 
-from inferentia_operator import conditions as c
+from inferentia_operator.core import status as c
 
 
 def deployment(*, hash_="h1", replicas=2, ready=2, updated=2, available=2, generation=3, observed=3, spec_replicas=2):

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import yaml
 
-from inferentia_operator.crd import crd, crd_yaml
-from inferentia_operator.rules import CEL_RULES
+from inferentia_operator.core.crd import crd, crd_yaml
+from inferentia_operator.core.rules import CEL_RULES
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = ROOT / "crds" / "inferentia.dev_inferentiamodels.yaml"

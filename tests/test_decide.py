@@ -2,11 +2,11 @@
 
 import pytest
 
-from inferentia_operator import children
-from inferentia_operator.api import InferentiaModelSpec
-from inferentia_operator.children import Model
-from inferentia_operator.decide import Conflict, Observed, WriteFailure, decide, status_document, status_patch
-from inferentia_operator.planner import plan
+from inferentia_operator.core import children
+from inferentia_operator.core.api import InferentiaModelSpec
+from inferentia_operator.core.children import Model
+from inferentia_operator.core.decide import Conflict, Observed, WriteFailure, decide, status_document, status_patch
+from inferentia_operator.core.planner import plan
 from specs import make_spec
 
 NOW = "2026-11-22T10:00:00Z"
@@ -238,7 +238,7 @@ def test_a_hand_edited_child_of_ours_is_applied_again(edit):
 def test_peering_pause_follows_kopfs_rule():
     import datetime
 
-    from inferentia_operator.runner import peering_paused
+    from inferentia_operator.shell.runner import peering_paused
 
     now = datetime.datetime(2026, 11, 22, 10, 0, tzinfo=datetime.UTC)
     alive, dead = "2026-11-22T09:59:30+00:00", "2026-11-22T09:00:00+00:00"

@@ -1,4 +1,4 @@
-from inferentia_operator.drift import applied, quantity
+from inferentia_operator.core.drift import applied, quantity
 
 
 def test_extra_live_fields_do_not_count():

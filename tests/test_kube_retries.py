@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from inferentia_operator.kube import ApiError, Kube, TransientError
+from inferentia_operator.shell.kube import ApiError, Kube, TransientError
 
 
 class ScriptedResponse:

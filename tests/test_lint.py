@@ -15,11 +15,29 @@ def test_ruff_finds_nothing():
 
 
 def test_the_pure_core_may_not_import_kubernetes(tmp_path):
-    """The ban itself works: a pure module that imports kopf is refused."""
-    core = tmp_path / "operator" / "inferentia_operator"
-    core.mkdir(parents=True)
-    (core / "planner.py").write_text("import kopf\n\nkopf.event\n")
-    config = (ROOT / "pyproject.toml").read_text()
-    (tmp_path / "pyproject.toml").write_text(config)
-    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=tmp_path, capture_output=True, text=True)
-    assert result.returncode == 1 and "TID251" in result.stdout and "must not import kopf" in result.stdout
+    """The ban covers the core folder as a whole, a module added later included, and
+    nothing outside it: the same import is refused in core/ and allowed in shell/."""
+    package = tmp_path / "operator" / "inferentia_operator"
+    for folder in ("core", "shell"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "newly_added.py").write_text("import kopf\nimport kubernetes\n\nkopf.event\nkubernetes.client\n")
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    command = [sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", "."]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
+    refused = [line for line in result.stdout.splitlines() if "TID251" in line]
+    assert result.returncode == 1 and "must not import kopf" in result.stdout, result.stdout
+    assert len(refused) == 2 and all("core/newly_added.py" in line for line in refused), result.stdout
+
+
+def test_importing_the_core_loads_neither_kopf_nor_the_kubernetes_client():
+    """The ban holds at run time too: no core module pulls kopf or the client in through
+    another module (an import the linter cannot follow)."""
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import inferentia_operator.core as core\n"
+        "for m in pkgutil.iter_modules(core.__path__): importlib.import_module(f'inferentia_operator.core.{m.name}')\n"
+        "print(sorted(n for n in sys.modules if n.split('.')[0] in ('kopf', 'kubernetes')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]", result.stdout
+

@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferentia_operator.api import InferentiaModelSpec
-from inferentia_operator.catalogue import FAMILIES, GIB
-from inferentia_operator.cores import divisors, tensor_parallel_processes
-from inferentia_operator.findings import errors
-from inferentia_operator.parsing import parse_spec
-from inferentia_operator.planner import InvalidSpec, plan
+from inferentia_operator.core.api import InferentiaModelSpec
+from inferentia_operator.core.catalogue import FAMILIES, GIB
+from inferentia_operator.core.cores import divisors, tensor_parallel_processes
+from inferentia_operator.core.findings import errors
+from inferentia_operator.core.parsing import parse_spec
+from inferentia_operator.core.planner import InvalidSpec, plan
 from specs import make_spec
 
 
@@ -245,7 +245,7 @@ def test_inf1_plans_are_byte_for_byte_what_they_were():
     keeps its compile hash (so an operator upgrade recompiles nothing), with one
     deliberate exception: fp32 models now compile with --fast-math none, which keeps them
     in FP32 where neuron-cc's default cast them to BF16, so they (and only they) recompile."""
-    from inferentia_operator.children import Model, compile_hash, plan_document
+    from inferentia_operator.core.children import Model, compile_hash, plan_document
 
     cases = json.loads(GOLDEN.read_text())
     assert len(cases) > 50

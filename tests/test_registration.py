@@ -3,7 +3,7 @@ a finalizer on users' models or writes its own bookkeeping into them."""
 
 import kopf
 
-from inferentia_operator import controller
+from inferentia_operator.shell import controller
 
 
 def registry():

@@ -2,8 +2,8 @@
 
 import pytest
 
-from inferentia_operator.findings import errors
-from inferentia_operator.parsing import parse_spec
+from inferentia_operator.core.findings import errors
+from inferentia_operator.core.parsing import parse_spec
 from specs import make_spec
 
 
@@ -300,9 +300,9 @@ def test_what_a_child_could_not_hold_is_refused_on_the_model(overrides, expected
 
 def test_secrets_reach_the_serving_process_by_reference_only():
     """valueFrom and envFrom are accepted, and checked with the messages the API server gives."""
-    from inferentia_operator import children
-    from inferentia_operator.children import Model
-    from inferentia_operator.planner import plan as make_plan
+    from inferentia_operator.core import children
+    from inferentia_operator.core.children import Model
+    from inferentia_operator.core.planner import plan as make_plan
 
     env = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]
     spec, found = parse_spec(make_spec(**{"serving.env": env, "serving.envFrom": [{"configMapRef": {"name": "tuning"}, "prefix": "APP_"}]}))
@@ -329,7 +329,7 @@ def test_bad_env_sources_are_refused_naming_the_variable(env, message):
 def test_instance_types_are_filtered_by_cpu_and_memory_after_system_reservations():
     """An inf2.xlarge has 4 vCPUs in all, of which the kubelet's reservations leave 3920m:
     a replica asking for 4 CPUs is planned onto the larger types only."""
-    from inferentia_operator.planner import plan as make_plan
+    from inferentia_operator.core.planner import plan as make_plan
 
     spec, found = parse_spec(make_spec(**{"compute.family": "inf2", "compute.cpu": "4"}))
     assert not errors(found)

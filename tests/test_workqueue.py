@@ -2,7 +2,7 @@
 
 import asyncio
 
-from inferentia_operator.workqueue import WorkQueue
+from inferentia_operator.shell.workqueue import WorkQueue
 
 
 def run(coro):

@@ -9,11 +9,11 @@ from typing import Any
 
 import yaml
 
-from .children import Model, desired_objects, plan_document
-from .crd import crd_yaml
-from .documents import Loaded, ModelDocument, load_models
-from .names import DEFAULT_BATCHING_IMAGE
-from .planner import plan
+from .core.children import Model, desired_objects, plan_document
+from .core.crd import crd_yaml
+from .core.names import DEFAULT_BATCHING_IMAGE
+from .core.planner import plan
+from .manifests import Loaded, ModelDocument, load_models
 
 EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
 
@@ -143,7 +143,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .runner import run  # kopf and the Kubernetes client load only for this command
+    from .shell.runner import run  # kopf and the Kubernetes client load only for this command
 
     return run(args)
 

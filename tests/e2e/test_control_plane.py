@@ -11,9 +11,9 @@ import pytest
 import yaml
 from kit import ROOT, listening_ports, wait_for
 
-from inferentia_operator.findings import errors
-from inferentia_operator.parsing import parse_spec
-from inferentia_operator.rules import CEL_RULES, NAME, check_name
+from inferentia_operator.core.findings import errors
+from inferentia_operator.core.parsing import parse_spec
+from inferentia_operator.core.rules import CEL_RULES, NAME, check_name
 from specs import make_model, make_spec
 
 TOLERATE_NEURON = [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}]

@@ -11,11 +11,11 @@ import yaml
 from kit import OperatorProcess, bind_user_to_namespaced_roles, bind_user_to_operator_role, wait_for
 
 from conftest import OPERATOR_USER
-from inferentia_operator import children
-from inferentia_operator.api import InferentiaModelSpec
-from inferentia_operator.children import Model
-from inferentia_operator.drift import applied
-from inferentia_operator.planner import plan
+from inferentia_operator.core import children
+from inferentia_operator.core.api import InferentiaModelSpec
+from inferentia_operator.core.children import Model
+from inferentia_operator.core.drift import applied
+from inferentia_operator.core.planner import plan
 from specs import make_model
 
 COMPILE_IMAGE = "example.com/neuron-compile:1"
@@ -585,8 +585,8 @@ def test_validate_the_api_server_and_the_operators_status_agree_on_the_corpus(cl
     operator writes for what the API server stores."""
     from test_control_plane import DIVERGENCE_CORPUS
 
-    from inferentia_operator.findings import errors
-    from inferentia_operator.parsing import parse_spec
+    from inferentia_operator.core.findings import errors
+    from inferentia_operator.core.parsing import parse_spec
     from specs import make_spec
 
     operator_only = [

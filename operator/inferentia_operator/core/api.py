@@ -3,7 +3,7 @@
 These pydantic models are the single source of truth: the CRD in ``crds/`` is
 generated from them (``inferentia-operator crd``), and each attribute's docstring
 becomes its description, so ``kubectl explain`` shows what is written here.
-Cross-field rules live in :mod:`inferentia_operator.rules`, which also emits the
+Cross-field rules live in :mod:`inferentia_operator.core.rules`, which also emits the
 matching CEL for the CRD.
 """
 

@@ -19,8 +19,10 @@ from urllib.parse import quote
 import kubernetes
 import urllib3
 
-from . import api, metrics
-from .names import FIELD_MANAGER
+from inferentia_operator.core import api
+from inferentia_operator.core.names import FIELD_MANAGER
+
+from . import metrics
 
 log = logging.getLogger(__name__)
 

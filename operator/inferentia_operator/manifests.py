@@ -14,12 +14,12 @@ from typing import Any
 
 import yaml
 
-from . import api
-from .children import Model, plan_size_findings
-from .findings import Finding, errors
-from .parsing import parse_spec, shown
-from .planner import plan
-from .rules import check_name, check_namespace
+from .core import api
+from .core.children import Model, plan_size_findings
+from .core.findings import Finding, errors
+from .core.parsing import parse_spec, shown
+from .core.planner import plan
+from .core.rules import check_name, check_namespace
 
 MANIFEST_SUFFIXES = {".yaml", ".yml", ".json"}
 # A manifest larger than this is refused unread (the API server's own request limit is 3 MiB).

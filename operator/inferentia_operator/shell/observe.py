@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import api
-from .names import MODEL_LABEL
+from inferentia_operator.core import api
+from inferentia_operator.core.names import MODEL_LABEL
 
 _METADATA_KEPT = (
     "name", "namespace", "uid", "labels", "annotations", "ownerReferences",

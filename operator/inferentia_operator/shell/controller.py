@@ -34,10 +34,13 @@ from typing import Any
 
 import kopf
 
-from . import api, conditions, metrics
-from .decide import Conflict, Decision, Observed, WriteFailure, decide, holder_of, status_document, status_patch
+from inferentia_operator.core import api
+from inferentia_operator.core import status as conditions
+from inferentia_operator.core.decide import Conflict, Decision, Observed, WriteFailure, decide, holder_of, status_document, status_patch
+from inferentia_operator.core.names import DEFAULT_BATCHING_IMAGE, FIELD_MANAGER, MANAGED_BY_LABEL
+
+from . import metrics
 from .kube import ApiError, Kube
-from .names import DEFAULT_BATCHING_IMAGE, FIELD_MANAGER, MANAGED_BY_LABEL
 from .observe import Key, owner_key, pod_signature, project, project_pod, resource_version
 
 log = logging.getLogger(__name__)

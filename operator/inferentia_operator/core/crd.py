@@ -2,7 +2,7 @@
 
 The pydantic JSON schema is turned into a structural OpenAPI v3 schema: references
 inlined, optional fields made plain properties, pydantic-only keys dropped, and the
-CEL rules of :mod:`inferentia_operator.rules` attached where they belong.
+CEL rules of :mod:`inferentia_operator.core.rules` attached where they belong.
 """
 
 from __future__ import annotations

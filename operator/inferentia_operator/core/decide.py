@@ -14,7 +14,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import api, children, conditions
+from . import api, children
+from . import status as conditions
 from .api import InferentiaModelStatus
 from .children import Model
 from .drift import applied
