@@ -23,7 +23,7 @@ help:
 	@echo "make benchmark     print the performance figures (control-plane warm start, time to Ready, planner rate)"
 	@echo "make benchmark-scale [N=1000]  the reconcile core at scale, against the bare API (about 15 min at N=1000)"
 	@echo "make benchmark-batching  the batching front end: none, a fixed window and adaptive, under Poisson load"
-	@echo "make lint          ruff, as configured in pyproject.toml (make test runs it too)"
+	@echo "make lint          ruff (lint and format) and mypy, as configured in pyproject.toml (make test runs them too)"
 	@echo "make crd           regenerate $(CRD) (and the chart's copy) from the pydantic models"
 	@echo "make manifests     regenerate manifests/*.yaml from the chart's default values"
 
@@ -73,6 +73,8 @@ benchmark-batching: venv
 
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 crd: venv
 	$(BIN)/inferentia-operator crd > $(CRD)

@@ -20,7 +20,7 @@ def pod(scheduled=True, message=""):
     return {"metadata": {}, "status": {"conditions": [cond]}}
 
 
-COMPILED = c.Cond("Compiled", "True", "Compiled", "done")
+COMPILED = c.cond("Compiled", "True", "Compiled", "done")
 
 
 def by_type(conds):
@@ -30,7 +30,7 @@ def by_type(conds):
 def test_ready_when_the_current_plan_is_fully_rolled_out():
     d = deployment()
     conds = by_type(
-        c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=c.rollout_of(d, 2, "h1"), observed=c.Observed(d, [pod(), pod()]))
+        c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=c.rollout_of(d, 2, "h1"), pods=[pod(), pod()])
     )
     assert (conds["Ready"].status, conds["Ready"].reason) == ("True", "Ready")
     assert conds["Progressing"].reason == "RolloutComplete"
@@ -44,7 +44,7 @@ def test_not_ready_while_old_pods_remain_or_the_plan_is_old():
         (deployment(), "h2"),  # the Deployment still has the previous plan
         (deployment(observed=2), "h1"),  # the Deployment controller has not seen the change
     ]:
-        conds = by_type(c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=c.rollout_of(d, 2, hash_), observed=c.Observed(d)))
+        conds = by_type(c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=c.rollout_of(d, 2, hash_), pods=[]))
         assert (conds["Ready"].status, conds["Ready"].reason) == ("False", "RollingOut")
         assert conds["Progressing"].status == "True"
         assert conds["Reconciling"].status == "True"  # kstatus: InProgress
@@ -54,7 +54,7 @@ def test_unschedulable_pods_name_the_schedulers_reason():
     d = deployment(ready=1, available=1, updated=2)
     message = "0/6 nodes are available: 6 Insufficient aws.amazon.com/neuron."
     conds = by_type(
-        c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=c.rollout_of(d, 2, "h1"), observed=c.Observed(d, [pod(), pod(False, message)]))
+        c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=c.rollout_of(d, 2, "h1"), pods=[pod(), pod(False, message)])
     )
     assert (conds["Scheduled"].status, conds["Scheduled"].reason) == ("False", "Unschedulable")
     assert conds["Scheduled"].message == f"1 pod cannot be placed: {message}"
@@ -63,36 +63,41 @@ def test_unschedulable_pods_name_the_schedulers_reason():
 
 def test_compile_states():
     job = lambda t, s, **kw: {"status": {"conditions": [{"type": t, "status": s, **kw}]}}  # noqa: E731
-    assert c.compile_state(True, "j", job("Complete", "True"), "s3://out/").reason == "Compiled"
-    failed = c.compile_state(True, "j", job("Failed", "True", reason="BackoffLimitExceeded", message="too many"), "u")
+    assert c.compiled_condition(True, "j", job("Complete", "True"), "s3://out/").reason == "Compiled"
+    failed = c.compiled_condition(True, "j", job("Failed", "True", reason="BackoffLimitExceeded", message="too many"), "u")
     assert (failed.status, failed.reason, failed.message) == ("False", "CompileFailed", "Job j failed: BackoffLimitExceeded: too many")
-    assert c.compile_state(True, "j", None, "u").reason == "Compiling"
-    assert c.compile_state(False, None, None, "u").status == "True"
+    assert c.compiled_condition(True, "j", None, "u").reason == "Compiling"
+    assert c.compiled_condition(False, None, None, "u").status == "True"
 
 
 def test_a_failed_compile_keeps_ready_false_and_stops_progressing():
-    failed = c.Cond("Compiled", "False", "CompileFailed", "Job j failed: x")
+    failed = c.cond("Compiled", "False", "CompileFailed", "Job j failed: x")
     d = deployment(hash_="old")
-    conds = by_type(c.conditions(valid=True, invalid_message="", compiled=failed, rollout=c.rollout_of(d, 2, "new"), observed=c.Observed(d)))
+    conds = by_type(c.conditions(valid=True, invalid_message="", compiled=failed, rollout=c.rollout_of(d, 2, "new"), pods=[]))
     assert (conds["Ready"].reason, conds["Progressing"].status) == ("CompileFailed", "False")
     assert conds["Available"].status == "True"  # the previous Deployment keeps serving
     assert (conds["Stalled"].status, conds["Stalled"].reason) == ("True", "CompileFailed")  # kstatus: Failed
 
 
 def test_invalid_spec():
-    conds = by_type(c.conditions(valid=False, invalid_message="spec.x: bad", compiled=None, rollout=c.rollout_of(None, 1, None), observed=c.Observed()))
+    conds = by_type(c.conditions(valid=False, invalid_message="spec.x: bad", compiled=None, rollout=c.rollout_of(None, 1, None), pods=[]))
     assert (conds["Validated"].status, conds["Ready"].reason, conds["Ready"].message) == ("False", "InvalidSpec", "spec.x: bad")
     assert (conds["Stalled"].status, conds["Reconciling"].status) == ("True", "False")
 
 
+def stored(conds):
+    """Conditions as the API server stores them, which is what the next reconcile reads."""
+    return [x.model_dump(by_alias=True, mode="json", exclude_none=True) for x in conds]
+
+
 def test_transition_times_hold_while_status_holds():
-    first = c.with_times([c.Cond("Ready", "False", "RollingOut")], [], 1, "T1")
-    same = c.with_times([c.Cond("Ready", "False", "Compiling")], first, 2, "T2")
+    first = stored(c.stamped([c.cond("Ready", "False", "RollingOut")], [], 1, "T1"))
+    same = stored(c.stamped([c.cond("Ready", "False", "Compiling")], first, 2, "T2"))
     assert same[0]["lastTransitionTime"] == "T1" and same[0]["observedGeneration"] == 2
-    flipped = c.with_times([c.Cond("Ready", "True", "Ready")], same, 2, "T3")
-    assert flipped[0]["lastTransitionTime"] == "T3"
-    assert c.transitions(flipped, same) == [("Normal", "Ready", "Ready=True: ")]
-    assert c.transitions(flipped, flipped) == []
+    flipped = c.stamped([c.cond("Ready", "True", "Ready")], same, 2, "T3")
+    assert flipped[0].last_transition_time == "T3"
+    assert c.events(flipped, same) == [c.Event("Normal", "Ready", "Ready=True: ")]
+    assert c.events(flipped, stored(flipped)) == []
 
 
 def test_pods_the_replicaset_cannot_create_are_reported_never_available_with_zero_pods():
@@ -102,7 +107,7 @@ def test_pods_the_replicaset_cannot_create_are_reported_never_available_with_zer
         {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
          "message": 'pods "m-1" is forbidden: violates PodSecurity "restricted:latest"'},
     ]  # fmt: skip
-    conds = by_type(c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=c.rollout_of(d, 1, "h1"), observed=c.Observed(d)))
+    conds = by_type(c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=c.rollout_of(d, 1, "h1"), pods=[]))
     assert (conds["Available"].status, conds["Available"].message) == ("False", "0 of 1 replicas available")
     assert (conds["Ready"].reason, conds["Stalled"].status) == ("FailedCreate", "True")
     assert "violates PodSecurity" in conds["Ready"].message
@@ -110,14 +115,14 @@ def test_pods_the_replicaset_cannot_create_are_reported_never_available_with_zer
 
 def test_events_tell_of_readiness_finished_compiles_and_problems_not_routine_steps():
     def cond(type_, status, reason):
-        return {"type": type_, "status": status, "reason": reason, "message": "m"}
+        return c.cond(type_, status, reason, "m")
 
     before = [cond("Validated", "Unknown", "New"), cond("Scheduled", "Unknown", "Pending"), cond("Ready", "False", "RollingOut")]
     after = [cond("Validated", "True", "Valid"), cond("Scheduled", "True", "Scheduled"), cond("Ready", "True", "Ready")]
-    assert c.transitions(after, before) == [("Normal", "Ready", "Ready=True: m")]
+    assert c.events(after, stored(before)) == [c.Event("Normal", "Ready", "Ready=True: m")]
     broken = [cond("Validated", "False", "InvalidSpec"), cond("Scheduled", "True", "Scheduled"), cond("Ready", "False", "InvalidSpec")]
-    assert c.transitions(broken, after) == [
-        ("Warning", "InvalidSpec", "Validated=False: m"), ("Warning", "InvalidSpec", "Ready=False: m"),
+    assert c.events(broken, stored(after)) == [
+        c.Event("Warning", "InvalidSpec", "Validated=False: m"), c.Event("Warning", "InvalidSpec", "Ready=False: m"),
     ]  # fmt: skip
     rolling = [*after[:2], cond("Ready", "False", "RollingOut")]
-    assert c.transitions(rolling, after) == [("Normal", "RollingOut", "Ready=False: m")]  # no longer Ready is news
+    assert c.events(rolling, stored(after)) == [c.Event("Normal", "RollingOut", "Ready=False: m")]  # no longer Ready is news

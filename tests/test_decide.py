@@ -5,8 +5,9 @@ import pytest
 from inferentia_operator.core import children
 from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.children import Model
-from inferentia_operator.core.decide import Conflict, Observed, WriteFailure, decide, status_document, status_patch
+from inferentia_operator.core.decide import decide
 from inferentia_operator.core.planner import plan
+from inferentia_operator.core.status import Conflict, Observed, WriteFailure, status_document, status_patch
 from specs import make_spec
 
 NOW = "2026-11-22T10:00:00Z"
@@ -51,7 +52,7 @@ def kinds(objects):
 
 
 def conds(decision):
-    return {c["type"]: c for c in status_document(decision.status)["conditions"]}
+    return {c["type"]: c for c in status_document(decision.report.status)["conditions"]}
 
 
 def test_a_new_model_applies_its_children_and_holds_the_deployment_for_the_compile():
@@ -153,7 +154,7 @@ def test_an_invalid_edit_leaves_every_child_alone_and_reports_it():
     c = conds(d)
     assert (c["Validated"]["status"], c["Ready"]["reason"], c["Stalled"]["status"]) == ("False", "InvalidSpec", "True")
     assert "valid values are 1, 2, 4" in c["Validated"]["message"]
-    document = status_document(d.status)
+    document = status_document(d.report.status)
     assert document["plan"] == children.plan_document(good.plan)  # the last valid plan stays visible
     assert document["observedGeneration"] == 2
 
@@ -200,16 +201,16 @@ def test_a_steady_model_needs_no_write_and_no_status_patch():
     )
     first = decide(o, NOW)
     assert first.apply == [] and first.delete == []
-    o.model = {**body, "status": status_document(first.status)}
+    o.model = {**body, "status": status_document(first.report.status)}
     again = decide(o, "2026-11-22T11:00:00Z")  # later: unchanged conditions keep their times
-    assert status_patch(o.model["status"], again.status) is None
+    assert status_patch(o.model["status"], again.report.status) is None
 
 
 def test_status_patch_nulls_what_is_no_longer_reported_and_keeps_kopfs_stanza():
     body = model_body()
     d = decide(Observed(body), NOW)
     previous = {"kopf": {"progress": {}}, "compiledUri": "s3://old/", "observedGeneration": 0}
-    patch = status_patch(previous, d.status)
+    patch = status_patch(previous, d.report.status)
     assert patch["compiledUri"] is None and "kopf" not in patch and patch["observedGeneration"] == 1
 
 
@@ -217,7 +218,7 @@ def test_a_model_being_deleted_gets_nothing():
     body = model_body()
     body["metadata"]["deletionTimestamp"] = NOW
     d = decide(Observed(body), NOW)
-    assert (d.apply, d.delete, d.status) == ([], [], None)
+    assert (d.apply, d.delete, d.report) == ([], [], None)
 
 
 @pytest.mark.parametrize("edit", ["port", "label"])

@@ -1,6 +1,7 @@
-"""The linters the project configures (pyproject.toml [tool.ruff]) fail the suite: undefined
-names, unused imports, import order, bugbear's traps, blind excepts, private access, a
-noqa that silences nothing, and the pure core importing kopf or the Kubernetes client."""
+"""The linters the project configures fail the suite: ruff (undefined names, unused imports,
+import order, bugbear's traps, blind excepts, private access, a noqa that silences
+nothing, the pure core importing kopf or the Kubernetes client, and the format), and
+mypy, strict (pyproject.toml's [tool.ruff] and [tool.mypy])."""
 
 import subprocess
 import sys
@@ -41,3 +42,9 @@ def test_importing_the_core_loads_neither_kopf_nor_the_kubernetes_client():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]", result.stdout
 
+
+
+def test_mypy_finds_nothing():
+    """The type checker, strict on the whole package (pyproject.toml [tool.mypy])."""
+    result = subprocess.run([sys.executable, "-m", "mypy", "--no-error-summary"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

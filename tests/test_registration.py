@@ -3,12 +3,13 @@ a finalizer on users' models or writes its own bookkeeping into them."""
 
 import kopf
 
-from inferentia_operator.shell import controller
+from inferentia_operator.shell import wiring
+from inferentia_operator.shell.reconciler import Reconciler
 
 
 def registry():
     r = kopf.OperatorRegistry()
-    controller.register(r, controller.Reconciler(kube=lambda: None, workers=1, resync_seconds=60, is_active=lambda: True))
+    wiring.register(r, Reconciler(kube=lambda: None, workers=1, resync_seconds=60, is_active=lambda: True))
     return r
 
 
@@ -32,7 +33,7 @@ def test_every_kind_is_cached_and_triggers_a_reconcile():
 
 def test_children_are_filtered_on_the_server():
     settings = kopf.OperatorSettings()
-    controller.configure_watches(settings)
+    wiring.configure_watches(settings)
     selectors = {s.any_name: v for s, v in settings.watching.label_selectors.items()}
     assert selectors == dict.fromkeys(
         ["deployments", "jobs", "services", "configmaps", "pods"], "app.kubernetes.io/managed-by=inferentia-operator"

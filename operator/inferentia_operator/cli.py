@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import yaml
 
-from .core.children import Model, desired_objects, plan_document
+from .core.children import desired_objects, plan_document
 from .core.crd import crd_yaml
 from .core.names import DEFAULT_BATCHING_IMAGE
-from .core.planner import plan
 from .manifests import Loaded, ModelDocument, load_models
 
 EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
@@ -50,12 +51,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def plan_record(doc: ModelDocument) -> dict[str, Any]:
-    assert doc.spec is not None
-    return {"name": doc.name, "namespace": doc.namespace, **plan_document(plan(doc.spec))}
+    assert doc.model is not None
+    return {"name": doc.name, "namespace": doc.namespace, **plan_document(doc.model.plan)}
 
 
 def _table(records: list[dict[str, Any]]) -> str:
-    columns = [
+    columns: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
         ("NAMESPACE", lambda r: r["namespace"]),
         ("NAME", lambda r: r["name"]),
         ("FAMILY", lambda r: r["family"]),
@@ -98,8 +99,8 @@ PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 
 def rendered_objects(doc: ModelDocument) -> list[dict[str, Any]]:
     """The objects the operator would apply for a valid model, from the operator's own builders."""
-    assert doc.spec is not None
-    return desired_objects(Model(doc.name, doc.namespace, PLACEHOLDER_UID, doc.spec, plan(doc.spec)))
+    assert doc.model is not None
+    return desired_objects(replace(doc.model, uid=PLACEHOLDER_UID))
 
 
 class _ReviewDumper(yaml.SafeDumper):
@@ -227,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             stream.reconfigure(errors="backslashreplace")
     args = parser().parse_args(argv)
     try:
-        return args.func(args)
+        code: int = args.func(args)
+        return code
     except BrokenPipeError:
         return EXIT_OK
     except KeyboardInterrupt:

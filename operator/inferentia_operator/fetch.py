@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 
 class FetchError(Exception):
@@ -26,7 +27,7 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
     return bucket, prefix
 
 
-def fetch(uri: str, destination: Path, client=None) -> list[Path]:
+def fetch(uri: str, destination: Path, client: Any = None) -> list[Path]:
     """Every object under ``uri`` into ``destination``, keeping the paths below the prefix.
     Refuses a key that would land outside ``destination`` (``..``)."""
     bucket, prefix = split_s3_uri(uri)

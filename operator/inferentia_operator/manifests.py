@@ -15,11 +15,10 @@ from typing import Any
 import yaml
 
 from .core import api
-from .core.children import Model, plan_size_findings
+from .core.children import Model
 from .core.findings import Finding, errors
-from .core.parsing import parse_spec, shown
-from .core.planner import plan
-from .core.rules import check_name, check_namespace
+from .core.model import check_model
+from .core.parsing import shown
 
 MANIFEST_SUFFIXES = {".yaml", ".yml", ".json"}
 # A manifest larger than this is refused unread (the API server's own request limit is 3 MiB).
@@ -44,6 +43,7 @@ class ModelDocument:
     body: dict[str, Any]
     findings: list[Finding] = field(default_factory=list)
     spec: api.InferentiaModelSpec | None = None
+    model: Model | None = None  # the planned model, when the document is valid
 
     @property
     def key(self) -> str:
@@ -51,23 +51,18 @@ class ModelDocument:
 
     @property
     def valid(self) -> bool:
-        return self.spec is not None and not errors(self.findings)
+        return self.model is not None and not errors(self.findings)
 
 
 def check_document(body: dict[str, Any], source: str = "") -> ModelDocument:
-    metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    metadata: dict[str, Any] = body["metadata"] if isinstance(body.get("metadata"), dict) else {}
     name, namespace = metadata.get("name"), metadata.get("namespace") or "default"
     doc = ModelDocument(source, str(name) if name else "<unnamed>", str(namespace), body)
     if body.get("apiVersion") != api.API_VERSION:
         doc.findings.append(Finding("apiVersion", f"{shown(body.get('apiVersion'))} is not served; valid values are {api.API_VERSION}"))
-    doc.findings += check_name(name)
-    doc.findings += check_namespace(metadata.get("namespace"))
-    doc.spec, spec_findings = parse_spec(body.get("spec"))
-    doc.findings += spec_findings
-    if doc.valid:
-        assert doc.spec is not None
-        model = Model(doc.name, doc.namespace, "", doc.spec, plan(doc.spec))
-        doc.findings += plan_size_findings(model)
+    checked = check_model(name, metadata.get("namespace"), body.get("spec"))
+    doc.findings += checked.findings
+    doc.spec, doc.model = checked.spec, checked.model
     return doc
 
 
@@ -159,7 +154,8 @@ class _BoundedLoader(yaml.SafeLoader):
 
     def compose_document(self) -> Any:
         node = super().compose_document()
-        _expanded_size(node, {})
+        if node is not None:
+            _expanded_size(node, {})
         return node
 
 

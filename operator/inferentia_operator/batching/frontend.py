@@ -63,7 +63,7 @@ class FrontEnd:
         self.buckets: list[Shape] = [tuple(b) for b in buckets or []]
         self.clock = clock
         self.metrics = Metrics(len(backends))
-        self._answers: dict[int, asyncio.Future] = {}
+        self._answers: dict[int, asyncio.Future[Any]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._session: aiohttp.ClientSession | None = None
 
@@ -109,7 +109,7 @@ class FrontEnd:
         refused = self.dispatcher.arrive(job)
         if refused is not None:
             return self._busy(refused)
-        answer: asyncio.Future = asyncio.get_running_loop().create_future()
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._answers[job.id] = answer
         self._decide()
         outcome = await answer

@@ -47,7 +47,8 @@ def torchscript(path: str) -> Predict:  # pragma: no cover - needs torch and a N
         def run() -> list[Any]:
             with torch.no_grad():
                 batch = torch.tensor(inputs)
-                return model(batch).tolist()
+                result: list[Any] = model(batch).tolist()
+                return result
 
         return await asyncio.get_running_loop().run_in_executor(None, run)
 

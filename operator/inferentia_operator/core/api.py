@@ -305,6 +305,12 @@ class InferentiaModelSpec(ApiModel):
     run_as_root: StrictBool = False
     """Run the serving and compile containers as root, for images that need it. By default they run as user 65532 with no capabilities and no privilege escalation, which passes the restricted Pod Security level; as root they pass baseline only."""
 
+    @property
+    def has_batching_front_end(self) -> bool:
+        """Whether each pod gets the batching front end on the serving port. vLLM batches
+        sequences itself and gets none (the CRD's CEL port rule restates this)."""
+        return self.serving.batching is not None and self.serving.runtime != "vllm"
+
 
 class FrontEnd(ApiModel):
     """The batching front end of each serving pod (spec.serving.batching, not with vLLM)."""

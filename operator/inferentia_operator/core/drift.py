@@ -35,12 +35,12 @@ def quantity(value: Any) -> Decimal | None:
         except InvalidOperation:
             return None
     try:
-        return Decimal(match.group(1)) * Decimal(_SUFFIXES[match.group(2)])
+        return Decimal(match.group(1)) * Decimal(str(_SUFFIXES[match.group(2)]))
     except InvalidOperation:
         return None
 
 
-_OMITTED_WHEN_EMPTY = ("", [], {})
+_OMITTED_WHEN_EMPTY: tuple[Any, ...] = ("", [], {})
 
 
 def applied(desired: Any, live: Any, path: tuple[str, ...] = ()) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from .api import InferentiaModelSpec
 from .findings import Finding
@@ -43,7 +44,7 @@ def shown(value: Any) -> str:
     return "this value"
 
 
-def _describe_error(error: dict[str, Any]) -> str:
+def _describe_error(error: ErrorDetails) -> str:
     kind, raw, ctx = error["type"], error.get("input"), error.get("ctx") or {}
     value = shown(raw)
     if kind == "missing":

@@ -136,9 +136,10 @@ def process_env(fam: Family, lnc: int, cores: str, size: int, args: list[str], i
     }
 
 
-def plan(spec: InferentiaModelSpec) -> Plan:
-    """The plan of a spec; raises InvalidSpec when any rule fails."""
-    findings = check_spec(spec)
+def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Plan:
+    """The plan of a spec; raises InvalidSpec when any rule fails. ``checked``: the spec's
+    findings, when the caller has already run :func:`rules.check_spec` on it."""
+    findings = check_spec(spec) if checked is None else checked
     if errors(findings):
         raise InvalidSpec(findings)
 
@@ -185,7 +186,7 @@ def plan(spec: InferentiaModelSpec) -> Plan:
     # batches sequences itself and gets none.
     batching = spec.serving.batching
     front_end = None
-    if batching is not None and spec.serving.runtime != "vllm":
+    if batching is not None and spec.has_batching_front_end:
         front_end = FrontEnd(
             port=spec.serving.port,
             process_base_port=spec.serving.port + 1,

@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from .api import InferentiaModelSpec
+from .api import EnvFromSource, EnvVar, InferentiaModelSpec
 from .catalogue import FAMILIES, Family, bucket_budget_per_core, host_fits
 from .cel import (
     CEL_ALLOC_CPU,
@@ -385,14 +385,14 @@ ENV_FROM = CrossFieldRule(
 ENV_REFERENCES = (ENV_SOURCE, ENV_FIELD, ENV_KEY_REF, ENV_FROM)
 
 
-def _env_source_ok(e) -> bool:
+def _env_source_ok(e: EnvVar) -> bool:
     if e.value_from is None:
         return True
     sources = [e.value_from.secret_key_ref, e.value_from.config_map_key_ref, e.value_from.field_ref, e.value_from.resource_field_ref]
     return e.value is None and sum(x is not None for x in sources) == 1
 
 
-def _env_field_ok(e) -> bool:
+def _env_field_ok(e: EnvVar) -> bool:
     source = e.value_from
     if source is None:
         return True
@@ -400,12 +400,12 @@ def _env_field_ok(e) -> bool:
     return field_ok and (source.resource_field_ref is None or source.resource_field_ref.resource in RESOURCES)
 
 
-def _env_key_ref_ok(e) -> bool:
+def _env_key_ref_ok(e: EnvVar) -> bool:
     refs = [] if e.value_from is None else [e.value_from.secret_key_ref, e.value_from.config_map_key_ref]
-    return all(r is None or (re.match(SUBDOMAIN_PATTERN, r.name) and re.match(CONFIG_KEY_PATTERN, r.key)) for r in refs)
+    return all(r is None or bool(re.match(SUBDOMAIN_PATTERN, r.name) and re.match(CONFIG_KEY_PATTERN, r.key)) for r in refs)
 
 
-def _env_from_ok(s) -> bool:
+def _env_from_ok(s: EnvFromSource) -> bool:
     refs = [r for r in (s.secret_ref, s.config_map_ref) if r is not None]
     return len(refs) == 1 and bool(re.match(SUBDOMAIN_PATTERN, refs[0].name)) and (s.prefix is None or bool(re.match(ENV_NAME_PATTERN, s.prefix)))
 
@@ -760,14 +760,14 @@ def _check_child_values(spec: InferentiaModelSpec, fam: Family) -> list[Finding]
     for field, value in (("cpu", spec.compute.cpu), ("memory", spec.compute.memory)):
         if not re.match(QUANTITY_GRAMMAR, value):
             found.append(QUANTITY[field].finding(value))
-    for field, value in (("cpu", spec.compile.cpu), ("memory", spec.compile.memory)):
-        if value is not None and not re.match(QUANTITY_GRAMMAR, value):
-            found.append(COMPILE_QUANTITY[field].finding(value))
+    for field, optional in (("cpu", spec.compile.cpu), ("memory", spec.compile.memory)):
+        if optional is not None and not re.match(QUANTITY_GRAMMAR, optional):
+            found.append(COMPILE_QUANTITY[field].finding(optional))
     for field, value in (("homeSize", spec.serving.home_size), ("tmpSize", spec.serving.tmp_size)):
         if not re.match(QUANTITY_GRAMMAR, value):
             found.append(SCRATCH_QUANTITY[field].finding(value))
     port = spec.serving.port
-    p = spec.processes_per_replica + (1 if spec.serving.batching is not None and spec.serving.runtime != "vllm" else 0)
+    p = spec.processes_per_replica + (1 if spec.has_batching_front_end else 0)
     if port + p - 1 > 65535:
         found.append(PORTS_FIT.finding(port, port + p - 1, p, 65536 - p))
     env = spec.serving.env or []
@@ -790,8 +790,8 @@ def _check_child_values(spec: InferentiaModelSpec, fam: Family) -> list[Finding]
         if image is not None and re.search(r"\s", image):
             found.append(IMAGE[key].finding(image))
     bounds = {"maxSurge": spec.rollout.max_surge, "maxUnavailable": spec.rollout.max_unavailable}
-    for key, value in bounds.items():
-        text = str(value)
+    for key, bound in bounds.items():
+        text = str(bound)
         if not re.match(_INT_OR_PERCENT, text) or (key == "maxUnavailable" and text.endswith("%") and int(text[:-1]) > 100):
             found.append(ROLLOUT_VALUE[key].finding(text, " up to 100%" if key == "maxUnavailable" else "", "25%"))
     if all(str(v) in ("0", "0%") for v in bounds.values()):

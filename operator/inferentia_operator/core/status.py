@@ -1,18 +1,26 @@
-"""Status from what the operator observed: pure functions, no API calls.
+"""A model's status, from what the operator observed: pure functions, no API calls.
+
+Everything a reader needs to answer "why is my model not Ready?" is here: what was
+observed (:class:`Observed`), how a Job, a Deployment and the serving pods are read
+(each in one function), the conditions, their transition times, the status document
+and the events, which follow from the condition transitions.
 
 Conditions follow the Kubernetes conventions (metav1.Condition) that kubectl wait,
-Helm, Argo CD and Flux's kstatus read: ``Ready=True`` means the current
-generation is fully rolled out and available, and ``observedGeneration`` says
-which generation the status describes.
+Helm, Argo CD and Flux's kstatus read: ``Ready=True`` means the current generation is
+fully rolled out and available, and ``observedGeneration`` says which generation the
+status describes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
-from .names import PLAN_HASH_ANNOTATION
+from . import api
+from .names import COMPONENT_LABEL, DEFAULT_BATCHING_IMAGE, PLAN_HASH_ANNOTATION
+from .objects import Obj
 
 # Flux's kstatus reads only observedGeneration and the "abnormal-true" Reconciling and
 # Stalled conditions of a custom resource (anything else counts as Current), so they
@@ -25,22 +33,164 @@ EVENT_TYPES = ("Validated", "Compiled", "Scheduled", "Ready")
 # would want told: the model became Ready (or stopped being), a compile Job finished.
 # The routine steps in between (validated, scheduled) are in the conditions.
 NORMAL_EVENTS = {("Ready", "Ready"), ("Compiled", "Compiled")}
+# API status codes for which retrying the same write cannot help.
+PERMANENT_CODES = {400, 403, 404, 405, 409, 410, 413, 415, 422}
+
+Status = Literal["True", "False", "Unknown"]
+
+
+# --- what was observed -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WriteFailure:
+    """A write the API server refused, with its own words."""
+
+    kind: str
+    name: str
+    code: int
+    message: str
+
+    @property
+    def permanent(self) -> bool:
+        return self.code in PERMANENT_CODES
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name}: {self.code} {self.message}"
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """A child's name is taken by an object the model does not own."""
+
+    kind: str
+    name: str
+    holder: str  # who has it, as a phrase: "controlled by Deployment web", "not managed by this model"
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name} already exists and is {self.holder}; the operator leaves it alone (rename the model or remove that object)"
 
 
 @dataclass
 class Observed:
-    """The children as they are now; dicts are the live objects, None when absent."""
+    """One model and its children as the caches hold them (None or empty when absent)."""
 
+    model: dict[str, Any]
     deployment: dict[str, Any] | None = None
+    service: dict[str, Any] | None = None
+    configmaps: list[dict[str, Any]] = field(default_factory=list)
+    jobs: list[dict[str, Any]] = field(default_factory=list)
     pods: list[dict[str, Any]] = field(default_factory=list)
+    # What the last attempt to write found; empty before the act step.
+    failures: list[WriteFailure] = field(default_factory=list)
+    conflicts: list[Conflict] = field(default_factory=list)
+    # Configuration, not state: the operator's --batching-image.
+    batching_image: str = DEFAULT_BATCHING_IMAGE
+
+    def live(self, kind: str, name: str | None) -> dict[str, Any] | None:
+        if kind == "Deployment":
+            return self.deployment if Obj(self.deployment).name == name else None
+        if kind == "Service":
+            return self.service if Obj(self.service).name == name else None
+        pool = self.configmaps if kind == "ConfigMap" else self.jobs if kind == "Job" else []
+        return next((o for o in pool if Obj(o).name == name), None)
+
+    @property
+    def serving_pods(self) -> list[dict[str, Any]]:
+        return [p for p in self.pods if Obj(p).labels.get(COMPONENT_LABEL) == "serving"]
+
+
+# --- how each kind of object is read, once ----------------------------------------------
 
 
 @dataclass(frozen=True)
-class Cond:
-    type: str
-    status: str
-    reason: str
-    message: str = ""
+class JobState:
+    phase: Literal["Running", "Complete", "Failed"]
+    why: str = ""  # the Failed condition's reason and message
+
+    @property
+    def finished(self) -> bool:
+        return self.phase != "Running"
+
+
+def job_state(job: Mapping[str, Any] | None) -> JobState:
+    j = Obj(job)
+    if j.condition_true("Complete"):
+        return JobState("Complete")
+    failed = j.condition("Failed")
+    if failed.get("status") == "True":
+        return JobState("Failed", ": ".join(x for x in (failed.get("reason"), failed.get("message")) if x))
+    return JobState("Running")
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """The serving Deployment, as far as status is concerned."""
+
+    desired: int
+    current: bool  # the Deployment carries the current plan
+    complete: bool
+    replicas: int
+    ready: int
+    updated: int
+    available: int
+    exists: bool = False
+    available_condition: bool = False  # the Deployment's own Available condition
+    failed_create: str | None = None  # why its ReplicaSet cannot create pods, when it cannot
+
+
+def rollout_of(deployment: Mapping[str, Any] | None, desired_replicas: int, plan_hash: str | None) -> Rollout:
+    d = Obj(deployment)
+    if not d:
+        return Rollout(desired_replicas, False, False, 0, 0, 0, 0)
+    template = Obj(d.spec.get("template"))
+    current = plan_hash is not None and template.annotations.get(PLAN_HASH_ANNOTATION) == plan_hash
+    s = d.status
+    replicas, ready = s.get("replicas", 0), s.get("readyReplicas", 0)
+    updated, available = s.get("updatedReplicas", 0), s.get("availableReplicas", 0)
+    complete = (
+        current
+        and s.get("observedGeneration", 0) >= d.generation
+        and d.spec.get("replicas") == desired_replicas
+        and updated == desired_replicas
+        and replicas == desired_replicas  # no pod of an older plan is left
+        and available == desired_replicas
+    )
+    # The ReplicaSet could not create pods (a Pod Security refusal, a quota, a missing
+    # ServiceAccount): the Deployment controller restates it as ReplicaFailure.
+    failure = d.condition("ReplicaFailure")
+    failed_create = (failure.get("message") or failure.get("reason") or "no reason given") if failure.get("status") == "True" else None
+    return Rollout(
+        desired_replicas, current, complete, replicas, ready, updated if current else 0, available,
+        exists=True, available_condition=d.condition_true("Available"), failed_create=failed_create,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the serving pods stand with the scheduler."""
+
+    pods: int
+    placed: int
+    unschedulable: list[str]  # the scheduler's message for each pod it cannot place
+
+
+def placement_of(pods: Sequence[Mapping[str, Any]]) -> Placement:
+    unschedulable, placed = [], 0
+    for p in map(Obj, pods):
+        scheduled = p.condition("PodScheduled")
+        if scheduled.get("status") == "True":
+            placed += 1
+        elif scheduled.get("status") == "False" and not p.deleting:
+            unschedulable.append(scheduled.get("message") or scheduled.get("reason") or "unschedulable")
+    return Placement(len(pods), placed, unschedulable)
+
+
+# --- conditions ---------------------------------------------------------------------------
+
+
+def cond(type_: str, status: Status, reason: str, message: str = "") -> api.Condition:
+    return api.Condition(type=type_, status=status, reason=reason, message=message)
 
 
 @dataclass(frozen=True)
@@ -53,177 +203,214 @@ class Blocked:
     permanent: bool  # retrying the same write cannot help: Stalled=True
 
 
-def _conditions_of(obj: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
-    return {c.get("type"): c for c in ((obj or {}).get("status") or {}).get("conditions") or []}
+def blocked_by(conflicts: Sequence[Conflict], failures: Sequence[WriteFailure]) -> Blocked | None:
+    if conflicts:
+        return Blocked("NameConflict", "; ".join(str(c) for c in conflicts), permanent=True)
+    if failures:
+        return Blocked(
+            "ApplyFailed",
+            "the API server refused " + "; ".join(str(f) for f in failures),
+            permanent=all(f.permanent for f in failures),
+        )
+    return None
 
 
-def compile_state(job_required: bool, job_name: str | None, job: dict[str, Any] | None, uri: str, changed: list[str] | None = None) -> Cond:
+def compiled_condition(job_required: bool, job_name: str | None, job: Mapping[str, Any] | None, uri: str, changed: list[str] | None = None) -> api.Condition:
     """The Compiled condition. ``changed``: the compile inputs that differ from the last
     successful compile's, named in the message while a new compile runs."""
     if not job_required:
-        return Cond("Compiled", "True", "CompiledAtLoad", "no compile image: the serving pods compile at load time from NEURON_CC_FLAGS")
-    conds = _conditions_of(job)
-    if conds.get("Complete", {}).get("status") == "True":
-        return Cond(
+        return cond("Compiled", "True", "CompiledAtLoad", "no compile image: the serving pods compile at load time from NEURON_CC_FLAGS")
+    state = job_state(job)
+    if state.phase == "Complete":
+        return cond(
             "Compiled", "True", "Compiled",
             f"Job {job_name} compiled the model to {uri}; the serving pods fetch it and load it without compiling",
         )  # fmt: skip
-    failed = conds.get("Failed", {})
-    if failed.get("status") == "True":
-        why = ": ".join(x for x in (failed.get("reason"), failed.get("message")) if x)
-        return Cond("Compiled", "False", "CompileFailed", f"Job {job_name} failed: {why or 'no reason given'}")
+    if state.phase == "Failed":
+        return cond("Compiled", "False", "CompileFailed", f"Job {job_name} failed: {state.why or 'no reason given'}")
     why = f" ({', '.join(changed)} changed since the last compile)" if changed else ""
-    return Cond("Compiled", "False", "Compiling", f"Job {job_name} is compiling the model for the new plan{why}")
-
-
-def _unschedulable(pods: list[dict[str, Any]]) -> list[str]:
-    messages = []
-    for pod in pods:
-        if (pod.get("metadata") or {}).get("deletionTimestamp"):
-            continue
-        scheduled = _conditions_of(pod).get("PodScheduled", {})
-        if scheduled.get("status") == "False":
-            messages.append(scheduled.get("message") or scheduled.get("reason") or "unschedulable")
-    return messages
-
-
-@dataclass(frozen=True)
-class Rollout:
-    desired: int
-    current: bool  # the Deployment carries the current plan
-    complete: bool
-    replicas: int
-    ready: int
-    updated: int
-    available: int
-
-
-def rollout_of(deployment: dict[str, Any] | None, desired_replicas: int, plan_hash: str | None) -> Rollout:
-    if deployment is None:
-        return Rollout(desired_replicas, False, False, 0, 0, 0, 0)
-    meta, spec, status = deployment.get("metadata") or {}, deployment.get("spec") or {}, deployment.get("status") or {}
-    annotations = ((spec.get("template") or {}).get("metadata") or {}).get("annotations") or {}
-    current = plan_hash is not None and annotations.get(PLAN_HASH_ANNOTATION) == plan_hash
-    replicas, ready = status.get("replicas", 0), status.get("readyReplicas", 0)
-    updated, available = status.get("updatedReplicas", 0), status.get("availableReplicas", 0)
-    complete = (
-        current
-        and status.get("observedGeneration", 0) >= meta.get("generation", 0)
-        and spec.get("replicas") == desired_replicas
-        and updated == desired_replicas
-        and replicas == desired_replicas  # no pod of an older plan is left
-        and available == desired_replicas
-    )
-    return Rollout(desired_replicas, current, complete, replicas, ready, updated if current else 0, available)
+    return cond("Compiled", "False", "Compiling", f"Job {job_name} is compiling the model for the new plan{why}")
 
 
 def conditions(
     *,
     valid: bool,
     invalid_message: str,
-    compiled: Cond | None,
+    compiled: api.Condition | None,
     rollout: Rollout,
-    observed: Observed,
+    pods: Sequence[Mapping[str, Any]],
     blocked: Blocked | None = None,
-) -> list[Cond]:
-    """The conditions, in a fixed order."""
+) -> list[api.Condition]:
+    """The conditions, in a fixed order, without their times (:func:`stamped` adds them)."""
     if not valid:
-        validated = Cond("Validated", "False", "InvalidSpec", invalid_message)
+        validated = cond("Validated", "False", "InvalidSpec", invalid_message)
     else:
-        validated = Cond("Validated", "True", "Valid", "the spec satisfies every rule")
+        validated = cond("Validated", "True", "Valid", "the spec satisfies every rule")
 
-    unschedulable = _unschedulable(observed.pods)
-    if unschedulable:
-        n = len(unschedulable)
-        scheduled = Cond("Scheduled", "False", "Unschedulable", f"{n} pod{'s' if n > 1 else ''} cannot be placed: {unschedulable[0]}")
+    placement = placement_of(pods)
+    if placement.unschedulable:
+        n = len(placement.unschedulable)
+        message = f"{n} pod{'s' if n > 1 else ''} cannot be placed: {placement.unschedulable[0]}"
+        scheduled = cond("Scheduled", "False", "Unschedulable", message)
     elif rollout.desired == 0:
-        scheduled = Cond("Scheduled", "True", "NoReplicas", "spec.replicas is 0")
-    elif observed.pods and all(_conditions_of(p).get("PodScheduled", {}).get("status") == "True" for p in observed.pods):
-        scheduled = Cond("Scheduled", "True", "Scheduled", f"{len(observed.pods)} pods placed on Neuron nodes")
+        scheduled = cond("Scheduled", "True", "NoReplicas", "spec.replicas is 0")
+    elif placement.pods and placement.placed == placement.pods:
+        scheduled = cond("Scheduled", "True", "Scheduled", f"{placement.pods} pods placed on Neuron nodes")
     else:
-        scheduled = Cond("Scheduled", "Unknown", "Pending", "no serving pod has been placed yet")
+        scheduled = cond("Scheduled", "Unknown", "Pending", "no serving pod has been placed yet")
 
-    dep_conditions = _conditions_of(observed.deployment)
-    dep_available = dep_conditions.get("Available", {})
-    # The ReplicaSet could not create pods (a Pod Security refusal, a quota, a missing
-    # ServiceAccount): the Deployment controller restates it as ReplicaFailure.
-    replica_failure = dep_conditions.get("ReplicaFailure", {})
-    failed_create = replica_failure.get("status") == "True"
-    if observed.deployment is None:
-        available = Cond("Available", "False", "NoDeployment", "the serving Deployment does not exist yet")
-    elif dep_available.get("status") == "True" and (rollout.available > 0 or rollout.desired == 0):
+    counts = f"{rollout.available} of {rollout.desired} replicas available"
+    if not rollout.exists:
+        available = cond("Available", "False", "NoDeployment", "the serving Deployment does not exist yet")
+    elif rollout.available_condition and (rollout.available > 0 or rollout.desired == 0):
         # The Deployment counts itself available within maxUnavailable, which with one
         # replica and the default maxUnavailable 1 is true of zero pods: not here.
-        available = Cond("Available", "True", "MinimumReplicasAvailable", f"{rollout.available} of {rollout.desired} replicas available")
+        available = cond("Available", "True", "MinimumReplicasAvailable", counts)
     else:
-        available = Cond("Available", "False", "MinimumReplicasUnavailable", f"{rollout.available} of {rollout.desired} replicas available")
+        available = cond("Available", "False", "MinimumReplicasUnavailable", counts)
 
-    compile_cond = compiled or Cond("Compiled", "Unknown", "InvalidSpec", "no plan to compile while the spec is invalid")
-    if not valid:
-        progressing = Cond("Progressing", "False", "InvalidSpec", "fix the spec; the running Deployment is left as it was")
-        ready = Cond("Ready", "False", "InvalidSpec", invalid_message)
-    elif blocked is not None:
-        progressing = Cond("Progressing", "False" if blocked.permanent else "True", blocked.reason, blocked.message)
-        ready = Cond("Ready", "False", blocked.reason, blocked.message)
-    elif failed_create and not rollout.complete:
-        message = f"pods cannot be created: {replica_failure.get('message') or replica_failure.get('reason') or 'no reason given'}"
-        progressing = Cond("Progressing", "False", "FailedCreate", message)
-        ready = Cond("Ready", "False", "FailedCreate", message)
-    elif compile_cond.reason == "CompileFailed":
-        progressing = Cond("Progressing", "False", "CompileFailed", compile_cond.message + "; the previous Deployment keeps serving")
-        ready = Cond("Ready", "False", "CompileFailed", compile_cond.message)
-    elif compile_cond.status != "True":
-        progressing = Cond("Progressing", "True", "Compiling", compile_cond.message)
-        ready = Cond("Ready", "False", "Compiling", compile_cond.message)
-    elif rollout.complete:
-        progressing = Cond("Progressing", "False", "RolloutComplete", f"{rollout.desired} replicas run the current plan")
-        ready = Cond("Ready", "True", "Ready", f"{rollout.ready} of {rollout.desired} replicas ready with the current plan")
-    elif unschedulable:
-        progressing = Cond("Progressing", "True", "WaitingForCapacity", scheduled.message)
-        ready = Cond("Ready", "False", "Unschedulable", scheduled.message)
-    else:
-        message = f"{rollout.updated} of {rollout.desired} replicas updated, {rollout.available} available"
-        progressing = Cond("Progressing", "True", "RollingOut", message)
-        ready = Cond("Ready", "False", "RollingOut", message)
+    compile_cond = compiled or cond("Compiled", "Unknown", "InvalidSpec", "no plan to compile while the spec is invalid")
+    progressing, ready = _progress(valid, invalid_message, compile_cond, rollout, scheduled, blocked)
     stalled = ready.reason in STALLED_REASONS or (blocked is not None and blocked.permanent and ready.reason == blocked.reason)
-    reconciling = Cond("Reconciling", "True" if progressing.status == "True" else "False", progressing.reason, progressing.message)
-    stalled_cond = Cond("Stalled", "True" if stalled else "False", ready.reason if stalled else "NotStalled", ready.message if stalled else "")
+    reconciling = cond("Reconciling", "True" if progressing.status == "True" else "False", progressing.reason, progressing.message)
+    stalled_cond = cond("Stalled", "True" if stalled else "False", ready.reason if stalled else "NotStalled", ready.message if stalled else "")
     return [validated, compile_cond, scheduled, progressing, available, ready, reconciling, stalled_cond]
+
+
+def _progress(
+    valid: bool, invalid_message: str, compiled: api.Condition, rollout: Rollout, scheduled: api.Condition, blocked: Blocked | None
+) -> tuple[api.Condition, api.Condition]:
+    """Progressing and Ready: the first of these that holds decides both."""
+    if not valid:
+        return (
+            cond("Progressing", "False", "InvalidSpec", "fix the spec; the running Deployment is left as it was"),
+            cond("Ready", "False", "InvalidSpec", invalid_message),
+        )
+    if blocked is not None:
+        return (
+            cond("Progressing", "False" if blocked.permanent else "True", blocked.reason, blocked.message),
+            cond("Ready", "False", blocked.reason, blocked.message),
+        )
+    if rollout.failed_create is not None and not rollout.complete:
+        message = f"pods cannot be created: {rollout.failed_create}"
+        return cond("Progressing", "False", "FailedCreate", message), cond("Ready", "False", "FailedCreate", message)
+    if compiled.reason == "CompileFailed":
+        return (
+            cond("Progressing", "False", "CompileFailed", compiled.message + "; the previous Deployment keeps serving"),
+            cond("Ready", "False", "CompileFailed", compiled.message),
+        )
+    if compiled.status != "True":
+        return cond("Progressing", "True", "Compiling", compiled.message), cond("Ready", "False", "Compiling", compiled.message)
+    if rollout.complete:
+        return (
+            cond("Progressing", "False", "RolloutComplete", f"{rollout.desired} replicas run the current plan"),
+            cond("Ready", "True", "Ready", f"{rollout.ready} of {rollout.desired} replicas ready with the current plan"),
+        )
+    if scheduled.reason == "Unschedulable":
+        return cond("Progressing", "True", "WaitingForCapacity", scheduled.message), cond("Ready", "False", "Unschedulable", scheduled.message)
+    message = f"{rollout.updated} of {rollout.desired} replicas updated, {rollout.available} available"
+    return cond("Progressing", "True", "RollingOut", message), cond("Ready", "False", "RollingOut", message)
 
 
 def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def with_times(new: list[Cond], previous: list[dict[str, Any]], generation: int, at: str) -> list[dict[str, Any]]:
-    """metav1.Condition dicts; a condition whose status did not change keeps its transition time."""
-    before = {c.get("type"): c for c in previous or []}
+def stamped(new: Sequence[api.Condition], previous: Sequence[Mapping[str, Any]], generation: int, at: str) -> list[api.Condition]:
+    """The conditions with their times: one whose status did not change keeps its transition time."""
+    before = {c.get("type"): c for c in previous}
     out = []
     for c in new:
         old = before.get(c.type) or {}
         changed = old.get("status") != c.status
-        out.append(
-            {
-                "type": c.type,
-                "status": c.status,
-                "reason": c.reason,
-                "message": c.message,
-                "lastTransitionTime": at if changed or "lastTransitionTime" not in old else old["lastTransitionTime"],
-                "observedGeneration": generation,
-            }
-        )
+        since = at if changed or "lastTransitionTime" not in old else old["lastTransitionTime"]
+        out.append(c.model_copy(update={"last_transition_time": since, "observed_generation": generation}))
     return out
 
 
-def transitions(new: list[dict[str, Any]], previous: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
-    """(event type, reason, message) for every condition whose status or reason changed."""
-    before = {c.get("type"): c for c in previous or []}
-    events = []
+# --- events -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+def events(new: Sequence[api.Condition], previous: Sequence[Mapping[str, Any]]) -> list[Event]:
+    """An event for every reported condition whose status or reason changed, and only those."""
+    before = {c.get("type"): c for c in previous}
+    out = []
     for c in new:
-        old = before.get(c["type"]) or {}
-        if c["type"] in EVENT_TYPES and (old.get("status"), old.get("reason")) != (c["status"], c["reason"]):
-            if c["reason"] in WARNING_REASONS:
-                events.append(("Warning", c["reason"], f"{c['type']}={c['status']}: {c['message']}"))
-            elif (c["type"], c["reason"]) in NORMAL_EVENTS or (c["type"] == "Ready" and old.get("reason") == "Ready"):
-                events.append(("Normal", c["reason"], f"{c['type']}={c['status']}: {c['message']}"))
-    return events
+        old = before.get(c.type) or {}
+        if c.type not in EVENT_TYPES or (old.get("status"), old.get("reason")) == (c.status, c.reason):
+            continue
+        message = f"{c.type}={c.status}: {c.message}"
+        if c.reason in WARNING_REASONS:
+            out.append(Event("Warning", c.reason, message))
+        elif (c.type, c.reason) in NORMAL_EVENTS or (c.type == "Ready" and old.get("reason") == "Ready"):
+            out.append(Event("Normal", c.reason, message))
+    return out
+
+
+# --- the status as reported ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Report:
+    status: api.InferentiaModelStatus
+    events: list[Event]  # to post once the status is stored
+
+
+def report(
+    o: Observed,
+    at: str,
+    *,
+    valid: bool,
+    message: str,
+    compiled: api.Condition | None,
+    rollout: Rollout,
+    conflicts: Sequence[Conflict],
+    plan: api.Plan | None = None,
+    selector: str | None = None,
+    compile_job: str | None = None,
+    compiled_uri: str | None = None,
+) -> Report:
+    """The status of ``o`` and the events its transitions call for."""
+    model = Obj(o.model)
+    previous = list(model.status.get("conditions") or ())
+    new = conditions(
+        valid=valid, invalid_message=message, compiled=compiled, rollout=rollout, pods=o.serving_pods,
+        blocked=blocked_by(conflicts, o.failures),
+    )  # fmt: skip
+    generation = model.generation or 1
+    status = api.InferentiaModelStatus(
+        observed_generation=generation,
+        conditions=stamped(new, previous, generation, at),
+        replicas=rollout.replicas,
+        ready_replicas=rollout.ready,
+        updated_replicas=rollout.updated,
+        plan=plan,
+        selector=selector,
+        compile_job=compile_job,
+        compiled_uri=compiled_uri,
+    )
+    return Report(status, events(new, previous))
+
+
+def status_document(status: api.InferentiaModelStatus) -> dict[str, Any]:
+    """The status as the API server stores it: camelCase, absent fields left out."""
+    return status.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+def status_patch(previous: Mapping[str, Any], status: api.InferentiaModelStatus) -> dict[str, Any] | None:
+    """The merge patch that makes ``previous`` the new status, or None when nothing changed.
+
+    Keys the operator no longer reports are nulled; ``status.kopf`` (kopf's own
+    bookkeeping from earlier versions of the operator) is left to kopf."""
+    wanted = status_document(status)
+    current = {k: v for k, v in previous.items() if k != "kopf"}
+    if current == wanted:
+        return None
+    return {**{k: None for k in current if k not in wanted}, **wanted}

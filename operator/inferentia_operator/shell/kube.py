@@ -77,9 +77,9 @@ def load_client(pool_size: int = 4) -> kubernetes.client.ApiClient:
     ``pool_size`` HTTP connections, one for each reconcile that may be in flight."""
     config = kubernetes.client.Configuration()
     try:
-        kubernetes.config.load_incluster_config(client_configuration=config)
+        kubernetes.config.load_incluster_config(client_configuration=config)  # type: ignore[no-untyped-call]
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config(client_configuration=config)
+        kubernetes.config.load_kube_config(client_configuration=config)  # type: ignore[no-untyped-call]
     config.connection_pool_maxsize = pool_size
     return kubernetes.client.ApiClient(config)
 
@@ -90,7 +90,7 @@ class Kube:
         self.attempts = attempts
         self.first_delay = first_delay
 
-    def _call(self, method: str, url: str, body: Any = None, query: list | None = None, content_type: str | None = None):
+    def _call(self, method: str, url: str, body: Any = None, query: list[tuple[str, str]] | None = None, content_type: str | None = None) -> dict[str, Any] | None:
         headers = {"Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type
@@ -104,11 +104,12 @@ class Kube:
                     method, url, query_params=query or [], header_params=headers, body=body, auth_settings=["BearerToken"]
                 )
                 response = self.client.call_api(*request)
-                response.read()
+                response.read()  # type: ignore[no-untyped-call]
                 metrics.API_REQUESTS.labels(verb, plural, str(response.status)).inc()
                 if not 200 <= response.status < 300:
                     raise kubernetes.client.ApiException(http_resp=response)
-                return json.loads(response.data or b"null")
+                found: dict[str, Any] | None = json.loads(response.data or b"null")
+                return found
             except kubernetes.client.ApiException as exc:
                 if exc.status == 404 and method == "GET":
                     return None
@@ -127,6 +128,13 @@ class Kube:
             delay *= 2
         raise AssertionError("unreachable")
 
+    def _object(self, method: str, url: str, **kwargs: Any) -> dict[str, Any]:
+        """A write, which the API server answers with the object written."""
+        found = self._call(method, url, **kwargs)
+        if found is None:
+            raise TransientError(0, "EmptyResponse", f"{method} {url}: the API server answered with no object")
+        return found
+
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self._call("GET", path(kind, namespace, name))
 
@@ -137,7 +145,7 @@ class Kube:
     def apply(self, body: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply under the operator's field manager; fields others own are left alone."""
         meta = body["metadata"]
-        return self._call(
+        return self._object(
             "PATCH",
             path(body["kind"], meta["namespace"], meta["name"]),
             body=body,
@@ -147,7 +155,7 @@ class Kube:
 
     def replace_field(self, kind: str, namespace: str, name: str, pointer: str, value: Any) -> dict[str, Any]:
         """Replaces one field whole (a JSON patch), whoever owns its entries."""
-        return self._call(
+        return self._object(
             "PATCH", path(kind, namespace, name), body=[{"op": "replace", "path": pointer, "value": value}],
             content_type="application/json-patch+json",
         )  # fmt: skip

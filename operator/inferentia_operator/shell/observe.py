@@ -1,16 +1,18 @@
 """What the operator keeps of the objects its watches deliver, and how it finds their model.
 
-Pure functions over plain dicts: the kopf indexes in :mod:`controller` store these
+Pure functions over plain dicts: the kopf indexes (:mod:`wiring`) store these
 projections instead of whole objects, which keeps the operator's memory flat as
 models grow (managedFields alone are often most of an object).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from inferentia_operator.core import api
 from inferentia_operator.core.names import MODEL_LABEL
+from inferentia_operator.core.objects import Obj
 
 _METADATA_KEPT = (
     "name", "namespace", "uid", "labels", "annotations", "ownerReferences",
@@ -21,12 +23,12 @@ _POD_CONDITIONS = ("PodScheduled", "Ready")
 Key = tuple[str, str]  # (namespace, model name)
 
 
-def _metadata(body: dict[str, Any]) -> dict[str, Any]:
-    meta = body.get("metadata") or {}
+def _metadata(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = Obj(body).metadata
     return {k: meta[k] for k in _METADATA_KEPT if meta.get(k) is not None}
 
 
-def project(body: dict[str, Any]) -> dict[str, Any]:
+def project(body: Mapping[str, Any]) -> dict[str, Any]:
     """An object as the decision needs it: its identity, spec and status; no managedFields.
 
     A ConfigMap's data is left out too: plan ConfigMaps are immutable and named after
@@ -37,9 +39,9 @@ def project(body: dict[str, Any]) -> dict[str, Any]:
     return {**kept, "metadata": _metadata(body)}
 
 
-def project_pod(body: dict[str, Any]) -> dict[str, Any]:
+def project_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     """A pod as status needs it: where it runs, whether it is placed and ready, which plan it mounts."""
-    spec, status = body.get("spec") or {}, body.get("status") or {}
+    spec, status = Obj(body).spec, Obj(body).status
     volumes = [{"configMap": {"name": v["configMap"]["name"]}} for v in spec.get("volumes") or [] if isinstance(v.get("configMap"), dict)]
     conds = [
         {k: c[k] for k in ("type", "status", "reason", "message") if k in c}
@@ -53,7 +55,7 @@ def project_pod(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def pod_signature(pod: dict[str, Any]) -> tuple[Any, ...]:
+def pod_signature(pod: Mapping[str, Any]) -> tuple[Any, ...]:
     """What of a pod the model's status reports: its placement, readiness and plan. A pod
     event that changes none of these is not worth a reconcile."""
     p = project_pod(pod)
@@ -62,28 +64,16 @@ def pod_signature(pod: dict[str, Any]) -> tuple[Any, ...]:
     return (meta.get("deletionTimestamp") is not None, p["spec"]["nodeName"], conds, tuple(str(v) for v in p["spec"]["volumes"]))
 
 
-def owner_key(body: dict[str, Any]) -> Key | None:
+def owner_key(body: Mapping[str, Any]) -> Key | None:
     """The model an object belongs to: its controller InferentiaModel, else its model label.
 
     The owner reference comes first because it survives someone removing the labels;
     pods, owned by ReplicaSets and Jobs, are found by their label."""
-    meta = body.get("metadata") or {}
-    namespace = meta.get("namespace")
-    if not namespace:
+    obj = Obj(body)
+    if not obj.namespace:
         return None
-    for ref in meta.get("ownerReferences") or []:
-        if ref.get("controller") and ref.get("kind") == api.KIND and (ref.get("apiVersion") or "").startswith(f"{api.GROUP}/"):
-            return namespace, ref["name"]
-    model = (meta.get("labels") or {}).get(MODEL_LABEL)
-    return (namespace, model) if model else None
-
-
-def resource_version(obj: dict[str, Any] | None) -> int:
-    """The object's resourceVersion as a number, -1 when absent. Kubernetes calls it opaque,
-    but every API server backed by etcd gives its revision; it is used here only to
-    tell which of two copies of one object is newer."""
-    try:
-        return int(((obj or {}).get("metadata") or {}).get("resourceVersion") or -1)
-    except ValueError:
-        return -1
-
+    ref = obj.controller
+    if ref is not None and ref.get("kind") == api.KIND and str(ref.get("apiVersion") or "").startswith(f"{api.GROUP}/"):
+        return obj.namespace, ref["name"]
+    model = obj.labels.get(MODEL_LABEL)
+    return (obj.namespace, model) if model else None

@@ -11,8 +11,10 @@ from typing import Any
 
 import kopf
 
-from . import controller, metrics
+from . import metrics, wiring
+from .act import WRITES_PER_RECONCILE
 from .kube import ApiError, Kube, load_client
+from .reconciler import Reconciler
 
 FINALIZER = "inferentia.dev/finalizer"
 
@@ -37,7 +39,7 @@ def configure(settings: kopf.OperatorSettings, args: argparse.Namespace) -> None
     # is noticed on its next restart; the chart installs CRDs first.)
     settings.scanning.disabled = True
     settings.networking.error_backoffs = [1, 2, 5, 10, 30]
-    controller.configure_watches(settings)
+    wiring.configure_watches(settings)
 
 
 def peering_paused(bodies: list[dict[str, Any] | None], priority: int, now: datetime.datetime) -> bool:
@@ -65,7 +67,7 @@ def peering_paused(bodies: list[dict[str, Any] | None], priority: int, now: date
             same += alive and peer_priority == priority
     return same > 1  # ourselves, and another replica with our priority
 
-def peering_objects(name: str, namespaces: list[str]) -> list[dict]:
+def peering_objects(name: str, namespaces: list[str]) -> list[dict[str, Any]]:
     """kopf peers through a ClusterKopfPeering when watching all namespaces, else a KopfPeering in each."""
     if not namespaces:
         return [{"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": name}}]
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     registry = kopf.OperatorRegistry()
     # One API client for the whole operator, with a connection for every write in flight.
-    kube = functools.cache(lambda: Kube(load_client(pool_size=args.workers * (controller.WRITES_PER_RECONCILE + 1))))
+    kube = functools.cache(lambda: Kube(load_client(pool_size=args.workers * (WRITES_PER_RECONCILE + 1))))
 
     def active() -> bool:
         if args.standalone:
@@ -94,13 +96,13 @@ def run(args: argparse.Namespace) -> int:
             return False  # cannot tell: standing by is the safe side
         return not peering_paused(bodies, args.priority, datetime.datetime.now(datetime.UTC))
 
-    reconciler = controller.Reconciler(kube, args.workers, args.resync_seconds, active, batching_image=args.batching_image)
-    controller.register(registry, reconciler)
+    reconciler = Reconciler(kube, args.workers, args.resync_seconds, active, batching_image=args.batching_image)
+    wiring.register(registry, reconciler)
     if args.metrics_port:
         metrics.serve(args.metrics_port)
 
     @kopf.on.startup(registry=registry)
-    def startup(settings: kopf.OperatorSettings, logger, **_):
+    def startup(settings: kopf.OperatorSettings, logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any) -> None:
         configure(settings, args)
         if not args.standalone:
             # Without its peering object kopf only logs "not found" at debug level and every
@@ -110,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
                     logger.info("created %s %s", body["kind"], body["metadata"])
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs):
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         # In a pod: the ServiceAccount token; elsewhere: the kubeconfig, as kubectl would.
         return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 

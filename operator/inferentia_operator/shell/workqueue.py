@@ -17,23 +17,26 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 
-class WorkQueue:
+class WorkQueue(Generic[K]):
     def __init__(self, base_delay: float = 1.0, max_delay: float = 300.0):
-        self._urgent: deque[Hashable] = deque()
-        self._normal: deque[Hashable] = deque()
-        self._queued: set[Hashable] = set()
-        self._active: set[Hashable] = set()
-        self._dirty: dict[Hashable, bool] = {}  # key -> urgent
-        self._failures: dict[Hashable, int] = {}
+        self._urgent: deque[K] = deque()
+        self._normal: deque[K] = deque()
+        self._queued: set[K] = set()
+        self._active: set[K] = set()
+        self._dirty: dict[K, bool] = {}  # key -> urgent
+        self._failures: dict[K, int] = {}
         self._wakeup = asyncio.Event()
         self.base_delay, self.max_delay = base_delay, max_delay
 
     def __len__(self) -> int:
         return len(self._urgent) + len(self._normal)
 
-    def add(self, key: Hashable, urgent: bool = False) -> None:
+    def add(self, key: K, urgent: bool = False) -> None:
         if key in self._active:
             self._dirty[key] = self._dirty.get(key, False) or urgent
             return
@@ -46,7 +49,7 @@ class WorkQueue:
         (self._urgent if urgent else self._normal).append(key)
         self._wakeup.set()
 
-    async def get(self) -> Hashable:
+    async def get(self) -> K:
         while not (self._urgent or self._normal):
             self._wakeup.clear()
             await self._wakeup.wait()
@@ -55,21 +58,21 @@ class WorkQueue:
         self._active.add(key)
         return key
 
-    def done(self, key: Hashable) -> None:
+    def done(self, key: K) -> None:
         """The worker finished ``key``; if it was added meanwhile, it goes back in the queue."""
         self._active.discard(key)
         if key in self._dirty:
             self.add(key, self._dirty.pop(key))
 
-    def forget(self, key: Hashable) -> None:
+    def forget(self, key: K) -> None:
         """The key succeeded: its next failure starts the backoff afresh."""
         self._failures.pop(key, None)
 
-    def retry_delay(self, key: Hashable) -> float:
+    def retry_delay(self, key: K) -> float:
         """Records a failure of ``key`` and returns how long to wait before retrying it."""
         n = self._failures.get(key, 0)
         self._failures[key] = n + 1
-        return min(self.max_delay, self.base_delay * 2**n)
+        return float(min(self.max_delay, self.base_delay * 2**n))
 
-    def add_after(self, key: Hashable, delay: float) -> None:
+    def add_after(self, key: K, delay: float) -> None:
         asyncio.get_running_loop().call_later(delay, self.add, key)

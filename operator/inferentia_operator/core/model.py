@@ -1,0 +1,43 @@
+"""The one way to check and plan a model, for the reconcile, the manifest reader and the CLI.
+
+Each rule runs once per model: the name and namespace, the schema and the cross-field
+rules (:func:`parsing.parse_spec`), the plan, and the size of what the plan renders.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .api import InferentiaModelSpec
+from .children import Model, plan_size_findings
+from .findings import Finding, errors
+from .names import DEFAULT_BATCHING_IMAGE
+from .parsing import parse_spec
+from .planner import plan
+from .rules import check_name, check_namespace
+
+
+@dataclass(frozen=True)
+class CheckedModel:
+    """A model as written, with everything wrong with it, and its plan when nothing is."""
+
+    spec: InferentiaModelSpec | None  # None when the spec does not parse
+    findings: list[Finding]
+    model: Model | None  # the planned model; None while any finding is an error
+
+    @property
+    def errors(self) -> list[Finding]:
+        return errors(self.findings)
+
+
+def check_model(name: Any, namespace: Any, raw_spec: Any, *, uid: str = "", batching_image: str = DEFAULT_BATCHING_IMAGE) -> CheckedModel:
+    """Checks and plans one model. ``namespace`` None means the default namespace."""
+    findings = check_name(name) + check_namespace(namespace)
+    spec, spec_findings = parse_spec(raw_spec)
+    findings += spec_findings
+    if spec is None or errors(findings):
+        return CheckedModel(spec, findings, None)
+    m = Model(name, namespace or "default", uid, spec, plan(spec, checked=spec_findings), batching_image)
+    findings += plan_size_findings(m)
+    return CheckedModel(spec, findings, None if errors(findings) else m)

@@ -1,0 +1,112 @@
+"""The act step: server-side apply of the children that differ, and deletes of superseded plans.
+
+A write the API server refuses is recorded (it ends in the model's status) and the
+others still go ahead. Before creating a child the caches do not hold, the operator
+GETs it: its name may be taken by an object the label-filtered watch cannot see, and
+the operator never writes over someone else's. That GET is the only read of a reconcile.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferentia_operator.core.decide import Decision, holder_of
+from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.status import Conflict, Observed, WriteFailure
+
+from .cache import GONE
+from .kube import ApiError, Kube
+from .observe import project
+
+log = logging.getLogger(__name__)
+
+# Children one reconcile may write at once: plan ConfigMap, Service, compile Job, Deployment.
+WRITES_PER_RECONCILE = 4
+# Children named after their content and never written again (a ConfigMap is immutable,
+# a Job's template too): created, not applied, so no field of theirs is ever left owned
+# by a create that a later apply would have to remove.
+WRITTEN_ONCE = {"ConfigMap", "Job"}
+
+
+@dataclass
+class Outcome:
+    """What the act step wrote and what it could not."""
+
+    written: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (kind, name) -> object
+    failures: list[WriteFailure] = field(default_factory=list)
+    conflicts: list[Conflict] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.written)
+
+
+class Actor:
+    def __init__(self, workers: int) -> None:
+        self._writes = ThreadPoolExecutor(max_workers=workers * WRITES_PER_RECONCILE, thread_name_prefix="write")
+
+    def act(self, kube: Kube, observed: Observed, decision: Decision) -> Outcome:
+        """Runs in a worker thread: the decision's writes, each failure recorded, none stopping
+        the rest. The children are independent (a pod waits for its plan ConfigMap by itself),
+        so they are written at once: a reconcile takes one or two round trips, not six."""
+        out = Outcome()
+        model = Obj(observed.model)
+        namespace = model.namespace or ""
+
+        def taken(kind: str, name: str) -> bool:
+            """Whether an object the model does not control has the name (recorded as a conflict)."""
+            existing = kube.get(kind, namespace, name)
+            holder = holder_of(existing, model.uid, model.name) if existing is not None else None
+            if holder is not None:
+                out.conflicts.append(Conflict(kind, name, holder))
+            return holder is not None
+
+        def write(body: dict[str, Any]) -> None:
+            kind, name = body["kind"], body["metadata"]["name"]
+            try:
+                if observed.live(kind, name) is None:
+                    if kind in WRITTEN_ONCE:
+                        # Named after their content and never updated: a plain create, which
+                        # the API server refuses (409) if the name is taken, needs no check first.
+                        created = kube.create(body)
+                        if created is not None:
+                            out.written[(kind, name)] = project(created)
+                            return
+                    # Not in the caches (or the create found the name taken): it may be an
+                    # object the label-filtered watch cannot see. Never write over someone else's.
+                    if taken(kind, name):
+                        return
+                out.written[(kind, name)] = project(apply(kube, body, observed.live(kind, name)))
+            except ApiError as exc:
+                out.failures.append(WriteFailure(kind, name, exc.code, exc.message))
+
+        list(self._writes.map(write, decision.apply))
+        for kind, name in decision.delete:
+            try:
+                kube.delete(kind, namespace, name)
+                out.written[(kind, name)] = GONE
+            except ApiError as exc:
+                log.warning("could not delete superseded %s %s/%s: %s", kind, namespace, name, exc)
+        return out
+
+
+def apply(kube: Kube, body: dict[str, Any], live: dict[str, Any] | None) -> dict[str, Any]:
+    """Server-side apply; for a Service of ours whose ports someone edited by hand, the
+    ports are first replaced whole.
+
+    Service ports are a list keyed by port and protocol: an entry someone else changed
+    (``kubectl patch`` of a port) belongs to them, so applying the planned entry beside
+    it makes two ports of one name, which the API server refuses (422, Duplicate value)
+    on every apply after. Replacing the list takes the entries back."""
+    try:
+        return kube.apply(body)
+    except ApiError as exc:
+        if exc.code != 422 or body["kind"] != "Service" or live is None:
+            raise
+        meta = body["metadata"]
+        log.info("Service %s/%s: ports edited by someone else; replacing them with the planned ones", meta["namespace"], meta["name"])
+        kube.replace_field("Service", meta["namespace"], meta["name"], "/spec/ports", body["spec"]["ports"])
+        return kube.apply(body)

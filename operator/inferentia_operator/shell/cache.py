@@ -1,0 +1,105 @@
+"""The observe step: one model and its children, read from the watch caches.
+
+kopf indexes are the caches: every InferentiaModel and every child and pod the
+operator manages (server-side filtered by its managed-by label) are kept in memory as
+the watches deliver them, as :mod:`observe` projects them. kopf starts no other handler
+until every index is fully populated, so nothing is decided from a half-filled cache.
+
+What the operator wrote itself is kept beside the caches until the watch delivers it,
+so a reconcile right after a write does not repeat it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from inferentia_operator.core import api
+from inferentia_operator.core.names import DEFAULT_BATCHING_IMAGE
+from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.status import Observed
+
+from .observe import Key
+
+# What the overlay records for an object the operator deleted.
+GONE: dict[str, Any] = {"metadata": {"resourceVersion": "-1"}, "gone": True}
+
+
+class Cache:
+    def __init__(self, batching_image: str = DEFAULT_BATCHING_IMAGE) -> None:
+        self.batching_image = batching_image
+        self.indexes: Mapping[str, Any] | None = None  # kopf's, captured when they are populated
+        # Per model: what the operator wrote, (kind, name) -> object, until the watch delivers it.
+        self._written: dict[Key, dict[tuple[str, str], dict[str, Any]]] = {}
+
+    def capture(self, kwargs: Mapping[str, Any]) -> None:
+        """Keeps kopf's indexes, which it passes to every handler."""
+        if self.indexes is None:
+            self.indexes = {k: v for k, v in kwargs.items() if k.endswith("_index")}
+
+    @property
+    def ready(self) -> bool:
+        return self.indexes is not None
+
+    def models(self) -> list[Key]:
+        return list(self.indexes["model_index"].keys()) if self.indexes is not None else []
+
+    def has_model(self, key: Key) -> bool:
+        return self.indexes is not None and key in self.indexes["model_index"]
+
+    def all_models(self) -> list[dict[str, Any]]:
+        if self.indexes is None:
+            return []
+        return [m for store in self.indexes["model_index"].values() for m in store]
+
+    def remember(self, key: Key, written: Mapping[tuple[str, str], dict[str, Any]]) -> None:
+        """What the operator just wrote, to be read instead of the cache until the watch catches up."""
+        self._written.setdefault(key, {}).update(written)
+
+    def forget(self, key: Key) -> None:
+        self._written.pop(key, None)
+
+    def _cached(self, index: str, key: Key) -> list[dict[str, Any]]:
+        assert self.indexes is not None
+        return list(self.indexes[index].get(key, ()))
+
+    def _resolve(self, key: Key, kind: str, cached: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The cached objects, each replaced by what the operator wrote when that is newer,
+        plus objects it created that the watch has not delivered yet."""
+        by_name = {o["metadata"]["name"]: o for o in cached}
+        written_here = self._written.get(key, {})
+        for (k, name), written in list(written_here.items()):
+            if k != kind:
+                continue
+            current = by_name.get(name)
+            if written.get("gone"):
+                if current is None:
+                    del written_here[(k, name)]  # the watch has seen the delete
+                else:
+                    by_name.pop(name)  # deleted, though the watch has not said so yet
+            elif current is not None and Obj(current).resource_version >= Obj(written).resource_version:
+                del written_here[(k, name)]  # the watch has caught up
+            else:
+                by_name[name] = written
+        return list(by_name.values())
+
+    def observe(self, key: Key) -> Observed | None:
+        models = self._resolve(key, api.KIND, self._cached("model_index", key))
+        model = next((m for m in models if Obj(m).name == key[1]), None)
+        if model is None:
+            return None
+
+        def children(kind: str, index: str) -> list[dict[str, Any]]:
+            return self._resolve(key, kind, self._cached(index, key))
+
+        deployments = [d for d in children("Deployment", "deployment_index") if Obj(d).name == key[1]]
+        services = [s for s in children("Service", "service_index") if Obj(s).name == key[1]]
+        return Observed(
+            model=model,
+            deployment=deployments[0] if deployments else None,
+            service=services[0] if services else None,
+            configmaps=children("ConfigMap", "configmap_index"),
+            jobs=children("Job", "job_index"),
+            pods=self._cached("pod_index", key),
+            batching_image=self.batching_image,
+        )

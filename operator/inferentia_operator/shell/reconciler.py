@@ -1,0 +1,202 @@
+"""The reconcile loop: observe from watch caches, decide, write only what differs, report.
+
+- **Observe.** :class:`cache.Cache`: the watch caches, with what the operator just
+  wrote laid over them. No GET or LIST runs in the hot path.
+- **Decide.** :func:`inferentia_operator.core.decide.decide`, a pure function.
+- **Act.** :class:`act.Actor`: server-side apply of what differs, deletes of
+  superseded plans; a refused write is recorded and the others still go ahead.
+- **Report.** The status is patched only when it changed, and the events that its
+  condition transitions call for are posted then.
+
+Triggers are coalesced in a :class:`workqueue.WorkQueue`: an event only enqueues its
+model's key, a burst becomes one reconcile, and a pod event counts only when it changes
+what status reports. A fixed pool of workers (``--workers``) runs the reconciles; the
+API round trips are their cost, so more workers than the API server has cores to
+answer them only queue inside the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from inferentia_operator.core import status
+from inferentia_operator.core.decide import decide
+from inferentia_operator.core.names import DEFAULT_BATCHING_IMAGE
+from inferentia_operator.core.objects import Obj
+
+from . import metrics
+from .act import Actor, Outcome
+from .cache import Cache
+from .kube import Kube
+from .observe import Key, owner_key, pod_signature, project
+from .workqueue import WorkQueue
+
+log = logging.getLogger(__name__)
+
+# A child's or a pod's change is reconciled after this delay, so that the changes of one
+# rollout step (a ReplicaSet scaling, its pods starting, the Deployment's status) make one
+# reconcile and one status patch, not one each. Created models and changed specs go at once.
+SETTLE_SECONDS = 1.0
+
+
+class RetryLater(Exception):
+    """Some writes failed for reasons that may pass (the API server overloaded or restarting)."""
+
+
+class Reconciler:
+    def __init__(
+        self,
+        kube: Callable[[], Kube],
+        workers: int,
+        resync_seconds: float,
+        is_active: Callable[[], bool],
+        batching_image: str = DEFAULT_BATCHING_IMAGE,
+    ):
+        self.kube = kube
+        self.workers = workers
+        self.resync_seconds = resync_seconds
+        self.is_active = is_active  # False while peering keeps this replica on standby
+        self.cache = Cache(batching_image)
+        self.actor = Actor(workers)
+        self._queue: WorkQueue[Key] | None = None  # made on the operator's event loop, at start
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reconcile")
+        # Trigger state: what status last saw of each pod, each model's generation, and the
+        # resourceVersion of the operator's own last status patch (its echo is not news).
+        self._pods: dict[tuple[str, str], tuple[Any, ...]] = {}
+        self._generations: dict[Key, int | None] = {}
+        self._own_status: dict[Key, str | None] = {}
+
+    @property
+    def queue(self) -> WorkQueue[Key]:
+        if self._queue is None:
+            self._queue = WorkQueue()
+        return self._queue
+
+    # --- the loop ------------------------------------------------------------------------
+
+    async def reconcile(self, key: Key) -> str:
+        observed = self.cache.observe(key)
+        if observed is None:
+            self._forget(key)
+            return "noop"
+        now = status.now()
+        decision = decide(observed, now)
+        if decision.report is None:
+            return "noop"
+        loop = asyncio.get_running_loop()
+        outcome = Outcome()
+        if decision.apply or decision.delete:
+            outcome = await loop.run_in_executor(self._executor, self.actor.act, self.kube(), observed, decision)
+            self.cache.remember(key, outcome.written)
+            observed = self.cache.observe(key) or observed
+            observed.failures, observed.conflicts = outcome.failures, outcome.conflicts
+            decision = decide(observed, now)
+        for failure in outcome.failures:
+            log.warning("%s/%s: the API server refused %s", *key, failure)
+        assert decision.report is not None
+        patch = status.status_patch(Obj(observed.model).status, decision.report.status)
+        if patch is not None:
+            kube = self.kube()
+            stored = await loop.run_in_executor(self._executor, kube.patch_status, key[0], key[1], patch)
+            if stored:
+                self.cache.remember(key, {(observed.model["kind"], key[1]): project(stored)})
+                self._own_status[key] = Obj(stored).metadata.get("resourceVersion")
+            for event in decision.report.events:
+                await loop.run_in_executor(self._executor, kube.post_event, observed.model, event.type, event.reason, event.message)
+        if any(not f.permanent for f in outcome.failures):
+            raise RetryLater(f"{len(outcome.failures)} writes refused for now")
+        return "changed" if outcome.changed or patch is not None else "noop"
+
+    async def worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            started = time.monotonic()
+            try:
+                result = await self.reconcile(key)
+                self.queue.forget(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one model's failure must not stop the worker
+                result = "failed"
+                delay = self.queue.retry_delay(key)
+                log.warning("reconcile of %s/%s failed, retrying in %.0fs: %s", *key, delay, exc)
+                self.queue.add_after(key, delay)
+            finally:
+                self.queue.done(key)
+                metrics.QUEUE_DEPTH.set(len(self.queue))
+            metrics.RECONCILES.labels(result).inc()
+            metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+
+    async def resync(self) -> None:
+        """Every ``resync_seconds``: every model reconciled against the caches (no reads, and
+        writes only where something differs), and the models-by-Ready gauge refreshed."""
+        while True:
+            await asyncio.sleep(self.resync_seconds)
+            if not self.cache.ready:
+                continue
+            active = await asyncio.get_running_loop().run_in_executor(self._executor, self.is_active)
+            if not active:
+                continue  # a standby's caches are frozen by kopf's pause: it must not act on them
+            for key in self.cache.models():
+                self.queue.add(key)
+            self.count_models()
+
+    def count_models(self) -> None:
+        counts = {"True": 0, "False": 0, "Unknown": 0}
+        for model in self.cache.all_models():
+            ready = Obj(model).condition("Ready").get("status")
+            counts[ready if ready in counts else "Unknown"] += 1
+        for ready, n in counts.items():
+            metrics.MODELS.labels(ready).set(n)
+
+    # --- triggers ------------------------------------------------------------------------
+
+    def _forget(self, key: Key) -> None:
+        self._generations.pop(key, None)
+        self._own_status.pop(key, None)
+        self.cache.forget(key)
+
+    def on_model(self, body: Mapping[str, Any], event_type: str | None, kwargs: Mapping[str, Any]) -> None:
+        self.cache.capture(kwargs)
+        model = Obj(body)
+        if model.namespace is None or model.name is None:
+            return
+        key = (model.namespace, model.name)
+        if event_type == "DELETED":
+            self._forget(key)
+            return
+        generation = model.metadata.get("generation")
+        # A new model or a changed spec goes ahead of status-only reconciles of others.
+        urgent = self._generations.get(key) != generation
+        self._generations[key] = generation
+        if not urgent and self._own_status.get(key) == model.metadata.get("resourceVersion"):
+            return  # the echo of the operator's own status patch: nothing new to decide
+        self.queue.add(key, urgent=urgent)
+
+    def on_child(self, body: Mapping[str, Any], event_type: str | None, kwargs: Mapping[str, Any]) -> None:
+        self.cache.capture(kwargs)
+        key = owner_key(body)
+        if key is not None and self.cache.has_model(key):
+            self.queue.add_after(key, SETTLE_SECONDS)
+
+    def on_pod(self, body: Mapping[str, Any], event_type: str | None, kwargs: Mapping[str, Any]) -> None:
+        self.cache.capture(kwargs)
+        pod = Obj(body)
+        if pod.namespace is None or pod.name is None:
+            return
+        name = (pod.namespace, pod.name)
+        if event_type == "DELETED":
+            self._pods.pop(name, None)
+        else:
+            signature = pod_signature(body)
+            if self._pods.get(name) == signature:
+                return  # nothing status reports has changed
+            self._pods[name] = signature
+        key = owner_key(body)
+        if key is not None and self.cache.has_model(key):
+            self.queue.add_after(key, SETTLE_SECONDS)

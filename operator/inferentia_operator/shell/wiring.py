@@ -1,0 +1,81 @@
+"""The kopf wiring: the watches, the indexes that cache them, and the triggers of the loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import kopf
+
+from inferentia_operator.core import api
+from inferentia_operator.core.names import FIELD_MANAGER, MANAGED_BY_LABEL
+
+from .observe import owner_key, project, project_pod
+from .reconciler import Reconciler
+
+# The children's kinds, as kopf names their resources, and the index that caches each.
+CHILD_RESOURCES = {
+    "Deployment": ("apps", "v1", "deployments"),
+    "Job": ("batch", "v1", "jobs"),
+    "Service": ("", "v1", "services"),
+    "ConfigMap": ("", "v1", "configmaps"),
+    "Pod": ("", "v1", "pods"),
+}
+MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={FIELD_MANAGER}"
+
+
+def configure_watches(settings: kopf.OperatorSettings) -> None:
+    """The children and pods are filtered on the server: the operator is sent only its own.
+
+    An object whose managed-by label someone removes leaves these watches: the API
+    server sends a DELETED event for it. Its model is then reconciled, finds the child
+    missing from the cache, GETs it before writing, recognises it as its own by its
+    owner reference, and applies it again, which puts the labels back."""
+    for group, version, plural in CHILD_RESOURCES.values():
+        settings.watching.label_selectors[group, version, plural] = MANAGED_SELECTOR
+
+
+def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
+    """Registers the indexes (the caches), the triggers and the worker pool."""
+    model: dict[str, Any] = dict(group=api.GROUP, version=api.VERSION, plural=api.PLURAL, registry=registry)
+
+    # Async, so that kopf runs them on its event loop, where the queue lives, not in threads.
+    # kopf passes each index to handlers under its id.
+    @kopf.index(**model, id="model_index")
+    async def model_index(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+        return {(namespace, name): project(body)}
+
+    def child_index(kind: str, projection: Callable[[Any], dict[str, Any]]) -> None:
+        async def index(body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+            key = owner_key(body)
+            return {key: projection(body)} if key else None
+
+        group, version, plural = CHILD_RESOURCES[kind]
+        kopf.index(group, version, plural, registry=registry, id=f"{kind.lower()}_index")(index)
+
+    for kind in CHILD_RESOURCES:
+        child_index(kind, project_pod if kind == "Pod" else project)
+
+    @kopf.on.event(**model, id="on_model")
+    async def on_model(body: kopf.Body, type: str | None, **kwargs: Any) -> None:
+        reconciler.on_model(body, type, kwargs)
+
+    for kind, (group, version, plural) in CHILD_RESOURCES.items():
+        handler = reconciler.on_pod if kind == "Pod" else reconciler.on_child
+
+        async def on_child(body: kopf.Body, type: str | None, _handler: Any = handler, **kwargs: Any) -> None:
+            _handler(body, type, kwargs)
+
+        kopf.on.event(group, version, plural, registry=registry, id=f"on_{kind.lower()}")(on_child)
+
+    @kopf.on.startup(registry=registry)
+    async def start_workers(memo: kopf.Memo, **_: Any) -> None:
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(reconciler.worker()) for _ in range(reconciler.workers)]
+        memo["reconcile_tasks"] = [*tasks, loop.create_task(reconciler.resync())]
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop_workers(memo: kopf.Memo, **_: Any) -> None:
+        for task in memo.get("reconcile_tasks", []):
+            task.cancel()
