@@ -105,7 +105,12 @@ def client(cluster: localcluster.LocalCluster) -> Kube:
 
 
 def model_body(name: str) -> dict:
-    return {"apiVersion": "inferentia.dev/v1alpha1", "kind": "InferentiaModel", "metadata": {"name": name, "namespace": NAMESPACE}, "spec": SPEC}
+    return {
+        "apiVersion": "inferentia.dev/v1alpha1",
+        "kind": "InferentiaModel",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": SPEC,
+    }
 
 
 def children_of(name: str) -> list[dict]:
@@ -339,13 +344,30 @@ def main() -> int:
     print("| measure | figure | goal | |")
     print("|---|---|---|---|")
     ratio = op["seconds"] / base["seconds"]
-    row("convergence, operator / bare-API floor", f"{op['seconds']:.1f} s / {base['seconds']:.1f} s = {ratio:.2f}x", "≤ 1.25x", ratio <= 1.25)
+    row(
+        "convergence, operator / bare-API floor",
+        f"{op['seconds']:.1f} s / {base['seconds']:.1f} s = {ratio:.2f}x",
+        "≤ 1.25x",
+        ratio <= 1.25,
+    )
     cpu_ratio = op["cpu"] / base["cpu"]
-    row("API server + etcd CPU while converging", f"{op['cpu']:.1f} s / {base['cpu']:.1f} s = {cpu_ratio:.2f}x", "≤ 1.25x", cpu_ratio <= 1.25)
+    row(
+        "API server + etcd CPU while converging",
+        f"{op['cpu']:.1f} s / {base['cpu']:.1f} s = {cpu_ratio:.2f}x",
+        "≤ 1.25x",
+        cpu_ratio <= 1.25,
+    )
     reads, writes = op["reads"] / n, op["writes"] / n
-    row("requests per model while converging", f"{reads:.2f} reads, {writes:.2f} writes", "≤ 1 read, ≤ 5 writes", reads <= 1 and writes <= 5)
+    row(
+        "requests per model while converging", f"{reads:.2f} reads, {writes:.2f} writes", "≤ 1 read, ≤ 5 writes", reads <= 1 and writes <= 5
+    )
     row("requests per minute at rest (peering excluded)", f"{op['rest_per_minute']:.1f}", "0", op["rest_per_minute"] == 0)
-    row("operator RSS after converging / at the end", f"{op['rss_mb']:.0f} MB / {op['rss_mb_end']:.0f} MB", "≤ 150 MB at 1,000", op["rss_mb_end"] <= 150)
+    row(
+        "operator RSS after converging / at the end",
+        f"{op['rss_mb']:.0f} MB / {op['rss_mb_end']:.0f} MB",
+        "≤ 150 MB at 1,000",
+        op["rss_mb_end"] <= 150,
+    )
     row(
         "restart over unchanged models: time to idle, writes",
         f"{op['restart_idle_s']:.1f} s, {op['restart_writes']} writes ({op['restart_reads']} reads)", "0 writes", op["restart_writes"] == 0,

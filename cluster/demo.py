@@ -97,9 +97,7 @@ def demo() -> int:
         "  kubectl get inferentiamodels\n"
         "  kubectl get inferentiamodel resnet50 -o jsonpath='{.status.plan}'\n"
         "  kubectl apply -f manifests/samples/invalid/three-processes-one-chip.yaml   # refused\n"
-        "  .venv/bin/inferentia-operator render manifests/samples/llama-inf2-vllm.yaml\n"
-        + ask
-        + "Stop it all with: make cluster-down"
+        "  .venv/bin/inferentia-operator render manifests/samples/llama-inf2-vllm.yaml\n" + ask + "Stop it all with: make cluster-down"
     )
     return 0
 

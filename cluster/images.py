@@ -46,7 +46,9 @@ BASE_PACKAGES = "python3,ca-certificates"
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("INFERENTIA_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"), "inferentia-operator")
+    base = os.environ.get("INFERENTIA_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"), "inferentia-operator"
+    )
     path = Path(base) / "images"
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -222,7 +224,9 @@ def build(bins: Path) -> list[Path]:
     compile_standin = cache_dir() / f"compile-standin-{bkey}-{pkey}-{skey}.oci.tar"
     if not compile_standin.exists():
         log(f"{COMPILE_STANDIN_IMAGE}: assembling")
-        write_oci(compile_standin, COMPILE_STANDIN_IMAGE, [base, python, standins], {"Env": config["Env"], "Entrypoint": ["neuron-compile"]})
+        write_oci(
+            compile_standin, COMPILE_STANDIN_IMAGE, [base, python, standins], {"Env": config["Env"], "Entrypoint": ["neuron-compile"]}
+        )
     images.append(compile_standin)
     pause_bin = bins / "pause"
     pause = cache_dir() / f"pause-{hashlib.sha256(pause_bin.read_bytes()).hexdigest()[:12]}.oci.tar"

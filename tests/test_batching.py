@@ -195,6 +195,7 @@ def test_the_front_end_batches_answers_each_request_and_reports_metrics():
     async def scenario(session, url):
         async with session.get(f"{url}/readyz") as r:
             assert r.status == 200
+
         async def one(i):
             async with session.post(f"{url}/predict", json=[i, i + 1]) as r:
                 return r.status, await r.json()
@@ -263,7 +264,17 @@ def test_the_reference_model_server_starts_from_its_command_line():
     import urllib.request
 
     port = free_port()
-    argv = [sys.executable, "-m", "inferentia_operator.batching.model_server", "--stand-in", "1,0", "--port", str(port), "--host", "127.0.0.1"]
+    argv = [
+        sys.executable,
+        "-m",
+        "inferentia_operator.batching.model_server",
+        "--stand-in",
+        "1,0",
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+    ]
     server = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 20

@@ -45,9 +45,7 @@ def test_deployment_carries_the_plan():
     }
     assert pod["tolerations"] == [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}]
     [term] = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert term["matchExpressions"] == [
-        {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": m.plan.instance_types}
-    ]
+    assert term["matchExpressions"] == [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": m.plan.instance_types}]
     assert pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["weight"] == 100
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["NEURON_CC_FLAGS"] == " ".join(m.plan.compiler_args)
@@ -171,7 +169,9 @@ def run_launcher(tmp_path, m, granted=None, extra_env=None):
     if granted is not None:
         env["NEURON_RT_VISIBLE_CORES"] = granted
     record = f'echo "$INFERENTIA_PROCESS_INDEX $NEURON_RT_VISIBLE_CORES $NEURON_RT_NUM_CORES $PORT $NEURON_CC_FLAGS" >> {out}; sleep 0.2'
-    result = subprocess.run(["/bin/sh", str(tmp_path / "launch.sh"), "sh", "-c", record], env=env, capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        ["/bin/sh", str(tmp_path / "launch.sh"), "sh", "-c", record], env=env, capture_output=True, text=True, timeout=30
+    )
     return result, sorted(out.read_text().splitlines()) if out.exists() else []
 
 
@@ -366,7 +366,13 @@ def test_batching_adds_a_front_end_on_the_serving_port_and_moves_the_processes_u
     assert batcher["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "batch", "scheme": "HTTP"}
     assert batcher["securityContext"] == children.CONTAINER_SECURITY
     ports = children.service(m)["spec"]["ports"]
-    assert [(p["name"], p["port"]) for p in ports] == [("batch", 8500), ("serve-0", 8501), ("serve-1", 8502), ("serve-2", 8503), ("serve-3", 8504)]
+    assert [(p["name"], p["port"]) for p in ports] == [
+        ("batch", 8500),
+        ("serve-0", 8501),
+        ("serve-1", 8502),
+        ("serve-2", 8503),
+        ("serve-3", 8504),
+    ]
     # The image can be set per model, or for the whole operator.
     custom = model(**THROUGHPUT, **{"serving.batching": {"image": "registry.example.com/batcher:2"}})
     assert children.serving_deployment(custom)["spec"]["template"]["spec"]["containers"][1]["image"] == "registry.example.com/batcher:2"

@@ -108,8 +108,7 @@ def test_plan_json_has_every_field():
     [record] = json.loads(out)
     assert record["name"] == "resnet50" and record["namespace"] == "default"
     for field in (
-        "family coresPerChip totalCores groupSize groups visibleCores deviceMemoryPerGroupBytes "
-        "compilerArgs env resources instanceTypes"
+        "family coresPerChip totalCores groupSize groups visibleCores deviceMemoryPerGroupBytes compilerArgs env resources instanceTypes"
     ).split():
         assert field in record
     assert record["visibleCores"] == ["0", "1", "2", "3"]
@@ -209,7 +208,12 @@ def test_render_prints_what_the_operator_applies_for_every_sample():
     expected = []
     for doc in load_models(paths).models:
         m = children.Model(doc.name, doc.namespace, PLACEHOLDER_UID, doc.spec, plan(doc.spec))
-        expected += [children.plan_configmap(m), *filter(None, [children.compile_job(m)]), children.serving_deployment(m), children.service(m)]
+        expected += [
+            children.plan_configmap(m),
+            *filter(None, [children.compile_job(m)]),
+            children.serving_deployment(m),
+            children.service(m),
+        ]
     assert objects == expected
     kinds = [(o["kind"], o["metadata"]["name"]) for o in objects]
     assert ("Deployment", "llama-8b") in kinds and ("Job", next(n for k, n in kinds if n.startswith("llama-70b-trn2-compile-"))) in kinds
@@ -249,9 +253,7 @@ def test_a_plan_too_large_for_its_configmap_is_refused_by_validate():
 def run_cli_process(*args, stdin=b"", encoding=None):
     """The CLI as a program, so that a traceback or a hang would show."""
     env = {"PATH": "/usr/bin:/bin", **({"PYTHONIOENCODING": encoding} if encoding else {})}
-    return subprocess.run(
-        [sys.executable, "-m", "inferentia_operator", *args], input=stdin, capture_output=True, timeout=60, env=env
-    )
+    return subprocess.run([sys.executable, "-m", "inferentia_operator", *args], input=stdin, capture_output=True, timeout=60, env=env)
 
 
 def test_yaml_type_tags_are_errors_of_their_file_not_tracebacks(tmp_path):
@@ -322,7 +324,7 @@ def test_validate_of_a_repository_skips_chart_templates_and_hidden_folders_and_s
     chart = tmp_path / "charts" / "op"
     (chart / "templates").mkdir(parents=True)
     (chart / "Chart.yaml").write_text("apiVersion: v2\nname: op\nversion: 0.1.0\n")
-    (chart / "templates" / "deployment.yaml").write_text("metadata:\n  {{- include \"x\" . | nindent 4 }}\n")
+    (chart / "templates" / "deployment.yaml").write_text('metadata:\n  {{- include "x" . | nindent 4 }}\n')
     (tmp_path / ".venv" / "data").mkdir(parents=True)
     (tmp_path / ".venv" / "data" / "x.json").write_text('{\n\t"tab": 1\n}')
     (tmp_path / "model.yaml").write_text(

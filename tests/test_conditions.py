@@ -29,9 +29,7 @@ def by_type(conds):
 
 def test_ready_when_the_current_plan_is_fully_rolled_out():
     d = deployment()
-    conds = by_type(
-        c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=c.rollout_of(d, 2, "h1"), pods=[pod(), pod()])
-    )
+    conds = by_type(c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=c.rollout_of(d, 2, "h1"), pods=[pod(), pod()]))
     assert (conds["Ready"].status, conds["Ready"].reason) == ("True", "Ready")
     assert conds["Progressing"].reason == "RolloutComplete"
     assert conds["Scheduled"].status == "True" and conds["Available"].status == "True"

@@ -33,9 +33,9 @@ def test_every_spec_field_is_documented_and_typed():
         if path.endswith("[]"):
             continue
         assert node.get("description"), f"{path} has no description"
-        assert (
-            node.get("type") or node.get("x-kubernetes-int-or-string") or node.get("x-kubernetes-preserve-unknown-fields")
-        ), f"{path} has no type"
+        assert node.get("type") or node.get("x-kubernetes-int-or-string") or node.get("x-kubernetes-preserve-unknown-fields"), (
+            f"{path} has no type"
+        )
         assert "$ref" not in node and "title" not in node
 
 

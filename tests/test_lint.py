@@ -43,8 +43,15 @@ def test_importing_the_core_loads_neither_kopf_nor_the_kubernetes_client():
     assert result.stdout.strip() == "[]", result.stdout
 
 
-
 def test_mypy_finds_nothing():
     """The type checker, strict on the whole package (pyproject.toml [tool.mypy])."""
     result = subprocess.run([sys.executable, "-m", "mypy", "--no-error-summary"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_code_is_formatted():
+    """``ruff format`` (line length 140) leaves every file as it is."""
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr

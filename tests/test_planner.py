@@ -106,9 +106,7 @@ def test_static_weights_auto(overrides, static):
 
 def test_instance_types_follow_chips_and_the_users_list():
     assert plan_of(**{"compute.inf": 4}).instance_types == ["inf1.6xlarge", "inf1.24xlarge"]
-    assert plan_of(**{"compute.inf": 4, "compute.instanceTypes": ["inf1.24xlarge", "inf1.xlarge"]}).instance_types == [
-        "inf1.24xlarge"
-    ]
+    assert plan_of(**{"compute.inf": 4, "compute.instanceTypes": ["inf1.24xlarge", "inf1.xlarge"]}).instance_types == ["inf1.24xlarge"]
     assert plan_of(**{"compute.family": "inf2", "compute.inf": 6}).instance_types == ["inf2.24xlarge", "inf2.48xlarge"]
 
 

@@ -115,9 +115,15 @@ INVALID = [
     # Enums and unknown fields.
     ({"model.framework": "jax"}, "spec.model.framework: 'jax' is not valid; valid values are tensorflow, pytorch"),
     ({"compute.family": "inf3"}, "spec.compute.family: 'inf3' is not valid; valid values are inf1, inf2, trn1, trn2"),
-    ({"compute.chips": 1}, "spec.compute.chips: is not a field of this object; check its spelling (kubectl explain inferentiamodel.spec lists the fields)"),
-    ({"compute.memory": "lots"}, "spec.compute.memory: 'lots' is not a Kubernetes quantity; valid values are a non-negative number with an "
-        "optional suffix (m, k, M, G, T, P, E, Ki, Mi, Gi, Ti, Pi, Ei, or an exponent such as e3), for example 500m, 2 or 4Gi"),
+    (
+        {"compute.chips": 1},
+        "spec.compute.chips: is not a field of this object; check its spelling (kubectl explain inferentiamodel.spec lists the fields)",
+    ),
+    (
+        {"compute.memory": "lots"},
+        "spec.compute.memory: 'lots' is not a Kubernetes quantity; valid values are a non-negative number with an "
+        "optional suffix (m, k, M, G, T, P, E, Ki, Mi, Gi, Ti, Pi, Ei, or an exponent such as e3), for example 500m, 2 or 4Gi",
+    ),
     # Logical NeuronCores: trn2 takes 1 or 2, every other family only 1.
     ({"compute.family": "trn1", "compute.lnc": 2}, "spec.compute.lnc: 2 is not supported on trn1; valid values are 1"),
     ({"compute.family": "inf2", "compute.lnc": 2}, "spec.compute.lnc: 2 is not supported on inf2; valid values are 1"),
@@ -147,7 +153,6 @@ INVALID = [
         "inf2, trn1 and trn2 only; valid values on inf1 are custom",
     ),
     ({"serving.runtime": "tgi"}, "spec.serving.runtime: 'tgi' is not valid; valid values are custom, vllm"),
-
 ]
 
 
@@ -315,10 +320,16 @@ def test_secrets_reach_the_serving_process_by_reference_only():
 @pytest.mark.parametrize(
     "env,message",
     [
-        ({"name": "A", "value": "x", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}, "environment variable 'A' needs one value"),
+        (
+            {"name": "A", "value": "x", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            "environment variable 'A' needs one value",
+        ),
         ({"name": "B", "valueFrom": {}}, "environment variable 'B' needs one value"),
         ({"name": "C", "valueFrom": {"fieldRef": {"fieldPath": "spec.containers"}}}, "valid fieldRef.fieldPath values are metadata.name"),
-        ({"name": "D", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "a/b"}}}, "environment variable 'D' names a Secret or ConfigMap key"),
+        (
+            {"name": "D", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "a/b"}}},
+            "environment variable 'D' names a Secret or ConfigMap key",
+        ),
     ],
 )
 def test_bad_env_sources_are_refused_naming_the_variable(env, message):
@@ -344,7 +355,9 @@ def test_a_replica_no_instance_type_can_hold_is_refused_with_the_valid_values():
     assert finding.path == "spec.compute"
     assert finding.message.startswith("a replica asks for 4 CPU and 2Gi of memory, more than any inf2 instance type with 1 chip")
     assert "inf2.xlarge (3920m CPU, 15391Mi)" in finding.message and "inf2.48xlarge (191450m CPU" in finding.message
-    assert not errors(parse_spec(make_spec(**{"compute.family": "trn1", "compute.inf": 16, "compute.instanceTypes": ["trn1n.32xlarge"]}))[1])
+    assert not errors(
+        parse_spec(make_spec(**{"compute.family": "trn1", "compute.inf": 16, "compute.instanceTypes": ["trn1n.32xlarge"]}))[1]
+    )
 
 
 @pytest.mark.parametrize(

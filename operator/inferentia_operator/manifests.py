@@ -132,7 +132,12 @@ def _files(path: str) -> Iterator[tuple[str, str | ManifestError | Skipped]]:
     if p.is_dir():
         candidates = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in MANIFEST_SUFFIXES and not _hidden(f, p))
         for chart_dir, templates in _chart_templates(candidates):
-            yield str(chart_dir), Skipped(f"{chart_dir}: {templates} Helm chart templates skipped (render them first: helm template {chart_dir} | inferentia-operator validate -)")
+            yield (
+                str(chart_dir),
+                Skipped(
+                    f"{chart_dir}: {templates} Helm chart templates skipped (render them first: helm template {chart_dir} | inferentia-operator validate -)"
+                ),
+            )
         candidates = [f for f in candidates if _chart_of(f) is None]
     elif p.exists():
         candidates = [p]

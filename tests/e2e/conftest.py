@@ -122,7 +122,11 @@ def real_namespace(real_node: Cluster):
     import realnode
 
     name = f"real-{uuid.uuid4().hex[:8]}"
-    manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "annotations": realnode.REAL_NODE_NAMESPACE_ANNOTATIONS}}
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "annotations": realnode.REAL_NODE_NAMESPACE_ANNOTATIONS},
+    }
     real_node.kubectl("apply", "-f", "-", input=json.dumps(manifest))
     wait_for(lambda: real_node.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0, 30, "default SA")
     yield name

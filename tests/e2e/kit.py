@@ -38,9 +38,7 @@ class Cluster:
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run(
-            [self.tool("kubectl"), *args], input=input, capture_output=True, text=True, env=self.env, timeout=120
-        )
+        result = subprocess.run([self.tool("kubectl"), *args], input=input, capture_output=True, text=True, env=self.env, timeout=120)
         if check and result.returncode:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
         return result

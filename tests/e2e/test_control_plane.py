@@ -258,35 +258,89 @@ def test_a_killed_test_run_takes_its_control_plane_with_it(cluster, tmp_path):
 
 SECRET = {"secretKeyRef": {"name": "hf", "key": "token"}}
 ENV_SOURCES = [
-    {}, {"value": ""}, {"valueFrom": SECRET}, {"value": "x", "valueFrom": SECRET}, {"valueFrom": {}},
+    {},
+    {"value": ""},
+    {"valueFrom": SECRET},
+    {"value": "x", "valueFrom": SECRET},
+    {"valueFrom": {}},
     {"valueFrom": {**SECRET, "configMapKeyRef": {"name": "c", "key": "k"}}},
     {"valueFrom": {"secretKeyRef": {"name": "Bad_Name", "key": "token"}}},
     {"valueFrom": {"secretKeyRef": {"name": "hf", "key": "a/b"}}},
     {"valueFrom": {"configMapKeyRef": {"name": "c.d", "key": "k.e-y_1", "optional": True}}},
-    *[{"valueFrom": {"fieldRef": {"fieldPath": f}}} for f in (
-        "metadata.name", "status.podIP", "metadata.labels['app']", "metadata.annotations['a.b/c']", "spec.containers", "metadata.labels",
-    )],
+    *[
+        {"valueFrom": {"fieldRef": {"fieldPath": f}}}
+        for f in (
+            "metadata.name",
+            "status.podIP",
+            "metadata.labels['app']",
+            "metadata.annotations['a.b/c']",
+            "spec.containers",
+            "metadata.labels",
+        )
+    ],
     *[{"valueFrom": {"resourceFieldRef": {"resource": r}}} for r in ("limits.cpu", "requests.memory", "limits.gpu")],
 ]
 ENV_FROM_SOURCES = [
-    {"secretRef": {"name": "hf"}}, {"configMapRef": {"name": "c", "optional": True}, "prefix": "HF_"},
-    {}, {"secretRef": {"name": "a"}, "configMapRef": {"name": "b"}}, {"secretRef": {"name": "UPPER"}},
+    {"secretRef": {"name": "hf"}},
+    {"configMapRef": {"name": "c", "optional": True}, "prefix": "HF_"},
+    {},
+    {"secretRef": {"name": "a"}, "configMapRef": {"name": "b"}},
+    {"secretRef": {"name": "UPPER"}},
     {"secretRef": {"name": "a"}, "prefix": "1X"},
 ]
 
 # Edge cases of the grammars the children's fields are held to: validate and the API
 # server must give the same verdict on every one (the API server's is the truth).
 DIVERGENCE_CORPUS = [
-    *[{"compute.cpu": q} for q in (
-        "1", "0.5", ".5", "5.", "1e3", "1E3", "1E", "1Ei", "500m", "1.5Gi", "+1", "1e-3", "1ki", "1K", "1.2.3", "1iM",
-        "-1Gi", "1kk", "", " 1", "1 ", "1e", "0x10", "1_000", "00", "1.0e3", "1n", "1u", "1Mi ", "١", "12345678901234567890",
-    )],
+    *[
+        {"compute.cpu": q}
+        for q in (
+            "1",
+            "0.5",
+            ".5",
+            "5.",
+            "1e3",
+            "1E3",
+            "1E",
+            "1Ei",
+            "500m",
+            "1.5Gi",
+            "+1",
+            "1e-3",
+            "1ki",
+            "1K",
+            "1.2.3",
+            "1iM",
+            "-1Gi",
+            "1kk",
+            "",
+            " 1",
+            "1 ",
+            "1e",
+            "0x10",
+            "1_000",
+            "00",
+            "1.0e3",
+            "1n",
+            "1u",
+            "1Mi ",
+            "١",
+            "12345678901234567890",
+        )
+    ],
     *[{"compute.memory": q} for q in (2, 0, "4Gi", "4gi", "4GiB")],
     *[{"compile.cpu": q} for q in ("4", "500m", "-1", "4 cores")],
     # The replica's CPU and memory against what each instance type leaves to pods.
-    *[{"compute.family": "inf2", "compute.instanceTypes": ["inf2.xlarge"], **r} for r in (
-        {"compute.cpu": "4"}, {"compute.cpu": "3920m"}, {"compute.cpu": "3921m"}, {"compute.memory": "15391Mi"}, {"compute.memory": "16Gi"},
-    )],
+    *[
+        {"compute.family": "inf2", "compute.instanceTypes": ["inf2.xlarge"], **r}
+        for r in (
+            {"compute.cpu": "4"},
+            {"compute.cpu": "3920m"},
+            {"compute.cpu": "3921m"},
+            {"compute.memory": "15391Mi"},
+            {"compute.memory": "16Gi"},
+        )
+    ],
     *[{"compute.memory": m} for m in ("190Gi", "300Gi")],
     {"compute.family": "trn1", "compute.inf": 16, "compute.instanceTypes": ["trn1n.32xlarge"], "compute.cpu": "127"},
     *[{"compile.memory": q} for q in ("600Gi", "8GiB", 64)],

@@ -36,7 +36,10 @@ def lowest_pins() -> list[str]:
 
 def test_every_import_of_the_package_is_a_declared_dependency():
     """What the code imports from outside the standard library is declared."""
-    declared = {re.split(r"[<>=\[ ]", r)[0].lower().replace("-", "_") for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
+    declared = {
+        re.split(r"[<>=\[ ]", r)[0].lower().replace("-", "_")
+        for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    }
     names = {"prometheus_client": "prometheus_client", "yaml": "pyyaml"}
     imported = set()
     for path in (ROOT / "operator" / "inferentia_operator").rglob("*.py"):
@@ -52,7 +55,9 @@ def test_every_import_of_the_package_is_a_declared_dependency():
 def lowest_venv() -> Path:
     pins = lowest_pins()
     key = hashlib.sha256(" ".join(pins).encode()).hexdigest()[:12]
-    cache = Path(os.environ.get("INFERENTIA_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "inferentia-operator")
+    cache = Path(
+        os.environ.get("INFERENTIA_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "inferentia-operator"
+    )
     venv = cache / f"lowest-deps-{key}"
     python = venv / "bin" / "python"
     if not (venv / ".complete").exists():

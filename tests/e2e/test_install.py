@@ -168,9 +168,7 @@ def test_kubectl_apply_of_the_plain_manifests(crd_installed, namespace, tmp_path
     finally:
         # The CRDs stay: other tests use them. Everything else the manifests made goes.
         cluster.kubectl("delete", "-f", str(ROOT / "manifests" / "10-operator.yaml"), "--wait=false", check=False)
-        wait_for(
-            lambda: cluster.kubectl("get", "clusterrole", "inferentia-operator", check=False).returncode != 0, 60, "cleanup"
-        )
+        wait_for(lambda: cluster.kubectl("get", "clusterrole", "inferentia-operator", check=False).returncode != 0, 60, "cleanup")
 
 
 def test_namespace_editors_and_viewers_get_models_through_the_aggregated_roles(crd_installed, namespace):
@@ -219,7 +217,10 @@ def test_an_image_outside_the_allow_list_is_refused_at_apply(crd_installed, name
                                                       "compile.image": "docker.io/evil/compile:1"})  # fmt: skip
         result = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(bad_compile), check=False)
         assert result.returncode != 0
-        assert "image docker.io/evil/compile:1 is not from an allowed registry; allowed prefixes: registry.example.com/neuron/" in result.stderr
+        assert (
+            "image docker.io/evil/compile:1 is not from an allowed registry; allowed prefixes: registry.example.com/neuron/"
+            in result.stderr
+        )
     finally:
         cluster.kubectl("delete", "-f", "-", input=yaml.safe_dump_all(policy), check=False)
         # The admission plugin drops the policy a moment after its deletion, as it picked

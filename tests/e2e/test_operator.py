@@ -157,8 +157,10 @@ def test_a_deleted_or_edited_child_is_put_back_and_others_fields_are_kept(cluste
     uid = cluster.get("deployment", "m", "-n", namespace)["metadata"]["uid"]
     cluster.kubectl("delete", "deployment", "m", "-n", namespace)
     back = wait_for(
-        lambda: (d := cluster.kubectl("get", "deployment", "m", "-n", namespace, "-o", "json", check=False)).returncode == 0
-        and json.loads(d.stdout)["metadata"]["uid"] != uid,
+        lambda: (
+            (d := cluster.kubectl("get", "deployment", "m", "-n", namespace, "-o", "json", check=False)).returncode == 0
+            and json.loads(d.stdout)["metadata"]["uid"] != uid
+        ),
         60,
         "the Deployment to come back",
     )
@@ -182,13 +184,18 @@ def test_scale_subresource_drives_the_deployment(cluster, operator, namespace):
     wait_ready(cluster, namespace, "m")
     cluster.kubectl("scale", "inferentiamodel/m", "-n", namespace, "--replicas=2")
     body = wait_for(
-        lambda: (b := get_model(cluster, namespace, "m"))["status"].get("readyReplicas") == 2
-        and condition(b, "Ready").get("status") == "True" and b,
+        lambda: (
+            (b := get_model(cluster, namespace, "m"))["status"].get("readyReplicas") == 2
+            and condition(b, "Ready").get("status") == "True"
+            and b
+        ),
         60,
         "two ready replicas",
     )
     assert cluster.get("deployment", "m", "-n", namespace)["spec"]["replicas"] == 2
-    scale = json.loads(cluster.kubectl("get", "--raw", f"/apis/inferentia.dev/v1alpha1/namespaces/{namespace}/inferentiamodels/m/scale").stdout)
+    scale = json.loads(
+        cluster.kubectl("get", "--raw", f"/apis/inferentia.dev/v1alpha1/namespaces/{namespace}/inferentiamodels/m/scale").stdout
+    )
     assert scale["status"]["replicas"] == 2 and scale["status"]["selector"] == body["status"]["selector"]
 
 
@@ -381,9 +388,9 @@ def test_neuron_2x_samples_reach_ready_with_the_planned_command(cluster, operato
     else:
         env = json.loads(cluster.get("configmap", children.plan_configmap_name(m), "-n", namespace)["data"]["plan.json"])["env"]
         assert {e["NEURON_LOGICAL_NC_CONFIG"] for e in env} == {"2"}
-        assert cluster.get("job", children.compile_job_name(m), "-n", namespace)["spec"]["template"]["spec"]["containers"][0][
-            "args"
-        ][-2:] == ["--lnc", "2"]
+        assert cluster.get("job", children.compile_job_name(m), "-n", namespace)["spec"]["template"]["spec"]["containers"][0]["args"][
+            -2:
+        ] == ["--lnc", "2"]
     [pod] = cluster.get("pod", "-n", namespace, "-l", children.selector_string(m))["items"]
     node = cluster.get("node", pod["spec"]["nodeName"])
     assert node["metadata"]["labels"]["node.kubernetes.io/instance-type"] in m.plan.instance_types
@@ -478,7 +485,9 @@ def test_models_run_in_a_namespace_that_enforces_restricted_and_root_is_reported
 def test_a_hand_edited_service_port_is_repaired_and_never_blocks_the_deployment(cluster, operator, namespace):
     apply_model(cluster, namespace, "m", **{"processesPerReplica": 2})
     wait_ready(cluster, namespace, "m")
-    cluster.kubectl("patch", "svc", "m", "-n", namespace, "--type=json", "-p", '[{"op":"replace","path":"/spec/ports/0/port","value":9999}]')
+    cluster.kubectl(
+        "patch", "svc", "m", "-n", namespace, "--type=json", "-p", '[{"op":"replace","path":"/spec/ports/0/port","value":9999}]'
+    )
 
     def ports():
         return sorted((p["name"], p["port"]) for p in cluster.get("service", "m", "-n", namespace)["spec"]["ports"])
@@ -592,8 +601,15 @@ def test_validate_the_api_server_and_the_operators_status_agree_on_the_corpus(cl
     operator_only = [
         # Accepted by the API server (CEL cannot see these); refused by validate and the operator.
         make_spec(**{"compile.staticWeights": True, "model.weights": 10**10}),
-        make_spec(**{"compute.family": "trn2", "compute.inf": 16, "compute.lnc": 1, "processesPerReplica": 128,
-                     "compile.extraArgs": ["--opt=" + "x" * 1000] * 64}),  # fmt: skip
+        make_spec(
+            **{
+                "compute.family": "trn2",
+                "compute.inf": 16,
+                "compute.lnc": 1,
+                "processesPerReplica": 128,
+                "compile.extraArgs": ["--opt=" + "x" * 1000] * 64,
+            }
+        ),  # fmt: skip
     ]
     specs = [make_spec(**o) for o in DIVERGENCE_CORPUS] + operator_only
     expected = {}

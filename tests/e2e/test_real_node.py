@@ -45,7 +45,9 @@ def why_not_ready(cluster, namespace: str, name: str) -> str:
         out.append(f"pod {pod['metadata']['name']}: {json.dumps(pod['status'].get('containerStatuses'))[:1500]}")
         for c in pod["spec"]["containers"]:
             log = cluster.kubectl("logs", "-n", namespace, pod["metadata"]["name"], "-c", c["name"], "--tail=20", check=False)
-            prev = cluster.kubectl("logs", "-n", namespace, pod["metadata"]["name"], "-c", c["name"], "--previous", "--tail=20", check=False)
+            prev = cluster.kubectl(
+                "logs", "-n", namespace, pod["metadata"]["name"], "-c", c["name"], "--previous", "--tail=20", check=False
+            )
             out.append(f"--- logs {c['name']}: {log.stdout[-1500:]}{log.stderr[-300:]} | previous: {prev.stdout[-1500:]}")
     events = cluster.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False).stdout
     out.append(events[-3000:])
@@ -127,7 +129,9 @@ def test_a_single_process_model_serves_on_the_cores_it_was_granted(real_node, re
     granted = granted_cores(real_node, pod)
     assert granted and granted != [0, 1], f"the stand-in plugin grants the last free chip first, got {granted}"
     [proc] = process_envs(real_node, real_namespace, pod["metadata"]["name"])
-    assert [int(c) for c in proc["NEURON_RT_VISIBLE_CORES"].replace("-", ",").split(",")] == granted or proc["NEURON_RT_VISIBLE_CORES"] == f"{granted[0]}-{granted[-1]}"
+    assert [int(c) for c in proc["NEURON_RT_VISIBLE_CORES"].replace("-", ",").split(",")] == granted or proc[
+        "NEURON_RT_VISIBLE_CORES"
+    ] == f"{granted[0]}-{granted[-1]}"
     answer = cluster_ip_request(real_node, real_namespace, "single", "/v1/completions", {"prompt": "hello"})
     assert answer["choices"][0]["text"].endswith("hello")
     assert str(granted) in answer["choices"][0]["text"]
@@ -253,9 +257,7 @@ def test_helm_install_wait_runs_the_operator_image_as_a_real_pod(real_node, real
     chart's own RBAC (namespace mode: it watches the model's namespace only). Its model goes
     Ready; deleting the operator's pod resumes without creating anything twice."""
     cluster = real_node
-    release_ns = real_node_namespace(
-        cluster, f"op-{helm_binary}-{real_namespace[-6:]}", "pod-security.kubernetes.io/enforce=restricted"
-    )
+    release_ns = real_node_namespace(cluster, f"op-{helm_binary}-{real_namespace[-6:]}", "pod-security.kubernetes.io/enforce=restricted")
     helm = [cluster.tool(helm_binary), "-n", release_ns]
     # Helm 4 applies the chart's CRDs server-side: over a CRD that kubectl applied first (as
     # this suite does), it must take the fields over (the README's install section says so).
@@ -349,8 +351,10 @@ def test_a_rolling_update_replaces_the_real_pods_under_traffic(real_node, real_n
         codes.append(post(url, {"prompt": "x"}, timeout=2)[0])
         current = serving_pods(real_node, real_namespace, "rolling")
         names_now = {p["metadata"]["name"] for p in current}
-        if len(current) == 2 and not names_now & before and all(
-            all(c.get("ready") for c in p["status"].get("containerStatuses") or []) for p in current
+        if (
+            len(current) == 2
+            and not names_now & before
+            and all(all(c.get("ready") for c in p["status"].get("containerStatuses") or []) for p in current)
         ):
             break
     else:
@@ -367,7 +371,12 @@ def test_a_secret_reaches_every_serving_process_and_never_the_model(real_node, r
     """HF_TOKEN from a Secret (valueFrom) and a ConfigMap's keys (envFrom) reach both
     processes; the model and its children carry only the references."""
     for manifest in (
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf", "namespace": real_namespace}, "stringData": {"token": "s3cr3t-value"}},
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "hf", "namespace": real_namespace},
+            "stringData": {"token": "s3cr3t-value"},
+        },
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "tuning", "namespace": real_namespace}, "data": {"MODE": "fast"}},
     ):
         real_node.kubectl("apply", "-f", "-", input=json.dumps(manifest))
@@ -394,7 +403,12 @@ def test_a_compile_the_compiler_refuses_ends_in_compiled_false_with_the_reason(r
     retries once (backoffLimit 1), fails, and the model says Compiled=False with why,
     while nothing is served from a plan that never compiled."""
     spec = standin_spec(
-        **{"compile.image": "neuron-compile-standin:0.1.0", "compile.extraArgs": ["--lnc", "2"], "compile.cpu": "200m", "compile.memory": "512Mi"}
+        **{
+            "compile.image": "neuron-compile-standin:0.1.0",
+            "compile.extraArgs": ["--lnc", "2"],
+            "compile.cpu": "200m",
+            "compile.memory": "512Mi",
+        }
     )
     apply(real_node, real_namespace, "refused", spec)
 

@@ -41,7 +41,9 @@ class Metrics:
         )
         self.queue_wait = Histogram("inferentia_batch_queue_wait_seconds", "Time a request waited before its batch was sent.", registry=r)
         self.latency = Histogram("inferentia_batch_request_seconds", "Time from a request's arrival to its answer.", registry=r)
-        self.rejected = Counter("inferentia_batch_rejected", "Requests answered without a model call, by status code.", ["code"], registry=r)
+        self.rejected = Counter(
+            "inferentia_batch_rejected", "Requests answered without a model call, by status code.", ["code"], registry=r
+        )
         self.inflight = Gauge("inferentia_batch_inflight", "Batches in flight, per model process.", ["process"], registry=r)
         for p in range(processes):
             self.inflight.labels(str(p)).set(0)

@@ -80,9 +80,7 @@ CEL_BUCKET_BUDGET = literal({f.name: {lnc: bucket_budget_per_core(f, lnc) for ln
 CEL_DIVISORS = literal(
     {
         cores: format_list(divisors(cores))
-        for cores in sorted(
-            {f.cores_per_chip(lnc) * inf for f in FAMILY_LIST for lnc in f.lnc_values for inf in range(1, f.max_chips + 1)}
-        )
+        for cores in sorted({f.cores_per_chip(lnc) * inf for f in FAMILY_LIST for lnc in f.lnc_values for inf in range(1, f.max_chips + 1)})
     }
 )
 # Families whose runtime restricts tensor-parallel group sizes (trn1): for every core
@@ -100,7 +98,12 @@ CEL_TP_PROCESSES_TEXT = literal(
 )
 
 # CEL fragments over the spec (self = spec).
-CEL_FAMILY, CEL_INF, CEL_PROCESSES, CEL_WEIGHTS = "self.compute.family", "self.compute.inf", "self.processesPerReplica", "self.model.weights"
+CEL_FAMILY, CEL_INF, CEL_PROCESSES, CEL_WEIGHTS = (
+    "self.compute.family",
+    "self.compute.inf",
+    "self.processesPerReplica",
+    "self.model.weights",
+)
 CEL_LNC = f"(has(self.compute.lnc) ? self.compute.lnc : {CEL_DEFAULT_LNC}[{CEL_FAMILY}])"
 CEL_CORES = f"({CEL_PHYSICAL_CORES}[{CEL_FAMILY}] / {CEL_LNC} * {CEL_INF})"
 # Only where inf fits the family and lnc is one it supports is there a core count to divide.

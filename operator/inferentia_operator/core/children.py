@@ -49,6 +49,7 @@ COMPILED_DIR = "/var/lib/inferentia/compiled"
 # probe allows 30 of them before the liveness probe takes over.
 VLLM_STARTUP_SECONDS = 1800
 
+
 @dataclass(frozen=True)
 class Model:
     """What the builders need to know about the owning InferentiaModel."""
@@ -339,9 +340,12 @@ def compile_job(m: Model) -> dict[str, Any] | None:
                             **_storage_env_from(m),
                             "image": m.spec.compile.image,
                             "args": [
-                                "--model-uri", m.spec.model.uri,
-                                "--output-uri", compiled_uri(m),
-                                "--framework", m.spec.model.framework,
+                                "--model-uri",
+                                m.spec.model.uri,
+                                "--output-uri",
+                                compiled_uri(m),
+                                "--framework",
+                                m.spec.model.framework,
                                 *m.plan.compiler_args,
                             ],  # fmt: skip
                             "env": [{"name": k, "value": v} for k, v in {**SCRATCH_ENV, **env}.items()],
@@ -521,11 +525,7 @@ def serving_deployment(m: Model) -> dict[str, Any]:
                         "nodeAffinity": {
                             "requiredDuringSchedulingIgnoredDuringExecution": {
                                 "nodeSelectorTerms": [
-                                    {
-                                        "matchExpressions": [
-                                            {"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": plan.instance_types}
-                                        ]
-                                    }
+                                    {"matchExpressions": [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": plan.instance_types}]}
                                 ]
                             }
                         },
@@ -549,9 +549,7 @@ def serving_deployment(m: Model) -> dict[str, Any]:
 
 def service(m: Model) -> dict[str, Any]:
     base = process_base_port(m)
-    ports = [
-        {"name": f"serve-{i}", "port": base + i, "targetPort": f"serve-{i}", "protocol": "TCP"} for i in range(m.plan.groups)
-    ]
+    ports = [{"name": f"serve-{i}", "port": base + i, "targetPort": f"serve-{i}", "protocol": "TCP"} for i in range(m.plan.groups)]
     if batching_front_end(m):
         ports.insert(0, {"name": "batch", "port": m.spec.serving.port, "targetPort": "batch", "protocol": "TCP"})
     return {

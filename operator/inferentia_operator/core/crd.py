@@ -105,7 +105,12 @@ def _condition_column(name: str, condition: str, kind: str = "reason") -> dict[s
 
 PRINTER_COLUMNS = [
     {"name": "Chips", "type": "integer", "jsonPath": ".spec.compute.inf", "description": "Neuron chips per replica"},
-    {"name": "Processes", "type": "integer", "jsonPath": ".spec.processesPerReplica", "description": "Serving processes (NeuronCore Groups) per replica"},
+    {
+        "name": "Processes",
+        "type": "integer",
+        "jsonPath": ".spec.processesPerReplica",
+        "description": "Serving processes (NeuronCore Groups) per replica",
+    },
     {"name": "NCG", "type": "integer", "jsonPath": ".status.plan.groupSize", "description": "NeuronCores per group"},
     {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
     {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},

@@ -51,8 +51,8 @@ def applied(desired: Any, live: Any, path: tuple[str, ...] = ()) -> bool:
             for k, v in desired.items()
         )
     if isinstance(desired, list):
-        return isinstance(live, list) and len(desired) == len(live) and all(
-            applied(d, lv, path) for d, lv in zip(desired, live, strict=True)
+        return (
+            isinstance(live, list) and len(desired) == len(live) and all(applied(d, lv, path) for d, lv in zip(desired, live, strict=True))
         )
     if desired == live:
         return True

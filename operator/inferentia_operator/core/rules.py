@@ -251,8 +251,7 @@ BUCKET_DUPLICATE = CrossFieldRule(
 BUCKET_BOUND = CrossFieldRule(
     "spec.compile.buckets",
     "spec",
-    "%d buckets do not fit: a group of %d NeuronCores holds at most %d bucketed models of %d weights "
-    "(round(%d / weights) per NeuronCore)",
+    "%d buckets do not fit: a group of %d NeuronCores holds at most %d bucketed models of %d weights (round(%d / weights) per NeuronCore)",
     f"!has({CEL_WEIGHTS}) || !has(self.compile.buckets) || size(self.compile.buckets) == 0 || !({CEL_FITS} && {CEL_DIVIDES})"
     f" || size(self.compile.buckets) <= {CEL_BUCKET_LIMIT}",
     ("size(self.compile.buckets)", CEL_GROUP, CEL_BUCKET_LIMIT, CEL_WEIGHTS, CEL_BUDGET),
@@ -344,12 +343,15 @@ _FIELD_OK = (
     f"(!has(e.valueFrom) || !has(e.valueFrom.fieldRef) || e.valueFrom.fieldRef.fieldPath in {literal(list(FIELD_PATHS))}"
     f" || e.valueFrom.fieldRef.fieldPath.matches({json.dumps(FIELD_PATH_PATTERN)}))"
 )
-_RESOURCE_OK = f"(!has(e.valueFrom) || !has(e.valueFrom.resourceFieldRef) || e.valueFrom.resourceFieldRef.resource in {literal(list(RESOURCES))})"
+_RESOURCE_OK = (
+    f"(!has(e.valueFrom) || !has(e.valueFrom.resourceFieldRef) || e.valueFrom.resourceFieldRef.resource in {literal(list(RESOURCES))})"
+)
 ENV_FIELD = CrossFieldRule(
     "spec.serving.env",
     "spec.serving",
     "environment variable '%s' refers to a field or resource a container cannot read; valid fieldRef.fieldPath values are "
-    + ", ".join(FIELD_PATHS) + ", metadata.labels['<key>'], metadata.annotations['<key>']; valid resourceFieldRef.resource values are "
+    + ", ".join(FIELD_PATHS)
+    + ", metadata.labels['<key>'], metadata.annotations['<key>']; valid resourceFieldRef.resource values are "
     + ", ".join(RESOURCES),
     f"!has(self.env) || self.env.all(e, {_FIELD_OK} && {_RESOURCE_OK})",
     (f"self.env.filter(e, !({_FIELD_OK} && {_RESOURCE_OK}))[0].name",),
@@ -396,7 +398,11 @@ def _env_field_ok(e: EnvVar) -> bool:
     source = e.value_from
     if source is None:
         return True
-    field_ok = source.field_ref is None or source.field_ref.field_path in FIELD_PATHS or bool(re.match(FIELD_PATH_PATTERN, source.field_ref.field_path))
+    field_ok = (
+        source.field_ref is None
+        or source.field_ref.field_path in FIELD_PATHS
+        or bool(re.match(FIELD_PATH_PATTERN, source.field_ref.field_path))
+    )
     return field_ok and (source.resource_field_ref is None or source.resource_field_ref.resource in RESOURCES)
 
 
@@ -407,7 +413,11 @@ def _env_key_ref_ok(e: EnvVar) -> bool:
 
 def _env_from_ok(s: EnvFromSource) -> bool:
     refs = [r for r in (s.secret_ref, s.config_map_ref) if r is not None]
-    return len(refs) == 1 and bool(re.match(SUBDOMAIN_PATTERN, refs[0].name)) and (s.prefix is None or bool(re.match(ENV_NAME_PATTERN, s.prefix)))
+    return (
+        len(refs) == 1
+        and bool(re.match(SUBDOMAIN_PATTERN, refs[0].name))
+        and (s.prefix is None or bool(re.match(ENV_NAME_PATTERN, s.prefix)))
+    )
 
 
 def _check_env_references(spec: InferentiaModelSpec) -> list[Finding]:
@@ -472,7 +482,9 @@ SINGLE_LINE = {
 IMAGE_TEMPLATE = "'%s' is not a valid image reference: it contains white space"
 _WHITE_SPACE = json.dumps(r"\s")  # as a CEL string literal
 IMAGE = {
-    "serving": CrossFieldRule("spec.serving.image", "spec.serving", IMAGE_TEMPLATE, f"!self.image.matches({_WHITE_SPACE})", ("self.image",)),
+    "serving": CrossFieldRule(
+        "spec.serving.image", "spec.serving", IMAGE_TEMPLATE, f"!self.image.matches({_WHITE_SPACE})", ("self.image",)
+    ),
     "compile": CrossFieldRule(
         "spec.compile.image", "spec.compile", IMAGE_TEMPLATE, f"!has(self.image) || !self.image.matches({_WHITE_SPACE})", ("self.image",)
     ),
@@ -546,11 +558,7 @@ def _check_allowed_chip_counts(spec: InferentiaModelSpec, fam: Family) -> list[F
     allowed = fam.allowed_chip_counts
     if allowed is None or spec.compute.inf in allowed:
         return []
-    return [
-        ALLOWED_CHIPS[fam.name].finding(
-            fam.name, or_list(list(allowed)), spec.compute.inf, format_list(list(allowed))
-        )
-    ]
+    return [ALLOWED_CHIPS[fam.name].finding(fam.name, or_list(list(allowed)), spec.compute.inf, format_list(list(allowed)))]
 
 
 def _check_instance_types(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
@@ -737,8 +745,7 @@ def _check_advice(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
         found.append(
             Finding(
                 "spec.processesPerReplica",
-                f"throughput is usually best with one NeuronCore per group (processesPerReplica: {cores}); "
-                f"{p} gives groups of {group}",
+                f"throughput is usually best with one NeuronCore per group (processesPerReplica: {cores}); {p} gives groups of {group}",
                 "warning",
             )
         )

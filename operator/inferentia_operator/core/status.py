@@ -215,7 +215,9 @@ def blocked_by(conflicts: Sequence[Conflict], failures: Sequence[WriteFailure]) 
     return None
 
 
-def compiled_condition(job_required: bool, job_name: str | None, job: Mapping[str, Any] | None, uri: str, changed: list[str] | None = None) -> api.Condition:
+def compiled_condition(
+    job_required: bool, job_name: str | None, job: Mapping[str, Any] | None, uri: str, changed: list[str] | None = None
+) -> api.Condition:
     """The Compiled condition. ``changed``: the compile inputs that differ from the last
     successful compile's, named in the message while a new compile runs."""
     if not job_required:
@@ -273,7 +275,9 @@ def conditions(
     progressing, ready = _progress(valid, invalid_message, compile_cond, rollout, scheduled, blocked)
     stalled = ready.reason in STALLED_REASONS or (blocked is not None and blocked.permanent and ready.reason == blocked.reason)
     reconciling = cond("Reconciling", "True" if progressing.status == "True" else "False", progressing.reason, progressing.message)
-    stalled_cond = cond("Stalled", "True" if stalled else "False", ready.reason if stalled else "NotStalled", ready.message if stalled else "")
+    stalled_cond = cond(
+        "Stalled", "True" if stalled else "False", ready.reason if stalled else "NotStalled", ready.message if stalled else ""
+    )
     return [validated, compile_cond, scheduled, progressing, available, ready, reconciling, stalled_cond]
 
 
@@ -307,7 +311,9 @@ def _progress(
             cond("Ready", "True", "Ready", f"{rollout.ready} of {rollout.desired} replicas ready with the current plan"),
         )
     if scheduled.reason == "Unschedulable":
-        return cond("Progressing", "True", "WaitingForCapacity", scheduled.message), cond("Ready", "False", "Unschedulable", scheduled.message)
+        return cond("Progressing", "True", "WaitingForCapacity", scheduled.message), cond(
+            "Ready", "False", "Unschedulable", scheduled.message
+        )
     message = f"{rollout.updated} of {rollout.desired} replicas updated, {rollout.available} available"
     return cond("Progressing", "True", "RollingOut", message), cond("Ready", "False", "RollingOut", message)
 

@@ -90,7 +90,9 @@ class Kube:
         self.attempts = attempts
         self.first_delay = first_delay
 
-    def _call(self, method: str, url: str, body: Any = None, query: list[tuple[str, str]] | None = None, content_type: str | None = None) -> dict[str, Any] | None:
+    def _call(
+        self, method: str, url: str, body: Any = None, query: list[tuple[str, str]] | None = None, content_type: str | None = None
+    ) -> dict[str, Any] | None:
         headers = {"Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type
@@ -187,9 +189,7 @@ class Kube:
     def delete(self, kind: str, namespace: str, name: str) -> None:
         """Deletes an object; its dependents (a Job's pods) go with it. Already gone is fine."""
         try:
-            self._call(
-                "DELETE", path(kind, namespace, name), body={"propagationPolicy": "Background"}, content_type="application/json"
-            )
+            self._call("DELETE", path(kind, namespace, name), body={"propagationPolicy": "Background"}, content_type="application/json")
         except ApiError as exc:
             if exc.code != 404:
                 raise
@@ -211,8 +211,11 @@ class Kube:
             "kind": "Event",
             "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
             "involvedObject": {
-                "apiVersion": api.API_VERSION, "kind": api.KIND, "name": meta["name"],
-                "namespace": meta["namespace"], "uid": meta["uid"],
+                "apiVersion": api.API_VERSION,
+                "kind": api.KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
             },  # fmt: skip
             "type": kind,
             "reason": reason,

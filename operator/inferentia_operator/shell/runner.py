@@ -67,14 +67,12 @@ def peering_paused(bodies: list[dict[str, Any] | None], priority: int, now: date
             same += alive and peer_priority == priority
     return same > 1  # ourselves, and another replica with our priority
 
+
 def peering_objects(name: str, namespaces: list[str]) -> list[dict[str, Any]]:
     """kopf peers through a ClusterKopfPeering when watching all namespaces, else a KopfPeering in each."""
     if not namespaces:
         return [{"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": name}}]
-    return [
-        {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": name, "namespace": ns}}
-        for ns in namespaces
-    ]
+    return [{"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": name, "namespace": ns}} for ns in namespaces]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,7 +89,10 @@ def run(args: argparse.Namespace) -> int:
         if args.standalone:
             return True
         try:
-            bodies = [kube().get(b["kind"], b["metadata"].get("namespace"), b["metadata"]["name"]) for b in peering_objects(args.peering, args.namespace)]
+            bodies = [
+                kube().get(b["kind"], b["metadata"].get("namespace"), b["metadata"]["name"])
+                for b in peering_objects(args.peering, args.namespace)
+            ]
         except ApiError:
             return False  # cannot tell: standing by is the safe side
         return not peering_paused(bodies, args.priority, datetime.datetime.now(datetime.UTC))
