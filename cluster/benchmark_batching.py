@@ -31,7 +31,7 @@ from aiohttp import web
 from inferentia_operator.batching import model_server
 from inferentia_operator.batching.dispatch import Dispatch, Dispatcher
 from inferentia_operator.batching.frontend import FrontEnd
-from localcluster import free_port
+from ports import free_port
 
 PROCESSES, MAX_BATCH, BUDGET = 2, 8, 0.100
 FIXED_MS, PER_ITEM_MS = 20.0, 2.0

@@ -48,6 +48,7 @@ from inferentia_operator.core import children
 from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.planner import plan
 from inferentia_operator.shell.kube import Kube
+from ports import free_port
 
 OPERATOR_USER = "benchmark-operator"
 NAMESPACE = "default"
@@ -164,7 +165,7 @@ class Operator:
     def __init__(self, cluster: localcluster.LocalCluster, log: Path):
         self.cluster, self.log = cluster, log
         self.kubeconfig = cluster.user_kubeconfig(OPERATOR_USER, groups=("system:masters",))
-        self.metrics_port = localcluster.free_port()
+        self.metrics_port = free_port()
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:

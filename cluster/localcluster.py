@@ -27,7 +27,6 @@ import functools
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -39,6 +38,7 @@ import yaml
 
 import realnode
 from inferentia_operator.core.catalogue import FAMILIES, HUGEPAGES_PER_CHIP_MI, HUGEPAGES_RESOURCE, NEURON_RESOURCE, NEURONCORE_RESOURCE
+from ports import free_port
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -61,10 +61,8 @@ def bin_dir() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class PortInUse(ClusterError):
+    """A component could not bind the port it was given: start again on new ones."""
 
 
 def _die_with_parent() -> None:
@@ -257,9 +255,22 @@ class LocalCluster:
         return bool(pids) and all(alive(pid) for pid in pids.values())
 
     # -- lifecycle -------------------------------------------------------------------------
+    # Starts in a row that may each lose a port to another program before giving up.
+    START_ATTEMPTS = 3
+
     def up(self, timeout: float = 120.0) -> Path:
         if self.running():
             return self.kubeconfig
+        for attempt in range(1, self.START_ATTEMPTS + 1):
+            try:
+                return self._up(timeout)
+            except PortInUse as exc:
+                if attempt == self.START_ATTEMPTS:
+                    raise
+                print(f"{exc}; starting again on new ports", file=sys.stderr)
+        raise AssertionError("unreachable")
+
+    def _up(self, timeout: float) -> Path:
         self.down()  # a half-dead earlier run
         started = time.monotonic()
         bins = bin_dir()
@@ -403,7 +414,7 @@ class LocalCluster:
         self.real_node.start(kubeconfigs, pki, pids, deadline)
         # The object store for compiled artefacts and model files, on the bridge's address so
         # that pods reach it: moto's S3 server (PyPI's moto[server]), in memory, no build.
-        store = free_port()
+        store = free_port(realnode.GATEWAY)
         self._start("object-store", [sys.executable, "-m", "moto.server", "-H", realnode.GATEWAY, "-p", str(store)], pids)
         self._wait(f"http://{realnode.GATEWAY}:{store}/moto-api/", deadline, "object-store", pids)
         self._save(object_store=f"http://{realnode.GATEWAY}:{store}")
@@ -430,7 +441,10 @@ class LocalCluster:
             context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # health endpoints only
         while True:
             if not alive(pids[name]):
-                raise ClusterError(f"{name} exited during start: see {self.state / 'logs' / (name + '.log')}")
+                log = self.state / "logs" / f"{name}.log"
+                if "address already in use" in log.read_text(errors="replace")[-4000:]:
+                    raise PortInUse(f"{name} could not bind its port (another program took it): see {log}")
+                raise ClusterError(f"{name} exited during start: see {log}")
             try:
                 with urllib.request.urlopen(url, timeout=2, context=context) as reply:
                     if reply.status == 200:

@@ -22,13 +22,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
 import yaml
+
+from ports import free_port
 
 NODE_NAME = "real-inf2"
 # An inf2.24xlarge: 6 Inferentia2 chips of 2 NeuronCores each, so the device plugin can
@@ -194,7 +195,7 @@ class RealNode:
             ],
             pids,
         )  # fmt: skip
-        healthz_port, metrics_port = _free_port("127.0.0.1"), _free_port("127.0.0.1")
+        healthz_port, metrics_port = free_port("127.0.0.1"), free_port("127.0.0.1")
         self._start_process(
             "kube-proxy",
             [
@@ -292,7 +293,7 @@ state = "{s / "state"}"
             "cgroupDriver": "cgroupfs",
             "cgroupRoot": f"/{CGROUP_ROOT}",
             "address": GATEWAY,
-            "port": _free_port(),
+            "port": free_port(GATEWAY),
             "readOnlyPort": 0,
             "healthzPort": 0,
             "authentication": {
@@ -483,12 +484,6 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _free_port(address: str = GATEWAY) -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
 
 
 def _http_ok(url: str) -> bool:

@@ -3,7 +3,6 @@ and the front end run for real on loopback in front of stand-in model processes.
 
 import asyncio
 import json
-import socket
 
 import aiohttp
 import pytest
@@ -15,6 +14,7 @@ from inferentia_operator.batching import model_server
 from inferentia_operator.batching.dispatch import Dispatch, Dispatcher, LatencyModel, Reject, Request
 from inferentia_operator.batching.frontend import FrontEnd
 from inferentia_operator.batching.padding import TooLarge, bucket_for, pad, shape_of, unpad
+from ports import free_port
 
 
 def request(at, bucket=None):
@@ -162,12 +162,6 @@ def test_every_input_lands_in_the_smallest_fitting_bucket_and_comes_back_unpadde
 
 
 # --- the front end for real, on loopback ----------------------------------------------------
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def start(app, port):

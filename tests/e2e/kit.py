@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "cluster"))
 
 import localcluster  # noqa: E402
+from ports import free_port  # noqa: E402
 
 CRD_FILE = ROOT / "crds" / "inferentia.dev_inferentiamodels.yaml"
 USE_EXISTING = os.environ.get("INFERENTIA_E2E_USE_EXISTING_CLUSTER") == "1"
@@ -78,8 +79,8 @@ class OperatorProcess:
         self.kubeconfig, self.log_path, self.extra_args, self.python = kubeconfig, log_path, extra_args, python
         self.resync_seconds, self.peering = resync_seconds, peering
         self.proc: subprocess.Popen | None = None
-        self.port = localcluster.free_port()
-        self.metrics_port = localcluster.free_port()
+        self.port = free_port()
+        self.metrics_port = free_port()
 
     def start(self) -> None:
         log = open(self.log_path, "ab")

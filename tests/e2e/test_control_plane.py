@@ -202,10 +202,21 @@ def test_the_api_server_accepts_the_samples_and_applies_defaults(crd_installed, 
     assert stored["rollout"] == {"maxSurge": 0, "maxUnavailable": 1}
 
 
-def test_cluster_down_leaves_no_process_or_port(cluster, tmp_path):
+def test_cluster_down_leaves_no_process_or_port(cluster, tmp_path, monkeypatch):
     if cluster.local is None:
         pytest.skip("only for the built-in control plane")
+    import socket
+
     import localcluster
+
+    # Another program takes the API server's port between its pick and its bind (the
+    # race of a port picked free and bound later): the start goes again on new ports.
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    picks = iter([None, None, taken.getsockname()[1]])  # etcd, etcd-peer, then the API server's
+    fresh = localcluster.free_port
+    monkeypatch.setattr(localcluster, "free_port", lambda *a: next(picks, None) or fresh(*a))
 
     # A second cluster next to the session's one: free ports are picked per start.
     second = localcluster.LocalCluster(tmp_path / "second", die_with_parent=True)
@@ -214,8 +225,11 @@ def test_cluster_down_leaves_no_process_or_port(cluster, tmp_path):
         ports = second.ports()
         pids = second.recorded()["pids"]
         assert set(ports.values()).isdisjoint(cluster.local.ports().values())
+        assert ports["apiserver"] != taken.getsockname()[1]
+        assert "address already in use" in (tmp_path / "second" / "logs" / "kube-apiserver.log").read_text()
     finally:
         second.down()
+        taken.close()
     assert not any(localcluster.alive(pid) for pid in pids.values())
     still = {name: port for name, port in ports.items() if port in listening_ports()}
     assert not still, f"still listening: {still}"
