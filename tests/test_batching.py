@@ -250,7 +250,7 @@ def test_readyz_waits_for_every_model_process():
 
 
 def test_the_reference_model_server_starts_from_its_command_line():
-    """The command the README gives (``python -m ...model_server``) starts and answers: it
+    """The command docs/serving-pod.md gives (``python -m ...model_server``) starts and answers: it
     once raised NameError at start, which tests calling app() could not see."""
     import subprocess
     import sys

@@ -260,7 +260,7 @@ def test_helm_install_wait_runs_the_operator_image_as_a_real_pod(real_node, real
     release_ns = real_node_namespace(cluster, f"op-{helm_binary}-{real_namespace[-6:]}", "pod-security.kubernetes.io/enforce=restricted")
     helm = [cluster.tool(helm_binary), "-n", release_ns]
     # Helm 4 applies the chart's CRDs server-side: over a CRD that kubectl applied first (as
-    # this suite does), it must take the fields over (the README's install section says so).
+    # this suite does), it must take the fields over (docs/install.md says so).
     takeover = ["--force-conflicts"] if helm_binary == "helm4" else []
     install = subprocess.run(
         [*helm, "install", "op", str(CHART), "--set", f"watchNamespaces={{{real_namespace}}}", "--set", f"peeringName=op-{release_ns}",
