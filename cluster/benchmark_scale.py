@@ -232,6 +232,18 @@ def split(requests: list[dict]) -> tuple[int, int]:
     return reads, len(requests) - reads
 
 
+def writes_by_kind(requests: list[dict]) -> dict[str, int]:
+    """The writes, counted by verb and resource ("patch inferentiamodels/status")."""
+    counts: dict[str, int] = {}
+    for e in requests:
+        if e["verb"] in ("get", "list", "watch"):
+            continue
+        ref = e.get("objectRef") or {}
+        what = f"{e['verb']} {ref.get('resource', '?')}" + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        counts[what] = counts.get(what, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
 def stream(kube: Kube, rate: int, seconds: int, prefix: str) -> list[float]:
     """Creates ``rate`` models a second; returns each one's create -> Deployment latency."""
     created: dict[str, float] = {}
@@ -290,7 +302,9 @@ def with_operator(models: int, workdir: Path, rest_seconds: int, rates: list[int
         out["seconds"], out["cpu"] = done - started, control_plane_cpu(cluster) - cpu0
         operator.wait_idle()
         time.sleep(1)
-        out["reads"], out["writes"] = split(audited(cluster, wall0 - 1, time.time()))
+        converging = audited(cluster, wall0 - 1, time.time())
+        out["reads"], out["writes"] = split(converging)
+        out["writes_by_kind"] = writes_by_kind(converging)
         out["rss_mb"] = rss_mb(operator.proc.pid)
 
         rest0 = time.time()
@@ -376,6 +390,7 @@ def main() -> int:
     for rate, (p50, p99) in op["streams"].items():
         goal = "p99 ≤ 1 s" if rate == 20 else ""
         row(f"create → Deployment at {rate}/s", f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms", goal or "—", p99 <= 1.0 or rate != 20)
+    print("\nwrites per model while converging: " + ", ".join(f"{what} {k / n:.2f}" for what, k in op["writes_by_kind"].items()))
     return 0
 
 

@@ -124,3 +124,48 @@ def test_events_tell_of_readiness_finished_compiles_and_problems_not_routine_ste
     ]  # fmt: skip
     rolling = [*after[:2], cond("Ready", "False", "RollingOut")]
     assert c.events(rolling, stored(after)) == [c.Event("Normal", "RollingOut", "Ready=False: m")]  # no longer Ready is news
+
+
+def status_of(ready_reason, ready_status="False", generation=1):
+    from inferentia_operator.core import api
+
+    return api.InferentiaModelStatus(observed_generation=generation, conditions=[c.cond("Ready", ready_status, ready_reason, "m")])
+
+
+def test_a_rollouts_progress_is_held_until_it_completes_and_nothing_else_is():
+    from inferentia_operator.core.api import PENDING_STATUS
+
+    rolling = {"observedGeneration": 1, "conditions": stored([c.cond("Ready", "False", "RollingOut", "m")])}
+    # A new model (the CRD's default status) and progress within a rollout are held...
+    assert c.hold_seconds(PENDING_STATUS, status_of("RollingOut"), held_for=0) == c.MAX_HOLD_SECONDS
+    assert 0 < c.hold_seconds(rolling, status_of("RollingOut"), held_for=10) < c.MAX_HOLD_SECONDS
+    # ...but never longer than the Deployment's own progress deadline,
+    assert c.hold_seconds(PENDING_STATUS, status_of("RollingOut"), held_for=c.MAX_HOLD_SECONDS) == 0
+    # and completion, problems, a finished compile and a new generation go at once.
+    assert c.hold_seconds(PENDING_STATUS, status_of("Ready", "True"), held_for=0) == 0
+    for problem in ("Unschedulable", "FailedCreate", "InvalidSpec", "ApplyFailed", "ProgressDeadlineExceeded", "Compiling"):
+        assert c.hold_seconds(PENDING_STATUS, status_of(problem), held_for=0) == 0, problem
+    compiling = {"observedGeneration": 1, "conditions": stored([c.cond("Ready", "False", "Compiling", "m")])}
+    assert c.hold_seconds(compiling, status_of("RollingOut"), held_for=0) == 0
+    was_ready = {"observedGeneration": 1, "conditions": stored([c.cond("Ready", "True", "Ready", "m")])}
+    assert c.hold_seconds(was_ready, status_of("RollingOut", generation=2), held_for=0) == 0
+    assert c.hold_seconds(rolling, status_of("RollingOut", generation=2), held_for=0) == 0
+    # A status without the default (a CRD from before it) is written at once.
+    assert c.hold_seconds({}, status_of("RollingOut"), held_for=0) == 0
+
+
+def test_a_rollout_past_its_progress_deadline_is_reported_and_stalls():
+    d = deployment(ready=0, available=0, updated=2)
+    d["status"]["conditions"] = [
+        {"type": "Available", "status": "False"},
+        {
+            "type": "Progressing",
+            "status": "False",
+            "reason": "ProgressDeadlineExceeded",
+            "message": 'ReplicaSet "m-1" has timed out progressing.',
+        },
+    ]
+    conds = by_type(c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=c.rollout_of(d, 2, "h1"), pods=[]))
+    assert (conds["Ready"].reason, conds["Progressing"].status, conds["Stalled"].status) == ("ProgressDeadlineExceeded", "False", "True")
+    assert "has timed out progressing" in conds["Ready"].message
+    assert c.events([conds["Ready"]], []) == [c.Event("Warning", "ProgressDeadlineExceeded", f"Ready=False: {conds['Ready'].message}")]

@@ -6,6 +6,8 @@ import pytest
 import yaml
 from lupa import lua51
 
+from inferentia_operator.core.api import PENDING_STATUS
+
 ROOT = Path(__file__).resolve().parent.parent
 GITOPS = ROOT / "manifests" / "gitops"
 SCRIPT = (GITOPS / "argocd-health.lua").read_text()
@@ -45,7 +47,12 @@ def model(generation=2, observed=2, ready=None):
         (model(ready=("False", "Compiling", "Job j is compiling")), ("Progressing", "Job j is compiling")),
         (model(ready=("False", "Unschedulable", "no node")), ("Progressing", "no node")),
         (model(observed=1, ready=("True", "Ready", "old")), ("Progressing", "Waiting for the operator to observe generation 2")),
+        (model(ready=("False", "ProgressDeadlineExceeded", "timed out")), ("Degraded", "timed out")),
         ({"metadata": {"name": "m", "generation": 1}}, ("Progressing", "Waiting for the operator to report status")),
+        (
+            {"metadata": {"name": "m", "generation": 1}, "status": PENDING_STATUS},
+            ("Progressing", "Waiting for the operator to observe generation 1"),
+        ),
     ],
 )
 def test_argocd_health(obj, expected):

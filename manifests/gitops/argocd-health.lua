@@ -1,7 +1,8 @@
 -- Argo CD health check for inferentia.dev/InferentiaModel.
--- Healthy: Ready=True for the current generation. Degraded: the spec is invalid or the
--- compile failed (someone must act). Progressing: everything else, including waiting for
--- Neuron capacity, which a cluster autoscaler may still bring.
+-- Healthy: Ready=True for the current generation. Degraded: the spec is invalid, the
+-- compile failed or the rollout passed its progress deadline (someone must act).
+-- Progressing: everything else, including waiting for Neuron capacity, which a cluster
+-- autoscaler may still bring.
 local hs = {status = "Progressing", message = "Waiting for the operator to report status"}
 if obj.status == nil then
   return hs
@@ -16,7 +17,7 @@ if obj.status.conditions ~= nil then
       hs.message = condition.message or ""
       if condition.status == "True" then
         hs.status = "Healthy"
-      elseif condition.reason == "InvalidSpec" or condition.reason == "CompileFailed" then
+      elseif condition.reason == "InvalidSpec" or condition.reason == "CompileFailed" or condition.reason == "ProgressDeadlineExceeded" then
         hs.status = "Degraded"
       end
       return hs

@@ -202,6 +202,22 @@ def test_the_api_server_accepts_the_samples_and_applies_defaults(crd_installed, 
     assert stored["rollout"] == {"maxSurge": 0, "maxUnavailable": 1}
 
 
+def test_a_model_no_operator_has_reported_on_is_in_progress_for_kstatus_argo_and_kubectl(crd_installed, namespace):
+    """The CRD's default status: before the operator writes any (and while it holds a
+    rollout's progress back), Flux's kstatus sees Reconciling=True, Argo CD's health
+    check sees generation 0 observed, and kubectl shows why nothing is ready."""
+    from inferentia_operator.core.api import PENDING_STATUS
+
+    crd_installed.kubectl("apply", "-f", "-", input=yaml.safe_dump(make_model("unreported", namespace)))
+    model = crd_installed.get("inferentiamodel", "unreported", "-n", namespace)
+    assert model["status"] == PENDING_STATUS
+    assert model["metadata"]["generation"] != model["status"]["observedGeneration"]
+    reconciling = next(c for c in model["status"]["conditions"] if c["type"] == "Reconciling")
+    assert reconciling["status"] == "True"
+    shown = crd_installed.kubectl("get", "inferentiamodel", "unreported", "-n", namespace).stdout
+    assert "Pending" in shown, shown
+
+
 def test_cluster_down_leaves_no_process_or_port(cluster, tmp_path, monkeypatch):
     if cluster.local is None:
         pytest.skip("only for the built-in control plane")

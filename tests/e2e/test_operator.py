@@ -335,7 +335,9 @@ def test_an_operator_restricted_to_namespaces_serves_only_those(cluster, operato
         # kopf peers per namespace in this mode; the operator created its KopfPeering.
         cluster.get("kopfpeering", "e2e-scoped", "-n", namespace)
         time.sleep(scoped.resync_seconds * 2)
-        assert "status" not in get_model(cluster, other, "theirs")
+        from inferentia_operator.core.api import PENDING_STATUS
+
+        assert get_model(cluster, other, "theirs")["status"] == PENDING_STATUS  # the CRD's default: never reported on
         assert cluster.kubectl("get", "deployment", "theirs", "-n", other, check=False).returncode != 0
         assert "Forbidden" not in scoped.log() and "(403)" not in scoped.log(), scoped.log()[-2000:]
     finally:

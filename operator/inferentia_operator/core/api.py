@@ -428,3 +428,17 @@ class InferentiaModelStatus(ApiModel):
         Field(json_schema_extra=lambda s: _replace_schema(s, {"type": "object", "x-kubernetes-preserve-unknown-fields": True})),
     ] = None
     """The operator framework's own bookkeeping (handler progress, last handled spec)."""
+
+
+# The status of a model the operator has not reported on yet: the CRD's default for
+# status, which the API server fills in when it reads a model without one. Reconciling=True
+# makes Flux's kstatus see the model as in progress from its creation (without a status it
+# would count it as Current), Argo CD's health check sees generation 0 as not yet observed,
+# and `kubectl get` shows why nothing is ready yet.
+PENDING_STATUS: dict[str, Any] = {
+    "observedGeneration": 0,
+    "conditions": [
+        {"type": "Ready", "status": "Unknown", "reason": "Pending", "message": "waiting for the operator to report on this model"},
+        {"type": "Reconciling", "status": "True", "reason": "Pending", "message": "waiting for the operator to report on this model"},
+    ],
+}

@@ -78,6 +78,7 @@ def openapi_schema() -> dict[str, Any]:
     for name in ("compile", "rollout"):
         spec["properties"][name]["default"] = {}
     status = _schema_of(api.InferentiaModelStatus)
+    status["default"] = api.PENDING_STATUS
     return {
         "type": "object",
         "description": "An ML model served on AWS Inferentia or Trainium NeuronCores. The operator validates the spec, "

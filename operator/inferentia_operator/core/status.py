@@ -25,8 +25,16 @@ from .objects import Obj
 # Flux's kstatus reads only observedGeneration and the "abnormal-true" Reconciling and
 # Stalled conditions of a custom resource (anything else counts as Current), so they
 # restate Progressing and the failures in its terms.
-STALLED_REASONS = {"InvalidSpec", "CompileFailed", "NameConflict", "FailedCreate"}
-WARNING_REASONS = {"InvalidSpec", "CompileFailed", "Unschedulable", "NameConflict", "ApplyFailed", "FailedCreate"}
+STALLED_REASONS = {"InvalidSpec", "CompileFailed", "NameConflict", "FailedCreate", "ProgressDeadlineExceeded"}
+WARNING_REASONS = {
+    "InvalidSpec",
+    "CompileFailed",
+    "Unschedulable",
+    "NameConflict",
+    "ApplyFailed",
+    "FailedCreate",
+    "ProgressDeadlineExceeded",
+}
 # Progressing and Available restate Ready in finer steps; events for them would be noise.
 EVENT_TYPES = ("Validated", "Compiled", "Scheduled", "Ready")
 # Normal events only where something happened that a person watching `kubectl describe`
@@ -137,6 +145,7 @@ class Rollout:
     exists: bool = False
     available_condition: bool = False  # the Deployment's own Available condition
     failed_create: str | None = None  # why its ReplicaSet cannot create pods, when it cannot
+    stuck: str | None = None  # the Deployment's message once it exceeded its progress deadline
 
 
 def rollout_of(deployment: Mapping[str, Any] | None, desired_replicas: int, plan_hash: str | None) -> Rollout:
@@ -160,9 +169,13 @@ def rollout_of(deployment: Mapping[str, Any] | None, desired_replicas: int, plan
     # ServiceAccount): the Deployment controller restates it as ReplicaFailure.
     failure = d.condition("ReplicaFailure")
     failed_create = (failure.get("message") or failure.get("reason") or "no reason given") if failure.get("status") == "True" else None
+    # Pods that never become ready (an image that cannot be pulled, a crash loop): the
+    # Deployment controller gives up on the rollout after spec.progressDeadlineSeconds.
+    progressing = d.condition("Progressing")
+    stuck = (progressing.get("message") or "no reason given") if progressing.get("reason") == "ProgressDeadlineExceeded" else None
     return Rollout(
         desired_replicas, current, complete, replicas, ready, updated if current else 0, available,
-        exists=True, available_condition=d.condition_true("Available"), failed_create=failed_create,
+        exists=True, available_condition=d.condition_true("Available"), failed_create=failed_create, stuck=stuck,
     )  # fmt: skip
 
 
@@ -298,6 +311,11 @@ def _progress(
     if rollout.failed_create is not None and not rollout.complete:
         message = f"pods cannot be created: {rollout.failed_create}"
         return cond("Progressing", "False", "FailedCreate", message), cond("Ready", "False", "FailedCreate", message)
+    if rollout.stuck is not None and rollout.current and not rollout.complete:
+        message = f"the rollout made no progress within the Deployment's deadline: {rollout.stuck}"
+        return cond("Progressing", "False", "ProgressDeadlineExceeded", message), cond(
+            "Ready", "False", "ProgressDeadlineExceeded", message
+        )
     if compiled.reason == "CompileFailed":
         return (
             cond("Progressing", "False", "CompileFailed", compiled.message + "; the previous Deployment keeps serving"),
@@ -332,6 +350,34 @@ def stamped(new: Sequence[api.Condition], previous: Sequence[Mapping[str, Any]],
         since = at if changed or "lastTransitionTime" not in old else old["lastTransitionTime"]
         out.append(c.model_copy(update={"last_transition_time": since, "observed_generation": generation}))
     return out
+
+
+# --- when to write it ---------------------------------------------------------------------
+
+# Ready reasons of a rollout step under way with nothing wrong: the operator has not
+# reported yet (the CRD's default status), or the Deployment is rolling out.
+IN_FLIGHT = {"Pending", "RollingOut"}
+# The longest a rollout's progress is held back: the Deployment's default progress
+# deadline, after which the Deployment itself says whether the rollout is stuck.
+MAX_HOLD_SECONDS = 600.0
+
+
+def hold_seconds(previous: Mapping[str, Any], new: api.InferentiaModelStatus, held_for: float) -> float:
+    """How long to hold back the patch from ``previous`` to ``new``; 0 writes it now.
+
+    Progress within a rollout (pods being created and becoming ready one by one) is held
+    until the rollout completes, so that it costs one status write rather than one per
+    step: the model already says it is in progress (the CRD's default status, or the
+    last status written). Everything else is written at once: completion, a problem, a
+    change of step (a compile that finished), and leaving Ready. ``held_for``: how long
+    this model's status has been held so far; past MAX_HOLD_SECONDS it is written."""
+    new_ready = next((c for c in new.conditions or () if c.type == "Ready"), None)
+    old_ready = Obj({"status": previous}).condition("Ready")
+    if new_ready is None or new_ready.reason != "RollingOut" or old_ready.get("reason") not in IN_FLIGHT:
+        return 0.0
+    if old_ready.get("reason") == "RollingOut" and previous.get("observedGeneration") != new.observed_generation:
+        return 0.0  # a new generation mid-rollout: say it is seen
+    return max(0.0, MAX_HOLD_SECONDS - held_for)
 
 
 # --- events -------------------------------------------------------------------------------

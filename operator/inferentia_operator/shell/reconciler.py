@@ -70,6 +70,7 @@ class Reconciler:
         self._pods: dict[tuple[str, str], tuple[Any, ...]] = {}
         self._generations: dict[Key, int | None] = {}
         self._own_status: dict[Key, str | None] = {}
+        self._held_since: dict[Key, float] = {}  # models whose status patch is held back (status.hold_seconds)
 
     @property
     def queue(self) -> WorkQueue[Key]:
@@ -99,7 +100,16 @@ class Reconciler:
         for failure in outcome.failures:
             log.warning("%s/%s: the API server refused %s", *key, failure)
         assert decision.report is not None
-        patch = status.status_patch(Obj(observed.model).status, decision.report.status)
+        previous = Obj(observed.model).status
+        patch = status.status_patch(previous, decision.report.status)
+        if patch is not None:
+            held = time.monotonic() - self._held_since.setdefault(key, time.monotonic())
+            hold = status.hold_seconds(previous, decision.report.status, held)
+            if hold > 0:
+                self.queue.add_after(key, hold)  # the rollout's own events usually come first
+                patch = None
+            else:
+                self._held_since.pop(key, None)
         if patch is not None:
             kube = self.kube()
             stored = await loop.run_in_executor(self._executor, kube.patch_status, key[0], key[1], patch)
@@ -159,6 +169,7 @@ class Reconciler:
     def _forget(self, key: Key) -> None:
         self._generations.pop(key, None)
         self._own_status.pop(key, None)
+        self._held_since.pop(key, None)
         self.cache.forget(key)
 
     def on_model(self, body: Mapping[str, Any], event_type: str | None, kwargs: Mapping[str, Any]) -> None:
