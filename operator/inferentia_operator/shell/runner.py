@@ -11,6 +11,8 @@ from typing import Any
 
 import kopf
 
+from inferentia_operator.core.objects import Obj
+
 from . import metrics, wiring
 from .act import WRITES_PER_RECONCILE
 from .kube import ApiError, Kube, load_client
@@ -52,7 +54,7 @@ def peering_paused(bodies: list[dict[str, Any] | None], priority: int, now: date
     keep-alives in the peering objects' status: {peer id: {priority, lifetime, lastseen}}."""
     same = 0
     for body in bodies:
-        for peer in ((body or {}).get("status") or {}).values():
+        for peer in Obj(body).status.values():
             if not isinstance(peer, dict):
                 continue
             try:
