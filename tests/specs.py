@@ -3,6 +3,9 @@
 import copy
 from typing import Any
 
+# An override that removes the key: make_spec(**{"compute.inf": DROP, "compute.cores": 1}).
+DROP = object()
+
 BASE_SPEC: dict[str, Any] = {
     "model": {"uri": "s3://models/resnet50/", "framework": "tensorflow"},
     "compute": {"inf": 1},
@@ -11,14 +14,17 @@ BASE_SPEC: dict[str, Any] = {
 
 
 def make_spec(base: dict[str, Any] | None = None, **overrides: Any) -> dict[str, Any]:
-    """``base`` (BASE_SPEC by default) with dotted-path overrides: make_spec(**{"compute.inf": 2})."""
+    """``base`` (BASE_SPEC by default) with dotted-path overrides: make_spec(**{"compute.inf": 2}); DROP removes a key."""
     spec = copy.deepcopy(BASE_SPEC if base is None else base)
     for dotted, value in overrides.items():
         node = spec
         *parents, leaf = dotted.split(".")
         for name in parents:
             node = node.setdefault(name, {})
-        node[leaf] = value
+        if value is DROP:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
     return spec
 
 

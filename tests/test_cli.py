@@ -231,7 +231,7 @@ def test_render_of_invalid_models_reports_like_validate_and_exits_1():
     assert code == 1 and json.loads(out) == []
     assert sorted(err.splitlines()) == sorted(validate_out.splitlines())
     assert "spec.compute.lnc: 2 is not supported on trn1; valid values are 1" in err
-    assert "valid values for 4 chips are 1, 4, 8" in err
+    assert "valid values for 8 NeuronCores are 1, 4, 8" in err
     assert "vllm does not run on inf1" in err
 
 

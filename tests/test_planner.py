@@ -13,7 +13,7 @@ from inferentia_operator.core.cores import divisors, tensor_parallel_processes
 from inferentia_operator.core.findings import errors
 from inferentia_operator.core.parsing import parse_spec
 from inferentia_operator.core.planner import InvalidSpec, plan
-from specs import make_spec
+from specs import DROP, make_spec
 
 
 def plan_of(**overrides):
@@ -263,3 +263,29 @@ def test_inf1_plans_are_byte_for_byte_what_they_were():
         same_hash = compile_hash(Model("m", "default", "u", spec, p)) == case["compileHash"]
         assert same_hash is (spec.model.precision != "fp32")
     assert fp32 > 0
+
+
+def test_a_core_request_shares_its_chip_and_sees_only_its_cores_memory():
+    p = plan_of(**{"compute.inf": DROP, "compute.family": "inf2", "compute.cores": 1, "compute.cpu": "1", "compute.memory": "4Gi"})
+    assert (p.chips, p.total_cores, p.group_size, p.groups, p.visible_cores) == (None, 1, 1, 1, ["0"])
+    assert p.shares_chip is True
+    assert p.chip_memory_share_bytes == p.device_memory_per_group_bytes == p.device_memory_share_per_group_bytes == 16 * GIB
+    assert p.resources.requests["aws.amazon.com/neuroncore"] == "1" and "aws.amazon.com/neuron" not in p.resources.requests
+    assert p.resources.limits["aws.amazon.com/neuroncore"] == "1"
+    # By cores an inf2.xlarge holds 2 such replicas, an inf2.48xlarge 24; by CPU fewer may fit.
+    assert p.replicas_per_instance == {"inf2.xlarge": 2, "inf2.8xlarge": 2, "inf2.24xlarge": 12, "inf2.48xlarge": 24}
+    cpu_bound = plan_of(**{"compute.inf": DROP, "compute.family": "inf2", "compute.cores": 1, "compute.cpu": "3"})
+    assert cpu_bound.replicas_per_instance is not None and cpu_bound.replicas_per_instance["inf2.xlarge"] == 1
+
+
+def test_whole_chip_plans_are_unchanged_by_core_requests():
+    p = plan_of(**{"compute.family": "inf2"})
+    assert (p.chips, p.shares_chip, p.chip_memory_share_bytes, p.replicas_per_instance) == (1, None, None, None)
+    assert p.resources.requests["aws.amazon.com/neuron"] == "1"
+
+
+def test_a_core_request_divides_among_processes_like_chips_do():
+    p = plan_of(**{"compute.inf": DROP, "compute.cores": 3, "processesPerReplica": 3})
+    assert (p.total_cores, p.group_size, p.visible_cores) == (3, 1, ["0", "1", "2"])
+    assert p.device_memory_per_group_bytes == 2 * GIB  # one inf1 core's share, not the chip's 8 GiB
+    assert [e["NEURON_RT_VISIBLE_CORES"] for e in p.env] == ["0", "1", "2"]

@@ -4,7 +4,7 @@ import pytest
 
 from inferentia_operator.core.findings import errors
 from inferentia_operator.core.parsing import parse_spec
-from specs import make_spec
+from specs import DROP, make_spec
 
 
 def findings_of(spec):
@@ -138,13 +138,13 @@ INVALID = [
         {"compute.family": "trn1", "compute.inf": 4, "processesPerReplica": 2},
         "spec.processesPerReplica: a trn1 group of 4 NeuronCores cannot run one model tensor parallel: the runtime "
         "loads collectives only on 1, 2, 8, 16 or a multiple of 32 cores (huggingface/optimum-neuron#619); "
-        "valid values for 4 chips are 1, 4, 8",
+        "valid values for 8 NeuronCores are 1, 4, 8",
     ),
     (
         {"compute.family": "trn1", "compute.inf": 16, "processesPerReplica": 8},
         "spec.processesPerReplica: a trn1 group of 4 NeuronCores cannot run one model tensor parallel: the runtime "
         "loads collectives only on 1, 2, 8, 16 or a multiple of 32 cores (huggingface/optimum-neuron#619); "
-        "valid values for 16 chips are 1, 2, 4, 16, 32",
+        "valid values for 32 NeuronCores are 1, 2, 4, 16, 32",
     ),
     # The vLLM preset needs a neuronx family.
     (
@@ -153,6 +153,40 @@ INVALID = [
         "inf2, trn1 and trn2 only; valid values on inf1 are custom",
     ),
     ({"serving.runtime": "tgi"}, "spec.serving.runtime: 'tgi' is not valid; valid values are custom, vllm"),
+    # NeuronCore requests (spec.compute.cores) instead of whole chips.
+    ({"compute.inf": DROP}, "spec.compute: set exactly one of inf (whole Neuron chips) and cores (NeuronCores): neither is set"),
+    ({"compute.cores": 2}, "spec.compute: set exactly one of inf (whole Neuron chips) and cores (NeuronCores): both are set"),
+    ({"compute.inf": DROP, "compute.cores": 0}, "spec.compute.cores: 0 is too small; valid values are at least 1"),
+    (
+        {"compute.inf": DROP, "compute.cores": 3, "processesPerReplica": 2},
+        "spec.processesPerReplica: cannot evenly distribute 3 inf1 NeuronCores over 2 processes; valid values are 1, 3",
+    ),
+    (
+        {"compute.inf": DROP, "compute.family": "inf2", "compute.cores": 25},
+        "spec.compute.cores: 25 NeuronCores do not fit any inf2 instance: the largest, inf2.48xlarge, has 24; valid values are 1 to 24",
+    ),
+    (
+        {"compute.inf": DROP, "compute.family": "trn1", "compute.cores": 4},
+        "spec.compute.cores: trn1 containers may use one chip's NeuronCores or whole chips in groups of 1, 4, 8 or 16 "
+        "(the Neuron scheduler extension), got 4 NeuronCores; valid values are 1, 2, 8, 16, 32",
+    ),
+    (
+        {"compute.inf": DROP, "compute.family": "trn2", "compute.cores": 2},
+        "spec.compute.cores: NeuronCore requests are planned at lnc 1 only, and this trn2 replica has lnc 2: how the Neuron "
+        "device plugin counts aws.amazon.com/neuroncore under a logical NeuronCore configuration is not documented; valid "
+        "values are cores with lnc: 1, or whole chips with inf",
+    ),
+    (
+        {"compute.inf": DROP, "compute.family": "inf2", "compute.cores": 4, "compute.instanceTypes": ["inf2.xlarge"]},
+        "spec.compute.instanceTypes: none of the listed instance types has 2 chips; inf2 types with at least 2 chips: "
+        "inf2.24xlarge, inf2.48xlarge",
+    ),
+    (
+        {"compute.inf": DROP, "compute.family": "trn1", "compute.cores": 8, "processesPerReplica": 2},
+        "spec.processesPerReplica: a trn1 group of 4 NeuronCores cannot run one model tensor parallel: the runtime "
+        "loads collectives only on 1, 2, 8, 16 or a multiple of 32 cores (huggingface/optimum-neuron#619); "
+        "valid values for 8 NeuronCores are 1, 4, 8",
+    ),
 ]
 
 
@@ -172,6 +206,20 @@ def test_invalid_specs_are_refused_with_the_message(overrides, expected):
     ],
 )
 def test_boundaries_that_fit_are_valid(overrides):
+    assert error_lines(make_spec(**overrides)) == []
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"compute.inf": DROP, "compute.cores": 1},
+        {"compute.inf": DROP, "compute.cores": 3, "processesPerReplica": 3},
+        {"compute.inf": DROP, "compute.family": "inf2", "compute.cores": 24},
+        {"compute.inf": DROP, "compute.family": "trn1", "compute.cores": 32, "processesPerReplica": 1},
+        {"compute.inf": DROP, "compute.family": "trn2", "compute.lnc": 1, "compute.cores": 8, "processesPerReplica": 8},
+    ],
+)
+def test_core_requests_that_can_be_placed_are_valid(overrides):
     assert error_lines(make_spec(**overrides)) == []
 
 

@@ -55,20 +55,26 @@ def plan_record(doc: ModelDocument) -> dict[str, Any]:
     return {"name": doc.name, "namespace": doc.namespace, **plan_document(doc.model.plan)}
 
 
+def _instance_types(record: dict[str, Any]) -> str:
+    """The types that hold a replica; for replicas that share a chip, with how many one instance holds."""
+    per = record.get("replicasPerInstance") or {}
+    return ",".join(f"{t}({per[t]})" if t in per else t for t in record["instanceTypes"])
+
+
 def _table(records: list[dict[str, Any]]) -> str:
     columns: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
         ("NAMESPACE", lambda r: r["namespace"]),
         ("NAME", lambda r: r["name"]),
         ("FAMILY", lambda r: r["family"]),
         ("COMPILER", lambda r: r["compiler"]),
-        ("CHIPS", lambda r: r["chips"]),
+        ("CHIPS", lambda r: r.get("chips", "shared")),
         ("LNC", lambda r: r.get("lnc", "-")),
         ("CORES", lambda r: r["totalCores"]),
         ("GROUPS", lambda r: r["groups"]),
         ("NCG", lambda r: r["groupSize"]),
         ("VISIBLE-CORES", lambda r: ",".join(r["visibleCores"])),
         ("STATIC-WEIGHTS", lambda r: str(r["staticWeights"]).lower()),
-        ("INSTANCE-TYPES", lambda r: ",".join(r["instanceTypes"])),
+        ("INSTANCE-TYPES", _instance_types),
     ]
     rows = [[h for h, _ in columns]] + [[str(get(r)) for _, get in columns] for r in records]
     widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]

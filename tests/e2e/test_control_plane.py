@@ -14,7 +14,7 @@ from kit import ROOT, listening_ports, wait_for
 from inferentia_operator.core.findings import errors
 from inferentia_operator.core.parsing import parse_spec
 from inferentia_operator.core.rules import CEL_RULES, NAME, check_name
-from specs import make_model, make_spec
+from specs import DROP, make_model, make_spec
 
 TOLERATE_NEURON = [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}]
 
@@ -112,6 +112,19 @@ def test_kubectl_explain_documents_the_fields(crd_installed):
 # One invalid spec for every CEL rule, so each rule is seen refusing input on a real API server.
 CEL_CASES = {
     "fits-family": make_spec(**{"compute.inf": 17}),
+    "one-request-neither": make_spec(**{"compute.inf": DROP}),
+    "one-request-both": make_spec(**{"compute.cores": 1}),
+    "cores-lnc": make_spec(**{"compute.inf": DROP, "compute.family": "trn2", "compute.cores": 2}),
+    "cores-fit": make_spec(**{"compute.inf": DROP, "compute.family": "inf2", "compute.cores": 25}),
+    "cores-shape-trn1": make_spec(**{"compute.inf": DROP, "compute.family": "trn1", "compute.cores": 4}),
+    "divisible-cores": make_spec(**{"compute.inf": DROP, "compute.family": "inf2", "compute.cores": 3, "processesPerReplica": 2}),
+    "small-types-cores": make_spec(
+        **{"compute.inf": DROP, "compute.family": "inf2", "compute.cores": 4, "compute.instanceTypes": ["inf2.xlarge"]}
+    ),
+    "host-fits-cores": make_spec(
+        **{"compute.inf": DROP, "compute.family": "inf2", "compute.cores": 1, "compute.cpu": "4", "compute.instanceTypes": ["inf2.xlarge"]}
+    ),
+    "trn1-group-of-4-cores": make_spec(**{"compute.inf": DROP, "compute.family": "trn1", "compute.cores": 8, "processesPerReplica": 2}),
     "trn1-chips": make_spec(**{"compute.family": "trn1", "compute.inf": 2}),
     "unknown-type": make_spec(**{"compute.instanceTypes": ["inf2.xlarge"]}),
     "small-types": make_spec(**{"compute.inf": 4, "compute.instanceTypes": ["inf1.xlarge", "inf1.2xlarge"]}),
@@ -383,6 +396,36 @@ DIVERGENCE_CORPUS = [
     *[{"serving.envFrom": [f]} for f in ENV_FROM_SOURCES],
     {"serving.image": "example.com/a b:1"},
     {"serving.image": "example.com/ab:1\t"},
+    # NeuronCore requests (spec.compute.cores), valid and invalid, on every family.
+    *[
+        {"compute.inf": DROP, "compute.family": family, "compute.cores": cores, **extra}
+        for family, cores, extra in (
+            ("inf1", 1, {}),
+            ("inf1", 3, {}),
+            ("inf1", 3, {"processesPerReplica": 3}),
+            ("inf1", 3, {"processesPerReplica": 2}),
+            ("inf1", 64, {}),
+            ("inf1", 65, {}),
+            ("inf2", 1, {}),
+            ("inf2", 2, {"processesPerReplica": 2}),
+            ("inf2", 24, {"processesPerReplica": 5}),
+            ("inf2", 0, {}),
+            ("trn1", 1, {}),
+            ("trn1", 2, {}),
+            ("trn1", 3, {}),
+            ("trn1", 8, {"processesPerReplica": 4}),
+            ("trn1", 32, {}),
+            ("trn2", 1, {}),
+            ("trn2", 1, {"compute.lnc": 1}),
+            ("trn2", 8, {"compute.lnc": 1, "processesPerReplica": 8}),
+            ("trn2", 129, {"compute.lnc": 1}),
+        )
+    ],
+    {"compute.inf": DROP},
+    {"compute.cores": 1},
+    {"compute.inf": DROP, "compute.family": "inf2", "compute.cores": 1, "compute.instanceTypes": ["inf2.xlarge"], "compute.cpu": "3"},
+    {"compute.inf": DROP, "compute.family": "inf2", "compute.cores": 14, "compute.instanceTypes": ["inf2.24xlarge"]},
+    {"compute.inf": DROP, "compute.family": "inf2", "compute.cores": 2, "compile.buckets": [[1], [2], [3]], "model.weights": 3_000_000_000},
 ]
 
 

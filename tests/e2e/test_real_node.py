@@ -14,7 +14,7 @@ import pytest
 import yaml
 from kit import wait_for
 
-from specs import make_model, make_spec
+from specs import DROP, make_model, make_spec
 
 pytestmark = pytest.mark.usefixtures("operator")
 
@@ -78,9 +78,13 @@ def granted_cores(cluster, pod: dict) -> list[int]:
     checkpoint = json.loads((realnode.DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint").read_text())
     cores: list[int] = []
     for entry in checkpoint["Data"]["PodDeviceEntries"]:
-        if entry["PodUID"] == pod["metadata"]["uid"] and entry["ResourceName"] == "aws.amazon.com/neuron":
-            for ids in entry["DeviceIDs"].values():
+        if entry["PodUID"] != pod["metadata"]["uid"]:
+            continue
+        for ids in entry["DeviceIDs"].values():
+            if entry["ResourceName"] == "aws.amazon.com/neuron":  # a chip: its two cores
                 cores += [int(i) * 2 + k for i in ids for k in range(2)]
+            elif entry["ResourceName"] == "aws.amazon.com/neuroncore":  # a core, numbered node-wide
+                cores += [int(i) for i in ids]
     return sorted(cores)
 
 
@@ -423,3 +427,29 @@ def test_a_compile_the_compiler_refuses_ends_in_compiled_false_with_the_reason(r
     logs = real_node.kubectl("logs", "-n", real_namespace, f"job/{job['metadata']['name']}").stdout
     assert "NCC_EARG001" in logs
     assert real_node.get("deployments", "-n", real_namespace)["items"] == []
+
+
+def test_two_models_of_one_core_each_share_one_chip_each_on_its_own_core(real_node, real_namespace):
+    """spec.compute.cores: each replica asks the device plugin for one aws.amazon.com/neuroncore,
+    so two models run on one inf2 chip at once, each process seeing only the core it was
+    granted, and each plan saying it shares the chip and how much of its memory it sees."""
+    spec = standin_spec(**{"compute.inf": DROP, "compute.cores": 1})
+    for name in ("small-a", "small-b"):
+        apply(real_node, real_namespace, name, spec)
+    for name in ("small-a", "small-b"):
+        wait_ready(real_node, real_namespace, name)
+    granted = {}
+    for name in ("small-a", "small-b"):
+        [pod] = serving_pods(real_node, real_namespace, name)
+        resources = pod["spec"]["containers"][0]["resources"]
+        assert resources["limits"]["aws.amazon.com/neuroncore"] == "1" and "aws.amazon.com/neuron" not in resources["limits"]
+        granted[name] = granted_cores(real_node, pod)
+        [proc] = process_envs(real_node, real_namespace, pod["metadata"]["name"])
+        assert [proc["NEURON_RT_VISIBLE_CORES"]] == [str(c) for c in granted[name]], (name, proc, granted[name])
+        plan = real_node.get("inferentiamodel", name, "-n", real_namespace)["status"]["plan"]
+        assert plan["sharesChip"] is True and plan["chipMemoryShareBytes"] == 16 * 2**30 and "chips" not in plan
+        answer = cluster_ip_request(real_node, real_namespace, name, "/v1/completions", {"prompt": "hi"})
+        assert str(granted[name]) in answer["choices"][0]["text"]
+    [a], [b] = granted["small-a"], granted["small-b"]
+    assert a != b, granted
+    assert a // 2 == b // 2, f"the two cores are on one chip (2 cores per inf2 chip): {granted}"

@@ -117,8 +117,10 @@ class ModelSource(ApiModel):
 class Compute(ApiModel):
     """The hardware one replica gets."""
 
-    inf: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)]
-    """Whole Neuron chips per replica (one chip is 4 NeuronCores on inf1, 2 on inf2 and trn1, 8 physical on trn2: 4 logical at lnc 2). Fractional chips are not allowed."""
+    inf: Annotated[StrictInt | None, Field(ge=1, le=INT32_MAX)] = None
+    """Whole Neuron chips per replica (aws.amazon.com/neuron; one chip is 4 NeuronCores on inf1, 2 on inf2 and trn1, 8 physical on trn2: 4 logical at lnc 2). Fractional chips are not allowed. Set exactly one of inf and cores."""
+    cores: Annotated[StrictInt | None, Field(ge=1, le=INT32_MAX)] = None
+    """NeuronCores per replica (aws.amazon.com/neuroncore), for a model smaller than a chip: the replica shares its chip with other pods and sees only its cores' share of the chip's device memory. Requests of more than one core need the Neuron scheduler extension. Set exactly one of inf and cores."""
     family: Literal[FAMILY_NAMES] = "inf1"  # type: ignore[valid-type]
     """The Neuron instance family: inf1, inf2, trn1 or trn2."""
     instance_types: Annotated[list[Annotated[str, Field(max_length=64)]] | None, Field(max_length=16)] = None
@@ -339,8 +341,8 @@ class Plan(ApiModel):
 
     family: str
     """Neuron instance family."""
-    chips: int
-    """Neuron chips per replica (spec.compute.inf)."""
+    chips: int | None = None
+    """Neuron chips per replica (spec.compute.inf); absent when the replica requests NeuronCores."""
     compiler: Literal["neuron-cc", "neuronx-cc"]
     """The Neuron compiler of the family: neuron-cc on inf1, neuronx-cc on inf2, trn1 and trn2."""
     lnc: int | None = None
@@ -348,7 +350,7 @@ class Plan(ApiModel):
     cores_per_chip: int
     """NeuronCores on one chip of the family (logical cores at the plan's lnc)."""
     total_cores: int
-    """NeuronCores per replica (coresPerChip * chips)."""
+    """NeuronCores per replica (coresPerChip * chips, or spec.compute.cores)."""
     group_size: int
     """NeuronCores in each NeuronCore Group (totalCores / groups); the model is compiled for this many cores."""
     groups: int
@@ -379,6 +381,12 @@ class Plan(ApiModel):
     """The serving container's resource requests and limits."""
     instance_types: list[str]
     """Instance types that can hold one replica, smallest first."""
+    shares_chip: bool | None = None
+    """True when the replica requests NeuronCores (spec.compute.cores) rather than whole chips: it shares its chip with other pods."""
+    chip_memory_share_bytes: int | None = None
+    """When the replica shares a chip: the device memory of its cores (its cores times the memory per core), all of the chip's memory it sees."""
+    replicas_per_instance: dict[str, int] | None = None
+    """When the replica shares a chip: how many such replicas one instance of each allowed type holds, by NeuronCores, CPU and memory."""
     front_end: FrontEnd | None = None
     """The batching front end beside the model processes, when there is one."""
     warnings: list[str]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .catalogue import FAMILIES, HOSTS, bucket_budget_per_core
-from .cores import divisors, tensor_parallel_processes
+from .cores import core_request_counts, divisors, tensor_parallel_processes
 from .findings import Finding, format_list
 
 
@@ -76,25 +76,21 @@ HOST_TEXT = {
 }
 CEL_HOST_TEXT = literal(HOST_TEXT)
 CEL_BUCKET_BUDGET = literal({f.name: {lnc: bucket_budget_per_core(f, lnc) for lnc in f.lnc_values} for f in FAMILY_LIST})
-# The valid processesPerReplica of every core count a valid inf and lnc give, as text.
-CEL_DIVISORS = literal(
-    {
-        cores: format_list(divisors(cores))
-        for cores in sorted({f.cores_per_chip(lnc) * inf for f in FAMILY_LIST for lnc in f.lnc_values for inf in range(1, f.max_chips + 1)})
-    }
+# Every core count a valid request gives: whole chips (inf) or cores.
+REQUEST_CORE_COUNTS = sorted(
+    {f.cores_per_chip(lnc) * inf for f in FAMILY_LIST for lnc in f.lnc_values for inf in range(1, f.max_chips + 1)}
+    | {n for f in FAMILY_LIST for lnc in f.lnc_values for n in core_request_counts(f, lnc)}
 )
+# The valid processesPerReplica of each of them, as text.
+CEL_DIVISORS = literal({cores: format_list(divisors(cores)) for cores in REQUEST_CORE_COUNTS})
+CEL_CORE_COUNTS_TEXT = literal({f.name: format_list(core_request_counts(f, 1)) for f in FAMILY_LIST})
+# One instance's cores at LNC 1, per family: the most a cores request may ask for.
+CEL_MAX_CORES = literal({f.name: f.cores_per_chip(1) * f.max_chips for f in FAMILY_LIST})
 # Families whose runtime restricts tensor-parallel group sizes (trn1): for every core
 # count, the processesPerReplica values whose groups it can run, as text.
 TP_RESTRICTED = [f for f in FAMILY_LIST if f.tensor_parallel_sizes is not None]
 CEL_TP_PROCESSES_TEXT = literal(
-    {
-        f.name: {
-            f.cores_per_chip(lnc) * inf: format_list(tensor_parallel_processes(f, f.cores_per_chip(lnc) * inf))
-            for lnc in f.lnc_values
-            for inf in range(1, f.max_chips + 1)
-        }
-        for f in TP_RESTRICTED
-    }
+    {f.name: {cores: format_list(tensor_parallel_processes(f, cores)) for cores in REQUEST_CORE_COUNTS} for f in TP_RESTRICTED}
 )
 
 # CEL fragments over the spec (self = spec).
@@ -105,9 +101,29 @@ CEL_FAMILY, CEL_INF, CEL_PROCESSES, CEL_WEIGHTS = (
     "self.model.weights",
 )
 CEL_LNC = f"(has(self.compute.lnc) ? self.compute.lnc : {CEL_DEFAULT_LNC}[{CEL_FAMILY}])"
-CEL_CORES = f"({CEL_PHYSICAL_CORES}[{CEL_FAMILY}] / {CEL_LNC} * {CEL_INF})"
-# Only where inf fits the family and lnc is one it supports is there a core count to divide.
-CEL_FITS = f"{CEL_INF} <= {CEL_MAX}[{CEL_FAMILY}] && {CEL_LNC} in {CEL_LNC_VALUES}[{CEL_FAMILY}]"
+CEL_HAS_CORES = "has(self.compute.cores)"
+CEL_CORES = f"({CEL_HAS_CORES} ? self.compute.cores : {CEL_PHYSICAL_CORES}[{CEL_FAMILY}] / {CEL_LNC} * {CEL_INF})"
+# Only where the request is one of inf and cores, of a size the family can place, at an
+# LNC it supports, is there a core count to divide (cores.request_ok).
+# The core counts a cores request may have (cores.core_request_counts), as arithmetic: the
+# API server's cost estimator cannot bound a list looked up in a literal map.
+_CEL_SHAPED = " && ".join(
+    f"({CEL_FAMILY} != {literal(f.name)} || self.compute.cores <= {f.cores_per_chip(1)}"
+    f" || (self.compute.cores % {f.cores_per_chip(1)} == 0 && self.compute.cores / {f.cores_per_chip(1)} in {literal(list(f.allowed_chip_counts or ()))}))"
+    for f in FAMILY_LIST
+    if f.allowed_chip_counts
+)
+CEL_CORE_REQUEST_OK = f"({CEL_LNC} == 1 && self.compute.cores <= {CEL_MAX_CORES}[{CEL_FAMILY}] && {_CEL_SHAPED or 'true'})"
+CEL_FITS = (
+    f"has(self.compute.inf) != {CEL_HAS_CORES} && {CEL_LNC} in {CEL_LNC_VALUES}[{CEL_FAMILY}]"
+    f" && ({CEL_HAS_CORES} ? {CEL_CORE_REQUEST_OK} : {CEL_INF} <= {CEL_MAX}[{CEL_FAMILY}])"
+)
+# The same fragments at the compute node (self = spec.compute).
+C_LNC = f"(has(self.lnc) ? self.lnc : {CEL_DEFAULT_LNC}[self.family])"
+C_PER_CHIP = f"({CEL_PHYSICAL_CORES}[self.family] / {C_LNC})"
+C_ONE_REQUEST = "has(self.inf) != has(self.cores)"
+# The chips an instance needs for one replica (cores.chips_needed); only with C_ONE_REQUEST.
+C_CHIPS = f"(has(self.cores) ? (self.cores + {C_PER_CHIP} - 1) / {C_PER_CHIP} : self.inf)"
 CEL_DIVIDES = f"{CEL_CORES} % {CEL_PROCESSES} == 0"
 CEL_GROUP = f"({CEL_CORES} / {CEL_PROCESSES})"
 CEL_BUDGET = f"{CEL_BUCKET_BUDGET}[{CEL_FAMILY}][{CEL_LNC}]"

@@ -107,6 +107,12 @@ def _condition_column(name: str, condition: str, kind: str = "reason") -> dict[s
 PRINTER_COLUMNS = [
     {"name": "Chips", "type": "integer", "jsonPath": ".spec.compute.inf", "description": "Neuron chips per replica"},
     {
+        "name": "Cores",
+        "type": "integer",
+        "jsonPath": ".spec.compute.cores",
+        "description": "NeuronCores per replica, when it shares a chip",
+    },
+    {
         "name": "Processes",
         "type": "integer",
         "jsonPath": ".spec.processesPerReplica",

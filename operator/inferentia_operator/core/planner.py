@@ -20,13 +20,15 @@ from __future__ import annotations
 from .api import FrontEnd, InferentiaModelSpec, Plan, ResourceList
 from .catalogue import (
     FAMILIES,
+    HOSTS,
     HUGEPAGES_PER_CHIP_MI,
     HUGEPAGES_RESOURCE,
     NEURON_RESOURCE,
+    NEURONCORE_RESOURCE,
     Family,
     host_fits,
 )
-from .cores import bytes_per_weight, lnc_of
+from .cores import bytes_per_weight, chips_needed, lnc_of, replica_cores
 from .drift import quantity
 from .findings import Finding, errors
 from .rules import check_spec
@@ -146,30 +148,39 @@ def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Pla
     fam = FAMILIES[spec.compute.family]
     lnc = lnc_of(spec, fam)
     per_chip = fam.cores_per_chip(lnc)
-    chips = spec.compute.inf
-    total = per_chip * chips
+    # A cores request shares its chip: the replica's cores are its whole world, and it
+    # sees only their share of the chip's device memory.
+    shares_chip = spec.compute.cores is not None
+    chips = chips_needed(spec, fam)
+    total = replica_cores(spec, fam)
     groups = spec.processes_per_replica
     size = total // groups
     # Contiguous groups from core 0: when a group fits in one chip it never crosses
     # a chip boundary, and multi-chip groups start on a chip boundary.
     firsts = [i * size for i in range(groups)]
     visible = [core_range(first, size) for first in firsts]
-    seen = max(chips_touched(first, size, per_chip) for first in firsts) * fam.memory_per_chip_bytes
+    if shares_chip:
+        seen = size * fam.memory_per_core_bytes(lnc)
+    else:
+        seen = max(chips_touched(first, size, per_chip) for first in firsts) * fam.memory_per_chip_bytes
     static = static_weights_on(spec, fam, size)
     args = compiler_args(spec, fam, lnc, size, static)
     threads = spec.serving.threads_per_process or size + 3  # every outstanding inference gets a thread
     env = [process_env(fam, lnc, cores, size, args, index, threads) for index, cores in enumerate(visible)]
 
     hugepages = f"{HUGEPAGES_PER_CHIP_MI * chips}Mi"
+    # Whole chips from the device plugin's aws.amazon.com/neuron, single cores from its
+    # aws.amazon.com/neuroncore (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/k8s-neuron-device-plugin.html).
+    neuron = (NEURONCORE_RESOURCE, str(total)) if shares_chip else (NEURON_RESOURCE, str(chips))
     resources = ResourceList(
         requests={
-            NEURON_RESOURCE: str(chips),
+            neuron[0]: neuron[1],
             HUGEPAGES_RESOURCE: hugepages,
             "cpu": spec.compute.cpu,
             "memory": spec.compute.memory,
         },
         # Extended resources and hugepages must have limits equal to their requests.
-        limits={NEURON_RESOURCE: str(chips), HUGEPAGES_RESOURCE: hugepages, "memory": spec.compute.memory},
+        limits={neuron[0]: neuron[1], HUGEPAGES_RESOURCE: hugepages, "memory": spec.compute.memory},
     )
 
     wanted = spec.compute.instance_types
@@ -198,7 +209,7 @@ def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Pla
         family=fam.name,
         compiler=fam.compiler,
         lnc=lnc if fam.neuronx else None,
-        chips=chips,
+        chips=None if shares_chip else chips,
         cores_per_chip=per_chip,
         total_cores=total,
         group_size=size,
@@ -217,5 +228,25 @@ def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Pla
         resources=resources,
         instance_types=instance_types,
         front_end=front_end,
+        shares_chip=True if shares_chip else None,
+        chip_memory_share_bytes=total * fam.memory_per_core_bytes(lnc) if shares_chip else None,
+        replicas_per_instance={
+            t: replicas_per_instance(fam, t, per_chip, total, spec.compute.cpu, spec.compute.memory) for t in instance_types
+        }
+        if shares_chip
+        else None,
         warnings=[str(f) for f in findings if f.severity == "warning"],
     )
+
+
+def replicas_per_instance(fam: Family, itype: str, per_chip: int, cores: int, cpu: str, memory: str) -> int:
+    """How many replicas of ``cores`` NeuronCores one instance holds: by its cores (a
+    request within one chip never spans two, so each chip holds per_chip // cores), and
+    by the CPU and memory it leaves to pods."""
+    chips = fam.instance_chips[itype]
+    by_cores = chips * (per_chip // cores) if cores <= per_chip else chips * per_chip // cores
+    host = HOSTS[itype]
+    millicpu, memory_bytes = float(quantity(cpu) or 0) * 1000, float(quantity(memory) or 0)
+    by_cpu = int(host.allocatable_millicpu // millicpu) if millicpu > 0 else by_cores
+    by_memory = int(host.allocatable_memory_mib * 2**20 // memory_bytes) if memory_bytes > 0 else by_cores
+    return min(by_cores, by_cpu, by_memory)

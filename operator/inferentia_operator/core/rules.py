@@ -17,10 +17,14 @@ from typing import Any
 from .api import EnvFromSource, EnvVar, InferentiaModelSpec
 from .catalogue import FAMILIES, Family, bucket_budget_per_core, host_fits
 from .cel import (
+    C_CHIPS,
+    C_LNC,
+    C_ONE_REQUEST,
     CEL_ALLOC_CPU,
     CEL_ALLOC_MEMORY,
     CEL_BUCKET_LIMIT,
     CEL_BUDGET,
+    CEL_CORE_COUNTS_TEXT,
     CEL_CORES,
     CEL_DIVIDES,
     CEL_DIVISORS,
@@ -34,6 +38,7 @@ from .cel import (
     CEL_LNC_TEXT,
     CEL_LNC_VALUES,
     CEL_MAX,
+    CEL_MAX_CORES,
     CEL_PROCESSES,
     CEL_TP_PROCESSES_TEXT,
     CEL_TYPE_CHIPS,
@@ -49,11 +54,14 @@ from .cel import (
 )
 from .cores import (
     bytes_per_weight,
+    chips_needed,
+    core_request_counts,
     divisors,
     group_size_of,
     lnc_of,
     max_buckets_per_group,
     replica_cores,
+    request_ok,
     tensor_parallel_processes,
 )
 from .drift import quantity
@@ -100,12 +108,22 @@ def check_namespace(namespace: Any) -> list[Finding]:
     return []
 
 
+# A replica asks for whole chips (inf, aws.amazon.com/neuron) or for NeuronCores (cores,
+# aws.amazon.com/neuroncore): exactly one of the two.
+ONE_REQUEST = CrossFieldRule(
+    "spec.compute",
+    "spec.compute",
+    "set exactly one of inf (whole Neuron chips) and cores (NeuronCores): %s",
+    C_ONE_REQUEST,
+    ("has(self.inf) ? 'both are set' : 'neither is set'",),
+)
+
 # Rule 2: inf fits the family's largest instance type.
 FITS_FAMILY = CrossFieldRule(
     "spec.compute.inf",
     "spec.compute",
     "%d chips do not fit any %s instance: the largest, %s, has %d; valid values are 1 to %d",
-    f"self.inf <= {CEL_MAX}[self.family]",
+    f"!has(self.inf) || self.inf <= {CEL_MAX}[self.family]",
     ("self.inf", "self.family", f"{CEL_LARGEST}[self.family]", f"{CEL_MAX}[self.family]", f"{CEL_MAX}[self.family]"),
 )
 
@@ -116,13 +134,46 @@ ALLOWED_CHIPS = {
         "spec.compute.inf",
         "spec.compute",
         ALLOWED_CHIPS_TEMPLATE,
-        f"self.family != {literal(f.name)} || self.inf in {literal(list(f.allowed_chip_counts))}",
+        f"self.family != {literal(f.name)} || !has(self.inf) || self.inf in {literal(list(f.allowed_chip_counts))}",
         (
             literal(f.name),
             literal(or_list(list(f.allowed_chip_counts))),
             "self.inf",
             literal(format_list(list(f.allowed_chip_counts))),
         ),
+    )
+    for f in FAMILY_LIST
+    if f.allowed_chip_counts
+}
+
+# cores: only at LNC 1 (cores.core_request_counts says why), at most one instance's
+# cores, and on platforms that restrict the devices of a container (trn1) one chip's
+# cores or whole chips in the allowed shapes.
+CORES_LNC = CrossFieldRule(
+    "spec.compute.cores",
+    "spec.compute",
+    "NeuronCore requests are planned at lnc 1 only, and this %s replica has lnc %d: how the Neuron device plugin "
+    "counts aws.amazon.com/neuroncore under a logical NeuronCore configuration is not documented; valid values are "
+    "cores with lnc: 1, or whole chips with inf",
+    f"!has(self.cores) || {C_LNC} == 1",
+    ("self.family", C_LNC),
+)
+CORES_FIT = CrossFieldRule(
+    "spec.compute.cores",
+    "spec.compute",
+    "%d NeuronCores do not fit any %s instance: the largest, %s, has %d; valid values are 1 to %d",
+    f"!has(self.cores) || {C_LNC} != 1 || self.cores <= {CEL_MAX_CORES}[self.family]",
+    ("self.cores", "self.family", f"{CEL_LARGEST}[self.family]", f"{CEL_MAX_CORES}[self.family]", f"{CEL_MAX_CORES}[self.family]"),
+)
+CORES_SHAPE = {
+    f.name: CrossFieldRule(
+        "spec.compute.cores",
+        "spec.compute",
+        f"{f.name} containers may use one chip's NeuronCores or whole chips in groups of "
+        f"{or_list(list(f.allowed_chip_counts or ()))} (the Neuron scheduler extension), got %d NeuronCores; valid values are %s",
+        f"self.family != {literal(f.name)} || !has(self.cores) || {C_LNC} != 1 || self.cores > {CEL_MAX_CORES}[self.family]"
+        f" || self.cores in {literal(core_request_counts(f, 1))}",
+        ("self.cores", f"{CEL_CORE_COUNTS_TEXT}[self.family]"),
     )
     for f in FAMILY_LIST
     if f.allowed_chip_counts
@@ -145,9 +196,9 @@ SMALL_INSTANCE_TYPES = CrossFieldRule(
     "spec.compute.instanceTypes",
     "spec.compute",
     "none of the listed instance types has %d chips; %s types with at least %d chips: %s",
-    f"!has(self.instanceTypes) || !{_listed_known} || self.inf > {CEL_MAX}[self.family]"
-    f" || self.instanceTypes.exists(t, {CEL_TYPE_CHIPS}[t] >= self.inf)",
-    ("self.inf", "self.family", "self.inf", f"{CEL_LARGE_ENOUGH_TEXT}[self.family][self.inf]"),
+    f"!has(self.instanceTypes) || !{_listed_known} || !({C_ONE_REQUEST}) || {C_CHIPS} > {CEL_MAX}[self.family]"
+    f" || self.instanceTypes.exists(t, {CEL_TYPE_CHIPS}[t] >= {C_CHIPS})",
+    (C_CHIPS, "self.family", C_CHIPS, f"{CEL_LARGE_ENOUGH_TEXT}[self.family][{C_CHIPS}]"),
 )
 
 # The replica's CPU and memory must fit what some allowed instance type with the chips
@@ -161,14 +212,14 @@ HOST_FITS = CrossFieldRule(
     "a replica asks for %s CPU and %s of memory, more than any %s instance type with %s leaves to pods after "
     "system reservations; valid values fit one of %s",
     f"!isQuantity({_CPU}) || {_CPU}.startsWith('-') || !isQuantity({_MEMORY}) || {_MEMORY}.startsWith('-')"
-    f" || self.inf > {CEL_MAX}[self.family] || (has(self.instanceTypes) && !{_listed_known})"
-    f" || (has(self.instanceTypes) && !self.instanceTypes.exists(t, {CEL_TYPE_CHIPS}[t] >= self.inf))"
-    f" || {_TYPES_CONSIDERED}.exists(t, {CEL_TYPE_CHIPS}[t] >= self.inf"
+    f" || !({C_ONE_REQUEST}) || {C_CHIPS} > {CEL_MAX}[self.family] || (has(self.instanceTypes) && !{_listed_known})"
+    f" || (has(self.instanceTypes) && !self.instanceTypes.exists(t, {CEL_TYPE_CHIPS}[t] >= {C_CHIPS}))"
+    f" || {_TYPES_CONSIDERED}.exists(t, {CEL_TYPE_CHIPS}[t] >= {C_CHIPS}"
     f" && quantity({_CPU}).compareTo(quantity({CEL_ALLOC_CPU}[t])) <= 0"
     f" && quantity({_MEMORY}).compareTo(quantity({CEL_ALLOC_MEMORY}[t])) <= 0)",
     # "N chips" from a literal map: string(int) concatenation trips the CRD cost estimator
     # (kubernetes#124234); the rule only fails where inf is at most a family's largest.
-    (_CPU, _MEMORY, "self.family", f"{literal(CHIPS_TEXT)}[self.inf]", f"{CEL_HOST_TEXT}[self.family]"),
+    (_CPU, _MEMORY, "self.family", f"{literal(CHIPS_TEXT)}[{C_CHIPS}]", f"{CEL_HOST_TEXT}[self.family]"),
 )
 
 # Logical NeuronCores: trn2 groups 1 or 2 physical cores into a logical one; every other
@@ -186,8 +237,15 @@ DIVISIBLE = CrossFieldRule(
     "spec.processesPerReplica",
     "spec",
     "cannot evenly distribute %d %s %s (%d NeuronCores) over %d processes; valid values are %s",
-    f"!({CEL_FITS}) || {CEL_DIVIDES}",
+    f"has(self.compute.cores) || !({CEL_FITS}) || {CEL_DIVIDES}",
     (CEL_INF, CEL_FAMILY, f"({CEL_INF} == 1 ? 'chip' : 'chips')", CEL_CORES, CEL_PROCESSES, f"{CEL_DIVISORS}[{CEL_CORES}]"),
+)
+DIVISIBLE_CORES = CrossFieldRule(
+    "spec.processesPerReplica",
+    "spec",
+    "cannot evenly distribute %d %s NeuronCores over %d processes; valid values are %s",
+    f"!has(self.compute.cores) || !({CEL_FITS}) || {CEL_DIVIDES}",
+    ("self.compute.cores", CEL_FAMILY, CEL_PROCESSES, f"{CEL_DIVISORS}[{CEL_CORES}]"),
 )
 
 # Tensor-parallel groups on trn1: its runtime loads collectives only on 1, 2, 8, 16 or a
@@ -198,10 +256,10 @@ TENSOR_PARALLEL_GROUP = {
         "spec",
         f"a {f.name} group of %d NeuronCores cannot run one model tensor parallel: the runtime loads collectives "
         f"only on {format_list(list(f.tensor_parallel_sizes or ()))} or a multiple of {f.tensor_parallel_multiple} "
-        "cores (huggingface/optimum-neuron#619); valid values for %d chips are %s",
+        "cores (huggingface/optimum-neuron#619); valid values for %d NeuronCores are %s",
         f"{CEL_FAMILY} != {literal(f.name)} || !({CEL_FITS} && {CEL_DIVIDES})"
         f" || {CEL_GROUP} in {literal(list(f.tensor_parallel_sizes or ()))} || {CEL_GROUP} % {f.tensor_parallel_multiple} == 0",
-        (CEL_GROUP, CEL_INF, f"{CEL_TP_PROCESSES_TEXT}[{literal(f.name)}][{CEL_CORES}]"),
+        (CEL_GROUP, CEL_CORES, f"{CEL_TP_PROCESSES_TEXT}[{literal(f.name)}][{CEL_CORES}]"),
     )
     for f in TP_RESTRICTED
 }
@@ -520,13 +578,18 @@ ROLLOUT_MOVES = CrossFieldRule(
 
 CEL_RULES: list[CrossFieldRule] = [
     NAME,
+    ONE_REQUEST,
     FITS_FAMILY,
     *ALLOWED_CHIPS.values(),
+    CORES_LNC,
+    CORES_FIT,
+    *CORES_SHAPE.values(),
     UNKNOWN_INSTANCE_TYPE,
     SMALL_INSTANCE_TYPES,
     HOST_FITS,
     LNC_VALUE,
     DIVISIBLE,
+    DIVISIBLE_CORES,
     *TENSOR_PARALLEL_GROUP.values(),
     VLLM_FAMILY,
     FP32_CNN_BATCH,
@@ -547,28 +610,53 @@ CEL_RULES: list[CrossFieldRule] = [
 ]
 
 
+def _check_one_request(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    inf, cores = spec.compute.inf, spec.compute.cores
+    if (inf is None) != (cores is None):
+        return []
+    return [ONE_REQUEST.finding("both are set" if inf is not None else "neither is set")]
+
+
 def _check_fits_family(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     name, most = fam.largest_instance
-    if spec.compute.inf <= most:
+    if spec.compute.inf is None or spec.compute.inf <= most:
         return []
     return [FITS_FAMILY.finding(spec.compute.inf, fam.name, name, most, most)]
 
 
 def _check_allowed_chip_counts(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
-    allowed = fam.allowed_chip_counts
-    if allowed is None or spec.compute.inf in allowed:
+    allowed, inf = fam.allowed_chip_counts, spec.compute.inf
+    if allowed is None or inf is None or inf in allowed:
         return []
-    return [ALLOWED_CHIPS[fam.name].finding(fam.name, or_list(list(allowed)), spec.compute.inf, format_list(list(allowed)))]
+    return [ALLOWED_CHIPS[fam.name].finding(fam.name, or_list(list(allowed)), inf, format_list(list(allowed)))]
+
+
+def _check_core_request(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    cores, lnc = spec.compute.cores, lnc_of(spec, fam)
+    if cores is None:
+        return []
+    if lnc != 1:
+        return [CORES_LNC.finding(fam.name, lnc)]
+    most = fam.cores_per_chip(1) * fam.max_chips
+    if cores > most:
+        return [CORES_FIT.finding(cores, fam.name, fam.largest_instance[0], most, most)]
+    if fam.name in CORES_SHAPE and cores not in core_request_counts(fam, 1):
+        return [CORES_SHAPE[fam.name].finding(cores, format_list(core_request_counts(fam, 1)))]
+    return []
 
 
 def _check_instance_types(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
-    listed, inf = spec.compute.instance_types, spec.compute.inf
+    listed, inf = spec.compute.instance_types, chips_needed(spec, fam)
     if listed is None:
         return []
     unknown = [t for t in listed if t not in fam.instance_chips]
     if unknown:
         return [UNKNOWN_INSTANCE_TYPE.finding(unknown[0], fam.name, format_list(list(fam.instance_chips)))]
-    if inf > fam.max_chips or any(fam.instance_chips[t] >= inf for t in listed):
+    if (
+        (spec.compute.inf is None) == (spec.compute.cores is None)
+        or inf > fam.max_chips
+        or any(fam.instance_chips[t] >= inf for t in listed)
+    ):
         return []
     large_enough = [t for t, chips in fam.instance_chips.items() if chips >= inf]
     return [SMALL_INSTANCE_TYPES.finding(inf, fam.name, inf, format_list(large_enough))]
@@ -579,13 +667,16 @@ def _check_host_fits(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     cpu, memory = quantity(c.cpu), quantity(c.memory)
     if not (re.match(QUANTITY_GRAMMAR, c.cpu) and re.match(QUANTITY_GRAMMAR, c.memory)) or cpu is None or memory is None:
         return []
-    if c.inf > fam.max_chips or (c.instance_types and any(t not in fam.instance_chips for t in c.instance_types)):
+    chips = chips_needed(spec, fam)
+    if (c.inf is None) == (c.cores is None) or chips > fam.max_chips:
+        return []
+    if c.instance_types and any(t not in fam.instance_chips for t in c.instance_types):
         return []
     considered = c.instance_types or list(fam.instance_chips)
-    with_chips = [t for t in considered if fam.instance_chips[t] >= c.inf]
+    with_chips = [t for t in considered if fam.instance_chips[t] >= chips]
     if not with_chips or any(host_fits(t, float(cpu) * 1000, float(memory)) for t in with_chips):
         return []
-    return [HOST_FITS.finding(c.cpu, c.memory, fam.name, CHIPS_TEXT[c.inf], HOST_TEXT[fam.name])]
+    return [HOST_FITS.finding(c.cpu, c.memory, fam.name, CHIPS_TEXT[chips], HOST_TEXT[fam.name])]
 
 
 def _check_lnc(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
@@ -598,8 +689,10 @@ def _check_lnc(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
 def _check_divisibility(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     inf, p = spec.compute.inf, spec.processes_per_replica
     cores = replica_cores(spec, fam)
-    if inf > fam.max_chips or lnc_of(spec, fam) not in fam.lnc_values or cores % p == 0:
+    if not request_ok(spec, fam) or cores % p == 0:
         return []
+    if inf is None:
+        return [DIVISIBLE_CORES.finding(cores, fam.name, p, format_list(divisors(cores)))]
     chips = "chip" if inf == 1 else "chips"
     return [DIVISIBLE.finding(inf, fam.name, chips, cores, p, format_list(divisors(cores)))]
 
@@ -610,7 +703,7 @@ def _check_tensor_parallel(spec: InferentiaModelSpec, fam: Family) -> list[Findi
         return []
     cores = replica_cores(spec, fam)
     valid = format_list(tensor_parallel_processes(fam, cores))
-    return [TENSOR_PARALLEL_GROUP[fam.name].finding(group, spec.compute.inf, valid)]
+    return [TENSOR_PARALLEL_GROUP[fam.name].finding(group, cores, valid)]
 
 
 def _check_runtime(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
@@ -808,8 +901,10 @@ def _check_child_values(spec: InferentiaModelSpec, fam: Family) -> list[Finding]
 
 _CHECKS = (
     _check_child_values,
+    _check_one_request,
     _check_fits_family,
     _check_allowed_chip_counts,
+    _check_core_request,
     _check_instance_types,
     _check_host_fits,
     _check_lnc,
