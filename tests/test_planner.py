@@ -272,6 +272,7 @@ def test_a_core_request_shares_its_chip_and_sees_only_its_cores_memory():
     assert p.chip_memory_share_bytes == p.device_memory_per_group_bytes == p.device_memory_share_per_group_bytes == 16 * GIB
     assert p.resources.requests["aws.amazon.com/neuroncore"] == "1" and "aws.amazon.com/neuron" not in p.resources.requests
     assert p.resources.limits["aws.amazon.com/neuroncore"] == "1"
+    assert p.resources.requests["hugepages-2Mi"] == "128Mi"  # half of the chip's 256Mi: one of its two cores
     # By cores an inf2.xlarge holds 2 such replicas, an inf2.48xlarge 24; by CPU fewer may fit.
     assert p.replicas_per_instance == {"inf2.xlarge": 2, "inf2.8xlarge": 2, "inf2.24xlarge": 12, "inf2.48xlarge": 24}
     cpu_bound = plan_of(**{"compute.inf": DROP, "compute.family": "inf2", "compute.cores": 1, "compute.cpu": "3"})

@@ -47,14 +47,14 @@ class Cluster:
     def get(self, *args: str) -> dict:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 
-    def neuron_capacity(self, family: str | None = None) -> list[int]:
-        """Neuron chips per node, of one family's instance types when ``family`` is given."""
+    def neuron_capacity(self, family: str | None = None, resource: str = "aws.amazon.com/neuron") -> list[int]:
+        """Neuron chips (or, with ``resource``, NeuronCores) per node, of one family's instance types when ``family`` is given."""
         # The real node is tainted for the real-node tests alone: it is not fleet capacity.
         nodes = [n for n in self.get("nodes")["items"] if "inferentia.dev/real-node" not in n["metadata"]["labels"]]
         if family:
             prefix = f"{family}."
             nodes = [n for n in nodes if n["metadata"]["labels"].get("node.kubernetes.io/instance-type", "").startswith(prefix)]
-        return sorted(int(n["status"].get("allocatable", {}).get("aws.amazon.com/neuron", 0)) for n in nodes)
+        return sorted(int(n["status"].get("allocatable", {}).get(resource, 0)) for n in nodes)
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):

@@ -16,7 +16,7 @@ from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.children import Model
 from inferentia_operator.core.drift import applied
 from inferentia_operator.core.planner import plan
-from specs import make_model
+from specs import DROP, make_model
 
 COMPILE_IMAGE = "example.com/neuron-compile:1"
 
@@ -219,6 +219,26 @@ def test_a_model_too_large_for_free_capacity_reports_scheduled_false(cluster, op
     assert "cannot be placed" in message and "aws.amazon.com/neuron" in message
     assert condition(body, "Ready")["reason"] == "Unschedulable"
     assert condition(body, "Progressing")["reason"] == "WaitingForCapacity"
+
+
+def test_a_model_of_neuroncores_is_placed_by_cores_and_reports_when_they_run_out(cluster, operator, namespace):
+    """The simulated fleet advertises aws.amazon.com/neuroncore beside aws.amazon.com/neuron, so
+    the scheduler's fit and Insufficient decisions hold for core requests: one replica of
+    what the largest inf2 node has left is placed, and a second finds no node with that many."""
+    cores = cluster.neuron_capacity("inf2", resource="aws.amazon.com/neuroncore")
+    if not cores or sum(c >= max(cores) for c in cores) >= 2:
+        pytest.skip("the cluster has no inf2 NeuronCores, or room for two replicas of its largest node's cores")
+    small = {"compute.inf": DROP, "compute.family": "inf2", "compute.cores": 1}
+    apply_model(cluster, namespace, "one-core", **small)
+    body = wait_ready(cluster, namespace, "one-core")
+    assert body["status"]["plan"]["sharesChip"] is True
+    [deployment] = items(cluster, "deployments", namespace, "one-core")
+    limits = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["aws.amazon.com/neuroncore"] == "1" and "aws.amazon.com/neuron" not in limits
+    apply_model(cluster, namespace, "the-rest", **{**small, "compute.cores": max(cores) - 1, "replicas": 2})
+    body = wait_condition(cluster, namespace, "the-rest", "Scheduled", "False", "Unschedulable")
+    assert condition(body, "Scheduled")["message"].startswith("1 pod cannot be placed")
+    assert "Insufficient aws.amazon.com/neuroncore" in condition(body, "Scheduled")["message"]
 
 
 def test_ten_models_at_once(cluster, operator, namespace):

@@ -168,7 +168,11 @@ def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Pla
     threads = spec.serving.threads_per_process or size + 3  # every outstanding inference gets a thread
     env = [process_env(fam, lnc, cores, size, args, index, threads) for index, cores in enumerate(visible)]
 
-    hugepages = f"{HUGEPAGES_PER_CHIP_MI * chips}Mi"
+    # A replica that shares a chip takes its cores' share of the chip's hugepages (whole
+    # 2 MiB pages), so that the chip's cores, however they are handed out, need no more
+    # than the chip's pages.
+    hugepages_mi = 2 * -(-HUGEPAGES_PER_CHIP_MI * total // (2 * per_chip)) if shares_chip else HUGEPAGES_PER_CHIP_MI * chips
+    hugepages = f"{hugepages_mi}Mi"
     # Whole chips from the device plugin's aws.amazon.com/neuron, single cores from its
     # aws.amazon.com/neuroncore (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/k8s-neuron-device-plugin.html).
     neuron = (NEURONCORE_RESOURCE, str(total)) if shares_chip else (NEURON_RESOURCE, str(chips))
