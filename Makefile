@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 export INFERENTIA_CONTROLPLANE_BUILT := 1
 CRD    := crds/inferentia.dev_inferentiamodels.yaml
 
-.PHONY: help test test-faults unit e2e lint venv controlplane cluster-up cluster-down crd manifests demo benchmark benchmark-scale benchmark-batching clean
+.PHONY: help test test-faults unit e2e lint venv controlplane cluster-up cluster-down crd manifests demo benchmark benchmark-scale benchmark-cores benchmark-batching clean
 HELM    = $(shell bash cluster/build.sh --print)/helm
 CHART   := charts/inferentia-operator
 
@@ -22,6 +22,7 @@ help:
 	@echo "make cluster-down  stop it, and the demo operator"
 	@echo "make benchmark     print the performance figures (control-plane warm start, time to Ready, planner rate)"
 	@echo "make benchmark-scale [N=1000]  the reconcile core at scale, against the bare API (about 15 min at N=1000)"
+	@echo "make benchmark-cores     whole chips against NeuronCores: what a mix of models needs, and what one fleet places"
 	@echo "make benchmark-batching  the batching front end: none, a fixed window and adaptive, under Poisson load"
 	@echo "make lint          ruff (lint and format) and mypy, as configured in pyproject.toml (make test runs them too)"
 	@echo "make crd           regenerate $(CRD) (and the chart's copy) from the pydantic models"
@@ -67,6 +68,9 @@ benchmark: venv controlplane
 N ?= 1000
 benchmark-scale: venv controlplane
 	@$(BIN)/python cluster/benchmark_scale.py --models $(N)
+
+benchmark-cores: venv controlplane
+	@$(BIN)/python cluster/benchmark_cores.py
 
 benchmark-batching: venv
 	@$(BIN)/python cluster/benchmark_batching.py
