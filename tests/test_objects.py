@@ -23,7 +23,7 @@ def test_the_view_reads_identity_owner_and_conditions():
     assert job.labels["inferentia.dev/model"] == "m" and job.annotations == {}
     assert job.controller is not None and job.controller["name"] == "m"
     assert job.condition_true("Complete") and not job.condition_true("Failed") and job.condition("Failed") == {}
-    assert not job.deleting and bool(job)
+    assert not job.deleting and bool(job) and job.key == ("ns", "m-compile-1")
 
 
 def test_absent_or_malformed_objects_read_as_empty():
@@ -35,5 +35,5 @@ def test_absent_or_malformed_objects_read_as_empty():
     ):
         obj = Obj(raw)
         assert (obj.name, obj.labels, obj.controller, obj.generation, obj.resource_version) == (None, {}, None, 0, -1)
-        assert obj.condition("Ready") == {} and not obj.condition_true("Ready")
+        assert obj.condition("Ready") == {} and not obj.condition_true("Ready") and obj.key is None
     assert not Obj(None)

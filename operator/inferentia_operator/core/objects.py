@@ -56,6 +56,11 @@ class Obj:
         return namespace if isinstance(namespace, str) else None
 
     @property
+    def key(self) -> tuple[str, str] | None:
+        """(namespace, name), or None for an object without both."""
+        return (self.namespace, self.name) if self.namespace is not None and self.name is not None else None
+
+    @property
     def uid(self) -> str | None:
         uid = self.metadata.get("uid")
         return uid if isinstance(uid, str) else None

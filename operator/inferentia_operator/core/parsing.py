@@ -3,10 +3,10 @@ then every cross-field rule of :mod:`rules`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
-from pydantic_core import ErrorDetails
 
 from .api import InferentiaModelSpec
 from .findings import Finding
@@ -44,7 +44,7 @@ def shown(value: Any) -> str:
     return "this value"
 
 
-def _describe_error(error: ErrorDetails) -> str:
+def _describe_error(error: Mapping[str, Any]) -> str:
     kind, raw, ctx = error["type"], error.get("input"), error.get("ctx") or {}
     value = shown(raw)
     if kind == "missing":

@@ -175,9 +175,9 @@ class Reconciler:
     def on_model(self, body: Mapping[str, Any], event_type: str | None, kwargs: Mapping[str, Any]) -> None:
         self.cache.capture(kwargs)
         model = Obj(body)
-        if model.namespace is None or model.name is None:
+        key = model.key
+        if key is None:
             return
-        key = (model.namespace, model.name)
         if event_type == "DELETED":
             self._forget(key)
             return
@@ -197,10 +197,9 @@ class Reconciler:
 
     def on_pod(self, body: Mapping[str, Any], event_type: str | None, kwargs: Mapping[str, Any]) -> None:
         self.cache.capture(kwargs)
-        pod = Obj(body)
-        if pod.namespace is None or pod.name is None:
+        name = Obj(body).key
+        if name is None:
             return
-        name = (pod.namespace, pod.name)
         if event_type == "DELETED":
             self._pods.pop(name, None)
         else:
