@@ -245,18 +245,25 @@ def writes_by_kind(requests: list[dict]) -> dict[str, int]:
 
 
 def stream(kube: Kube, rate: int, seconds: int, prefix: str) -> list[float]:
-    """Creates ``rate`` models a second; returns each one's create -> Deployment latency."""
+    """Creates ``rate`` models a second; returns each one's create -> Deployment latency.
+
+    Deployments are seen through a watch, as a controller would see them: polling a list
+    of 1,000 Deployments every few milliseconds would load the API server the operator
+    shares two cores with, and be measured as the operator's delay."""
+    from kubernetes import client as k8s
+    from kubernetes import watch as k8s_watch
+
     created: dict[str, float] = {}
     seen: dict[str, float] = {}
-    stop = threading.Event()
+    apps = k8s.AppsV1Api(kube.client)
+    since = apps.list_namespaced_deployment(NAMESPACE, limit=1).metadata.resource_version
+    deployments = k8s_watch.Watch()
 
     def watch_deployments():
-        while not stop.is_set():
-            for d in kube.list("Deployment", NAMESPACE, ""):
-                name = d["metadata"]["name"]
-                if name.startswith(prefix) and name not in seen:
-                    seen[name] = time.monotonic()
-            time.sleep(0.05)
+        for event in deployments.stream(apps.list_namespaced_deployment, NAMESPACE, resource_version=since, timeout_seconds=900):
+            name = event["object"].metadata.name
+            if event["type"] == "ADDED" and name.startswith(prefix) and name not in seen:
+                seen[name] = time.monotonic()
 
     watcher = threading.Thread(target=watch_deployments, daemon=True)
     watcher.start()
@@ -274,7 +281,7 @@ def stream(kube: Kube, rate: int, seconds: int, prefix: str) -> list[float]:
         pool.submit(create)
     pool.shutdown(wait=True)
     wait_until(lambda: all(n in seen for n in created), timeout=300, interval=0.2)
-    stop.set()
+    deployments.stop()
     return sorted(seen[n] - created[n] for n in created)
 
 
@@ -282,7 +289,82 @@ def percentile(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
 
-def with_operator(models: int, workdir: Path, rest_seconds: int, rates: list[int], stream_seconds: int) -> dict:
+class QueueDepth:
+    """The operator's work-queue depth, sampled from /metrics until stopped: its maximum."""
+
+    def __init__(self, operator: Operator) -> None:
+        self.operator, self.most, self._stop = operator, 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.25):
+            try:
+                self.most = max(self.most, self.operator.metrics().get("inferentia_operator_queue_depth", 0.0))
+            except OSError:
+                pass
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.most
+
+
+def start_profile(operator: Operator, profile: Path | None, rate: int) -> subprocess.Popen | None:
+    """py-spy sampling the operator's Python stacks, as collapsed stacks, while a stream runs."""
+    if profile is None:
+        return None
+    profile.mkdir(parents=True, exist_ok=True)
+    assert operator.proc is not None
+    command = [
+        str(Path(sys.executable).parent / "py-spy"),
+        "record",
+        "--pid",
+        str(operator.proc.pid),
+        "--format",
+        "raw",
+        "--rate",
+        "50",
+        "--nonblocking",
+    ]
+    return subprocess.Popen(
+        [*command, "--output", str(profile / f"stream-{rate}.txt")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def stop_profile(profiler: subprocess.Popen | None) -> None:
+    if profiler is not None:
+        profiler.send_signal(2)  # SIGINT: py-spy writes what it sampled
+        profiler.wait(timeout=60)
+
+
+def summarize(raw: Path, top: int = 12) -> None:
+    """The functions the operator spent its samples in: by their own time and with callees."""
+    own: dict[str, int] = {}
+    total: dict[str, int] = {}
+    samples = 0
+    for line in raw.read_text().splitlines() if raw.exists() else []:
+        stack, _, count = line.rpartition(" ")
+        frames, n = stack.split(";"), int(count)
+        samples += n
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for frame in set(frames):
+            total[frame] = total.get(frame, 0) + n
+    if not samples:
+        print(f"  (no samples in {raw})")
+        return
+    print(f"  py-spy, {samples} samples; own time:")
+    for frame, n in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"    {n / samples:6.1%}  {frame}")
+    print("  with callees (the operator's own code):")
+    ours = {f: n for f, n in total.items() if "inferentia_operator" in f}
+    for frame, n in sorted(ours.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"    {n / samples:6.1%}  {frame}")
+
+
+def with_operator(
+    models: int, workdir: Path, rest_seconds: int, rates: list[int], stream_seconds: int, profile: Path | None = None
+) -> dict:
     extra = sum(rates) * stream_seconds
     cluster = localcluster.LocalCluster(
         workdir / "operator", fleet_file=fleet(workdir / "fleet.yaml", models + extra), die_with_parent=True, audit_policy=AUDIT_POLICY
@@ -318,9 +400,19 @@ def with_operator(models: int, workdir: Path, rest_seconds: int, rates: list[int
         out["restart_idle_s"] = operator.wait_idle()
         out["restart_reads"], out["restart_writes"] = split(audited(cluster, restart0, time.time()))
 
-        out["streams"] = {}
+        out["streams"], out["stream_load"] = {}, {}
         for rate in rates:
+            profiler = start_profile(operator, profile, rate)
+            depth = QueueDepth(operator)
+            cpu_op0, cpu_cp0, t0 = cpu_seconds(operator.proc.pid), control_plane_cpu(cluster), time.monotonic()
             latencies = stream(kube, rate, stream_seconds, prefix=f"s{rate}-")
+            wall = time.monotonic() - t0
+            out["stream_load"][rate] = (
+                (cpu_seconds(operator.proc.pid) - cpu_op0) / wall,
+                (control_plane_cpu(cluster) - cpu_cp0) / wall,
+                depth.stop(),
+            )
+            stop_profile(profiler)
             out["streams"][rate] = (percentile(latencies, 50), percentile(latencies, 99))
         out["rss_mb_end"] = rss_mb(operator.proc.pid)
         return out
@@ -343,6 +435,7 @@ def main() -> int:
     parser.add_argument("--rest-seconds", type=int, default=180)
     parser.add_argument("--stream-seconds", type=int, default=30)
     parser.add_argument("--rates", default="10,20")
+    parser.add_argument("--profile", type=Path, help="write py-spy profiles of the operator during each stream here, and summarise them")
     args = parser.parse_args()
     rates = [int(r) for r in args.rates.split(",") if r]
     localcluster.bin_dir()
@@ -350,7 +443,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         base = floor(n, workdir)
-        op = with_operator(n, workdir, args.rest_seconds, rates, args.stream_seconds)
+        op = with_operator(n, workdir, args.rest_seconds, rates, args.stream_seconds, args.profile)
 
     def row(what, value, goal, ok):
         print(f"| {what} | {value} | {goal} | {'met' if ok else 'NOT met'} |")
@@ -390,6 +483,13 @@ def main() -> int:
     for rate, (p50, p99) in op["streams"].items():
         goal = "p99 ≤ 1 s" if rate == 20 else ""
         row(f"create → Deployment at {rate}/s", f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms", goal or "—", p99 <= 1.0 or rate != 20)
+    for rate, (operator_cpu, control_plane, depth) in op["stream_load"].items():
+        print(
+            f"\nduring the stream at {rate}/s: operator {operator_cpu:.2f} CPUs, API server + etcd {control_plane:.2f} CPUs, "
+            f"work queue at most {depth:.0f} deep"
+        )
+        if args.profile:
+            summarize(args.profile / f"stream-{rate}.txt")
     print("\nwrites per model while converging: " + ", ".join(f"{what} {k / n:.2f}" for what, k in op["writes_by_kind"].items()))
     return 0
 
