@@ -132,6 +132,11 @@ class Compute(ApiModel):
     memory: Quantity = "2Gi"
     """Host memory requested by each replica (a Kubernetes quantity)."""
 
+    @property
+    def one_request(self) -> bool:
+        """Exactly one of inf and cores is set (the CRD's CEL rule restates this)."""
+        return (self.inf is None) != (self.cores is None)
+
 
 class Batching(ApiModel):
     """Server-side adaptive batching: requests are grouped until either bound is reached."""

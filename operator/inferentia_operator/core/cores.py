@@ -59,7 +59,7 @@ def chips_needed(spec: InferentiaModelSpec, family: Family) -> int:
 def request_ok(spec: InferentiaModelSpec, family: Family) -> bool:
     """Exactly one of inf and cores, of a size the family can place, at an LNC it supports."""
     compute, lnc = spec.compute, lnc_of(spec, family)
-    if (compute.inf is None) == (compute.cores is None) or lnc not in family.lnc_values:
+    if not compute.one_request or lnc not in family.lnc_values:
         return False
     if compute.cores is not None:
         return compute.cores in core_request_counts(family, lnc)

@@ -190,11 +190,11 @@ def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Pla
     wanted = spec.compute.instance_types
     # Types with the chips, and the CPU and memory a replica asks for after the kubelet's
     # reservations (a 4-CPU replica does not fit an inf2.xlarge, which has 4 vCPUs in all).
-    cpu, memory = quantity(spec.compute.cpu), quantity(spec.compute.memory)
+    millicpu, memory_bytes = float(quantity(spec.compute.cpu) or 0) * 1000, float(quantity(spec.compute.memory) or 0)
     instance_types = [
         name
         for name, count in sorted(fam.instance_chips.items(), key=lambda item: item[1])
-        if count >= chips and (wanted is None or name in wanted) and host_fits(name, float(cpu or 0) * 1000, float(memory or 0))
+        if count >= chips and (wanted is None or name in wanted) and host_fits(name, millicpu, memory_bytes)
     ]
 
     # A batching front end takes the serving port and the processes move up one; vLLM
@@ -234,23 +234,20 @@ def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Pla
         front_end=front_end,
         shares_chip=True if shares_chip else None,
         chip_memory_share_bytes=total * fam.memory_per_core_bytes(lnc) if shares_chip else None,
-        replicas_per_instance={
-            t: replicas_per_instance(fam, t, per_chip, total, spec.compute.cpu, spec.compute.memory) for t in instance_types
-        }
+        replicas_per_instance={t: replicas_per_instance(fam, t, per_chip, total, millicpu, memory_bytes) for t in instance_types}
         if shares_chip
         else None,
         warnings=[str(f) for f in findings if f.severity == "warning"],
     )
 
 
-def replicas_per_instance(fam: Family, itype: str, per_chip: int, cores: int, cpu: str, memory: str) -> int:
+def replicas_per_instance(fam: Family, itype: str, per_chip: int, cores: int, millicpu: float, memory_bytes: float) -> int:
     """How many replicas of ``cores`` NeuronCores one instance holds: by its cores (a
     request within one chip never spans two, so each chip holds per_chip // cores), and
     by the CPU and memory it leaves to pods."""
     chips = fam.instance_chips[itype]
     by_cores = chips * (per_chip // cores) if cores <= per_chip else chips * per_chip // cores
     host = HOSTS[itype]
-    millicpu, memory_bytes = float(quantity(cpu) or 0) * 1000, float(quantity(memory) or 0)
     by_cpu = int(host.allocatable_millicpu // millicpu) if millicpu > 0 else by_cores
     by_memory = int(host.allocatable_memory_mib * 2**20 // memory_bytes) if memory_bytes > 0 else by_cores
     return min(by_cores, by_cpu, by_memory)

@@ -611,10 +611,9 @@ CEL_RULES: list[CrossFieldRule] = [
 
 
 def _check_one_request(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
-    inf, cores = spec.compute.inf, spec.compute.cores
-    if (inf is None) != (cores is None):
+    if spec.compute.one_request:
         return []
-    return [ONE_REQUEST.finding("both are set" if inf is not None else "neither is set")]
+    return [ONE_REQUEST.finding("both are set" if spec.compute.inf is not None else "neither is set")]
 
 
 def _check_fits_family(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
@@ -652,11 +651,7 @@ def _check_instance_types(spec: InferentiaModelSpec, fam: Family) -> list[Findin
     unknown = [t for t in listed if t not in fam.instance_chips]
     if unknown:
         return [UNKNOWN_INSTANCE_TYPE.finding(unknown[0], fam.name, format_list(list(fam.instance_chips)))]
-    if (
-        (spec.compute.inf is None) == (spec.compute.cores is None)
-        or inf > fam.max_chips
-        or any(fam.instance_chips[t] >= inf for t in listed)
-    ):
+    if not spec.compute.one_request or inf > fam.max_chips or any(fam.instance_chips[t] >= inf for t in listed):
         return []
     large_enough = [t for t, chips in fam.instance_chips.items() if chips >= inf]
     return [SMALL_INSTANCE_TYPES.finding(inf, fam.name, inf, format_list(large_enough))]
@@ -668,7 +663,7 @@ def _check_host_fits(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     if not (re.match(QUANTITY_GRAMMAR, c.cpu) and re.match(QUANTITY_GRAMMAR, c.memory)) or cpu is None or memory is None:
         return []
     chips = chips_needed(spec, fam)
-    if (c.inf is None) == (c.cores is None) or chips > fam.max_chips:
+    if not c.one_request or chips > fam.max_chips:
         return []
     if c.instance_types and any(t not in fam.instance_chips for t in c.instance_types):
         return []

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -21,6 +20,7 @@ import urllib3
 
 from inferentia_operator.core import api
 from inferentia_operator.core.names import FIELD_MANAGER
+from inferentia_operator.core.status import now
 
 from . import metrics
 
@@ -205,7 +205,7 @@ class Kube:
     def post_event(self, model: dict[str, Any], kind: str, reason: str, message: str) -> None:
         """A core/v1 Event on the model, as ``kubectl describe`` shows them."""
         meta = model["metadata"]
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        at = now()
         event = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -222,8 +222,8 @@ class Kube:
             "message": message[:1024],
             "source": {"component": FIELD_MANAGER},
             "reportingComponent": FIELD_MANAGER,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
+            "firstTimestamp": at,
+            "lastTimestamp": at,
             "count": 1,
         }
         self._call("POST", path("Event", meta["namespace"]), body=event, content_type="application/json")

@@ -102,7 +102,9 @@ class Reconciler:
         assert decision.report is not None
         previous = Obj(observed.model).status
         patch = status.status_patch(previous, decision.report.status)
-        if patch is not None:
+        if patch is None:
+            self._held_since.pop(key, None)  # nothing to report: nothing held
+        else:
             held = time.monotonic() - self._held_since.setdefault(key, time.monotonic())
             hold = status.hold_seconds(previous, decision.report.status, held)
             if hold > 0:
