@@ -1,22 +1,31 @@
 """The adaptive dispatcher: when to send a batch, of what, to which process. Pure, with the
 clock passed in, so every decision is unit-tested with a fake clock.
 
-The design follows BentoML's adaptive batching (https://docs.bentoml.com/en/latest/guides/adaptive-batching.html, and its "CORK" dispatcher):
-the dispatcher learns how long a batch of n takes on a process (a least-squares line,
-latency = fixed + per_item * n, over recent batches) and holds the oldest request only
-while it can still finish within ``max_latency``: waiting for one more request is worth
-it while the next is expected sooner than serving it alone would take, and the expected
-gap plus the larger batch still fits the budget. Once the stream goes quiet (a burst
-has ended), the expected gap grows with the quiet and what is queued goes.
-A request that cannot finish in time is answered 503 at once, never queued past the
-budget. Each process runs one batch at a time (a NeuronCore Group executes one model
-invocation at once), and work goes to the least-loaded free process.
+It is a batching window that tunes itself. A fixed window (hold the oldest request for
+w, or until the batch is full) is what users tune by hand, and the best w depends on the
+load, the number of processes and the model's latency curve: measured on this project's
+simulation, dispatching at once was best with 8 processes at light load, a window of a
+quarter of a call with 4, and half a call with 2 (``cluster/batching_sim.py``). So the
+dispatcher keeps the recent arrival times, and every so often replays them through a
+fixed-window batcher for each candidate window, with the latency it has fitted for a
+batch of n (a least-squares line, latency = fixed + per_item * n, over recent batches,
+as in BentoML's adaptive batching:
+https://docs.bentoml.com/en/latest/guides/adaptive-batching.html). It then uses the
+window whose replay had the lowest p99. That is the window a user would have tuned for
+the traffic of the last few seconds, retuned as the traffic changes.
+
+The budget is kept on top of the window: a request that cannot finish within
+``max_latency`` is answered 503 at once, never queued past it, and never sent in a batch
+that would finish late. Each process runs one batch at a time (a NeuronCore Group
+executes one model invocation at once), and work goes to the least-loaded free process.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,10 +76,44 @@ class LatencyModel:
         return self.fixed + self.per_item * n
 
 
+def replay(arrivals: Sequence[float], processes: int, max_batch: int, latency: Callable[[int], float], window: float) -> list[float]:
+    """The latencies, in arrival order, that a fixed ``window`` would have given ``arrivals`` (sorted times)
+    on ``processes`` identical processes whose batch of n takes ``latency(n)``: a batch
+    starts when a process is free and either the oldest queued request has waited
+    ``window`` or a full batch has arrived, and takes what has arrived by then."""
+    free_at = [float("-inf")] * processes  # a heap of the times each process is next free
+    latencies: list[float] = []
+    head, count = 0, len(arrivals)
+    while head < count:
+        full_at = arrivals[min(head + max_batch, count) - 1] if head + max_batch <= count else float("inf")
+        start = max(free_at[0], arrivals[head], min(arrivals[head] + window, full_at))
+        end = head
+        while end < count and end - head < max_batch and arrivals[end] <= start:
+            end += 1
+        finish = start + latency(end - head)
+        heapq.heapreplace(free_at, finish)
+        latencies.extend(finish - arrivals[i] for i in range(head, end))
+        head = end
+    return latencies
+
+
+def p99(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * (len(ordered) - 1)))] if ordered else 0.0
+
+
 class Dispatcher:
     # A share of the budget kept for what the fitted batch latency does not see: the front
     # end's own HTTP handling of the request and the answer.
     HEADROOM = 0.05
+    # The windows tried, as shares of one request's own latency: from dispatching at once
+    # to holding for two calls' worth.
+    CANDIDATES = (0.0, 0.125, 0.25, 0.5, 1.0, 2.0)
+    # How much history one replay sees, and how often the window is tuned: often enough to
+    # follow a change of load within a second or two at hundreds of requests a second, and
+    # seldom enough that the replays cost a few per cent of one core.
+    HISTORY = 1024
+    RETUNE_EVERY = 256
 
     def __init__(self, processes: int, max_batch: int, max_latency: float, inflight_per_process: int = 1):
         self.max_batch = max_batch
@@ -79,13 +122,20 @@ class Dispatcher:
         self.inflight = [0] * processes
         self.models = [LatencyModel() for _ in range(processes)]
         self.queues: dict[tuple[int, ...] | None, deque[Request]] = {}
-        self._arrivals: deque[float] = deque(maxlen=64)
+        self.window = 0.0  # dispatch at once until there is history to tune on
+        self._arrivals: deque[float] = deque(maxlen=self.HISTORY)
+        self._since_tuned = 0
 
     # --- inputs --------------------------------------------------------------------------
 
     def arrive(self, request: Request) -> Reject | None:
         """Admits a request, or rejects it at once when the queue ahead of it cannot drain in time."""
         self._arrivals.append(request.arrived)
+        self._since_tuned += 1
+        # Tuned after 8, 16, 32, ... arrivals at first, so that a new front end leaves
+        # dispatching at once within its first few dozen requests; then every RETUNE_EVERY.
+        if self._since_tuned >= min(self.RETUNE_EVERY, max(8, len(self._arrivals) // 2)):
+            self.tune()
         queue = self.queues.setdefault(request.bucket, deque())
         ahead = len(queue)
         processes = len(self.inflight) * self.capacity
@@ -102,24 +152,24 @@ class Dispatcher:
         self.inflight[process] -= 1
         self.models[process].observe(n, seconds)
 
+    def tune(self) -> None:
+        """Sets the window to the candidate whose replay of the recent arrivals had the lowest
+        p99 (the shorter on a tie: it costs the light load less)."""
+        self._since_tuned = 0
+        model = self._best_model()
+        if model(1) <= 0 or len(self._arrivals) < 2:
+            return  # nothing learnt yet: keep dispatching at once
+        arrivals = list(self._arrivals)
+        processes = len(self.inflight) * self.capacity
+        scored = [
+            (p99(replay(arrivals, processes, self.max_batch, model, share * model(1))), share * model(1)) for share in self.CANDIDATES
+        ]
+        self.window = min(scored)[1]
+
     # --- the decision ----------------------------------------------------------------------
 
     def _best_model(self) -> LatencyModel:
         return min(self.models, key=lambda m: m(self.max_batch))
-
-    def _mean_gap(self) -> float:
-        """The mean time between recent arrivals."""
-        if len(self._arrivals) < 2:
-            return float("inf")
-        span = self._arrivals[-1] - self._arrivals[0]
-        return span / (len(self._arrivals) - 1) if span > 0 else 0.0
-
-    def _arrival_gap(self, now: float) -> float:
-        """The expected time to the next arrival: the recent mean gap, or longer once the
-        stream has been quiet for longer than that (a burst that has ended brings no more)."""
-        if not self._arrivals:
-            return float("inf")
-        return max(self._mean_gap(), now - self._arrivals[-1])
 
     def decide(self, now: float) -> tuple[list[Dispatch | Reject], float | None]:
         """The batches to send now and the requests to refuse, and when to decide again
@@ -128,10 +178,6 @@ class Dispatcher:
         wake: float | None = None
         # The bucket whose oldest request has waited longest goes first.
         for queue in sorted(self.queues.values(), key=lambda q: q[0].arrived if q else float("inf")):
-            # Refuse what can no longer finish in time even alone on a free process.
-            while queue and now - queue[0].arrived + self._best_model()(1) > self.max_latency:
-                request = queue.popleft()
-                actions.append(Reject(request, retry_after=self._best_model()(self.max_batch)))
             while queue:
                 free = [p for p in range(len(self.inflight)) if self.inflight[p] < self.capacity]
                 if not free:
@@ -139,18 +185,20 @@ class Dispatcher:
                 process = min(free, key=lambda p: (self.inflight[p], self.models[p](self.max_batch)))
                 model = self.models[process]
                 n = min(len(queue), self.max_batch)
-                waited = now - queue[0].arrived
+                # Refuse what can no longer finish in time in the batch it would join: under
+                # overload the oldest go, and the rest still make a full batch.
+                while queue and now - queue[0].arrived + model(n) > self.max_latency:
+                    actions.append(Reject(queue.popleft(), retry_after=model(self.max_batch)))
+                    n = min(len(queue), self.max_batch)
+                if not queue:
+                    break
                 if n < self.max_batch:
-                    # Hold for one more request while it is expected soon enough that the
-                    # oldest, in the bigger batch, still finishes within the budget; look
-                    # again once that arrival is overdue, or at the last moment.
-                    # Waiting is worth it only while the next request is expected sooner
-                    # than serving it alone later would take (its own fixed cost).
-                    gap = self._arrival_gap(now)
-                    if gap <= model(1) and waited + gap + model(n + 1) <= self.max_latency:
-                        deadline = queue[0].arrived + self.max_latency - model(n + 1)
-                        recheck = min(deadline, now + max(self._mean_gap(), 0.001))
-                        wake = recheck if wake is None else min(wake, recheck)
+                    # Hold the oldest for the window, and never so long that it could no
+                    # longer finish in a batch one larger.
+                    oldest = queue[0].arrived
+                    until = min(oldest + self.window, oldest + self.max_latency - model(n + 1))
+                    if now < until:
+                        wake = until if wake is None else min(wake, until)
                         break
                 batch = [queue.popleft() for _ in range(n)]
                 self.inflight[process] += 1
