@@ -23,7 +23,7 @@ help:
 	@echo "make benchmark     print the performance figures (control-plane warm start, time to Ready, planner rate)"
 	@echo "make benchmark-scale [N=1000]  the reconcile core at scale, against the bare API (about 15 min at N=1000)"
 	@echo "make benchmark-cores     whole chips against NeuronCores: what a mix of models needs, and what one fleet places"
-	@echo "make benchmark-batching  the batching front end: none, a fixed window and adaptive, under Poisson load"
+	@echo "make benchmark-batching  the batching front end: fixed windows against adaptive, steady and bursty, 3 runs (RUNS=1 for one)"
 	@echo "make lint          ruff (lint and format) and mypy, as configured in pyproject.toml (make test runs them too)"
 	@echo "make crd           regenerate $(CRD) (and the chart's copy) from the pydantic models"
 	@echo "make manifests     regenerate manifests/*.yaml from the chart's default values"
@@ -72,8 +72,9 @@ benchmark-scale: venv controlplane
 benchmark-cores: venv controlplane
 	@$(BIN)/python cluster/benchmark_cores.py
 
+RUNS ?= 3
 benchmark-batching: venv
-	@$(BIN)/python cluster/benchmark_batching.py
+	@$(BIN)/python -u cluster/benchmark_batching.py --runs $(RUNS)
 
 lint: venv
 	$(BIN)/ruff check .

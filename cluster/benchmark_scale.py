@@ -88,6 +88,21 @@ def control_plane_cpu(cluster: localcluster.LocalCluster) -> float:
     return sum(cpu_seconds(pids[name]) for name in ("kube-apiserver", "etcd"))
 
 
+def other_components_cpu(cluster: localcluster.LocalCluster) -> float:
+    """CPU seconds of the cluster's other processes (controller-manager, scheduler, kwok, ...)."""
+    total = 0.0
+    for name, pid in cluster.recorded()["pids"].items():
+        if name not in ("kube-apiserver", "etcd") and Path(f"/proc/{pid}/stat").exists():
+            total += cpu_seconds(pid)
+    return total
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy, over all its CPUs (from /proc/stat)."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in Path("/proc/stat").read_text().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -405,12 +420,15 @@ def with_operator(
             profiler = start_profile(operator, profile, rate)
             depth = QueueDepth(operator)
             cpu_op0, cpu_cp0, t0 = cpu_seconds(operator.proc.pid), control_plane_cpu(cluster), time.monotonic()
+            other0, busy0 = other_components_cpu(cluster), machine_busy_seconds()
             latencies = stream(kube, rate, stream_seconds, prefix=f"s{rate}-")
             wall = time.monotonic() - t0
             out["stream_load"][rate] = (
                 (cpu_seconds(operator.proc.pid) - cpu_op0) / wall,
                 (control_plane_cpu(cluster) - cpu_cp0) / wall,
                 depth.stop(),
+                (other_components_cpu(cluster) - other0) / wall,
+                (machine_busy_seconds() - busy0) / wall,
             )
             stop_profile(profiler)
             out["streams"][rate] = (percentile(latencies, 50), percentile(latencies, 99))
@@ -483,9 +501,10 @@ def main() -> int:
     for rate, (p50, p99) in op["streams"].items():
         goal = "p99 ≤ 1 s" if rate == 20 else ""
         row(f"create → Deployment at {rate}/s", f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms", goal or "—", p99 <= 1.0 or rate != 20)
-    for rate, (operator_cpu, control_plane, depth) in op["stream_load"].items():
+    for rate, (operator_cpu, control_plane, depth, others, machine) in op["stream_load"].items():
         print(
             f"\nduring the stream at {rate}/s: operator {operator_cpu:.2f} CPUs, API server + etcd {control_plane:.2f} CPUs, "
+            f"the cluster's other components {others:.2f} CPUs; the whole machine busy {machine:.2f} of {os.cpu_count()} CPUs; "
             f"work queue at most {depth:.0f} deep"
         )
         if args.profile:

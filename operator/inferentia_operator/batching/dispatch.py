@@ -107,11 +107,13 @@ class Dispatcher:
     # end's own HTTP handling of the request and the answer.
     HEADROOM = 0.05
     # The windows tried, as shares of one request's own latency: from dispatching at once
-    # to holding for two calls' worth.
-    CANDIDATES = (0.0, 0.125, 0.25, 0.5, 1.0, 2.0)
+    # to holding for two calls' worth, about a factor of 1.4 apart (a factor of 2 left the
+    # best window between two candidates at 250 to 300/s on the simulation, 2 ms worse).
+    CANDIDATES = (0.0, 0.125, 0.1875, 0.25, 0.375, 0.5, 0.75, 1.0, 1.5, 2.0)
     # How much history one replay sees, and how often the window is tuned: often enough to
     # follow a change of load within a second or two at hundreds of requests a second, and
-    # seldom enough that the replays cost a few per cent of one core.
+    # seldom enough that the replays cost little: ten replays of 1,024 arrivals take about
+    # 2 ms on this project's test machine, so about 9 microseconds per request.
     HISTORY = 1024
     RETUNE_EVERY = 256
 
@@ -154,7 +156,10 @@ class Dispatcher:
 
     def tune(self) -> None:
         """Sets the window to the candidate whose replay of the recent arrivals had the lowest
-        p99 (the shorter on a tie: it costs the light load less)."""
+        p99 (the shorter on a tie: it costs the light load less).
+
+        With buckets, the replay sees every bucket's arrivals as one stream, so each
+        bucket, batched apart, is held for the window tuned on their sum."""
         self._since_tuned = 0
         model = self._best_model()
         if model(1) <= 0 or len(self._arrivals) < 2:

@@ -2,7 +2,7 @@
 
 kopf indexes are the caches: every InferentiaModel and every child and pod the
 operator manages (server-side filtered by its managed-by label) are kept in memory as
-the watches deliver them, as :mod:`observe` projects them. kopf starts no other handler
+the watches deliver them, as :mod:`observe` projects and packs them. kopf starts no other handler
 until every index is fully populated, so nothing is decided from a half-filled cache.
 
 What the operator wrote itself is kept beside the caches until the watch delivers it,
@@ -50,7 +50,7 @@ class Cache:
     def all_models(self) -> list[dict[str, Any]]:
         if self.indexes is None:
             return []
-        return [m for store in self.indexes["model_index"].values() for m in store]
+        return [m.unpack() for store in self.indexes["model_index"].values() for m in store]
 
     def remember(self, key: Key, written: Mapping[tuple[str, str], dict[str, Any]]) -> None:
         """What the operator just wrote, to be read instead of the cache until the watch catches up."""
@@ -61,7 +61,7 @@ class Cache:
 
     def _cached(self, index: str, key: Key) -> list[dict[str, Any]]:
         assert self.indexes is not None
-        return list(self.indexes[index].get(key, ()))
+        return [packed.unpack() for packed in self.indexes[index].get(key, ())]
 
     def _resolve(self, key: Key, kind: str, cached: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The cached objects, each replaced by what the operator wrote when that is newer,

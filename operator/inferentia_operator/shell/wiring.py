@@ -11,7 +11,7 @@ import kopf
 from inferentia_operator.core import api
 from inferentia_operator.core.names import FIELD_MANAGER, MANAGED_BY_LABEL
 
-from .observe import owner_key, project, project_pod
+from .observe import Packed, owner_key, project, project_pod
 from .reconciler import Reconciler
 
 # The children's kinds, as kopf names their resources, and the index that caches each.
@@ -44,12 +44,12 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
     # kopf passes each index to handlers under its id.
     @kopf.index(**model, id="model_index")
     async def model_index(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-        return {(namespace, name): project(body)}
+        return {(namespace, name): Packed(project(body))}
 
     def child_index(kind: str, projection: Callable[[Any], dict[str, Any]]) -> None:
         async def index(body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
             key = owner_key(body)
-            return {key: projection(body)} if key else None
+            return {key: Packed(projection(body))} if key else None
 
         group, version, plural = CHILD_RESOURCES[kind]
         kopf.index(group, version, plural, registry=registry, id=f"{kind.lower()}_index")(index)
