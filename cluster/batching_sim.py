@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from inferentia_operator.batching.dispatch import Dispatch, Dispatcher, Reject, Request
+from inferentia_operator.batching.dispatch import Dispatch, Dispatcher, Reject, Request, percentile
 
 
 class FixedWindow(Dispatcher):
@@ -99,15 +99,11 @@ class Result:
         return len(self.latencies) / self.seconds if self.seconds > 0 else 0.0
 
     def pct(self, p: float) -> float:
-        return pct(self.latencies, p)
+        return percentile(self.latencies, p)
 
     def within(self, budget: float) -> float:
         """Requests answered within ``budget`` per second."""
         return sum(1 for x in self.latencies if x <= budget) / self.seconds if self.seconds > 0 else 0.0
-
-
-def pct(values: list[float], p: float) -> float:
-    return values[min(len(values) - 1, int(p / 100 * (len(values) - 1)))] if values else float("nan")
 
 
 def simulate(dispatcher: Dispatcher, arrivals: list[float], batch_seconds: Callable[[int], float], overhead: float = 0.0) -> Result:
@@ -164,3 +160,13 @@ def compare(
 
     tuned = run(Dispatcher(processes, max_batch, budget))
     return tuned, {w: run(FixedWindow(processes, max_batch, w)) for w in WINDOWS}
+
+
+def goal_met(tuned: Result, fixed: list[Result], budget: float, answered_share: float) -> tuple[Result, float, bool]:
+    """The issue's bar for one rate: the tuned dispatcher's p99 at most 10% (or 5 ms) above
+    the best fixed window's, and at least ``answered_share`` of the most any fixed window
+    answered within ``budget``. Returns the best fixed window, that most, and the verdict."""
+    best = min(fixed, key=lambda r: r.pct(99))
+    most = max(r.within(budget) for r in fixed)
+    ok = tuned.pct(99) <= max(1.1 * best.pct(99), best.pct(99) + 0.005) and tuned.within(budget) >= answered_share * most
+    return best, most, ok

@@ -36,12 +36,11 @@ import statistics
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
 
-from batching_sim import TRAFFIC, WINDOWS, FixedWindow, pct
+from batching_sim import TRAFFIC, WINDOWS, FixedWindow, Result, goal_met
 from inferentia_operator.batching import model_server
 from inferentia_operator.batching.dispatch import Dispatcher
 from inferentia_operator.batching.frontend import FrontEnd
@@ -51,26 +50,6 @@ PROCESSES, MAX_BATCH, BUDGET = 2, 8, 0.100
 FIXED_MS, PER_ITEM_MS = 20.0, 2.0
 MIN_REQUESTS = 800  # measured per row, so that a low rate's p99 is not just its few slowest requests
 WARM_UP = 2.0  # seconds of the same traffic first, not measured: a front end runs for days, not for one row
-
-
-@dataclass(frozen=True)
-class Row:
-    latencies: list[float]
-    refused: int
-    sent: int
-    seconds: float
-
-    @property
-    def p99(self) -> float:
-        return pct(self.latencies, 99)
-
-    @property
-    def in_budget(self) -> float:
-        return sum(1 for x in self.latencies if x <= BUDGET) / self.seconds
-
-    @property
-    def answered(self) -> float:
-        return len(self.latencies) / self.seconds
 
 
 def dispatchers() -> dict[str, Callable[[], Dispatcher]]:
@@ -144,16 +123,14 @@ async def offline_throughput(backends: list[str], seconds: float = 4.0) -> float
     return done / seconds
 
 
-def verdict(adaptive: Row, fixed: list[Row]) -> tuple[Row, bool]:
-    best = min(fixed, key=lambda r: r.p99)
-    most = max(r.in_budget for r in fixed)
-    ok = adaptive.p99 <= max(1.1 * best.p99, best.p99 + 0.005) and adaptive.in_budget >= 0.99 * most
-    return best, ok
+def verdict(rows: dict[str, Result]) -> tuple[Result, float, bool]:
+    """The goal at one rate, with 1% of the answered-in-budget rate allowed for noise."""
+    return goal_met(rows["adaptive"], [r for n, r in rows.items() if n.startswith("fixed")], BUDGET, 0.99)
 
 
 async def one_run(run: int, rates: list[float], seconds: float, backends: list[str], clients: ProcessPoolExecutor) -> dict:
-    """The grid once: {(shape, rate): {mode: Row}}."""
-    results: dict[tuple[str, float], dict[str, Row]] = {}
+    """The grid once: {(shape, rate): {mode: Result}}."""
+    results: dict[tuple[str, float], dict[str, Result]] = {}
     for shape, traffic in TRAFFIC.items():
         for rate in rates:
             times = traffic(rate, WARM_UP + max(seconds, MIN_REQUESTS / rate), random.Random(run * 1000 + int(rate)))
@@ -168,7 +145,7 @@ async def one_run(run: int, rates: list[float], seconds: float, backends: list[s
                     )
                 finally:
                     await runner.cleanup()
-                results[shape, rate][name] = Row(*outcome)
+                results[shape, rate][name] = Result(*outcome)
     return results
 
 
@@ -184,13 +161,13 @@ def print_run(results: dict, offline: float) -> float:
     highest = 0.0
     for (shape, rate), rows in results.items():
         adaptive = rows["adaptive"]
-        best, ok = verdict(adaptive, [r for n, r in rows.items() if n.startswith("fixed")])
-        cells = " | ".join(f"{rows[n].p99 * 1000:.0f}" for n in names)
-        print(f"| {shape} | {rate:.0f} | {cells} | {best.p99 * 1000:.0f}, {best.in_budget:.0f} | "
-              f"{adaptive.p99 * 1000:.0f}, {adaptive.in_budget:.0f}, {adaptive.refused / max(1, adaptive.sent):.0%} | "
+        best, _, ok = verdict(rows)
+        cells = " | ".join(f"{rows[n].pct(99) * 1000:.0f}" for n in names)
+        print(f"| {shape} | {rate:.0f} | {cells} | {best.pct(99) * 1000:.0f}, {best.within(BUDGET):.0f} | "
+              f"{adaptive.pct(99) * 1000:.0f}, {adaptive.within(BUDGET):.0f}, {adaptive.refused / max(1, adaptive.sent):.0%} | "
               f"{'met' if ok else 'NOT met'} |")  # fmt: skip
-        if shape == "steady" and adaptive.p99 <= BUDGET:
-            highest = max(highest, adaptive.answered / offline)
+        if shape == "steady" and adaptive.pct(99) <= BUDGET:
+            highest = max(highest, adaptive.answered_per_second / offline)
     print(f"\nadaptive: highest steady rate with p99 within {BUDGET * 1000:.0f} ms: {highest:.2f}x offline "
           f"({'met' if highest >= 0.9 else 'NOT met'}: goal 0.90x)\n")  # fmt: skip
     return highest
@@ -231,11 +208,11 @@ def summarise(all_runs: list[tuple[dict, float]]) -> None:
         best_p99, ad_p99, best_in, ad_in, met = [], [], [], [], 0
         for results, _ in all_runs:
             rows = results[key]
-            best, ok = verdict(rows["adaptive"], [r for n, r in rows.items() if n.startswith("fixed")])
-            best_p99.append(best.p99 * 1000)
-            ad_p99.append(rows["adaptive"].p99 * 1000)
-            best_in.append(max(r.in_budget for n, r in rows.items() if n.startswith("fixed")))
-            ad_in.append(rows["adaptive"].in_budget)
+            best, most, ok = verdict(rows)
+            best_p99.append(best.pct(99) * 1000)
+            ad_p99.append(rows["adaptive"].pct(99) * 1000)
+            best_in.append(most)
+            ad_in.append(rows["adaptive"].within(BUDGET))
             met += ok
         print(f"| {key[0]} | {key[1]:.0f} | {spread(best_p99)} | {spread(ad_p99)} | {spread(best_in)} | {spread(ad_in)} | "
               f"{met} of {len(all_runs)} |")  # fmt: skip

@@ -83,16 +83,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+CONTROL_PLANE = ("kube-apiserver", "etcd")  # the components the floor is measured on
+
+
 def control_plane_cpu(cluster: localcluster.LocalCluster) -> float:
     pids = cluster.recorded()["pids"]
-    return sum(cpu_seconds(pids[name]) for name in ("kube-apiserver", "etcd"))
+    return sum(cpu_seconds(pids[name]) for name in CONTROL_PLANE)
 
 
 def other_components_cpu(cluster: localcluster.LocalCluster) -> float:
     """CPU seconds of the cluster's other processes (controller-manager, scheduler, kwok, ...)."""
     total = 0.0
     for name, pid in cluster.recorded()["pids"].items():
-        if name not in ("kube-apiserver", "etcd") and Path(f"/proc/{pid}/stat").exists():
+        if name not in CONTROL_PLANE and Path(f"/proc/{pid}/stat").exists():
             total += cpu_seconds(pid)
     return total
 

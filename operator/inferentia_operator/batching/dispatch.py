@@ -97,9 +97,14 @@ def replay(arrivals: Sequence[float], processes: int, max_batch: int, latency: C
     return latencies
 
 
-def p99(values: Sequence[float]) -> float:
+def percentile(values: Sequence[float], p: float) -> float:
+    """The nearest-rank-below percentile; 0 for no values."""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.99 * (len(ordered) - 1)))] if ordered else 0.0
+    return ordered[min(len(ordered) - 1, int(p / 100 * (len(ordered) - 1)))] if ordered else 0.0
+
+
+def p99(values: Sequence[float]) -> float:
+    return percentile(values, 99)
 
 
 class Dispatcher:
