@@ -37,7 +37,7 @@ from pathlib import Path
 import yaml
 
 import realnode
-from inferentia_operator.core.catalogue import FAMILIES, HUGEPAGES_PER_CHIP_MI, HUGEPAGES_RESOURCE, NEURON_RESOURCE, NEURONCORE_RESOURCE
+from inferentia_operator.core.catalogue import FAMILIES, NEURON_RESOURCE, NEURONCORE_RESOURCE
 from ports import free_port
 
 HERE = Path(__file__).resolve().parent
@@ -158,7 +158,6 @@ def fleet_nodes(fleet_file: Path = FLEET) -> list[dict]:
             resources |= {
                 NEURON_RESOURCE: str(chips),
                 NEURONCORE_RESOURCE: str(chips * family.physical_cores_per_chip),
-                HUGEPAGES_RESOURCE: f"{HUGEPAGES_PER_CHIP_MI * chips}Mi",
             }
         for i in range(int(group["count"])):
             name = f"{itype.replace('.', '-')}-{i}"

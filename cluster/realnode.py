@@ -118,9 +118,9 @@ class RealNode:
         # iptables rules kube-proxy writes; br_netfilter is how bridged traffic does.
         for knob in ("net/bridge/bridge-nf-call-iptables", "net/ipv4/ip_forward"):
             self._set_sysctl(knob, "1")
-        # The operator requests 2 MiB hugepages with every chip, as Neuron 1.x nodes provide them
-        # (128 pages a chip); reserve them so that the kubelet advertises them.
-        self._set_sysctl("vm/nr_hugepages", str(128 * CHIPS))
+        # No hugepages are reserved: the Neuron Runtime 2.x needs none, and a pod that asks
+        # for them anyway (spec.compute.hugepages) must show, on this node, what it does on
+        # a node that has none.
 
     def _set_sysctl(self, knob: str, value: str) -> None:
         path = Path("/proc/sys") / knob

@@ -40,8 +40,8 @@ def test_deployment_carries_the_plan():
     pod = spec["template"]["spec"]
     [container] = pod["containers"]
     assert container["resources"] == {
-        "requests": {"aws.amazon.com/neuron": "1", "hugepages-2Mi": "256Mi", "cpu": "1", "memory": "2Gi"},
-        "limits": {"aws.amazon.com/neuron": "1", "hugepages-2Mi": "256Mi", "memory": "2Gi"},
+        "requests": {"aws.amazon.com/neuron": "1", "cpu": "1", "memory": "2Gi"},
+        "limits": {"aws.amazon.com/neuron": "1", "memory": "2Gi"},
     }
     assert pod["tolerations"] == [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}]
     [term] = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]

@@ -42,8 +42,8 @@ def test_plan_of_a_throughput_cnn():
         "--enable-replication", "True",
         "--static-weights",
     ]  # fmt: skip
-    assert p.resources.requests == {"aws.amazon.com/neuron": "1", "hugepages-2Mi": "256Mi", "cpu": "2", "memory": "4Gi"}
-    assert p.resources.limits == {"aws.amazon.com/neuron": "1", "hugepages-2Mi": "256Mi", "memory": "4Gi"}
+    assert p.resources.requests == {"aws.amazon.com/neuron": "1", "cpu": "2", "memory": "4Gi"}
+    assert p.resources.limits == {"aws.amazon.com/neuron": "1", "memory": "4Gi"}
     assert p.instance_types == ["inf1.xlarge", "inf1.2xlarge", "inf1.6xlarge", "inf1.24xlarge"]
     assert p.env[2] == {
         "NEURON_RT_VISIBLE_CORES": "2",
@@ -110,9 +110,18 @@ def test_instance_types_follow_chips_and_the_users_list():
     assert plan_of(**{"compute.family": "inf2", "compute.inf": 6}).instance_types == ["inf2.24xlarge", "inf2.48xlarge"]
 
 
-def test_hugepages_and_threads():
+@pytest.mark.parametrize("family", ["inf1", "inf2", "trn1", "trn2"])
+def test_no_family_requests_hugepages_unless_the_model_asks(family):
+    """The Neuron Runtime 2.x needs no hugepages; a request no node reserves is unschedulable."""
+    for request in ({"compute.inf": 1}, {"compute.inf": DROP, "compute.cores": 1, **({"compute.lnc": 1} if family == "trn2" else {})}):
+        p = plan_of(**{"compute.family": family, **request})
+        assert "hugepages-2Mi" not in p.resources.requests and "hugepages-2Mi" not in p.resources.limits
+        asked = plan_of(**{"compute.family": family, **request, "compute.hugepages": "256Mi"})
+        assert asked.resources.requests["hugepages-2Mi"] == asked.resources.limits["hugepages-2Mi"] == "256Mi"
+
+
+def test_threads():
     p = plan_of(**{"compute.inf": 4, "processesPerReplica": 2, "serving.threadsPerProcess": 12})
-    assert p.resources.requests["hugepages-2Mi"] == "1024Mi"
     assert p.threads_per_process == 12
     assert {e["NEURON_MAX_NUM_INFERS"] for e in p.env} == {"11"}  # 8 cores per group + 3
 
@@ -240,9 +249,11 @@ GOLDEN = Path(__file__).parent / "golden" / "inf1-plans.json"
 def test_inf1_plans_are_byte_for_byte_what_they_were():
     """tests/golden/inf1-plans.json was written by the planner before Neuron 2.x planning:
     every inf1 plan keeps every field and value, gains only compiler: neuron-cc, and
-    keeps its compile hash (so an operator upgrade recompiles nothing), with one
-    deliberate exception: fp32 models now compile with --fast-math none, which keeps them
-    in FP32 where neuron-cc's default cast them to BF16, so they (and only they) recompile."""
+    keeps its compile hash (so an operator upgrade recompiles nothing), with two
+    deliberate exceptions: fp32 models now compile with --fast-math none, which keeps them
+    in FP32 where neuron-cc's default cast them to BF16, so they (and only they) recompile;
+    and no plan requests hugepages-2Mi any more (the Neuron Runtime 2.x needs none), which
+    changes the pod template but not the compile hash."""
     from inferentia_operator.core.children import Model, compile_hash, plan_document
 
     cases = json.loads(GOLDEN.read_text())
@@ -254,6 +265,7 @@ def test_inf1_plans_are_byte_for_byte_what_they_were():
         document = plan_document(p)
         assert document.pop("compiler") == "neuron-cc"
         expected = case["plan"]
+        assert expected["resources"]["requests"].pop("hugepages-2Mi") == expected["resources"]["limits"].pop("hugepages-2Mi")
         if spec.model.precision == "fp32":
             fp32 += 1
             args = [*expected["compilerArgs"], "--fast-math", "none"]
@@ -272,7 +284,7 @@ def test_a_core_request_shares_its_chip_and_sees_only_its_cores_memory():
     assert p.chip_memory_share_bytes == p.device_memory_per_group_bytes == p.device_memory_share_per_group_bytes == 16 * GIB
     assert p.resources.requests["aws.amazon.com/neuroncore"] == "1" and "aws.amazon.com/neuron" not in p.resources.requests
     assert p.resources.limits["aws.amazon.com/neuroncore"] == "1"
-    assert p.resources.requests["hugepages-2Mi"] == "128Mi"  # half of the chip's 256Mi: one of its two cores
+    assert "hugepages-2Mi" not in p.resources.requests
     # By cores an inf2.xlarge holds 2 such replicas, an inf2.48xlarge 24; by CPU fewer may fit.
     assert p.replicas_per_instance == {"inf2.xlarge": 2, "inf2.8xlarge": 2, "inf2.24xlarge": 12, "inf2.48xlarge": 24}
     cpu_bound = plan_of(**{"compute.inf": DROP, "compute.family": "inf2", "compute.cores": 1, "compute.cpu": "3"})

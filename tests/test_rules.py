@@ -26,6 +26,7 @@ VALID = [
     pytest.param(make_spec(**{"compile.staticWeights": True}), id="static-true-unknown-weights"),
     pytest.param(make_spec(**{"compile.buckets": [[500, 500], [600, 600]]}), id="image-buckets"),
     pytest.param(make_spec(**{"compute.cpu": 2, "compute.memory": "4Gi"}), id="int-cpu"),
+    *[pytest.param(make_spec(**{"compute.hugepages": h}), id=f"hugepages-{h}") for h in ("2Mi", "256Mi", "1Gi", "2097152", 4194304)],
 ]
 
 
@@ -303,6 +304,13 @@ ONE_VERDICT = [
         for q in ("1.2.3", "1iM", "-1Gi", "1kk", "1 Gi", "Gi", "")
     ],
     ({"compute.cpu": "1e"}, "spec.compute.cpu: '1e' is not a Kubernetes quantity"),
+    *[
+        (
+            {"compute.hugepages": h},
+            f"spec.compute.hugepages: '{h}' is not a whole number of 2 MiB hugepages; valid values are a positive multiple of 2Mi",
+        )
+        for h in ("3Mi", "1.5Mi", "0", "-2Mi", "1", "lots", "2Mi ")
+    ],
     (
         {"serving.port": 65535, "processesPerReplica": 2},
         "spec.serving.port: the pod listens on ports 65535 to 65536 (2 ports: the processes, and the batching front "

@@ -20,7 +20,7 @@ TOLERATE_NEURON = [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effec
 
 
 def neuron_deployment(name: str, chips: int) -> dict:
-    resources = {"aws.amazon.com/neuron": str(chips), "hugepages-2Mi": f"{256 * chips}Mi", "memory": "1Gi"}
+    resources = {"aws.amazon.com/neuron": str(chips), "memory": "1Gi"}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -156,6 +156,7 @@ CEL_CASES = {
     "compile-memory": make_spec(**{"compile.memory": "8GiB"}),
     "home-size": make_spec(**{"serving.homeSize": "lots"}),
     "tmp-size": make_spec(**{"serving.tmpSize": "-1Gi"}),
+    "hugepages": make_spec(**{"compute.hugepages": "3Mi"}),
     "storage-secret": make_spec(**{"compile.storageSecret": "S3_Creds"}),
     "service-account": make_spec(serviceAccountName="-models"),
     "env-source": make_spec(**{"serving.env": [{"name": "T", "value": "x", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}),
@@ -421,6 +422,8 @@ DIVERGENCE_CORPUS = [
             ("trn2", 129, {"compute.lnc": 1}),
         )
     ],
+    # Hugepages: whole 2 MiB pages only, in any quantity spelling.
+    *[{"compute.hugepages": h} for h in ("256Mi", "2Mi", "1Gi", "2097152", "4194304e0", "3Mi", "1.5Mi", "0", "-2Mi", "1", "lots")],
     {"compute.inf": DROP},
     {"compute.cores": 1},
     {"compute.inf": DROP, "compute.family": "inf2", "compute.cores": 1, "compute.instanceTypes": ["inf2.xlarge"], "compute.cpu": "3"},

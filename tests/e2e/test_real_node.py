@@ -453,3 +453,35 @@ def test_two_models_of_one_core_each_share_one_chip_each_on_its_own_core(real_no
     [a], [b] = granted["small-a"], granted["small-b"]
     assert a != b, granted
     assert a // 2 == b // 2, f"the two cores are on one chip (2 cores per inf2 chip): {granted}"
+
+
+def test_a_model_runs_on_a_node_that_reserves_no_hugepages(real_node, real_namespace):
+    """Defect: every family requested hugepages-2Mi (256Mi a chip, what the Neuron Runtime 1.x
+    daemon needed), so on a node that reserves none, as this one does, the serving pod stayed
+    Pending with "Insufficient hugepages-2Mi". The Neuron Runtime 2.x needs none."""
+    import realnode
+
+    node = real_node.get("node", realnode.NODE_NAME)
+    assert node["status"]["allocatable"].get("hugepages-2Mi", "0") == "0", "the real node must reserve no hugepages"
+    apply(real_node, real_namespace, "nohuge", standin_spec())
+    wait_ready(real_node, real_namespace, "nohuge")
+    [pod] = serving_pods(real_node, real_namespace, "nohuge")
+    for container in pod["spec"]["containers"] + pod["spec"].get("initContainers", []):
+        resources = container.get("resources", {})
+        assert "hugepages-2Mi" not in {**resources.get("requests", {}), **resources.get("limits", {})}, container["name"]
+
+
+def test_hugepages_a_model_asks_for_and_no_node_has_end_in_its_status(real_node, real_namespace):
+    """spec.compute.hugepages is the opt-in for a runtime that does need them; on a node with
+    none the pod cannot be placed, and the model's status says why in the scheduler's words."""
+    apply(real_node, real_namespace, "wanthuge", standin_spec(**{"compute.hugepages": "256Mi"}))
+
+    def unschedulable() -> dict | None:
+        conditions = real_node.get("inferentiamodel", "wanthuge", "-n", real_namespace).get("status", {}).get("conditions") or []
+        return next((c for c in conditions if c["type"] == "Scheduled" and c["reason"] == "Unschedulable"), None)
+
+    condition = wait_for(unschedulable, 90, "Scheduled=False Unschedulable", interval=1)
+    assert "hugepages-2Mi" in condition["message"], condition
+    [deployment] = real_node.get("deployments", "-n", real_namespace)["items"]
+    resources = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources["requests"]["hugepages-2Mi"] == resources["limits"]["hugepages-2Mi"] == "256Mi"

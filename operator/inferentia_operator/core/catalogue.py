@@ -29,8 +29,15 @@ GIB = 1024**3
 # (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/kubernetes-getting-started.html).
 NEURON_RESOURCE = "aws.amazon.com/neuron"
 NEURONCORE_RESOURCE = "aws.amazon.com/neuroncore"
+# 2 MiB hugepages are requested only when a model asks for them (spec.compute.hugepages).
+# The Neuron Runtime 1.x daemon (neuron-rtd) expected 128 of them per Inferentia chip
+# (https://github.com/aws-neuron/aws-neuron-sdk/blob/003f4defb572455a7e18605a9fe3da29bacbeec6/docs/neuron-container-tools/tutorial-k8s.md).
+# Runtime 2.x (libnrt.so, since Neuron 1.16.0) replaced the daemon, and AWS's Kubernetes
+# examples for it request none on any family: Inf1 in
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/inference/k8s_rn50_demo.html
+# and Trn1 in https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/training/k8s_mlp_train_demo.html.
 HUGEPAGES_RESOURCE = "hugepages-2Mi"
-HUGEPAGES_PER_CHIP_MI = 256  # 128 pages of 2 MiB per chip, as Cortex requests them
+HUGEPAGE_BYTES = 2 * 1024**2
 NEURON_TAINT_KEY = "aws.amazon.com/neuron"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 

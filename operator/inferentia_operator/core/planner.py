@@ -21,7 +21,6 @@ from .api import FrontEnd, InferentiaModelSpec, Plan, ResourceList
 from .catalogue import (
     FAMILIES,
     HOSTS,
-    HUGEPAGES_PER_CHIP_MI,
     HUGEPAGES_RESOURCE,
     NEURON_RESOURCE,
     NEURONCORE_RESOURCE,
@@ -168,23 +167,16 @@ def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Pla
     threads = spec.serving.threads_per_process or size + 3  # every outstanding inference gets a thread
     env = [process_env(fam, lnc, cores, size, args, index, threads) for index, cores in enumerate(visible)]
 
-    # A replica that shares a chip takes its cores' share of the chip's hugepages (whole
-    # 2 MiB pages), so that the chip's cores, however they are handed out, need no more
-    # than the chip's pages.
-    hugepages_mi = 2 * -(-HUGEPAGES_PER_CHIP_MI * total // (2 * per_chip)) if shares_chip else HUGEPAGES_PER_CHIP_MI * chips
-    hugepages = f"{hugepages_mi}Mi"
+    # Hugepages only when the model asks for them: the Neuron Runtime 2.x needs none, and
+    # a request no node reserves leaves the pod unschedulable (catalogue.HUGEPAGES_RESOURCE).
+    hugepages = {HUGEPAGES_RESOURCE: spec.compute.hugepages} if spec.compute.hugepages is not None else {}
     # Whole chips from the device plugin's aws.amazon.com/neuron, single cores from its
     # aws.amazon.com/neuroncore (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/k8s-neuron-device-plugin.html).
     neuron = (NEURONCORE_RESOURCE, str(total)) if shares_chip else (NEURON_RESOURCE, str(chips))
     resources = ResourceList(
-        requests={
-            neuron[0]: neuron[1],
-            HUGEPAGES_RESOURCE: hugepages,
-            "cpu": spec.compute.cpu,
-            "memory": spec.compute.memory,
-        },
+        requests={neuron[0]: neuron[1], **hugepages, "cpu": spec.compute.cpu, "memory": spec.compute.memory},
         # Extended resources and hugepages must have limits equal to their requests.
-        limits={neuron[0]: neuron[1], HUGEPAGES_RESOURCE: hugepages, "memory": spec.compute.memory},
+        limits={neuron[0]: neuron[1], **hugepages, "memory": spec.compute.memory},
     )
 
     wanted = spec.compute.instance_types

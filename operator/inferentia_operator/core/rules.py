@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from .api import EnvFromSource, EnvVar, InferentiaModelSpec
-from .catalogue import FAMILIES, Family, bucket_budget_per_core, host_fits
+from .catalogue import FAMILIES, HUGEPAGE_BYTES, Family, bucket_budget_per_core, host_fits
 from .cel import (
     C_CHIPS,
     C_LNC,
@@ -350,6 +350,25 @@ QUANTITY = {field: _quantity_rule(field) for field in ("cpu", "memory")}
 COMPILE_QUANTITY = {field: _quantity_rule(field, "spec.compile") for field in ("cpu", "memory")}
 SCRATCH_QUANTITY = {field: _quantity_rule(field, "spec.serving") for field in ("homeSize", "tmpSize")}
 
+_HUGEPAGES = "string(self.hugepages)"
+# A request for part of a page, or for none, is one the kubelet cannot meet as asked.
+HUGEPAGES_WHOLE = CrossFieldRule(
+    "spec.compute.hugepages",
+    "spec.compute",
+    "'%s' is not a whole number of 2 MiB hugepages; valid values are a positive multiple of 2Mi, for example 256Mi (128 pages)",
+    f"!has(self.hugepages) || (isQuantity({_HUGEPAGES}) && !{_HUGEPAGES}.startsWith('-')"
+    f" && quantity({_HUGEPAGES}).isInteger() && quantity({_HUGEPAGES}).asInteger() > 0"
+    f" && quantity({_HUGEPAGES}).asInteger() % {HUGEPAGE_BYTES} == 0)",
+    (_HUGEPAGES,),
+)
+
+
+def _whole_hugepages(value: str) -> bool:
+    """HUGEPAGES_WHOLE's test: a quantity of at least one whole 2 MiB page."""
+    amount = quantity(value) if re.match(QUANTITY_GRAMMAR, value) else None
+    return amount is not None and amount > 0 and amount == amount.to_integral_value() and amount % HUGEPAGE_BYTES == 0
+
+
 # With a batching front end on the serving port, the processes start one port higher.
 _FRONT_END = "(has(self.serving.batching) && (!has(self.serving.runtime) || self.serving.runtime != 'vllm') ? 1 : 0)"
 _PORTS = f"(self.processesPerReplica + {_FRONT_END})"
@@ -599,6 +618,7 @@ CEL_RULES: list[CrossFieldRule] = [
     *QUANTITY.values(),
     *COMPILE_QUANTITY.values(),
     *SCRATCH_QUANTITY.values(),
+    HUGEPAGES_WHOLE,
     PORTS_FIT,
     ENV_NAME,
     *ENV_REFERENCES,
@@ -861,6 +881,9 @@ def _check_child_values(spec: InferentiaModelSpec, fam: Family) -> list[Finding]
     for field, value in (("homeSize", spec.serving.home_size), ("tmpSize", spec.serving.tmp_size)):
         if not re.match(QUANTITY_GRAMMAR, value):
             found.append(SCRATCH_QUANTITY[field].finding(value))
+    hugepages = spec.compute.hugepages
+    if hugepages is not None and not _whole_hugepages(hugepages):
+        found.append(HUGEPAGES_WHOLE.finding(hugepages))
     port = spec.serving.port
     p = spec.processes_per_replica + (1 if spec.has_batching_front_end else 0)
     if port + p - 1 > 65535:
