@@ -118,7 +118,7 @@ class RealNode:
         # iptables rules kube-proxy writes; br_netfilter is how bridged traffic does.
         for knob in ("net/bridge/bridge-nf-call-iptables", "net/ipv4/ip_forward"):
             self._set_sysctl(knob, "1")
-        # No hugepages are reserved: the Neuron Runtime 2.x needs none, and a pod that asks
+        # No hugepages are reserved, as the operator requests none by default; a pod that asks
         # for them anyway (spec.compute.hugepages) must show, on this node, what it does on
         # a node that has none.
 

@@ -252,7 +252,7 @@ def test_inf1_plans_are_byte_for_byte_what_they_were():
     keeps its compile hash (so an operator upgrade recompiles nothing), with two
     deliberate exceptions: fp32 models now compile with --fast-math none, which keeps them
     in FP32 where neuron-cc's default cast them to BF16, so they (and only they) recompile;
-    and no plan requests hugepages-2Mi any more (the Neuron Runtime 2.x needs none), which
+    and no plan requests hugepages-2Mi any more (AWS's examples for the Neuron Runtime 2.x request none), which
     changes the pod template but not the compile hash."""
     from inferentia_operator.core.children import Model, compile_hash, plan_document
 

@@ -458,7 +458,7 @@ def test_two_models_of_one_core_each_share_one_chip_each_on_its_own_core(real_no
 def test_a_model_runs_on_a_node_that_reserves_no_hugepages(real_node, real_namespace):
     """Defect: every family requested hugepages-2Mi (256Mi a chip, what the Neuron Runtime 1.x
     daemon needed), so on a node that reserves none, as this one does, the serving pod stayed
-    Pending with "Insufficient hugepages-2Mi". The Neuron Runtime 2.x needs none."""
+    Pending with "Insufficient hugepages-2Mi". AWS's examples for the Neuron Runtime 2.x request none."""
     import realnode
 
     node = real_node.get("node", realnode.NODE_NAME)

@@ -171,10 +171,8 @@ class Dispatcher:
             return  # nothing learnt yet: keep dispatching at once
         arrivals = list(self._arrivals)
         processes = len(self.inflight) * self.capacity
-        scored = [
-            (p99(replay(arrivals, processes, self.max_batch, model, share * model(1))), share * model(1)) for share in self.CANDIDATES
-        ]
-        self.window = min(scored)[1]
+        windows = [share * model(1) for share in self.CANDIDATES]
+        self.window = min(windows, key=lambda w: (p99(replay(arrivals, processes, self.max_batch, model, w)), w))
 
     # --- the decision ----------------------------------------------------------------------
 

@@ -132,7 +132,7 @@ class Compute(ApiModel):
     memory: Quantity = "2Gi"
     """Host memory requested by each replica (a Kubernetes quantity)."""
     hugepages: Quantity | None = None
-    """2 MiB hugepages (hugepages-2Mi) requested by each replica, a whole number of pages such as 256Mi. Default: none, as the Neuron Runtime 2.x needs none; set it only for a runtime that does (the Neuron Runtime 1.x daemon wanted 256Mi per Inferentia chip). Nodes must reserve them, or the pods cannot be placed."""
+    """2 MiB hugepages (hugepages-2Mi) requested by each replica, a whole number of pages such as 256Mi. Default: none, as in AWS's Kubernetes examples for the Neuron Runtime 2.x; set it only for a runtime that does (the Neuron Runtime 1.x daemon wanted 256Mi per Inferentia chip). Nodes must reserve them, or the pods cannot be placed."""
 
     @property
     def one_request(self) -> bool:

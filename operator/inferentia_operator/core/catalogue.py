@@ -33,7 +33,7 @@ NEURONCORE_RESOURCE = "aws.amazon.com/neuroncore"
 # The Neuron Runtime 1.x daemon (neuron-rtd) expected 128 of them per Inferentia chip
 # (https://github.com/aws-neuron/aws-neuron-sdk/blob/003f4defb572455a7e18605a9fe3da29bacbeec6/docs/neuron-container-tools/tutorial-k8s.md).
 # Runtime 2.x (libnrt.so, since Neuron 1.16.0) replaced the daemon, and AWS's Kubernetes
-# examples for it request none on any family: Inf1 in
+# examples for it request none: Inf1 in
 # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/inference/k8s_rn50_demo.html
 # and Trn1 in https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/training/k8s_mlp_train_demo.html.
 HUGEPAGES_RESOURCE = "hugepages-2Mi"

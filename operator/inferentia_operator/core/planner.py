@@ -167,8 +167,9 @@ def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Pla
     threads = spec.serving.threads_per_process or size + 3  # every outstanding inference gets a thread
     env = [process_env(fam, lnc, cores, size, args, index, threads) for index, cores in enumerate(visible)]
 
-    # Hugepages only when the model asks for them: the Neuron Runtime 2.x needs none, and
-    # a request no node reserves leaves the pod unschedulable (catalogue.HUGEPAGES_RESOURCE).
+    # Hugepages only when the model asks for them: AWS's examples for the Neuron Runtime 2.x
+    # request none, and a request no node reserves leaves the pod unschedulable (sources
+    # at catalogue.HUGEPAGES_RESOURCE).
     hugepages = {HUGEPAGES_RESOURCE: spec.compute.hugepages} if spec.compute.hugepages is not None else {}
     # Whole chips from the device plugin's aws.amazon.com/neuron, single cores from its
     # aws.amazon.com/neuroncore (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/k8s-neuron-device-plugin.html).

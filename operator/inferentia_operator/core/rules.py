@@ -366,7 +366,7 @@ HUGEPAGES_WHOLE = CrossFieldRule(
 def _whole_hugepages(value: str) -> bool:
     """HUGEPAGES_WHOLE's test: a quantity of at least one whole 2 MiB page."""
     amount = quantity(value) if re.match(QUANTITY_GRAMMAR, value) else None
-    return amount is not None and amount > 0 and amount == amount.to_integral_value() and amount % HUGEPAGE_BYTES == 0
+    return amount is not None and amount > 0 and amount % HUGEPAGE_BYTES == 0
 
 
 # With a batching front end on the serving port, the processes start one port higher.
