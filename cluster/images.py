@@ -5,11 +5,16 @@ assembled here as OCI image layouts and imported into the node's containerd:
 
 - ``inferentia-base``: Debian bookworm's minimal system with python3 (3.11), made by
   mmdebstrap from Debian's packages and cached;
-- ``inferentia-operator:0.1.0``: the operator's image. Its content is what the Dockerfile
-  installs (this checkout's wheel and its dependencies, from PyPI) and its configuration
-  (ENTRYPOINT, CMD, USER, ENV) is read from the Dockerfile's final stage, so the two cannot
-  drift; the base is the Debian one above instead of python:3.11-slim, which no registry
-  here serves;
+- ``inferentia-operator:0.1.0``: the operator's image, from the Dockerfile's own instructions:
+  ``dockerfile()`` reads every instruction of its final stage, refuses one it does not know,
+  installs exactly the requirement (with its extras) that the final stage's ``pip install``
+  names, from this checkout's wheel and PyPI, and takes ENTRYPOINT, CMD, USER and ENV as they
+  are; the base is the Debian one above instead of python:3.11-slim, which no registry here
+  serves;
+- ``neuron-torch-standin:0.1.0``: Debian's CPU-only PyTorch (python3-torch) with stand-ins of
+  torch-neuronx and torch-neuron (cluster/node/standins), for the images AWS publishes with
+  the real ones (pytorch-inference-neuronx, pytorch-inference-neuron): the operator's compile
+  program and model server run in it;
 - ``neuron-standin:0.1.0``: the operator's image plus the Neuron stand-ins
   (cluster/node/standins): the compilers, the compile Job's entry point, the runtime/server
   and vLLM's entry point; ``neuron-compile-standin:0.1.0`` is the same with the compile
@@ -38,11 +43,15 @@ STANDINS = HERE / "node" / "standins"
 SITE = "usr/local/lib/python3.11/dist-packages"
 OPERATOR_IMAGE = "inferentia-operator:0.1.0"
 STANDIN_IMAGE = "neuron-standin:0.1.0"
-# The same content, with the compile Job's entry point (the operator runs compile images
-# with arguments only: --model-uri, --output-uri, --framework, then the compiler's flags).
+# The same content, with a compile entry point of its own: the vLLM preset's compile step runs
+# the image's entry point (the bring-your-own compile contract, docs/serving-pod.md).
 COMPILE_STANDIN_IMAGE = "neuron-compile-standin:0.1.0"
 PAUSE_IMAGE = "inferentia-pause:1"
 BASE_PACKAGES = "python3,ca-certificates"
+# Debian bookworm's PyTorch 1.13.1 is built for the CPU only (PyPI's Linux wheel pulls several
+# GB of CUDA); 1.13 is also the PyTorch that torch-neuron (inf1) last supported.
+TORCH_PACKAGES = "python3,ca-certificates,python3-torch"
+TORCH_STANDIN_IMAGE = "neuron-torch-standin:0.1.0"
 
 
 def cache_dir() -> Path:
@@ -66,16 +75,16 @@ def digest_of_files(paths: list[Path]) -> str:
     return h.hexdigest()[:16]
 
 
-def base_rootfs() -> Path:
-    """Debian bookworm, minbase, with python3: one tar, cached."""
-    out = cache_dir() / f"base-bookworm-{hashlib.sha256(BASE_PACKAGES.encode()).hexdigest()[:8]}.tar"
+def base_rootfs(packages: str = BASE_PACKAGES) -> Path:
+    """Debian bookworm, minbase, with ``packages``: one tar, cached."""
+    out = cache_dir() / f"base-bookworm-{hashlib.sha256(packages.encode()).hexdigest()[:8]}.tar"
     if out.exists():
         return out
-    log("debian base: mmdebstrap bookworm (once)")
+    log(f"debian base: mmdebstrap bookworm with {packages} (once)")
     tmp = out.with_suffix(".partial.tar")
     excludes = [f"--dpkgopt=path-exclude=/usr/share/{d}/*" for d in ("doc", "man", "locale", "info")]
     subprocess.run(
-        ["mmdebstrap", "--variant=minbase", f"--include={BASE_PACKAGES}", *excludes, "bookworm", str(tmp)],
+        ["mmdebstrap", "--variant=minbase", f"--include={packages}", *excludes, "bookworm", str(tmp)],
         check=True, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     tmp.rename(out)
@@ -100,9 +109,11 @@ def _tar_dir(root: Path) -> bytes:
 
 
 def python_layer() -> tuple[bytes, str]:
-    """This checkout's wheel with its dependencies (and the S3 client for fetching artefacts),
-    installed where Debian's python3 looks."""
-    sources = [REPO / "pyproject.toml", *(REPO / "operator").rglob("*.py")]
+    """This checkout's wheel, installed as the Dockerfile's final stage installs it (the same
+    requirement and extras) with its dependencies, where Debian's python3 looks."""
+    _, requirement = dockerfile()
+    extras = requirement[requirement.index("[") :] if "[" in requirement else ""
+    sources = [REPO / "pyproject.toml", REPO / "Dockerfile", *(REPO / "operator").rglob("*.py")]
     key = digest_of_files(sources)
     out = cache_dir() / f"layer-python-{key}.tar"
     if out.exists():
@@ -114,7 +125,7 @@ def python_layer() -> tuple[bytes, str]:
         [wheel] = (t / "wheels").glob("*.whl")
         root = t / "root"
         subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", "--target", str(root / SITE), f"{wheel}[s3]"],
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", "--target", str(root / SITE), f"{wheel}{extras}"],
             check=True,
         )
         # pip --target leaves console scripts pointing at this interpreter: write the image's own.
@@ -147,12 +158,24 @@ def standin_layer() -> tuple[bytes, str]:
         return _tar_dir(root), key
 
 
-def dockerfile_config(path: Path = REPO / "Dockerfile") -> dict:
-    """ENTRYPOINT, CMD, USER and ENV of the Dockerfile's final stage, as an image config."""
+# The instructions the Dockerfile's final stage may use, and what each becomes here. Any
+# other instruction fails the build, so the Dockerfile cannot grow a step this recipe skips.
+KNOWN_INSTRUCTIONS = {"FROM", "RUN", "ENV", "USER", "ENTRYPOINT", "CMD"}
+
+
+def dockerfile(path: Path = REPO / "Dockerfile") -> tuple[dict, str]:
+    """The final stage's image configuration (ENTRYPOINT, CMD, USER, ENV) and the requirement
+    its ``pip install`` names (``inferentia-operator[s3]``)."""
     stages = path.read_text().replace("\\\n", " ").split("\nFROM ")
     config: dict = {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]}
-    for line in stages[-1].splitlines():
-        word, _, rest = line.strip().partition(" ")
+    requirement = None
+    for line in ("FROM " + stages[-1]).splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        word, _, rest = line.partition(" ")
+        if word not in KNOWN_INSTRUCTIONS:
+            raise ValueError(f"Dockerfile: the final stage's {word} has no counterpart in cluster/images.py")
         if word == "ENTRYPOINT":
             config["Entrypoint"] = json.loads(rest)
         elif word == "CMD":
@@ -161,7 +184,18 @@ def dockerfile_config(path: Path = REPO / "Dockerfile") -> dict:
             config["User"] = rest.strip()
         elif word == "ENV":
             config["Env"] += shlex.split(rest)
-    return config
+        elif word == "RUN":
+            words = shlex.split(rest)
+            if "install" in words and "pip" in words:
+                requirement = next(w for w in words[words.index("install") + 1 :] if not w.startswith("-") and "/" not in w)
+    if not requirement or not requirement.startswith("inferentia-operator"):
+        raise ValueError("Dockerfile: the final stage installs no inferentia-operator requirement")
+    return config, requirement
+
+
+def dockerfile_config(path: Path = REPO / "Dockerfile") -> dict:
+    """ENTRYPOINT, CMD, USER and ENV of the Dockerfile's final stage, as an image config."""
+    return dockerfile(path)[0]
 
 
 def write_oci(out: Path, name: str, layers: list[bytes], config: dict) -> None:
@@ -228,6 +262,15 @@ def build(bins: Path) -> list[Path]:
             compile_standin, COMPILE_STANDIN_IMAGE, [base, python, standins], {"Env": config["Env"], "Entrypoint": ["neuron-compile"]}
         )
     images.append(compile_standin)
+    torch_base = base_rootfs(TORCH_PACKAGES)
+    tkey = torch_base.stem.rsplit("-", 1)[-1]
+    torch_standin = cache_dir() / f"torch-standin-{tkey}-{skey}.oci.tar"
+    if not torch_standin.exists():
+        log(f"{TORCH_STANDIN_IMAGE}: assembling")
+        # Like AWS's framework images: python3 with torch and the Neuron framework, and an entry
+        # point the operator never relies on (it gives every container its command).
+        write_oci(torch_standin, TORCH_STANDIN_IMAGE, [torch_base.read_bytes(), standins], {"Env": config["Env"], "Cmd": ["python3"]})
+    images.append(torch_standin)
     pause_bin = bins / "pause"
     pause = cache_dir() / f"pause-{hashlib.sha256(pause_bin.read_bytes()).hexdigest()[:12]}.oci.tar"
     if not pause.exists():

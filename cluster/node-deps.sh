@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Debian packages the real node (cluster/realnode.py) needs, installed when missing:
 # runc (Debian's is built with seccomp, which pods' RuntimeDefault profile needs), iptables
-# for kube-proxy, conntrack, and mmdebstrap for the images' Debian base. Only as root, since
+# for kube-proxy, conntrack, mmdebstrap for the images' Debian base, and Debian's CPU-only
+# PyTorch, with which the real-model tests compute the answers they expect. Only as root, since
 # only root can run the real node; otherwise it says so and does nothing.
 set -euo pipefail
 [[ "${INFERENTIA_REAL_NODE:-1}" == "0" ]] && exit 0
@@ -10,8 +11,9 @@ if [[ $(id -u) -ne 0 ]]; then
   exit 0
 fi
 need=()
-for pair in runc:/usr/sbin/runc iptables:/usr/sbin/iptables conntrack:/usr/sbin/conntrack mmdebstrap:/usr/bin/mmdebstrap; do
-  [[ -x "${pair#*:}" ]] || need+=("${pair%%:*}")
+for pair in runc:/usr/sbin/runc iptables:/usr/sbin/iptables conntrack:/usr/sbin/conntrack mmdebstrap:/usr/bin/mmdebstrap \
+    python3-torch:/usr/lib/python3/dist-packages/torch/__init__.py; do
+  [[ -e "${pair#*:}" ]] || need+=("${pair%%:*}")
 done
 (( ${#need[@]} )) || exit 0
 echo "[node-deps] apt-get install ${need[*]}" >&2

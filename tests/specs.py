@@ -7,8 +7,10 @@ from typing import Any
 DROP = object()
 
 BASE_SPEC: dict[str, Any] = {
-    "model": {"uri": "s3://models/resnet50/", "framework": "tensorflow"},
+    "model": {"uri": "s3://models/resnet50/", "framework": "pytorch"},
     "compute": {"inf": 1},
+    # The input shape: the operator's compile program and model server trace with it.
+    "compile": {"buckets": [[3, 224, 224]]},
     "serving": {"image": "example.com/serve:1"},
 }
 

@@ -73,8 +73,15 @@ def test_one_process_gets_its_group_in_the_container_environment_but_never_its_c
     assert "NEURON_RT_VISIBLE_CORES" not in env
     assert env["NEURON_RT_NUM_CORES"] == "16"
     assert env["NEURON_MAX_NUM_INFERS"] == "19"
-    assert "command" not in container  # no args: the image's own entrypoint runs
+    # A PyTorch model without args: the launcher runs the operator's model server, which traces
+    # the model it fetched (no compile image) at start.
+    assert container["command"] == ["/bin/sh", "/etc/inferentia/launch.sh"]
+    assert container["args"] == ["python3", "/etc/inferentia/neuron_serve.py"]
+    assert env["INFERENTIA_MODEL_PATH"] == "/var/lib/inferentia/model"
     assert "INFERENTIA_COMPILED_MODEL_URI" not in env  # no compile image
+    [fetch] = children.serving_deployment(m)["spec"]["template"]["spec"]["initContainers"]
+    assert fetch["args"] == ["fetch", "--model", "--from", "s3://models/resnet50/", "--to", "/var/lib/inferentia/model"]
+    assert fetch["image"] == m.operator_image
 
 
 def test_user_env_wins_over_planned_env():
@@ -101,14 +108,31 @@ def test_plan_configmap_holds_the_plan_and_each_process_environment():
     assert "launch.sh" in cm["data"]
 
 
-def test_compile_job_runs_the_compiler_with_the_planned_flags():
+def test_compile_job_fetches_compiles_in_the_users_image_and_uploads_marker_last():
+    """The compile Job's pod: the operator's image fetches the model, the user's image runs the
+    operator's compile program from the plan, the operator's image uploads the artefact."""
     m = model(**THROUGHPUT)
     job = children.compile_job(m)
     assert job["metadata"]["name"] == f"resnet-compile-{children.compile_hash(m)}"
     pod = job["spec"]["template"]["spec"]
-    [container] = pod["containers"]
-    assert container["image"] == "example.com/compile:1"
-    assert container["args"][-len(m.plan.compiler_args) :] == m.plan.compiler_args
+    fetch, compile_step = pod["initContainers"]
+    [upload] = pod["containers"]
+    assert (fetch["image"], upload["image"]) == (m.operator_image, m.operator_image)
+    assert fetch["args"] == ["fetch", "--model", "--from", "s3://models/resnet50/", "--to", "/var/lib/inferentia/model"]
+    assert upload["args"] == ["upload", "--from", "/var/lib/inferentia/compiled", "--to", children.compiled_uri(m)]
+    assert compile_step["image"] == "example.com/compile:1"
+    assert compile_step["command"] == ["python3", "/etc/inferentia/neuron_compile.py"]
+    env = {e["name"]: e["value"] for e in compile_step["env"]}
+    assert env["INFERENTIA_MODEL_PATH"] == "/var/lib/inferentia/model"
+    assert env["INFERENTIA_COMPILED_MODEL_DIR"] == "/var/lib/inferentia/compiled"
+    assert json.loads(env["INFERENTIA_COMPILER_ARGS"]) == m.plan.compiler_args
+    # The plan the program reads carries what it traces with; the program itself is in the ConfigMap.
+    plan_json = json.loads(children.plan_configmap(m)["data"]["plan.json"])
+    assert (plan_json["compilerArgs"], plan_json["buckets"], plan_json["inputDtype"]) == (m.plan.compiler_args, [[3, 224, 224]], "float32")
+    assert "neuron_compile.py" in children.plan_configmap(m)["data"]
+    assert "neuron_serve.py" not in children.plan_configmap(m)["data"]  # serving.args: the user's own server
+    # Storage credentials reach the operator's containers only, never the user's image.
+    assert "envFrom" not in compile_step
     assert "tolerations" not in pod  # compiling needs no Neuron node
     assert children.compile_job(model()) is None
 
@@ -309,8 +333,11 @@ def test_the_compiler_is_a_compile_input_of_neuronx_families():
     m = model(**VLLM, **{"compile.image": "example.com/compile:1"})
     assert children.compile_inputs(m)["compiler"] == "neuronx-cc"
     job = children.compile_job(m)
-    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    [compile_step] = job["spec"]["template"]["spec"]["initContainers"]
+    env = {e["name"]: e["value"] for e in compile_step["env"]}
     assert env["INFERENTIA_COMPILER"] == "neuronx-cc"
+    # The vLLM preset's compile runs the image's own entry point (bring your own compile).
+    assert "command" not in compile_step
     assert "compiler" not in children.compile_inputs(model(**THROUGHPUT))  # inf1 hashes stay as they were
 
 
@@ -387,7 +414,7 @@ def test_no_front_end_without_batching_or_with_vllm():
 
 def test_the_compile_job_has_resources_a_deadline_and_bounded_retries():
     job = children.compile_job(model(**{"compile.image": "example.com/compile:1"}))
-    [container] = job["spec"]["template"]["spec"]["containers"]
+    container = next(c for c in job["spec"]["template"]["spec"]["initContainers"] if c["name"] == "compile")
     assert container["resources"] == {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}  # never BestEffort
     assert job["spec"]["backoffLimit"] == 1 and job["spec"]["activeDeadlineSeconds"] == 6 * 3600
     # 70B bf16 weights: 2 x 140 GB, on neuronx-cc; overrides win and change no compile hash.
@@ -404,5 +431,5 @@ def test_scratch_sizes_and_the_read_only_root_are_the_users_to_set():
     m = model(**{"serving.homeSize": "200Gi", "serving.tmpSize": "4Gi", "serving.readOnlyRootFilesystem": False})
     pod = children.serving_deployment(m)["spec"]["template"]["spec"]
     sizes = {v["name"]: v["emptyDir"]["sizeLimit"] for v in pod["volumes"] if "emptyDir" in v}
-    assert sizes == {"home": "200Gi", "tmp": "4Gi"}
+    assert sizes == {"home": "200Gi", "tmp": "4Gi", "model": "50Gi"}  # the model the server traces at start
     assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is False

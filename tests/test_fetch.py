@@ -1,11 +1,11 @@
-"""`inferentia-operator fetch`, the serving pods' init container, against moto's in-memory S3."""
+"""`inferentia-operator fetch` and `upload`, the pods' artefact steps, against moto's in-memory S3."""
 
 import boto3
 import pytest
 from moto import mock_aws
 
 from inferentia_operator import cli
-from inferentia_operator.fetch import FetchError, fetch, split_s3_uri
+from inferentia_operator.fetch import MARKER, FetchError, fetch, fetch_model, split_s3_uri, upload
 
 
 @pytest.fixture
@@ -19,20 +19,64 @@ def s3(monkeypatch):
         yield client
 
 
-def test_fetch_copies_every_object_under_the_prefix_keeping_its_path(s3, tmp_path):
-    s3.put_object(Bucket="models", Key="m-neuron/abc/model.neff", Body=b"neff")
-    s3.put_object(Bucket="models", Key="m-neuron/abc/buckets/64.neff", Body=b"64")
-    s3.put_object(Bucket="models", Key="m-neuron/other/model.neff", Body=b"not this one")
-    written = fetch("s3://models/m-neuron/abc/", tmp_path)
-    assert sorted(p.relative_to(tmp_path).as_posix() for p in written) == ["buckets/64.neff", "model.neff"]
-    assert (tmp_path / "model.neff").read_bytes() == b"neff"
+def compiled(tmp_path, files: dict[str, bytes]):
+    source = tmp_path / "compiled"
+    for name, data in files.items():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_bytes(data)
+    return source
 
 
-def test_a_key_that_would_escape_the_directory_is_never_written(s3, tmp_path):
-    s3.put_object(Bucket="models", Key="p/../../etc/evil", Body=b"x")
-    s3.put_object(Bucket="models", Key="p/ok", Body=b"ok")
-    assert [p.name for p in fetch("s3://models/p/", tmp_path / "out")] == ["ok"]
+def test_an_upload_fetches_back_whole_with_its_marker_written_last(s3, tmp_path):
+    source = compiled(tmp_path, {"manifest.json": b"{}", "bucket-0.pt": b"neff", "sub/bucket-1.pt": b"64"})
+    assert upload(source, "s3://models/m-neuron/abc/") == ["bucket-0.pt", "manifest.json", "sub/bucket-1.pt"]
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="models", Prefix="m-neuron/abc/")["Contents"]]
+    assert sorted(keys) == sorted(f"m-neuron/abc/{k}" for k in ["bucket-0.pt", "manifest.json", "sub/bucket-1.pt", MARKER])
+    s3.put_object(Bucket="models", Key="m-neuron/abc/stray", Body=b"not named by the marker")
+    written = fetch("s3://models/m-neuron/abc/", tmp_path / "out")
+    assert sorted(p.relative_to(tmp_path / "out").as_posix() for p in written) == ["bucket-0.pt", "manifest.json", "sub/bucket-1.pt"]
+    assert (tmp_path / "out" / "sub" / "bucket-1.pt").read_bytes() == b"64"
+
+
+def test_an_artefact_without_its_marker_is_refused(s3, tmp_path, capsys):
+    """An upload that stopped before its marker is never served."""
+    s3.put_object(Bucket="models", Key="half/abc/bucket-0.pt", Body=b"part of it")
+    with pytest.raises(FetchError, match="has no completion marker"):
+        fetch("s3://models/half/abc/", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert cli.main(["fetch", "--from", "s3://models/half/abc/", "--to", str(tmp_path / "o")]) == 1
+    assert "its upload did not finish" in capsys.readouterr().err
+
+
+def test_a_file_that_differs_from_its_marker_is_refused(s3, tmp_path):
+    upload(compiled(tmp_path, {"bucket-0.pt": b"neff"}), "s3://models/m/abc/")
+    s3.put_object(Bucket="models", Key="m/abc/bucket-0.pt", Body=b"overwritten")
+    with pytest.raises(FetchError, match="does not match its completion marker"):
+        fetch("s3://models/m/abc/", tmp_path / "out")
+
+
+def test_a_marker_naming_a_path_outside_the_directory_never_writes_there(s3, tmp_path):
+    s3.put_object(Bucket="models", Key="p/" + MARKER, Body=b'{"files": {"../../etc/evil": {"size": 1, "sha256": "x"}}}')
+    assert fetch("s3://models/p/", tmp_path / "out") == []
     assert not (tmp_path / "etc").exists()
+
+
+def test_a_model_is_fetched_from_a_prefix_or_one_key_and_never_escapes(s3, tmp_path):
+    s3.put_object(Bucket="models", Key="net/model.pt", Body=b"torchscript")
+    s3.put_object(Bucket="models", Key="net/../../etc/evil", Body=b"x")
+    assert [p.name for p in fetch_model("s3://models/net/", tmp_path / "a")] == ["model.pt"]
+    assert [p.name for p in fetch_model("s3://models/net/model.pt", tmp_path / "b")] == ["model.pt"]
+    assert not (tmp_path / "etc").exists()
+    with pytest.raises(FetchError, match="no model under"):
+        fetch_model("s3://models/none/", tmp_path / "c")
+    assert cli.main(["fetch", "--model", "--from", "s3://models/net/model.pt", "--to", str(tmp_path / "d")]) == 0
+
+
+def test_upload_of_nothing_is_an_error_not_an_empty_artefact(s3, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["upload", "--from", str(tmp_path / "empty"), "--to", "s3://models/x/"]) == 1
+    assert "the compile step wrote no artefact" in capsys.readouterr().err
+    assert "Contents" not in s3.list_objects_v2(Bucket="models", Prefix="x/")
 
 
 def test_no_artefact_and_bad_uris_end_with_a_message_not_a_traceback(s3, tmp_path, capsys):

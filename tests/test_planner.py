@@ -101,7 +101,8 @@ def test_compiler_args(overrides, expected_tail):
     ],
 )
 def test_static_weights_auto(overrides, static):
-    assert plan_of(**overrides).static_weights is static
+    # No buckets: at these sizes the bucket-count bound would refuse even one.
+    assert plan_of(**{"compile.buckets": DROP, **overrides}).static_weights is static
 
 
 def test_instance_types_follow_chips_and_the_users_list():
@@ -248,22 +249,31 @@ GOLDEN = Path(__file__).parent / "golden" / "inf1-plans.json"
 
 def test_inf1_plans_are_byte_for_byte_what_they_were():
     """tests/golden/inf1-plans.json was written by the planner before Neuron 2.x planning:
-    every inf1 plan keeps every field and value, gains only compiler: neuron-cc, and
-    keeps its compile hash (so an operator upgrade recompiles nothing), with two
-    deliberate exceptions: fp32 models now compile with --fast-math none, which keeps them
-    in FP32 where neuron-cc's default cast them to BF16, so they (and only they) recompile;
-    and no plan requests hugepages-2Mi any more (AWS's examples for the Neuron Runtime 2.x request none), which
-    changes the pod template but not the compile hash."""
+    every inf1 plan keeps every field and value, gains only compiler: neuron-cc, with these
+    deliberate exceptions: fp32 models now compile with --fast-math none, which keeps them in
+    FP32 where neuron-cc's default cast them to BF16; no plan requests hugepages-2Mi any more
+    (AWS's examples for the Neuron Runtime 2.x request none); and every golden case, a
+    TensorFlow model with a compile image, is now refused (the operator's compile program
+    traces PyTorch; tensorflow-neuron is archived by AWS), so each is planned as the same model
+    in PyTorch, which gains the compile program's inputDtype and a new compile hash (its
+    artefact is now TorchScript per bucket with a manifest and a completion marker)."""
     from inferentia_operator.core.children import Model, compile_hash, plan_document
+    from inferentia_operator.core.planner import InvalidSpec
 
     cases = json.loads(GOLDEN.read_text())
     assert len(cases) > 50
     fp32 = 0
     for case in cases:
-        spec = InferentiaModelSpec.model_validate(case["spec"])
+        with pytest.raises(InvalidSpec, match="tensorflow cannot be compiled by the operator"):
+            plan(InferentiaModelSpec.model_validate(case["spec"]))
+        as_pytorch = {**case["spec"], "model": {**case["spec"]["model"], "framework": "pytorch"}}
+        spec = InferentiaModelSpec.model_validate(as_pytorch)
         p = plan(spec)
         document = plan_document(p)
         assert document.pop("compiler") == "neuron-cc"
+        assert document.pop("inputDtype") == ("int64" if spec.model.architecture == "transformer" else "float32")
+        # Golden specs have no buckets: as PyTorch models, the compile program warns that it needs them.
+        document["warnings"] = [w for w in document["warnings"] if "the operator's compile program (without compile.image" not in w]
         expected = case["plan"]
         assert expected["resources"]["requests"].pop("hugepages-2Mi") == expected["resources"]["limits"].pop("hugepages-2Mi")
         if spec.model.precision == "fp32":
@@ -272,8 +282,7 @@ def test_inf1_plans_are_byte_for_byte_what_they_were():
             env = [{**e, "NEURON_CC_FLAGS": " ".join(args)} for e in expected["env"]]
             expected = {**expected, "compilerArgs": args, "env": env}
         assert json.dumps(document, sort_keys=True) == json.dumps(expected, sort_keys=True)
-        same_hash = compile_hash(Model("m", "default", "u", spec, p)) == case["compileHash"]
-        assert same_hash is (spec.model.precision != "fp32")
+        assert compile_hash(Model("m", "default", "u", spec, p)) != case["compileHash"]
     assert fp32 > 0
 
 

@@ -13,7 +13,7 @@ import yaml
 
 from .core.children import desired_objects, plan_document
 from .core.crd import crd_yaml
-from .core.names import DEFAULT_BATCHING_IMAGE
+from .core.names import DEFAULT_OPERATOR_IMAGE
 from .manifests import Loaded, ModelDocument, load_models
 
 EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
@@ -103,10 +103,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 
 
-def rendered_objects(doc: ModelDocument) -> list[dict[str, Any]]:
+def rendered_objects(doc: ModelDocument, operator_image: str = DEFAULT_OPERATOR_IMAGE) -> list[dict[str, Any]]:
     """The objects the operator would apply for a valid model, from the operator's own builders."""
     assert doc.model is not None
-    return desired_objects(replace(doc.model, uid=PLACEHOLDER_UID))
+    return desired_objects(replace(doc.model, uid=PLACEHOLDER_UID, operator_image=operator_image))
 
 
 class _ReviewDumper(yaml.SafeDumper):
@@ -124,7 +124,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     objects = []
     for doc in loaded.models:
         if doc.valid:
-            objects += rendered_objects(doc)
+            objects += rendered_objects(doc, args.operator_image)
         else:
             for finding in doc.findings:
                 print(f"{doc.key}: {finding}", file=sys.stderr)
@@ -177,6 +177,11 @@ def parser() -> argparse.ArgumentParser:
     )
     r.add_argument("paths", nargs="*", metavar="PATH")
     r.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+    r.add_argument(
+        "--operator-image",
+        default=DEFAULT_OPERATOR_IMAGE,
+        help=f"the operator's own image, as the operator's --operator-image names it (default {DEFAULT_OPERATOR_IMAGE})",
+    )
     r.set_defaults(func=cmd_render)
 
     c = sub.add_parser("crd", help="print the InferentiaModel CustomResourceDefinition")
@@ -191,10 +196,18 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--buckets", help="input-shape buckets as JSON, e.g. [[64],[128]]: inputs are padded to the smallest that holds them")
     b.set_defaults(func=cmd_batch)
 
-    f = sub.add_parser("fetch", help="copy a compiled artefact from the object store (the serving pods' init container)")
-    f.add_argument("--from", dest="uri", required=True, help="the artefact's s3:// URI (the model's status.compiledUri)")
+    f = sub.add_parser("fetch", help="copy a compiled artefact (or, with --model, a model) into a pod (an init container)")
+    f.add_argument(
+        "--from", dest="uri", required=True, help="the artefact's s3:// URI (status.compiledUri); with --model, s3:// or https://"
+    )
     f.add_argument("--to", dest="destination", required=True, help="the local directory to fill")
+    f.add_argument("--model", action="store_true", help="an uncompiled model: no completion marker is expected")
     f.set_defaults(func=cmd_fetch)
+
+    u = sub.add_parser("upload", help="upload a compiled artefact, completion marker last (the compile Job's last container)")
+    u.add_argument("--from", dest="source", required=True, help="the directory the compile step wrote")
+    u.add_argument("--to", dest="uri", required=True, help="the artefact's s3:// URI (status.compiledUri)")
+    u.set_defaults(func=cmd_upload)
 
     r = sub.add_parser("run", help="run the operator against the current kubeconfig or in-cluster config")
     r.add_argument("-n", "--namespace", action="append", default=[], help="watch this namespace (repeatable); default: all")
@@ -212,8 +225,9 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     r.add_argument("--metrics-port", type=int, default=8081, help="port of the Prometheus /metrics endpoint (0 to disable)")
     r.add_argument(
-        "--batching-image", default=DEFAULT_BATCHING_IMAGE,
-        help="this operator's own image, which the serving pods use for the batching front end and the artefact fetch",
+        "--operator-image", "--batching-image", dest="operator_image", default=DEFAULT_OPERATOR_IMAGE,
+        help="this operator's own image, which compile and serving pods run to fetch and upload artefacts and for the "
+        "batching front end (--batching-image is its former name)",
     )  # fmt: skip
     r.add_argument("--verbose", action="store_true")
     r.set_defaults(func=cmd_run)
@@ -223,7 +237,13 @@ def parser() -> argparse.ArgumentParser:
 def cmd_fetch(args: argparse.Namespace) -> int:
     from .fetch import main as fetch_main
 
-    return fetch_main(args.uri, args.destination)
+    return fetch_main(args.uri, args.destination, model=args.model)
+
+
+def cmd_upload(args: argparse.Namespace) -> int:
+    from .fetch import upload_main
+
+    return upload_main(args.source, args.uri)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,18 +1,35 @@
-"""`inferentia-operator fetch`: the serving pods' init container, which copies a compiled
-artefact from the object store into the pod before the server starts.
+"""`inferentia-operator fetch` and `upload`: what moves models and compiled artefacts in and out of
+pods. Both run in the operator's own image, so the user's Neuron image needs no S3 client.
 
-vLLM on Neuron reads NEURON_COMPILED_ARTIFACTS as a local directory, and so does every
-framework that loads a compiled model from a path; nothing in a serving image downloads an
-``s3://`` URI. Credentials and the endpoint come from the environment, as boto3 reads it
-(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY from spec.compile.storageSecret, or the pod's
-ServiceAccount through IRSA or EKS Pod Identity; AWS_ENDPOINT_URL for an S3-compatible store).
+- ``upload`` (the compile Job's last container): every file the compile step wrote, then a
+  completion marker (``_INFERENTIA_COMPLETE``, JSON: each file's size and SHA-256) last.
+- ``fetch`` (the serving pods' init container): an artefact only when its marker is there, and
+  only the files the marker names, each checked against its size and digest. An upload that
+  stopped half-way has no marker, so nothing half-written is ever served.
+- ``fetch --model`` (the uncompiled model, for the compile program or the model server): every
+  object under an ``s3://`` prefix, or one ``https://`` file; no marker.
+
+vLLM on Neuron reads NEURON_COMPILED_ARTIFACTS as a local directory, and so does every framework
+that loads a compiled model from a path; nothing in a serving image downloads an ``s3://`` URI.
+Credentials and the endpoint come from the environment, as boto3 reads it (AWS_ACCESS_KEY_ID /
+AWS_SECRET_ACCESS_KEY from spec.compile.storageSecret, or the pod's ServiceAccount through IRSA or
+EKS Pod Identity; AWS_ENDPOINT_URL for an S3-compatible store).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
 import sys
+import urllib.parse
+import urllib.request
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+MARKER = "_INFERENTIA_COMPLETE"
+# An https:// model larger than this is refused: a URL is for a small model, S3 for the rest.
+MAX_HTTPS_BYTES = 50 * 1024**3
 
 
 class FetchError(Exception):
@@ -27,40 +44,129 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
     return bucket, prefix
 
 
-def fetch(uri: str, destination: Path, client: Any = None) -> list[Path]:
-    """Every object under ``uri`` into ``destination``, keeping the paths below the prefix.
-    Refuses a key that would land outside ``destination`` (``..``)."""
-    bucket, prefix = split_s3_uri(uri)
-    if client is None:
-        try:
-            import boto3
-        except ImportError as exc:  # the operator's image installs it (the [s3] extra)
-            raise FetchError("boto3 is not installed: pip install 'inferentia-operator[s3]'") from exc
-        client = boto3.client("s3")
-    written: list[Path] = []
+def _client(client: Any) -> Any:
+    if client is not None:
+        return client
+    try:
+        import boto3
+    except ImportError as exc:  # the operator's image installs it (the [s3] extra, in the Dockerfile)
+        raise FetchError("boto3 is not installed: pip install 'inferentia-operator[s3]'") from exc
+    return boto3.client("s3")
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _safe_target(destination: Path, relative: str) -> Path | None:
+    """Where ``relative`` lands under ``destination``; None for a key that would leave it (``..``)."""
+    parts = PurePosixPath(relative.lstrip("/")).parts
+    if not parts or ".." in parts:
+        return None
+    return destination.joinpath(*parts)
+
+
+def _keys(client: Any, bucket: str, prefix: str) -> list[str]:
+    keys: list[str] = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        for item in page.get("Contents", []):
-            relative = PurePosixPath(item["Key"][len(prefix) :].lstrip("/"))
-            if not relative.parts or ".." in relative.parts:
-                continue
-            target = destination.joinpath(*relative.parts)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            client.download_file(bucket, item["Key"], str(target))
-            written.append(target)
-    if not written:
-        raise FetchError(f"no compiled artefact under {uri}: the compile Job has not written one there")
+        keys += [item["Key"] for item in page.get("Contents", [])]
+    return keys
+
+
+def fetch(uri: str, destination: Path, client: Any = None) -> list[Path]:
+    """A compiled artefact: the files its completion marker names, each checked, into ``destination``."""
+    bucket, prefix = split_s3_uri(uri)
+    prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+    client = _client(client)
+    try:
+        marker = json.loads(client.get_object(Bucket=bucket, Key=prefix + MARKER)["Body"].read())
+    except client.exceptions.NoSuchKey:
+        if _keys(client, bucket, prefix):
+            raise FetchError(f"{uri} has no completion marker ({MARKER}): its upload did not finish, so it is not served") from None
+        raise FetchError(f"no compiled artefact under {uri}: the compile Job has not written one there") from None
+    written: list[Path] = []
+    for name, expected in sorted(marker["files"].items()):
+        target = _safe_target(destination, name)
+        if target is None:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        client.download_file(bucket, prefix + name, str(target))
+        if target.stat().st_size != expected["size"] or _digest(target) != expected["sha256"]:
+            raise FetchError(f"{uri}{name} does not match its completion marker (size or SHA-256): refusing the artefact")
+        written.append(target)
     return written
 
 
-def main(uri: str, destination: str) -> int:
+def fetch_model(uri: str, destination: Path, client: Any = None) -> list[Path]:
+    """The uncompiled model: every object under an s3:// prefix (or the one object it names), or one https:// file."""
+    destination.mkdir(parents=True, exist_ok=True)
+    if uri.startswith("https://"):
+        name = PurePosixPath(urllib.parse.urlparse(uri).path).name or "model"
+        target = destination / name
+        with urllib.request.urlopen(uri, timeout=60) as response, target.open("wb") as out:
+            length = int(response.headers.get("Content-Length") or 0)
+            if length > MAX_HTTPS_BYTES:
+                raise FetchError(f"{uri} is {length} bytes, more than {MAX_HTTPS_BYTES}: put a model this large in S3")
+            shutil.copyfileobj(response, out, 1 << 20)
+        return [target]
+    bucket, prefix = split_s3_uri(uri)
+    client = _client(client)
+    written: list[Path] = []
+    for key in _keys(client, bucket, prefix):
+        # A prefix keeps the paths below it; a key that is the whole URI lands under its own name.
+        relative = key[len(prefix) :] if key != prefix else PurePosixPath(key).name
+        landing = _safe_target(destination, relative)
+        if landing is None:
+            continue
+        landing.parent.mkdir(parents=True, exist_ok=True)
+        client.download_file(bucket, key, str(landing))
+        written.append(landing)
+    if not written:
+        raise FetchError(f"no model under {uri}: nothing there to compile or serve")
+    return written
+
+
+def upload(source: Path, uri: str, client: Any = None) -> list[str]:
+    """Every file under ``source`` to ``uri``, then the completion marker naming them, last."""
+    bucket, prefix = split_s3_uri(uri)
+    prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+    files = sorted(p for p in source.rglob("*") if p.is_file())
+    if not files:
+        raise FetchError(f"nothing to upload in {source}: the compile step wrote no artefact")
+    client = _client(client)
+    listed: dict[str, dict[str, Any]] = {}
+    for path in files:
+        name = path.relative_to(source).as_posix()
+        if name == MARKER:
+            continue
+        client.upload_file(str(path), bucket, prefix + name)
+        listed[name] = {"size": path.stat().st_size, "sha256": _digest(path)}
+    client.put_object(Bucket=bucket, Key=prefix + MARKER, Body=json.dumps({"files": listed}, sort_keys=True).encode())
+    return sorted(listed)
+
+
+def _report(action: str, uri: str, run: Any) -> int:
     try:
-        files = fetch(uri, Path(destination))
+        result = run()
     except FetchError as exc:
-        print(f"fetch: {exc}", file=sys.stderr)
+        print(f"{action}: {exc}", file=sys.stderr)
         return 1
-    except Exception as exc:  # noqa: BLE001 - boto3's errors are many; each ends the init container with its message
-        print(f"fetch: {uri}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - boto3's and urllib's errors are many; each ends the container with its message
+        print(f"{action}: {uri}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    size = sum(f.stat().st_size for f in files)
-    print(f"fetched {len(files)} files ({size} bytes) from {uri} into {destination}")
+    print(f"{action}: {len(result)} files, {uri}")
     return 0
+
+
+def main(uri: str, destination: str, model: bool = False) -> int:
+    if model:
+        return _report("fetch", uri, lambda: fetch_model(uri, Path(destination)))
+    return _report("fetch", uri, lambda: fetch(uri, Path(destination)))
+
+
+def upload_main(source: str, uri: str) -> int:
+    return _report("upload", uri, lambda: upload(Path(source), uri))

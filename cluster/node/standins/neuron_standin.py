@@ -6,9 +6,9 @@ neuron-compile,neuron-serve} and as vLLM's ``python3 -m vllm.entrypoints.openai.
 - ``neuron-cc`` / ``neuronx-cc compile``: records its flags, refuses what the real compiler
   refuses for that target, and writes an artefact (JSON) carrying flags, target, LNC and
   tensor-parallel degree.
-- ``neuron-compile``: the compile Job's entry point (the operator's contract:
-  ``--model-uri --output-uri --framework <compiler args>``): runs the compiler the plan names
-  and uploads the artefact to the object store.
+- ``neuron-compile``: a compile image's own entry point, as the operator runs it for the vLLM
+  preset: runs the compiler the plan names and writes the artefact to
+  INFERENTIA_COMPILED_MODEL_DIR, which the operator's upload container uploads.
 - ``neuron-serve`` and the vLLM entry point: an HTTP server with vLLM's OpenAI-compatible
   ``/v1/completions`` and ``/health``. At start it checks what the Neuron runtime and vLLM
   would check, and exits non-zero with the kind of message they give when a check fails.
@@ -51,6 +51,60 @@ def expand(cores: str) -> list[int]:
 # -- the compiler ------------------------------------------------------------------------------
 
 NEURONX_TARGETS = {"inf2", "trn1", "trn2"}
+# Flags that only one of the two compilers takes, from their usage lines: neuron-cc (inf1)
+# pipelines a model with --neuroncore-pipeline-cores
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/compiler/neuron-cc/command-line-reference.html);
+# neuronx-cc (inf2, trn1, trn2) takes --target, --logical-nc-config (-lnc), --model-type and
+# --auto-cast/--auto-cast-type, which neuron-cc does not
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/compiler/neuronx-cc/api-reference-guide/neuron-compiler-cli-reference-guide.html).
+NEURON_CC_ONLY = ("--neuroncore-pipeline-cores",)
+NEURONX_CC_ONLY = ("--target", "--lnc", "--logical-nc-config", "--auto-cast", "--auto-cast-type", "--model-type")
+
+
+class CompilerRefused(Exception):
+    """What the compiler prints when it refuses its arguments (exit status 1)."""
+
+
+def check_compiler_args(prog: str, argv: list[str]) -> dict:
+    """What the compiler would be asked to build, or CompilerRefused with its message."""
+    p = argparse.ArgumentParser(prog=prog, add_help=False)
+    p.add_argument("model", nargs="?")
+    p.add_argument("--target")
+    p.add_argument("--lnc", "--logical-nc-config", dest="lnc", type=int)
+    p.add_argument("--output", default=ARTEFACT)
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--neuroncore-pipeline-cores", type=int)
+    try:
+        args, _ = p.parse_known_args(argv)
+    except SystemExit:
+        raise CompilerRefused(f"{prog}: error: cannot parse the arguments {argv}") from None
+    flags = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    target = args.target or ("inf1" if prog == "neuron-cc" else "trn1")
+    if prog == "neuronx-cc":
+        if foreign := sorted(flags.intersection(NEURON_CC_ONLY)):
+            raise CompilerRefused(f"ERROR [NCC_EARG000] unrecognized arguments: {' '.join(foreign)}")
+        if target not in NEURONX_TARGETS:
+            raise CompilerRefused(f"ERROR [NCC_EARG000] --target {target} is not supported by neuronx-cc")
+        if args.lnc not in (None, 1, 2) or (args.lnc == 2 and target != "trn2"):
+            # LNC=2 exists only on Trainium2 (compiler error NCC_EARG001).
+            raise CompilerRefused(f"ERROR [NCC_EARG001] --lnc {args.lnc} is not supported for target {target}")
+    else:
+        if foreign := sorted(flags.intersection(NEURONX_CC_ONLY)):
+            raise CompilerRefused(f"neuron-cc: error: unrecognized arguments: {' '.join(foreign)}")
+        if target != "inf1":
+            raise CompilerRefused(f"neuron-cc: error: inf1 is the only target, not {target}")
+        if args.neuroncore_pipeline_cores is not None and not 1 <= args.neuroncore_pipeline_cores <= 64:
+            raise CompilerRefused(f"neuron-cc: error: --neuroncore-pipeline-cores {args.neuroncore_pipeline_cores} is out of range 1-64")
+    return {
+        "compiler": prog,
+        "target": target,
+        "lnc": args.lnc or (2 if target == "trn2" else 1),
+        "tensorParallelSize": args.tensor_parallel_size,
+        "pipelineCores": args.neuroncore_pipeline_cores or 1,
+        "flags": argv,
+        "model": args.model,
+        "output": args.output,
+    }
 
 
 def compiler(argv: list[str], prog: str) -> int:
@@ -59,66 +113,29 @@ def compiler(argv: list[str], prog: str) -> int:
             print("usage: neuronx-cc compile [options] <model>", file=sys.stderr)
             return 2
         argv = argv[1:]
-    p = argparse.ArgumentParser(prog=prog)
-    p.add_argument("model", nargs="?")
-    p.add_argument("--target")
-    p.add_argument("--lnc", "--logical-nc-config", dest="lnc", type=int)
-    p.add_argument("--output", default=ARTEFACT)
-    p.add_argument("--tensor-parallel-size", type=int, default=1)
-    args, rest = p.parse_known_args(argv)
-    target = args.target or ("inf1" if prog == "neuron-cc" else "trn1")
-    if prog == "neuronx-cc":
-        if target not in NEURONX_TARGETS:
-            print(f"ERROR [NCC_EARG000] --target {target} is not supported by neuronx-cc", file=sys.stderr)
-            return 1
-        if args.lnc not in (None, 1, 2) or (args.lnc == 2 and target != "trn2"):
-            # LNC=2 exists only on Trainium2 (compiler error NCC_EARG001).
-            print(f"ERROR [NCC_EARG001] --lnc {args.lnc} is not supported for target {target}", file=sys.stderr)
-            return 1
-    elif target != "inf1":
-        print(f"neuron-cc: error: inf1 is the only target, not {target}", file=sys.stderr)
+    try:
+        artefact = check_compiler_args(prog, argv)
+    except CompilerRefused as exc:
+        print(exc, file=sys.stderr)
         return 1
-    artefact = {
-        "compiler": prog,
-        "target": target,
-        "lnc": args.lnc or (2 if target == "trn2" else 1),
-        "tensorParallelSize": args.tensor_parallel_size,
-        "flags": argv,
-        "model": args.model,
-    }
-    Path(args.output).write_text(json.dumps(artefact, indent=2))
-    print(f"{prog}: compiled {args.model} for {target} -> {args.output}")
+    output = artefact.pop("output")
+    Path(output).write_text(json.dumps(artefact, indent=2))
+    print(f"{prog}: compiled {artefact['model']} for {artefact['target']} -> {output}")
     return 0
 
 
 def compile_job(argv: list[str]) -> int:
-    """The compile Job's entry point: compile as the plan says and upload the artefact."""
-    p = argparse.ArgumentParser(prog="neuron-compile")
-    p.add_argument("--model-uri", required=True)
-    p.add_argument("--output-uri", required=True)
-    p.add_argument("--framework", required=True)
-    args, flags = p.parse_known_args(argv)
+    """A compile image's own entry point, as the operator runs it for the vLLM preset (the
+    bring-your-own compile contract): compile as the plan says into INFERENTIA_COMPILED_MODEL_DIR;
+    the operator's upload container takes it from there."""
     plan = json.loads(Path(os.environ.get("INFERENTIA_PLAN_FILE", "/etc/inferentia/plan.json")).read_text())
     prog = plan.get("compiler", "neuron-cc")
-    work = Path(os.environ.get("TMPDIR", "/tmp")) / "compile"
-    work.mkdir(parents=True, exist_ok=True)
-    out = work / ARTEFACT
-    ccargs = (["compile"] if prog == "neuronx-cc" else []) + [args.model_uri, *flags, "--output", str(out)]
+    out = Path(os.environ["INFERENTIA_COMPILED_MODEL_DIR"]) / ARTEFACT
+    flags = json.loads(os.environ.get("INFERENTIA_COMPILER_ARGS", "[]"))
+    ccargs = (["compile"] if prog == "neuronx-cc" else []) + [os.environ["INFERENTIA_MODEL_URI"], *flags, "--output", str(out)]
     if plan.get("tensorParallelSize"):
         ccargs += ["--tensor-parallel-size", str(plan["tensorParallelSize"])]
-    status = compiler(ccargs, prog)
-    if status:
-        return status
-    upload(out, args.output_uri.rstrip("/") + "/" + ARTEFACT)
-    print(f"neuron-compile: uploaded {args.output_uri}")
-    return 0
-
-
-def upload(path: Path, uri: str) -> None:
-    import boto3
-
-    bucket, _, key = uri.removeprefix("s3://").partition("/")
-    boto3.client("s3").upload_file(str(path), bucket, key)
+    return compiler(ccargs, prog)
 
 
 # -- the runtime and server ---------------------------------------------------------------------

@@ -148,7 +148,7 @@ class Batching(ApiModel):
     max_latency_ms: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = 100
     """Latency budget in milliseconds; requests that cannot meet it are answered 503."""
     image: Annotated[str | None, Field(max_length=MAX_STRING)] = None
-    """Image of the batching front end the serving pod runs beside the model processes. Default: the operator's own image (its batch command), or the operator's --batching-image."""
+    """Image of the batching front end the serving pod runs beside the model processes. Default: the operator's own image (its batch command), the operator's --operator-image."""
 
 
 class CompileOptions(ApiModel):
@@ -174,7 +174,9 @@ class CompileOptions(ApiModel):
     extra_args: Annotated[list[Arg] | None, Field(max_length=MAX_ARGS)] = None
     """Further compiler arguments, appended after the planned ones."""
     image: Annotated[str | None, Field(max_length=MAX_STRING)] = None
-    """Compiler image. When set, a compile Job builds the model for the plan before serving; when unset, the serving image compiles at load time from NEURON_CC_FLAGS."""
+    """The Neuron framework image the compile Job runs in, usually the serving image (AWS's Neuron Deep Learning Containers ship the framework and its compiler). When set, a compile Job traces the model for the plan with the operator's compile program, one artefact per bucket, before serving (with the vLLM preset: runs the image's own entry point instead). When unset, nothing is compiled ahead: the operator's model server traces the model at start."""
+    input_dtype: Literal["float32", "float16", "bfloat16", "int64", "int32"] | None = None
+    """The dtype of the model's input tensor, for the example inputs the compile program traces with and the inputs the operator's model server builds from JSON. Default: int64 (token ids) for architecture transformer, float32 otherwise."""
     output_uri: Annotated[str | None, Field(max_length=MAX_STRING)] = None
     """Where compiled artefacts are written. Default: next to the model, under a directory named after the compile inputs' hash."""
     cpu: Quantity | None = None
@@ -315,6 +317,23 @@ class InferentiaModelSpec(ApiModel):
     """Run the serving and compile containers as root, for images that need it. By default they run as user 65532 with no capabilities and no privilege escalation, which passes the restricted Pod Security level; as root they pass baseline only."""
 
     @property
+    def compiles_with_program(self) -> bool:
+        """A compile Job runs the operator's compile program (neuron_compile.py) in compile.image:
+        every compile step but the vLLM preset's, which runs the image's own entry point."""
+        return self.compile.image is not None and self.serving.runtime != "vllm"
+
+    @property
+    def serves_with_program(self) -> bool:
+        """Each serving process runs the operator's model server (neuron_serve.py): a PyTorch
+        model with neither serving.args nor the vLLM preset."""
+        return self.serving.runtime == "custom" and not self.serving.args and self.model.framework == "pytorch"
+
+    @property
+    def input_dtype(self) -> str:
+        """The input tensor's dtype: compile.inputDtype, else int64 token ids for transformers, float32 otherwise."""
+        return self.compile.input_dtype or ("int64" if self.model.architecture == "transformer" else "float32")
+
+    @property
     def has_batching_front_end(self) -> bool:
         """Whether each pod gets the batching front end on the serving port. vLLM batches
         sequences itself and gets none (the CRD's CEL port rule restates this)."""
@@ -378,6 +397,8 @@ class Plan(ApiModel):
     """Whether clients may send any multiple of the compiled batch size."""
     buckets: list[list[int]]
     """Input-shape buckets, one compiled model each (empty: one model)."""
+    input_dtype: str | None = None
+    """When the operator's compile program or model server runs: the input tensor's dtype."""
     compiler_args: list[str]
     """Arguments of the plan's compiler (planned flags, then compile.extraArgs), also given to serving processes in NEURON_CC_FLAGS."""
     threads_per_process: int

@@ -12,6 +12,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from inferentia_operator.programs import COMPILE_PROGRAM, COMPILE_PROGRAM_VERSION, SERVE_PROGRAM
+from inferentia_operator.programs import source as program_source
+
 from . import api
 from .api import InferentiaModelSpec, Plan
 from .catalogue import GIB, INSTANCE_TYPE_LABEL, NEURON_TAINT_KEY
@@ -22,7 +25,7 @@ from .names import (
     COMPILE_HASH_LABEL,
     COMPILE_INPUTS_ANNOTATION,
     COMPONENT_LABEL,
-    DEFAULT_BATCHING_IMAGE,
+    DEFAULT_OPERATOR_IMAGE,
     FIELD_MANAGER,
     MANAGED_BY_LABEL,
     MODEL_LABEL,
@@ -43,8 +46,17 @@ VLLM_ENV = {"VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference"}
 # serving pod: VLLM_NEURON_DISABLE_WARMUP_COMPILE=1 "treats a local cache miss as a fatal
 # error" (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/compilation/compilation_cache.html).
 VLLM_PRECOMPILED_ENV = {"VLLM_NEURON_DISABLE_WARMUP_COMPILE": "1"}
-# Where the fetch init container puts the compiled artefact, read-only for the server.
+# Where the fetch init container puts the compiled artefact, read-only for the server, and
+# where the compile program writes it in the compile Job.
 COMPILED_DIR = "/var/lib/inferentia/compiled"
+# Where the uncompiled model is fetched to, for the compile program (or the model server
+# when there is no compile step).
+MODEL_DIR = "/var/lib/inferentia/model"
+# Remote models an init container fetches with the operator's image; anything else is a path
+# in the image itself.
+FETCHED_SCHEMES = ("s3://", "https://")
+# Room for a model or a compiled artefact in the pod.
+ARTEFACT_VOLUME_SIZE = "50Gi"
 # Loading (and, without a compile Job, compiling) a large model takes minutes: the startup
 # probe allows 30 of them before the liveness probe takes over.
 VLLM_STARTUP_SECONDS = 1800
@@ -59,8 +71,9 @@ class Model:
     uid: str
     spec: InferentiaModelSpec
     plan: Plan
-    # The batching front end's image unless the spec names one (the operator's --batching-image).
-    batching_image: str = DEFAULT_BATCHING_IMAGE
+    # The operator's own image (--operator-image): the artefact fetch and upload, and the
+    # batching front end unless the spec names another.
+    operator_image: str = DEFAULT_OPERATOR_IMAGE
 
 
 def stable_hash(value: Any, length: int = 10) -> str:
@@ -95,6 +108,9 @@ def compile_inputs(m: Model) -> dict[str, Any]:
         # A neuronx-cc artefact is also bound to its logical-core size and tensor-parallel
         # degree: the runtime refuses to load it under another.
         inputs |= {"compiler": m.plan.compiler, "lnc": m.plan.lnc, "tensorParallelSize": m.plan.tensor_parallel_size}
+    if m.spec.compiles_with_program:
+        # The operator's compile program made the artefact: its format and the example inputs' dtype.
+        inputs |= {"program": COMPILE_PROGRAM_VERSION, "inputDtype": m.spec.input_dtype}
     return inputs
 
 
@@ -161,6 +177,12 @@ def _plan_files(m: Model) -> dict[str, str]:
     for i, env in enumerate(m.plan.env):
         data[f"env-{i}"] = "".join(f"{k}={v}\n" for k, v in env.items() if k not in mine)
     data["launch.sh"] = LAUNCHER
+    # The operator's programs, only where they run: a model that needs neither keeps its
+    # ConfigMap (and so its pods) as it was.
+    if m.spec.compiles_with_program or m.spec.serves_with_program:
+        data[COMPILE_PROGRAM] = program_source(COMPILE_PROGRAM)
+    if m.spec.serves_with_program:
+        data[SERVE_PROGRAM] = program_source(SERVE_PROGRAM)
     return data
 
 
@@ -248,19 +270,66 @@ def _storage_env_from(m: Model) -> dict[str, Any]:
     return {"envFrom": [{"secretRef": {"name": secret}}]} if secret else {}
 
 
-def fetch_container(m: Model) -> dict[str, Any]:
-    """The init container that copies the compiled artefact into the pod before the server
-    starts (the operator's own image: ``inferentia-operator fetch``)."""
+def _remote_model(m: Model) -> bool:
+    return m.spec.model.uri.startswith(FETCHED_SCHEMES)
+
+
+def compile_fetches_model(m: Model) -> bool:
+    """The compile program reads a remote model: the compile Job fetches it first."""
+    return m.spec.compiles_with_program and _remote_model(m)
+
+
+def serving_fetches_model(m: Model) -> bool:
+    """No compile step, and the operator's server traces a remote model at start: the serving pod fetches it."""
+    return m.spec.serves_with_program and not m.spec.compile.image and _remote_model(m)
+
+
+def model_path(m: Model) -> str:
+    """Where the programs find the uncompiled model: the fetched copy, or a path in the image."""
+    return MODEL_DIR if m.spec.model.uri.startswith(FETCHED_SCHEMES) else m.spec.model.uri.removeprefix("file://")
+
+
+def _operator_container(m: Model, name: str, args: list[str], mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    """A container of the operator's own image that moves a model or an artefact in or out of the pod."""
     return {
-        "name": "fetch-artifacts",
-        "image": m.batching_image,
-        "args": ["fetch", "--from", compiled_uri(m), "--to", COMPILED_DIR],
+        "name": name,
+        "image": m.operator_image,
+        "args": args,
         **_storage_env_from(m),
         "env": [{"name": k, "value": v} for k, v in SCRATCH_ENV.items()],
         "resources": BATCHER_RESOURCES,
         "securityContext": CONTAINER_SECURITY,
-        "volumeMounts": [{"name": "compiled", "mountPath": COMPILED_DIR}, *_scratch_mounts()],
+        "volumeMounts": [*mounts, *_scratch_mounts()],
     }
+
+
+def fetch_container(m: Model) -> dict[str, Any]:
+    """The init container that copies the compiled artefact into the pod before the server
+    starts (``inferentia-operator fetch``), refusing one whose upload did not complete."""
+    return _operator_container(
+        m, "fetch-artifacts", ["fetch", "--from", compiled_uri(m), "--to", COMPILED_DIR], [{"name": "compiled", "mountPath": COMPILED_DIR}]
+    )
+
+
+def fetch_model_container(m: Model) -> dict[str, Any]:
+    """The init container that copies the uncompiled model into the pod (``inferentia-operator fetch --model``)."""
+    return _operator_container(
+        m, "fetch-model", ["fetch", "--model", "--from", m.spec.model.uri, "--to", MODEL_DIR], [{"name": "model", "mountPath": MODEL_DIR}]
+    )
+
+
+def upload_container(m: Model) -> dict[str, Any]:
+    """The compile Job's last step: upload the artefact, then its completion marker."""
+    return _operator_container(
+        m,
+        "upload",
+        ["upload", "--from", COMPILED_DIR, "--to", compiled_uri(m)],
+        [{"name": "compiled", "mountPath": COMPILED_DIR, "readOnly": True}],
+    )
+
+
+def _artefact_volume(name: str) -> dict[str, Any]:
+    return {"name": name, "emptyDir": {"sizeLimit": ARTEFACT_VOLUME_SIZE}}
 
 
 def _scratch_volumes(m: Model) -> list[dict[str, Any]]:
@@ -295,14 +364,21 @@ def compile_resources(m: Model) -> dict[str, dict[str, str]]:
 
 
 def compile_job(m: Model) -> dict[str, Any] | None:
-    """The compile Job of this plan, or None when the serving image compiles at load time."""
+    """The compile Job of this plan, or None when nothing is compiled ahead.
+
+    Its pod runs three steps in order: the operator's image fetches the model (when it is
+    remote), the compile container traces it in compile.image and writes the artefact to a
+    shared emptyDir, and the operator's image uploads it, completion marker last. The
+    compile step needs nothing of the operator's image and the upload nothing of the user's."""
     if not m.spec.compile.image:
         return None
     env = {
         "INFERENTIA_MODEL_URI": m.spec.model.uri,
+        "INFERENTIA_MODEL_PATH": model_path(m),
         "INFERENTIA_FRAMEWORK": m.spec.model.framework,
         "INFERENTIA_COMPILER": m.plan.compiler,
         "INFERENTIA_OUTPUT_URI": compiled_uri(m),
+        "INFERENTIA_COMPILED_MODEL_DIR": COMPILED_DIR,
         "INFERENTIA_COMPILER_ARGS": json.dumps(m.plan.compiler_args),
         "NEURON_CC_FLAGS": " ".join(m.plan.compiler_args),
         "INFERENTIA_BATCH_SIZE": str(m.plan.batch_size),
@@ -314,6 +390,25 @@ def compile_job(m: Model) -> dict[str, Any] | None:
     metadata["labels"][COMPILE_HASH_LABEL] = compile_hash(m)
     # What was compiled, so that status can say which part of the key a new compile changed.
     metadata["annotations"] = {COMPILE_INPUTS_ANNOTATION: json.dumps(compile_inputs(m), sort_keys=True, separators=(",", ":"))}
+    compile_step: dict[str, Any] = {
+        "name": "compile",
+        # The user's Neuron framework image: its python3, torch and torch-neuron(x) run the
+        # operator's compile program from the plan. The vLLM preset's compile runs the image's
+        # own entry point with the same environment (docs/serving-pod.md, "Bring your own").
+        **({"command": ["python3", f"{PLAN_MOUNT}/{COMPILE_PROGRAM}"]} if m.spec.compiles_with_program else {}),
+        "image": m.spec.compile.image,
+        "env": [{"name": k, "value": v} for k, v in {**SCRATCH_ENV, **env}.items()],
+        "resources": compile_resources(m),
+        "securityContext": CONTAINER_SECURITY,
+        # The program's last words become the container's termination message, which status reports.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [
+            {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
+            {"name": "compiled", "mountPath": COMPILED_DIR},
+            *([{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}] if compile_fetches_model(m) else []),
+            *_scratch_mounts(),
+        ],
+    }
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -334,27 +429,14 @@ def compile_job(m: Model) -> dict[str, Any] | None:
                     "automountServiceAccountToken": False,
                     **_service_account(m),
                     "securityContext": pod_security(m),
-                    "containers": [
-                        {
-                            "name": "compile",
-                            **_storage_env_from(m),
-                            "image": m.spec.compile.image,
-                            "args": [
-                                "--model-uri",
-                                m.spec.model.uri,
-                                "--output-uri",
-                                compiled_uri(m),
-                                "--framework",
-                                m.spec.model.framework,
-                                *m.plan.compiler_args,
-                            ],  # fmt: skip
-                            "env": [{"name": k, "value": v} for k, v in {**SCRATCH_ENV, **env}.items()],
-                            "resources": compile_resources(m),
-                            "securityContext": CONTAINER_SECURITY,
-                            "volumeMounts": [{"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True}, *_scratch_mounts()],
-                        }
+                    "initContainers": [*([fetch_model_container(m)] if compile_fetches_model(m) else []), compile_step],
+                    "containers": [upload_container(m)],
+                    "volumes": [
+                        _plan_volume(m),
+                        _artefact_volume("compiled"),
+                        *([_artefact_volume("model")] if compile_fetches_model(m) else []),
+                        *_scratch_volumes(m),
                     ],
-                    "volumes": [_plan_volume(m), *_scratch_volumes(m)],
                 },
             },
         },
@@ -377,6 +459,9 @@ def _serving_env(m: Model) -> list[dict[str, str]]:
     if m.spec.compile.image:
         env["INFERENTIA_COMPILED_MODEL_URI"] = compiled_uri(m)
         env["INFERENTIA_COMPILED_MODEL_DIR"] = COMPILED_DIR
+    elif m.spec.serves_with_program:
+        # No compile step: the operator's model server traces the model at start.
+        env["INFERENTIA_MODEL_PATH"] = model_path(m)
     if plan.groups == 1:
         # One process: the container's own environment is its group's, but never its cores.
         # The device plugin sets NEURON_RT_VISIBLE_CORES to the cores of the devices it
@@ -424,6 +509,15 @@ def _probes(m: Model) -> dict[str, Any]:
             "readinessProbe": health,
             "livenessProbe": {**health, "failureThreshold": 6},
         }
+    if m.spec.serves_with_program:
+        # The operator's server answers /healthz once its artefacts are loaded onto the cores
+        # (or, without a compile step, traced): loading may take as long as vLLM's.
+        health = {"httpGet": {"path": "/healthz", "port": "serve-0"}, "periodSeconds": 5}
+        return {
+            "startupProbe": {**health, "failureThreshold": VLLM_STARTUP_SECONDS // 5},
+            "readinessProbe": health,
+            "livenessProbe": {**health, "periodSeconds": 10, "failureThreshold": 6},
+        }
     probe = {"tcpSocket": {"port": "serve-0"}, "periodSeconds": 10}
     return {
         "readinessProbe": {**probe, "initialDelaySeconds": 5},
@@ -459,7 +553,7 @@ def batcher_container(m: Model) -> dict[str, Any]:
     http = {"port": "batch", "scheme": "HTTP"}
     return {
         "name": "batcher",
-        "image": batching.image or m.batching_image,
+        "image": batching.image or m.operator_image,
         "args": args,
         "ports": [{"name": "batch", "containerPort": front.port, "protocol": "TCP"}],
         "resources": BATCHER_RESOURCES,
@@ -468,6 +562,23 @@ def batcher_container(m: Model) -> dict[str, Any]:
         "livenessProbe": {"httpGet": {"path": "/healthz", **http}, "periodSeconds": 10, "failureThreshold": 6},
         "securityContext": CONTAINER_SECURITY,
     }
+
+
+def serving_args(m: Model) -> list[str] | None:
+    """What the launcher runs once per process: vLLM's server, the operator's model server, or
+    serving.args; None when the image's own entry point runs once (no launcher)."""
+    if m.spec.serving.runtime == "vllm":
+        return vllm_args(m)
+    if m.spec.serves_with_program:
+        return ["python3", f"{PLAN_MOUNT}/{SERVE_PROGRAM}"]
+    return m.spec.serving.args
+
+
+def serving_init_containers(m: Model) -> list[dict[str, Any]]:
+    """The compiled artefact, or (no compile step, the operator's server) the model, fetched first."""
+    if m.spec.compile.image:
+        return [fetch_container(m)]
+    return [fetch_model_container(m)] if serving_fetches_model(m) else []
 
 
 def serving_deployment(m: Model) -> dict[str, Any]:
@@ -487,9 +598,10 @@ def serving_deployment(m: Model) -> dict[str, Any]:
             {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
             *_scratch_mounts(),
             *([{"name": "compiled", "mountPath": COMPILED_DIR, "readOnly": True}] if spec.compile.image else []),
+            *([{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}] if serving_fetches_model(m) else []),
         ],
     }
-    args = vllm_args(m) if spec.serving.runtime == "vllm" else spec.serving.args
+    args = serving_args(m)
     if args:
         # One process per NeuronCore Group, each started with its group's environment.
         container["command"] = ["/bin/sh", f"{PLAN_MOUNT}/launch.sh"]
@@ -513,12 +625,13 @@ def serving_deployment(m: Model) -> dict[str, Any]:
                     "automountServiceAccountToken": False,
                     **_service_account(m),
                     "securityContext": pod_security(m),
-                    **({"initContainers": [fetch_container(m)]} if spec.compile.image else {}),
+                    **({"initContainers": init} if (init := serving_init_containers(m)) else {}),
                     "containers": [container, *([batcher_container(m)] if batching_front_end(m) else [])],
                     "volumes": [
                         _plan_volume(m),
                         *_scratch_volumes(m),
-                        *([{"name": "compiled", "emptyDir": {"sizeLimit": "50Gi"}}] if spec.compile.image else []),
+                        *([_artefact_volume("compiled")] if spec.compile.image else []),
+                        *([_artefact_volume("model")] if serving_fetches_model(m) else []),
                     ],
                     "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
                     "affinity": {

@@ -92,7 +92,7 @@ def decide(o: Observed, now: str) -> Decision:
     name, namespace, uid = model.name, model.namespace, model.uid
     previous = model.status
 
-    checked = check_model(name, namespace, o.model.get("spec"), uid=uid or "", batching_image=o.batching_image)
+    checked = check_model(name, namespace, o.model.get("spec"), uid=uid or "", operator_image=o.operator_image)
     if checked.model is None:
         # Invalid (a cluster without the CRD's CEL rules, or a rule CEL cannot express):
         # report it, and leave every child exactly as it is.

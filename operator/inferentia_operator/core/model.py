@@ -12,7 +12,7 @@ from typing import Any
 from .api import InferentiaModelSpec
 from .children import Model, plan_size_findings
 from .findings import Finding, errors
-from .names import DEFAULT_BATCHING_IMAGE
+from .names import DEFAULT_OPERATOR_IMAGE
 from .parsing import parse_spec
 from .planner import plan
 from .rules import check_name, check_namespace
@@ -31,13 +31,13 @@ class CheckedModel:
         return errors(self.findings)
 
 
-def check_model(name: Any, namespace: Any, raw_spec: Any, *, uid: str = "", batching_image: str = DEFAULT_BATCHING_IMAGE) -> CheckedModel:
+def check_model(name: Any, namespace: Any, raw_spec: Any, *, uid: str = "", operator_image: str = DEFAULT_OPERATOR_IMAGE) -> CheckedModel:
     """Checks and plans one model. ``namespace`` None means the default namespace."""
     findings = check_name(name) + check_namespace(namespace)
     spec, spec_findings = parse_spec(raw_spec)
     findings += spec_findings
     if spec is None or errors(findings):
         return CheckedModel(spec, findings, None)
-    m = Model(name, namespace or "default", uid, spec, plan(spec, checked=spec_findings), batching_image)
+    m = Model(name, namespace or "default", uid, spec, plan(spec, checked=spec_findings), operator_image)
     findings += plan_size_findings(m)
     return CheckedModel(spec, findings, None if errors(findings) else m)

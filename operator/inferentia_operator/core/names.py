@@ -12,9 +12,11 @@ PLAN_HASH_ANNOTATION = f"{GROUP}/plan-hash"
 COMPILE_HASH_LABEL = f"{GROUP}/compile-hash"
 COMPILE_INPUTS_ANNOTATION = f"{GROUP}/compile-inputs"
 
-# The batching front end ships in the operator's own image (`inferentia-operator batch`);
-# the operator's --batching-image (chart value batching.image) names the one to use.
-DEFAULT_BATCHING_IMAGE = "inferentia-operator:0.1.0"
+# The operator's own image, which serving and compile pods use to fetch and upload artefacts
+# and to run the batching front end (`inferentia-operator fetch|upload|batch`). Build it from
+# the Dockerfile and push it where your nodes pull from; the operator's --operator-image (chart
+# value image.repository and image.tag) names it.
+DEFAULT_OPERATOR_IMAGE = "inferentia-operator:0.1.0"
 
 # Where the plan ConfigMap is mounted in the compile and serving pods.
 PLAN_MOUNT = "/etc/inferentia"

@@ -219,6 +219,7 @@ def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Pla
         batch_size=spec.compile.batch_size,
         dynamic_batch_size=spec.compile.dynamic_batch_size,
         buckets=[list(b) for b in spec.compile.buckets or []],
+        input_dtype=spec.input_dtype if spec.compiles_with_program or spec.serves_with_program else None,
         compiler_args=args,
         threads_per_process=threads,
         env=env,

@@ -275,6 +275,30 @@ VLLM_FAMILY = CrossFieldRule(
     (CEL_FAMILY, CEL_FAMILY),
 )
 
+# A compile step traces the model with the operator's compile program, which uses the PyTorch
+# Neuron frameworks. TensorFlow on Neuron is not supported by it: tensorflow-neuron (TensorFlow
+# on inf1) is archived by AWS, and a TensorFlow model is compiled in the user's own image.
+_HAS_COMPILE_IMAGE = "has(self.compile) && has(self.compile.image)"
+TENSORFLOW_COMPILE = CrossFieldRule(
+    "spec.model.framework",
+    "spec",
+    "tensorflow cannot be compiled by the operator: its compile program traces PyTorch models with torch-neuron and "
+    "torch-neuronx, and tensorflow-neuron (TensorFlow on inf1) is archived by AWS; valid values with compile.image "
+    "are pytorch, or leave compile.image unset and compile in your serving image",
+    f"!(self.model.framework == 'tensorflow' && {_HAS_COMPILE_IMAGE})",
+    (),
+)
+# The compile Job uploads its artefact to S3 and serving pods fetch it from there.
+COMPILE_STORE = CrossFieldRule(
+    "spec.compile.outputUri",
+    "spec",
+    "compiled artefacts are uploaded to S3, and %s is not an s3:// URI; valid values start with s3:// "
+    "(set compile.outputUri when the model's uri is not in S3)",
+    f"!({_HAS_COMPILE_IMAGE}) || (has(self.compile.outputUri) ? self.compile.outputUri.startsWith('s3://') "
+    ": self.model.uri.startsWith('s3://'))",
+    ("has(self.compile.outputUri) ? self.compile.outputUri : self.model.uri",),
+)
+
 # Rule 4: CNN batch limits of neuron-cc, the Inf1 compiler (the Neuron batching tech note,
 # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-features/neuroncore-batching.html).
 FP16_CNN_MAX_BATCH = 5
@@ -611,6 +635,8 @@ CEL_RULES: list[CrossFieldRule] = [
     DIVISIBLE_CORES,
     *TENSOR_PARALLEL_GROUP.values(),
     VLLM_FAMILY,
+    TENSORFLOW_COMPILE,
+    COMPILE_STORE,
     FP32_CNN_BATCH,
     BUCKET_DIMENSIONS,
     BUCKET_DUPLICATE,
@@ -725,6 +751,49 @@ def _check_runtime(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     if spec.serving.runtime == "vllm" and not fam.neuronx:
         return [VLLM_FAMILY.finding(fam.name, fam.name)]
     return []
+
+
+def _check_programs(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    """What the operator's compile program and model server need, and what starts without them."""
+    found = []
+    if spec.model.framework == "tensorflow" and spec.compile.image:
+        found.append(TENSORFLOW_COMPILE.finding())
+    if spec.compile.image:
+        store = spec.compile.output_uri or spec.model.uri
+        if not store.startswith("s3://"):
+            found.append(COMPILE_STORE.finding(store))
+    programs = spec.compiles_with_program or (spec.serves_with_program and not spec.compile.image)
+    if programs and not spec.compile.buckets:
+        found.append(
+            Finding(
+                "spec.compile.buckets",
+                "the operator's compile program (without compile.image, its model server at start) traces the model with "
+                "example inputs of each bucket's shape, and none is set, so it fails; set the input shape without the batch "
+                "dimension, for example [[3, 224, 224]]",
+                "warning",
+            )
+        )
+    uri = spec.model.uri
+    if programs and not uri.startswith(("s3://", "https://", "/", "file:///")):
+        found.append(
+            Finding(
+                "spec.model.uri",
+                f"'{uri}' is neither s3://, https:// nor an absolute path in the image, so the compile program cannot read "
+                "the model; valid values look like s3://bucket/model.pt, https://host/model.pt or /models/model.pt",
+                "warning",
+            )
+        )
+    if not spec.serving.args and spec.serving.runtime == "custom" and not spec.serves_with_program and spec.processes_per_replica > 1:
+        found.append(
+            Finding(
+                "spec.serving.args",
+                f"with {spec.processes_per_replica} processes, no args and a {spec.model.framework} model (the operator's "
+                "model server runs PyTorch only), the image's own entry point runs once and must start every process "
+                "itself from /etc/inferentia/env-<i>, which AWS's images do not; set args to the per-process command",
+                "warning",
+            )
+        )
+    return found
 
 
 def _check_neuron_cc_options(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
@@ -929,6 +998,7 @@ _CHECKS = (
     _check_divisibility,
     _check_tensor_parallel,
     _check_runtime,
+    _check_programs,
     _check_neuron_cc_options,
     _check_cnn_batch,
     _check_bucket_shapes,

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from . import api
-from .names import COMPONENT_LABEL, DEFAULT_BATCHING_IMAGE, PLAN_HASH_ANNOTATION
+from .names import COMPONENT_LABEL, DEFAULT_OPERATOR_IMAGE, PLAN_HASH_ANNOTATION
 from .objects import Obj
 
 # Flux's kstatus reads only observedGeneration and the "abnormal-true" Reconciling and
@@ -92,8 +92,8 @@ class Observed:
     # What the last attempt to write found; empty before the act step.
     failures: list[WriteFailure] = field(default_factory=list)
     conflicts: list[Conflict] = field(default_factory=list)
-    # Configuration, not state: the operator's --batching-image.
-    batching_image: str = DEFAULT_BATCHING_IMAGE
+    # Configuration, not state: the operator's --operator-image.
+    operator_image: str = DEFAULT_OPERATOR_IMAGE
 
     def live(self, kind: str, name: str | None) -> dict[str, Any] | None:
         if kind == "Deployment":

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from inferentia_operator.core import api
-from inferentia_operator.core.names import DEFAULT_BATCHING_IMAGE
+from inferentia_operator.core.names import DEFAULT_OPERATOR_IMAGE
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.status import Observed
 
@@ -26,8 +26,8 @@ GONE: dict[str, Any] = {"metadata": {"resourceVersion": "-1"}, "gone": True}
 
 
 class Cache:
-    def __init__(self, batching_image: str = DEFAULT_BATCHING_IMAGE) -> None:
-        self.batching_image = batching_image
+    def __init__(self, operator_image: str = DEFAULT_OPERATOR_IMAGE) -> None:
+        self.operator_image = operator_image
         self.indexes: Mapping[str, Any] | None = None  # kopf's, captured when they are populated
         # Per model: what the operator wrote, (kind, name) -> object, until the watch delivers it.
         self._written: dict[Key, dict[tuple[str, str], dict[str, Any]]] = {}
@@ -101,5 +101,5 @@ class Cache:
             configmaps=children("ConfigMap", "configmap_index"),
             jobs=children("Job", "job_index"),
             pods=self._cached("pod_index", key),
-            batching_image=self.batching_image,
+            operator_image=self.operator_image,
         )

@@ -26,7 +26,7 @@ from typing import Any
 
 from inferentia_operator.core import status
 from inferentia_operator.core.decide import decide
-from inferentia_operator.core.names import DEFAULT_BATCHING_IMAGE
+from inferentia_operator.core.names import DEFAULT_OPERATOR_IMAGE
 from inferentia_operator.core.objects import Obj
 
 from . import metrics
@@ -55,13 +55,13 @@ class Reconciler:
         workers: int,
         resync_seconds: float,
         is_active: Callable[[], bool],
-        batching_image: str = DEFAULT_BATCHING_IMAGE,
+        operator_image: str = DEFAULT_OPERATOR_IMAGE,
     ):
         self.kube = kube
         self.workers = workers
         self.resync_seconds = resync_seconds
         self.is_active = is_active  # False while peering keeps this replica on standby
-        self.cache = Cache(batching_image)
+        self.cache = Cache(operator_image)
         self.actor = Actor(workers)
         self._queue: WorkQueue[Key] | None = None  # made on the operator's event loop, at start
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reconcile")

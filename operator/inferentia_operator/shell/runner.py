@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
             return False  # cannot tell: standing by is the safe side
         return not peering_paused(bodies, args.priority, datetime.datetime.now(datetime.UTC))
 
-    reconciler = Reconciler(kube, args.workers, args.resync_seconds, active, batching_image=args.batching_image)
+    reconciler = Reconciler(kube, args.workers, args.resync_seconds, active, operator_image=args.operator_image)
     wiring.register(registry, reconciler)
     if args.metrics_port:
         metrics.serve(args.metrics_port)

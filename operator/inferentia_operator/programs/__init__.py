@@ -1,0 +1,19 @@
+"""Programs the operator ships into the user's Neuron framework image through the plan
+ConfigMap: the compile program (``neuron_compile.py``) and the model server
+(``neuron_serve.py``). They run with that image's Python, torch and Neuron framework, so they
+import nothing of this package (tests/test_programs.py checks it)."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+COMPILE_PROGRAM = "neuron_compile.py"
+# The compile program's artefact format (bucket-<i>.pt, manifest.json), part of the compile key:
+# raised when a change to the program makes earlier artefacts unfit, and only then, so that an
+# operator upgrade recompiles nothing it need not.
+COMPILE_PROGRAM_VERSION = 1
+SERVE_PROGRAM = "neuron_serve.py"
+
+
+def source(name: str) -> str:
+    return resources.files(__name__).joinpath(name).read_text()

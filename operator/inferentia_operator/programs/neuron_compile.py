@@ -1,0 +1,167 @@
+"""The compile program inferentia-operator runs in the compile Job, inside your Neuron framework image.
+
+It traces a PyTorch model for the plan's NeuronCore Group with the family's Neuron framework,
+one artefact per input-shape bucket, and saves each with ``torch.jit.save``:
+
+- inf1: ``torch_neuron.trace(model, example_inputs, compiler_args=..., dynamic_batch_size=...)``
+  (neuron-cc; https://awsdocs-neuron.readthedocs-hosted.com/en/latest/frameworks/torch/torch-neuron/api-compilation-python-api.html);
+- inf2, trn1, trn2: ``torch_neuronx.trace(func, example_inputs, compiler_args=...)``
+  (neuronx-cc; https://awsdocs-neuron.readthedocs-hosted.com/en/latest/frameworks/torch/torch-neuronx/api-reference-guide/inference/api-torch-neuronx-trace.html).
+
+Both return a ScriptModule that ``torch.jit.save`` writes and ``torch.jit.load`` reads back once
+the framework is imported. The example inputs are zeros of shape ``[compile.batchSize, *bucket]``
+in the plan's input dtype.
+
+It needs only the image's Python, torch and Neuron framework: it is shipped in the plan
+ConfigMap and never imports inferentia_operator. Its inputs (all set by the operator):
+
+- ``INFERENTIA_PLAN_FILE``: plan.json (family, compilerArgs, batchSize, dynamicBatchSize, buckets, inputDtype);
+- ``INFERENTIA_MODEL_PATH``: the model, fetched by the operator's init container: a TorchScript file
+  (``torch.jit.save``), a module saved with ``torch.save``, or a directory holding exactly one of them;
+- ``INFERENTIA_COMPILED_MODEL_DIR``: where ``bucket-<i>.pt`` and ``manifest.json`` are written.
+
+Exit status 0 with every artefact written, 1 with a message on stderr otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "manifest.json"
+MODEL_SUFFIXES = (".pt", ".pth", ".ts", ".torchscript")
+# The framework that traces for each family, and the keyword arguments its trace takes
+# beyond (model, example_inputs).
+FRAMEWORKS = {"inf1": "torch_neuron"}
+DEFAULT_FRAMEWORK = "torch_neuronx"
+
+
+class CompileError(Exception):
+    pass
+
+
+def framework_for(family: str) -> str:
+    return FRAMEWORKS.get(family, DEFAULT_FRAMEWORK)
+
+
+def import_framework(family: str) -> Any:
+    """The family's Neuron framework. Importing it also registers the Neuron ops a traced
+    graph calls, without which torch.jit.load fails with "Unknown builtin op: neuron::...\"."""
+    name = framework_for(family)
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise CompileError(
+            f"{name} is not importable in this image ({exc}); {family} models need an image with {name} "
+            f"(AWS's Neuron Deep Learning Containers for {family} ship it)"
+        ) from exc
+
+
+def model_file(path: Path) -> Path:
+    """The model file: ``path`` itself, or the one model file in the directory ``path``."""
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise CompileError(f"no model at {path}: the fetch init container did not write it, or the path is wrong")
+    candidates = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in MODEL_SUFFIXES)
+    if len(candidates) != 1:
+        found = ", ".join(str(p.relative_to(path)) for p in candidates) or "none"
+        raise CompileError(f"{path} must hold exactly one model file ({', '.join(MODEL_SUFFIXES)}); found {found}")
+    return candidates[0]
+
+
+def load_model(torch: Any, path: Path) -> Any:
+    """A TorchScript file, else a module pickled with torch.save; in evaluation mode."""
+    source = model_file(path)
+    try:
+        model = torch.jit.load(str(source), map_location="cpu")
+    except RuntimeError:
+        # Not TorchScript: a whole module saved with torch.save. torch 2.6 and later load
+        # weights only by default, which refuses a pickled module; the model is the user's own.
+        kwargs = {"weights_only": False} if "weights_only" in inspect.signature(torch.load).parameters else {}
+        try:
+            model = torch.load(str(source), map_location="cpu", **kwargs)
+        except Exception as exc:
+            raise CompileError(f"{source} is neither TorchScript nor a module saved with torch.save: {exc}") from exc
+    if not callable(model):
+        raise CompileError(f"{source} holds a {type(model).__name__}, not a model: save the module itself, not its state_dict")
+    if hasattr(model, "eval"):
+        model.eval()
+    return model
+
+
+def example_input(torch: Any, batch_size: int, shape: list[int], dtype: str) -> Any:
+    return torch.zeros([batch_size, *shape], dtype=getattr(torch, dtype))
+
+
+def trace(framework: Any, family: str, model: Any, example: Any, plan: dict[str, Any]) -> Any:
+    args = list(plan["compilerArgs"])
+    if family == "inf1":
+        return framework.trace(model, example, compiler_args=args, dynamic_batch_size=bool(plan.get("dynamicBatchSize")))
+    return framework.trace(model, example, compiler_args=args)
+
+
+def compile_all(plan: dict[str, Any], model_path: Path, out: Path) -> dict[str, Any]:
+    """Trace the model once per bucket, save each artefact and the manifest; returns the manifest."""
+    buckets = plan.get("buckets") or []
+    if not buckets:
+        raise CompileError(
+            "the plan has no input shape: set spec.compile.buckets (one shape per compiled model, without the batch dimension)"
+        )
+    import torch
+
+    family = plan["family"]
+    framework = import_framework(family)
+    model = load_model(torch, model_path)
+    dtype = plan.get("inputDtype", "float32")
+    out.mkdir(parents=True, exist_ok=True)
+    artefacts = []
+    with torch.no_grad():
+        for i, shape in enumerate(buckets):
+            example = example_input(torch, plan["batchSize"], shape, dtype)
+            print(f"compile: tracing bucket {shape} (batch {plan['batchSize']}, {dtype}) with {framework.__name__}", flush=True)
+            traced = trace(framework, family, model, example, plan)
+            name = f"bucket-{i}.pt"
+            torch.jit.save(traced, str(out / name))
+            artefacts.append({"file": name, "shape": list(shape)})
+    manifest = {
+        "format": 1,
+        "family": family,
+        "framework": framework.__name__,
+        "compiler": plan["compiler"],
+        "compilerArgs": plan["compilerArgs"],
+        "batchSize": plan["batchSize"],
+        "dynamicBatchSize": bool(plan.get("dynamicBatchSize")),
+        "inputDtype": dtype,
+        "artefacts": artefacts,
+        "torch": str(torch.__version__),
+        "source": model_file(model_path).name,
+    }
+    # The manifest last: a directory with a manifest holds every artefact it names.
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    return manifest
+
+
+def main() -> int:
+    try:
+        plan = json.loads(Path(os.environ.get("INFERENTIA_PLAN_FILE", "/etc/inferentia/plan.json")).read_text())
+        model_path = Path(os.environ["INFERENTIA_MODEL_PATH"])
+        out = Path(os.environ["INFERENTIA_COMPILED_MODEL_DIR"])
+        manifest = compile_all(plan, model_path, out)
+    except KeyError as exc:
+        print(f"compile: {exc.args[0]} is not set: the operator sets it in the compile Job", file=sys.stderr)
+        return 1
+    except CompileError as exc:
+        print(f"compile: {exc}", file=sys.stderr)
+        return 1
+    print(f"compile: wrote {len(manifest['artefacts'])} artefact(s) and {MANIFEST} to {out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""The compile program and the model server the operator ships into Neuron images, run for real:
+Debian's CPU-only PyTorch with the torch-neuronx and torch-neuron stand-ins (cluster/node/standins),
+which check the compiler arguments at trace time and the granted cores at load time. A real
+network is traced per bucket, saved, loaded in a server process, asked over HTTP, and its
+answers are compared with the same network run directly."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from inferentia_operator import programs
+
+ROOT = Path(__file__).resolve().parent.parent
+PROGRAMS = ROOT / "operator" / "inferentia_operator" / "programs"
+STANDINS = ROOT / "cluster" / "node" / "standins"
+REFERENCE = ROOT / "tests" / "models" / "reference.py"
+# Debian's python3 with python3-torch, which cluster/node-deps.sh installs on the machines that run the real node.
+TORCH_PYTHON = "/usr/bin/python3"
+ALLOWED_IMPORTS = {
+    "__future__",
+    "importlib",
+    "inspect",
+    "json",
+    "os",
+    "sys",
+    "threading",
+    "http",
+    "pathlib",
+    "typing",
+    "torch",
+    "neuron_compile",
+}
+
+
+def test_the_programs_import_only_what_a_neuron_image_has():
+    """They run with the user's image's Python, torch and Neuron framework, never with this package."""
+    for name in (programs.COMPILE_PROGRAM, programs.SERVE_PROGRAM):
+        tree = ast.parse(programs.source(name))
+        imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert imported <= ALLOWED_IMPORTS, (name, imported - ALLOWED_IMPORTS)
+
+
+def torch_python() -> str:
+    if subprocess.run([TORCH_PYTHON, "-c", "import torch"], capture_output=True).returncode != 0:
+        pytest.skip(f"{TORCH_PYTHON} has no torch: cluster/node-deps.sh installs Debian's python3-torch (as root)")
+    return TORCH_PYTHON
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def models(tmp_path) -> Path:
+    subprocess.run([torch_python(), str(REFERENCE), "build", str(tmp_path / "models")], check=True)
+    return tmp_path / "models"
+
+
+def environment(tmp_path: Path, plan: dict, **extra: str) -> dict[str, str]:
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    (tmp_path / "dev").mkdir(exist_ok=True)
+    for i in range(2):
+        (tmp_path / "dev" / f"neuron{i}").touch()
+    return {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(STANDINS),
+        "INFERENTIA_PLAN_FILE": str(tmp_path / "plan.json"),
+        "INFERENTIA_COMPILED_MODEL_DIR": str(tmp_path / "compiled"),
+        "NEURON_STANDIN_DEV_DIR": str(tmp_path / "dev"),
+        "TMPDIR": str(tmp_path),
+        **extra,
+    }
+
+
+INF2_PLAN = {
+    "family": "inf2", "compiler": "neuronx-cc", "compilerArgs": ["--target", "inf2", "--auto-cast", "all", "--auto-cast-type", "fp16"],
+    "batchSize": 2, "dynamicBatchSize": False, "buckets": [[8], [16]], "inputDtype": "float32",
+}  # fmt: skip
+INF1_PLAN = {
+    "family": "inf1", "compiler": "neuron-cc", "compilerArgs": ["--neuroncore-pipeline-cores", "2"],
+    "batchSize": 4, "dynamicBatchSize": True, "buckets": [[16]], "inputDtype": "float32",
+}  # fmt: skip
+
+
+def compile_model(tmp_path: Path, plan: dict, model: Path, **extra: str) -> subprocess.CompletedProcess:
+    env = environment(tmp_path, plan, INFERENTIA_MODEL_PATH=str(model), **extra)
+    return subprocess.run([TORCH_PYTHON, str(PROGRAMS / programs.COMPILE_PROGRAM)], env=env, capture_output=True, text=True)
+
+
+def post(port: int, body: object) -> tuple[int, object]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)
+
+
+def serve(tmp_path: Path, plan: dict, **extra: str) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    env = environment(tmp_path, plan, PORT=str(port), **extra)
+    server = subprocess.Popen(
+        [TORCH_PYTHON, str(PROGRAMS / programs.SERVE_PROGRAM)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            return server, port
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                return server, port
+        except OSError:
+            time.sleep(0.2)
+    server.kill()
+    raise AssertionError(f"the server did not answer /healthz: {server.communicate()}")
+
+
+def expected(model: Path, inputs: list) -> list:
+    out = subprocess.run(
+        [TORCH_PYTHON, str(REFERENCE), "predict", str(model)], input=json.dumps(inputs), capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout)
+
+
+def close(a: list, b: list) -> bool:
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
+    return abs(a - b) <= 1e-5 * max(1.0, abs(b))
+
+
+def test_an_inf2_model_is_traced_per_bucket_and_answers_as_the_network_does(tmp_path, models):
+    compiled = compile_model(tmp_path, INF2_PLAN, models / "conv.pt")
+    assert compiled.returncode == 0, compiled.stderr
+    manifest = json.loads((tmp_path / "compiled" / "manifest.json").read_text())
+    assert manifest["framework"] == "torch_neuronx" and [a["shape"] for a in manifest["artefacts"]] == [[8], [16]]
+    server, port = serve(tmp_path, INF2_PLAN, NEURON_RT_VISIBLE_CORES="1")
+    try:
+        assert server.poll() is None, server.communicate()
+        # Three lengths: padded to 8, exactly 8, padded to 16; more inputs than the compiled batch.
+        inputs = [[1.0, 2.0, 3.0], [float(i) for i in range(8)], [0.5] * 12, [-1.0, 4.0]]
+        status, answers = post(port, inputs)
+        assert status == 200
+        assert close(answers, expected(models / "conv.pt", inputs))
+        assert [len(a) for a in answers] == [3, 8, 12, 2]  # cut back from the bucket to each input
+        status, body = post(port, [[1.0] * 17])
+        assert status == 413 and "fits no compiled bucket" in body["error"]
+        assert post(port, {"not": "a list"})[0] == 400
+        assert post(port, [[1.0, [2.0]]])[0] == 400
+    finally:
+        server.kill()
+        server.communicate()
+
+
+def test_an_inf1_module_saved_with_torch_save_runs_on_its_pipeline_cores(tmp_path, models):
+    (models / "mlp").mkdir()
+    (models / "mlp.pt").rename(models / "mlp" / "mlp.pt")
+    assert compile_model(tmp_path, INF1_PLAN, models / "mlp").returncode == 0  # a directory with one model file
+    server, port = serve(tmp_path, INF1_PLAN, NEURON_RT_VISIBLE_CORES="2-3", NEURON_STANDIN_CORES_PER_DEVICE="4")
+    try:
+        inputs = [[float(i) / 16 for i in range(16)], [1.0] * 16, [0.0] * 16, [-2.0] * 16, [3.0] * 16]
+        status, answers = post(port, inputs)
+        assert status == 200 and close(answers, expected(models / "mlp" / "mlp.pt", inputs))
+    finally:
+        server.kill()
+        server.communicate()
+
+
+def test_a_neuron_cc_flag_is_refused_by_the_neuronx_compile_as_the_compiler_would(tmp_path, models):
+    plan = {**INF2_PLAN, "compilerArgs": ["--neuroncore-pipeline-cores", "2"]}
+    result = compile_model(tmp_path, plan, models / "conv.pt")
+    assert result.returncode != 0
+    assert "neuronx-cc failed: ERROR [NCC_EARG000] unrecognized arguments: --neuroncore-pipeline-cores" in result.stderr
+
+
+def test_the_server_refuses_to_start_on_cores_its_devices_do_not_have(tmp_path, models):
+    assert compile_model(tmp_path, INF2_PLAN, models / "conv.pt").returncode == 0
+    server, _ = serve(tmp_path, INF2_PLAN, NEURON_RT_VISIBLE_CORES="6-7")
+    assert server.wait(timeout=30) != 0
+    _, err = server.communicate()
+    # Two devices of two cores each are mounted: cores 0-3; the runtime's kind of message.
+    assert "NRT:nrt_allocate_neuron_cores  Logical Neuron Core(s) not available - Requested: 6-7 Available: 0,1,2,3" in err
+
+
+def test_a_traced_artefact_loads_only_after_its_framework_is_imported(tmp_path, models):
+    """As the torch-neuron troubleshooting guide describes: "Unknown builtin op: neuron::forward_1"."""
+    assert compile_model(tmp_path, INF1_PLAN, models / "mlp.pt").returncode == 0
+    code = f"import torch; torch.jit.load({str(tmp_path / 'compiled' / 'bucket-0.pt')!r})"
+    result = subprocess.run([TORCH_PYTHON, "-c", code], env={**os.environ, "PYTHONPATH": str(STANDINS)}, capture_output=True, text=True)
+    assert result.returncode != 0 and "Unknown builtin op: neuron::forward_1" in result.stderr
+    result = subprocess.run(
+        [TORCH_PYTHON, "-c", "import torch_neuron; " + code],
+        env={**os.environ, "PYTHONPATH": str(STANDINS)},
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_without_a_compile_step_the_server_traces_the_model_at_start(tmp_path, models):
+    server, port = serve(
+        tmp_path, INF2_PLAN, NEURON_RT_VISIBLE_CORES="0", INFERENTIA_MODEL_PATH=str(models / "conv.pt"), INFERENTIA_COMPILED_MODEL_DIR=""
+    )
+    try:
+        assert server.poll() is None, server.communicate()
+        status, answers = post(port, [[1.0, 2.0]])
+        assert status == 200 and close(answers, expected(models / "conv.pt", [[1.0, 2.0]]))
+    finally:
+        server.kill()
+        server.communicate()
