@@ -231,6 +231,13 @@ class LocalCluster:
         if name == "kube-apiserver":
             self._wait(f"{self.server()}/readyz", time.monotonic() + timeout, name, pids, self.state / "pki")
 
+    def reshape_real_node(self, instance_type: str) -> None:
+        """The real node's device plugin stand-in registers again with the Neuron devices of
+        ``instance_type`` (realnode.SHAPES); the caller relabels the node and waits for the
+        new capacity. For tests of another family than the node's default inf2.24xlarge."""
+        assert self.real_node is not None, "no real node"
+        self.real_node.reshape(instance_type, self.recorded()["pids"], stop_process_groups)
+
     def etcd(self, method: str, body: dict) -> dict:
         """A call to etcd's v3 JSON gateway (``method`` such as "kv/put" or "kv/compaction")."""
         url = f"http://127.0.0.1:{self.ports()['etcd']}/v3/{method}"

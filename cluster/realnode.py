@@ -36,6 +36,9 @@ NODE_NAME = "real-inf2"
 # grant a chip other than the first.
 INSTANCE_TYPE = "inf2.24xlarge"
 CHIPS, CORES_PER_CHIP = 6, 2
+# The shapes the node can take for a test (RealNode.reshape): chips and NeuronCores per chip
+# of each instance type, as the operator's catalogue has them.
+SHAPES = {"inf2.24xlarge": (6, 2), "inf1.6xlarge": (4, 4)}
 # Pods reach this node only where their namespace lets them: the node carries this taint,
 # and a namespace annotated with REAL_NODE_NAMESPACE_ANNOTATIONS gets the toleration and node
 # selector by the API server's PodTolerationRestriction and PodNodeSelector admission plugins.
@@ -152,7 +155,7 @@ class RealNode:
         the node is Ready and advertises its Neuron devices."""
         for sub in ("containerd", "kubelet", "cni-conf", "cni-data", "dev"):
             (self.state / sub).mkdir(parents=True, exist_ok=True)
-        self._make_devices()
+        self._make_devices(CHIPS)
         self._write_cni_config()
         sock = self.state / "containerd" / "containerd.sock"
         (self.state / "containerd.toml").write_text(self._containerd_config(sock))
@@ -187,14 +190,7 @@ class RealNode:
         )  # fmt: skip
         plugin_dir = DEVICE_PLUGIN_DIR
         _wait(lambda: (plugin_dir / "kubelet.sock").exists(), deadline, "kubelet's device-plugin socket")
-        self._start_process(
-            "device-plugin",
-            [
-                str(self.bins / "neuron-device-plugin-standin"), "--plugin-dir", str(plugin_dir),
-                "--dev-dir", str(self.state / "dev"), "--chips", str(CHIPS), "--cores-per-chip", str(CORES_PER_CHIP),
-            ],
-            pids,
-        )  # fmt: skip
+        self._start_device_plugin(CHIPS, CORES_PER_CHIP, pids)
         healthz_port, metrics_port = free_port("127.0.0.1"), free_port("127.0.0.1")
         self._start_process(
             "kube-proxy",
@@ -217,14 +213,37 @@ class RealNode:
         sock = self.state / "containerd" / "containerd.sock"
         return run(str(self.bins / "ctr"), "--address", str(sock), "--namespace", "k8s.io", *args, check=check)
 
-    def _make_devices(self) -> None:
+    def _start_device_plugin(self, chips: int, cores_per_chip: int, pids: dict[str, int]) -> None:
+        self._start_process(
+            "device-plugin",
+            [
+                str(self.bins / "neuron-device-plugin-standin"), "--plugin-dir", str(DEVICE_PLUGIN_DIR),
+                "--dev-dir", str(self.state / "dev"), "--chips", str(chips), "--cores-per-chip", str(cores_per_chip),
+            ],
+            pids,
+        )  # fmt: skip
+
+    def reshape(self, instance_type: str, pids: dict[str, int], stop_process_groups) -> None:
+        """Make the node's Neuron devices those of ``instance_type`` (SHAPES): the device plugin
+        stand-in registers again with that many chips and cores, and the device files follow.
+        The caller relabels the node and waits for the kubelet to advertise the new capacity;
+        no pod may hold a Neuron device meanwhile."""
+        chips, cores_per_chip = SHAPES[instance_type]
+        stop_process_groups([pids["device-plugin"]])
+        self._make_devices(chips)
+        self._start_device_plugin(chips, cores_per_chip, pids)
+
+    def _make_devices(self, chips: int) -> None:
         """Stand-in /dev/neuronN files: character devices with /dev/null's numbers, so that
-        runc can create them in a container as it creates a real Neuron device."""
+        runc can create them in a container as it creates a real Neuron device; none beyond ``chips``."""
         dev = self.state / "dev"
-        for chip in range(CHIPS):
+        for chip in range(chips):
             path = dev / f"neuron{chip}"
             if not path.exists():
                 os.mknod(path, 0o666 | 0o020000, os.makedev(1, 3))
+        for path in dev.glob("neuron*"):
+            if int(path.name.removeprefix("neuron")) >= chips:
+                path.unlink()
 
     def _write_cni_config(self) -> None:
         conf = {

@@ -60,7 +60,7 @@ def test_default_render_is_cluster_wide_with_one_replica_that_passes_restricted(
     }  # fmt: skip
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert "--metrics-port=8081" in container["args"] and "--workers=4" in container["args"]
-    assert "--batching-image=inferentia-operator:0.1.0" in container["args"]  # the operator's own image ships the front end
+    assert "--operator-image=inferentia-operator:0.1.0" in container["args"]  # fetch, upload and the front end run it
     [service] = [d for d in docs if d["kind"] == "Service"]
     assert service["spec"]["ports"] == [{"name": "metrics", "port": 8081, "targetPort": "metrics", "protocol": "TCP"}]
 

@@ -76,13 +76,15 @@ def granted_cores(cluster, pod: dict) -> list[int]:
     import realnode
 
     checkpoint = json.loads((realnode.DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint").read_text())
+    node = cluster.get("node", realnode.NODE_NAME)
+    per_chip = realnode.SHAPES[node["metadata"]["labels"]["node.kubernetes.io/instance-type"]][1]
     cores: list[int] = []
     for entry in checkpoint["Data"]["PodDeviceEntries"]:
         if entry["PodUID"] != pod["metadata"]["uid"]:
             continue
         for ids in entry["DeviceIDs"].values():
-            if entry["ResourceName"] == "aws.amazon.com/neuron":  # a chip: its two cores
-                cores += [int(i) * 2 + k for i in ids for k in range(2)]
+            if entry["ResourceName"] == "aws.amazon.com/neuron":  # a chip: all its cores
+                cores += [int(i) * per_chip + k for i in ids for k in range(per_chip)]
             elif entry["ResourceName"] == "aws.amazon.com/neuroncore":  # a core, numbered node-wide
                 cores += [int(i) for i in ids]
     return sorted(cores)
@@ -193,21 +195,28 @@ def store_client(cluster):
     )  # fmt: skip
 
 
+def object_store(cluster, namespace: str) -> str:
+    """A bucket of the local object store for this namespace, and the Secret ``store`` that
+    gives pods its credentials and endpoint; returns the bucket's name."""
+    bucket = f"models-{namespace}"
+    store_client(cluster).create_bucket(Bucket=bucket)
+    secret = {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "store", "namespace": namespace},
+        "stringData": {
+            "AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local", "AWS_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": cluster.local.object_store(),
+        },
+    }  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(secret))
+    return bucket
+
+
 def test_a_compile_job_writes_the_artefact_the_serving_pods_fetch_and_load(real_node, real_namespace):
     """Defect: NEURON_COMPILED_ARTIFACTS was the s3:// URI, which vLLM's loader reads as a
     local directory, and nothing downloaded it. Now the compile Job (the compiler stand-in)
     uploads to the object store, an init container fetches it, and the server loads it
     with cache misses fatal, on as many cores as the artefact's tensor-parallel degree."""
-    bucket = f"models-{real_namespace}"
-    store_client(real_node).create_bucket(Bucket=bucket)
-    secret = {
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "store", "namespace": real_namespace},
-        "stringData": {
-            "AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local", "AWS_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": real_node.local.object_store(),
-        },
-    }  # fmt: skip
-    real_node.kubectl("apply", "-f", "-", input=json.dumps(secret))
+    bucket = object_store(real_node, real_namespace)
     spec = standin_spec(
         **{
             "model.uri": f"s3://{bucket}/llama/",
@@ -225,7 +234,8 @@ def test_a_compile_job_writes_the_artefact_the_serving_pods_fetch_and_load(real_
     status = real_node.get("inferentiamodel", "compiled", "-n", real_namespace)["status"]
     prefix = status["compiledUri"].removeprefix(f"s3://{bucket}/")
     keys = [o["Key"] for o in store_client(real_node).list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
-    assert keys == [prefix + "model.neff.json"], keys
+    # The vLLM preset's compile ran the image's own entry point; the operator's upload wrote the marker last.
+    assert sorted(keys) == [prefix + "_INFERENTIA_COMPLETE", prefix + "model.neff.json"], keys
     [pod] = serving_pods(real_node, real_namespace, "compiled")
     found = json.loads(
         real_node.kubectl("exec", "-n", real_namespace, pod["metadata"]["name"], "-c", "serve", "--",
@@ -402,18 +412,12 @@ def test_a_secret_reaches_every_serving_process_and_never_the_model(real_node, r
         assert "s3cr3t-value" not in real_node.kubectl("get", kind, "-n", real_namespace, "-o", "yaml").stdout
 
 
-def test_a_compile_the_compiler_refuses_ends_in_compiled_false_with_the_reason(real_node, real_namespace):
-    """neuronx-cc refuses --lnc 2 for inf2 (NCC_EARG001); the stand-in does too. The Job
-    retries once (backoffLimit 1), fails, and the model says Compiled=False with why,
-    while nothing is served from a plan that never compiled."""
-    spec = standin_spec(
-        **{
-            "compile.image": "neuron-compile-standin:0.1.0",
-            "compile.extraArgs": ["--lnc", "2"],
-            "compile.cpu": "200m",
-            "compile.memory": "512Mi",
-        }
-    )
+def test_a_compile_the_compiler_refuses_ends_in_compiled_false_with_the_reason(real_node, real_namespace, tmp_path):
+    """neuronx-cc refuses --lnc 2 for inf2 (NCC_EARG001); the torch-neuronx stand-in's trace
+    does too. The Job retries once (backoffLimit 1), fails, and the model says Compiled=False
+    with why, while nothing is served from a plan that never compiled."""
+    bucket = upload_reference_models(real_node, real_namespace, tmp_path)
+    spec = torch_spec(bucket, "conv.pt", **{"compile.extraArgs": ["--lnc", "2"]})
     apply(real_node, real_namespace, "refused", spec)
 
     def compiled() -> dict:
@@ -424,8 +428,10 @@ def test_a_compile_the_compiler_refuses_ends_in_compiled_false_with_the_reason(r
     assert compiled()["status"] == "False" and "BackoffLimitExceeded" in compiled()["message"]
     [job] = real_node.get("jobs", "-n", real_namespace)["items"]
     assert job["status"].get("failed") == 2
-    logs = real_node.kubectl("logs", "-n", real_namespace, f"job/{job['metadata']['name']}").stdout
-    assert "NCC_EARG001" in logs
+    # The compile program's last words are its container's termination message (FallbackToLogsOnError).
+    pods = real_node.get("pods", "-n", real_namespace, "-l", "app.kubernetes.io/component=compile")["items"]
+    messages = [s["state"].get("terminated", {}).get("message", "") for p in pods for s in p["status"].get("initContainerStatuses", [])]
+    assert any("neuronx-cc failed: ERROR [NCC_EARG001] --lnc 2 is not supported for target inf2" in m for m in messages), messages
     assert real_node.get("deployments", "-n", real_namespace)["items"] == []
 
 
@@ -485,3 +491,187 @@ def test_hugepages_a_model_asks_for_and_no_node_has_end_in_its_status(real_node,
     [deployment] = real_node.get("deployments", "-n", real_namespace)["items"]
     resources = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]
     assert resources["requests"]["hugepages-2Mi"] == resources["limits"]["hugepages-2Mi"] == "256Mi"
+
+
+# -- a real PyTorch model, end to end ------------------------------------------------------------
+
+# Debian's CPU-only PyTorch with the torch-neuronx and torch-neuron stand-ins, standing in for
+# AWS's pytorch-inference-neuronx and pytorch-inference-neuron images (cluster/images.py).
+TORCH_IMAGE = "neuron-torch-standin:0.1.0"
+REFERENCE = Path(__file__).resolve().parents[1] / "models" / "reference.py"
+TORCH_PYTHON = "/usr/bin/python3"  # Debian's python3 with python3-torch (cluster/node-deps.sh)
+
+
+def upload_reference_models(cluster, namespace: str, tmp_path: Path) -> str:
+    """The test's networks (tests/models/reference.py, made here, nothing downloaded), in the
+    namespace's bucket as <name>/model.pt; returns the bucket."""
+    bucket = object_store(cluster, namespace)
+    subprocess.run([TORCH_PYTHON, str(REFERENCE), "build", str(tmp_path / "models")], check=True)
+    for name in ("conv.pt", "mlp.pt"):
+        store_client(cluster).upload_file(str(tmp_path / "models" / name), bucket, f"{name.removesuffix('.pt')}/model.pt")
+    return bucket
+
+
+def torch_spec(bucket: str, model: str, **overrides) -> dict:
+    """An inf2 model of one chip and two processes, compiled and served in the torch image."""
+    base = {
+        "model": {"uri": f"s3://{bucket}/{model.removesuffix('.pt')}/model.pt", "framework": "pytorch"},
+        "compute": {"family": "inf2", "inf": 1, "instanceTypes": ["inf2.24xlarge"], "cpu": "300m", "memory": "1536Mi"},
+        "processesPerReplica": 2,
+        "compile": {"image": TORCH_IMAGE, "storageSecret": "store", "buckets": [[8], [16]], "batchSize": 4, "cpu": "300m", "memory": "1Gi"},
+        "serving": {"image": TORCH_IMAGE, "batching": {"maxBatchSize": 4, "maxLatencyMs": 10000}},
+    }
+    return make_spec(base, **overrides)
+
+
+def expected_answers(tmp_path: Path, model: str, inputs: list) -> list:
+    out = subprocess.run(
+        [TORCH_PYTHON, str(REFERENCE), "predict", str(tmp_path / "models" / model)],
+        input=json.dumps(inputs), capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout)
+
+
+def close(a, b) -> bool:
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
+    return abs(a - b) <= 1e-5 * max(1.0, abs(b))
+
+
+SERVER_ENV = """
+import json, os
+out = []
+for pid in sorted(p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()):
+    try:
+        cmd = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')
+        env = dict(kv.split('=', 1) for kv in open(f'/proc/{pid}/environ', 'rb').read().decode().split('\\0') if '=' in kv)
+    except OSError:
+        continue
+    if cmd[0].endswith(b'python3') and any(c.endswith(b'neuron_serve.py') for c in cmd):
+        out.append({'cmd': [c.decode() for c in cmd if c], 'cores': env.get('NEURON_RT_VISIBLE_CORES'), 'port': env.get('PORT')})
+print(json.dumps(out))
+"""
+
+
+def ask_concurrently(url: str, inputs: list) -> list[tuple[int, str]]:
+    """One request per input, all at once, so the front end has something to batch."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(inputs)) as pool:
+        return list(pool.map(lambda x: post(url, x, timeout=60), inputs))
+
+
+def test_a_pytorch_model_is_compiled_fetched_loaded_in_every_process_and_answers_as_the_network_does(real_node, real_namespace, tmp_path):
+    """Issue 24: the whole path with a real network. The compile Job traces it per bucket with
+    the operator's compile program in the torch image (the torch-neuronx stand-in checks the
+    planned neuronx-cc flags), uploads it with its marker; each serving pod fetches it (the
+    operator's image, built from the Dockerfile's instructions) and runs the operator's model
+    server in both processes on their granted cores; requests through the Service are batched
+    and padded by the front end, and every answer equals the network's own."""
+    bucket = upload_reference_models(real_node, real_namespace, tmp_path)
+    apply(real_node, real_namespace, "conv", torch_spec(bucket, "conv.pt"))
+    wait_ready(real_node, real_namespace, "conv", timeout=400)
+
+    status = real_node.get("inferentiamodel", "conv", "-n", real_namespace)["status"]
+    prefix = status["compiledUri"].removeprefix(f"s3://{bucket}/")
+    keys = sorted(o["Key"].removeprefix(prefix) for o in store_client(real_node).list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"])
+    assert keys == ["_INFERENTIA_COMPLETE", "bucket-0.pt", "bucket-1.pt", "manifest.json"], keys
+    manifest = json.loads(store_client(real_node).get_object(Bucket=bucket, Key=prefix + "manifest.json")["Body"].read())
+    assert manifest["framework"] == "torch_neuronx" and manifest["compilerArgs"] == status["plan"]["compilerArgs"]
+
+    [pod] = serving_pods(real_node, real_namespace, "conv")
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["fetch-artifacts"]
+    granted = granted_cores(real_node, pod)
+    out = real_node.kubectl("exec", "-n", real_namespace, pod["metadata"]["name"], "-c", "serve", "--", "python3", "-c", SERVER_ENV).stdout
+    servers = sorted(json.loads(out), key=lambda p: int(p["port"]))
+    assert [s["cores"] for s in servers] == [str(c) for c in granted], (servers, granted)
+
+    svc = real_node.get("service", "conv", "-n", real_namespace)
+    url = f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}/"
+    inputs = [[float((i * 7 + j) % 5) - 2.0 for j in range(n)] for i, n in enumerate([3, 8, 12, 5, 16, 1, 9, 7, 14, 2, 10, 4])]
+    answers = ask_concurrently(url, inputs)
+    assert [code for code, _ in answers] == [200] * len(inputs), answers
+    got = [json.loads(text) for _, text in answers]
+    assert close(got, expected_answers(tmp_path, "conv.pt", inputs)), got
+    code, text = post(url, [1.0] * 17)
+    assert code == 413, text  # larger than every bucket
+    metrics = subprocess.run(["curl", "-sS", "--max-time", "5", url + "metrics"], capture_output=True, text=True).stdout
+    sizes = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines() if line.startswith("inferentia_batch_size_")}
+    assert sizes["inferentia_batch_size_count"] < len(inputs) + 1, "the front end sent some inputs together"
+
+
+def holds_neuron_devices(pod: dict) -> bool:
+    if pod["status"].get("phase") in ("Succeeded", "Failed"):
+        return False
+    requests = [c.get("resources", {}).get("requests", {}) for c in pod["spec"]["containers"]]
+    return any(k.startswith("aws.amazon.com/neuron") for r in requests for k in r)
+
+
+def reshape(cluster, instance_type: str) -> None:
+    """The real node becomes ``instance_type``: its device plugin stand-in registers the family's
+    chips and cores again, and the node is relabelled, once no pod holds a Neuron device."""
+    import realnode
+
+    def released() -> bool:
+        pods = cluster.get("pods", "-A", "--field-selector", f"spec.nodeName={realnode.NODE_NAME}")["items"]
+        return not any(holds_neuron_devices(p) for p in pods)
+
+    wait_for(released, 180, "no pod on the real node holds a Neuron device", interval=2)
+    cluster.local.reshape_real_node(instance_type)
+    cluster.kubectl("label", "node", realnode.NODE_NAME, f"node.kubernetes.io/instance-type={instance_type}", "--overwrite")
+    chips, per_chip = realnode.SHAPES[instance_type]
+
+    def advertised() -> bool:
+        allocatable = cluster.get("node", realnode.NODE_NAME)["status"].get("allocatable", {})
+        return allocatable.get("aws.amazon.com/neuron") == str(chips) and allocatable.get("aws.amazon.com/neuroncore") == str(
+            chips * per_chip
+        )
+
+    wait_for(advertised, 60, f"the real node advertises {instance_type}'s devices", interval=1)
+
+
+@pytest.fixture
+def inf1_node(real_node):
+    """The real node as an inf1.6xlarge (4 Inferentia chips of 4 NeuronCores) for one test, then
+    an inf2.24xlarge again."""
+    reshape(real_node, "inf1.6xlarge")
+    try:
+        yield real_node
+    finally:
+        reshape(real_node, "inf2.24xlarge")
+
+
+def test_an_inf1_model_of_four_processes_is_traced_with_torch_neuron_and_answers_as_the_network_does(inf1_node, real_namespace, tmp_path):
+    """Issue 24, inf1: a module saved with torch.save, traced with torch_neuron.trace and
+    --neuroncore-pipeline-cores 2 (checked by the stand-in as neuron-cc would), and served by four
+    processes on two chips, each on its own two of the eight granted cores."""
+    bucket = upload_reference_models(inf1_node, real_namespace, tmp_path)
+    spec = torch_spec(
+        bucket, "mlp.pt",
+        **{"compute.family": "inf1", "compute.inf": 2, "compute.instanceTypes": ["inf1.6xlarge"], "compute.memory": "2Gi",
+           "processesPerReplica": 4, "compile.buckets": [[16]], "compile.dynamicBatchSize": True},
+    )  # fmt: skip
+    apply(inf1_node, real_namespace, "mlp", spec)
+    wait_ready(inf1_node, real_namespace, "mlp", timeout=400)
+    status = inf1_node.get("inferentiamodel", "mlp", "-n", real_namespace)["status"]
+    assert status["plan"]["compilerArgs"][:2] == ["--neuroncore-pipeline-cores", "2"]
+    manifest = json.loads(
+        store_client(inf1_node)
+        .get_object(Bucket=bucket, Key=status["compiledUri"].removeprefix(f"s3://{bucket}/") + "manifest.json")["Body"]
+        .read()
+    )
+    assert manifest["framework"] == "torch_neuron"
+
+    [pod] = serving_pods(inf1_node, real_namespace, "mlp")
+    granted = granted_cores(inf1_node, pod)
+    assert len(granted) == 8
+    out = inf1_node.kubectl("exec", "-n", real_namespace, pod["metadata"]["name"], "-c", "serve", "--", "python3", "-c", SERVER_ENV).stdout
+    servers = sorted(json.loads(out), key=lambda p: int(p["port"]))
+    assert [s["cores"] for s in servers] == [f"{granted[i]}-{granted[i + 1]}" for i in range(0, 8, 2)], (servers, granted)
+
+    svc = inf1_node.get("service", "mlp", "-n", real_namespace)
+    url = f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}/"
+    inputs = [[float((i + j) % 7) / 3 - 1 for j in range(16)] for i in range(10)]
+    answers = ask_concurrently(url, inputs)
+    assert [code for code, _ in answers] == [200] * len(inputs), answers
+    assert close([json.loads(text) for _, text in answers], expected_answers(tmp_path, "mlp.pt", inputs))

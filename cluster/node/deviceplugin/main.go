@@ -128,7 +128,12 @@ func (p *plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 		}
 		log.Printf("%s: allocate %v -> devices %v, NEURON_RT_VISIBLE_CORES=%s", p.resource, c.DevicesIds, chipIDs, strings.Join(list, ","))
 		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerAllocateResponse{
-			Envs:    map[string]string{"NEURON_RT_VISIBLE_CORES": strings.Join(list, ",")},
+			// NEURON_STANDIN_CORES_PER_DEVICE is for the runtime stand-in only (the real runtime
+			// asks the driver how many cores a device has); nothing the operator runs reads it.
+			Envs: map[string]string{
+				"NEURON_RT_VISIBLE_CORES":         strings.Join(list, ","),
+				"NEURON_STANDIN_CORES_PER_DEVICE": strconv.Itoa(p.coresPerChip),
+			},
 			Devices: devices,
 		})
 	}

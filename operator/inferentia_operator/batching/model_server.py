@@ -1,14 +1,10 @@
-"""A model process that follows the front end's contract: ``POST /`` with a JSON list of
-inputs, answered with a JSON list of outputs; ``GET /healthz`` once loaded.
+"""A stand-in model process for the batching front end's tests and benchmark, following
+the front end's contract: ``POST /`` with a JSON list of inputs, answered with a JSON list of
+outputs; ``GET /healthz`` once loaded.
 
-- ``--torchscript PATH``: a traced torch-neuron / torch-neuronx model (``torch.jit.load``;
-  the Neuron frameworks register the Neuron ops when imported). Inputs are stacked into
-  one batch tensor, run in one call, and split back per input. Run it in each serving
-  process (``serving.args``); the launcher gives it ``PORT`` and its NeuronCore Group.
-- ``--stand-in FIXED_MS,PER_ITEM_MS``: no model; a batch of n takes FIXED + PER_ITEM * n
-  milliseconds and each output is its input. The tests and the benchmark use it.
-
-One batch runs at a time, as on a NeuronCore Group.
+``--stand-in FIXED_MS,PER_ITEM_MS``: no model; a batch of n takes FIXED + PER_ITEM * n
+milliseconds and each output is its input. One batch runs at a time, as on a NeuronCore
+Group. Real models are served by the operator's model server (programs/neuron_serve.py).
 """
 
 from __future__ import annotations
@@ -28,29 +24,6 @@ def stand_in(fixed_ms: float, per_item_ms: float) -> Predict:
     async def predict(inputs: list[Any]) -> list[Any]:
         await asyncio.sleep((fixed_ms + per_item_ms * len(inputs)) / 1000)
         return inputs
-
-    return predict
-
-
-def torchscript(path: str) -> Predict:  # pragma: no cover - needs torch and a Neuron device
-    import torch
-
-    for framework in ("torch_neuronx", "torch_neuron"):
-        try:
-            __import__(framework)  # registers the Neuron ops the traced graph calls
-            break
-        except ImportError:
-            continue
-    model = torch.jit.load(path)
-
-    async def predict(inputs: list[Any]) -> list[Any]:
-        def run() -> list[Any]:
-            with torch.no_grad():
-                batch = torch.tensor(inputs)
-                result: list[Any] = model(batch).tolist()
-                return result
-
-        return await asyncio.get_running_loop().run_in_executor(None, run)
 
     return predict
 
@@ -82,15 +55,10 @@ def main(argv: list[str] | None = None) -> None:
     # Every address of the pod by default: the Service reaches a process directly when no
     # front end runs.
     parser.add_argument("--host", default="0.0.0.0")
-    group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--torchscript", metavar="PATH")
-    group.add_argument("--stand-in", metavar="FIXED_MS,PER_ITEM_MS")
+    parser.add_argument("--stand-in", metavar="FIXED_MS,PER_ITEM_MS", required=True)
     args = parser.parse_args(argv)
-    if args.stand_in:
-        fixed, per_item = (float(x) for x in args.stand_in.split(","))
-        predict = stand_in(fixed, per_item)
-    else:
-        predict = torchscript(args.torchscript)
+    fixed, per_item = (float(x) for x in args.stand_in.split(","))
+    predict = stand_in(fixed, per_item)
     web.run_app(app(predict), host=args.host, port=args.port, print=None, access_log=None)
 
 
