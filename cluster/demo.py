@@ -2,9 +2,10 @@
 
 Brings the local control plane up (simulated Inferentia fleet and, as root, the real
 node), installs the CRDs, starts the operator in the background, applies
-manifests/samples/*.yaml and shows the models going from Compiling to Ready; then a
-model on the real node answers a request through its Service. Everything keeps running
-until `make cluster-down`.
+manifests/samples/*.yaml and shows the models going from Compiling to Ready; then the GPT-2
+sample runs on the real node (cluster/samples.py says what differs there) and answers token
+ids through its Service with a real forward pass, beside the same network run directly.
+Everything keeps running until `make cluster-down`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 import localcluster
+from samples import NETWORKS, STORE_SECRET, run_here
 
 REPO = localcluster.REPO
 STATE = localcluster.DEFAULT_STATE
@@ -103,18 +107,45 @@ def demo() -> int:
 
 
 def real_node_request(cluster: localcluster.LocalCluster) -> str:
-    """The last step: a model on the real node answers a request through its Service.
-    Returns the command to send one yourself ("" when the node could not run here)."""
+    """The last step: the GPT-2 sample on the real node answers through its Service with a real
+    forward pass. Returns the command to ask it yourself ("" when the node could not run here)."""
     if cluster.real_node is None:
         print(f"no real node ({cluster.real_node_skipped}): the models above ran on simulated nodes only")
         return ""
+    import boto3
+
+    ns, sample = "real-node-demo", REPO / "manifests" / "samples" / "gpt2-inf2.yaml"
     cluster.kubectl("apply", "-f", str(localcluster.HERE / "demo-real-node.yaml"))
-    ns, name = "real-node-demo", "llama-standin"
-    cluster.kubectl("wait", "-n", ns, f"inferentiamodel/{name}", "--for=condition=Ready", "--timeout=180s")
+    doc = run_here(yaml.safe_load(sample.read_text()), ns)
+    name, uri = doc["metadata"]["name"], doc["spec"]["model"]["uri"]
+    network, dtype, inputs = NETWORKS[uri]
+    # The model the sample names: a small network made here (tests/models/reference.py), nothing downloaded.
+    models, reference = STATE / "models", REPO / "tests" / "models" / "reference.py"
+    subprocess.run(["/usr/bin/python3", str(reference), "build", str(models)], check=True)
+    endpoint = cluster.object_store()
+    store = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="local", aws_secret_access_key="local")
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    if bucket not in [b["Name"] for b in store.list_buckets()["Buckets"]]:
+        store.create_bucket(Bucket=bucket)
+    store.upload_file(str(models / network), bucket, key)
+    secret = {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": STORE_SECRET, "namespace": ns},
+        "stringData": {"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local", "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint},
+    }  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(secret))
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+    cluster.kubectl("wait", "-n", ns, f"inferentiamodel/{name}", "--for=condition=Ready", "--timeout=300s")
     ip = cluster.kubectl("get", "-n", ns, "service", name, "-o", "jsonpath={.spec.clusterIP}")
-    command = f"curl -s -H 'Content-Type: application/json' -d '{{\"prompt\": \"Hello\"}}' http://{ip}:8000/v1/completions"
-    answer = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30)
-    print(f"{name} on the real node (real containers; Neuron stand-ins) answers through its Service:\n  $ {command}\n  {answer.stdout}\n")
+    port = doc["spec"]["serving"].get("port", 8080)
+    command = f"curl -s -H 'Content-Type: application/json' -d '{inputs[:1]}' http://{ip}:{port}/"
+    answer = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
+    direct = subprocess.run(
+        ["/usr/bin/python3", str(reference), "predict", str(models / network), dtype], input=str(inputs[:1]), capture_output=True, text=True
+    )  # fmt: skip
+    print(
+        f"{name} on the real node (real containers and PyTorch; Neuron stand-ins) answers token ids through its Service:\n"
+        f"  $ {command}\n  {answer.stdout}\n  the same network run directly: {direct.stdout}"
+    )
     return f"  {command}   # the real node's model\n"
 
 

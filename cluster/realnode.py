@@ -37,8 +37,10 @@ NODE_NAME = "real-inf2"
 INSTANCE_TYPE = "inf2.24xlarge"
 CHIPS, CORES_PER_CHIP = 6, 2
 # The shapes the node can take for a test (RealNode.reshape): chips and NeuronCores per chip
-# of each instance type, as the operator's catalogue has them.
-SHAPES = {"inf2.24xlarge": (6, 2), "inf1.6xlarge": (4, 4)}
+# of each instance type, as the operator's catalogue has them. trn2's are counted in logical
+# cores at its default LNC 2 (4 of a chip's 8 physical cores): how AWS's device plugin numbers
+# trn2 cores under LNC is not documented, so only the samples' LNC 2 is modelled.
+SHAPES = {"inf2.24xlarge": (6, 2), "inf1.6xlarge": (4, 4), "trn2.48xlarge": (16, 4)}
 # Pods reach this node only where their namespace lets them: the node carries this taint,
 # and a namespace annotated with REAL_NODE_NAMESPACE_ANNOTATIONS gets the toleration and node
 # selector by the API server's PodTolerationRestriction and PodNodeSelector admission plugins.

@@ -68,6 +68,34 @@ def test_compile_states():
     assert c.compiled_condition(False, None, None, "u").status == "True"
 
 
+def test_a_failed_compile_quotes_what_its_compile_step_said():
+    """The compile step's termination message (FallbackToLogsOnError) reaches Compiled=False,
+    from the Job's own pods only; a pod that failed and was retried counts by its last state."""
+    from inferentia_operator.shell.observe import project_pod
+
+    def pod(job_name: str, exit_code: int, message: str) -> dict:
+        return project_pod({
+            "metadata": {"name": f"{job_name}-x", "namespace": "ns", "labels": {"batch.kubernetes.io/job-name": job_name}},
+            "status": {"phase": "Failed", "initContainerStatuses": [
+                {"name": "fetch-model", "state": {"terminated": {"exitCode": 0}}},
+                {"name": "compile", "state": {"terminated": {"exitCode": exit_code, "message": message}}},
+            ], "containerStatuses": [
+                # Never ran after the compile step failed; kwok's simulated failure marks it failed all the same.
+                {"name": "upload", "state": {"terminated": {"exitCode": exit_code, "message": "not the cause"}}},
+            ]},
+        })  # fmt: skip
+
+    pods = [pod("other", 1, "not this one"), pod("j", 1, "line 1\nneuronx-cc failed: ERROR [NCC_EARG001] --lnc 2 is not supported")]
+    failure = c.compile_failure("j", pods)
+    assert failure.endswith("compile: line 1\nneuronx-cc failed: ERROR [NCC_EARG001] --lnc 2 is not supported")
+    failed_job = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}}
+    failed = c.compiled_condition(True, "j", failed_job, "u", failure=failure)
+    assert failed.message.startswith("Job j failed: BackoffLimitExceeded; compile: ") and "NCC_EARG001" in failed.message
+    assert c.compile_failure("j", [pod("j", 0, "fine")]) == ""
+    long = pod("j", 1, "x" * 5000)
+    assert len(c.compile_failure("j", [long])) < 500  # the end of a long log, not all of it
+
+
 def test_a_failed_compile_keeps_ready_false_and_stops_progressing():
     failed = c.cond("Compiled", "False", "CompileFailed", "Job j failed: x")
     d = deployment(hash_="old")

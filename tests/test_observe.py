@@ -48,7 +48,7 @@ def test_a_pod_projection_keeps_placement_readiness_and_plan_volume():
     }
     kept = project_pod(pod)
     assert kept["spec"] == {"nodeName": "n1", "volumes": [{"configMap": {"name": "bert-plan-1"}}]}
-    assert kept["status"] == {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    assert kept["status"] == {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}], "failures": []}
 
 
 def test_the_owner_is_the_controller_model_before_the_label():

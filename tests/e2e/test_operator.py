@@ -136,7 +136,7 @@ def test_an_invalid_edit_leaves_the_running_deployment_alone(cluster, operator, 
     wait_ready(cluster, namespace, "m")
     before = cluster.get("deployment", "m", "-n", namespace)
     # Static weights that cannot fit: a rule only the operator checks (CEL cannot see staticWeights).
-    apply_model(cluster, namespace, "m", **{"model.weights": 100_000_000_000, "compile.staticWeights": True})
+    apply_model(cluster, namespace, "m", **{"model.weights": 100_000_000_000, "compile.staticWeights": True, "compile.buckets": DROP})
     body = wait_condition(cluster, namespace, "m", "Validated", "False", "InvalidSpec")
     message = condition(body, "Validated")["message"]
     assert message.startswith("spec.compile.staticWeights: true needs 186 GiB")
@@ -378,6 +378,8 @@ def test_a_failed_compile_is_reported_and_the_previous_deployment_keeps_serving(
     apply_model(cluster, namespace, "m", **{"compile.image": FAILING_COMPILER})
     body = wait_condition(cluster, namespace, "m", "Compiled", "False", "CompileFailed", timeout=90)
     assert "failed: BackoffLimitExceeded" in condition(body, "Compiled")["message"]
+    # What the compile step said (its termination message) is in the status too.
+    assert "compile: simulated compiler failure" in condition(body, "Compiled")["message"]
     assert (condition(body, "Ready")["reason"], condition(body, "Stalled")["status"]) == ("CompileFailed", "True")
     assert condition(body, "Available")["status"] == "True"
     after = cluster.get("deployment", "m", "-n", namespace)
@@ -388,7 +390,7 @@ def test_a_failed_compile_is_reported_and_the_previous_deployment_keeps_serving(
 
 @pytest.mark.parametrize("sample", ["llama-inf2-vllm.yaml", "trn2-lnc2.yaml"])
 def test_neuron_2x_samples_reach_ready_with_the_planned_command(cluster, operator, namespace, sample):
-    """The vLLM preset on inf2 and logical cores on trn2, on the simulated fleet."""
+    """The vLLM preset on inf2, and on trn2 with logical cores, on the simulated fleet."""
     from kit import ROOT
 
     body = yaml.safe_load((ROOT / "manifests" / "samples" / sample).read_text())
@@ -403,16 +405,15 @@ def test_neuron_2x_samples_reach_ready_with_the_planned_command(cluster, operato
     assert applied(children.serving_deployment(m), deployment)
     [container] = deployment["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["/bin/sh", "/etc/inferentia/launch.sh"]
-    if m.spec.serving.runtime == "vllm":
-        assert container["args"] == children.vllm_args(m)
-        assert container["args"][container["args"].index("--tensor-parallel-size") + 1] == "2"
-        assert container["startupProbe"]["httpGet"]["path"] == "/health"
-    else:
-        env = json.loads(cluster.get("configmap", children.plan_configmap_name(m), "-n", namespace)["data"]["plan.json"])["env"]
-        assert {e["NEURON_LOGICAL_NC_CONFIG"] for e in env} == {"2"}
-        assert cluster.get("job", children.compile_job_name(m), "-n", namespace)["spec"]["template"]["spec"]["containers"][0]["args"][
-            -2:
-        ] == ["--lnc", "2"]
+    assert container["args"] == children.vllm_args(m)
+    # One vLLM server per group, tensor parallel over its logical cores: 2 on inf2, 8 on trn2 at LNC 2.
+    assert (
+        container["args"][container["args"].index("--tensor-parallel-size") + 1]
+        == {"llama-inf2-vllm.yaml": "2", "trn2-lnc2.yaml": "8"}[sample]
+    )
+    assert container["startupProbe"]["httpGet"]["path"] == "/health"
+    env = json.loads(cluster.get("configmap", children.plan_configmap_name(m), "-n", namespace)["data"]["plan.json"])["env"]
+    assert {e["NEURON_LOGICAL_NC_CONFIG"] for e in env} == {"1" if m.plan.family == "inf2" else "2"}
     [pod] = cluster.get("pod", "-n", namespace, "-l", children.selector_string(m))["items"]
     node = cluster.get("node", pod["spec"]["nodeName"])
     assert node["metadata"]["labels"]["node.kubernetes.io/instance-type"] in m.plan.instance_types

@@ -99,7 +99,7 @@ for pid in sorted(p for p in os.listdir('/proc') if p.isdigit() and int(p) != os
         env = dict(kv.split('=', 1) for kv in open(f'/proc/{pid}/environ', 'rb').read().decode().split('\\0') if '=' in kv)
     except OSError:
         continue
-    if any(b'neuron-serve' in c or b'vllm' in c for c in cmd) and b'/bin/sh' not in cmd[0]:
+    if any(b'neuron-serve' in c or b'vllm' in c or c.endswith(b'neuron_serve.py') for c in cmd) and b'/bin/sh' not in cmd[0]:
         out.append({k: env.get(k) for k in ('NEURON_RT_VISIBLE_CORES', 'NEURON_CC_FLAGS', 'PORT', 'HOME', 'HF_HOME', 'NEURON_COMPILED_ARTIFACTS', 'VLLM_NEURON_DISABLE_WARMUP_COMPILE')})
 print(json.dumps(out))
 """
@@ -317,10 +317,11 @@ def ready_pods(cluster, namespace: str) -> list[dict]:
 
 def post(url: str, body, timeout: float = 5.0) -> tuple[int, str]:
     """One request with curl (loopback and pod or Service addresses only); (HTTP status, body)."""
+    # The body on stdin: an image is larger than a command line may be.
     result = subprocess.run(
         ["curl", "-sS", "-o", "-", "-w", "\\n%{http_code}", "--max-time", str(timeout), "-H", "Content-Type: application/json",
-         "-d", json.dumps(body), url],
-        capture_output=True, text=True,
+         "--data-binary", "@-", url],
+        input=json.dumps(body), capture_output=True, text=True,
     )  # fmt: skip
     text, _, code = result.stdout.rpartition("\n")
     return (int(code) if code.isdigit() else 0), text
@@ -426,6 +427,8 @@ def test_a_compile_the_compiler_refuses_ends_in_compiled_false_with_the_reason(r
 
     wait_for(lambda: compiled().get("reason") == "CompileFailed", 150, "Compiled=False, CompileFailed", interval=1)
     assert compiled()["status"] == "False" and "BackoffLimitExceeded" in compiled()["message"]
+    # The status says why, in the compiler's words.
+    wait_for(lambda: "NCC_EARG001" in compiled()["message"], 30, "the compiler's refusal in the status", interval=1)
     [job] = real_node.get("jobs", "-n", real_namespace)["items"]
     assert job["status"].get("failed") == 2
     # The compile program's last words are its container's termination message (FallbackToLogsOnError).
@@ -538,21 +541,6 @@ def close(a, b) -> bool:
     return abs(a - b) <= 1e-5 * max(1.0, abs(b))
 
 
-SERVER_ENV = """
-import json, os
-out = []
-for pid in sorted(p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()):
-    try:
-        cmd = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')
-        env = dict(kv.split('=', 1) for kv in open(f'/proc/{pid}/environ', 'rb').read().decode().split('\\0') if '=' in kv)
-    except OSError:
-        continue
-    if cmd[0].endswith(b'python3') and any(c.endswith(b'neuron_serve.py') for c in cmd):
-        out.append({'cmd': [c.decode() for c in cmd if c], 'cores': env.get('NEURON_RT_VISIBLE_CORES'), 'port': env.get('PORT')})
-print(json.dumps(out))
-"""
-
-
 def ask_concurrently(url: str, inputs: list) -> list[tuple[int, str]]:
     """One request per input, all at once, so the front end has something to batch."""
     from concurrent.futures import ThreadPoolExecutor
@@ -582,9 +570,8 @@ def test_a_pytorch_model_is_compiled_fetched_loaded_in_every_process_and_answers
     [pod] = serving_pods(real_node, real_namespace, "conv")
     assert [c["name"] for c in pod["spec"]["initContainers"]] == ["fetch-artifacts"]
     granted = granted_cores(real_node, pod)
-    out = real_node.kubectl("exec", "-n", real_namespace, pod["metadata"]["name"], "-c", "serve", "--", "python3", "-c", SERVER_ENV).stdout
-    servers = sorted(json.loads(out), key=lambda p: int(p["port"]))
-    assert [s["cores"] for s in servers] == [str(c) for c in granted], (servers, granted)
+    servers = sorted(process_envs(real_node, real_namespace, pod["metadata"]["name"]), key=lambda p: int(p["PORT"]))
+    assert [s["NEURON_RT_VISIBLE_CORES"] for s in servers] == [str(c) for c in granted], (servers, granted)
 
     svc = real_node.get("service", "conv", "-n", real_namespace)
     url = f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}/"
@@ -665,9 +652,8 @@ def test_an_inf1_model_of_four_processes_is_traced_with_torch_neuron_and_answers
     [pod] = serving_pods(inf1_node, real_namespace, "mlp")
     granted = granted_cores(inf1_node, pod)
     assert len(granted) == 8
-    out = inf1_node.kubectl("exec", "-n", real_namespace, pod["metadata"]["name"], "-c", "serve", "--", "python3", "-c", SERVER_ENV).stdout
-    servers = sorted(json.loads(out), key=lambda p: int(p["port"]))
-    assert [s["cores"] for s in servers] == [f"{granted[i]}-{granted[i + 1]}" for i in range(0, 8, 2)], (servers, granted)
+    servers = sorted(process_envs(inf1_node, real_namespace, pod["metadata"]["name"]), key=lambda p: int(p["PORT"]))
+    assert [s["NEURON_RT_VISIBLE_CORES"] for s in servers] == [f"{granted[i]}-{granted[i + 1]}" for i in range(0, 8, 2)], (servers, granted)
 
     svc = inf1_node.get("service", "mlp", "-n", real_namespace)
     url = f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}/"

@@ -109,7 +109,8 @@ def decide(o: Observed, now: str) -> Decision:
     job_name = Obj(job_body).name
     live_job = o.live("Job", job_name) if job_name else None
     changed = _changed_compile_inputs(o, job_name, children.compile_inputs(m)) if job_body is not None else None
-    compiled = status.compiled_condition(job_body is not None, job_name, live_job, children.compiled_uri(m), changed)
+    failure = status.compile_failure(job_name, o.pods) if job_name else ""
+    compiled = status.compiled_condition(job_body is not None, job_name, live_job, children.compiled_uri(m), changed, failure)
 
     # The plan ConfigMap and Service always; the compile Job when there is one; the
     # Deployment only once the plan is compiled (else the previous one keeps serving).

@@ -11,6 +11,8 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 PLAN_HASH_ANNOTATION = f"{GROUP}/plan-hash"
 COMPILE_HASH_LABEL = f"{GROUP}/compile-hash"
 COMPILE_INPUTS_ANNOTATION = f"{GROUP}/compile-inputs"
+# The label the Job controller puts on its pods (Kubernetes 1.27 and later).
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
 # The operator's own image, which serving and compile pods use to fetch and upload artefacts
 # and to run the batching front end (`inferentia-operator fetch|upload|batch`). Build it from

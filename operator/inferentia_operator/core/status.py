@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from . import api
-from .names import COMPONENT_LABEL, DEFAULT_OPERATOR_IMAGE, PLAN_HASH_ANNOTATION
+from .names import COMPONENT_LABEL, DEFAULT_OPERATOR_IMAGE, JOB_NAME_LABEL, PLAN_HASH_ANNOTATION
 from .objects import Obj
 
 # Flux's kstatus reads only observedGeneration and the "abnormal-true" Reconciling and
@@ -228,13 +228,31 @@ def blocked_by(conflicts: Sequence[Conflict], failures: Sequence[WriteFailure]) 
     return None
 
 
+def compile_failure(job_name: str | None, pods: Sequence[Mapping[str, Any]]) -> str:
+    """What the compile Job's failure said: in its last failed pod, the first container that failed
+    (its termination message; the containers after it in the pod never ran), or ''."""
+    said = [
+        f"{failures[0]['container']}: {failures[0]['message']}"
+        for p in pods
+        if Obj(p).labels.get(JOB_NAME_LABEL) == job_name
+        and (failures := [f for f in Obj(p).status.get("failures") or [] if f.get("message")])
+    ]
+    return said[-1] if said else ""
+
+
 def compiled_condition(
-    job_required: bool, job_name: str | None, job: Mapping[str, Any] | None, uri: str, changed: list[str] | None = None
+    job_required: bool,
+    job_name: str | None,
+    job: Mapping[str, Any] | None,
+    uri: str,
+    changed: list[str] | None = None,
+    failure: str = "",
 ) -> api.Condition:
     """The Compiled condition. ``changed``: the compile inputs that differ from the last
-    successful compile's, named in the message while a new compile runs."""
+    successful compile's, named in the message while a new compile runs; ``failure``: what the
+    failed compile step said."""
     if not job_required:
-        return cond("Compiled", "True", "CompiledAtLoad", "no compile image: the serving pods compile at load time from NEURON_CC_FLAGS")
+        return cond("Compiled", "True", "CompiledAtLoad", "no compile image: the serving pods compile at load time with the planned flags")
     state = job_state(job)
     if state.phase == "Complete":
         return cond(
@@ -242,7 +260,8 @@ def compiled_condition(
             f"Job {job_name} compiled the model to {uri}; the serving pods fetch it and load it without compiling",
         )  # fmt: skip
     if state.phase == "Failed":
-        return cond("Compiled", "False", "CompileFailed", f"Job {job_name} failed: {state.why or 'no reason given'}")
+        said = f"; {failure}" if failure else ""
+        return cond("Compiled", "False", "CompileFailed", f"Job {job_name} failed: {state.why or 'no reason given'}{said}")
     why = f" ({', '.join(changed)} changed since the last compile)" if changed else ""
     return cond("Compiled", "False", "Compiling", f"Job {job_name} is compiling the model for the new plan{why}")
 

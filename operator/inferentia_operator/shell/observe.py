@@ -53,8 +53,26 @@ def project_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "metadata": _metadata(body),
         "spec": {"nodeName": spec.get("nodeName"), "volumes": volumes},
-        "status": {"phase": status.get("phase"), "conditions": conds},
+        "status": {"phase": status.get("phase"), "conditions": conds, "failures": container_failures(status)},
     }
+
+
+# How much of a container's termination message status quotes: its last lines say why.
+FAILURE_MESSAGE_CHARS = 400
+
+
+def container_failures(status: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Containers (init containers first) that ended with a non-zero exit, with the end of their
+    termination message: a compile step's error, as FallbackToLogsOnError keeps it."""
+    failures = []
+    for c in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        for state in (c.get("state") or {}, c.get("lastState") or {}):
+            ended = state.get("terminated") or {}
+            if ended.get("exitCode"):
+                message = str(ended.get("message") or ended.get("reason") or "").strip()
+                failures.append({"container": str(c.get("name")), "message": message[-FAILURE_MESSAGE_CHARS:]})
+                break
+    return failures
 
 
 def pod_signature(pod: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -63,7 +81,8 @@ def pod_signature(pod: Mapping[str, Any]) -> tuple[Any, ...]:
     p = project_pod(pod)
     meta = p["metadata"]
     conds = tuple(sorted((c.get("type"), c.get("status"), c.get("reason"), c.get("message")) for c in p["status"]["conditions"]))
-    return (meta.get("deletionTimestamp") is not None, p["spec"]["nodeName"], conds, tuple(str(v) for v in p["spec"]["volumes"]))
+    failures = tuple((f["container"], f["message"]) for f in p["status"]["failures"])
+    return (meta.get("deletionTimestamp") is not None, p["spec"]["nodeName"], conds, tuple(str(v) for v in p["spec"]["volumes"]), failures)
 
 
 class Packed:

@@ -1,0 +1,62 @@
+"""The samples of manifests/samples/ as they run on the local cluster's real node, for the
+samples test and `make demo`.
+
+What differs from a sample as written, and why:
+- the namespace: one whose pods go to the real node;
+- the images: ``neuron-torch-standin`` (Debian's CPU-only PyTorch with the torch-neuronx,
+  torch-neuron and vLLM stand-ins) for AWS's pytorch-inference-neuron, -neuronx and
+  -vllm-neuronx images; the operator gives every container its command, so their entry
+  points never run;
+- cpu and memory of the replica and the compile Job, scaled to this 2-CPU machine;
+- ``compile.storageSecret``: the local object store's credentials and endpoint, where on EKS
+  the pods' ServiceAccount would carry them (IRSA or EKS Pod Identity);
+- the models the samples name are the tests' own networks (tests/models/reference.py) of the
+  same input kind, uploaded where the samples look.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+TORCH_IMAGE = "neuron-torch-standin:0.1.0"
+AWS_IMAGES = (
+    "public.ecr.aws/neuron/pytorch-inference-neuron:",
+    "public.ecr.aws/neuron/pytorch-inference-neuronx:",
+    "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:",
+)
+STORE_SECRET = "store"
+# The network standing in for the model each sample names, its input dtype, and inputs to ask
+# it with (None: an image, made by image_input()).
+NETWORKS: dict[str, tuple[str, str, list | None]] = {
+    "s3://models-example/bert-base-uncased/model.pt": ("tokens.pt", "int64", [[101, 2023, 2003, 1037, 3231, 102], [101, 7592, 102]]),
+    "s3://models-example/distilbert-base-uncased/model.pt": ("tokens.pt", "int64", [[101, 2307, 102], [101, 1, 2, 3, 4, 102]]),
+    "s3://models-example/gpt2/model.pt": ("tokens.pt", "int64", [[464, 3290, 318], [15496, 11, 995, 0]]),
+    "s3://models-example/resnet50/model.pt": ("image.pt", "float32", None),
+}
+# The instance type the real node takes for each family's samples.
+SHAPE = {"inf1": "inf1.6xlarge", "inf2": "inf2.24xlarge", "trn2": "trn2.48xlarge"}
+
+
+def image_input() -> list:
+    """One 3x224x224 image, values 0 to 0.8."""
+    return [[[((c + i + j) % 5) / 5 for j in range(224)] for i in range(224)] for c in range(3)]
+
+
+def run_here(doc: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """The sample ``doc`` as it runs on the real node (see the module's docstring)."""
+    doc = copy.deepcopy(doc)
+    doc["metadata"]["namespace"] = namespace
+    spec = doc["spec"]
+    for part in ("serving", "compile"):
+        image = spec.get(part, {}).get("image")
+        if image:
+            if not image.startswith(AWS_IMAGES):
+                raise ValueError(f"{image} is not an image AWS's Neuron DLC list names")
+            spec[part]["image"] = TORCH_IMAGE
+    spec["compute"] |= {"cpu": "100m", "memory": "1536Mi" if spec.get("processesPerReplica", 1) > 1 else "1Gi"}
+    if spec.get("compile", {}).get("image"):
+        spec["compile"] |= {"cpu": "200m", "memory": "1Gi"}
+    if spec["model"]["uri"].startswith("s3://"):
+        spec.setdefault("compile", {})["storageSecret"] = STORE_SECRET
+    return doc

@@ -1,0 +1,92 @@
+"""Every sample in manifests/samples/ goes Ready on the real node and answers, with the test
+images standing in for the AWS images it names. What differs from a sample as written, and
+why, is in cluster/samples.py; the real node takes the instance type each sample needs
+(inf2.24xlarge, inf1.6xlarge, trn2.48xlarge), one shape at a time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from test_real_node import (
+    TORCH_PYTHON,
+    ask_concurrently,
+    close,
+    cluster_ip_request,
+    object_store,
+    reshape,
+    serving_pods,
+    store_client,
+    wait_ready,
+)
+
+from samples import NETWORKS, SHAPE, image_input, run_here
+
+pytestmark = pytest.mark.usefixtures("operator")
+
+SAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "samples"
+REFERENCE = Path(__file__).resolve().parents[1] / "models" / "reference.py"
+
+
+def samples() -> list[Path]:
+    """By family, so that the node changes shape as few times as it can."""
+    docs = {p: yaml.safe_load(p.read_text()) for p in sorted(SAMPLES.glob("*.yaml"))}
+    return sorted(docs, key=lambda p: (docs[p]["spec"]["compute"].get("family", "inf1"), p.name))
+
+
+@pytest.fixture(scope="module")
+def node_shape(real_node):
+    """Reshapes the real node on demand; leaves it an inf2.24xlarge, as the other modules expect."""
+    import realnode
+
+    def shape(instance_type: str) -> None:
+        label = real_node.get("node", realnode.NODE_NAME)["metadata"]["labels"]["node.kubernetes.io/instance-type"]
+        if label != instance_type:
+            reshape(real_node, instance_type)
+
+    yield shape
+    shape("inf2.24xlarge")
+
+
+@pytest.mark.parametrize("path", samples(), ids=lambda p: p.stem)
+def test_every_sample_goes_ready_on_the_real_node_and_answers(path, node_shape, real_node, real_namespace, tmp_path):
+    doc = run_here(yaml.safe_load(path.read_text()), real_namespace)
+    spec, name = doc["spec"], doc["metadata"]["name"]
+    node_shape(SHAPE[spec["compute"].get("family", "inf1")])
+    uri = spec["model"]["uri"]
+    if uri.startswith("s3://"):
+        bucket, _, key = uri.removeprefix("s3://").partition("/")
+        object_store(real_node, real_namespace)  # the Secret `store`
+        if bucket not in [b["Name"] for b in store_client(real_node).list_buckets()["Buckets"]]:
+            store_client(real_node).create_bucket(Bucket=bucket)
+        subprocess.run([TORCH_PYTHON, str(REFERENCE), "build", str(tmp_path / "models")], check=True)
+        network, dtype, inputs = NETWORKS[uri]
+        store_client(real_node).upload_file(str(tmp_path / "models" / network), bucket, key)
+    real_node.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+    wait_ready(real_node, real_namespace, name, timeout=400)
+    assert serving_pods(real_node, real_namespace, name)
+
+    if spec["serving"].get("runtime") == "vllm":
+        answer = cluster_ip_request(real_node, real_namespace, name, "/v1/completions", {"prompt": "Neuron"})
+        assert answer["object"] == "text_completion"
+        return
+    inputs = inputs if inputs is not None else [image_input()]
+    svc = real_node.get("service", name, "-n", real_namespace)
+    url = f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}/"
+    if spec["serving"].get("batching"):
+        # The front end takes one input a request and batches them.
+        answers = ask_concurrently(url, inputs)
+    else:
+        # The model server itself: a list of inputs a request.
+        answers = [
+            (code, json.dumps(json.loads(text)[0]) if code == 200 else text) for code, text in ask_concurrently(url, [[x] for x in inputs])
+        ]
+    assert [code for code, _ in answers] == [200] * len(inputs), answers
+    expected = subprocess.run(
+        [TORCH_PYTHON, str(REFERENCE), "predict", str(tmp_path / "models" / network), dtype],
+        input=json.dumps(inputs), capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert close([json.loads(text) for _, text in answers], json.loads(expected.stdout))
