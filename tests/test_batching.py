@@ -4,6 +4,7 @@ and the front end run for real on loopback in front of stand-in model processes.
 import asyncio
 import json
 import random
+import time
 
 import aiohttp
 import pytest
@@ -267,6 +268,35 @@ def test_inputs_are_padded_to_their_bucket_and_too_large_ones_get_413():
             assert (await r.json())["buckets"] == [[4], [8]]
 
     asyncio.run(with_front_end(scenario, buckets=[[4], [8]], max_latency=10.0))
+
+
+@pytest.mark.parametrize("buckets", [None, [[4], [8]]])
+def test_hostile_bodies_get_400_at_a_bounded_cost_and_a_normal_client_is_answered(buckets):
+    """100,000 nested arrays once answered 500 (RecursionError in the decoder); NaN and
+    Infinity are not JSON numbers; a number too long to convert is not an input."""
+    hostile = {
+        "deep": b"[" * 100_000 + b"]" * 100_000,
+        "nan": b"[NaN, 1]",
+        "infinity": b"[1, Infinity]",
+        "huge integer": b"[" + b"9" * 10_000 + b"]",
+        "not json": b"[1, 2",
+    }
+    if buckets:
+        # JSON the decoder takes, but no input of a bucket's shape: the shape check must refuse it
+        # (without buckets the front end does not read inputs, and passes it on).
+        hostile["deep, within the decoder's limit"] = b"[" * 900 + b"1" + b"]" * 900
+
+    async def scenario(session, url):
+        for name, body in hostile.items():
+            started = time.monotonic()
+            async with session.post(url + "/", data=body, headers={"Content-Type": "application/json"}) as r:
+                assert r.status == 400, (name, r.status, await r.text())
+                assert "error" in await r.json()
+            assert time.monotonic() - started < 2, name  # refused at once, not after parsing for seconds
+        async with session.post(url + "/", json=[1, 2, 3]) as r:
+            assert r.status == 200  # everyone else is still served
+
+    asyncio.run(with_front_end(scenario, buckets=buckets, max_latency=10.0))
 
 
 def test_overload_is_shed_with_503_and_retry_after_instead_of_queueing():

@@ -39,3 +39,29 @@ def test_the_dockerfile_runs_a_slim_image_as_non_root_without_build_tools():
     assert "--no-index" in final, "the final stage installs only the wheels built in the first"
     assert not re.search(r"apt-get|gcc|build-essential", final)
     assert "pip uninstall --yes pip setuptools wheel" in final
+
+
+def test_the_local_image_follows_the_dockerfiles_instructions(tmp_path):
+    """cluster/images.py builds the operator's image from the Dockerfile's final stage: the
+    requirement it installs (with the s3 extra the artefact fetch and upload need), and its
+    configuration; an instruction it has no counterpart for fails the build."""
+    sys.path.insert(0, str(ROOT / "cluster"))
+    try:
+        import images
+    finally:
+        sys.path.remove(str(ROOT / "cluster"))
+    config, requirement = images.dockerfile()
+    assert requirement == "inferentia-operator[s3]"
+    assert (config["Entrypoint"], config["Cmd"], config["User"]) == (["inferentia-operator"], ["run"], "65532:65532")
+    assert "PYTHONDONTWRITEBYTECODE=1" in config["Env"]
+    grown = tmp_path / "Dockerfile"
+    grown.write_text((ROOT / "Dockerfile").read_text().replace("USER 65532:65532", "ADD https://example.com/x /x\nUSER 65532:65532"))
+    try:
+        images.dockerfile(grown)
+    except ValueError as exc:
+        assert "ADD has no counterpart" in str(exc)
+    else:
+        raise AssertionError("an unknown instruction in the final stage was ignored")
+    without_extra = tmp_path / "Dockerfile.plain"
+    without_extra.write_text((ROOT / "Dockerfile").read_text().replace("'inferentia-operator[s3]'", "inferentia-operator"))
+    assert images.dockerfile(without_extra)[1] == "inferentia-operator"  # what the image installs follows the Dockerfile

@@ -128,9 +128,9 @@ def serve(tmp_path: Path, plan: dict, **extra: str) -> tuple[subprocess.Popen, i
     raise AssertionError(f"the server did not answer /healthz: {server.communicate()}")
 
 
-def expected(model: Path, inputs: list) -> list:
+def expected(model: Path, inputs: list, dtype: str = "float32") -> list:
     out = subprocess.run(
-        [TORCH_PYTHON, str(REFERENCE), "predict", str(model)], input=json.dumps(inputs), capture_output=True, text=True, check=True
+        [TORCH_PYTHON, str(REFERENCE), "predict", str(model), dtype], input=json.dumps(inputs), capture_output=True, text=True, check=True
     )
     return json.loads(out.stdout)
 
@@ -159,6 +159,23 @@ def test_an_inf2_model_is_traced_per_bucket_and_answers_as_the_network_does(tmp_
         assert status == 413 and "fits no compiled bucket" in body["error"]
         assert post(port, {"not": "a list"})[0] == 400
         assert post(port, [[1.0, [2.0]]])[0] == 400
+        assert post(port, [[1.0, float("nan")]])[0] == 400  # json.dumps writes NaN, which is not JSON
+    finally:
+        server.kill()
+        server.communicate()
+
+
+def test_a_models_failure_on_an_input_is_a_500_and_the_server_goes_on(tmp_path, models):
+    """An id beyond the embedding's table makes the model itself raise: the client is told so,
+    and the next request is served (the thread once died, leaving the client an empty reply)."""
+    plan = {**INF2_PLAN, "buckets": [[8]], "inputDtype": "int64"}
+    assert compile_model(tmp_path, plan, models / "tokens.pt").returncode == 0
+    server, port = serve(tmp_path, plan, NEURON_RT_VISIBLE_CORES="0")
+    try:
+        status, body = post(port, [[5000, 1]])
+        assert status == 500 and "index out of range" in body["error"]
+        status, answers = post(port, [[5, 1]])
+        assert status == 200 and close(answers, expected(models / "tokens.pt", [[5, 1]], "int64"))
     finally:
         server.kill()
         server.communicate()

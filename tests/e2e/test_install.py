@@ -221,6 +221,11 @@ def test_an_image_outside_the_allow_list_is_refused_at_apply(crd_installed, name
             "image docker.io/evil/compile:1 is not from an allowed registry; allowed prefixes: registry.example.com/neuron/"
             in result.stderr
         )
+        # The batching front end's image goes into every pod too.
+        bad_front_end = make_model("bad", namespace, **{"serving.image": "registry.example.com/neuron/serve:1",
+                                                        "serving.batching": {"image": "docker.io/attacker/anything:latest"}})  # fmt: skip
+        result = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(bad_front_end), check=False)
+        assert result.returncode != 0 and "image docker.io/attacker/anything:latest is not from an allowed registry" in result.stderr
     finally:
         cluster.kubectl("delete", "-f", "-", input=yaml.safe_dump_all(policy), check=False)
         # The admission plugin drops the policy a moment after its deletion, as it picked

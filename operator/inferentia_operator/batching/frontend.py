@@ -32,6 +32,28 @@ log = logging.getLogger(__name__)
 MAX_BODY = 16 * 1024 * 1024
 
 
+class BadInput(ValueError):
+    pass
+
+
+def _not_json(constant: str) -> Any:
+    raise BadInput(f"{constant} is not a JSON number")
+
+
+def parse_input(body: bytes) -> Any:
+    """One JSON input, or BadInput. Bounded: nesting deeper than the decoder's recursion limit
+    ends the C decoder there (RecursionError) rather than exhausting anything, and NaN and
+    Infinity, which Python's decoder would take, are not JSON and are refused."""
+    try:
+        return json.loads(body, parse_constant=_not_json)
+    except RecursionError:
+        raise BadInput("the body is nested too deeply") from None
+    except BadInput:
+        raise
+    except (ValueError, UnicodeDecodeError):
+        raise BadInput("the body must be one JSON input") from None
+
+
 class Metrics:
     def __init__(self, processes: int):
         self.registry = CollectorRegistry()
@@ -93,9 +115,9 @@ class FrontEnd:
     async def predict(self, request: web.Request) -> web.Response:
         arrived = self.clock()
         try:
-            payload = await request.json()
-        except (ValueError, UnicodeDecodeError):
-            return self._refuse(400, {"error": "the body must be one JSON input"})
+            payload = parse_input(await request.read())
+        except BadInput as exc:
+            return self._refuse(400, {"error": str(exc)})
         shape: Shape | None = None
         bucket: Shape | None = None
         if self.buckets:
@@ -104,8 +126,8 @@ class FrontEnd:
                 bucket = bucket_for(shape, self.buckets)
             except TooLarge as exc:
                 return self._refuse(413, {"error": str(exc), "buckets": [list(b) for b in self.buckets]})
-            except ValueError as exc:
-                return self._refuse(400, {"error": str(exc)})
+            except (ValueError, RecursionError) as exc:
+                return self._refuse(400, {"error": str(exc) if isinstance(exc, ValueError) else "the input is nested too deeply"})
             payload = pad(payload, bucket)
         job = Request(arrived, bucket, payload)
         refused = self.dispatcher.arrive(job)

@@ -40,6 +40,10 @@ import neuron_compile
 MAX_BODY = 64 * 1024 * 1024
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON number")
+
+
 class BadInput(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -77,7 +81,7 @@ class Model:
         for item in inputs:
             try:
                 tensors.append(torch.tensor(item, dtype=self.dtype))
-            except (TypeError, ValueError, RuntimeError) as exc:
+            except (TypeError, ValueError, RuntimeError, RecursionError) as exc:
                 raise BadInput(400, f"an input is not a rectangular list of numbers: {exc}") from exc
         by_bucket: dict[int, list[int]] = {}
         for index, t in enumerate(tensors):
@@ -163,9 +167,10 @@ def handler(model: Model) -> type[BaseHTTPRequestHandler]:
                 self._json(404, {"error": "not found"})
                 return
             try:
-                inputs = json.loads(body)
+                inputs = json.loads(body, parse_constant=_not_json)
             except (ValueError, RecursionError):
-                self._json(400, {"error": "the body is not JSON"})
+                # Not JSON, NaN or Infinity (not JSON numbers), or nested past the decoder's limit.
+                self._json(400, {"error": "the body is not a JSON list of finite numbers"})
                 return
             if not isinstance(inputs, list):
                 self._json(400, {"error": "a JSON list of inputs is expected"})
@@ -174,6 +179,10 @@ def handler(model: Model) -> type[BaseHTTPRequestHandler]:
                 self._json(200, model.predict(inputs))
             except BadInput as exc:
                 self._json(exc.status, {"error": str(exc)})
+            except Exception as exc:  # noqa: BLE001 - the model's own failure on these inputs: answered, and the server goes on
+                lines = str(exc).strip().splitlines() or [type(exc).__name__]
+                print(f"serve: the model failed on a batch of {len(inputs)}: {lines[-1]}", file=sys.stderr, flush=True)
+                self._json(500, {"error": f"the model failed: {lines[-1]}"})
 
         def log_message(self, format: str, *args: Any) -> None:
             pass
