@@ -192,8 +192,13 @@ def _documents(source: str, text: str) -> list[Any]:
         raise ManifestError(f"{source}: not valid YAML: {' '.join(line.strip() for line in lines)}") from None
     except RecursionError:
         raise ManifestError(f"{source}: nested too deeply to read") from None
-    except Exception as exc:  # noqa: BLE001 - a tag's constructor (!!int "", !!timestamp "x") may raise anything
-        raise ManifestError(f"{source}: cannot be parsed: {type(exc).__name__}: {exc}") from None
+    except Exception:  # noqa: BLE001 - a tag's constructor (!!int "", !!timestamp "x") may raise anything
+        # The API server's YAML reader refuses these too; what PyYAML raised (IndexError for
+        # !!int "") says nothing to the user.
+        raise ManifestError(
+            f"{source}: not valid YAML: a tagged value is not what its tag says (for example !!int with no digits, "
+            "or !!timestamp on a word); remove the tag or give it a value of that type"
+        ) from None
 
 
 @dataclass

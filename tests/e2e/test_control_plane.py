@@ -425,6 +425,13 @@ DIVERGENCE_CORPUS = [
             ("trn2", 129, {"compute.lnc": 1}),
         )
     ],
+    # Integers: the API server holds int64 only; chips and cores beyond any instance name the family's limit.
+    {"model.weights": 99999999999999999999999},
+    {"model.weights": 2**63},
+    {"compile.buckets": [[99999999999999999999]]},
+    {"compute.inf": 99999999999},
+    {"compute.inf": DROP, "compute.family": "inf2", "compute.cores": 99999999999999},
+    {"replicas": 2**63},
     # Hugepages: whole 2 MiB pages only, in any quantity spelling.
     *[{"compute.hugepages": h} for h in ("256Mi", "2Mi", "1Gi", "2097152", "4194304e0", "3Mi", "1.5Mi", "0", "-2Mi", "1", "lots")],
     {"compute.inf": DROP},

@@ -117,9 +117,10 @@ class ModelSource(ApiModel):
 class Compute(ApiModel):
     """The hardware one replica gets."""
 
-    inf: Annotated[StrictInt | None, Field(ge=1, le=INT32_MAX)] = None
+    # No int32 bound: the family rule (FITS_FAMILY) refuses what no instance holds, naming the family's largest.
+    inf: Annotated[StrictInt | None, Field(ge=1)] = None
     """Whole Neuron chips per replica (aws.amazon.com/neuron; one chip is 4 NeuronCores on inf1, 2 on inf2 and trn1, 8 physical on trn2: 4 logical at lnc 2). Fractional chips are not allowed. Set exactly one of inf and cores."""
-    cores: Annotated[StrictInt | None, Field(ge=1, le=INT32_MAX)] = None
+    cores: Annotated[StrictInt | None, Field(ge=1)] = None
     """NeuronCores per replica (aws.amazon.com/neuroncore), for a model smaller than a chip: the replica shares its chip with other pods and sees only its cores' share of the chip's device memory. Requests of more than one core need the Neuron scheduler extension. Set exactly one of inf and cores."""
     family: Literal[FAMILY_NAMES] = "inf1"  # type: ignore[valid-type]
     """The Neuron instance family: inf1, inf2, trn1 or trn2."""

@@ -13,6 +13,24 @@ from .findings import Finding
 from .rules import check_spec
 
 _UNION_TAGS = {"int", "str", "bool", "float", "list", "dict", "none"}
+# The API server stores every integer of the CRD as int64 (its type: integer) and refuses a
+# larger one, whatever the field's own bounds.
+INT64_MAX = 2**63 - 1
+
+
+def _beyond_int64(value: Any, path: str) -> list[Finding]:
+    """Integers the API server cannot hold, anywhere in the spec, as findings."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        if -INT64_MAX - 1 <= value <= INT64_MAX:
+            return []
+        return [Finding(path, f"{value} is too large; valid values are whole numbers of at most {INT64_MAX} (int64)")]
+    if isinstance(value, dict):
+        return [f for k, v in value.items() for f in _beyond_int64(v, f"{path}.{k}")]
+    if isinstance(value, list):
+        return [f for i, v in enumerate(value) for f in _beyond_int64(v, f"{path}[{i}]")]
+    return []
 
 
 def _path(loc: tuple[Any, ...], root: str) -> str:
@@ -84,6 +102,9 @@ def parse_spec(raw: Any, root: str = "spec") -> tuple[InferentiaModelSpec | None
     """Parses and checks a spec: (the spec or None, every finding)."""
     if not isinstance(raw, dict):
         return None, [Finding(root, f"must be a mapping of fields, not {shown(raw)}")]
+    huge = _beyond_int64(raw, root)
+    if huge:
+        return None, huge
     try:
         spec = InferentiaModelSpec.model_validate(raw)
     except ValidationError as exc:
