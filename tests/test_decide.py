@@ -2,7 +2,7 @@
 
 import pytest
 
-from inferentia_operator.core import children
+from inferentia_operator.core import children, status
 from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.children import Model
 from inferentia_operator.core.decide import decide
@@ -171,22 +171,29 @@ def test_a_child_controlled_by_someone_else_is_never_written():
     assert "Service m already exists and is controlled by Deployment web" in c["Ready"]["message"]
 
 
+def after_writes(o: Observed, failures=(), conflicts=()) -> dict:
+    """The conditions the reconciler reports after writing: the one decision's basis, with what
+    the writes found (a separate, pure step; nothing is decided again)."""
+    d = decide(o, NOW)
+    report = status.report(o, NOW, d.basis, failures, conflicts)
+    return {c["type"]: c for c in status_document(report.status)["conditions"]}
+
+
 def test_write_failures_end_in_status_with_the_servers_message():
     body = model_body()
     refused = WriteFailure("Deployment", "m", 422, 'Deployment.apps "m" is invalid: quantities must match the regular expression')
-    d = decide(Observed(body, failures=[refused]), NOW)
-    c = conds(d)
+    c = after_writes(Observed(body), failures=[refused])
     assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "ApplyFailed")
     assert "422 Deployment.apps" in c["Ready"]["message"] and c["Stalled"]["status"] == "True"
     transient = WriteFailure("Deployment", "m", 503, "the server is currently unable to handle the request")
-    c = conds(decide(Observed(body, failures=[transient]), NOW))
+    c = after_writes(Observed(body), failures=[transient])
     assert (c["Ready"]["reason"], c["Stalled"]["status"], c["Reconciling"]["status"]) == ("ApplyFailed", "False", "True")
 
 
 def test_a_conflict_found_before_creating_is_reported():
     body = model_body()
     conflict = Conflict("Service", "m", "not managed by this model (it has no controller)")
-    c = conds(decide(Observed(body, conflicts=[conflict]), NOW))
+    c = after_writes(Observed(body), conflicts=[conflict])
     assert c["Ready"]["reason"] == "NameConflict" and "has no controller" in c["Ready"]["message"]
 
 

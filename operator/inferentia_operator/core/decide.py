@@ -1,7 +1,9 @@
 """The reconcile's decision: from what the caches hold to what to write. Pure, no API client.
 
 ``decide(observed, now)`` returns the children to apply, the objects to delete, and the
-status and events to report (from :mod:`status`). Every branch of a reconcile is here:
+basis of the model's status (from :mod:`status`), with the status and events that basis
+gives before any write. Where there are writes, the reconciler reports once more from the
+same basis, with what the writes found (``status.report``); it never decides again. Every branch of a reconcile is here:
 the invalid spec (leave the running Deployment alone), the compile gate (hold the
 rollout until the compile Job of the current plan completed), objects that belong to
 someone else (write nothing, report NameConflict), writes the API server refused
@@ -21,14 +23,15 @@ from .drift import applied
 from .model import check_model
 from .names import COMPILE_INPUTS_ANNOTATION, FIELD_MANAGER, MANAGED_BY_LABEL, MODEL_LABEL
 from .objects import Obj
-from .status import Conflict, Observed, Report, job_state
+from .status import Conflict, Observed, Report, ReportBasis, job_state
 
 
 @dataclass(frozen=True)
 class Decision:
     apply: list[dict[str, Any]]  # bodies to server-side apply, in order
     delete: list[tuple[str, str]]  # (kind, name)
-    report: Report | None  # None: the model is going away, report nothing
+    basis: ReportBasis | None  # None: the model is going away, report nothing
+    report: Report | None  # the status from basis, before any write
 
 
 def holder_of(live: Mapping[str, Any], uid: str | None, model: str | None) -> str | None:
@@ -88,7 +91,7 @@ def _changed_compile_inputs(o: Observed, current: str | None, inputs: dict[str, 
 def decide(o: Observed, now: str) -> Decision:
     model = Obj(o.model)
     if model.deleting:
-        return Decision([], [], None)  # going: the garbage collector removes the children
+        return Decision([], [], None, None)  # going: the garbage collector removes the children
     name, namespace, uid = model.name, model.namespace, model.uid
     previous = model.status
 
@@ -97,12 +100,12 @@ def decide(o: Observed, now: str) -> Decision:
         # Invalid (a cluster without the CRD's CEL rules, or a rule CEL cannot express):
         # report it, and leave every child exactly as it is.
         replicas = model.spec.get("replicas", 0)
-        rollout = status.rollout_of(o.deployment, replicas if isinstance(replicas, int) else 0, None)
-        reported = status.report(
-            o, now, valid=False, message="; ".join(str(f) for f in checked.errors), compiled=None, rollout=rollout,
-            conflicts=o.conflicts, plan=_last_plan(previous), selector=previous.get("selector"),
+        basis = ReportBasis(
+            valid=False, message="; ".join(str(f) for f in checked.errors), compiled=None,
+            replicas=replicas if isinstance(replicas, int) else 0, plan_hash=None,
+            plan=_last_plan(previous), selector=previous.get("selector"),
         )  # fmt: skip
-        return Decision([], [], reported)
+        return Decision([], [], basis, status.report(o, now, basis))
 
     m = checked.model
     job_body = children.compile_job(m)
@@ -121,7 +124,7 @@ def decide(o: Observed, now: str) -> Decision:
         desired.append(children.serving_deployment(m))
 
     to_apply: list[dict[str, Any]] = []
-    conflicts = list(o.conflicts)
+    conflicts: list[Conflict] = []
     for body in desired:
         kind, child = body["kind"], Obj(body).name
         live = o.live(kind, child)
@@ -139,13 +142,12 @@ def decide(o: Observed, now: str) -> Decision:
     to_delete = [("Job", j) for j in _superseded_jobs(o, job_name)]
     to_delete += [("ConfigMap", c) for c in (Obj(c).name for c in o.configmaps) if c is not None and c not in in_use]
 
-    rollout = status.rollout_of(o.deployment, m.spec.replicas, children.plan_hash(m.plan))
-    reported = status.report(
-        o, now, valid=True, message="", compiled=compiled, rollout=rollout, conflicts=conflicts,
-        plan=m.plan, selector=children.selector_string(m), compile_job=job_name,
+    basis = ReportBasis(
+        valid=True, message="", compiled=compiled, replicas=m.spec.replicas, plan_hash=children.plan_hash(m.plan),
+        conflicts=tuple(conflicts), plan=m.plan, selector=children.selector_string(m), compile_job=job_name,
         compiled_uri=children.compiled_uri(m) if job_body else None,
     )  # fmt: skip
-    return Decision(to_apply, to_delete, reported)
+    return Decision(to_apply, to_delete, basis, status.report(o, now, basis))
 
 
 def _last_plan(previous: Mapping[str, Any]) -> api.Plan | None:

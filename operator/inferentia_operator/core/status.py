@@ -89,9 +89,6 @@ class Observed:
     configmaps: list[dict[str, Any]] = field(default_factory=list)
     jobs: list[dict[str, Any]] = field(default_factory=list)
     pods: list[dict[str, Any]] = field(default_factory=list)
-    # What the last attempt to write found; empty before the act step.
-    failures: list[WriteFailure] = field(default_factory=list)
-    conflicts: list[Conflict] = field(default_factory=list)
     # Configuration, not state: the operator's --operator-image.
     operator_image: str = DEFAULT_OPERATOR_IMAGE
 
@@ -434,26 +431,34 @@ class Report:
     events: list[Event]  # to post once the status is stored
 
 
-def report(
-    o: Observed,
-    at: str,
-    *,
-    valid: bool,
-    message: str,
-    compiled: api.Condition | None,
-    rollout: Rollout,
-    conflicts: Sequence[Conflict],
-    plan: api.Plan | None = None,
-    selector: str | None = None,
-    compile_job: str | None = None,
-    compiled_uri: str | None = None,
-) -> Report:
-    """The status of ``o`` and the events its transitions call for."""
+@dataclass(frozen=True)
+class ReportBasis:
+    """What a decision concluded about a model, from which its status is reported: once
+    before any write, and, where there were writes, once after them with what they found.
+    Writing changes the objects and may meet refusals or conflicts; it never changes this."""
+
+    valid: bool
+    message: str  # why the spec is invalid, when it is
+    compiled: api.Condition | None
+    replicas: int  # the desired replicas
+    plan_hash: str | None  # the current plan's, which an up-to-date Deployment carries
+    conflicts: tuple[Conflict, ...] = ()  # children someone else holds, found before writing
+    plan: api.Plan | None = None
+    selector: str | None = None
+    compile_job: str | None = None
+    compiled_uri: str | None = None
+
+
+def report(o: Observed, at: str, basis: ReportBasis, failures: Sequence[WriteFailure] = (), conflicts: Sequence[Conflict] = ()) -> Report:
+    """The status of ``o`` and the events its transitions call for, from a decision's
+    ``basis``; ``failures`` and ``conflicts``: what writing found, when there were writes."""
     model = Obj(o.model)
     previous = list(model.status.get("conditions") or ())
+    rollout = rollout_of(o.deployment, basis.replicas, basis.plan_hash)
+    found = list(dict.fromkeys([*basis.conflicts, *conflicts]))
     new = conditions(
-        valid=valid, invalid_message=message, compiled=compiled, rollout=rollout, pods=o.serving_pods,
-        blocked=blocked_by(conflicts, o.failures),
+        valid=basis.valid, invalid_message=basis.message, compiled=basis.compiled, rollout=rollout, pods=o.serving_pods,
+        blocked=blocked_by(found, failures),
     )  # fmt: skip
     generation = model.generation or 1
     status = api.InferentiaModelStatus(
@@ -462,10 +467,10 @@ def report(
         replicas=rollout.replicas,
         ready_replicas=rollout.ready,
         updated_replicas=rollout.updated,
-        plan=plan,
-        selector=selector,
-        compile_job=compile_job,
-        compiled_uri=compiled_uri,
+        plan=basis.plan,
+        selector=basis.selector,
+        compile_job=basis.compile_job,
+        compiled_uri=basis.compiled_uri,
     )
     return Report(status, events(new, previous))
 

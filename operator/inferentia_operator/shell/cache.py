@@ -59,6 +59,17 @@ class Cache:
     def forget(self, key: Key) -> None:
         self._written.pop(key, None)
 
+    def deleted(self, key: Key, body: Mapping[str, Any]) -> None:
+        """A child's delete event: lets go of what the operator wrote of it at or before the
+        deleted copy. Without it, a write the watch never delivered (a relist after the
+        child was deleted shows only the delete) would stand in for the child forever, and
+        the model would never create it again."""
+        obj = Obj(body)
+        written = self._written.get(key, {})
+        mine = written.get((str(body.get("kind")), obj.name or ""))
+        if mine is not None and not mine.get("gone") and Obj(mine).resource_version <= obj.resource_version:
+            del written[(str(body.get("kind")), obj.name or "")]
+
     def _cached(self, index: str, key: Key) -> list[dict[str, Any]]:
         assert self.indexes is not None
         return [packed.unpack() for packed in self.indexes[index].get(key, ())]

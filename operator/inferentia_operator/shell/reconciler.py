@@ -86,27 +86,28 @@ class Reconciler:
             self._forget(key)
             return "noop"
         now = status.now()
+        # One decision a reconcile: what to write, and the basis of the model's status.
         decision = decide(observed, now)
-        if decision.report is None:
+        if decision.basis is None or decision.report is None:
             return "noop"
         loop = asyncio.get_running_loop()
         outcome = Outcome()
+        reported = decision.report
         if decision.apply or decision.delete:
             outcome = await loop.run_in_executor(self._executor, self.actor.act, self.kube(), observed, decision)
             self.cache.remember(key, outcome.written)
+            # The status of the objects as written, from the same decision, with what writing found.
             observed = self.cache.observe(key) or observed
-            observed.failures, observed.conflicts = outcome.failures, outcome.conflicts
-            decision = decide(observed, now)
+            reported = status.report(observed, now, decision.basis, outcome.failures, outcome.conflicts)
         for failure in outcome.failures:
             log.warning("%s/%s: the API server refused %s", *key, failure)
-        assert decision.report is not None
         previous = Obj(observed.model).status
-        patch = status.status_patch(previous, decision.report.status)
+        patch = status.status_patch(previous, reported.status)
         if patch is None:
             self._held_since.pop(key, None)  # nothing to report: nothing held
         else:
             held = time.monotonic() - self._held_since.setdefault(key, time.monotonic())
-            hold = status.hold_seconds(previous, decision.report.status, held)
+            hold = status.hold_seconds(previous, reported.status, held)
             if hold > 0:
                 self.queue.add_after(key, hold)  # the rollout's own events usually come first
                 patch = None
@@ -118,7 +119,7 @@ class Reconciler:
             if stored:
                 self.cache.remember(key, {(observed.model["kind"], key[1]): project(stored)})
                 self._own_status[key] = Obj(stored).metadata.get("resourceVersion")
-            for event in decision.report.events:
+            for event in reported.events:
                 await loop.run_in_executor(self._executor, kube.post_event, observed.model, event.type, event.reason, event.message)
         if any(not f.permanent for f in outcome.failures):
             raise RetryLater(f"{len(outcome.failures)} writes refused for now")
@@ -194,6 +195,8 @@ class Reconciler:
     def on_child(self, body: Mapping[str, Any], event_type: str | None, kwargs: Mapping[str, Any]) -> None:
         self.cache.capture(kwargs)
         key = owner_key(body)
+        if key is not None and event_type == "DELETED":
+            self.cache.deleted(key, body)
         if key is not None and self.cache.has_model(key):
             self.queue.add_after(key, SETTLE_SECONDS)
 

@@ -1,0 +1,296 @@
+"""The stateful shell under unit test, with an in-memory API server in place of the client:
+the cache's write overlay (stale and out-of-order writes, resourceVersions as numbers, a child
+deleted under a pending write), the actor (conflicts, refusals), one decision per reconcile,
+and the triggers. The end-to-end suite runs the same code against a real API server."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import pytest
+
+from inferentia_operator.core import api, children
+from inferentia_operator.core.decide import decide
+from inferentia_operator.shell import reconciler as reconciler_module
+from inferentia_operator.shell.act import Actor
+from inferentia_operator.shell.cache import Cache
+from inferentia_operator.shell.kube import ApiError
+from inferentia_operator.shell.observe import Packed, project
+from inferentia_operator.shell.reconciler import Reconciler
+from specs import make_model
+
+NS = "team"
+INDEXES = {
+    api.KIND: "model_index", "Deployment": "deployment_index", "Service": "service_index",
+    "ConfigMap": "configmap_index", "Job": "job_index", "Pod": "pod_index",
+}  # fmt: skip
+
+
+class FakeKube:
+    """An API server in memory: objects by (kind, name) in one namespace, a resourceVersion
+    counter, and refusals to inject by (kind, name)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.rv = 100
+        self.refuse: dict[tuple[str, str], ApiError] = {}
+        self.calls: list[tuple[str, str, str]] = []
+        self.events: list[tuple[str, str]] = []
+
+    def _stored(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.rv += 1
+        stored = copy.deepcopy(body)
+        stored["metadata"] = {**stored["metadata"], "resourceVersion": str(self.rv), "uid": f"uid-{self.rv}"}
+        self.objects[(body["kind"], body["metadata"]["name"])] = stored
+        return stored
+
+    def _check(self, verb: str, kind: str, name: str) -> None:
+        self.calls.append((verb, kind, name))
+        if (kind, name) in self.refuse:
+            raise self.refuse[(kind, name)]
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(("get", kind, name))
+        return self.objects.get((kind, name))
+
+    def create(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        self._check("create", body["kind"], body["metadata"]["name"])
+        if (body["kind"], body["metadata"]["name"]) in self.objects:
+            return None
+        return self._stored(body)
+
+    def apply(self, body: dict[str, Any]) -> dict[str, Any]:
+        self._check("apply", body["kind"], body["metadata"]["name"])
+        return self._stored(body)
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        self._check("delete", kind, name)
+        self.objects.pop((kind, name), None)
+
+    def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+        self.calls.append(("patch_status", api.KIND, name))
+        model = self.objects[(api.KIND, name)]
+        model["status"] = {**(model.get("status") or {}), **(patch.get("status") or patch)}
+        model["status"] = {k: v for k, v in model["status"].items() if v is not None}
+        self.rv += 1
+        model["metadata"]["resourceVersion"] = str(self.rv)
+        return copy.deepcopy(model)
+
+    def post_event(self, model: dict[str, Any], kind: str, reason: str, message: str) -> None:
+        self.events.append((kind, reason))
+
+
+def indexes(*objects: dict[str, Any]) -> dict[str, Any]:
+    """kopf's indexes as the cache reads them: packed projections by model key."""
+    out: dict[str, dict[tuple[str, str], list[Packed]]] = {index: {} for index in INDEXES.values()}
+    for obj in objects:
+        name = obj["metadata"]["labels"]["inferentia.dev/model"] if obj["kind"] != api.KIND else obj["metadata"]["name"]
+        out[INDEXES[obj["kind"]]].setdefault((NS, name), []).append(Packed(project(obj)))
+    return out
+
+
+def stored_model(name: str = "m", **overrides: Any) -> dict[str, Any]:
+    body = make_model(name, NS, **overrides)
+    body["metadata"] |= {"uid": f"uid-{name}", "generation": 1, "resourceVersion": "50"}
+    return body
+
+
+def with_rv(body: dict[str, Any], rv: int) -> dict[str, Any]:
+    body = copy.deepcopy(body)
+    body["metadata"]["resourceVersion"] = str(rv)
+    return body
+
+
+def a_service(rv: int) -> dict[str, Any]:
+    model = stored_model()
+    from inferentia_operator.core.model import check_model
+
+    m = check_model("m", NS, model["spec"], uid="uid-m").model
+    assert m is not None
+    return with_rv(children.service(m), rv)
+
+
+# -- the cache's overlay -----------------------------------------------------------------------
+
+
+def test_what_the_operator_wrote_is_seen_until_the_watch_catches_up():
+    cache = Cache()
+    cache.indexes = indexes(stored_model())
+    cache.remember((NS, "m"), {("Service", "m"): project(a_service(120))})
+    assert cache.observe((NS, "m")).service["metadata"]["resourceVersion"] == "120"  # the watch has not delivered it
+    cache.indexes = indexes(stored_model(), a_service(121))
+    assert cache.observe((NS, "m")).service["metadata"]["resourceVersion"] == "121"
+    assert cache._written[(NS, "m")] == {}  # caught up: the overlay let go  # noqa: SLF001
+
+
+def test_a_stale_write_never_hides_what_the_watch_delivered_after_it():
+    """Out of order: the watch already holds a newer copy than the write the overlay got."""
+    cache = Cache()
+    cache.indexes = indexes(stored_model(), a_service(130))
+    cache.remember((NS, "m"), {("Service", "m"): project(a_service(125))})
+    assert cache.observe((NS, "m")).service["metadata"]["resourceVersion"] == "130"
+
+
+def test_resource_versions_are_compared_as_numbers_not_text():
+    """ "9" sorts after "10" as text; as numbers the watch's 10 is the newer."""
+    cache = Cache()
+    cache.indexes = indexes(stored_model(), a_service(10))
+    cache.remember((NS, "m"), {("Service", "m"): project(a_service(9))})
+    assert cache.observe((NS, "m")).service["metadata"]["resourceVersion"] == "10"
+
+
+def test_a_delete_is_seen_before_the_watch_says_so_and_let_go_after():
+    from inferentia_operator.shell.cache import GONE
+
+    cache = Cache()
+    cache.indexes = indexes(stored_model(), a_service(140))
+    cache.remember((NS, "m"), {("Service", "m"): GONE})
+    assert cache.observe((NS, "m")).service is None
+    cache.indexes = indexes(stored_model())
+    assert cache.observe((NS, "m")).service is None and cache._written[(NS, "m")] == {}  # noqa: SLF001
+
+
+def test_a_child_deleted_under_a_pending_write_is_not_brought_back_by_the_overlay():
+    """The operator wrote the Service (rv 150); someone deleted it before the watch delivered
+    the write, and the watch, after a relist, delivers only the delete. The overlay must let
+    go, or the model would see a Service that does not exist and never create it again."""
+    cache = Cache()
+    cache.indexes = indexes(stored_model())
+    cache.remember((NS, "m"), {("Service", "m"): project(a_service(150))})
+    cache.deleted((NS, "m"), a_service(151))  # the delete event: the object as it last was
+    observed = cache.observe((NS, "m"))
+    assert observed.service is None
+    assert any(b["kind"] == "Service" for b in decide(observed, "2026-11-24T00:00:00Z").apply)  # and so it is created again
+
+
+def test_a_delete_event_older_than_the_write_keeps_the_write():
+    """The delete of an earlier copy (a name re-created since) does not hide the newer write."""
+    cache = Cache()
+    cache.indexes = indexes(stored_model())
+    cache.remember((NS, "m"), {("Service", "m"): project(a_service(160))})
+    cache.deleted((NS, "m"), a_service(155))
+    assert cache.observe((NS, "m")).service["metadata"]["resourceVersion"] == "160"
+
+
+# -- the actor -----------------------------------------------------------------------------------
+
+
+def test_the_actor_writes_each_child_and_records_refusals_and_conflicts_without_stopping():
+    kube = FakeKube()
+    model = stored_model(**{"compile.image": "example.com/neuron:1"})
+    someone_elses = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "m", "namespace": NS, "labels": {}}}
+    kube.objects[("Service", "m")] = someone_elses
+    cache = Cache()
+    cache.indexes = indexes(model)
+    observed = cache.observe((NS, "m"))
+    decision = decide(observed, "2026-11-24T00:00:00Z")
+    job = next(b for b in decision.apply if b["kind"] == "Job")
+    kube.refuse[("Job", job["metadata"]["name"])] = ApiError(422, "Invalid", "spec.template: invalid")
+    outcome = Actor(1).act(kube, observed, decision)
+    assert [(c.kind, c.name) for c in outcome.conflicts] == [("Service", "m")]
+    assert kube.objects[("Service", "m")] is someone_elses  # never written over
+    assert [(f.kind, f.code) for f in outcome.failures] == [("Job", 422)]
+    assert ("ConfigMap", decision.apply[0]["metadata"]["name"]) in outcome.written  # the rest went ahead
+
+
+# -- one decision per reconcile, and the triggers --------------------------------------------------
+
+
+@pytest.fixture
+def counted_decide(monkeypatch):
+    calls = []
+
+    def counting(observed, now):
+        calls.append(observed)
+        return decide(observed, now)
+
+    monkeypatch.setattr(reconciler_module, "decide", counting)
+    return calls
+
+
+def reconciler_with(kube: FakeKube, *objects: dict[str, Any]) -> Reconciler:
+    r = Reconciler(lambda: kube, workers=1, resync_seconds=300, is_active=lambda: True)
+    r.cache.indexes = indexes(*objects)
+    for obj in objects:
+        kube.objects[(obj["kind"], obj["metadata"]["name"])] = copy.deepcopy(obj)
+    return r
+
+
+def test_a_reconcile_decides_once_and_reports_what_its_writes_found(counted_decide):
+    kube = FakeKube()
+    model = stored_model()
+    r = reconciler_with(kube, model)
+    kube.refuse[("Service", "m")] = ApiError(422, "Invalid", 'Service "m" is invalid: spec.ports: Duplicate value')
+    result = asyncio.run(r.reconcile((NS, "m")))
+    assert len(counted_decide) == 1
+    assert result == "changed"
+    conditions = {c["type"]: c for c in kube.objects[(api.KIND, "m")]["status"]["conditions"]}
+    assert conditions["Ready"]["reason"] == "ApplyFailed" and "Duplicate value" in conditions["Ready"]["message"]
+    assert ("Warning", "ApplyFailed") in kube.events
+    # The Observed the decision read was not changed by the writes.
+    assert counted_decide[0].deployment is None and counted_decide[0].service is None
+
+
+def test_a_steady_model_is_decided_once_and_writes_nothing(counted_decide):
+    kube = FakeKube()
+    r = reconciler_with(kube, stored_model())
+    asyncio.run(r.reconcile((NS, "m")))  # creates the children and reports
+    r.cache.indexes = indexes(*kube.objects.values())
+    r.cache.forget((NS, "m"))
+    before = len(kube.calls)
+    counted_decide.clear()
+    asyncio.run(r.reconcile((NS, "m")))
+    assert len(counted_decide) == 1
+    writes = [c for c in kube.calls[before:] if c[0] in ("apply", "create", "delete")]
+    assert writes == []
+
+
+def test_the_echo_of_the_operators_own_status_patch_triggers_nothing():
+    kube = FakeKube()
+    model = stored_model()
+    r = reconciler_with(kube, model)
+
+    async def scenario() -> None:
+        r.on_model(model, "ADDED", {})
+        assert len(r.queue) == 1
+        key = await r.queue.get()
+        r.queue.done(key)
+        r._own_status[key] = "77"  # noqa: SLF001 - the resourceVersion the status patch returned
+        r.on_model(with_rv(model, 77), "MODIFIED", {})
+        assert len(r.queue) == 0  # its own echo: nothing new to decide
+        changed = with_rv(model, 78)
+        changed["metadata"]["generation"] = 2
+        r.on_model(changed, "MODIFIED", {})
+        assert len(r.queue) == 1  # a new spec is
+
+    asyncio.run(scenario())
+
+
+def test_a_pod_event_that_changes_nothing_status_reports_is_not_a_reconcile(monkeypatch):
+    kube = FakeKube()
+    model = stored_model()
+    r = reconciler_with(kube, model)
+    queued = []
+    monkeypatch.setattr(r.queue, "add_after", lambda key, delay: queued.append(key))
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "m-1", "namespace": NS, "labels": {"inferentia.dev/model": "m"}, "resourceVersion": "5"},
+        "spec": {"nodeName": "n1"}, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }  # fmt: skip
+    r.on_pod(pod, "ADDED", {})
+    r.on_pod(with_rv(pod, 6), "MODIFIED", {})  # only the resourceVersion moved
+    unready = with_rv(pod, 7)
+    unready["status"]["conditions"][0]["status"] = "False"
+    r.on_pod(unready, "MODIFIED", {})
+    assert queued == [(NS, "m"), (NS, "m")]  # the new pod and its readiness, not the resourceVersion
+
+
+def test_a_deleted_child_lets_go_of_the_overlay_through_its_delete_event(monkeypatch):
+    kube = FakeKube()
+    r = reconciler_with(kube, stored_model())
+    monkeypatch.setattr(r.queue, "add_after", lambda key, delay: None)
+    r.cache.remember((NS, "m"), {("Service", "m"): project(a_service(150))})
+    r.on_child(a_service(151), "DELETED", {})
+    assert r.cache.observe((NS, "m")).service is None
