@@ -60,3 +60,60 @@ def test_every_doc_is_linked_from_the_readme():
 def test_the_docs_do_not_tell_the_projects_history(page):
     found = [m.group(0) for m in HISTORY.finditer(page.read_text())]
     assert not found, f"{page.relative_to(ROOT)}: {found}"
+
+
+def console_examples() -> list[tuple[str, str, str]]:
+    """(page, command, shown output) for every `$ inferentia-operator ...` in a console block."""
+    examples = []
+    for page in PAGES:
+        for block in re.findall(r"```console\n(.*?)```", page.read_text(), flags=re.S):
+            command, output = None, []
+            for line in block.splitlines():
+                if line.startswith("$ "):
+                    if command is not None:
+                        examples.append((page.name, command, "\n".join(output)))
+                    command, output = line[2:], []
+                else:
+                    output.append(line)
+            if command is not None:
+                examples.append((page.name, command, "\n".join(output)))
+    return [e for e in examples if e[1].startswith("inferentia-operator ")]
+
+
+@pytest.mark.parametrize("page,command,shown", console_examples(), ids=lambda v: v if "\n" not in v else None)
+def test_every_cli_example_prints_what_the_docs_show(page, command, shown):
+    """The docs' CLI examples are run from the repository's root, and their output must be
+    what the page shows, line for line (trailing spaces aside)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    result = subprocess.run(["sh", "-c", command], cwd=ROOT, capture_output=True, text=True, env=env)
+    printed = [line.rstrip() for line in (result.stdout + result.stderr).rstrip("\n").splitlines()]
+    assert printed == [line.rstrip() for line in shown.rstrip("\n").splitlines()], f"{page}: $ {command}"
+
+
+def test_the_api_pages_example_names_every_field_of_the_spec():
+    """docs/api.md's example spec names every field the API has (a field added to the
+    pydantic models and not to the page fails here)."""
+    from inferentia_operator.core.api import InferentiaModelSpec
+
+    schema = InferentiaModelSpec.model_json_schema(by_alias=True)
+    defs = schema["$defs"]
+
+    def fields(node: dict, path: str) -> list[str]:
+        if "$ref" in node:
+            node = defs[node["$ref"].rsplit("/", 1)[1]]
+        for option in node.get("anyOf", []):
+            if "$ref" in option:
+                return fields(option, path)
+        found = []
+        for name, prop in (node.get("properties") or {}).items():
+            child = f"{path}.{name}" if path else name
+            found += [child, *fields(prop, child)]
+        return found
+
+    example = re.search(r"```yaml\n(.*?)```", (ROOT / "docs" / "api.md").read_text(), re.S).group(1)
+    missing = [f for f in fields(schema, "") if not re.search(rf"(^|[\s#{{,]){re.escape(f.rsplit('.', 1)[-1])}:", example, re.M)]
+    assert not missing, f"docs/api.md's example lacks {missing}"
