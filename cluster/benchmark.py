@@ -90,7 +90,15 @@ def planner_rate(seconds: float = 2.0) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
-    runs = parser.parse_args().runs
+    parser.add_argument(
+        "--planner-only", action="store_true",
+        help="only the planner: the best of --runs 2-second runs over this checkout's samples (to compare two checkouts in one session)",
+    )  # fmt: skip
+    args = parser.parse_args()
+    runs = args.runs
+    if args.planner_only:
+        print(f"planner:                   {max(planner_rate() for _ in range(runs)):,.0f} plans/s (best of {runs})")
+        return 0
     localcluster.bin_dir()  # build (or find) the binaries before timing anything
     starts = warm_starts(runs)
     verdict = "meets" if statistics.median(starts) < WARM_START_TARGET_S else "MISSES"
