@@ -1,4 +1,4 @@
-# The operator image: `docker build -t inferentia-operator:0.1.0 .`, then push it where your
+# The operator image: `docker build -t inferentia-operator:0.2.0 .`, then push it where your
 # nodes pull from. The operator runs it, and so do its models' pods: the artefact fetch and
 # upload (boto3, the [s3] extra) and the batching front end.
 # Build stage: the project and its dependencies as wheels.

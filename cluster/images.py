@@ -5,7 +5,7 @@ assembled here as OCI image layouts and imported into the node's containerd:
 
 - ``inferentia-base``: Debian bookworm's minimal system with python3 (3.11), made by
   mmdebstrap from Debian's packages and cached;
-- ``inferentia-operator:0.1.0``: the operator's image, from the Dockerfile's own instructions:
+- ``inferentia-operator:<version>``: the operator's image, from the Dockerfile's own instructions:
   ``dockerfile()`` reads every instruction of its final stage, refuses one it does not know,
   installs exactly the requirement (with its extras) that the final stage's ``pip install``
   names, from this checkout's wheel and PyPI, and takes ENTRYPOINT, CMD, USER and ENV as they
@@ -41,7 +41,12 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 STANDINS = HERE / "node" / "standins"
 SITE = "usr/local/lib/python3.11/dist-packages"
-OPERATOR_IMAGE = "inferentia-operator:0.1.0"
+# The operator's image under the name the operator's default --operator-image gives it.
+OPERATOR_IMAGE = "inferentia-operator:" + next(
+    line.split('"')[1]
+    for line in (REPO / "operator" / "inferentia_operator" / "__init__.py").read_text().splitlines()
+    if line.startswith("__version__")
+)
 STANDIN_IMAGE = "neuron-standin:0.1.0"
 # The same content, with a compile entry point of its own: the vLLM preset's compile step runs
 # the image's entry point (the bring-your-own compile contract, docs/serving-pod.md).

@@ -384,7 +384,7 @@ def test_batching_adds_a_front_end_on_the_serving_port_and_moves_the_processes_u
     serve, batcher = pod["containers"]
     assert [p["containerPort"] for p in serve["ports"]] == [8501, 8502, 8503, 8504]
     assert {e["name"]: e["value"] for e in serve["env"]}["INFERENTIA_BASE_PORT"] == "8501"
-    assert batcher["image"] == "inferentia-operator:0.1.0"
+    assert batcher["image"] == children.DEFAULT_OPERATOR_IMAGE
     assert batcher["args"] == [
         "batch", "--port", "8500", "--processes", "4", "--process-base-port", "8501",
         "--max-batch-size", "4", "--max-latency-ms", "50", "--buckets", "[[64], [128]]",

@@ -65,3 +65,20 @@ def test_the_local_image_follows_the_dockerfiles_instructions(tmp_path):
     without_extra = tmp_path / "Dockerfile.plain"
     without_extra.write_text((ROOT / "Dockerfile").read_text().replace("'inferentia-operator[s3]'", "inferentia-operator"))
     assert images.dockerfile(without_extra)[1] == "inferentia-operator"  # what the image installs follows the Dockerfile
+
+
+def test_one_version_everywhere():
+    """The package, pyproject, the chart and the operator's default image name one version,
+    so the upgrade notes (docs/install.md) can say which release they apply to."""
+    import tomllib
+
+    import yaml
+
+    from inferentia_operator import __version__
+    from inferentia_operator.core.names import DEFAULT_OPERATOR_IMAGE
+
+    chart = yaml.safe_load((ROOT / "charts" / "inferentia-operator" / "Chart.yaml").read_text())
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"] == __version__
+    assert chart["version"] == chart["appVersion"] == __version__
+    assert DEFAULT_OPERATOR_IMAGE == f"inferentia-operator:{__version__}"
+    assert f"to {__version__}" in (ROOT / "docs" / "install.md").read_text()  # the upgrade notes name it

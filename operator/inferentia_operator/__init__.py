@@ -1,3 +1,3 @@
 """inferentia-operator: deploy ML models onto AWS Inferentia and Trainium (Neuron) clusters."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

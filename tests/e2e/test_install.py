@@ -15,6 +15,7 @@ import pytest
 import yaml
 from kit import CHART, ROOT, OperatorProcess, helm_template, service_account_kubeconfig, wait_for
 
+from inferentia_operator.core.names import DEFAULT_OPERATOR_IMAGE
 from specs import make_model
 
 RESTRICTED = "pod-security.kubernetes.io/enforce=restricted"
@@ -60,7 +61,7 @@ def test_default_render_is_cluster_wide_with_one_replica_that_passes_restricted(
     }  # fmt: skip
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert "--metrics-port=8081" in container["args"] and "--workers=4" in container["args"]
-    assert "--operator-image=inferentia-operator:0.1.0" in container["args"]  # fetch, upload and the front end run it
+    assert f"--operator-image={DEFAULT_OPERATOR_IMAGE}" in container["args"]  # fetch, upload and the front end run it
     [service] = [d for d in docs if d["kind"] == "Service"]
     assert service["spec"]["ports"] == [{"name": "metrics", "port": 8081, "targetPort": "metrics", "protocol": "TCP"}]
 

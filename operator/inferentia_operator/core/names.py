@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from inferentia_operator import __version__
+
 from .api import GROUP
 
 FIELD_MANAGER = "inferentia-operator"
@@ -18,7 +20,7 @@ JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 # and to run the batching front end (`inferentia-operator fetch|upload|batch`). Build it from
 # the Dockerfile and push it where your nodes pull from; the operator's --operator-image (chart
 # value image.repository and image.tag) names it.
-DEFAULT_OPERATOR_IMAGE = "inferentia-operator:0.1.0"
+DEFAULT_OPERATOR_IMAGE = f"inferentia-operator:{__version__}"
 
 # Where the plan ConfigMap is mounted in the compile and serving pods.
 PLAN_MOUNT = "/etc/inferentia"
