@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 import localcluster
-from samples import NETWORKS, STORE_SECRET, run_here
+from samples import put_model, run_here, store_secret
 
 REPO = localcluster.REPO
 STATE = localcluster.DEFAULT_STATE
@@ -118,21 +118,13 @@ def real_node_request(cluster: localcluster.LocalCluster) -> str:
     cluster.kubectl("apply", "-f", str(localcluster.HERE / "demo-real-node.yaml"))
     doc = run_here(yaml.safe_load(sample.read_text()), ns)
     name, uri = doc["metadata"]["name"], doc["spec"]["model"]["uri"]
-    network, dtype, inputs = NETWORKS[uri]
     # The model the sample names: a small network made here (tests/models/reference.py), nothing downloaded.
     models, reference = STATE / "models", REPO / "tests" / "models" / "reference.py"
     subprocess.run(["/usr/bin/python3", str(reference), "build", str(models)], check=True)
     endpoint = cluster.object_store()
     store = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="local", aws_secret_access_key="local")
-    bucket, _, key = uri.removeprefix("s3://").partition("/")
-    if bucket not in [b["Name"] for b in store.list_buckets()["Buckets"]]:
-        store.create_bucket(Bucket=bucket)
-    store.upload_file(str(models / network), bucket, key)
-    secret = {
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": STORE_SECRET, "namespace": ns},
-        "stringData": {"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local", "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint},
-    }  # fmt: skip
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(secret))
+    network, dtype, inputs = put_model(store, uri, models)
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(store_secret(ns, endpoint)))
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
     cluster.kubectl("wait", "-n", ns, f"inferentiamodel/{name}", "--for=condition=Ready", "--timeout=300s")
     ip = cluster.kubectl("get", "-n", ns, "service", name, "-o", "jsonpath={.spec.clusterIP}")

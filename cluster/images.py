@@ -37,16 +37,14 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from inferentia_operator.core.names import DEFAULT_OPERATOR_IMAGE
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 STANDINS = HERE / "node" / "standins"
 SITE = "usr/local/lib/python3.11/dist-packages"
 # The operator's image under the name the operator's default --operator-image gives it.
-OPERATOR_IMAGE = "inferentia-operator:" + next(
-    line.split('"')[1]
-    for line in (REPO / "operator" / "inferentia_operator" / "__init__.py").read_text().splitlines()
-    if line.startswith("__version__")
-)
+OPERATOR_IMAGE = DEFAULT_OPERATOR_IMAGE
 STANDIN_IMAGE = "neuron-standin:0.1.0"
 # The same content, with a compile entry point of its own: the vLLM preset's compile step runs
 # the image's entry point (the bring-your-own compile contract, docs/serving-pod.md).

@@ -19,6 +19,7 @@ What differs from a sample as written, and why:
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 TORCH_IMAGE = "neuron-torch-standin:0.1.0"
@@ -39,6 +40,25 @@ NETWORKS: dict[str, tuple[str, str, list | None]] = {
 }
 # The instance type the real node takes for each family's samples.
 SHAPE = {"inf1": "inf1.6xlarge", "inf2": "inf2.24xlarge", "trn2": "trn2.48xlarge"}
+
+
+def store_secret(namespace: str, endpoint: str) -> dict[str, Any]:
+    """The Secret that gives pods the local object store: its endpoint and (moto's) credentials."""
+    return {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": STORE_SECRET, "namespace": namespace},
+        "stringData": {"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local", "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint},
+    }  # fmt: skip
+
+
+def put_model(store: Any, uri: str, models: Path) -> tuple[str, str, list | None]:
+    """Uploads the network that stands in for the sample's model to ``uri`` (creating its bucket
+    when missing); returns that network's file name, input dtype and inputs to ask it with."""
+    network, dtype, inputs = NETWORKS[uri]
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    if bucket not in [b["Name"] for b in store.list_buckets()["Buckets"]]:
+        store.create_bucket(Bucket=bucket)
+    store.upload_file(str(models / network), bucket, key)
+    return network, dtype, inputs
 
 
 def image_input() -> list:

@@ -198,16 +198,11 @@ def store_client(cluster):
 def object_store(cluster, namespace: str) -> str:
     """A bucket of the local object store for this namespace, and the Secret ``store`` that
     gives pods its credentials and endpoint; returns the bucket's name."""
+    from samples import store_secret
+
     bucket = f"models-{namespace}"
     store_client(cluster).create_bucket(Bucket=bucket)
-    secret = {
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "store", "namespace": namespace},
-        "stringData": {
-            "AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local", "AWS_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": cluster.local.object_store(),
-        },
-    }  # fmt: skip
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(secret))
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(store_secret(namespace, cluster.local.object_store())))
     return bucket
 
 

@@ -16,14 +16,13 @@ from test_real_node import (
     ask_concurrently,
     close,
     cluster_ip_request,
-    object_store,
     reshape,
     serving_pods,
     store_client,
     wait_ready,
 )
 
-from samples import NETWORKS, SHAPE, image_input, run_here
+from samples import SHAPE, image_input, put_model, run_here, store_secret
 
 pytestmark = pytest.mark.usefixtures("operator")
 
@@ -58,13 +57,9 @@ def test_every_sample_goes_ready_on_the_real_node_and_answers(path, node_shape, 
     node_shape(SHAPE[spec["compute"].get("family", "inf1")])
     uri = spec["model"]["uri"]
     if uri.startswith("s3://"):
-        bucket, _, key = uri.removeprefix("s3://").partition("/")
-        object_store(real_node, real_namespace)  # the Secret `store`
-        if bucket not in [b["Name"] for b in store_client(real_node).list_buckets()["Buckets"]]:
-            store_client(real_node).create_bucket(Bucket=bucket)
+        real_node.kubectl("apply", "-f", "-", input=json.dumps(store_secret(real_namespace, real_node.local.object_store())))
         subprocess.run([TORCH_PYTHON, str(REFERENCE), "build", str(tmp_path / "models")], check=True)
-        network, dtype, inputs = NETWORKS[uri]
-        store_client(real_node).upload_file(str(tmp_path / "models" / network), bucket, key)
+        network, dtype, inputs = put_model(store_client(real_node), uri, tmp_path / "models")
     real_node.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
     wait_ready(real_node, real_namespace, name, timeout=400)
     assert serving_pods(real_node, real_namespace, name)

@@ -286,7 +286,7 @@ def serving_fetches_model(m: Model) -> bool:
 
 def model_path(m: Model) -> str:
     """Where the programs find the uncompiled model: the fetched copy, or a path in the image."""
-    return MODEL_DIR if m.spec.model.uri.startswith(FETCHED_SCHEMES) else m.spec.model.uri.removeprefix("file://")
+    return MODEL_DIR if _remote_model(m) else m.spec.model.uri.removeprefix("file://")
 
 
 def _operator_container(m: Model, name: str, args: list[str], mounts: list[dict[str, Any]]) -> dict[str, Any]:

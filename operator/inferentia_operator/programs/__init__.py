@@ -5,6 +5,7 @@ import nothing of this package (tests/test_programs.py checks it)."""
 
 from __future__ import annotations
 
+from functools import cache
 from importlib import resources
 
 COMPILE_PROGRAM = "neuron_compile.py"
@@ -15,5 +16,7 @@ COMPILE_PROGRAM_VERSION = 1
 SERVE_PROGRAM = "neuron_serve.py"
 
 
+@cache
 def source(name: str) -> str:
+    """The program's text, read once: every reconcile of a model that runs it puts it in the plan."""
     return resources.files(__name__).joinpath(name).read_text()

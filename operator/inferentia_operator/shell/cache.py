@@ -64,11 +64,11 @@ class Cache:
         deleted copy. Without it, a write the watch never delivered (a relist after the
         child was deleted shows only the delete) would stand in for the child forever, and
         the model would never create it again."""
-        obj = Obj(body)
-        written = self._written.get(key, {})
-        mine = written.get((str(body.get("kind")), obj.name or ""))
+        obj, written = Obj(body), self._written.get(key, {})
+        child = (str(body.get("kind")), obj.name or "")
+        mine = written.get(child)
         if mine is not None and not mine.get("gone") and Obj(mine).resource_version <= obj.resource_version:
-            del written[(str(body.get("kind")), obj.name or "")]
+            del written[child]
 
     def _cached(self, index: str, key: Key) -> list[dict[str, Any]]:
         assert self.indexes is not None
