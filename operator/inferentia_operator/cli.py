@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from .batching.limits import DEFAULT_LIMITS, MIB, Limits
 from .core.children import desired_objects, plan_document
 from .core.crd import crd_yaml
 from .core.names import DEFAULT_OPERATOR_IMAGE
@@ -145,7 +146,14 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
     backends = [f"http://127.0.0.1:{args.process_base_port + i}" for i in range(args.processes)]
     buckets = json.loads(args.buckets) if args.buckets else None
-    serve(args.port, backends, args.max_batch_size, args.max_latency_ms / 1000, buckets)
+    limits = Limits(
+        header_timeout=args.header_timeout_s,
+        body_timeout=args.body_timeout_s,
+        max_connections=args.max_connections,
+        max_body=int(args.max_body_mib * MIB),
+        body_budget=int(args.body_budget_mib * MIB),
+    )
+    serve(args.port, backends, args.max_batch_size, args.max_latency_ms / 1000, buckets, limits, args.host)
     return EXIT_OK
 
 
@@ -189,11 +197,25 @@ def parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("batch", help="run the batching front end of a serving pod (the operator adds it as a sidecar)")
     b.add_argument("--port", type=int, required=True, help="port the front end listens on (the model's serving port)")
+    # Every address of the pod by default: the Service reaches the pod's address.
+    b.add_argument("--host", default="0.0.0.0", help="address to listen on")
     b.add_argument("--processes", type=int, required=True, help="model processes, on ports process-base-port + i")
     b.add_argument("--process-base-port", type=int, required=True)
     b.add_argument("--max-batch-size", type=int, required=True)
     b.add_argument("--max-latency-ms", type=float, required=True)
     b.add_argument("--buckets", help="input-shape buckets as JSON, e.g. [[64],[128]]: inputs are padded to the smallest that holds them")
+    # What a client can cost (batching.limits.Limits says why each default is what it is).
+    d = DEFAULT_LIMITS
+    b.add_argument(
+        "--header-timeout-s",
+        type=float,
+        default=d.header_timeout,
+        help="headers must be in this long after a connection opens or its last answer",
+    )
+    b.add_argument("--body-timeout-s", type=float, default=d.body_timeout, help="a body not read in this long gets 408")
+    b.add_argument("--max-connections", type=int, default=d.max_connections, help="open connections; more are answered 503 and closed")
+    b.add_argument("--max-body-mib", type=float, default=d.max_body / MIB, help="one request's body: 413 above it")
+    b.add_argument("--body-budget-mib", type=float, default=d.body_budget / MIB, help="bodies held at once; more are answered 503")
     b.set_defaults(func=cmd_batch)
 
     f = sub.add_parser("fetch", help="copy a compiled artefact (or, with --model, a model) into a pod (an init container)")

@@ -10,6 +10,11 @@ order; ``GET /healthz`` answers 200 once the model is loaded.
 
 Also: ``GET /metrics`` (Prometheus), ``GET /healthz`` (the front end runs), ``GET
 /readyz`` (every model process answers its ``/healthz``).
+
+What a hostile or broken client can cost is bounded by ``Limits`` (docs/serving-pod.md,
+"What a client can cost"): a deadline for the headers and one for the body, a cap on open
+connections, and a budget of body bytes held at once, so the batcher stays inside its
+container's memory limit whatever arrives.
 """
 
 from __future__ import annotations
@@ -17,19 +22,26 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from .dispatch import Dispatch, Dispatcher, Reject, Request
+from .limits import DEFAULT_LIMITS, Limits
 from .padding import Shape, TooLarge, bucket_for, pad, shape_of, unpad
 
 log = logging.getLogger(__name__)
-MAX_BODY = 16 * 1024 * 1024
+CLOSE_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+    b"Connection: close\r\nContent-Length: 45\r\n\r\n"
+    b'{"error": "too many connections; retry later"}'
+)
 
 
 class BadInput(ValueError):
@@ -67,6 +79,7 @@ class Metrics:
             "inferentia_batch_rejected", "Requests answered without a model call, by status code.", ["code"], registry=r
         )
         self.inflight = Gauge("inferentia_batch_inflight", "Batches in flight, per model process.", ["process"], registry=r)
+        self.connections = Gauge("inferentia_batch_connections", "Open client connections.", registry=r)
         for p in range(processes):
             self.inflight.labels(str(p)).set(0)
 
@@ -80,8 +93,11 @@ class FrontEnd:
         buckets: list[list[int]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         dispatcher: Dispatcher | None = None,
+        limits: Limits = DEFAULT_LIMITS,
     ):
         self.backends = backends
+        self.limits = limits
+        self._held_bytes = 0  # bodies read and not yet answered: Limits.body_budget
         # Another policy can be put in (the benchmark compares a fixed window and none).
         self.dispatcher = dispatcher or Dispatcher(len(backends), max_batch, max_latency)
         self.buckets: list[Shape] = [tuple(b) for b in buckets or []]
@@ -94,7 +110,7 @@ class FrontEnd:
     # --- HTTP ------------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY)
+        app = web.Application(client_max_size=self.limits.max_body)
         app.router.add_post("/", self.predict)
         app.router.add_post("/predict", self.predict)
         app.router.add_get("/healthz", _healthy)
@@ -113,11 +129,37 @@ class FrontEnd:
         return self._session
 
     async def predict(self, request: web.Request) -> web.Response:
+        # A body of unknown length (chunked) is charged as the largest one allowed.
+        size = min(request.content_length or self.limits.max_body, self.limits.max_body)
+        if self._held_bytes + size > self.limits.budget_for(size):
+            self.metrics.rejected.labels("503").inc()
+            return web.json_response({"error": "too many request bytes in flight; retry later"}, status=503, headers={"Retry-After": "1"})
+        self._held_bytes += size
+        try:
+            return await self._predict(request)
+        finally:
+            self._held_bytes -= size
+
+    async def _predict(self, request: web.Request) -> web.Response:
         arrived = self.clock()
         try:
-            payload = parse_input(await request.read())
+            async with asyncio.timeout(self.limits.body_timeout):
+                body = await request.read()
+        except TimeoutError:
+            # The rest of the body is not waited for: the connection closes with the answer.
+            response = self._refuse(408, {"error": f"the body did not arrive within {self.limits.body_timeout:g} s"})
+            response.force_close()
+            return response
+        except ConnectionError:
+            # The client left mid-body: nobody to answer, and nothing worth a traceback in the log.
+            # Counted as nginx counts it, 499 (client closed request).
+            self.metrics.rejected.labels("499").inc()
+            raise web.HTTPBadRequest() from None
+        try:
+            payload = parse_input(body)
         except BadInput as exc:
             return self._refuse(400, {"error": str(exc)})
+        del body
         shape: Shape | None = None
         bucket: Shape | None = None
         if self.buckets:
@@ -227,10 +269,99 @@ def _shape_or_none(value: Any) -> Shape | None:
         return None
 
 
-def serve(port: int, backends: list[str], max_batch: int, max_latency: float, buckets: list[list[int]] | None) -> None:
+class _MalformedRequests(logging.Filter):
+    """aiohttp answers a request it cannot parse (a header over 8190 bytes, more than 128
+    headers) with 400 and logs a traceback at ERROR. A hostile client would write the log at
+    will, so these are counted instead, with the 400s the front end sends itself."""
+
+    def __init__(self, metrics: Metrics):
+        super().__init__()
+        self.metrics = metrics
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], HttpProcessingError):
+            self.metrics.rejected.labels("400").inc()
+            return False
+        return True
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over Limits.max_connections: one canned 503, then closed, costing no task."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.write(CLOSE_BUSY)
+        transport.close()
+
+
+class LimitedSite(web.BaseSite):
+    """A TCP site that hands aiohttp at most ``limit`` connections at once."""
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, limit: int, refused: Callable[[], None]):
+        super().__init__(runner)
+        self._host, self._port, self._limit, self._refused = host, port, limit, refused
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert server is not None
+
+        def connection() -> asyncio.BaseProtocol:
+            if len(server.connections) >= self._limit:
+                self._refused()
+                return _Refused()
+            return server()
+
+        self._server = await asyncio.get_running_loop().create_server(connection, self._host, self._port, reuse_address=True)
+
+
+async def run(front: FrontEnd, host: str, port: int, stop: asyncio.Event | None = None) -> None:
+    """Serve until ``stop`` is set (or forever), inside ``front.limits``."""
+    limits = front.limits
+    runner = web.AppRunner(
+        front.app(),
+        access_log=None,
+        keepalive_timeout=limits.header_timeout,
+        # After an answer that closes the connection, unread body is drained for this long at most.
+        lingering_time=1.0,
+    )
+    await runner.setup()
+    logging.getLogger("aiohttp.server").addFilter(_MalformedRequests(front.metrics))
+    server = runner.server
+    assert server is not None
+    front.metrics.connections.set_function(lambda: len(server.connections))
+    site = LimitedSite(runner, host, port, limits.max_connections, front.metrics.rejected.labels("503").inc)
+    await site.start()
+    try:
+        await (stop or asyncio.Event()).wait()
+    finally:
+        await runner.cleanup()
+
+
+def serve(
+    port: int,
+    backends: list[str],
+    max_batch: int,
+    max_latency: float,
+    buckets: list[list[int]] | None,
+    limits: Limits = DEFAULT_LIMITS,
+    host: str = "0.0.0.0",
+) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    front = FrontEnd(backends, max_batch, max_latency, buckets)
-    web.run_app(front.app(), host="0.0.0.0", port=port, print=None, access_log=None)
+    front = FrontEnd(backends, max_batch, max_latency, buckets, limits=limits)
+
+    async def until_signalled() -> None:
+        # SIGTERM (the kubelet stopping the pod) lets requests in flight finish, as web.run_app did.
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        await run(front, host, port, stop)
+
+    asyncio.run(until_signalled())
 
 
 async def _healthy(_request: web.Request) -> web.Response:

@@ -1,0 +1,381 @@
+"""Hostile and broken clients against the batching front end, run as the pod runs it
+(``inferentia-operator batch``, a process of its own) in front of a stand-in model process,
+on loopback.
+
+For each case: what the hostile client gets, that a normal client is answered meanwhile, and
+that the front end's peak memory (VmHWM) stays inside the batcher container's limit. The
+limits here are shortened (2 s deadlines, 64 connections) so the suite waits seconds, not the
+defaults' 15 and 30; the code paths are the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from inferentia_operator.batching.limits import MIB
+from inferentia_operator.core.children import BATCHER_RESOURCES
+from ports import free_port
+
+HEADER_TIMEOUT = 2.0
+BODY_TIMEOUT = 2.0
+MAX_CONNECTIONS = 64
+MAX_BODY_MIB = 4
+BODY_BUDGET_MIB = 8
+CONTAINER_LIMIT = int(BATCHER_RESOURCES["limits"]["memory"].removesuffix("Mi")) * MIB
+
+
+@dataclass
+class FrontEndProcess:
+    url: str
+    port: int
+    process: subprocess.Popen[str]
+    log: Path
+    normal: list[tuple[float, int]] = field(default_factory=list)  # (when, status) of the normal client
+
+    def memory(self, key: str) -> int:
+        """VmRSS (now) or VmHWM (the peak so far), in bytes."""
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError(f"{key} not in /proc/{self.process.pid}/status")
+
+    def metric(self, name: str) -> float:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " ") or line.startswith(name + "{"):
+                    return float(line.split()[-1])
+        raise AssertionError(f"{name} not scraped")
+
+
+def _wait_for(url: str, process: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"{process.args} exited"
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"{url} never answered")
+
+
+@pytest.fixture(scope="module")
+def front_end(tmp_path_factory) -> Iterator[FrontEndProcess]:
+    model_port, port = free_port(), free_port()
+    # Logs to files: a pipe nobody reads would stop the process once 64 kB of log filled it.
+    logs = tmp_path_factory.mktemp("front-end")
+    model = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "inferentia_operator.batching.model_server",
+            "--stand-in",
+            "1,0",
+            "--port",
+            str(model_port),
+            "--host",
+            "127.0.0.1",
+        ],
+        stderr=(logs / "model.log").open("w"),
+        text=True,
+    )
+    front = subprocess.Popen(
+        [sys.executable, "-m", "inferentia_operator", "batch", "--host", "127.0.0.1", "--port", str(port)]
+        + ["--processes", "1", "--process-base-port", str(model_port), "--max-batch-size", "8", "--max-latency-ms", "5000"]
+        + ["--header-timeout-s", str(HEADER_TIMEOUT), "--body-timeout-s", str(BODY_TIMEOUT)]
+        + ["--max-connections", str(MAX_CONNECTIONS), "--max-body-mib", str(MAX_BODY_MIB), "--body-budget-mib", str(BODY_BUDGET_MIB)],
+        stderr=(logs / "front-end.log").open("w"),
+        text=True,
+    )
+    try:
+        _wait_for(f"http://127.0.0.1:{model_port}/healthz", model)
+        _wait_for(f"http://127.0.0.1:{port}/readyz", front)
+        yield FrontEndProcess(f"http://127.0.0.1:{port}", port, front, logs / "front-end.log")
+        assert front.poll() is None, "the front end died"
+        # Hostile clients are counted in metrics, not written to the log as tracebacks.
+        assert "Traceback" not in (logs / "front-end.log").read_text()
+    finally:
+        for p in (front, model):
+            p.terminate()
+            p.wait(10)
+
+
+# --- raw clients ---------------------------------------------------------------------------
+
+
+async def _answer(reader: asyncio.StreamReader, within: float) -> tuple[int | None, float]:
+    """The status the server sends (None: closed without one) and when, from now."""
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(within):
+            line = await reader.readline()
+    except (ConnectionError, TimeoutError):
+        line = b""
+    took = time.monotonic() - started
+    return (int(line.split()[1]) if line.startswith((b"HTTP/1.1 ", b"HTTP/1.0 ")) else None), took
+
+
+async def _drain(reader: asyncio.StreamReader) -> None:
+    try:
+        async with asyncio.timeout(5):
+            while await reader.read(65536):
+                pass
+    except (ConnectionError, TimeoutError):
+        pass
+
+
+async def _dribble(writer: asyncio.StreamWriter, stop: asyncio.Event, every: float = 0.3) -> None:
+    """One byte at a time, as slowloris does, until told to stop or the server closes."""
+    try:
+        while not stop.is_set():
+            writer.write(b"a")
+            await writer.drain()
+            await asyncio.sleep(every)
+    except ConnectionError:
+        pass
+
+
+async def _normal_client(front: FrontEndProcess, stop: asyncio.Event) -> None:
+    """A well-behaved client, a request every 100 ms, on a connection of its own each time."""
+    body = json.dumps([1, 2, 3]).encode()
+    while not stop.is_set():
+        status = 0
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
+            writer.write(
+                b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            await writer.drain()
+            status = (await _answer(reader, 10))[0] or 0
+            writer.close()
+        except ConnectionError:
+            status = -1
+        front.normal.append((time.monotonic(), status))
+        await asyncio.sleep(0.1)
+
+
+def _with_normal_client(front: FrontEndProcess, hostile: Callable[[], Awaitable[None]]) -> list[tuple[float, int]]:
+    """Run a hostile scenario with a normal client beside it; what the normal client saw."""
+
+    async def both() -> None:
+        stop = asyncio.Event()
+        normal = asyncio.create_task(_normal_client(front, stop))
+        try:
+            await hostile()
+        finally:
+            stop.set()
+            await normal
+
+    front.normal = []
+    asyncio.run(both())
+    assert front.normal, "the normal client sent nothing"
+    return front.normal
+
+
+def _all_answered(seen: list[tuple[float, int]]) -> None:
+    assert {status for _, status in seen} == {200}, seen
+
+
+def _within_memory(front: FrontEndProcess) -> None:
+    peak = front.memory("VmHWM")
+    assert peak < CONTAINER_LIMIT * 0.8, f"peak {peak / MIB:.0f} MiB against a {CONTAINER_LIMIT / MIB:.0f} MiB limit"
+
+
+def _connections(front: FrontEndProcess) -> float:
+    return front.metric("inferentia_batch_connections")
+
+
+# --- the cases -----------------------------------------------------------------------------
+
+
+def test_headers_dribbled_are_cut_off_at_the_header_deadline(front_end):
+    outcome: list[tuple[int | None, float]] = []
+
+    async def slowloris() -> None:
+        stop = asyncio.Event()
+        conns = [await asyncio.open_connection("127.0.0.1", front_end.port) for _ in range(40)]
+        for _, w in conns:
+            w.write(b"POST / HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        dribblers = [asyncio.create_task(_dribble(w, stop)) for _, w in conns]
+        outcome.extend(await asyncio.gather(*(_answer(r, HEADER_TIMEOUT + 10) for r, _ in conns)))
+        stop.set()
+        await asyncio.gather(*dribblers)
+
+    _all_answered(_with_normal_client(front_end, slowloris))
+    # Closed, with nothing sent (as nginx does at client_header_timeout), at the deadline.
+    assert {status for status, _ in outcome} == {None}, outcome
+    assert max(took for _, took in outcome) < HEADER_TIMEOUT + 3, outcome
+    _within_memory(front_end)
+
+
+def test_a_body_dribbled_gets_408_at_the_body_deadline(front_end):
+    outcome: list[tuple[int | None, float]] = []
+
+    async def slow_body() -> None:
+        stop = asyncio.Event()
+        conns = [await asyncio.open_connection("127.0.0.1", front_end.port) for _ in range(40)]
+        for _, w in conns:
+            w.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n[")
+        dribblers = [asyncio.create_task(_dribble(w, stop)) for _, w in conns]
+        outcome.extend(await asyncio.gather(*(_answer(r, BODY_TIMEOUT + 10) for r, _ in conns)))
+        stop.set()
+        await asyncio.gather(*dribblers)
+
+    _all_answered(_with_normal_client(front_end, slow_body))
+    assert {status for status, _ in outcome} == {408}, outcome
+    assert max(took for _, took in outcome) < BODY_TIMEOUT + 3, outcome
+    _within_memory(front_end)
+
+
+def test_connections_over_the_limit_get_503_at_once_and_the_limit_frees_itself(front_end):
+    over = 20
+    outcome: list[tuple[int | None, float]] = []
+    freed: list[float] = []
+
+    async def flood() -> None:
+        # Idle connections, each holding a slot until the header deadline closes it.
+        held = [await asyncio.open_connection("127.0.0.1", front_end.port) for _ in range(MAX_CONNECTIONS)]
+        opened = time.monotonic()
+        extra = [await asyncio.open_connection("127.0.0.1", front_end.port) for _ in range(over)]
+        outcome.extend(await asyncio.gather(*(_answer(r, 5) for r, _ in extra)))
+        await asyncio.gather(*(_drain(r) for r, _ in held))  # the server closes them
+        freed.append(time.monotonic() - opened)
+        for _, w in held + extra:
+            w.close()
+        await asyncio.sleep(1)
+
+    seen = _with_normal_client(front_end, flood)
+    assert [status for status, _ in outcome] == [503] * over, outcome
+    assert max(took for _, took in outcome) < 1, outcome  # refused at once, not queued
+    assert freed[0] < HEADER_TIMEOUT + 3, freed
+    # While every slot is held the normal client is refused too (503, retry); once the idle
+    # connections pass the header deadline it is answered again.
+    assert seen[-1][1] == 200 and {s for _, s in seen} <= {200, 503}, seen
+    _within_memory(front_end)
+
+
+@pytest.mark.parametrize(
+    "request_head",
+    [
+        pytest.param(b"POST / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000 + b"\r\n", id="a 100 kB header"),
+        pytest.param(b"POST / HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: a\r\n" % i for i in range(500)), id="500 headers"),
+        pytest.param(b"POST /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n", id="a 100 kB request line"),
+    ],
+)
+def test_oversized_headers_get_a_4xx(front_end, request_head):
+    outcome: list[tuple[int | None, float]] = []
+
+    async def oversized() -> None:
+        for _ in range(20):
+            reader, writer = await asyncio.open_connection("127.0.0.1", front_end.port)
+            try:
+                writer.write(request_head + b"Content-Length: 2\r\n\r\n[]")
+                await writer.drain()
+            except ConnectionError:
+                pass
+            outcome.append(await _answer(reader, 5))
+            writer.close()
+
+    _all_answered(_with_normal_client(front_end, oversized))
+    assert all(status is not None and 400 <= status < 500 for status, _ in outcome), outcome
+    _within_memory(front_end)
+
+
+def test_clients_that_disconnect_mid_request_leave_nothing_behind(front_end):
+    body = json.dumps(list(range(1000))).encode()
+
+    async def hang_ups() -> None:
+        for i in range(100):
+            _, writer = await asyncio.open_connection("127.0.0.1", front_end.port)
+            head = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            # Half the clients leave mid-body, half once the whole request is sent (mid-answer).
+            writer.write(head + (body[: len(body) // 2] if i % 2 else body))
+            await writer.drain()
+            writer.close()
+        await asyncio.sleep(1)
+
+    _all_answered(_with_normal_client(front_end, hang_ups))
+    deadline = time.monotonic() + 10
+    while _connections(front_end) > 1 and time.monotonic() < deadline:  # 1: the scrape itself
+        time.sleep(0.2)
+    assert _connections(front_end) <= 1
+    with urllib.request.urlopen(f"{front_end.url}/metrics", timeout=5) as r:
+        assert 'inferentia_batch_inflight{process="0"} 0.0' in r.read().decode()
+    _within_memory(front_end)
+
+
+def test_large_bodies_at_once_are_held_to_the_budget_and_the_peak_stays_inside_the_limit(front_end):
+    """4 MiB of floats decodes to about 45 MiB of Python objects; 30 of them at once would be
+    1.3 GiB. The budget lets four in and sheds the rest with 503 and Retry-After."""
+    floats = b"[" + b",".join([b"1.5"] * (MAX_BODY_MIB * MIB // 4 - 1)) + b"]"
+    assert len(floats) <= MAX_BODY_MIB * MIB
+    outcome: list[tuple[int | None, float]] = []
+
+    async def one() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", front_end.port)
+        writer.write(
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            + f"Content-Length: {len(floats)}\r\n\r\n".encode()
+        )
+        try:
+            writer.write(floats)
+            await writer.drain()
+        except ConnectionError:
+            pass
+        outcome.append(await _answer(reader, 60))
+        await _drain(reader)
+        writer.close()
+
+    async def big_bodies() -> None:
+        await asyncio.gather(*(one() for _ in range(30)))
+
+    _all_answered(_with_normal_client(front_end, big_bodies))
+    codes = [status for status, _ in outcome]
+    assert 200 in codes and 503 in codes and set(codes) <= {200, 503}, codes
+    _within_memory(front_end)
+
+
+def test_a_body_over_the_maximum_gets_413(front_end):
+    async def too_big() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", front_end.port)
+        size = MAX_BODY_MIB * MIB + 1
+        writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + f"Content-Length: {size}\r\n\r\n".encode())
+        writer.write(b"[" + b"1," * (size // 2 - 1) + b"1]")
+        try:
+            await writer.drain()
+        except ConnectionError:
+            pass
+        status, _ = await _answer(reader, 10)
+        writer.close()
+        assert status == 413
+
+    _all_answered(_with_normal_client(front_end, too_big))
+
+
+def test_the_documented_limits_are_the_defaults():
+    """docs/serving-pod.md's table of limits names each flag with its default."""
+    import re
+
+    from inferentia_operator.batching.limits import DEFAULT_LIMITS
+
+    doc = (Path(__file__).parents[1] / "docs" / "serving-pod.md").read_text()
+    documented = {flag: float(value.replace(",", "")) for value, flag in re.findall(r"\| ([\d,.]+) (?:s|MiB)? ?\(`(--[a-z0-9-]+)`\)", doc)}
+    assert documented == {
+        "--header-timeout-s": DEFAULT_LIMITS.header_timeout,
+        "--body-timeout-s": DEFAULT_LIMITS.body_timeout,
+        "--max-connections": DEFAULT_LIMITS.max_connections,
+        "--max-body-mib": DEFAULT_LIMITS.max_body / MIB,
+        "--body-budget-mib": DEFAULT_LIMITS.body_budget / MIB,
+    }
