@@ -193,6 +193,16 @@ def _within_memory(front: FrontEndProcess) -> None:
     assert peak < CONTAINER_LIMIT * 0.8, f"peak {peak / MIB:.0f} MiB against a {CONTAINER_LIMIT / MIB:.0f} MiB limit"
 
 
+def assert_whole_503(answer: bytes) -> None:
+    """A 503 a client can read: its length is its body's, which is JSON, and it says when to retry."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    assert lines[0] == "HTTP/1.1 503 Service Unavailable", answer
+    assert int(headers["content-length"]) == len(body) and headers["retry-after"] == "1", answer
+    assert "error" in json.loads(body)
+
+
 def _connections(front: FrontEndProcess) -> float:
     return front.metric("inferentia_batch_connections")
 
@@ -243,13 +253,15 @@ def test_connections_over_the_limit_get_503_at_once_and_the_limit_frees_itself(f
     over = 20
     outcome: list[tuple[int | None, float]] = []
     freed: list[float] = []
+    whole: list[bytes] = []
 
     async def flood() -> None:
         # Idle connections, each holding a slot until the header deadline closes it.
         held = [await asyncio.open_connection("127.0.0.1", front_end.port) for _ in range(MAX_CONNECTIONS)]
         opened = time.monotonic()
         extra = [await asyncio.open_connection("127.0.0.1", front_end.port) for _ in range(over)]
-        outcome.extend(await asyncio.gather(*(_answer(r, 5) for r, _ in extra)))
+        whole.append(await asyncio.wait_for(extra[0][0].read(), 5))  # one answer, read to the end
+        outcome.extend(await asyncio.gather(*(_answer(r, 5) for r, _ in extra[1:])))
         await asyncio.gather(*(_drain(r) for r, _ in held))  # the server closes them
         freed.append(time.monotonic() - opened)
         for _, w in held + extra:
@@ -257,7 +269,8 @@ def test_connections_over_the_limit_get_503_at_once_and_the_limit_frees_itself(f
         await asyncio.sleep(1)
 
     seen = _with_normal_client(front_end, flood)
-    assert [status for status, _ in outcome] == [503] * over, outcome
+    assert [status for status, _ in outcome] == [503] * (over - 1), outcome
+    assert_whole_503(whole[0])
     assert max(took for _, took in outcome) < 1, outcome  # refused at once, not queued
     assert freed[0] < HEADER_TIMEOUT + 3, freed
     # While every slot is held the normal client is refused too (503, retry); once the idle

@@ -237,3 +237,43 @@ def test_without_a_compile_step_the_server_traces_the_model_at_start(tmp_path, m
     finally:
         server.kill()
         server.communicate()
+
+
+def test_the_model_server_closes_slow_clients_and_refuses_connections_over_its_cap(tmp_path, models):
+    """Without a batching front end, clients reach the model server directly: a client that
+    dribbles its headers is closed at the read timeout, connections over the cap get a 503
+    at once, and a normal client is answered once they are gone."""
+    import socket
+
+    from test_frontend_limits import assert_whole_503
+
+    plan = {**INF2_PLAN, "buckets": [[8]]}
+    assert compile_model(tmp_path, plan, models / "conv.pt").returncode == 0
+    server, port = serve(
+        tmp_path, plan, NEURON_RT_VISIBLE_CORES="0", INFERENTIA_SERVE_CLIENT_TIMEOUT_S="2", INFERENTIA_SERVE_MAX_CONNECTIONS="8"
+    )
+    held = []
+    try:
+        for _ in range(8):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nX-Slow: a")
+            held.append(s)
+        time.sleep(0.5)
+        with socket.create_connection(("127.0.0.1", port)) as extra:
+            extra.settimeout(5)
+            answer = b""
+            while chunk := extra.recv(4096):
+                answer += chunk
+        assert_whole_503(answer)
+        started = time.monotonic()
+        for s in held:
+            s.settimeout(10)
+            assert s.recv(4096) == b""  # closed, at the read timeout
+        assert time.monotonic() - started < 2 + 3
+        status, answers = post(port, [[1.0, 2.0]])
+        assert status == 200 and close(answers, expected(models / "conv.pt", [[1.0, 2.0]]))
+    finally:
+        for s in held:
+            s.close()
+        server.kill()
+        server.communicate()

@@ -37,10 +37,11 @@ from .limits import DEFAULT_LIMITS, Limits
 from .padding import Shape, TooLarge, bucket_for, pad, shape_of, unpad
 
 log = logging.getLogger(__name__)
+_BUSY_BODY = b'{"error": "too many connections; retry later"}'
 CLOSE_BUSY = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-    b"Connection: close\r\nContent-Length: 45\r\n\r\n"
-    b'{"error": "too many connections; retry later"}'
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\n"
+    + f"Content-Length: {len(_BUSY_BODY)}\r\n\r\n".encode()
+    + _BUSY_BODY
 )
 
 

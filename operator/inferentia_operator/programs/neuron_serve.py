@@ -38,6 +38,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import neuron_compile
 
 MAX_BODY = 64 * 1024 * 1024
+# What one client may hold: seconds a read may wait, and connections at once. Environment
+# variables of this program only, for tests that cannot wait the defaults.
+CLIENT_TIMEOUT = float(os.environ.get("INFERENTIA_SERVE_CLIENT_TIMEOUT_S", "30"))
+MAX_CONNECTIONS = int(os.environ.get("INFERENTIA_SERVE_MAX_CONNECTIONS", "256"))
+_BUSY_BODY = b'{"error": "too many connections; retry later"}'
+BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\n"
+    + f"Content-Length: {len(_BUSY_BODY)}\r\n\r\n".encode()
+    + _BUSY_BODY
+)
 
 
 def _not_json(constant: str) -> Any:
@@ -138,9 +148,40 @@ def load(plan: dict[str, Any]) -> Model:
     return Model(torch, manifest, modules)
 
 
+class BoundedServer(ThreadingHTTPServer):
+    """One thread per connection, as ThreadingHTTPServer, up to MAX_CONNECTIONS of them: one
+    more is answered 503 and closed at once, so a flood of connections costs no threads."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]):
+        super().__init__(address, handler)
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            try:
+                request.sendall(BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+
 def handler(model: Model) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # A socket timeout (socketserver.StreamRequestHandler.timeout) on every read: a client
+        # that dribbles its headers or body, or idles on a kept-alive connection, is closed after
+        # it rather than holding a thread for ever.
+        timeout = CLIENT_TIMEOUT
 
         def _json(self, status: int, body: Any) -> None:
             data = json.dumps(body).encode()
@@ -204,7 +245,7 @@ def main() -> int:
         print(f"serve: {exc.args[0]} is not set: the operator sets it in the serving container", file=sys.stderr)
         return 1
     port = int(os.environ.get("PORT", "8080"))
-    server = ThreadingHTTPServer(("0.0.0.0", port), handler(model))
+    server = BoundedServer(("0.0.0.0", port), handler(model))
     print(
         f"serve: {len(model.modules)} artefact(s) loaded, buckets {model.shapes}, batch {model.batch_size}, "
         f"cores {os.environ.get('NEURON_RT_VISIBLE_CORES', '-')}, port {port}",
