@@ -291,6 +291,11 @@ def test_a_huge_file_is_not_read():
 
 
 _scalars = st.one_of(st.text(max_size=8), st.integers(), st.booleans(), st.none(), st.floats(allow_nan=False))
+# Scalars as written, where YAML 1.1 and go-yaml (kubectl's reader) part ways or a tag has
+# nothing to construct: validate reads these as kubectl does (tests/e2e/test_control_plane.py).
+_yaml_forms = st.sampled_from(
+    ["2e0", "1E3", "0o17", "1_0", ".5e1", "2.0", "9" * 25, "-0", "0x1F", "~", "''", '!!int ""', "!!float 2", "!!binary MjI=", ".nan"]
+)
 _tags = st.sampled_from(["", "!!int ", "!!bool ", "!!float ", "!!timestamp ", "!!binary ", "!!str ", "!!null ", "!!set ", "!!omap "])
 
 
@@ -301,14 +306,16 @@ def hostile_yaml(draw):
     anchors = []
     for i in range(draw(st.integers(0, 6))):
         tag = draw(_tags)
-        value = json.dumps(draw(_scalars), ensure_ascii=draw(st.booleans()))
+        value = draw(st.one_of(st.builds(lambda v, a: json.dumps(v, ensure_ascii=a), _scalars, st.booleans()), _yaml_forms))
         if anchors and draw(st.booleans()):
             value = f"[{', '.join('*' + draw(st.sampled_from(anchors)) for _ in range(draw(st.integers(1, 4))))}]"
             tag = ""
         lines.append(f"k{i}: &n{i} {tag}{value}")
         anchors.append(f"n{i}")
     field = draw(st.sampled_from(["metadata: {name: %s}", "spec: %s", "spec: {compute: {inf: %s}}", "metadata: %s"]))
-    lines.append(field % (("*" + draw(st.sampled_from(anchors))) if anchors else json.dumps(draw(_scalars))))
+    lines.append(
+        field % (("*" + draw(st.sampled_from(anchors))) if anchors else draw(st.one_of(st.builds(json.dumps, _scalars), _yaml_forms)))
+    )
     return "\n".join(lines) + "\n" + draw(st.sampled_from(["", "---\n", "--- !!map\n", "...\n", "\t\n"]))
 
 

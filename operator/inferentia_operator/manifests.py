@@ -6,6 +6,7 @@ repository: every InferentiaModel is checked, every other kind is skipped.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -164,6 +165,32 @@ class _BoundedLoader(yaml.SafeLoader):
         return node
 
 
+# kubectl reads YAML with sigs.k8s.io/yaml, whose scalar resolution (go-yaml's) reads as
+# numbers two forms that YAML 1.1, and so PyYAML, reads as strings: an exponent without a dot
+# (2e0, 1E3) and Go's 0o octal prefix (0o17). validate reads them as kubectl does, so that the
+# two give one verdict (tests/e2e/test_control_plane.py runs both on every form).
+_GO_INT = "tag:inferentia.dev,2026:go-int"
+_BoundedLoader.add_implicit_resolver(_GO_INT, re.compile(r"^[-+]?0o[0-7_]+$"), list("-+0"))
+_BoundedLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"), list("-+0123456789.")
+)
+_BoundedLoader.add_constructor(_GO_INT, lambda loader, node: int(loader.construct_scalar(node).replace("_", ""), 0))
+
+
+def as_the_api_server_receives(value: Any, *, in_spec: bool = False) -> Any:
+    """A YAML value as kubectl sends it and the API server keeps it: JSON, in which a whole
+    number written as a float (2.0, !!float 2) is the integer Go's encoder writes for it; and,
+    inside the spec, without the keys set to null, which the API server prunes from a custom
+    resource before defaulting (Kubernetes docs, "Defaulting and Nullable", CRDs)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
+        return int(value)  # Go's json.Marshal writes float64(2) as 2, and 1e21 and beyond with an exponent
+    if isinstance(value, dict):
+        return {k: as_the_api_server_receives(v, in_spec=in_spec or k == "spec") for k, v in value.items() if not (in_spec and v is None)}
+    if isinstance(value, list):
+        return [as_the_api_server_receives(v, in_spec=in_spec) for v in value]
+    return value
+
+
 def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
     key = id(node)
     if key in sizes:
@@ -227,7 +254,12 @@ def load_models(paths: list[str]) -> Loaded:
             try:
                 if isinstance(text, ManifestError):
                     raise text
-                models = [check_document(b, source) for d in _documents(source, text) for b in _objects(d) if _is_model(b)]
+                models = [
+                    check_document(as_the_api_server_receives(b), source)
+                    for d in _documents(source, text)
+                    for b in _objects(d)
+                    if _is_model(b)
+                ]
             except ManifestError as exc:
                 loaded.problems.append(str(exc))
                 continue

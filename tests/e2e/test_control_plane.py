@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -449,3 +450,57 @@ def test_validate_and_the_api_server_agree(crd_installed, namespace, overrides):
     body = make_model("corpus", namespace, spec)
     result = crd_installed.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(body), check=False)
     assert (result.returncode != 0) == refused_by_validate, (overrides, result.stderr, parse_spec(spec)[1])
+
+
+# YAML text the users write, placed as written where an integer belongs: the scalar forms of
+# YAML 1.1 (which PyYAML reads) and YAML 1.2, empty tagged scalars, and numbers past int64.
+# `validate -` and `kubectl apply --dry-run=server` (which reads YAML with sigs.k8s.io/yaml)
+# must refuse the same ones.
+YAML_SCALARS = [
+    "2",
+    '"2"',
+    "2.0",
+    "2.5",
+    "0x2",
+    "0o2",
+    "02",
+    "1_0",
+    "+2",
+    "-0",
+    "2e0",
+    "true",
+    "~",
+    "null",
+    "''",
+    '!!int ""',
+    '!!int "2"',
+    "!!float 2",
+    "!!str 2",
+    ".inf",
+    ".nan",
+    "9223372036854775807",
+    "9223372036854775808",
+    "99999999999999999999999",
+    "[2]",
+    "{a: 2}",
+    "!!binary MjI=",
+]
+YAML_FIELDS = {"compute.inf": ("compute", "inf"), "replicas": ("replicas",), "processesPerReplica": ("processesPerReplica",)}
+
+
+@pytest.mark.parametrize("field", list(YAML_FIELDS))
+@pytest.mark.parametrize("scalar", YAML_SCALARS)
+def test_validate_and_the_api_server_agree_on_yaml_as_written(crd_installed, namespace, field, scalar):
+    model = make_model("yaml-corpus", namespace)
+    node = model["spec"]
+    *parents, leaf = YAML_FIELDS[field]
+    for key in parents:
+        node = node[key]
+    node[leaf] = "PLACEHOLDER"
+    text = yaml.safe_dump(model, sort_keys=False).replace("PLACEHOLDER", scalar)
+    validate = subprocess.run(
+        [sys.executable, "-m", "inferentia_operator", "validate", "-"], input=text, capture_output=True, text=True, timeout=60
+    )
+    assert validate.returncode in (0, 1, 2) and "Traceback" not in validate.stderr, validate.stderr
+    applied = crd_installed.kubectl("apply", "--dry-run=server", "-f", "-", input=text, check=False)
+    assert (applied.returncode != 0) == (validate.returncode != 0), (text, applied.stderr, validate.stdout, validate.stderr)
