@@ -197,3 +197,41 @@ def test_a_rollout_past_its_progress_deadline_is_reported_and_stalls():
     assert (conds["Ready"].reason, conds["Progressing"].status, conds["Stalled"].status) == ("ProgressDeadlineExceeded", "False", "True")
     assert "has timed out progressing" in conds["Ready"].message
     assert c.events([conds["Ready"]], []) == [c.Event("Warning", "ProgressDeadlineExceeded", f"Ready=False: {conds['Ready'].message}")]
+
+
+def serving_pod(name, ready, message="", failures=()):
+    cond = {"type": "Ready", "status": "True" if ready else "False", "reason": "" if ready else "ContainersNotReady", "message": message}
+    return {
+        "metadata": {"name": name},
+        "status": {"conditions": [{"type": "PodScheduled", "status": "True"}, cond], "failures": list(failures)},
+    }
+
+
+def test_a_replica_that_stops_serving_after_its_rollout_is_named_with_why_not_a_rollout():
+    """A crash, a node gone NotReady or a fetch that fails after the rollout completed: Ready
+    says ReplicasUnavailable and quotes the pod, where it once said RollingOut."""
+    d = deployment(ready=1, available=1)
+    cases = [
+        (serving_pod("m-b", False, "containers with unready status: [batcher]"), "pod m-b: containers with unready status: [batcher]"),
+        (
+            serving_pod("m-b", False, "x", [{"container": "fetch", "message": "the object store did not answer"}]),
+            "pod m-b: fetch failed: the object store did not answer",
+        ),
+    ]
+    for unready, said in cases:
+        pods = [serving_pod("m-a", True), unready]
+        conds = by_type(c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=c.rollout_of(d, 2, "h1"), pods=pods))
+        assert (conds["Ready"].status, conds["Ready"].reason) == ("False", "ReplicasUnavailable")
+        assert conds["Ready"].message == f"1 of 2 replicas available; {said}"
+        assert conds["Reconciling"].status == "True" and conds["Stalled"].status == "False"  # kstatus: InProgress, not Failed
+    # Mid-rollout the reason stays RollingOut, with the same why.
+    mid = c.rollout_of(deployment(replicas=3, updated=1, ready=2, available=2), 2, "h1")
+    conds = by_type(c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=mid, pods=cases[0][:1]))
+    assert conds["Ready"].reason == "RollingOut" and conds["Ready"].message.endswith(cases[0][1])
+    # Losing replicas is a Warning event; getting them back, a Normal one.
+    ready = [c.cond("Ready", "True", "Ready", "2 of 2")]
+    lost = [c.cond("Ready", "False", "ReplicasUnavailable", "1 of 2")]
+    assert c.events(lost, [x.model_dump(by_alias=True) for x in ready]) == [
+        c.Event("Warning", "ReplicasUnavailable", "Ready=False: 1 of 2")
+    ]
+    assert c.events(ready, [x.model_dump(by_alias=True) for x in lost]) == [c.Event("Normal", "Ready", "Ready=True: 2 of 2")]

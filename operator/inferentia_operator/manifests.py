@@ -174,7 +174,13 @@ _BoundedLoader.add_implicit_resolver(_GO_INT, re.compile(r"^[-+]?0o[0-7_]+$"), l
 _BoundedLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"), list("-+0123456789.")
 )
-_BoundedLoader.add_constructor(_GO_INT, lambda loader, node: int(loader.construct_scalar(node).replace("_", ""), 0))
+
+
+def _go_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    return int(str(loader.construct_scalar(node)).replace("_", ""), 0)
+
+
+_BoundedLoader.add_constructor(_GO_INT, _go_int)
 
 
 def as_the_api_server_receives(value: Any, *, in_spec: bool = False) -> Any:

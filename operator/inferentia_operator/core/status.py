@@ -34,6 +34,7 @@ WARNING_REASONS = {
     "ApplyFailed",
     "FailedCreate",
     "ProgressDeadlineExceeded",
+    "ReplicasUnavailable",
 }
 # Progressing and Available restate Ready in finer steps; events for them would be noise.
 EVENT_TYPES = ("Validated", "Compiled", "Scheduled", "Ready")
@@ -143,6 +144,9 @@ class Rollout:
     available_condition: bool = False  # the Deployment's own Available condition
     failed_create: str | None = None  # why its ReplicaSet cannot create pods, when it cannot
     stuck: str | None = None  # the Deployment's message once it exceeded its progress deadline
+    # The Deployment has the current plan in every pod and nothing left to replace: what is
+    # not available then is not a rollout under way.
+    settled: bool = False
 
 
 def rollout_of(deployment: Mapping[str, Any] | None, desired_replicas: int, plan_hash: str | None) -> Rollout:
@@ -154,14 +158,14 @@ def rollout_of(deployment: Mapping[str, Any] | None, desired_replicas: int, plan
     s = d.status
     replicas, ready = s.get("replicas", 0), s.get("readyReplicas", 0)
     updated, available = s.get("updatedReplicas", 0), s.get("availableReplicas", 0)
-    complete = (
+    settled = (
         current
         and s.get("observedGeneration", 0) >= d.generation
         and d.spec.get("replicas") == desired_replicas
         and updated == desired_replicas
         and replicas == desired_replicas  # no pod of an older plan is left
-        and available == desired_replicas
     )
+    complete = settled and available == desired_replicas
     # The ReplicaSet could not create pods (a Pod Security refusal, a quota, a missing
     # ServiceAccount): the Deployment controller restates it as ReplicaFailure.
     failure = d.condition("ReplicaFailure")
@@ -173,6 +177,7 @@ def rollout_of(deployment: Mapping[str, Any] | None, desired_replicas: int, plan
     return Rollout(
         desired_replicas, current, complete, replicas, ready, updated if current else 0, available,
         exists=True, available_condition=d.condition_true("Available"), failed_create=failed_create, stuck=stuck,
+        settled=settled,
     )  # fmt: skip
 
 
@@ -301,7 +306,7 @@ def conditions(
         available = cond("Available", "False", "MinimumReplicasUnavailable", counts)
 
     compile_cond = compiled or cond("Compiled", "Unknown", "InvalidSpec", "no plan to compile while the spec is invalid")
-    progressing, ready = _progress(valid, invalid_message, compile_cond, rollout, scheduled, blocked)
+    progressing, ready = _progress(valid, invalid_message, compile_cond, rollout, scheduled, blocked, pods)
     stalled = ready.reason in STALLED_REASONS or (blocked is not None and blocked.permanent and ready.reason == blocked.reason)
     reconciling = cond("Reconciling", "True" if progressing.status == "True" else "False", progressing.reason, progressing.message)
     stalled_cond = cond(
@@ -311,7 +316,13 @@ def conditions(
 
 
 def _progress(
-    valid: bool, invalid_message: str, compiled: api.Condition, rollout: Rollout, scheduled: api.Condition, blocked: Blocked | None
+    valid: bool,
+    invalid_message: str,
+    compiled: api.Condition,
+    rollout: Rollout,
+    scheduled: api.Condition,
+    blocked: Blocked | None,
+    pods: Sequence[Mapping[str, Any]],
 ) -> tuple[api.Condition, api.Condition]:
     """Progressing and Ready: the first of these that holds decides both."""
     if not valid:
@@ -348,8 +359,32 @@ def _progress(
         return cond("Progressing", "True", "WaitingForCapacity", scheduled.message), cond(
             "Ready", "False", "Unschedulable", scheduled.message
         )
-    message = f"{rollout.updated} of {rollout.desired} replicas updated, {rollout.available} available"
+    why = unready_because(pods)
+    if rollout.settled:
+        # Every pod has the current plan and none is being replaced: not a rollout, but pods
+        # that stopped serving (a crash, a node gone NotReady, an artefact that cannot be fetched).
+        message = f"{rollout.available} of {rollout.desired} replicas available" + (f"; {why}" if why else "")
+        return cond("Progressing", "True", "ReplicasUnavailable", message), cond("Ready", "False", "ReplicasUnavailable", message)
+    message = f"{rollout.updated} of {rollout.desired} replicas updated, {rollout.available} available" + (f"; {why}" if why else "")
     return cond("Progressing", "True", "RollingOut", message), cond("Ready", "False", "RollingOut", message)
+
+
+def unready_because(pods: Sequence[Mapping[str, Any]]) -> str:
+    """Why the first serving pod that is not ready is not: a container's failure (its
+    termination message), else what its Ready condition says (the kubelet names the
+    containers that are not ready; the node controller marks the pods of a node it lost)."""
+    for p in map(Obj, pods):
+        if p.deleting or p.condition("Ready").get("status") == "True":
+            continue
+        name = p.metadata.get("name", "a pod")
+        failures = [f for f in p.status.get("failures") or [] if f.get("message")]
+        if failures:
+            return f"pod {name}: {failures[0]['container']} failed: {failures[0]['message']}"
+        ready = p.condition("Ready")
+        said = ready.get("message") or ready.get("reason")
+        if said:
+            return f"pod {name}: {said}"
+    return ""
 
 
 def now() -> str:
