@@ -300,6 +300,9 @@ def _operator_container(m: Model, name: str, args: list[str], mounts: list[dict[
         "resources": BATCHER_RESOURCES,
         "securityContext": CONTAINER_SECURITY,
         "volumeMounts": [*mounts, *_scratch_mounts()],
+        # Its last log lines (the store's error) become the termination message, which the
+        # model's status quotes when a fetch or an upload fails.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
 
 
