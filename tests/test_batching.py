@@ -368,3 +368,20 @@ def test_the_reference_model_server_starts_from_its_command_line():
     finally:
         server.terminate()
         server.wait(10)
+
+
+def test_a_process_that_is_not_listening_gets_503_and_retry_after_not_502():
+    """The batch never reached the process, so a retry (by the client, or a proxy that retries
+    on 503) is safe; 502 stays for a process that took the batch and failed."""
+
+    async def scenario():
+        front = FrontEnd([f"http://127.0.0.1:{free_port()}"], 4, 1.0)
+        port = free_port()
+        runner = await start(front.app(), port)
+        try:
+            async with aiohttp.ClientSession() as session, session.post(f"http://127.0.0.1:{port}/", json=[1]) as r:
+                assert r.status == 503 and r.headers["Retry-After"] == "1", await r.text()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(scenario())

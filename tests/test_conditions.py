@@ -235,3 +235,16 @@ def test_a_replica_that_stops_serving_after_its_rollout_is_named_with_why_not_a_
         c.Event("Warning", "ReplicasUnavailable", "Ready=False: 1 of 2")
     ]
     assert c.events(ready, [x.model_dump(by_alias=True) for x in lost]) == [c.Event("Normal", "Ready", "Ready=True: 2 of 2")]
+
+
+def test_a_pod_marked_not_ready_by_the_node_controller_points_at_its_node():
+    lost = {
+        "metadata": {"name": "m-a"},
+        "spec": {"nodeName": "ip-10-0-0-1"},
+        "status": {"conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}], "failures": []},
+    }
+    d = deployment(ready=0, available=0)
+    conds = by_type(c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=c.rollout_of(d, 2, "h1"), pods=[lost]))
+    assert conds["Ready"].message == (
+        "0 of 2 replicas available; pod m-a: marked not ready without a reason from its kubelet; node ip-10-0-0-1 may be NotReady"
+    )

@@ -117,3 +117,27 @@ def test_the_api_pages_example_names_every_field_of_the_spec():
     example = re.search(r"```yaml\n(.*?)```", (ROOT / "docs" / "api.md").read_text(), re.S).group(1)
     missing = [f for f in fields(schema, "") if not re.search(rf"(^|[\s#{{,]){re.escape(f.rsplit('.', 1)[-1])}:", example, re.M)]
     assert not missing, f"docs/api.md's example lacks {missing}"
+
+
+def test_the_fault_table_is_the_suites_and_carries_its_date_and_command():
+    """docs/faults.md's table is what cluster/fault_table.py printed from the real-node fault
+    suite: one row per fault the suite defines, in its order, with its goal, a date and the command."""
+    import ast
+    import sys
+
+    sys.path.insert(0, str(ROOT / "cluster"))
+    import fault_table
+
+    source = (ROOT / "tests" / "e2e" / "test_real_faults.py").read_text()
+    [faults] = [
+        ast.literal_eval(node.value)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "FAULTS" for t in node.targets)
+    ]
+    page = (ROOT / "docs" / "faults.md").read_text()
+    assert fault_table.HEADER in page
+    rows = page.split(fault_table.HEADER, 1)[1].strip().splitlines()
+    rows = [r for r in rows if r.startswith("| ")]
+    assert [r.split(" | ")[0].removeprefix("| ") for r in rows] == list(faults)
+    assert [r.split(" | ")[1] for r in rows] == list(faults.values())
+    assert re.search(r"Measured \d{4}-\d{2}-\d{2} \(`make test-faults`, then `python cluster/fault_table.py`\)", page)

@@ -248,6 +248,18 @@ class FrontEnd:
                     raise ValueError(f"the model process answered {type(outputs).__name__}, not a list of {n}")
             for r, out in zip(batch.requests, outputs, strict=True):
                 self._resolve(r, out)
+        except aiohttp.ClientConnectorError as exc:
+            # The process is not listening (it died, or is restarting with its pod): the batch
+            # never reached it, so a retry is safe. 503 with Retry-After says so to clients and
+            # to proxies that retry on 503 (Envoy's retry_on, nginx's proxy_next_upstream),
+            # which send it to another replica; 502 would read as a failure of the model.
+            log.warning("batch of %d not sent: process %d is not listening: %s", n, batch.process, exc)
+            for r in batch.requests:
+                self.metrics.rejected.labels("503").inc()
+                self._resolve(
+                    r,
+                    web.json_response({"error": "the model process is not running; retry"}, status=503, headers={"Retry-After": "1"}),
+                )
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
             log.warning("batch of %d to process %d failed: %s", n, batch.process, exc)
             for r in batch.requests:

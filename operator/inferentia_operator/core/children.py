@@ -564,6 +564,7 @@ def batcher_container(m: Model) -> dict[str, Any]:
         "readinessProbe": {"httpGet": {"path": "/readyz", **http}, "periodSeconds": 5},
         "livenessProbe": {"httpGet": {"path": "/healthz", **http}, "periodSeconds": 10, "failureThreshold": 6},
         "securityContext": CONTAINER_SECURITY,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
 
 
@@ -597,6 +598,9 @@ def serving_deployment(m: Model) -> dict[str, Any]:
         "resources": plan.resources.model_dump(),
         **_probes(m),
         "securityContext": {**CONTAINER_SECURITY, "readOnlyRootFilesystem": spec.serving.read_only_root_filesystem},
+        # The launcher's last words ("serving process 41 exited with 137; stopping the others")
+        # become the termination message, which the model's status quotes.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [
             {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
             *_scratch_mounts(),

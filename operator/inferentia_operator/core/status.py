@@ -384,6 +384,13 @@ def unready_because(pods: Sequence[Mapping[str, Any]]) -> str:
         said = ready.get("message") or ready.get("reason")
         if said:
             return f"pod {name}: {said}"
+        if ready.get("status") == "False" and p.spec.get("nodeName"):
+            # The kubelet always says which containers are not ready; a pod marked not ready
+            # with nothing said was marked by the node controller, which does so to every pod
+            # of a node it has not heard from within node-monitor-grace-period (Kubernetes
+            # docs, Concepts > Nodes > Node status). The real-node fault suite stops a kubelet
+            # and sees exactly this.
+            return f"pod {name}: marked not ready without a reason from its kubelet; node {p.spec['nodeName']} may be NotReady"
     return ""
 
 
