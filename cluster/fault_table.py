@@ -9,8 +9,9 @@ from pathlib import Path
 
 REPORT = Path(__file__).resolve().parents[1] / "build" / "fault-report.json"
 HEADER = (
-    "| Fault | Goal | Requests sent | Failed | Last failure after | Status wrong for at most | Status unreadable | Goal met |\n"
-    "|---|---|---|---|---|---|---|---|"
+    "| Fault | Goal | Fault lasted | Requests sent | Failed | Last failure after the fault's start (end) "
+    "| Status wrong for at most | Status unreadable | Goal met |\n"
+    "|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -18,7 +19,8 @@ def table(report: dict) -> str:
     lines = [HEADER]
     for r in report["rows"]:
         lines.append(
-            f"| {r['fault']} | {r['goal']} | {r['sent']} | {r['failed']} | {r['recovered_s']:g} s | {r['status_lag_s']:g} s "
+            f"| {r['fault']} | {r['goal']} | {r['lasted_s']:g} s | {r['sent']} | {r['failed']} "
+            f"| {r['recovered_s']:g} s ({r['served_again_s']:g} s) | {r['status_lag_s']:g} s "
             f"| {r['status_unreadable_s']:g} s | {'yes' if r['met'] else 'no'} |"
         )
     return "\n".join(lines)

@@ -221,9 +221,18 @@ class RealNode:
             [
                 str(self.bins / "neuron-device-plugin-standin"), "--plugin-dir", str(DEVICE_PLUGIN_DIR),
                 "--dev-dir", str(self.state / "dev"), "--chips", str(chips), "--cores-per-chip", str(cores_per_chip),
+                "--lock-dir", str(self._lock_dir()),
             ],
             pids,
         )  # fmt: skip
+
+    def _lock_dir(self) -> Path:
+        """The runtime stand-in's core locks (neuron_standin.hold_cores): writable by the
+        containers' non-root users, as /tmp is."""
+        path = self.state / "neuron-standin-locks"
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o1777)
+        return path
 
     def reshape(self, instance_type: str, pids: dict[str, int], stop_process_groups) -> None:
         """Make the node's Neuron devices those of ``instance_type`` (SHAPES): the device plugin

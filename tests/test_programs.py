@@ -34,6 +34,7 @@ ALLOWED_IMPORTS = {
     "os",
     "sys",
     "threading",
+    "signal",
     "http",
     "pathlib",
     "typing",
@@ -277,3 +278,30 @@ def test_the_model_server_closes_slow_clients_and_refuses_connections_over_its_c
             s.close()
         server.kill()
         server.communicate()
+
+
+def test_a_core_a_live_process_holds_cannot_be_loaded_by_another(tmp_path, models):
+    """The runtime stand-in takes its cores as the Neuron runtime does: a second server on a
+    core the first still holds fails to load, with the runtime's message; once the first is
+    gone, the core is free again (aws-neuron-sdk#1338 is the failure this lets the suite see)."""
+    plan = {**INF2_PLAN, "buckets": [[8]]}
+    assert compile_model(tmp_path, plan, models / "conv.pt").returncode == 0
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    first, _ = serve(tmp_path, plan, NEURON_RT_VISIBLE_CORES="1", NEURON_STANDIN_LOCK_DIR=str(locks))
+    try:
+        assert first.poll() is None
+        second, _ = serve(tmp_path, plan, NEURON_RT_VISIBLE_CORES="1", NEURON_STANDIN_LOCK_DIR=str(locks))
+        second.wait(30)
+        out, err = second.communicate()
+        assert second.returncode == 1, (out, err)
+        assert "nrt_allocate_neuron_cores" in err and "Logical Neuron Core(s) not available - Requested:1 Available:0" in err, err
+    finally:
+        first.kill()
+        first.communicate()
+    third, _ = serve(tmp_path, plan, NEURON_RT_VISIBLE_CORES="1", NEURON_STANDIN_LOCK_DIR=str(locks))
+    try:
+        assert third.poll() is None, third.communicate()
+    finally:
+        third.kill()
+        third.communicate()

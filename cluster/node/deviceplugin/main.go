@@ -34,8 +34,12 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
+// standinLockPath is where the runtime stand-in finds the node's core locks.
+const standinLockPath = "/run/neuron-standin"
+
 type plugin struct {
 	pluginapi.UnimplementedDevicePluginServer
+	lockDir      string
 	resource     string
 	socket       string
 	devDir       string
@@ -127,6 +131,15 @@ func (p *plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 			list = append(list, strconv.Itoa(c))
 		}
 		log.Printf("%s: allocate %v -> devices %v, NEURON_RT_VISIBLE_CORES=%s", p.resource, c.DevicesIds, chipIDs, strings.Join(list, ","))
+		var mounts []*pluginapi.Mount
+		if p.lockDir != "" {
+			// The runtime stand-in's record of which live process holds which core, shared by
+			// every container on the node as the driver's state is: the real runtime takes its
+			// cores exclusively, and a second process asking for a held core fails with
+			// "NeuronCore(s) not available" (the torch-neuronx troubleshooting guide). Nothing
+			// the operator runs reads it.
+			mounts = append(mounts, &pluginapi.Mount{ContainerPath: standinLockPath, HostPath: p.lockDir})
+		}
 		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerAllocateResponse{
 			// NEURON_STANDIN_CORES_PER_DEVICE is for the runtime stand-in only (the real runtime
 			// asks the driver how many cores a device has); nothing the operator runs reads it.
@@ -135,6 +148,7 @@ func (p *plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 				"NEURON_STANDIN_CORES_PER_DEVICE": strconv.Itoa(p.coresPerChip),
 			},
 			Devices: devices,
+			Mounts:  mounts,
 		})
 	}
 	return resp, nil
@@ -187,6 +201,7 @@ func main() {
 	devDir := flag.String("dev-dir", "/dev", "where the /dev/neuronN device files are on the host")
 	chips := flag.Int("chips", 1, "Neuron devices on this node")
 	coresPerChip := flag.Int("cores-per-chip", 2, "NeuronCores per device, as the device plugin counts them")
+	lockDir := flag.String("lock-dir", "", "a host directory for the runtime stand-in's core locks, mounted into every container granted Neuron devices")
 	flag.Parse()
 
 	plugins := []*plugin{
@@ -209,7 +224,7 @@ func main() {
 			servers = nil
 			ok := true
 			for _, p := range plugins {
-				p.devDir, p.chips, p.coresPerChip = *devDir, *chips, *coresPerChip
+				p.devDir, p.chips, p.coresPerChip, p.lockDir = *devDir, *chips, *coresPerChip, *lockDir
 				s, err := p.serve(*pluginDir)
 				if err != nil {
 					log.Printf("register %s: %v", p.resource, err)

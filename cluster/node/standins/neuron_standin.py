@@ -19,11 +19,14 @@ Nothing here is Neuron: it only enforces the contract a real node puts on a pod.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import glob
 import json
 import os
 import re
+import signal
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -140,6 +143,51 @@ def compile_job(argv: list[str]) -> int:
 
 # -- the runtime and server ---------------------------------------------------------------------
 
+# Where the device-plugin stand-in mounts the node's core locks (--lock-dir): one file per
+# NeuronCore, locked by the live process that holds the core.
+# NEURON_STANDIN_LOCK_DIR: where tests outside a pod keep them.
+LOCK_DIR = Path(os.environ.get("NEURON_STANDIN_LOCK_DIR", "/run/neuron-standin"))
+_held: list[int] = []  # the lock files' descriptors: the locks last as long as the process
+
+
+def hold_cores(cores: list[int]) -> list[int]:
+    """Take ``cores`` for this process, as the Neuron runtime does: a NeuronCore a live process
+    holds cannot be taken by another, which fails with "NeuronCore(s) not available" (AWS's
+    torch-neuronx troubleshooting guide, "NeuronCore(s) not available - Requested:1
+    Available:0", whose cause is another process holding the cores). The kernel drops the
+    locks when the process dies, as the driver frees a dead process's cores. Without the
+    lock directory (outside a pod the device plugin granted), nothing is recorded. Returns
+    the cores another process holds (none taken then), or [] once all are this process's."""
+    if not LOCK_DIR.is_dir():
+        return []
+    taken, busy = [], []
+    for core in cores:
+        fd = os.open(LOCK_DIR / f"core-{core}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            os.fchmod(fd, 0o666)  # another pod's user must be able to open it too
+        except PermissionError:
+            pass  # created by another user, who made it so
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            busy.append(core)
+            os.close(fd)
+            continue
+        taken.append(fd)
+    if busy:
+        for fd in taken:
+            os.close(fd)
+        return busy
+    _held.extend(taken)
+    return []
+
+
+def held_message(requested: str, cores: list[int], busy: list[int]) -> str:
+    return (
+        f"Logical Neuron Core(s) not available - Requested:{requested} Available:{len(cores) - len(busy)} "
+        f"(cores {','.join(map(str, busy))} are held by another process)"
+    )
+
 
 def runtime_checks(tp: int | None) -> dict:
     """What the Neuron runtime and vLLM check when a server starts; returns what it found."""
@@ -186,6 +234,9 @@ def runtime_checks(tp: int | None) -> dict:
             fail("vllm", f"model compiled for tensor parallel degree {artefact['tensorParallelSize']}, started with {tp}")
     if tp is not None and tp != len(cores):
         fail("NRT:nrt_init", f"tensor parallel size {tp} needs {tp} NeuronCores, {len(cores)} visible ({visible})")
+    busy = hold_cores(cores)
+    if busy:
+        fail("NRT:nrt_allocate_neuron_cores", held_message(visible or ",".join(map(str, cores)), cores, busy))
     return {"cores": cores, "devices": devices, "artefact": artefact, "loaded": "compiled" if artefact else "compiled-at-load"}
 
 
@@ -237,8 +288,13 @@ def serve(port: int, model: str, found: dict) -> None:
             pass
 
     server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    # On SIGTERM, as vLLM's server (uvicorn) does: stop listening, finish the requests in
+    # hand, exit 0 (uvicorn's graceful shutdown).
+    server.daemon_threads = False
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
     print(f"serving {model} on :{port} with NeuronCores {found['cores']} ({found['loaded']})", flush=True)
     server.serve_forever()
+    server.server_close()
 
 
 def server_main(argv: list[str], prog: str) -> int:

@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 import torch
-from neuron_standin import CompilerRefused, check_compiler_args, expand
+from neuron_standin import CompilerRefused, check_compiler_args, expand, held_message, hold_cores
 
 _tracing = threading.local()
 _loaded: dict[str, list[int]] = {}
@@ -63,6 +63,9 @@ def runtime_load(meta: dict[str, Any]) -> list[int]:
     lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "1"))
     if meta["compiler"] == "neuronx-cc" and meta["lnc"] != lnc:
         raise _nrt_error("nrt_load", f"NEFF compiled for LNC={meta['lnc']} cannot load with NEURON_LOGICAL_NC_CONFIG={lnc}")
+    busy = hold_cores(cores[:needed])
+    if busy:
+        raise _nrt_error("nrt_allocate_neuron_cores", held_message(visible or ",".join(map(str, cores)), cores[:needed], busy))
     _loaded[key] = cores[:needed]
     return _loaded[key]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -543,6 +544,31 @@ def process_base_port(m: Model) -> int:
 BATCHER_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}}
 
 
+# A pod being deleted is taken out of its Service's endpoints at the same time as its
+# containers are told to stop; the endpoints controller and every node's kube-proxy take a
+# moment to stop sending it new connections. A preStop sleep keeps each container serving
+# for that moment (the Kubernetes docs' "Pod termination" flow; the sleep action is GA
+# since Kubernetes 1.34), and only then does SIGTERM start the graceful stop.
+DRAIN_SECONDS = 5
+# The longest request a process may hold when no batching budget bounds it.
+UNBOUNDED_REQUEST_SECONDS = 30
+
+
+def longest_request_seconds(m: Model) -> int:
+    """With the batching front end, a request is answered within maxLatencyMs or refused."""
+    front = m.plan.front_end
+    return math.ceil(front.max_latency_ms / 1000) + 1 if front else UNBOUNDED_REQUEST_SECONDS
+
+
+def termination_grace_seconds(m: Model) -> int:
+    """The drain, the longest request, and ten seconds for the processes to exit."""
+    return DRAIN_SECONDS + longest_request_seconds(m) + 10
+
+
+def _pre_stop_sleep(seconds: int) -> dict[str, Any]:
+    return {"preStop": {"sleep": {"seconds": seconds}}}
+
+
 def batcher_container(m: Model) -> dict[str, Any]:
     front, batching = m.plan.front_end, m.spec.serving.batching
     assert front is not None and batching is not None
@@ -565,6 +591,8 @@ def batcher_container(m: Model) -> dict[str, Any]:
         "livenessProbe": {"httpGet": {"path": "/healthz", **http}, "periodSeconds": 10, "failureThreshold": 6},
         "securityContext": CONTAINER_SECURITY,
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        # Serve through the drain; then SIGTERM: stop listening, answer what it holds, exit.
+        "lifecycle": _pre_stop_sleep(DRAIN_SECONDS),
     }
 
 
@@ -601,6 +629,9 @@ def serving_deployment(m: Model) -> dict[str, Any]:
         # The launcher's last words ("serving process 41 exited with 137; stopping the others")
         # become the termination message, which the model's status quotes.
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        # Behind the front end, the processes outlive its drain and the requests it holds;
+        # alone, they drain as it would, then the launcher passes SIGTERM on to each.
+        "lifecycle": _pre_stop_sleep(DRAIN_SECONDS + (longest_request_seconds(m) if batching_front_end(m) else 0)),
         "volumeMounts": [
             {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
             *_scratch_mounts(),
@@ -630,6 +661,7 @@ def serving_deployment(m: Model) -> dict[str, Any]:
                 "spec": {
                     # A model server has no business with the Kubernetes API.
                     "automountServiceAccountToken": False,
+                    "terminationGracePeriodSeconds": termination_grace_seconds(m),
                     **_service_account(m),
                     "securityContext": pod_security(m),
                     **({"initContainers": init} if (init := serving_init_containers(m)) else {}),

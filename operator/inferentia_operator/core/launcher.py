@@ -75,6 +75,10 @@ while [ "$i" -lt "$INFERENTIA_PROCESSES" ]; do
   pids="$pids $!"
   i=$((i + 1))
 done
+# Stopping (the pod is deleted, after its preStop drain): pass SIGTERM on to every process,
+# let each finish what it holds, and exit 0. As the container's PID 1, sh would otherwise
+# ignore SIGTERM, and the processes would be killed at the end of the grace period.
+trap 'kill -TERM $pids 2>/dev/null; wait; exit 0' TERM INT
 # One model per group: when any process exits, end the pod so Kubernetes restarts it whole.
 while :; do
   for pid in $pids; do

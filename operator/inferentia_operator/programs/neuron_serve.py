@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -152,7 +153,9 @@ class BoundedServer(ThreadingHTTPServer):
     """One thread per connection, as ThreadingHTTPServer, up to MAX_CONNECTIONS of them: one
     more is answered 503 and closed at once, so a flood of connections costs no threads."""
 
-    daemon_threads = True
+    # Threads are joined on close: a SIGTERM lets every request in hand be answered.
+    daemon_threads = False
+    block_on_close = True
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]):
         super().__init__(address, handler)
@@ -251,7 +254,12 @@ def main() -> int:
         f"cores {os.environ.get('NEURON_RT_VISIBLE_CORES', '-')}, port {port}",
         flush=True,
     )
+    # SIGTERM (the pod's drain is over): stop listening, answer the requests in hand (their
+    # threads are joined, each bounded by CLIENT_TIMEOUT), then exit 0.
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
     server.serve_forever()
+    server.server_close()
+    print("serve: stopped", flush=True)
     return 0
 
 
