@@ -433,3 +433,44 @@ def test_scratch_sizes_and_the_read_only_root_are_the_users_to_set():
     sizes = {v["name"]: v["emptyDir"]["sizeLimit"] for v in pod["volumes"] if "emptyDir" in v}
     assert sizes == {"home": "200Gi", "tmp": "4Gi", "model": "50Gi"}  # the model the server traces at start
     assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is False
+
+
+def test_a_going_pod_drains_then_the_processes_outlive_the_front_ends_requests():
+    batched = model(**{**THROUGHPUT, "serving.batching": {"maxBatchSize": 4, "maxLatencyMs": 2500}})
+    pod = children.serving_deployment(batched)["spec"]["template"]["spec"]
+    serve, batcher = pod["containers"]
+    assert batcher["lifecycle"] == {"preStop": {"sleep": {"seconds": children.DRAIN_SECONDS}}}
+    # The processes stop only once the front end has drained and answered what it held (2.5 s, rounded up, and one).
+    assert serve["lifecycle"] == {"preStop": {"sleep": {"seconds": children.DRAIN_SECONDS + 4}}}
+    assert pod["terminationGracePeriodSeconds"] == children.DRAIN_SECONDS + 4 + 10
+    alone = children.serving_deployment(model(**THROUGHPUT))["spec"]["template"]["spec"]
+    assert alone["containers"][0]["lifecycle"] == {"preStop": {"sleep": {"seconds": children.DRAIN_SECONDS}}}
+    assert alone["terminationGracePeriodSeconds"] == children.DRAIN_SECONDS + children.UNBOUNDED_REQUEST_SECONDS + 10
+
+
+def test_the_launcher_passes_sigterm_on_and_exits_0_once_every_process_has(tmp_path):
+    """As PID 1, sh ignores a SIGTERM it has no trap for: the processes would be killed at the
+    end of the grace period, with whatever they held."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    m = model(**THROUGHPUT)
+    for name, text in children.plan_configmap(m)["data"].items():
+        (tmp_path / name).write_text(text)
+    done = tmp_path / "done"
+    # Each process, on SIGTERM, "finishes what it holds" (0.3 s), records it, and exits.
+    process = f"trap 'sleep 0.3; echo $PORT >> {done}; exit 0' TERM; while :; do sleep 0.1; done"
+    env = {
+        "PATH": os.environ["PATH"],
+        "INFERENTIA_PLAN_DIR": str(tmp_path),
+        "INFERENTIA_PROCESSES": str(m.plan.groups),
+        "INFERENTIA_GROUP_SIZE": str(m.plan.group_size),
+        "INFERENTIA_BASE_PORT": "9000",
+    }
+    launcher = subprocess.Popen(["/bin/sh", str(tmp_path / "launch.sh"), "sh", "-c", process], env=env, stderr=subprocess.PIPE, text=True)
+    time.sleep(1)
+    launcher.send_signal(signal.SIGTERM)
+    assert launcher.wait(10) == 0, launcher.stderr.read()
+    assert sorted(done.read_text().split()) == [str(9000 + i) for i in range(m.plan.groups)]
