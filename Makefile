@@ -16,7 +16,7 @@ CHART   := charts/inferentia-operator
 help:
 	@echo "make test          the whole suite: unit tests, then end-to-end tests on a local control plane"
 	@echo "make unit          unit tests only (no cluster)"
-	@echo "make test-faults   the fault suite alone (kill -9, API server outage, tampering, two replicas, deletions while down)"
+	@echo "make test-faults   the fault suite alone, with the real-node faults make test leaves out (docs/faults.md)"
 	@echo "make demo          local control plane + operator + samples, until make cluster-down"
 	@echo "make cluster-up    start the local control plane (kubeconfig: .cluster/kubeconfig)"
 	@echo "make cluster-down  stop it, and the demo operator"
@@ -50,7 +50,7 @@ e2e: venv controlplane
 	$(BIN)/pytest -m cluster
 
 test-faults: venv controlplane
-	$(BIN)/pytest -m faults -v
+	INFERENTIA_REAL_FAULTS=1 $(BIN)/pytest -m faults -v
 
 cluster-up: venv controlplane
 	@$(BIN)/python cluster/localcluster.py up >/dev/null

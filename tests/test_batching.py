@@ -385,3 +385,30 @@ def test_a_process_that_is_not_listening_gets_503_and_retry_after_not_502():
             await runner.cleanup()
 
     asyncio.run(scenario())
+
+
+def test_requests_waiting_and_running_are_exported_as_the_inference_gateway_reads_them():
+    """The Gateway API Inference Extension's TotalQueuedRequests and TotalRunningRequests:
+    while one slow process works on a batch, the rest wait; once all are answered, both are 0."""
+
+    def gauge(text, name):
+        return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+
+    async def scenario(session, url):
+        async def one(i):
+            async with session.post(url + "/", json=i) as r:
+                return r.status
+
+        requests = [asyncio.create_task(one(i)) for i in range(12)]
+        await asyncio.sleep(0.15)  # the first batch (1 to 4 requests) is with the process for 0.3 s; the rest wait
+        async with session.get(url + "/metrics") as r:
+            during = await r.text()
+        running = gauge(during, "inferentia_num_requests_running")
+        assert 1 <= running <= 4
+        assert gauge(during, "inferentia_num_requests_waiting") == 12 - running
+        assert await asyncio.gather(*requests) == [200] * 12
+        async with session.get(url + "/metrics") as r:
+            after = await r.text()
+        assert gauge(after, "inferentia_num_requests_running") == 0 == gauge(after, "inferentia_num_requests_waiting")
+
+    asyncio.run(with_front_end(scenario, processes=1, fixed_ms=300, per_item_ms=0, max_batch=4, max_latency=30.0))

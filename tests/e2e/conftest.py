@@ -32,10 +32,19 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"REAL-NODE TESTS DID NOT RUN ({len(skipped)} skipped): {reason}", red=True, bold=True)
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     for item in items:
         if str(item.fspath).startswith(str(Path(__file__).parent)):
             item.add_marker(pytest.mark.cluster)
+    # The real-node fault suite (about 6 minutes) runs in `make test-faults`, which sets
+    # INFERENTIA_REAL_FAULTS=1, or when its file is named; `make test` leaves it out to stay
+    # inside CI's time (docs/faults.md).
+    named = any("test_real_faults" in str(a) for a in config.args)
+    if not (os.environ.get("INFERENTIA_REAL_FAULTS") == "1" or named):
+        left_out = [i for i in items if i.fspath.basename == "test_real_faults.py"]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            items[:] = [i for i in items if i.fspath.basename != "test_real_faults.py"]
 
 
 @pytest.fixture(scope="session")

@@ -320,6 +320,14 @@ def test_the_api_server_down_while_traffic_flows(served):
         time.sleep(10)
     row = watch.row("API server down for 30 s", since, ended)
     record(row, row.failed == 0)
+    # The controllers' watches come back after the outage with a back-off: the next test's
+    # namespace needs its ServiceAccount, so wait until a new namespace gets one again.
+    probe = f"after-outage-{ns[-8:]}"
+    cluster.kubectl("create", "namespace", probe)
+    try:
+        wait_for(lambda: cluster.kubectl("get", "sa", "default", "-n", probe, check=False).returncode == 0, 180, "controllers back")
+    finally:
+        cluster.kubectl("delete", "namespace", probe, "--wait=false", check=False)
     assert row.status_unreadable_s >= 20, row  # the outage happened
     assert row.failed == 0, row
 

@@ -242,6 +242,7 @@ def runtime_checks(tp: int | None) -> dict:
 
 def serve(port: int, model: str, found: dict) -> None:
     started = time.time()
+    running, lock = [0], threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
         def _json(self, code: int, body: dict | list) -> None:
@@ -255,12 +256,38 @@ def serve(port: int, model: str, found: dict) -> None:
         def do_GET(self):
             if self.path in ("/health", "/healthz", "/readyz"):
                 self._json(200, {"status": "ok"})
+            elif self.path == "/metrics":
+                # vLLM's scheduler gauges, as its /metrics writes them (vLLM docs, "Production
+                # Metrics"): requests being run, and requests waiting to be (none here: no queue).
+                label = json.dumps(model)
+                text = (
+                    "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+                    "# TYPE vllm:num_requests_running gauge\n"
+                    f"vllm:num_requests_running{{model_name={label}}} {running[0]}\n"
+                    "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+                    "# TYPE vllm:num_requests_waiting gauge\n"
+                    f"vllm:num_requests_waiting{{model_name={label}}} 0\n"
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(text)))
+                self.end_headers()
+                self.wfile.write(text)
             elif self.path == "/standin":
                 self._json(200, {**found, "pid": os.getpid(), "uptime": time.time() - started})
             else:
                 self._json(404, {"error": "not found"})
 
         def do_POST(self):
+            with lock:
+                running[0] += 1
+            try:
+                self._post()
+            finally:
+                with lock:
+                    running[0] -= 1
+
+        def _post(self):
             length = int(self.headers.get("Content-Length") or 0)
             try:
                 body = json.loads(self.rfile.read(length) or b"{}")

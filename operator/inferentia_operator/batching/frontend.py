@@ -81,6 +81,15 @@ class Metrics:
         )
         self.inflight = Gauge("inferentia_batch_inflight", "Batches in flight, per model process.", ["process"], registry=r)
         self.connections = Gauge("inferentia_batch_connections", "Open client connections.", registry=r)
+        # What an autoscaler and an inference gateway read: the Gateway API Inference
+        # Extension's model-server protocol asks for TotalQueuedRequests and
+        # TotalRunningRequests gauges (vLLM's vllm:num_requests_waiting and
+        # vllm:num_requests_running), with names of the server's own choosing
+        # (gateway-api-inference-extension, docs/proposals/003-model-server-protocol).
+        self.waiting = Gauge("inferentia_num_requests_waiting", "Requests queued for a batch: TotalQueuedRequests.", registry=r)
+        self.running = Gauge(
+            "inferentia_num_requests_running", "Requests in a batch a process is running: TotalRunningRequests.", registry=r
+        )
         for p in range(processes):
             self.inflight.labels(str(p)).set(0)
 
@@ -104,7 +113,10 @@ class FrontEnd:
         self.buckets: list[Shape] = [tuple(b) for b in buckets or []]
         self.clock = clock
         self.metrics = Metrics(len(backends))
-        self._answers: dict[int, asyncio.Future[Any]] = {}
+        self._answers: dict[int, asyncio.Future[Any]] = {}  # every request not yet answered
+        self._sent: set[int] = set()  # requests in batches sent to a process, until the batch ends
+        self.metrics.running.set_function(self._count_running)
+        self.metrics.waiting.set_function(lambda: len(self._answers) - self._count_running())
         self._timer: asyncio.TimerHandle | None = None
         self._session: aiohttp.ClientSession | None = None
 
@@ -215,6 +227,10 @@ class FrontEnd:
     async def scrape(self, _request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": "text/plain; version=0.0.4"})
 
+    def _count_running(self) -> int:
+        """Requests a process is working on: sent, and not answered yet."""
+        return sum(1 for i in self._sent if i in self._answers)
+
     # --- dispatch ----------------------------------------------------------------------------
 
     def _decide(self) -> None:
@@ -236,6 +252,7 @@ class FrontEnd:
         n = len(batch.requests)
         self.metrics.batch_size.observe(n)
         self.metrics.inflight.labels(str(batch.process)).inc()
+        self._sent.update(r.id for r in batch.requests)
         for r in batch.requests:
             self.metrics.queue_wait.observe(sent - r.arrived)
         try:
@@ -266,6 +283,7 @@ class FrontEnd:
                 self._resolve(r, self._refuse(502, {"error": f"the model process failed: {exc}"}))
         finally:
             self.metrics.inflight.labels(str(batch.process)).dec()
+            self._sent.difference_update(r.id for r in batch.requests)
             self.dispatcher.done(batch.process, n, self.clock() - sent)
             self._decide()
 
