@@ -207,10 +207,17 @@ def serving_pod(name, ready, message="", failures=()):
     }
 
 
+def rolled_out(**kw):
+    """A Deployment whose ReplicaSet completed its rollout once (the controller's Progressing reason)."""
+    d = deployment(**kw)
+    d["status"]["conditions"].append({"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"})
+    return d
+
+
 def test_a_replica_that_stops_serving_after_its_rollout_is_named_with_why_not_a_rollout():
     """A crash, a node gone NotReady or a fetch that fails after the rollout completed: Ready
     says ReplicasUnavailable and quotes the pod, where it once said RollingOut."""
-    d = deployment(ready=1, available=1)
+    d = rolled_out(ready=1, available=1)
     cases = [
         (serving_pod("m-b", False, "containers with unready status: [batcher]"), "pod m-b: containers with unready status: [batcher]"),
         (
@@ -224,8 +231,12 @@ def test_a_replica_that_stops_serving_after_its_rollout_is_named_with_why_not_a_
         assert (conds["Ready"].status, conds["Ready"].reason) == ("False", "ReplicasUnavailable")
         assert conds["Ready"].message == f"1 of 2 replicas available; {said}"
         assert conds["Reconciling"].status == "True" and conds["Stalled"].status == "False"  # kstatus: InProgress, not Failed
-    # Mid-rollout the reason stays RollingOut, with the same why.
-    mid = c.rollout_of(deployment(replicas=3, updated=1, ready=2, available=2), 2, "h1")
+    # A first rollout whose pods are not ready yet is RollingOut, with the same why.
+    first = c.rollout_of(deployment(ready=1, available=1), 2, "h1")
+    conds = by_type(c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=first, pods=cases[0][:1]))
+    assert conds["Ready"].reason == "RollingOut" and conds["Ready"].message.endswith(cases[0][1])
+    # Mid-rollout the reason stays RollingOut too.
+    mid = c.rollout_of(rolled_out(replicas=3, updated=1, ready=2, available=2), 2, "h1")
     conds = by_type(c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=mid, pods=cases[0][:1]))
     assert conds["Ready"].reason == "RollingOut" and conds["Ready"].message.endswith(cases[0][1])
     # Losing replicas is a Warning event; getting them back, a Normal one.
@@ -243,7 +254,7 @@ def test_a_pod_marked_not_ready_by_the_node_controller_points_at_its_node():
         "spec": {"nodeName": "ip-10-0-0-1"},
         "status": {"conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}], "failures": []},
     }
-    d = deployment(ready=0, available=0)
+    d = rolled_out(ready=0, available=0)
     conds = by_type(c.conditions(valid=True, invalid_message="", compiled=COMPILED, rollout=c.rollout_of(d, 2, "h1"), pods=[lost]))
     assert conds["Ready"].message == (
         "0 of 2 replicas available; pod m-a: marked not ready without a reason from its kubelet; node ip-10-0-0-1 may be NotReady"

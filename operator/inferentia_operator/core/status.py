@@ -158,14 +158,17 @@ def rollout_of(deployment: Mapping[str, Any] | None, desired_replicas: int, plan
     s = d.status
     replicas, ready = s.get("replicas", 0), s.get("readyReplicas", 0)
     updated, available = s.get("updatedReplicas", 0), s.get("availableReplicas", 0)
-    settled = (
+    rolled = (
         current
         and s.get("observedGeneration", 0) >= d.generation
         and d.spec.get("replicas") == desired_replicas
         and updated == desired_replicas
         and replicas == desired_replicas  # no pod of an older plan is left
     )
-    complete = settled and available == desired_replicas
+    complete = rolled and available == desired_replicas
+    # The Deployment controller's word that this ReplicaSet's rollout completed once: pods not
+    # ready before that are a rollout's, not pods that stopped serving.
+    settled = rolled and d.condition("Progressing").get("reason") == "NewReplicaSetAvailable"
     # The ReplicaSet could not create pods (a Pod Security refusal, a quota, a missing
     # ServiceAccount): the Deployment controller restates it as ReplicaFailure.
     failure = d.condition("ReplicaFailure")
