@@ -30,7 +30,7 @@ def said(report: dict) -> str:
     out = []
     for r in report["rows"]:
         if r["status_said"]:
-            out.append(f"- {r['fault']}: " + "; ".join(f"`{s}`" for s in r["status_said"][:3]))
+            out.append(f"- {r['fault']}: " + "; ".join(f"`{' / '.join(s.split(chr(10)))}`" for s in r["status_said"][:3]))
     return "\n".join(out)
 
 

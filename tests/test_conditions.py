@@ -221,7 +221,7 @@ def test_a_replica_that_stops_serving_after_its_rollout_is_named_with_why_not_a_
     cases = [
         (serving_pod("m-b", False, "containers with unready status: [batcher]"), "pod m-b: containers with unready status: [batcher]"),
         (
-            serving_pod("m-b", False, "x", [{"container": "fetch", "message": "the object store did not answer"}]),
+            serving_pod("m-b", False, "x", [{"container": "fetch", "message": "fetching s3://b/m/\nthe object store did not answer\n"}]),
             "pod m-b: fetch failed: the object store did not answer",
         ),
     ]

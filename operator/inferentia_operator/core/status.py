@@ -382,7 +382,9 @@ def unready_because(pods: Sequence[Mapping[str, Any]]) -> str:
         name = p.metadata.get("name", "a pod")
         failures = [f for f in p.status.get("failures") or [] if f.get("message")]
         if failures:
-            return f"pod {name}: {failures[0]['container']} failed: {failures[0]['message']}"
+            # A condition's message is one line: a log's last line says why it ended.
+            last = failures[0]["message"].strip().splitlines()[-1]
+            return f"pod {name}: {failures[0]['container']} failed: {last}"
         ready = p.condition("Ready")
         said = ready.get("message") or ready.get("reason")
         if said:
