@@ -474,3 +474,13 @@ def test_the_launcher_passes_sigterm_on_and_exits_0_once_every_process_has(tmp_p
     launcher.send_signal(signal.SIGTERM)
     assert launcher.wait(10) == 0, launcher.stderr.read()
     assert sorted(done.read_text().split()) == [str(9000 + i) for i in range(m.plan.groups)]
+
+
+def test_pods_with_request_gauges_say_where_prometheus_scrapes_them():
+    batched = children.serving_deployment(model(**{**THROUGHPUT, "serving.batching": {"maxBatchSize": 4}}))
+    annotations = batched["spec"]["template"]["metadata"]["annotations"]
+    assert {k: v for k, v in annotations.items() if k.startswith("prometheus.io/")} == {
+        "prometheus.io/scrape": "true", "prometheus.io/port": "8500", "prometheus.io/path": "/metrics",
+    }  # fmt: skip
+    plain = children.serving_deployment(model(**THROUGHPUT))["spec"]["template"]["metadata"]["annotations"]
+    assert not any(k.startswith("prometheus.io/") for k in plain)  # nothing there exports them

@@ -596,6 +596,20 @@ def batcher_container(m: Model) -> dict[str, Any]:
     }
 
 
+def scrape_annotations(m: Model) -> dict[str, str]:
+    """Where Prometheus finds the pod's request gauges (the prometheus.io annotations that
+    Prometheus's example Kubernetes configuration relabels on): the batching front end's
+    inferentia_num_requests_waiting and _running, or vLLM's vllm:num_requests_waiting and
+    _running from its first process (each vLLM process serves its own /metrics)."""
+    if batching_front_end(m):
+        port = m.plan.front_end.port if m.plan.front_end else m.spec.serving.port
+    elif m.spec.serving.runtime == "vllm":
+        port = process_base_port(m)
+    else:
+        return {}
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}
+
+
 def serving_args(m: Model) -> list[str] | None:
     """What the launcher runs once per process: vLLM's server, the operator's model server, or
     serving.args; None when the image's own entry point runs once (no launcher)."""
@@ -657,7 +671,7 @@ def serving_deployment(m: Model) -> dict[str, Any]:
                 "rollingUpdate": {"maxSurge": spec.rollout.max_surge, "maxUnavailable": spec.rollout.max_unavailable},
             },
             "template": {
-                "metadata": {"labels": template_labels, "annotations": {PLAN_HASH_ANNOTATION: plan_hash(plan)}},
+                "metadata": {"labels": template_labels, "annotations": {PLAN_HASH_ANNOTATION: plan_hash(plan), **scrape_annotations(m)}},
                 "spec": {
                     # A model server has no business with the Kubernetes API.
                     "automountServiceAccountToken": False,
