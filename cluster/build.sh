@@ -121,6 +121,34 @@ build_packages() {
   for p in "$@"; do stamp "$(basename "$p")" "$v"; done
 }
 
+# build_in_module NAME MODULE VERSION TAGS LDFLAGS OUT=PACKAGE...: commands built inside a copy
+# of MODULE's own tree, with its go.mod: KEDA's has replace directives, which Go ignores in a
+# dependency (so `go install` and `go get` refuse it), and Prometheus's main module is where
+# its build tags pick the service discovery it compiles in.
+build_in_module() {
+  local name="$1" module="$2" v="$3" tags="$4" ld="-s -w $5"; shift 5
+  local spec missing=0
+  for spec in "$@"; do up_to_date "${spec%%=*}" "$v" || missing=1; done
+  (( missing )) || { log "$name $v: cached"; return; }
+  log "$name $v: building ${*%%=*} (the first build takes a while)"
+  local dir d="$src/$name"
+  dir=$(go mod download -json "$module@$v" | sed -n 's/.*"Dir": "\(.*\)",*/\1/p')
+  rm -rf "$d"; cp -r "$dir" "$d"; chmod -R u+w "$d"
+  for spec in "$@"; do
+    (cd "$d" && GOWORK=off go build -mod=mod -tags "$tags" -ldflags "$ld" -o "$bin/${spec%%=*}" "${spec#*=}")
+    stamp "${spec%%=*}" "$v"
+  done
+}
+
+# KEDA's CRDs, from the same module as its binaries (scaledjobs alone is 667 kB: apply server-side).
+keda_crds() {
+  local out="$bin/keda-crds" v="$KEDA_VERSION"
+  [[ -d "$out" && "$(cat "$bin/.keda-crds.version" 2>/dev/null)" == "$v" ]] && return
+  rm -rf "$out"; mkdir -p "$out"
+  cp "$src/keda/config/crd/bases/"*.yaml "$out/"
+  stamp keda-crds "$v"
+}
+
 # build_local NAME DIR REQUIREMENT...: a command of this repository (cluster/node/NAME),
 # rebuilt when its source or requirements change.
 build_local() {
@@ -165,5 +193,12 @@ mkdir -p "$bin/cni"
   github.com/containernetworking/plugins/plugins/main/loopback github.com/containernetworking/plugins/plugins/meta/portmap )
 build_local neuron-device-plugin-standin "$here/node/deviceplugin" "k8s.io/kubelet@v0.${KUBERNETES_VERSION#v1.}" google.golang.org/grpc
 build_local pause "$here/node/pause"
+build_in_module keda github.com/kedacore/keda/v2 "$KEDA_VERSION" "" \
+  "-X github.com/kedacore/keda/v2/version.Version=$KEDA_VERSION" \
+  keda=./cmd/operator keda-adapter=./cmd/adapter
+keda_crds
+# Only Kubernetes service discovery: the serving pods are found through the API server.
+build_in_module prometheus github.com/prometheus/prometheus "$PROMETHEUS_VERSION" "remove_all_sd,enable_kubernetes_sd" "" \
+  prometheus=./cmd/prometheus
 log "done in $(( $(date +%s) - start ))s: $(du -sh "$bin" | cut -f1) in $bin"
 echo "$bin"

@@ -110,6 +110,9 @@ def make_pki(pki: Path) -> None:
     # The node authorizer's and kube-proxy's own identities (their default RBAC bindings).
     issue_client_cert(pki, "kubelet", f"system:node:{realnode.NODE_NAME}", ("system:nodes",))
     issue_client_cert(pki, "kube-proxy", "system:kube-proxy")
+    # The identity the API server's aggregation layer proxies requests to extension API
+    # servers with (KEDA's external metrics): --proxy-client-cert-file, --requestheader-allowed-names.
+    issue_client_cert(pki, "front-proxy-client", "front-proxy-client")
     _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "sa.key", cwd=pki)
     _openssl("ec", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
 
@@ -299,6 +302,7 @@ class LocalCluster:
             self._start_all(bins, pki, ports, pids, started + timeout)
             if self.real_node is not None:
                 self._start_real_node(bins, pki, pids, started + timeout + 120)
+                self._start_autoscaling(bins, pki, pids, started + timeout + 180)
         except BaseException:
             self.down()
             raise
@@ -349,6 +353,15 @@ class LocalCluster:
                 "--audit-policy-file", str(self.state / "audit-policy.yaml"),
                 "--audit-log-path", str(self.audit_log), "--audit-log-format", "json",
                 "--audit-log-mode", "blocking",
+                # The aggregation layer, for extension API servers (KEDA's external metrics API):
+                # the requests it proxies carry the user in these headers, and it reaches the
+                # extension server at its endpoint's address.
+                "--requestheader-client-ca-file", str(pki / "ca.crt"), "--requestheader-allowed-names", "front-proxy-client",
+                "--requestheader-username-headers", "X-Remote-User", "--requestheader-group-headers", "X-Remote-Group",
+                "--requestheader-extra-headers-prefix", "X-Remote-Extra-",
+                "--proxy-client-cert-file", str(pki / "front-proxy-client.crt"),
+                "--proxy-client-key-file", str(pki / "front-proxy-client.key"),
+                "--enable-aggregator-routing=true",
             ],
             pids,
         )  # fmt: skip
@@ -438,6 +451,21 @@ class LocalCluster:
                 raise ClusterError("the real node never advertised its Neuron devices: see logs/device-plugin.log")
             time.sleep(0.5)
 
+    def _start_autoscaling(self, bins: Path, pki: Path, pids: dict[str, int], deadline: float) -> None:
+        """Prometheus and KEDA (cluster/autoscaling.py), when they were built."""
+        import autoscaling
+
+        engines = autoscaling.Autoscaling(self.state, self.kubeconfig, bins, pki, self._start, self._wait, self._save)
+        reason = engines.available()
+        if reason:
+            self._save(autoscaling_skipped=reason)
+            return
+        engines.start(pids, deadline, _sign)
+
+    def prometheus(self) -> str | None:
+        """Prometheus's URL (with the real node and the autoscaling engines), for queries."""
+        return self.recorded().get("prometheus")
+
     def _wait(self, url: str, deadline: float, name: str, pids: dict[str, int], pki: Path | None = None) -> None:
         context = ssl.create_default_context()
         if pki is not None:
@@ -473,7 +501,7 @@ class LocalCluster:
         if self.state_file.exists():
             self._save(pids={})
         # The data and kubeconfig are throwaway; logs stay for a post-mortem.
-        for sub in ("etcd", "pki", "kwok"):
+        for sub in ("etcd", "pki", "kwok", "autoscaling"):
             subprocess.run(["rm", "-rf", str(self.state / sub)], check=False)
         self.kubeconfig.unlink(missing_ok=True)
         for path in self.state.glob("kubeconfig-*"):  # the node's, kube-proxy's and test users' keys

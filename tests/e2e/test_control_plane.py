@@ -498,9 +498,25 @@ def test_validate_and_the_api_server_agree_on_yaml_as_written(crd_installed, nam
         node = node[key]
     node[leaf] = "PLACEHOLDER"
     text = yaml.safe_dump(model, sort_keys=False).replace("PLACEHOLDER", scalar)
-    validate = subprocess.run(
-        [sys.executable, "-m", "inferentia_operator", "validate", "-"], input=text, capture_output=True, text=True, timeout=60
-    )
-    assert validate.returncode in (0, 1, 2) and "Traceback" not in validate.stderr, validate.stderr
+    code, out, err = validate_in_process(text)
+    assert code in (0, 1, 2) and "Traceback" not in err, err
     applied = crd_installed.kubectl("apply", "--dry-run=server", "-f", "-", input=text, check=False)
-    assert (applied.returncode != 0) == (validate.returncode != 0), (text, applied.stderr, validate.stdout, validate.stderr)
+    assert (applied.returncode != 0) == (code != 0), (text, applied.stderr, out, err)
+
+
+def validate_in_process(text: str) -> tuple[int, str, str]:
+    """`inferentia-operator validate -` on ``text``: (exit code, stdout, stderr), without a
+    process per case (the CLI's own process tests are in tests/test_cli.py)."""
+    import contextlib
+    import io
+
+    from inferentia_operator.cli import main
+
+    out, err, stdin = io.StringIO(), io.StringIO(), sys.stdin
+    sys.stdin = io.StringIO(text)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(["validate", "-"])
+    finally:
+        sys.stdin = stdin
+    return code, out.getvalue(), err.getvalue()

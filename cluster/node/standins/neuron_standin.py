@@ -288,6 +288,8 @@ def serve(port: int, model: str, found: dict) -> None:
                     running[0] -= 1
 
         def _post(self):
+            # A model's time per call, for the autoscaling tests (nothing the operator runs sets it).
+            time.sleep(float(os.environ.get("NEURON_STANDIN_CALL_SECONDS", "0")))
             length = int(self.headers.get("Content-Length") or 0)
             try:
                 body = json.loads(self.rfile.read(length) or b"{}")

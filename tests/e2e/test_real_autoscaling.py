@@ -1,0 +1,88 @@
+"""Autoscaling on the real node with the engines users run: Prometheus scrapes the batching
+front end's request gauges from the pods' prometheus.io annotations, and KEDA scales the
+InferentiaModel through its scale subresource on a Prometheus query of them. The operator
+follows spec.replicas, and a scale-down drains (docs/serving-pod.md), so nothing fails."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+from kit import wait_for
+from test_real_node import apply, serving_pods, standin_spec, wait_ready, why_not_ready
+from test_real_scaling import Load
+
+pytestmark = pytest.mark.usefixtures("operator")
+
+
+def prometheus_query(base: str, query: str) -> float | None:
+    url = f"{base}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        result = json.loads(r.read())["data"]["result"]
+    return float(result[0]["value"][1]) if result else None
+
+
+def test_keda_scales_a_model_to_three_under_load_and_back_to_one_losing_nothing(real_node, real_namespace):
+    cluster, ns = real_node, real_namespace
+    prometheus = cluster.local.prometheus()
+    assert prometheus, f"the local cluster started no Prometheus: {cluster.local.recorded().get('autoscaling_skipped')}"
+    spec = standin_spec(
+        processesPerReplica=2,
+        **{
+            "serving.batching": {"maxBatchSize": 2, "maxLatencyMs": 5000},
+            # Each call takes 0.5 s, so that requests are in flight long enough to count.
+            "serving.env": [{"name": "NEURON_STANDIN_CALL_SECONDS", "value": "0.5"}],
+        },
+    )
+    apply(cluster, ns, "auto", spec)
+    wait_ready(cluster, ns, "auto")
+    in_flight = (
+        f'sum(inferentia_num_requests_waiting{{namespace="{ns}",inferentia_dev_model="auto"}})'
+        f' + sum(inferentia_num_requests_running{{namespace="{ns}",inferentia_dev_model="auto"}})'
+    )
+    wait_for(lambda: prometheus_query(prometheus, in_flight) is not None, 60, "Prometheus to scrape the front end's gauges")
+    scaled_object = {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": "auto", "namespace": ns},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "inferentia.dev/v1alpha1", "kind": "InferentiaModel", "name": "auto"},
+            "pollingInterval": 5,
+            "minReplicaCount": 1,
+            "maxReplicaCount": 3,
+            "advanced": {
+                "horizontalPodAutoscalerConfig": {
+                    "behavior": {"scaleDown": {"stabilizationWindowSeconds": 20}, "scaleUp": {"stabilizationWindowSeconds": 0}}
+                }
+            },
+            "triggers": [{"type": "prometheus", "metadata": {"serverAddress": prometheus, "query": in_flight, "threshold": "2"}}],
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(scaled_object))
+    svc = cluster.get("service", "auto", "-n", ns)
+    url = f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}/predict"
+
+    def replicas() -> int:
+        return cluster.get("inferentiamodel", "auto", "-n", ns)["spec"]["replicas"]
+
+    with Load(url, clients=8) as load:
+        try:
+            wait_for(lambda: replicas() == 3, 240, "KEDA to scale the model to 3")
+            wait_ready(cluster, ns, "auto", timeout=180)
+        except AssertionError as exc:
+            hpa = cluster.kubectl("get", "hpa", "-n", ns, "-o", "yaml", check=False).stdout[-3000:]
+            so = cluster.kubectl("get", "scaledobject", "auto", "-n", ns, "-o", "yaml", check=False).stdout[-3000:]
+            raise AssertionError(f"{exc}\n{hpa}\n{so}\n{why_not_ready(cluster, ns, 'auto')}") from None
+        assert len(serving_pods(cluster, ns, "auto")) == 3
+    busy = len(load.results)
+    assert not load.failures(), load.failures()[:10]
+    # Idle: back to one, every pod that goes drained first.
+    with Load(url, clients=1) as trickle:
+        wait_for(lambda: replicas() == 1, 240, "KEDA to scale the model back to 1")
+        wait_for(lambda: len(cluster.get("pods", "-n", ns, "-l", "inferentia.dev/model=auto")["items"]) == 1, 120, "the pods to go")
+        time.sleep(3)
+    assert not trickle.failures(), trickle.failures()[:10]
+    assert busy > 100 and len(trickle.results) > 10
