@@ -9,6 +9,7 @@ import json
 import time
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import pytest
 from kit import wait_for
@@ -23,6 +24,18 @@ def prometheus_query(base: str, query: str) -> float | None:
     with urllib.request.urlopen(url, timeout=5) as r:
         result = json.loads(r.read())["data"]["result"]
     return float(result[0]["value"][1]) if result else None
+
+
+def documented_scaled_object(namespace: str, model: str, prometheus: str) -> dict:
+    """The ScaledObject in docs/autoscaling.md, for ``model`` in ``namespace``."""
+    import re
+
+    import yaml
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "autoscaling.md").read_text()
+    [block] = re.findall(r"```yaml\n(.*?)```", doc, flags=re.S)
+    text = block.replace("my-namespace", namespace).replace("my-model", model).replace("http://prometheus.monitoring:9090", prometheus)
+    return yaml.safe_load(text)
 
 
 def test_keda_scales_a_model_to_three_under_load_and_back_to_one_losing_nothing(real_node, real_namespace):
@@ -44,23 +57,9 @@ def test_keda_scales_a_model_to_three_under_load_and_back_to_one_losing_nothing(
         f' + sum(inferentia_num_requests_running{{namespace="{ns}",inferentia_dev_model="auto"}})'
     )
     wait_for(lambda: prometheus_query(prometheus, in_flight) is not None, 60, "Prometheus to scrape the front end's gauges")
-    scaled_object = {
-        "apiVersion": "keda.sh/v1alpha1",
-        "kind": "ScaledObject",
-        "metadata": {"name": "auto", "namespace": ns},
-        "spec": {
-            "scaleTargetRef": {"apiVersion": "inferentia.dev/v1alpha1", "kind": "InferentiaModel", "name": "auto"},
-            "pollingInterval": 5,
-            "minReplicaCount": 1,
-            "maxReplicaCount": 3,
-            "advanced": {
-                "horizontalPodAutoscalerConfig": {
-                    "behavior": {"scaleDown": {"stabilizationWindowSeconds": 20}, "scaleUp": {"stabilizationWindowSeconds": 0}}
-                }
-            },
-            "triggers": [{"type": "prometheus", "metadata": {"serverAddress": prometheus, "query": in_flight, "threshold": "2"}}],
-        },
-    }
+    # The ScaledObject docs/autoscaling.md shows, with this namespace, model and Prometheus.
+    scaled_object = documented_scaled_object(ns, "auto", prometheus)
+    assert scaled_object["spec"]["triggers"][0]["metadata"]["query"] == in_flight
     cluster.kubectl("apply", "-f", "-", input=json.dumps(scaled_object))
     svc = cluster.get("service", "auto", "-n", ns)
     url = f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}/predict"
