@@ -76,6 +76,21 @@ def test_keda_scales_a_model_to_three_under_load_and_back_to_one_losing_nothing(
             so = cluster.kubectl("get", "scaledobject", "auto", "-n", ns, "-o", "yaml", check=False).stdout[-3000:]
             raise AssertionError(f"{exc}\n{hpa}\n{so}\n{why_not_ready(cluster, ns, 'auto')}") from None
         assert len(serving_pods(cluster, ns, "auto")) == 3
+        # A spec change while scaled up, applied as a GitOps tool would (a manifest without
+        # replicas): the update rolls out and the autoscaler's count stays.
+        changed = {**spec, "serving": {**spec["serving"], "env": [*spec["serving"]["env"], {"name": "GENERATION", "value": "2"}]}}
+        apply(cluster, ns, "auto", changed)
+
+        def rolled() -> bool:
+            model = cluster.get("inferentiamodel", "auto", "-n", ns)
+            ready = next((c for c in model["status"].get("conditions") or [] if c["type"] == "Ready"), {})
+            seen = model["status"].get("observedGeneration", 0) >= model["metadata"]["generation"]
+            return seen and ready.get("status") == "True" and ready.get("observedGeneration") == model["metadata"]["generation"]
+
+        old_pods = {p["metadata"]["name"] for p in serving_pods(cluster, ns, "auto")}
+        wait_for(rolled, 240, "the update to roll out over 3 replicas")
+        assert replicas() == 3
+        assert not old_pods & {p["metadata"]["name"] for p in serving_pods(cluster, ns, "auto")}, "the update did not roll"
     busy = len(load.results)
     assert not load.failures(), load.failures()[:10]
     # Idle: back to one, every pod that goes drained first.
