@@ -259,3 +259,24 @@ def test_a_pod_marked_not_ready_by_the_node_controller_points_at_its_node():
     assert conds["Ready"].message == (
         "0 of 2 replicas available; pod m-a: marked not ready without a reason from its kubelet; node ip-10-0-0-1 may be NotReady"
     )
+
+
+def test_serving_pods_are_counted_by_the_first_step_they_have_not_passed():
+    def p(scheduled=True, initialized=True, ready=True, deleting=False):
+        conds = [
+            {"type": "PodScheduled", "status": str(scheduled)},
+            {"type": "Initialized", "status": str(initialized)},
+            {"type": "Ready", "status": str(ready)},
+        ]
+        meta = {"deletionTimestamp": "2026-11-24T00:00:00Z"} if deleting else {}
+        return {"metadata": meta, "status": {"conditions": conds}}
+
+    pods = [
+        p(scheduled=False, initialized=False, ready=False),
+        p(initialized=False, ready=False),
+        p(ready=False),
+        p(),
+        p(),
+        p(deleting=True),
+    ]
+    assert c.pod_counts(pods) == c.api.PodCounts(pending=1, fetching=1, loading=1, ready=2)

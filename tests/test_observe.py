@@ -44,11 +44,23 @@ def test_a_pod_projection_keeps_placement_readiness_and_plan_volume():
     pod = {
         "metadata": {"name": "bert-1", "namespace": "ml", "labels": {"x": "y"}},
         "spec": {"nodeName": "n1", "volumes": [{"name": "plan", "configMap": {"name": "bert-plan-1"}}, {"name": "tmp", "emptyDir": {}}]},
-        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}, {"type": "Initialized", "status": "True"}]},
+        "status": {
+            "phase": "Running",
+            "conditions": [
+                {"type": "Ready", "status": "True"},
+                {"type": "Initialized", "status": "True"},
+                {"type": "ContainersReady", "status": "True"},
+            ],
+        },
     }
     kept = project_pod(pod)
     assert kept["spec"] == {"nodeName": "n1", "volumes": [{"configMap": {"name": "bert-plan-1"}}]}
-    assert kept["status"] == {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}], "failures": []}
+    # Initialized: whether the init containers (the fetch) are done, for status.pods.
+    assert kept["status"] == {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True"}, {"type": "Initialized", "status": "True"}],
+        "failures": [],
+    }
 
 
 def test_the_owner_is_the_controller_model_before_the_label():

@@ -76,6 +76,8 @@ def test_keda_scales_a_model_to_three_under_load_and_back_to_one_losing_nothing(
             so = cluster.kubectl("get", "scaledobject", "auto", "-n", ns, "-o", "yaml", check=False).stdout[-3000:]
             raise AssertionError(f"{exc}\n{hpa}\n{so}\n{why_not_ready(cluster, ns, 'auto')}") from None
         assert len(serving_pods(cluster, ns, "auto")) == 3
+        counts = cluster.get("inferentiamodel", "auto", "-n", ns)["status"]["pods"]
+        assert counts == {"pending": 0, "fetching": 0, "loading": 0, "ready": 3}, counts
         # A spec change while scaled up, applied as a GitOps tool would (a manifest without
         # replicas): the update rolls out and the autoscaler's count stays.
         changed = {**spec, "serving": {**spec["serving"], "env": [*spec["serving"]["env"], {"name": "GENERATION", "value": "2"}]}}

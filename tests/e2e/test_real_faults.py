@@ -360,8 +360,15 @@ def test_the_object_store_unreachable_while_a_new_pod_fetches(real_node, real_na
             apply(cluster, ns, "faulted", torch_spec(bucket, "conv.pt", replicas=2))
 
             def status_says_why() -> bool:
-                ready = next(c for c in cluster.get("inferentiamodel", "faulted", "-n", ns)["status"]["conditions"] if c["type"] == "Ready")
-                return ready["status"] == "False" and "fetch-artifacts failed" in ready["message"]
+                status = cluster.get("inferentiamodel", "faulted", "-n", ns)["status"]
+                ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+                # The new pod is counted as fetching, the other as ready: a scale-up never compiles.
+                counts = status.get("pods") or {}
+                return (
+                    ready["status"] == "False"
+                    and "fetch-artifacts failed" in ready["message"]
+                    and (counts.get("fetching"), counts.get("ready")) == (1, 1)
+                )
 
             try:
                 wait_for(status_says_why, 180, "the status to quote the failed fetch")

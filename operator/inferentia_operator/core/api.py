@@ -439,6 +439,19 @@ class Condition(ApiModel):
     """The metadata.generation this condition was computed for."""
 
 
+class PodCounts(ApiModel):
+    """The serving pods by where they stand on their way to serving."""
+
+    pending: int = 0
+    """Waiting for a node (not scheduled yet)."""
+    fetching: int = 0
+    """On a node, their init containers fetching the compiled artefact or the model."""
+    loading: int = 0
+    """Their containers started, not ready yet: the model loading onto its NeuronCores."""
+    ready: int = 0
+    """Ready: serving."""
+
+
 class InferentiaModelStatus(ApiModel):
     """What the operator last observed and did."""
 
@@ -454,6 +467,8 @@ class InferentiaModelStatus(ApiModel):
     """Serving pods that are ready."""
     updated_replicas: int | None = None
     """Serving pods running the current plan."""
+    pods: PodCounts | None = None
+    """The serving pods by where they stand: pending, fetching, loading, ready. A scale-up that fetches its artefact shows here, never compiling."""
     selector: str | None = None
     """Label selector of the serving pods, for the scale subresource."""
     compile_job: str | None = None

@@ -193,6 +193,24 @@ class Placement:
     unschedulable: list[str]  # the scheduler's message for each pod it cannot place
 
 
+def pod_counts(pods: Sequence[Mapping[str, Any]]) -> api.PodCounts:
+    """Each serving pod (not one being deleted) by the first step it has not passed: a node,
+    its init containers (the fetch), its readiness (the model loaded)."""
+    counts = {"pending": 0, "fetching": 0, "loading": 0, "ready": 0}
+    for p in map(Obj, pods):
+        if p.deleting:
+            continue
+        if p.condition("PodScheduled").get("status") != "True":
+            counts["pending"] += 1
+        elif p.condition("Initialized").get("status") != "True":
+            counts["fetching"] += 1
+        elif p.condition("Ready").get("status") != "True":
+            counts["loading"] += 1
+        else:
+            counts["ready"] += 1
+    return api.PodCounts(**counts)
+
+
 def placement_of(pods: Sequence[Mapping[str, Any]]) -> Placement:
     unschedulable, placed = [], 0
     for p in map(Obj, pods):
@@ -514,6 +532,7 @@ def report(o: Observed, at: str, basis: ReportBasis, failures: Sequence[WriteFai
         replicas=rollout.replicas,
         ready_replicas=rollout.ready,
         updated_replicas=rollout.updated,
+        pods=pod_counts(o.serving_pods),
         plan=basis.plan,
         selector=basis.selector,
         compile_job=basis.compile_job,

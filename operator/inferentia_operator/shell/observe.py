@@ -20,7 +20,7 @@ _METADATA_KEPT = (
     "name", "namespace", "uid", "labels", "annotations", "ownerReferences",
     "generation", "resourceVersion", "deletionTimestamp", "creationTimestamp",
 )  # fmt: skip
-_POD_CONDITIONS = ("PodScheduled", "Ready")
+_POD_CONDITIONS = ("PodScheduled", "Initialized", "Ready")
 
 Key = tuple[str, str]  # (namespace, model name)
 
