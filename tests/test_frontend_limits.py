@@ -251,17 +251,22 @@ def test_a_body_dribbled_gets_408_at_the_body_deadline(front_end):
 
 def test_connections_over_the_limit_get_503_at_once_and_the_limit_frees_itself(front_end):
     over = 20
-    outcome: list[tuple[int | None, float]] = []
+    answers: list[tuple[bytes, float]] = []  # each extra connection's whole answer, and how long it took
     freed: list[float] = []
-    whole: list[bytes] = []
+
+    async def whole_answer(reader: asyncio.StreamReader) -> tuple[bytes, float]:
+        started = time.monotonic()
+        try:
+            return await asyncio.wait_for(reader.read(), HEADER_TIMEOUT + 5), time.monotonic() - started
+        except (ConnectionError, TimeoutError):
+            return b"", time.monotonic() - started
 
     async def flood() -> None:
         # Idle connections, each holding a slot until the header deadline closes it.
         held = [await asyncio.open_connection("127.0.0.1", front_end.port) for _ in range(MAX_CONNECTIONS)]
         opened = time.monotonic()
         extra = [await asyncio.open_connection("127.0.0.1", front_end.port) for _ in range(over)]
-        whole.append(await asyncio.wait_for(extra[0][0].read(), 5))  # one answer, read to the end
-        outcome.extend(await asyncio.gather(*(_answer(r, 5) for r, _ in extra[1:])))
+        answers.extend(await asyncio.gather(*(whole_answer(r) for r, _ in extra)))
         await asyncio.gather(*(_drain(r) for r, _ in held))  # the server closes them
         freed.append(time.monotonic() - opened)
         for _, w in held + extra:
@@ -269,9 +274,14 @@ def test_connections_over_the_limit_get_503_at_once_and_the_limit_frees_itself(f
         await asyncio.sleep(1)
 
     seen = _with_normal_client(front_end, flood)
-    assert [status for status, _ in outcome] == [503] * (over - 1), outcome
-    assert_whole_503(whole[0])
-    assert max(took for _, took in outcome) < 1, outcome  # refused at once, not queued
+    # The normal client opens and closes a connection of its own every 100 ms, so a slot may
+    # come free while the extra connections arrive: one of them may then be let in, and closed
+    # at the header deadline with nothing sent. Every other is refused at once, with a whole 503.
+    refused = [(answer, took) for answer, took in answers if answer]
+    assert len(refused) >= over - 1, answers
+    for answer, took in refused:
+        assert_whole_503(answer)
+        assert took < 1, answers  # refused at once, not queued
     assert freed[0] < HEADER_TIMEOUT + 3, freed
     # While every slot is held the normal client is refused too (503, retry); once the idle
     # connections pass the header deadline it is answered again.
