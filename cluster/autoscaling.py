@@ -18,6 +18,7 @@ They run as processes on this machine beside the control plane, with the real no
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import time
@@ -151,8 +152,6 @@ class Autoscaling:
             env,
         )  # fmt: skip
         ca = (certs / "ca.crt").read_bytes()
-        import base64
-
         registration = {
             "apiVersion": "v1",
             "kind": "List",

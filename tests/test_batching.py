@@ -330,16 +330,11 @@ def test_readyz_waits_for_every_model_process():
     asyncio.run(scenario())
 
 
-def test_the_reference_model_server_starts_from_its_command_line():
-    """The command docs/serving-pod.md gives (``python -m ...model_server``) starts and answers: it
-    once raised NameError at start, which tests calling app() could not see."""
-    import subprocess
+def stand_in_model_server(port: int) -> list[str]:
+    """The reference model server's command line (docs/serving-pod.md), a stand-in model of 1 ms a batch, on loopback."""
     import sys
-    import time
-    import urllib.request
 
-    port = free_port()
-    argv = [
+    return [
         sys.executable,
         "-m",
         "inferentia_operator.batching.model_server",
@@ -350,7 +345,17 @@ def test_the_reference_model_server_starts_from_its_command_line():
         "--host",
         "127.0.0.1",
     ]
-    server = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+
+
+def test_the_reference_model_server_starts_from_its_command_line():
+    """The command docs/serving-pod.md gives (``python -m ...model_server``) starts and answers: it
+    once raised NameError at start, which tests calling app() could not see."""
+    import subprocess
+    import time
+    import urllib.request
+
+    port = free_port()
+    server = subprocess.Popen(stand_in_model_server(port), stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 20
         while True:

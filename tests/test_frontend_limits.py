@@ -25,6 +25,7 @@ import pytest
 from inferentia_operator.batching.limits import MIB
 from inferentia_operator.core.children import BATCHER_RESOURCES
 from ports import free_port
+from test_batching import stand_in_model_server
 
 HEADER_TIMEOUT = 2.0
 BODY_TIMEOUT = 2.0
@@ -75,17 +76,7 @@ def front_end(tmp_path_factory) -> Iterator[FrontEndProcess]:
     # Logs to files: a pipe nobody reads would stop the process once 64 kB of log filled it.
     logs = tmp_path_factory.mktemp("front-end")
     model = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "inferentia_operator.batching.model_server",
-            "--stand-in",
-            "1,0",
-            "--port",
-            str(model_port),
-            "--host",
-            "127.0.0.1",
-        ],
+        stand_in_model_server(model_port),
         stderr=(logs / "model.log").open("w"),
         text=True,
     )
@@ -210,20 +201,27 @@ def _connections(front: FrontEndProcess) -> float:
 # --- the cases -----------------------------------------------------------------------------
 
 
-def test_headers_dribbled_are_cut_off_at_the_header_deadline(front_end):
+def _dribbled(front: FrontEndProcess, head: bytes, within: float) -> list[tuple[int | None, float]]:
+    """40 clients that send ``head`` and then a byte at a time, beside a normal client that
+    must be answered throughout; what each dribbler got, and when."""
     outcome: list[tuple[int | None, float]] = []
 
-    async def slowloris() -> None:
+    async def dribblers() -> None:
         stop = asyncio.Event()
-        conns = [await asyncio.open_connection("127.0.0.1", front_end.port) for _ in range(40)]
+        conns = [await asyncio.open_connection("127.0.0.1", front.port) for _ in range(40)]
         for _, w in conns:
-            w.write(b"POST / HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-        dribblers = [asyncio.create_task(_dribble(w, stop)) for _, w in conns]
-        outcome.extend(await asyncio.gather(*(_answer(r, HEADER_TIMEOUT + 10) for r, _ in conns)))
+            w.write(head)
+        tasks = [asyncio.create_task(_dribble(w, stop)) for _, w in conns]
+        outcome.extend(await asyncio.gather(*(_answer(r, within) for r, _ in conns)))
         stop.set()
-        await asyncio.gather(*dribblers)
+        await asyncio.gather(*tasks)
 
-    _all_answered(_with_normal_client(front_end, slowloris))
+    _all_answered(_with_normal_client(front, dribblers))
+    return outcome
+
+
+def test_headers_dribbled_are_cut_off_at_the_header_deadline(front_end):
+    outcome = _dribbled(front_end, b"POST / HTTP/1.1\r\nHost: x\r\nX-Slow: ", HEADER_TIMEOUT + 10)
     # Closed, with nothing sent (as nginx does at client_header_timeout), at the deadline.
     assert {status for status, _ in outcome} == {None}, outcome
     assert max(took for _, took in outcome) < HEADER_TIMEOUT + 3, outcome
@@ -231,19 +229,8 @@ def test_headers_dribbled_are_cut_off_at_the_header_deadline(front_end):
 
 
 def test_a_body_dribbled_gets_408_at_the_body_deadline(front_end):
-    outcome: list[tuple[int | None, float]] = []
-
-    async def slow_body() -> None:
-        stop = asyncio.Event()
-        conns = [await asyncio.open_connection("127.0.0.1", front_end.port) for _ in range(40)]
-        for _, w in conns:
-            w.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n[")
-        dribblers = [asyncio.create_task(_dribble(w, stop)) for _, w in conns]
-        outcome.extend(await asyncio.gather(*(_answer(r, BODY_TIMEOUT + 10) for r, _ in conns)))
-        stop.set()
-        await asyncio.gather(*dribblers)
-
-    _all_answered(_with_normal_client(front_end, slow_body))
+    head = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n["
+    outcome = _dribbled(front_end, head, BODY_TIMEOUT + 10)
     assert {status for status, _ in outcome} == {408}, outcome
     assert max(took for _, took in outcome) < BODY_TIMEOUT + 3, outcome
     _within_memory(front_end)

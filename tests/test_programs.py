@@ -305,3 +305,21 @@ def test_a_core_a_live_process_holds_cannot_be_loaded_by_another(tmp_path, model
     finally:
         third.kill()
         third.communicate()
+
+
+def test_the_model_server_stops_on_sigterm_and_exits_0(tmp_path, models):
+    """docs/serving-pod.md: after the pod's drain, SIGTERM stops the model server, which joins
+    its request threads and exits 0 (the launcher then exits 0 too)."""
+    import signal
+
+    plan = {**INF2_PLAN, "buckets": [[8]]}
+    assert compile_model(tmp_path, plan, models / "conv.pt").returncode == 0
+    server, port = serve(tmp_path, plan, NEURON_RT_VISIBLE_CORES="0")
+    try:
+        assert post(port, [[1.0, 2.0]])[0] == 200
+        server.send_signal(signal.SIGTERM)
+        out, err = server.communicate(timeout=30)
+    finally:
+        server.kill()
+    assert server.returncode == 0, err
+    assert out.rstrip().endswith("serve: stopped"), out

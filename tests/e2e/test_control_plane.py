@@ -16,6 +16,7 @@ from inferentia_operator.core.findings import errors
 from inferentia_operator.core.parsing import parse_spec
 from inferentia_operator.core.rules import CEL_RULES, NAME, check_name
 from specs import DROP, make_model, make_spec
+from test_cli import run_cli
 
 TOLERATE_NEURON = [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}]
 
@@ -287,7 +288,6 @@ def test_a_killed_test_run_takes_its_control_plane_with_it(cluster, tmp_path):
         pytest.skip("only for the built-in control plane")
     import json
     import signal
-    import sys
 
     from kit import ROOT
 
@@ -498,25 +498,7 @@ def test_validate_and_the_api_server_agree_on_yaml_as_written(crd_installed, nam
         node = node[key]
     node[leaf] = "PLACEHOLDER"
     text = yaml.safe_dump(model, sort_keys=False).replace("PLACEHOLDER", scalar)
-    code, out, err = validate_in_process(text)
+    code, out, err = run_cli("validate", "-", stdin=text)  # in this process: 81 cases
     assert code in (0, 1, 2) and "Traceback" not in err, err
     applied = crd_installed.kubectl("apply", "--dry-run=server", "-f", "-", input=text, check=False)
     assert (applied.returncode != 0) == (code != 0), (text, applied.stderr, out, err)
-
-
-def validate_in_process(text: str) -> tuple[int, str, str]:
-    """`inferentia-operator validate -` on ``text``: (exit code, stdout, stderr), without a
-    process per case (the CLI's own process tests are in tests/test_cli.py)."""
-    import contextlib
-    import io
-
-    from inferentia_operator.cli import main
-
-    out, err, stdin = io.StringIO(), io.StringIO(), sys.stdin
-    sys.stdin = io.StringIO(text)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(["validate", "-"])
-    finally:
-        sys.stdin = stdin
-    return code, out.getvalue(), err.getvalue()

@@ -236,35 +236,32 @@ def wait_all_ready(cluster, namespace: str, timeout: float = 150) -> None:
     wait_ready(cluster, namespace, "faulted", timeout=timeout)
 
 
-def test_kill_9_of_a_serving_process(served):
+def kill_9_in_a_pod(served, command: str, container: str, fault: str) -> FaultRow:
+    """kill -9 of the first process of ``command`` (not a shell) in one serving pod, with
+    traffic flowing, until ``container`` has restarted and the model is Ready again."""
     cluster, ns = served
     pod = serving_pods(cluster, ns, "faulted")[0]
     with Watch(cluster, ns, "faulted") as watch:
         since = time.monotonic()
-        children = [p for p in pids_in_pod(pod["metadata"]["uid"], "neuron-serve") if not _is_shell(p)]
-        assert children, "no serving process found in the pod"
-        os.kill(children[0], 9)
-        wait_for(lambda: _restarts(cluster, ns, pod["metadata"]["name"], "serve") >= 1, 60, "the serve container to restart")
+        found = [p for p in pids_in_pod(pod["metadata"]["uid"], command) if not _is_shell(p)]
+        assert found, f"no {command} process found in the pod"
+        os.kill(found[0], 9)
+        wait_for(lambda: _restarts(cluster, ns, pod["metadata"]["name"], container) >= 1, 60, f"the {container} container to restart")
         wait_all_ready(cluster, ns)
         time.sleep(5)
-    row = watch.row("kill -9 of a serving process", since)
+    row = watch.row(fault, since)
     assert row.sent > 0
     record(row, row.status_lag_s <= STATUS_LAG_GOAL and row.recovered_s <= 60)
+    return row
+
+
+def test_kill_9_of_a_serving_process(served):
+    row = kill_9_in_a_pod(served, "neuron-serve", "serve", "kill -9 of a serving process")
     assert row.status_lag_s <= STATUS_LAG_GOAL, row
 
 
 def test_kill_9_of_the_batching_front_end(served):
-    cluster, ns = served
-    pod = serving_pods(cluster, ns, "faulted")[0]
-    with Watch(cluster, ns, "faulted") as watch:
-        since = time.monotonic()
-        [front] = [p for p in pids_in_pod(pod["metadata"]["uid"], "inferentia-operator") if not _is_shell(p)][:1]
-        os.kill(front, 9)
-        wait_for(lambda: _restarts(cluster, ns, pod["metadata"]["name"], "batcher") >= 1, 60, "the batcher to restart")
-        wait_all_ready(cluster, ns)
-        time.sleep(5)
-    row = watch.row("kill -9 of the batching front end", since)
-    record(row, row.status_lag_s <= STATUS_LAG_GOAL and row.recovered_s <= 60)
+    row = kill_9_in_a_pod(served, "inferentia-operator", "batcher", "kill -9 of the batching front end")
     assert row.status_lag_s <= STATUS_LAG_GOAL, row
 
 

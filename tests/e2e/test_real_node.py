@@ -56,8 +56,11 @@ def why_not_ready(cluster, namespace: str, name: str) -> str:
 
 def wait_ready(cluster, namespace: str, name: str, timeout: float = 150) -> None:
     def ready() -> bool:
-        conditions = cluster.get("inferentiamodel", name, "-n", namespace).get("status", {}).get("conditions") or []
-        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+        # Ready for the spec as it is now: a status written before the last apply does not count.
+        model = cluster.get("inferentiamodel", name, "-n", namespace)
+        conditions = model.get("status", {}).get("conditions") or []
+        generation = model["metadata"]["generation"]
+        return any(c["type"] == "Ready" and c["status"] == "True" and c.get("observedGeneration") == generation for c in conditions)
 
     try:
         wait_for(ready, timeout, f"{name} Ready", interval=1)

@@ -145,8 +145,7 @@ class FrontEnd:
         # A body of unknown length (chunked) is charged as the largest one allowed.
         size = min(request.content_length or self.limits.max_body, self.limits.max_body)
         if self._held_bytes + size > self.limits.budget_for(size):
-            self.metrics.rejected.labels("503").inc()
-            return web.json_response({"error": "too many request bytes in flight; retry later"}, status=503, headers={"Retry-After": "1"})
+            return self._refuse(503, {"error": "too many request bytes in flight; retry later"}, retry_after=1)
         self._held_bytes += size
         try:
             return await self._predict(request)
@@ -201,16 +200,14 @@ class FrontEnd:
             outcome = unpad(outcome, shape)
         return web.json_response(outcome)
 
-    def _refuse(self, code: int, body: dict[str, Any]) -> web.Response:
+    def _refuse(self, code: int, body: dict[str, Any], retry_after: int | None = None) -> web.Response:
+        """An answer without a model call, counted by its code; ``retry_after`` (seconds) says when to retry."""
         self.metrics.rejected.labels(str(code)).inc()
-        return web.json_response(body, status=code)
+        return web.json_response(body, status=code, headers={"Retry-After": str(retry_after)} if retry_after else None)
 
     def _busy(self, reject: Reject) -> web.Response:
-        self.metrics.rejected.labels("503").inc()
         retry = max(1, round(reject.retry_after + 0.5))
-        return web.json_response(
-            {"error": "cannot be answered within the latency budget; retry later"}, status=503, headers={"Retry-After": str(retry)}
-        )
+        return self._refuse(503, {"error": "cannot be answered within the latency budget; retry later"}, retry_after=retry)
 
     async def ready(self, _request: web.Request) -> web.Response:
         async def answers(url: str) -> bool:
@@ -272,11 +269,7 @@ class FrontEnd:
             # which send it to another replica; 502 would read as a failure of the model.
             log.warning("batch of %d not sent: process %d is not listening: %s", n, batch.process, exc)
             for r in batch.requests:
-                self.metrics.rejected.labels("503").inc()
-                self._resolve(
-                    r,
-                    web.json_response({"error": "the model process is not running; retry"}, status=503, headers={"Retry-After": "1"}),
-                )
+                self._resolve(r, self._refuse(503, {"error": "the model process is not running; retry"}, retry_after=1))
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
             log.warning("batch of %d to process %d failed: %s", n, batch.process, exc)
             for r in batch.requests:

@@ -601,8 +601,8 @@ def scrape_annotations(m: Model) -> dict[str, str]:
     Prometheus's example Kubernetes configuration relabels on): the batching front end's
     inferentia_num_requests_waiting and _running, or vLLM's vllm:num_requests_waiting and
     _running from its first process (each vLLM process serves its own /metrics)."""
-    if batching_front_end(m):
-        port = m.plan.front_end.port if m.plan.front_end else m.spec.serving.port
+    if m.plan.front_end is not None:  # batching_front_end(m)
+        port = m.plan.front_end.port
     elif m.spec.serving.runtime == "vllm":
         port = process_base_port(m)
     else:

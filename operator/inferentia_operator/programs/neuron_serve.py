@@ -43,6 +43,8 @@ MAX_BODY = 64 * 1024 * 1024
 # variables of this program only, for tests that cannot wait the defaults.
 CLIENT_TIMEOUT = float(os.environ.get("INFERENTIA_SERVE_CLIENT_TIMEOUT_S", "30"))
 MAX_CONNECTIONS = int(os.environ.get("INFERENTIA_SERVE_MAX_CONNECTIONS", "256"))
+# The batching front end's CLOSE_BUSY, written again: this program runs in the user's image and
+# imports nothing of the operator's package.
 _BUSY_BODY = b'{"error": "too many connections; retry later"}'
 BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\n"
