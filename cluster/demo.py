@@ -28,11 +28,14 @@ LOG_FILE = STATE / "logs" / "operator.log"
 PEERING = "inferentia-operator"
 
 
-def start_operator(kubeconfig: Path) -> None:
+def start_operator(kubeconfig: Path, prometheus: str | None = None) -> None:
+    """The operator in the background; with the local Prometheus (the real node's engines),
+    models with spec.autoscaling get their ScaledObjects."""
     stop_operator()
     LOG_FILE.parent.mkdir(parents=True, exist_ok=True)
+    scaling = ["--prometheus-address", prometheus] if prometheus else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "inferentia_operator", "run", "--peering", PEERING, "--liveness", ""],
+        [sys.executable, "-m", "inferentia_operator", "run", "--peering", PEERING, "--liveness", "", *scaling],
         env={**os.environ, "KUBECONFIG": str(kubeconfig)},
         stdout=open(LOG_FILE, "ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
@@ -67,7 +70,7 @@ def demo() -> int:
     print(f"control plane ready ({time.monotonic() - started:.0f}s); simulated nodes:")
     print(cluster.kubectl("get", "nodes", "-L", "node.kubernetes.io/instance-type", "-L", "aws.amazon.com/neuron"))
     cluster.install_crds()  # the operator creates its peering object itself
-    start_operator(kubeconfig)
+    start_operator(kubeconfig, cluster.prometheus())
     print(f"operator started (log: {LOG_FILE.relative_to(REPO)})\n")
     samples = sorted((REPO / "manifests" / "samples").glob("*.yaml"))
     print(cluster.kubectl("apply", *[a for s in samples for a in ("-f", str(s))]))

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from inferentia_operator.cli import main
 from inferentia_operator.core.crd import crd_yaml
-from specs import make_model
+from specs import make_model, make_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "manifests" / "samples"
@@ -159,7 +159,8 @@ values = st.recursive(
 )
 spec_keys = st.sampled_from(
     ["model", "compute", "inf", "family", "processesPerReplica", "compile", "buckets", "serving", "image", "weights",
-     "staticWeights", "batchSize", "instanceTypes", "replicas", "rollout", "maxSurge", "uri", "framework"]
+     "staticWeights", "batchSize", "instanceTypes", "replicas", "rollout", "maxSurge", "uri", "framework",
+     "autoscaling", "minReplicas", "maxReplicas", "targetInFlight", "windowSeconds", "batching", "runtime"]
 )  # fmt: skip
 spec_like = st.recursive(
     scalars,
@@ -188,6 +189,30 @@ def test_arbitrary_documents_never_crash(documents, fmt):
         text = yaml.safe_dump_all(documents)
     for command in ("validate", "plan"):
         _assert_clean(*run_cli(command, "-", stdin=text))
+
+
+AUTOSCALING_FIELDS = [
+    "minReplicas", "maxReplicas", "targetInFlight", "windowSeconds", "scaleUpStabilizationSeconds", "scaleDownStabilizationSeconds",
+]  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.one_of(st.dictionaries(st.sampled_from(AUTOSCALING_FIELDS), st.one_of(scalars, st.integers(-5, 5))), values),
+    st.sampled_from(["custom", "vllm"]),
+    st.booleans(),
+)
+def test_arbitrary_autoscaling_never_crashes_and_valid_ones_render_a_scaled_object(autoscaling, runtime, batching):
+    overrides = {"autoscaling": autoscaling, "serving.runtime": runtime, "compute.family": "inf2", "model.architecture": "transformer"}
+    if batching:
+        overrides["serving.batching"] = {"maxBatchSize": 4}
+    text = yaml.safe_dump(make_model("scaled", "default", make_spec(**overrides)))
+    for command in ("validate", "plan"):
+        _assert_clean(*run_cli(command, "-", stdin=text))
+    code, out, err = run_cli("render", "--prometheus-address", "http://p:9090", "-", stdin=text)
+    _assert_clean(code, out, err)
+    if code == 0 and autoscaling is not None:  # null is no autoscaling, as the API server reads it
+        assert [d["kind"] for d in yaml.safe_load_all(out)][-1] == "ScaledObject"
 
 
 @settings(max_examples=200, deadline=None)

@@ -141,3 +141,22 @@ def test_the_fault_table_is_the_suites_and_carries_its_date_and_command():
     assert [r.split(" | ")[0].removeprefix("| ") for r in rows] == list(faults)
     assert [r.split(" | ")[1] for r in rows] == list(faults.values())
     assert re.search(r"Measured \d{4}-\d{2}-\d{2} \(`make test-faults`, then `python cluster/fault_table.py`\)", page)
+
+
+def test_the_scaled_object_in_the_autoscaling_page_is_what_render_prints():
+    """docs/autoscaling.md shows the ScaledObject of a model with the default windows,
+    maxReplicas 3 and batches of 4 over 2 processes: `render` prints exactly that spec."""
+    import yaml
+
+    from specs import make_model, make_spec
+    from test_cli import run_cli
+
+    shown = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", (ROOT / "docs" / "autoscaling.md").read_text(), re.S)]
+    [documented] = [d for d in shown if d.get("kind") == "ScaledObject"]
+    spec = make_spec(**{"serving.batching": {"maxBatchSize": 4}, "processesPerReplica": 2, "autoscaling": {"maxReplicas": 3}})
+    model = make_model("my-model", "my-namespace", spec)
+    code, out, err = run_cli("render", "--prometheus-address", "http://prometheus.monitoring:9090", "-", stdin=yaml.safe_dump(model))
+    assert code == 0, err
+    rendered = list(yaml.safe_load_all(out))[-1]
+    assert rendered["metadata"]["name"] == documented["metadata"]["name"]
+    assert rendered["spec"] == documented["spec"]

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from .batching.limits import DEFAULT_LIMITS, MIB, Limits
+from .core.autoscaling import Prometheus
 from .core.children import desired_objects, plan_document
 from .core.crd import crd_yaml
 from .core.names import DEFAULT_OPERATOR_IMAGE
@@ -104,10 +105,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 
 
-def rendered_objects(doc: ModelDocument, operator_image: str = DEFAULT_OPERATOR_IMAGE) -> list[dict[str, Any]]:
+def rendered_objects(
+    doc: ModelDocument, operator_image: str = DEFAULT_OPERATOR_IMAGE, prometheus: Prometheus | None = None
+) -> list[dict[str, Any]]:
     """The objects the operator would apply for a valid model, from the operator's own builders."""
     assert doc.model is not None
-    return desired_objects(replace(doc.model, uid=PLACEHOLDER_UID, operator_image=operator_image))
+    return desired_objects(replace(doc.model, uid=PLACEHOLDER_UID, operator_image=operator_image), prometheus)
 
 
 class _ReviewDumper(yaml.SafeDumper):
@@ -123,9 +126,12 @@ _ReviewDumper.add_representer(
 def cmd_render(args: argparse.Namespace) -> int:
     loaded = _load(args.paths)
     objects = []
+    prometheus = Prometheus(args.prometheus_address, args.prometheus_namespace_label, args.prometheus_model_label)
     for doc in loaded.models:
         if doc.valid:
-            objects += rendered_objects(doc, args.operator_image)
+            objects += rendered_objects(doc, args.operator_image, prometheus)
+            if doc.spec is not None and doc.spec.autoscaling is not None and not prometheus.address:
+                print(f"note: {doc.key}: no ScaledObject without --prometheus-address, as the operator would run it", file=sys.stderr)
         else:
             for finding in doc.findings:
                 print(f"{doc.key}: {finding}", file=sys.stderr)
@@ -163,6 +169,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _prometheus_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the ScaledObjects of autoscaled models read in-flight requests from."""
+    d = Prometheus()
+    p.add_argument(
+        "--prometheus-address", default=d.address,
+        help="Prometheus's URL for the ScaledObjects of models with spec.autoscaling, e.g. http://prometheus.monitoring:9090 "
+        "(default: none; such models run at minReplicas)",
+    )  # fmt: skip
+    p.add_argument("--prometheus-namespace-label", default=d.namespace_label, help="the label Prometheus gives a pod's namespace")
+    p.add_argument(
+        "--prometheus-model-label", default=d.model_label,
+        help="the label Prometheus gives a pod's inferentia.dev/model label",
+    )  # fmt: skip
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="inferentia-operator",
@@ -181,7 +202,8 @@ def parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser(
         "render",
-        help="print the objects the operator would apply for each InferentiaModel (plan ConfigMap, compile Job, Deployment, Service)",
+        help="print the objects the operator would apply for each InferentiaModel (plan ConfigMap, compile Job, Deployment, Service, "
+        "ScaledObject)",
     )
     r.add_argument("paths", nargs="*", metavar="PATH")
     r.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
@@ -190,6 +212,7 @@ def parser() -> argparse.ArgumentParser:
         default=DEFAULT_OPERATOR_IMAGE,
         help=f"the operator's own image, as the operator's --operator-image names it (default {DEFAULT_OPERATOR_IMAGE})",
     )
+    _prometheus_arguments(r)
     r.set_defaults(func=cmd_render)
 
     c = sub.add_parser("crd", help="print the InferentiaModel CustomResourceDefinition")
@@ -251,6 +274,7 @@ def parser() -> argparse.ArgumentParser:
         help="this operator's own image, which compile and serving pods run to fetch and upload artefacts and for the "
         "batching front end (--batching-image is its former name)",
     )  # fmt: skip
+    _prometheus_arguments(r)
     r.add_argument("--verbose", action="store_true")
     r.set_defaults(func=cmd_run)
     return top

@@ -109,7 +109,10 @@ def operator(crd_installed: Cluster, tmp_path_factory):
         bind_user_to_operator_role(c, OPERATOR_USER, "e2e-operator")
     else:
         kubeconfig = c.kubeconfig
-    op = OperatorProcess(kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", peering=PEERING)
+    # Autoscaled models' ScaledObjects read the local cluster's Prometheus, when it runs one.
+    prometheus = c.local.prometheus() if c.local is not None else None
+    extra = ("--prometheus-address", prometheus) if prometheus else ()
+    op = OperatorProcess(kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", peering=PEERING, extra_args=extra)
     op.start()
     yield op
     op.stop()

@@ -168,6 +168,11 @@ CEL_CASES = {
     "env-field": make_spec(**{"serving.env": [{"name": "T", "valueFrom": {"resourceFieldRef": {"resource": "limits.gpu"}}}]}),
     "env-key-ref": make_spec(**{"serving.env": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "a/b"}}}]}),
     "env-from": make_spec(**{"serving.envFrom": [{"secretRef": {"name": "a"}, "configMapRef": {"name": "b"}}]}),
+    "autoscaling-range": make_spec(**{"serving.batching": {"maxBatchSize": 2}, "autoscaling": {"minReplicas": 3, "maxReplicas": 2}}),
+    "autoscaling-signal": make_spec(autoscaling={"maxReplicas": 2}),
+    "autoscaling-target": make_spec(
+        **{"compute.family": "inf2", "serving.runtime": "vllm", "model.architecture": "transformer", "autoscaling": {"maxReplicas": 2}}
+    ),
     "fp32-cnn-inf2-ok-but-lnc": make_spec(
         **{"compute.family": "inf2", "compute.lnc": 2, "model.architecture": "cnn", "model.precision": "fp32", "compile.batchSize": 2}
     ),
@@ -433,6 +438,30 @@ DIVERGENCE_CORPUS = [
     {"compute.inf": 99999999999},
     {"compute.inf": DROP, "compute.family": "inf2", "compute.cores": 99999999999999},
     {"replicas": 2**63},
+    # Autoscaling: the range, its bounds, the windows, and what the pods must count.
+    *[
+        {"serving.batching": {"maxBatchSize": 2}, "autoscaling": a}
+        for a in (
+            {"maxReplicas": 1},
+            {"minReplicas": 2, "maxReplicas": 1},
+            {"minReplicas": 0, "maxReplicas": 1},
+            {"maxReplicas": 2**31 - 1, "minReplicas": 2**31 - 1},
+            {"maxReplicas": 2**31},
+            {"maxReplicas": 3, "windowSeconds": 3600, "scaleUpStabilizationSeconds": 0},
+            {"maxReplicas": 3, "scaleDownStabilizationSeconds": 3601},
+            {"maxReplicas": 3, "targetInFlight": 0},
+            {"minReplicas": 1},
+            {},
+        )
+    ],
+    {"autoscaling": {"maxReplicas": 2}},
+    {"autoscaling": None},
+    {
+        "compute.family": "inf2",
+        "serving.runtime": "vllm",
+        "model.architecture": "transformer",
+        "autoscaling": {"maxReplicas": 2, "targetInFlight": 4},
+    },
     # Hugepages: whole 2 MiB pages only, in any quantity spelling.
     *[{"compute.hugepages": h} for h in ("256Mi", "2Mi", "1Gi", "2097152", "4194304e0", "3Mi", "1.5Mi", "0", "-2Mi", "1", "lots")],
     {"compute.inf": DROP},

@@ -74,6 +74,23 @@ def test_a_service_monitor_only_when_asked(cluster):
     assert monitor["metadata"]["labels"]["release"] == "prom"
 
 
+def test_the_prometheus_settings_reach_the_operator(cluster):
+    def args(*sets: str) -> list[str]:
+        [deployment] = [d for d in helm_template(cluster, *sets) if d["kind"] == "Deployment"]
+        return deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    assert not [a for a in args() if a.startswith("--prometheus-address")]
+    assert "--prometheus-model-label=inferentia_dev_model" in args()
+    shown = args(
+        "--set",
+        "autoscaling.prometheus.address=http://prometheus-server.monitoring:9090",
+        "--set",
+        "autoscaling.prometheus.namespaceLabel=kubernetes_namespace",
+    )
+    assert "--prometheus-address=http://prometheus-server.monitoring:9090" in shown
+    assert "--prometheus-namespace-label=kubernetes_namespace" in shown
+
+
 def test_watch_namespaces_gives_roles_only_and_standby_a_second_replica(cluster):
     docs = helm_template(cluster, "--set", "watchNamespaces={team-a,team-b}", "--set", "standby=true")
     assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering")]
@@ -94,6 +111,8 @@ def test_watch_namespaces_gives_roles_only_and_standby_a_second_replica(cluster)
         ("image.pullPolicy=Sometimes", "value must be one of"),
         ("watchNamespaces={Not_A_Namespace}", "does not match pattern"),
         ("replicaCount=3", "additional properties 'replicaCount' not allowed"),
+        ("autoscaling.prometheus.address=prometheus:9090", "does not match pattern"),
+        ("autoscaling.prometheus.modelLabel=inferentia.dev/model", "does not match pattern"),
     ],
 )
 def test_the_values_schema_refuses_wrong_values(cluster, setting, complaint):

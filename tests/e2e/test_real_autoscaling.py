@@ -1,7 +1,8 @@
 """Autoscaling on the real node with the engines users run: Prometheus scrapes the batching
 front end's request gauges from the pods' prometheus.io annotations, and KEDA scales the
-InferentiaModel through its scale subresource on a Prometheus query of them. The operator
-follows spec.replicas, and a scale-down drains (docs/serving-pod.md), so nothing fails."""
+InferentiaModel through its scale subresource on a Prometheus query of them, with the
+ScaledObject the operator writes for spec.autoscaling. The operator follows spec.replicas,
+and a scale-down drains (docs/serving-pod.md), so nothing fails."""
 
 from __future__ import annotations
 
@@ -26,24 +27,30 @@ def prometheus_query(base: str, query: str) -> float | None:
     return float(result[0]["value"][1]) if result else None
 
 
-def documented_scaled_object(namespace: str, model: str, prometheus: str) -> dict:
-    """The ScaledObject in docs/autoscaling.md, for ``model`` in ``namespace``."""
+def documented_autoscaling() -> dict:
+    """The spec.autoscaling that docs/autoscaling.md shows first."""
     import re
 
     import yaml
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "autoscaling.md").read_text()
-    [block] = re.findall(r"```yaml\n(.*?)```", doc, flags=re.S)
-    text = block.replace("my-namespace", namespace).replace("my-model", model).replace("http://prometheus.monitoring:9090", prometheus)
-    return yaml.safe_load(text)
+    block = re.findall(r"```yaml\n(.*?)```", doc, flags=re.S)[0]
+    return yaml.safe_load(block)["spec"]["autoscaling"]
+
+
+def condition(model: dict, type_: str) -> dict:
+    return next((c for c in model.get("status", {}).get("conditions") or [] if c["type"] == type_), {})
 
 
 def test_keda_scales_a_model_to_three_under_load_and_back_to_one_losing_nothing(real_node, real_namespace):
     cluster, ns = real_node, real_namespace
     prometheus = cluster.local.prometheus()
     assert prometheus, f"the local cluster started no Prometheus: {cluster.local.recorded().get('autoscaling_skipped')}"
+    autoscaling = documented_autoscaling()
+    assert (autoscaling["minReplicas"], autoscaling["maxReplicas"]) == (1, 3)
     spec = standin_spec(
         processesPerReplica=2,
+        autoscaling=autoscaling,
         **{
             "serving.batching": {"maxBatchSize": 2, "maxLatencyMs": 5000},
             # Each call takes 0.5 s, so that requests are in flight long enough to count.
@@ -52,15 +59,18 @@ def test_keda_scales_a_model_to_three_under_load_and_back_to_one_losing_nothing(
     )
     apply(cluster, ns, "auto", spec)
     wait_ready(cluster, ns, "auto")
-    in_flight = (
-        f'sum(inferentia_num_requests_waiting{{namespace="{ns}",inferentia_dev_model="auto"}})'
-        f' + sum(inferentia_num_requests_running{{namespace="{ns}",inferentia_dev_model="auto"}})'
-    )
-    wait_for(lambda: prometheus_query(prometheus, in_flight) is not None, 60, "Prometheus to scrape the front end's gauges")
-    # The ScaledObject docs/autoscaling.md shows, with this namespace, model and Prometheus.
-    scaled_object = documented_scaled_object(ns, "auto", prometheus)
-    assert scaled_object["spec"]["triggers"][0]["metadata"]["query"] == in_flight
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(scaled_object))
+    # The operator wrote the ScaledObject, KEDA took it up, and the model says so.
+    wait_for(
+        lambda: condition(cluster.get("inferentiamodel", "auto", "-n", ns), "Autoscaling").get("reason") == "ScaledObjectReady",
+        90, "Autoscaling=True ScaledObjectReady",
+    )  # fmt: skip
+    scaled_object = cluster.get("scaledobject", "auto", "-n", ns)
+    assert scaled_object["metadata"]["ownerReferences"][0]["name"] == "auto"
+    [trigger] = scaled_object["spec"]["triggers"]
+    query = trigger["metadata"]["query"]
+    assert trigger["metadata"]["serverAddress"] == prometheus and trigger["metadata"]["threshold"] == "2"
+    # Its query reads the gauges Prometheus scrapes from the pods.
+    wait_for(lambda: prometheus_query(prometheus, query) is not None, 60, "Prometheus to scrape the front end's gauges")
     svc = cluster.get("service", "auto", "-n", ns)
     url = f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}/predict"
 
@@ -76,8 +86,9 @@ def test_keda_scales_a_model_to_three_under_load_and_back_to_one_losing_nothing(
             so = cluster.kubectl("get", "scaledobject", "auto", "-n", ns, "-o", "yaml", check=False).stdout[-3000:]
             raise AssertionError(f"{exc}\n{hpa}\n{so}\n{why_not_ready(cluster, ns, 'auto')}") from None
         assert len(serving_pods(cluster, ns, "auto")) == 3
-        counts = cluster.get("inferentiamodel", "auto", "-n", ns)["status"]["pods"]
-        assert counts == {"pending": 0, "fetching": 0, "loading": 0, "ready": 3}, counts
+        status = cluster.get("inferentiamodel", "auto", "-n", ns)["status"]
+        assert status["pods"] == {"pending": 0, "fetching": 0, "loading": 0, "ready": 3}, status["pods"]
+        assert status["autoscaling"]["desiredReplicas"] == 3, status["autoscaling"]
         # A spec change while scaled up, applied as a GitOps tool would (a manifest without
         # replicas): the update rolls out and the autoscaler's count stays.
         changed = {**spec, "serving": {**spec["serving"], "env": [*spec["serving"]["env"], {"name": "GENERATION", "value": "2"}]}}

@@ -58,4 +58,8 @@ Superseded plan ConfigMaps and compile Jobs are deleted.
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+# The ScaledObjects of models with spec.autoscaling; deleted when autoscaling is turned off.
+- apiGroups: [keda.sh]
+  resources: [scaledobjects]
+  verbs: [get, list, watch, create, patch, delete]
 {{- end -}}

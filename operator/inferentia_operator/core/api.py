@@ -295,6 +295,30 @@ class Rollout(ApiModel):
     """Replicas that may be unavailable during a rollout (a number or a percentage)."""
 
 
+# The HorizontalPodAutoscaler's bound on a stabilization window (autoscaling/v2
+# HPAScalingRules.stabilizationWindowSeconds: "must be greater than or equal to zero and
+# less than or equal to 3600 (one hour)").
+MAX_WINDOW_SECONDS = 3600
+
+
+class Autoscaling(ApiModel):
+    """Scale the model on the requests its replicas hold, through KEDA and Prometheus: desired
+    replicas = in-flight requests across the replicas / targetInFlight, as Cortex computed it."""
+
+    min_replicas: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = 1
+    """The fewest replicas (Cortex: min_replicas). The model runs this many while nothing scales it: KEDA not installed, or no Prometheus configured."""
+    max_replicas: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)]
+    """The most replicas (Cortex: max_replicas)."""
+    target_in_flight: Annotated[StrictInt | None, Field(ge=1, le=INT32_MAX)] = None
+    """In-flight requests (queued plus being served) one replica should carry (Cortex: target_replica_concurrency). Default: the replica's parallelism, processesPerReplica * serving.batching.maxBatchSize (each process runs one batch, or with vLLM up to maxBatchSize sequences, at a time)."""
+    window_seconds: Annotated[StrictInt, Field(ge=0, le=MAX_WINDOW_SECONDS)] = 60
+    """The in-flight count is averaged over this many seconds (Cortex: window); 0 takes each reading as it is."""
+    scale_up_stabilization_seconds: Annotated[StrictInt, Field(ge=0, le=MAX_WINDOW_SECONDS)] = 60
+    """A scale-up follows the lowest recommendation of this many seconds, so a short burst is queued rather than met with a replica that takes minutes to load (Cortex: upscale_stabilization_period)."""
+    scale_down_stabilization_seconds: Annotated[StrictInt, Field(ge=0, le=MAX_WINDOW_SECONDS)] = 300
+    """A scale-down follows the highest recommendation of this many seconds (Cortex: downscale_stabilization_period)."""
+
+
 class InferentiaModelSpec(ApiModel):
     """What to serve and on how much Neuron hardware."""
 
@@ -305,7 +329,9 @@ class InferentiaModelSpec(ApiModel):
     processes_per_replica: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = 1
     """Serving processes per replica, one NeuronCore Group each. Must divide the replica's NeuronCores (coresPerChip * inf)."""
     replicas: Annotated[StrictInt, Field(ge=0, le=INT32_MAX)] = 1
-    """Number of replicas (pods). kubectl scale and a HorizontalPodAutoscaler change this through the scale subresource."""
+    """Number of replicas (pods). kubectl scale and a HorizontalPodAutoscaler change this through the scale subresource. With autoscaling, the count the autoscaler last set: leave it out of manifests, or every apply resets it."""
+    autoscaling: Autoscaling | None = None
+    """Scale between minReplicas and maxReplicas on in-flight requests, through a KEDA ScaledObject the operator writes (needs KEDA, and the operator's Prometheus address). Needs serving.batching or the vLLM runtime, whose pods count their requests."""
     compile: CompileOptions = CompileOptions()
     """Compilation options."""
     serving: Serving
@@ -452,6 +478,23 @@ class PodCounts(ApiModel):
     """Ready: serving."""
 
 
+class AutoscalingStatus(ApiModel):
+    """How the model is scaled."""
+
+    min_replicas: int
+    """spec.autoscaling.minReplicas."""
+    max_replicas: int
+    """spec.autoscaling.maxReplicas."""
+    target_in_flight: int
+    """In-flight requests per replica the autoscaler aims at (spec.autoscaling.targetInFlight or its default)."""
+    desired_replicas: int
+    """Replicas the serving Deployment runs: spec.replicas within [minReplicas, maxReplicas] while the ScaledObject exists, else minReplicas."""
+    scaled_object: str | None = None
+    """The KEDA ScaledObject that scales the model, once it exists."""
+    query: str | None = None
+    """The Prometheus query of the model's in-flight requests that the ScaledObject's trigger runs."""
+
+
 class InferentiaModelStatus(ApiModel):
     """What the operator last observed and did."""
 
@@ -467,6 +510,8 @@ class InferentiaModelStatus(ApiModel):
     """Serving pods that are ready."""
     updated_replicas: int | None = None
     """Serving pods running the current plan."""
+    autoscaling: AutoscalingStatus | None = None
+    """With spec.autoscaling: the range, the target and the replicas the Deployment runs now."""
     pods: PodCounts | None = None
     """The serving pods by where they stand: pending, fetching, loading, ready. A scale-up that fetches its artefact shows here, never compiling."""
     selector: str | None = None

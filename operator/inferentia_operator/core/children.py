@@ -18,6 +18,8 @@ from inferentia_operator.programs import source as program_source
 
 from . import api
 from .api import InferentiaModelSpec, Plan
+from .autoscaling import Prometheus, desired_replicas
+from .autoscaling import scaled_object as autoscaling_object
 from .catalogue import GIB, INSTANCE_TYPE_LABEL, NEURON_TAINT_KEY
 from .cores import bytes_per_weight
 from .findings import Finding
@@ -627,7 +629,9 @@ def serving_init_containers(m: Model) -> list[dict[str, Any]]:
     return [fetch_model_container(m)] if serving_fetches_model(m) else []
 
 
-def serving_deployment(m: Model) -> dict[str, Any]:
+def serving_deployment(m: Model, replicas: int | None = None) -> dict[str, Any]:
+    """The serving Deployment, with ``replicas`` (default: what the spec alone gives, for
+    a model that autoscales minReplicas, as before its ScaledObject exists)."""
     plan, spec = m.plan, m.spec
     base = process_base_port(m)
     ports = [{"name": f"serve-{i}", "containerPort": base + i, "protocol": "TCP"} for i in range(plan.groups)]
@@ -664,7 +668,7 @@ def serving_deployment(m: Model) -> dict[str, Any]:
         "kind": "Deployment",
         "metadata": _metadata(m, m.name, "serving"),
         "spec": {
-            "replicas": spec.replicas,
+            "replicas": desired_replicas(spec, scaled=False) if replicas is None else replicas,
             "selector": {"matchLabels": selector(m)},
             "strategy": {
                 "type": "RollingUpdate",
@@ -713,6 +717,11 @@ def serving_deployment(m: Model) -> dict[str, Any]:
     }
 
 
+def scaled_object(m: Model, prometheus: Prometheus) -> dict[str, Any]:
+    """The KEDA ScaledObject of a model with spec.autoscaling (:mod:`autoscaling`)."""
+    return autoscaling_object(m.spec, m.namespace, m.name, _metadata(m, m.name, "autoscaling"), prometheus)
+
+
 def service(m: Model) -> dict[str, Any]:
     base = process_base_port(m)
     ports = [{"name": f"serve-{i}", "port": base + i, "targetPort": f"serve-{i}", "protocol": "TCP"} for i in range(m.plan.groups)]
@@ -726,8 +735,10 @@ def service(m: Model) -> dict[str, Any]:
     }
 
 
-def desired_objects(m: Model) -> list[dict[str, Any]]:
+def desired_objects(m: Model, prometheus: Prometheus | None = None) -> list[dict[str, Any]]:
     """Every object the operator applies for a model, in the order it applies them:
-    the plan ConfigMap, the compile Job (when there is one), the Deployment, the Service."""
+    the plan ConfigMap, the compile Job (when there is one), the Deployment, the Service,
+    and with autoscaling and a Prometheus address, the ScaledObject."""
     job = compile_job(m)
-    return [plan_configmap(m), *([job] if job else []), serving_deployment(m), service(m)]
+    scaler = [scaled_object(m, prometheus)] if m.spec.autoscaling is not None and prometheus and prometheus.address else []
+    return [plan_configmap(m), *([job] if job else []), serving_deployment(m), service(m), *scaler]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import api, children, status
+from .autoscaling import SCALED_OBJECT_KIND, desired_replicas, target_in_flight
 from .drift import applied
 from .model import check_model
 from .names import COMPILE_INPUTS_ANNOTATION, FIELD_MANAGER, MANAGED_BY_LABEL, MODEL_LABEL
@@ -117,11 +118,23 @@ def decide(o: Observed, now: str) -> Decision:
 
     # The plan ConfigMap and Service always; the compile Job when there is one; the
     # Deployment only once the plan is compiled (else the previous one keeps serving).
+    # Autoscaling: the ScaledObject when the operator knows where Prometheus is; the
+    # Deployment follows spec.replicas within the range once it exists, else minReplicas.
+    scaling = m.spec.autoscaling is not None and bool(o.prometheus.address)
+    scaled_object = children.scaled_object(m, o.prometheus) if scaling else None
+    # While the cluster serves no ScaledObjects (KEDA not installed) none is written.
+    scaler = scaled_object if o.scaled_objects_served else None
+    live_scaler = o.live(SCALED_OBJECT_KIND, name)
+    ours = live_scaler is not None and holder_of(live_scaler, uid, name) is None
+    replicas = desired_replicas(m.spec, scaled=scaling and ours)
+
     desired = [children.plan_configmap(m), children.service(m)]
     if job_body is not None:
         desired.append(job_body)
     if compiled.status == "True":
-        desired.append(children.serving_deployment(m))
+        desired.append(children.serving_deployment(m, replicas))
+    if scaler is not None:
+        desired.append(scaler)
 
     to_apply: list[dict[str, Any]] = []
     conflicts: list[Conflict] = []
@@ -141,11 +154,22 @@ def decide(o: Observed, now: str) -> Decision:
     in_use = _plan_configmaps_in_use(o) | {children.plan_configmap_name(m)}
     to_delete = [("Job", j) for j in _superseded_jobs(o, job_name)]
     to_delete += [("ConfigMap", c) for c in (Obj(c).name for c in o.configmaps) if c is not None and c not in in_use]
+    if ours and scaled_object is None:
+        to_delete.append((SCALED_OBJECT_KIND, name or ""))  # autoscaling was turned off
+
+    autoscaling = None
+    if m.spec.autoscaling is not None:
+        autoscaling = api.AutoscalingStatus(
+            min_replicas=m.spec.autoscaling.min_replicas, max_replicas=m.spec.autoscaling.max_replicas,
+            target_in_flight=target_in_flight(m.spec), desired_replicas=replicas,
+            query=Obj(scaled_object).spec["triggers"][0]["metadata"]["query"] if scaled_object else None,
+        )  # fmt: skip
 
     basis = ReportBasis(
-        valid=True, message="", compiled=compiled, replicas=m.spec.replicas, plan_hash=children.plan_hash(m.plan),
+        valid=True, message="", compiled=compiled, replicas=replicas, plan_hash=children.plan_hash(m.plan),
         conflicts=tuple(conflicts), plan=m.plan, selector=children.selector_string(m), compile_job=job_name,
         compiled_uri=children.compiled_uri(m) if job_body else None,
+        scaling_spec=m.spec if m.spec.autoscaling is not None else None, autoscaling=autoscaling,
     )  # fmt: skip
     return Decision(to_apply, to_delete, basis, status.report(o, now, basis))
 

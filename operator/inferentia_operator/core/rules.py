@@ -619,6 +619,32 @@ ROLLOUT_MOVES = CrossFieldRule(
     (),
 )
 
+# Autoscaling (spec.autoscaling): a range that is one, and a signal to scale on.
+AUTOSCALING_RANGE = CrossFieldRule(
+    "spec.autoscaling.minReplicas",
+    "spec.autoscaling",
+    "%d is larger than maxReplicas %d; valid values are at most maxReplicas",
+    "!has(self.minReplicas) || self.minReplicas <= self.maxReplicas",
+    ("self.minReplicas", "self.maxReplicas"),
+)
+_VLLM = "(has(self.serving.runtime) && self.serving.runtime == 'vllm')"
+AUTOSCALING_SIGNAL = CrossFieldRule(
+    "spec.autoscaling",
+    "spec",
+    "needs each replica's count of in-flight requests, which only the batching front end and vLLM export; "
+    "valid specs also set spec.serving.batching, or spec.serving.runtime: vllm",
+    f"!has(self.autoscaling) || has(self.serving.batching) || {_VLLM}",
+    (),
+)
+AUTOSCALING_TARGET = CrossFieldRule(
+    "spec.autoscaling.targetInFlight",
+    "spec",
+    "is required for vLLM without spec.serving.batching, whose sequence limit is vLLM's own default; "
+    "set it, or set spec.serving.batching.maxBatchSize (vLLM's --max-num-seqs), from which it defaults",
+    f"!has(self.autoscaling) || has(self.autoscaling.targetInFlight) || has(self.serving.batching) || !{_VLLM}",
+    (),
+)
+
 CEL_RULES: list[CrossFieldRule] = [
     NAME,
     ONE_REQUEST,
@@ -653,6 +679,9 @@ CEL_RULES: list[CrossFieldRule] = [
     *IMAGE.values(),
     *ROLLOUT_VALUE.values(),
     ROLLOUT_MOVES,
+    AUTOSCALING_RANGE,
+    AUTOSCALING_SIGNAL,
+    AUTOSCALING_TARGET,
 ]
 
 
@@ -986,6 +1015,31 @@ def _check_child_values(spec: InferentiaModelSpec, fam: Family) -> list[Finding]
     return found
 
 
+def _check_autoscaling(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    a = spec.autoscaling
+    if a is None:
+        return []
+    found = []
+    if a.min_replicas > a.max_replicas:
+        found.append(AUTOSCALING_RANGE.finding(a.min_replicas, a.max_replicas))
+    vllm = spec.serving.runtime == "vllm"
+    if spec.serving.batching is None and not vllm:
+        found.append(AUTOSCALING_SIGNAL.finding())
+    if vllm and spec.serving.batching is None and a.target_in_flight is None:
+        found.append(AUTOSCALING_TARGET.finding())
+    if spec.compile.image is None:
+        found.append(
+            Finding(
+                "spec.autoscaling",
+                "without spec.compile.image every new replica compiles the model as it starts (for a large model, tens of "
+                "minutes: aws-neuron-sdk#1368), so a scale-up comes late; set spec.compile.image to compile once, "
+                "and new replicas only fetch the artefact",
+                "warning",
+            )
+        )
+    return found
+
+
 _CHECKS = (
     _check_child_values,
     _check_one_request,
@@ -1003,6 +1057,7 @@ _CHECKS = (
     _check_cnn_batch,
     _check_bucket_shapes,
     _check_weights,
+    _check_autoscaling,
     _check_advice,
 )
 

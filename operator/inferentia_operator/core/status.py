@@ -19,6 +19,8 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from . import api
+from .autoscaling import NO_PROMETHEUS, NOT_SERVED, SCALED_OBJECT_KIND, Engine, Prometheus
+from .autoscaling import condition as autoscaling_condition
 from .names import COMPONENT_LABEL, DEFAULT_OPERATOR_IMAGE, JOB_NAME_LABEL, PLAN_HASH_ANNOTATION
 from .objects import Obj
 
@@ -35,9 +37,15 @@ WARNING_REASONS = {
     "FailedCreate",
     "ProgressDeadlineExceeded",
     "ReplicasUnavailable",
+    # The model cannot autoscale: it serves at minReplicas until this is mended.
+    "PrometheusNotConfigured",
+    "KEDANotInstalled",
+    "ScaledObjectRefused",
+    "ScaledObjectNotReady",
+    "ScaledObjectConflict",
 }
 # Progressing and Available restate Ready in finer steps; events for them would be noise.
-EVENT_TYPES = ("Validated", "Compiled", "Scheduled", "Ready")
+EVENT_TYPES = ("Validated", "Compiled", "Scheduled", "Ready", "Autoscaling")
 # Normal events only where something happened that a person watching `kubectl describe`
 # would want told: the model became Ready (or stopped being), a compile Job finished.
 # The routine steps in between (validated, scheduled) are in the conditions.
@@ -90,14 +98,21 @@ class Observed:
     configmaps: list[dict[str, Any]] = field(default_factory=list)
     jobs: list[dict[str, Any]] = field(default_factory=list)
     pods: list[dict[str, Any]] = field(default_factory=list)
-    # Configuration, not state: the operator's --operator-image.
+    scaled_object: dict[str, Any] | None = None  # the model's KEDA ScaledObject
+    # False while the API server lately answered that it serves no ScaledObjects (KEDA is
+    # not installed): nothing is written for them until the operator asks again.
+    scaled_objects_served: bool = True
+    # Configuration, not state: the operator's --operator-image and Prometheus settings.
     operator_image: str = DEFAULT_OPERATOR_IMAGE
+    prometheus: Prometheus = NO_PROMETHEUS
 
     def live(self, kind: str, name: str | None) -> dict[str, Any] | None:
         if kind == "Deployment":
             return self.deployment if Obj(self.deployment).name == name else None
         if kind == "Service":
             return self.service if Obj(self.service).name == name else None
+        if kind == SCALED_OBJECT_KIND:
+            return self.scaled_object if Obj(self.scaled_object).name == name else None
         pool = self.configmaps if kind == "ConfigMap" else self.jobs if kind == "Job" else []
         return next((o for o in pool if Obj(o).name == name), None)
 
@@ -512,6 +527,10 @@ class ReportBasis:
     selector: str | None = None
     compile_job: str | None = None
     compiled_uri: str | None = None
+    # With spec.autoscaling: the spec the Autoscaling condition is read against, and the
+    # status block (status.autoscaling).
+    scaling_spec: api.InferentiaModelSpec | None = None
+    autoscaling: api.AutoscalingStatus | None = None
 
 
 def report(o: Observed, at: str, basis: ReportBasis, failures: Sequence[WriteFailure] = (), conflicts: Sequence[Conflict] = ()) -> Report:
@@ -521,10 +540,32 @@ def report(o: Observed, at: str, basis: ReportBasis, failures: Sequence[WriteFai
     previous = list(model.status.get("conditions") or ())
     rollout = rollout_of(o.deployment, basis.replicas, basis.plan_hash)
     found = list(dict.fromkeys([*basis.conflicts, *conflicts]))
+    # What autoscaling meets is reported in its own condition: the model serves at
+    # minReplicas meanwhile, so it never holds back Ready.
+    scaling_found = [c for c in found if c.kind == SCALED_OBJECT_KIND]
+    scaling_failures = [f for f in failures if f.kind == SCALED_OBJECT_KIND]
     new = conditions(
         valid=basis.valid, invalid_message=basis.message, compiled=basis.compiled, rollout=rollout, pods=o.serving_pods,
-        blocked=blocked_by(found, failures),
+        blocked=blocked_by(
+            [c for c in found if c not in scaling_found], [f for f in failures if f.kind != SCALED_OBJECT_KIND]
+        ),
     )  # fmt: skip
+    if basis.scaling_spec is not None:
+        refused = (scaling_failures[0].code, scaling_failures[0].message) if scaling_failures else None
+        if refused is None and not o.scaled_objects_served:
+            refused = (404, NOT_SERVED)
+        live = o.scaled_object if not scaling_found else None
+        engine = Engine(
+            configured=bool(o.prometheus.address), live=live, refused=refused, conflict=str(scaling_found[0]) if scaling_found else None
+        )
+        scaling = autoscaling_condition(basis.scaling_spec, model.name or "", engine)
+        if scaling is not None:
+            new.append(scaling)
+    scaling_status = basis.autoscaling
+    if scaling_status is not None:
+        # The ScaledObject as it stands after the writes: named once it exists.
+        ours = o.scaled_object is not None and not scaling_found and not scaling_failures
+        scaling_status = scaling_status.model_copy(update={"scaled_object": Obj(o.scaled_object).name if ours else None})
     generation = model.generation or 1
     status = api.InferentiaModelStatus(
         observed_generation=generation,
@@ -532,6 +573,7 @@ def report(o: Observed, at: str, basis: ReportBasis, failures: Sequence[WriteFai
         replicas=rollout.replicas,
         ready_replicas=rollout.ready,
         updated_replicas=rollout.updated,
+        autoscaling=scaling_status,
         pods=pod_counts(o.serving_pods),
         plan=basis.plan,
         selector=basis.selector,

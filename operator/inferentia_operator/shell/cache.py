@@ -11,10 +11,12 @@ so a reconcile right after a write does not repeat it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from inferentia_operator.core import api
+from inferentia_operator.core.autoscaling import NO_PROMETHEUS, SCALED_OBJECT_KIND, Prometheus
 from inferentia_operator.core.names import DEFAULT_OPERATOR_IMAGE
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.status import Observed
@@ -26,11 +28,22 @@ GONE: dict[str, Any] = {"metadata": {"resourceVersion": "-1"}, "gone": True}
 
 
 class Cache:
-    def __init__(self, operator_image: str = DEFAULT_OPERATOR_IMAGE) -> None:
+    def __init__(self, operator_image: str = DEFAULT_OPERATOR_IMAGE, prometheus: Prometheus = NO_PROMETHEUS) -> None:
         self.operator_image = operator_image
+        self.prometheus = prometheus
         self.indexes: Mapping[str, Any] | None = None  # kopf's, captured when they are populated
         # Per model: what the operator wrote, (kind, name) -> object, until the watch delivers it.
         self._written: dict[Key, dict[tuple[str, str], dict[str, Any]]] = {}
+        # Kinds the API server answered it does not serve (KEDA's, before KEDA is installed),
+        # until when: reconciles meanwhile write none, and say so in status.
+        self._unserved_until: dict[str, float] = {}
+
+    def unserved(self, kind: str, seconds: float) -> None:
+        """The API server does not serve ``kind``: ask again after ``seconds``."""
+        self._unserved_until[kind] = time.monotonic() + seconds
+
+    def served(self, kind: str) -> bool:
+        return time.monotonic() >= self._unserved_until.get(kind, 0.0)
 
     def capture(self, kwargs: Mapping[str, Any]) -> None:
         """Keeps kopf's indexes, which it passes to every handler."""
@@ -72,7 +85,8 @@ class Cache:
 
     def _cached(self, index: str, key: Key) -> list[dict[str, Any]]:
         assert self.indexes is not None
-        return [packed.unpack() for packed in self.indexes[index].get(key, ())]
+        store = self.indexes.get(index)  # kopf hands every index it registered, watched or not
+        return [packed.unpack() for packed in store.get(key, ())] if store is not None else []
 
     def _resolve(self, key: Key, kind: str, cached: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The cached objects, each replaced by what the operator wrote when that is newer,
@@ -105,6 +119,7 @@ class Cache:
 
         deployments = [d for d in children("Deployment", "deployment_index") if Obj(d).name == key[1]]
         services = [s for s in children("Service", "service_index") if Obj(s).name == key[1]]
+        scalers = [s for s in children(SCALED_OBJECT_KIND, "scaledobject_index") if Obj(s).name == key[1]]
         return Observed(
             model=model,
             deployment=deployments[0] if deployments else None,
@@ -112,5 +127,8 @@ class Cache:
             configmaps=children("ConfigMap", "configmap_index"),
             jobs=children("Job", "job_index"),
             pods=self._cached("pod_index", key),
+            scaled_object=scalers[0] if scalers else None,
+            scaled_objects_served=self.served(SCALED_OBJECT_KIND),
             operator_image=self.operator_image,
+            prometheus=self.prometheus,
         )

@@ -19,6 +19,7 @@ import kubernetes
 import urllib3
 
 from inferentia_operator.core import api
+from inferentia_operator.core.autoscaling import NOT_SERVED
 from inferentia_operator.core.names import FIELD_MANAGER
 from inferentia_operator.core.status import now
 
@@ -34,6 +35,7 @@ RESOURCES = {
     "Event": ("/api/v1", "events"),
     "Deployment": ("/apis/apps/v1", "deployments"),
     "Job": ("/apis/batch/v1", "jobs"),
+    "ScaledObject": ("/apis/keda.sh/v1alpha1", "scaledobjects"),
     api.KIND: (f"/apis/{api.API_VERSION}", api.PLURAL),
     "KopfPeering": ("/apis/kopf.dev/v1", "kopfpeerings"),
     "ClusterKopfPeering": ("/apis/kopf.dev/v1", "clusterkopfpeerings"),
@@ -59,6 +61,10 @@ def _server_message(exc: kubernetes.client.ApiException) -> str:
     try:
         return json.loads(exc.body or b"{}").get("message") or str(exc.reason)
     except (ValueError, AttributeError):
+        if exc.status == 404:
+            # A path of an API group the server does not serve at all gets its plain-text
+            # "404 page not found", not a Status: the same answer as for an unserved resource.
+            return NOT_SERVED
         return str(exc.reason)
 
 

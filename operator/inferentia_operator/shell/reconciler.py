@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from inferentia_operator.core import status
+from inferentia_operator.core.autoscaling import NO_PROMETHEUS, NOT_SERVED, Prometheus
 from inferentia_operator.core.decide import decide
 from inferentia_operator.core.names import DEFAULT_OPERATOR_IMAGE
 from inferentia_operator.core.objects import Obj
@@ -56,12 +57,13 @@ class Reconciler:
         resync_seconds: float,
         is_active: Callable[[], bool],
         operator_image: str = DEFAULT_OPERATOR_IMAGE,
+        prometheus: Prometheus = NO_PROMETHEUS,
     ):
         self.kube = kube
         self.workers = workers
         self.resync_seconds = resync_seconds
         self.is_active = is_active  # False while peering keeps this replica on standby
-        self.cache = Cache(operator_image)
+        self.cache = Cache(operator_image, prometheus)
         self.actor = Actor(workers)
         self._queue: WorkQueue[Key] | None = None  # made on the operator's event loop, at start
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reconcile")
@@ -99,8 +101,10 @@ class Reconciler:
             # The status of the objects as written, from the same decision, with what writing found.
             observed = self.cache.observe(key) or observed
             reported = status.report(observed, now, decision.basis, outcome.failures, outcome.conflicts)
-        for failure in outcome.failures:
-            log.warning("%s/%s: the API server refused %s", *key, failure)
+            for failure in outcome.failures:
+                if failure.code == 404 and failure.message == NOT_SERVED:
+                    # A kind the cluster does not serve (KEDA's, not installed): asked again at the next resync.
+                    self.cache.unserved(failure.kind, self.resync_seconds)
         previous = Obj(observed.model).status
         patch = status.status_patch(previous, reported.status)
         if patch is None:
@@ -114,6 +118,9 @@ class Reconciler:
             else:
                 self._held_since.pop(key, None)
         if patch is not None:
+            # Refusals are logged when they change what status says, not at every retry.
+            for failure in outcome.failures:
+                log.warning("%s/%s: the API server refused %s", *key, failure)
             kube = self.kube()
             stored = await loop.run_in_executor(self._executor, kube.patch_status, key[0], key[1], patch)
             if stored:

@@ -11,6 +11,7 @@ from typing import Any
 
 import kopf
 
+from inferentia_operator.core.autoscaling import Prometheus
 from inferentia_operator.core.objects import Obj
 
 from . import metrics, wiring
@@ -36,10 +37,12 @@ def configure(settings: kopf.OperatorSettings, args: argparse.Namespace) -> None
     # No watch timeout of our own: the API server ends each watch after its
     # --min-request-timeout (30 to 60 minutes), and kopf resumes it; at rest that is the
     # only request besides peering.
-    # No watching of CRDs or listing of namespaces: the operator needs no cluster-wide
-    # read access beyond its own resources. (A CRD installed after the operator started
-    # is noticed on its next restart; the chart installs CRDs first.)
-    settings.scanning.disabled = True
+    # Watching every namespace, kopf also watches CRDs (its ClusterRole may list them), so
+    # that KEDA installed after the operator is watched at once. Watching chosen namespaces,
+    # the operator has no cluster-wide access at all: no CRD watch and no namespace listing,
+    # and a KEDA installed later is watched from the operator's next start (its ScaledObjects
+    # are written meanwhile; only their status is not read).
+    settings.scanning.disabled = bool(args.namespace)
     settings.networking.error_backoffs = [1, 2, 5, 10, 30]
     wiring.configure_watches(settings)
 
@@ -99,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
             return False  # cannot tell: standing by is the safe side
         return not peering_paused(bodies, args.priority, datetime.datetime.now(datetime.UTC))
 
-    reconciler = Reconciler(kube, args.workers, args.resync_seconds, active, operator_image=args.operator_image)
+    prometheus = Prometheus(args.prometheus_address, args.prometheus_namespace_label, args.prometheus_model_label)
+    reconciler = Reconciler(kube, args.workers, args.resync_seconds, active, operator_image=args.operator_image, prometheus=prometheus)
     wiring.register(registry, reconciler)
     if args.metrics_port:
         metrics.serve(args.metrics_port)

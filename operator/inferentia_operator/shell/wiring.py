@@ -21,6 +21,9 @@ CHILD_RESOURCES = {
     "Service": ("", "v1", "services"),
     "ConfigMap": ("", "v1", "configmaps"),
     "Pod": ("", "v1", "pods"),
+    # KEDA's: watched once its CRD is served (kopf notices a CRD installed later, where the
+    # operator may list CRDs); until then the operator runs autoscaled models at minReplicas.
+    "ScaledObject": ("keda.sh", "v1alpha1", "scaledobjects"),
 }
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={FIELD_MANAGER}"
 

@@ -1,0 +1,150 @@
+"""spec.autoscaling on a cluster that has no KEDA yet, then gets it: the operator says so in
+the model's status, runs minReplicas meanwhile, and writes the ScaledObject once KEDA's CRD
+is served, with nothing restarted. Its own control plane (no real node, no KEDA), the
+operator with exactly the chart's ClusterRole."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kit import Cluster, OperatorProcess, bind_user_to_operator_role, localcluster, wait_for
+
+from specs import make_model, make_spec
+
+PROMETHEUS = "http://prometheus.monitoring.svc:9090"
+
+
+def condition(model: dict, type_: str) -> dict:
+    return next((c for c in model.get("status", {}).get("conditions") or [] if c["type"] == type_), {})
+
+
+@pytest.fixture(scope="module")
+def bare(cluster, tmp_path_factory):
+    """A second control plane without KEDA, with the InferentiaModel CRD and the operator."""
+    if cluster.local is None:
+        pytest.skip("needs the built-in control plane: it starts a second one without KEDA")
+    from kit import CRD_FILE
+
+    state = tmp_path_factory.mktemp("no-keda")
+    local = localcluster.LocalCluster(state / "cluster", die_with_parent=True)
+    try:
+        local.up()
+        c = Cluster(local.kubeconfig, cluster.bin_dir, local)
+        c.kubectl("apply", "--server-side", "-f", str(CRD_FILE.parent))
+        c.kubectl("wait", "--for=condition=Established", "crd/inferentiamodels.inferentia.dev", "--timeout=60s")
+        bind_user_to_operator_role(c, "inferentia-operator", "e2e-operator")
+        op = OperatorProcess(
+            local.user_kubeconfig("inferentia-operator"), state / "operator.log", resync_seconds=2.0,
+            extra_args=("--prometheus-address", PROMETHEUS),
+        )  # fmt: skip
+        op.start()
+        try:
+            yield c
+        finally:
+            op.stop()
+    finally:
+        local.down()
+
+
+def test_without_keda_the_model_says_so_runs_min_replicas_and_scales_once_keda_is_installed(bare):
+    c = bare
+    spec = make_spec(
+        **{
+            "serving.batching": {"maxBatchSize": 4, "maxLatencyMs": 100},
+            "processesPerReplica": 2,
+            "autoscaling": {"minReplicas": 2, "maxReplicas": 4},
+        }
+    )
+    c.kubectl("apply", "-f", "-", input=json.dumps(make_model("scaled", "default", spec)))
+
+    def model() -> dict:
+        return c.get("inferentiamodel", "scaled")
+
+    wait_for(lambda: condition(model(), "Autoscaling").get("reason") == "KEDANotInstalled", 60, "Autoscaling=False KEDANotInstalled")
+    said = condition(model(), "Autoscaling")
+    assert said["status"] == "False" and "install KEDA" in said["message"] and "minReplicas (2)" in said["message"], said
+    # Not a reason to hold back serving: the model is not blocked by it.
+    assert condition(model(), "Stalled").get("status") == "False"
+    wait_for(lambda: c.get("deployment", "scaled")["spec"]["replicas"] == 2, 60, "the Deployment at minReplicas")
+    status = model()["status"]["autoscaling"]
+    assert {k: status[k] for k in status if k != "query"} == {"minReplicas": 2, "maxReplicas": 4, "targetInFlight": 8, "desiredReplicas": 2}
+    assert status["query"].startswith("sum(avg_over_time(")
+    events = c.get("events", "--field-selector", "involvedObject.name=scaled")["items"]
+    assert any(e["reason"] == "KEDANotInstalled" and e["type"] == "Warning" for e in events), [e["reason"] for e in events]
+    # `kubectl get` shows the range.
+    header, row = c.kubectl("get", "inferentiamodel", "scaled").stdout.splitlines()[:2]
+
+    def column(name: str) -> str:  # read by position: an empty column (CORES) leaves no word
+        start = header.index(f" {name} ") + 1
+        return row[start:].split()[0]
+
+    assert (column("MIN"), column("MAX")) == ("2", "4"), (header, row)
+
+    # KEDA's CRDs arrive (as its chart installs them): the operator, which watches CRDs, writes
+    # the ScaledObject within a resync, nothing restarted.
+    c.kubectl("apply", "--server-side", "-f", str(c.bin_dir / "keda-crds"))
+    wait_for(lambda: c.kubectl("get", "scaledobject", "scaled", check=False).returncode == 0, 60, "the ScaledObject")
+    scaled_object = c.get("scaledobject", "scaled")
+    owner = scaled_object["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+        "InferentiaModel",
+        "scaled",
+        model()["metadata"]["uid"],
+        True,
+    )
+    assert scaled_object["spec"]["scaleTargetRef"] == {"apiVersion": "inferentia.dev/v1alpha1", "kind": "InferentiaModel", "name": "scaled"}
+    assert (scaled_object["spec"]["minReplicaCount"], scaled_object["spec"]["maxReplicaCount"]) == (2, 4)
+    [trigger] = scaled_object["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metadata"]["threshold"] == "8", trigger
+    assert trigger["metadata"]["serverAddress"] == PROMETHEUS
+    assert trigger["metadata"]["query"] == (
+        'sum(avg_over_time({__name__=~"inferentia_num_requests_waiting|inferentia_num_requests_running",'
+        'namespace="default",inferentia_dev_model="scaled"}[60s]))'
+    )
+    behavior = scaled_object["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior == {"scaleUp": {"stabilizationWindowSeconds": 60}, "scaleDown": {"stabilizationWindowSeconds": 300}}
+    # No KEDA operator runs in this cluster to take it up, and the status says that.
+    wait_for(lambda: condition(model(), "Autoscaling").get("reason") == "WaitingForKEDA", 60, "Autoscaling=Unknown WaitingForKEDA")
+    wait_for(lambda: model()["status"]["autoscaling"].get("scaledObject") == "scaled", 30, "status.autoscaling.scaledObject")
+
+    # What scales the model writes spec.replicas through /scale; the Deployment follows it within the range.
+    c.kubectl("scale", "inferentiamodel", "scaled", "--replicas=3")
+    wait_for(lambda: c.get("deployment", "scaled")["spec"]["replicas"] == 3, 60, "the Deployment at 3")
+    c.kubectl("scale", "inferentiamodel", "scaled", "--replicas=9")
+    wait_for(lambda: c.get("deployment", "scaled")["spec"]["replicas"] == 4, 60, "the Deployment at maxReplicas")
+    assert model()["status"]["autoscaling"]["desiredReplicas"] == 4
+
+    # Autoscaling turned off: the ScaledObject goes, and the count is spec.replicas again.
+    off = make_model("scaled", "default", {k: v for k, v in spec.items() if k != "autoscaling"})
+    c.kubectl("replace", "-f", "-", input=json.dumps({**off, "spec": {**off["spec"], "replicas": 1}}))
+    wait_for(lambda: c.kubectl("get", "scaledobject", "scaled", check=False).returncode != 0, 60, "the ScaledObject to go")
+    wait_for(lambda: c.get("deployment", "scaled")["spec"]["replicas"] == 1, 60, "the Deployment at spec.replicas")
+    assert not condition(model(), "Autoscaling") and "autoscaling" not in model()["status"]
+
+
+def test_a_scaled_object_of_someone_elses_is_left_alone_and_reported(bare):
+    """A ScaledObject written by hand (as the operator's docs once showed) under the model's
+    name: never adopted or overwritten, and the model says why it runs at minReplicas."""
+    c = bare
+    c.kubectl("apply", "--server-side", "-f", str(c.bin_dir / "keda-crds"))
+    theirs = {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": "handmade", "namespace": "default"},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "inferentia.dev/v1alpha1", "kind": "InferentiaModel", "name": "handmade"},
+            "triggers": [{"type": "cpu", "metadata": {"value": "50"}}],
+        },
+    }
+    c.kubectl("apply", "-f", "-", input=json.dumps(theirs))
+    spec = make_spec(**{"serving.batching": {"maxBatchSize": 2}, "autoscaling": {"minReplicas": 2, "maxReplicas": 3}})
+    c.kubectl("apply", "-f", "-", input=json.dumps(make_model("handmade", "default", spec)))
+    wait_for(
+        lambda: condition(c.get("inferentiamodel", "handmade"), "Autoscaling").get("reason") == "ScaledObjectConflict",
+        60, "Autoscaling=False ScaledObjectConflict",
+    )  # fmt: skip
+    assert c.get("scaledobject", "handmade")["spec"]["triggers"] == theirs["spec"]["triggers"]
+    assert "ownerReferences" not in c.get("scaledobject", "handmade")["metadata"]
+    wait_for(lambda: c.get("deployment", "handmade")["spec"]["replicas"] == 2, 60, "the Deployment at minReplicas")
+    assert condition(c.get("inferentiamodel", "handmade"), "Ready").get("reason") != "NameConflict"

@@ -1,0 +1,225 @@
+"""spec.autoscaling without a cluster: its rules, the ScaledObject, the replicas the
+Deployment runs, and the Autoscaling condition in every case decide() meets."""
+
+import pytest
+
+from inferentia_operator.core import autoscaling, children, status
+from inferentia_operator.core.api import InferentiaModelSpec
+from inferentia_operator.core.autoscaling import Prometheus
+from inferentia_operator.core.decide import decide
+from inferentia_operator.core.parsing import parse_spec
+from inferentia_operator.core.status import Observed, WriteFailure, status_document
+from specs import make_spec
+from test_decide import NOW, UID, built, live, model_body
+
+PROMETHEUS = Prometheus("http://prometheus.monitoring:9090")
+BATCHED = {"serving.batching": {"maxBatchSize": 4}, "processesPerReplica": 2}
+
+
+def scaled_spec(**overrides):
+    return make_spec(**{**BATCHED, "autoscaling": {"minReplicas": 2, "maxReplicas": 5}, **overrides})
+
+
+def findings(spec):
+    return [(f.path, f.message, f.severity) for f in parse_spec(spec)[1]]
+
+
+def errors_of(spec):
+    return [(path, message) for path, message, severity in findings(spec) if severity == "error"]
+
+
+# --- the rules -----------------------------------------------------------------------------
+
+
+def test_a_range_that_is_no_range_is_refused():
+    assert errors_of(scaled_spec(**{"autoscaling": {"minReplicas": 4, "maxReplicas": 3}})) == [
+        ("spec.autoscaling.minReplicas", "4 is larger than maxReplicas 3; valid values are at most maxReplicas")
+    ]
+
+
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("minReplicas", 0, "0 is too small; valid values are at least 1"),
+        ("maxReplicas", 2**31, "2147483648 is too large; valid values are at most 2147483647"),
+        ("targetInFlight", 0, "0 is too small; valid values are at least 1"),
+        ("windowSeconds", 3601, "3601 is too large; valid values are at most 3600"),
+        ("scaleUpStabilizationSeconds", -1, "-1 is too small; valid values are at least 0"),
+        ("scaleDownStabilizationSeconds", "5m", "'5m' is not a whole number; valid values are whole numbers"),
+    ],
+)
+def test_counts_and_windows_are_bounded(field, value, message):
+    spec = scaled_spec(**{f"autoscaling.{field}": value})
+    assert errors_of(spec) == [(f"spec.autoscaling.{field}", message)]
+
+
+def test_max_replicas_is_required():
+    assert errors_of(scaled_spec(**{"autoscaling": {"minReplicas": 1}})) == [("spec.autoscaling.maxReplicas", "is required")]
+
+
+def test_pods_that_count_no_requests_cannot_autoscale():
+    spec = make_spec(autoscaling={"maxReplicas": 3})
+    assert [p for p, _ in errors_of(spec)] == ["spec.autoscaling"]
+    assert "spec.serving.batching" in errors_of(spec)[0][1]
+
+
+def test_vllm_without_batching_must_name_its_target():
+    vllm = {"compute.family": "inf2", "serving.runtime": "vllm", "model.architecture": "transformer", "compile.buckets": [[128]]}
+    assert [p for p, _ in errors_of(make_spec(**vllm, autoscaling={"maxReplicas": 3}))] == ["spec.autoscaling.targetInFlight"]
+    assert errors_of(make_spec(**vllm, autoscaling={"maxReplicas": 3, "targetInFlight": 32})) == []
+    assert errors_of(make_spec(**vllm, **{"serving.batching": {"maxBatchSize": 8}}, autoscaling={"maxReplicas": 3})) == []
+
+
+def test_a_replica_that_would_compile_as_it_starts_is_a_warning():
+    warned = [(p, m) for p, m, s in findings(scaled_spec()) if s == "warning" and p == "spec.autoscaling"]
+    assert len(warned) == 1 and "compiles the model as it starts" in warned[0][1]
+    assert not [p for p, _, s in findings(scaled_spec(**{"compile.image": "example.com/c:1"})) if p == "spec.autoscaling"]
+
+
+# --- what it renders -----------------------------------------------------------------------
+
+
+def test_the_target_defaults_to_the_replicas_parallelism():
+    spec = InferentiaModelSpec.model_validate(scaled_spec())
+    assert autoscaling.target_in_flight(spec) == 8  # 2 processes x batches of 4
+    spec = InferentiaModelSpec.model_validate(scaled_spec(**{"autoscaling.targetInFlight": 3}))
+    assert autoscaling.target_in_flight(spec) == 3
+
+
+def test_the_query_sums_the_gauges_averaged_over_the_window():
+    spec = InferentiaModelSpec.model_validate(scaled_spec())
+    assert autoscaling.in_flight_query(spec, "ns", "m", PROMETHEUS) == (
+        'sum(avg_over_time({__name__=~"inferentia_num_requests_waiting|inferentia_num_requests_running",'
+        'namespace="ns",inferentia_dev_model="m"}[60s]))'
+    )
+    instant = InferentiaModelSpec.model_validate(scaled_spec(**{"autoscaling.windowSeconds": 0}))
+    labels = Prometheus("http://p:9090", "kubernetes_namespace", "model")
+    assert autoscaling.in_flight_query(instant, "ns", "m", labels) == (
+        'sum({__name__=~"inferentia_num_requests_waiting|inferentia_num_requests_running",kubernetes_namespace="ns",model="m"})'
+    )
+
+
+def test_vllm_is_scaled_on_vllms_own_gauges():
+    spec = InferentiaModelSpec.model_validate(
+        make_spec(
+            **{"compute.family": "inf2", "serving.runtime": "vllm", "model.architecture": "transformer", "compile.buckets": [[128]]},
+            autoscaling={"maxReplicas": 2, "targetInFlight": 16},
+        )
+    )
+    assert '__name__=~"vllm:num_requests_waiting|vllm:num_requests_running"' in autoscaling.in_flight_query(spec, "ns", "m", PROMETHEUS)
+
+
+def test_the_scaled_object_targets_the_model_and_is_owned_by_it():
+    m = built(model_body(**scaled_spec()))
+    body = children.scaled_object(m, PROMETHEUS)
+    assert body["metadata"]["ownerReferences"][0]["uid"] == UID and body["metadata"]["ownerReferences"][0]["controller"]
+    assert body["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "inferentia-operator"
+    spec = body["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "inferentia.dev/v1alpha1", "kind": "InferentiaModel", "name": "m"}
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (2, 5)
+    assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == {
+        "scaleUp": {"stabilizationWindowSeconds": 60},
+        "scaleDown": {"stabilizationWindowSeconds": 300},
+    }
+    [trigger] = spec["triggers"]
+    assert (trigger["type"], trigger["metricType"], trigger["metadata"]["threshold"]) == ("prometheus", "AverageValue", "8")
+    assert trigger["metadata"]["serverAddress"] == PROMETHEUS.address
+
+
+@pytest.mark.parametrize("replicas,scaled,expected", [(1, True, 2), (3, True, 3), (9, True, 5), (3, False, 2), (0, True, 2)])
+def test_the_deployment_runs_spec_replicas_within_the_range_or_the_minimum_while_nothing_scales(replicas, scaled, expected):
+    spec = InferentiaModelSpec.model_validate(scaled_spec(replicas=replicas))
+    assert autoscaling.desired_replicas(spec, scaled) == expected
+
+
+def test_a_label_value_is_a_promql_string():
+    assert autoscaling._label_value('a"b\\c') == '"a\\"b\\\\c"'  # noqa: SLF001
+
+
+# --- decide() --------------------------------------------------------------------------------
+
+
+def autoscaling_condition(decision_or_report):
+    report = getattr(decision_or_report, "report", decision_or_report)
+    return next((c for c in status_document(report.status)["conditions"] if c["type"] == "Autoscaling"), None)
+
+
+def test_without_a_prometheus_address_nothing_is_written_and_the_model_says_so():
+    d = decide(Observed(model_body(**scaled_spec())), NOW)
+    assert "ScaledObject" not in [o["kind"] for o in d.apply]
+    deployment = next(o for o in d.apply if o["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    said = autoscaling_condition(d)
+    assert (said["status"], said["reason"]) == ("False", "PrometheusNotConfigured")
+    assert status_document(d.report.status)["autoscaling"] == {
+        "minReplicas": 2,
+        "maxReplicas": 5,
+        "targetInFlight": 8,
+        "desiredReplicas": 2,
+    }
+
+
+def test_the_scaled_object_is_written_and_the_deployment_holds_the_minimum_until_it_exists():
+    body = model_body(replicas=4, **scaled_spec())
+    d = decide(Observed(body, prometheus=PROMETHEUS), NOW)
+    assert [o["kind"] for o in d.apply] == ["ConfigMap", "Service", "Deployment", "ScaledObject"]
+    assert next(o for o in d.apply if o["kind"] == "Deployment")["spec"]["replicas"] == 2
+
+
+def test_once_the_scaled_object_exists_the_deployment_follows_spec_replicas_within_the_range():
+    body = model_body(replicas=4, **scaled_spec())
+    m = built(body)
+    ready = live(children.scaled_object(m, PROMETHEUS), conditions=[{"type": "Ready", "status": "True"}])
+    d = decide(Observed(body, prometheus=PROMETHEUS, scaled_object=ready), NOW)
+    assert "ScaledObject" not in [o["kind"] for o in d.apply]  # as applied: not written again
+    assert next(o for o in d.apply if o["kind"] == "Deployment")["spec"]["replicas"] == 4
+    said = autoscaling_condition(d)
+    assert (said["status"], said["reason"]) == ("True", "ScaledObjectReady")
+    assert "between 2 and 5 replicas, 8 requests in flight per replica; 4 desired now" in said["message"]
+    doc = status_document(d.report.status)["autoscaling"]
+    assert (doc["desiredReplicas"], doc["scaledObject"]) == (4, "m")
+
+
+def test_keda_not_installed_is_reported_without_holding_back_ready():
+    body = model_body(**scaled_spec())
+    o = Observed(body, prometheus=PROMETHEUS)
+    d = decide(o, NOW)
+    refused = [WriteFailure("ScaledObject", "m", 404, "the server could not find the requested resource")]
+    reported = status.report(o, NOW, d.basis, refused)
+    said = autoscaling_condition(reported)
+    assert (said["status"], said["reason"]) == ("False", "KEDANotInstalled")
+    ready = next(c for c in status_document(reported.status)["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] != "ApplyFailed"
+    assert [e.reason for e in reported.events if e.type == "Warning"] == ["KEDANotInstalled"]
+
+
+def test_keda_not_ready_and_not_yet_reporting():
+    body = model_body(**scaled_spec())
+    m = built(body)
+    written = live(children.scaled_object(m, PROMETHEUS))
+    said = autoscaling_condition(decide(Observed(body, prometheus=PROMETHEUS, scaled_object=written), NOW))
+    assert (said["status"], said["reason"]) == ("Unknown", "WaitingForKEDA")
+    failing = live(written, conditions=[{"type": "Ready", "status": "False", "reason": "ScaledObjectCheckFailed", "message": "boom"}])
+    said = autoscaling_condition(decide(Observed(body, prometheus=PROMETHEUS, scaled_object=failing), NOW))
+    assert (said["status"], said["reason"]) == ("False", "ScaledObjectNotReady")
+    assert said["message"].endswith("ScaledObjectCheckFailed: boom")
+
+
+def test_autoscaling_turned_off_deletes_the_scaled_object_of_the_model_only():
+    scaled = model_body(**scaled_spec())
+    ours = live(children.scaled_object(built(scaled), PROMETHEUS))
+    plain = model_body(**BATCHED)
+    d = decide(Observed(plain, prometheus=PROMETHEUS, scaled_object=ours), NOW)
+    assert ("ScaledObject", "m") in d.delete
+    assert autoscaling_condition(d) is None and "autoscaling" not in status_document(d.report.status)
+    theirs = {**ours, "metadata": {"name": "m", "namespace": "ns", "resourceVersion": "3"}}
+    d = decide(Observed(plain, prometheus=PROMETHEUS, scaled_object=theirs), NOW)
+    assert ("ScaledObject", "m") not in d.delete
+
+
+def test_while_the_cluster_serves_no_scaled_objects_none_is_written_and_the_model_says_so():
+    d = decide(Observed(model_body(**scaled_spec()), prometheus=PROMETHEUS, scaled_objects_served=False), NOW)
+    assert "ScaledObject" not in [o["kind"] for o in d.apply]
+    assert next(o for o in d.apply if o["kind"] == "Deployment")["spec"]["replicas"] == 2
+    said = autoscaling_condition(d)
+    assert (said["status"], said["reason"]) == ("False", "KEDANotInstalled")
