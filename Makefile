@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 export INFERENTIA_CONTROLPLANE_BUILT := 1
 CRD    := crds/inferentia.dev_inferentiamodels.yaml
 
-.PHONY: help test test-faults unit e2e lint venv controlplane cluster-up cluster-down crd manifests demo benchmark benchmark-scale benchmark-cores benchmark-batching clean
+.PHONY: help test test-faults unit e2e lint venv controlplane cluster-up cluster-down crd manifests demo benchmark benchmark-scale benchmark-cores benchmark-batching benchmark-autoscaling clean
 HELM    = $(shell bash cluster/build.sh --print)/helm
 CHART   := charts/inferentia-operator
 
@@ -24,6 +24,7 @@ help:
 	@echo "make benchmark-scale [N=1000]  the reconcile core at scale, against the bare API (about 15 min at N=1000)"
 	@echo "make benchmark-cores     whole chips against NeuronCores: what a mix of models needs, and what one fleet places"
 	@echo "make benchmark-batching  the batching front end: fixed windows against adaptive, steady and bursty, 3 runs (RUNS=1 for one)"
+	@echo "make benchmark-autoscaling [PEAK_RPS=16]  on the real node: fixed replicas against spec.autoscaling, one load profile (about 20 min)"
 	@echo "make lint          ruff (lint and format) and mypy, as configured in pyproject.toml (make test runs them too)"
 	@echo "make crd           regenerate $(CRD) (and the chart's copy) from the pydantic models"
 	@echo "make manifests     regenerate manifests/*.yaml from the chart's default values"
@@ -71,6 +72,10 @@ benchmark-scale: venv controlplane
 
 benchmark-cores: venv controlplane
 	@$(BIN)/python cluster/benchmark_cores.py
+
+PEAK_RPS ?= 16
+benchmark-autoscaling: venv controlplane
+	@$(BIN)/python -u cluster/benchmark_autoscaling.py --peak-rps $(PEAK_RPS)
 
 RUNS ?= 3
 benchmark-batching: venv
