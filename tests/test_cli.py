@@ -128,10 +128,22 @@ def test_plan_table_and_yaml():
     code, out, _ = run_cli("plan", str(SAMPLES / "bert-latency.yaml"))
     assert code == 0
     header, row = out.splitlines()
-    assert header.split()[:9] == ["NAMESPACE", "NAME", "FAMILY", "COMPILER", "CHIPS", "LNC", "CORES", "GROUPS", "NCG"]
-    assert row.split()[:9] == ["default", "bert-base", "inf1", "neuron-cc", "4", "-", "16", "1", "16"]
+    assert header.split()[:10] == ["NAMESPACE", "NAME", "REPLICAS", "FAMILY", "COMPILER", "CHIPS", "LNC", "CORES", "GROUPS", "NCG"]
+    assert row.split()[:10] == ["default", "bert-base", "1", "inf1", "neuron-cc", "4", "-", "16", "1", "16"]
     code, out, _ = run_cli("plan", str(SAMPLES / "bert-latency.yaml"), "-o", "yaml")
     assert yaml.safe_load(out)[0]["buckets"] == [[64], [128], [256], [512]]
+
+
+def test_plan_shows_the_autoscaling_range_and_target():
+    spec = make_spec(
+        **{"serving.batching": {"maxBatchSize": 4}, "processesPerReplica": 2, "autoscaling": {"minReplicas": 1, "maxReplicas": 3}}
+    )
+    text = yaml.safe_dump(make_model("scaled", "default", spec))
+    code, out, _ = run_cli("plan", "-", stdin=text)
+    assert code == 0 and out.splitlines()[1].split()[2] == "1-3"
+    code, out, _ = run_cli("plan", "-o", "yaml", "-", stdin=text)
+    record = yaml.safe_load(out)[0]
+    assert record["autoscaling"] == {"minReplicas": 1, "maxReplicas": 3, "targetInFlight": 8} and "replicas" not in record
 
 
 def test_console_script_runs_as_a_program():

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from .batching.limits import DEFAULT_LIMITS, MIB, Limits
-from .core.autoscaling import Prometheus
+from .core.autoscaling import Prometheus, target_in_flight
 from .core.children import desired_objects, plan_document
 from .core.crd import crd_yaml
 from .core.names import DEFAULT_OPERATOR_IMAGE
@@ -54,7 +54,24 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def plan_record(doc: ModelDocument) -> dict[str, Any]:
     assert doc.model is not None
-    return {"name": doc.name, "namespace": doc.namespace, **plan_document(doc.model.plan)}
+    spec = doc.model.spec
+    scaling = spec.autoscaling
+    replicas: dict[str, Any] = {"replicas": spec.replicas}
+    if scaling is not None:
+        # The range and the target the ScaledObject carries (docs/autoscaling.md).
+        replicas = {
+            "autoscaling": {
+                "minReplicas": scaling.min_replicas, "maxReplicas": scaling.max_replicas,
+                "targetInFlight": target_in_flight(spec),
+            }
+        }  # fmt: skip
+    return {"name": doc.name, "namespace": doc.namespace, **replicas, **plan_document(doc.model.plan)}
+
+
+def _replicas(record: dict[str, Any]) -> str:
+    """A fixed count, or the autoscaling range."""
+    scaling = record.get("autoscaling")
+    return f"{scaling['minReplicas']}-{scaling['maxReplicas']}" if scaling else str(record["replicas"])
 
 
 def _instance_types(record: dict[str, Any]) -> str:
@@ -67,6 +84,7 @@ def _table(records: list[dict[str, Any]]) -> str:
     columns: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
         ("NAMESPACE", lambda r: r["namespace"]),
         ("NAME", lambda r: r["name"]),
+        ("REPLICAS", _replicas),
         ("FAMILY", lambda r: r["family"]),
         ("COMPILER", lambda r: r["compiler"]),
         ("CHIPS", lambda r: r.get("chips", "shared")),
@@ -152,14 +170,33 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
     backends = [f"http://127.0.0.1:{args.process_base_port + i}" for i in range(args.processes)]
     buckets = json.loads(args.buckets) if args.buckets else None
-    limits = Limits(
+    serve(args.port, backends, args.max_batch_size, args.max_latency_ms / 1000, buckets, _limits(args), args.host)
+    return EXIT_OK
+
+
+def _limits(args: argparse.Namespace) -> Limits:
+    return Limits(
         header_timeout=args.header_timeout_s,
         body_timeout=args.body_timeout_s,
         max_connections=args.max_connections,
         max_body=int(args.max_body_mib * MIB),
         body_budget=int(args.body_budget_mib * MIB),
     )
-    serve(args.port, backends, args.max_batch_size, args.max_latency_ms / 1000, buckets, limits, args.host)
+
+
+def _port_pairs(value: str) -> list[tuple[int, int]]:
+    """ "8080,8081" or "18080:8080": (listen, upstream) port pairs."""
+    pairs = []
+    for item in value.split(","):
+        listen, _, upstream = item.partition(":")
+        pairs.append((int(listen), int(upstream or listen)))
+    return pairs
+
+
+def cmd_hold(args: argparse.Namespace) -> int:
+    from .batching.holder import serve  # aiohttp loads only for this command
+
+    serve(args.upstream, args.ports, args.hold_seconds, args.max_held, _limits(args), args.host)
     return EXIT_OK
 
 
@@ -167,6 +204,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .shell.runner import run  # kopf and the Kubernetes client load only for this command
 
     return run(args)
+
+
+def _limit_arguments(p: argparse.ArgumentParser) -> None:
+    """What a client can cost (batching.limits.Limits says why each default is what it is)."""
+    d = DEFAULT_LIMITS
+    p.add_argument(
+        "--header-timeout-s",
+        type=float,
+        default=d.header_timeout,
+        help="headers must be in this long after a connection opens or its last answer",
+    )
+    p.add_argument("--body-timeout-s", type=float, default=d.body_timeout, help="a body not read in this long gets 408")
+    p.add_argument("--max-connections", type=int, default=d.max_connections, help="open connections; more are answered 503 and closed")
+    p.add_argument("--max-body-mib", type=float, default=d.max_body / MIB, help="one request's body: 413 above it")
+    p.add_argument("--body-budget-mib", type=float, default=d.body_budget / MIB, help="bodies held at once; more are answered 503")
 
 
 def _prometheus_arguments(p: argparse.ArgumentParser) -> None:
@@ -227,19 +279,22 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--max-batch-size", type=int, required=True)
     b.add_argument("--max-latency-ms", type=float, required=True)
     b.add_argument("--buckets", help="input-shape buckets as JSON, e.g. [[64],[128]]: inputs are padded to the smallest that holds them")
-    # What a client can cost (batching.limits.Limits says why each default is what it is).
-    d = DEFAULT_LIMITS
-    b.add_argument(
-        "--header-timeout-s",
-        type=float,
-        default=d.header_timeout,
-        help="headers must be in this long after a connection opens or its last answer",
-    )
-    b.add_argument("--body-timeout-s", type=float, default=d.body_timeout, help="a body not read in this long gets 408")
-    b.add_argument("--max-connections", type=int, default=d.max_connections, help="open connections; more are answered 503 and closed")
-    b.add_argument("--max-body-mib", type=float, default=d.max_body / MIB, help="one request's body: 413 above it")
-    b.add_argument("--body-budget-mib", type=float, default=d.body_budget / MIB, help="bodies held at once; more are answered 503")
+    _limit_arguments(b)
     b.set_defaults(func=cmd_batch)
+
+    h = sub.add_parser(
+        "hold", help="hold a scaled-to-zero model's requests until a replica answers, then forward them (the <model>-holder pod)"
+    )
+    h.add_argument("--upstream", required=True, help="the host that reaches the model's replicas (its <model>-replicas Service)")
+    h.add_argument(
+        "--ports", type=_port_pairs, required=True,
+        help="the Service's ports, each forwarded to the same port upstream (8080,8081) or to another (18080:8080)",
+    )  # fmt: skip
+    h.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    h.add_argument("--hold-seconds", type=float, default=300.0, help="a request no replica answered within this long gets 503")
+    h.add_argument("--max-held", type=int, default=1024, help="requests held at once; more are answered 503")
+    _limit_arguments(h)
+    h.set_defaults(func=cmd_hold)
 
     f = sub.add_parser("fetch", help="copy a compiled artefact (or, with --model, a model) into a pod (an init container)")
     f.add_argument(
