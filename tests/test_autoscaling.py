@@ -40,7 +40,10 @@ def test_a_range_that_is_no_range_is_refused():
 @pytest.mark.parametrize(
     "field,value,message",
     [
-        ("minReplicas", 0, "0 is too small; valid values are at least 1"),
+        ("minReplicas", -1, "-1 is too small; valid values are at least 0"),
+        ("idleSeconds", 86401, "86401 is too large; valid values are at most 86400"),
+        ("holdSeconds", 0, "0 is too small; valid values are at least 1"),
+        ("maxHeldRequests", 0, "0 is too small; valid values are at least 1"),
         ("maxReplicas", 2**31, "2147483648 is too large; valid values are at most 2147483647"),
         ("targetInFlight", 0, "0 is too small; valid values are at least 1"),
         ("windowSeconds", 3601, "3601 is too large; valid values are at most 3600"),
@@ -223,3 +226,113 @@ def test_while_the_cluster_serves_no_scaled_objects_none_is_written_and_the_mode
     assert next(o for o in d.apply if o["kind"] == "Deployment")["spec"]["replicas"] == 2
     said = autoscaling_condition(d)
     assert (said["status"], said["reason"]) == ("False", "KEDANotInstalled")
+
+
+# --- scale to zero ----------------------------------------------------------------------------
+
+ZERO = {"compile.image": "example.com/compile:1", "autoscaling": {"minReplicas": 0, "maxReplicas": 2, "idleSeconds": 30}}
+
+
+def test_zero_needs_a_compile_step():
+    assert errors_of(scaled_spec(autoscaling={"minReplicas": 0, "maxReplicas": 2})) == [
+        (
+            "spec.autoscaling.minReplicas",
+            "0 needs spec.compile.image: a replica that starts from zero must fetch its compiled artefact, not compile the "
+            "model as it starts (tens of minutes for a large model, aws-neuron-sdk#1368); valid values without it are at least 1",
+        )
+    ]
+    assert errors_of(scaled_spec(**ZERO)) == []
+
+
+def test_a_model_that_scales_to_zero_is_polled_goes_to_zero_when_idle_and_counts_held_requests():
+    m = built(model_body(**scaled_spec(**ZERO)))
+    spec = children.scaled_object(m, PROMETHEUS)["spec"]
+    assert (spec["minReplicaCount"], spec["cooldownPeriod"], spec["pollingInterval"]) == (0, 30, 5)
+    assert "inferentia_num_requests_waiting" in spec["triggers"][0]["metadata"]["query"]
+    # Until it has an artefact, a start from zero would find nothing to fetch: one replica at least.
+    assert children.scaled_object(m, PROMETHEUS, has_artefact=False)["spec"]["minReplicaCount"] == 1
+
+
+def compiled_job(m):
+    from test_decide import complete
+
+    return complete(children.compile_job(m))
+
+
+def zero_observed(replicas, *, available=1, holder_available=1, service_to_holder=False, upstream="10.96.0.9", deployment_replicas=1):
+    body = model_body(replicas=replicas, **scaled_spec(**ZERO))
+    m = built(body)
+    scaler = live(children.scaled_object(m, PROMETHEUS), conditions=[{"type": "Ready", "status": "True"}])
+    deployment = live(children.serving_deployment(m, deployment_replicas), availableReplicas=available)
+    replicas_svc = live(children.replicas_service(m))
+    replicas_svc["spec"] = {**replicas_svc["spec"], "clusterIP": upstream}
+    holder = live(children.holder_deployment(m, upstream), availableReplicas=holder_available)
+    return m, Observed(
+        body, prometheus=PROMETHEUS, scaled_object=scaler, deployment=deployment, service=live(children.service(m, service_to_holder)),
+        jobs=[compiled_job(m)], others=[replicas_svc, holder],
+    )  # fmt: skip
+
+
+def applied_kind(d, kind, name):
+    return next((o for o in d.apply if o["kind"] == kind and o["metadata"]["name"] == name), None)
+
+
+def test_warm_the_service_points_at_the_replicas():
+    m, o = zero_observed(1)
+    d = decide(o, NOW)
+    assert applied_kind(d, "Service", "m") is None  # already pointing at the replicas
+    assert not d.delete
+
+
+def test_going_to_zero_the_service_moves_to_the_holder_before_the_last_replica_stops():
+    m, o = zero_observed(0)
+    d = decide(o, NOW)
+    svc = applied_kind(d, "Service", "m")
+    assert svc["spec"]["selector"]["app.kubernetes.io/component"] == "holder"
+    assert applied_kind(d, "Deployment", "m") is None  # still 1: not yet
+    # Once the Service is seen at the holder, the Deployment goes to zero.
+    m, o = zero_observed(0, service_to_holder=True)
+    d = decide(o, NOW)
+    assert applied_kind(d, "Deployment", "m")["spec"]["replicas"] == 0
+
+
+def test_without_an_available_holder_the_model_keeps_a_replica():
+    m, o = zero_observed(0, holder_available=0)
+    d = decide(o, NOW)
+    assert applied_kind(d, "Service", "m") is None
+    assert applied_kind(d, "Deployment", "m") is None  # stays at 1
+
+
+def test_starting_from_zero_the_holder_keeps_the_service_until_a_replica_is_available():
+    m, o = zero_observed(1, available=0, service_to_holder=True, deployment_replicas=0)
+    d = decide(o, NOW)
+    assert applied_kind(d, "Service", "m") is None  # still the holder
+    assert applied_kind(d, "Deployment", "m")["spec"]["replicas"] == 1
+    m, o = zero_observed(1, available=1, service_to_holder=True)
+    assert applied_kind(decide(o, NOW), "Service", "m")["spec"]["selector"]["app.kubernetes.io/component"] == "serving"
+
+
+def test_the_holder_forwards_to_the_replicas_service_address_once_it_has_one():
+    m, o = zero_observed(1)
+    holder = children.holder_deployment(m, "10.96.0.9")
+    args = holder["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:5] == ["hold", "--upstream", "10.96.0.9", "--ports", "8080,8081,8082"]
+    body = model_body(**scaled_spec(**ZERO))
+    d = decide(Observed(body, prometheus=PROMETHEUS, jobs=[compiled_job(built(body))]), NOW)
+    assert applied_kind(d, "Service", "m-replicas") is not None and applied_kind(d, "Deployment", "m-holder") is None
+
+
+def test_a_model_that_no_longer_scales_to_zero_parks_its_holder_at_no_replica():
+    m, o = zero_observed(1, service_to_holder=True)
+    o.model["spec"] = {**o.model["spec"], "autoscaling": {**o.model["spec"]["autoscaling"], "minReplicas": 1}}
+    d = decide(o, NOW)
+    assert not d.delete  # the operator may delete no Deployment or Service
+    assert applied_kind(d, "Deployment", "m-holder")["spec"] == {"replicas": 0}
+    assert applied_kind(d, "Service", "m")["spec"]["selector"]["app.kubernetes.io/component"] == "serving"
+
+
+def test_at_zero_the_model_is_ready_and_says_it_is_scaled_to_zero():
+    m, o = zero_observed(0, service_to_holder=True, available=0, deployment_replicas=0)
+    o.deployment["status"] |= {"observedGeneration": 1, "replicas": 0, "updatedReplicas": 0, "readyReplicas": 0}
+    ready = next(c for c in status_document(decide(o, NOW).report.status)["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "ScaledToZero")

@@ -173,6 +173,7 @@ CEL_CASES = {
     "autoscaling-target": make_spec(
         **{"compute.family": "inf2", "serving.runtime": "vllm", "model.architecture": "transformer", "autoscaling": {"maxReplicas": 2}}
     ),
+    "autoscaling-zero": make_spec(**{"serving.batching": {"maxBatchSize": 2}, "autoscaling": {"minReplicas": 0, "maxReplicas": 2}}),
     "fp32-cnn-inf2-ok-but-lnc": make_spec(
         **{"compute.family": "inf2", "compute.lnc": 2, "model.architecture": "cnn", "model.precision": "fp32", "compile.batchSize": 2}
     ),
@@ -452,8 +453,13 @@ DIVERGENCE_CORPUS = [
             {"maxReplicas": 3, "targetInFlight": 0},
             {"minReplicas": 1},
             {},
+            {"minReplicas": 0, "maxReplicas": 1},
+            {"minReplicas": 0, "maxReplicas": 1, "idleSeconds": 86400, "holdSeconds": 3600, "maxHeldRequests": 65536},
+            {"minReplicas": 0, "maxReplicas": 1, "idleSeconds": 86401},
+            {"minReplicas": 0, "maxReplicas": 1, "holdSeconds": 0},
         )
     ],
+    {"compile.image": "example.com/c:1", "serving.batching": {"maxBatchSize": 2}, "autoscaling": {"minReplicas": 0, "maxReplicas": 1}},
     {"autoscaling": {"maxReplicas": 2}},
     {"autoscaling": None},
     {

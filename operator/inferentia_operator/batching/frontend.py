@@ -298,13 +298,13 @@ class _MalformedRequests(logging.Filter):
     headers) with 400 and logs a traceback at ERROR. A hostile client would write the log at
     will, so these are counted instead, with the 400s the front end sends itself."""
 
-    def __init__(self, metrics: Metrics):
+    def __init__(self, rejected: Counter):
         super().__init__()
-        self.metrics = metrics
+        self.rejected = rejected
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and isinstance(record.exc_info[1], HttpProcessingError):
-            self.metrics.rejected.labels("400").inc()
+            self.rejected.labels("400").inc()
             return False
         return True
 
@@ -354,7 +354,7 @@ async def run(front: FrontEnd, host: str, port: int, stop: asyncio.Event | None 
         lingering_time=1.0,
     )
     await runner.setup()
-    logging.getLogger("aiohttp.server").addFilter(_MalformedRequests(front.metrics))
+    logging.getLogger("aiohttp.server").addFilter(_MalformedRequests(front.metrics.rejected))
     server = runner.server
     assert server is not None
     front.metrics.connections.set_function(lambda: len(server.connections))

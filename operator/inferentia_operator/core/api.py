@@ -299,14 +299,16 @@ class Rollout(ApiModel):
 # HPAScalingRules.stabilizationWindowSeconds: "must be greater than or equal to zero and
 # less than or equal to 3600 (one hour)").
 MAX_WINDOW_SECONDS = 3600
+MAX_IDLE_SECONDS = 86400  # a day
+MAX_HELD = 65536
 
 
 class Autoscaling(ApiModel):
     """Scale the model on the requests its replicas hold, through KEDA and Prometheus: desired
     replicas = in-flight requests across the replicas / targetInFlight, as Cortex computed it."""
 
-    min_replicas: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] = 1
-    """The fewest replicas (Cortex: min_replicas). The model runs this many while nothing scales it: KEDA not installed, or no Prometheus configured."""
+    min_replicas: Annotated[StrictInt, Field(ge=0, le=INT32_MAX)] = 1
+    """The fewest replicas (Cortex: min_replicas). The model runs this many (at least 1) while nothing scales it: KEDA not installed, or no Prometheus configured. 0 scales the model to zero after idleSeconds without a request; it needs compile.image, so that a replica that starts from zero fetches its artefact and never compiles, and a holder answers the model's Service meanwhile."""
     max_replicas: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)]
     """The most replicas (Cortex: max_replicas)."""
     target_in_flight: Annotated[StrictInt | None, Field(ge=1, le=INT32_MAX)] = None
@@ -317,6 +319,12 @@ class Autoscaling(ApiModel):
     """A scale-up follows the lowest recommendation of this many seconds, so a short burst is queued rather than met with a replica that takes minutes to load (Cortex: upscale_stabilization_period)."""
     scale_down_stabilization_seconds: Annotated[StrictInt, Field(ge=0, le=MAX_WINDOW_SECONDS)] = 300
     """A scale-down follows the highest recommendation of this many seconds (Cortex: downscale_stabilization_period)."""
+    idle_seconds: Annotated[StrictInt, Field(ge=0, le=MAX_IDLE_SECONDS)] = 300
+    """With minReplicas 0: the model goes to zero after this many seconds without a request in flight (KEDA's cooldownPeriod)."""
+    hold_seconds: Annotated[StrictInt, Field(ge=1, le=MAX_WINDOW_SECONDS)] = 300
+    """With minReplicas 0: how long the holder keeps a request that arrives at zero replicas waiting for one to start, before it answers 503 with Retry-After."""
+    max_held_requests: Annotated[StrictInt, Field(ge=1, le=MAX_HELD)] = 1024
+    """With minReplicas 0: requests the holder keeps at once; more are answered 503 with Retry-After."""
 
 
 class InferentiaModelSpec(ApiModel):

@@ -31,6 +31,11 @@ NOT_SERVED = "the server could not find the requested resource"
 # end's, named after the Gateway API Inference Extension's model server protocol, or vLLM's own.
 FRONT_END_GAUGES = ("inferentia_num_requests_waiting", "inferentia_num_requests_running")
 VLLM_GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running")
+# What the holder of a model at zero replicas exports (batching/holder.py): the requests it holds.
+HELD_GAUGE = "inferentia_num_requests_waiting"
+# How often KEDA asks whether a model at zero has demand (its own default is 30 s): part of
+# every start from zero, with Prometheus's scrape interval.
+ZERO_POLLING_SECONDS = 5
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,17 @@ class Prometheus:
 
 
 NO_PROMETHEUS = Prometheus()  # the default: no address, so autoscaled models run at minReplicas
+
+
+def scales_to_zero(spec: api.InferentiaModelSpec) -> bool:
+    return spec.autoscaling is not None and spec.autoscaling.min_replicas == 0
+
+
+def lowest(spec: api.InferentiaModelSpec, compiled: bool = True) -> int:
+    """The fewest replicas the autoscaler may set: minReplicas, but 1 for a model that scales
+    to zero until its first compile completed (a start from zero must find an artefact)."""
+    assert spec.autoscaling is not None
+    return spec.autoscaling.min_replicas if spec.autoscaling.min_replicas > 0 or compiled else 1
 
 
 def target_in_flight(spec: api.InferentiaModelSpec) -> int:
@@ -67,7 +83,9 @@ def _label_value(value: str) -> str:
 def in_flight_query(spec: api.InferentiaModelSpec, namespace: str, name: str, prometheus: Prometheus) -> str:
     """The model's in-flight requests, summed over its pods, averaged over the window."""
     assert spec.autoscaling is not None
-    gauges = VLLM_GAUGES if spec.serving.runtime == "vllm" else FRONT_END_GAUGES
+    gauges: tuple[str, ...] = VLLM_GAUGES if spec.serving.runtime == "vllm" else FRONT_END_GAUGES
+    if scales_to_zero(spec) and HELD_GAUGE not in gauges:
+        gauges = (*gauges, HELD_GAUGE)  # the holder's: requests that wait for a replica to start
     selector = (
         f'{{__name__=~"{"|".join(gauges)}",'
         f"{prometheus.namespace_label}={_label_value(namespace)},{prometheus.model_label}={_label_value(name)}}}"
@@ -77,20 +95,24 @@ def in_flight_query(spec: api.InferentiaModelSpec, namespace: str, name: str, pr
 
 
 def scaled_object(
-    spec: api.InferentiaModelSpec, namespace: str, name: str, metadata: dict[str, Any], prometheus: Prometheus
+    spec: api.InferentiaModelSpec, namespace: str, name: str, metadata: dict[str, Any], prometheus: Prometheus, compiled: bool = True
 ) -> dict[str, Any]:
     """The ScaledObject (https://keda.sh/docs/latest/reference/scaledobject-spec/) with one
     Prometheus trigger (https://keda.sh/docs/latest/scalers/prometheus/). ``metadata``:
     the child's name, labels and owner reference, as for every other child."""
     a = spec.autoscaling
     assert a is not None
+    # To and from zero KEDA acts itself: it polls the trigger every pollingInterval, starts a
+    # replica when the query is above 0, and goes to zero cooldownPeriod after it last was.
+    zero = {"pollingInterval": ZERO_POLLING_SECONDS, "cooldownPeriod": a.idle_seconds} if scales_to_zero(spec) else {}
     return {
         "apiVersion": SCALED_OBJECT_API_VERSION,
         "kind": SCALED_OBJECT_KIND,
         "metadata": metadata,
         "spec": {
             "scaleTargetRef": {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": name},
-            "minReplicaCount": a.min_replicas,
+            **zero,
+            "minReplicaCount": lowest(spec, compiled),
             "maxReplicaCount": a.max_replicas,
             "advanced": {
                 "horizontalPodAutoscalerConfig": {
@@ -116,15 +138,16 @@ def scaled_object(
     }
 
 
-def desired_replicas(spec: api.InferentiaModelSpec, scaled: bool) -> int:
+def desired_replicas(spec: api.InferentiaModelSpec, scaled: bool, compiled: bool = True) -> int:
     """The Deployment's replicas: spec.replicas, within the range while something scales the
-    model (its ScaledObject exists), else minReplicas: never silently a fixed count."""
+    model (its ScaledObject exists), else minReplicas, and at least 1, since nothing would
+    start it from zero: never silently a fixed count."""
     a = spec.autoscaling
     if a is None:
         return spec.replicas
     if not scaled:
-        return a.min_replicas
-    return min(max(spec.replicas, a.min_replicas), a.max_replicas)
+        return max(a.min_replicas, 1)
+    return min(max(spec.replicas, lowest(spec, compiled)), a.max_replicas)
 
 
 @dataclass(frozen=True)
@@ -143,7 +166,7 @@ def condition(spec: api.InferentiaModelSpec, name: str, engine: Engine) -> api.C
     a = spec.autoscaling
     if a is None:
         return None
-    floor = f"the model runs minReplicas ({a.min_replicas})"
+    floor = f"the model runs minReplicas ({a.min_replicas})" if a.min_replicas else "the model runs 1 replica"
     if not engine.configured:
         return api.Condition(
             type="Autoscaling", status="False", reason="PrometheusNotConfigured",

@@ -717,21 +717,123 @@ def serving_deployment(m: Model, replicas: int | None = None) -> dict[str, Any]:
     }
 
 
-def scaled_object(m: Model, prometheus: Prometheus) -> dict[str, Any]:
+def scaled_object(m: Model, prometheus: Prometheus, has_artefact: bool = True) -> dict[str, Any]:
     """The KEDA ScaledObject of a model with spec.autoscaling (:mod:`autoscaling`)."""
-    return autoscaling_object(m.spec, m.namespace, m.name, _metadata(m, m.name, "autoscaling"), prometheus)
+    return autoscaling_object(m.spec, m.namespace, m.name, _metadata(m, m.name, "autoscaling"), prometheus, has_artefact)
 
 
-def service(m: Model) -> dict[str, Any]:
+def _service_ports(m: Model) -> list[dict[str, Any]]:
     base = process_base_port(m)
     ports = [{"name": f"serve-{i}", "port": base + i, "targetPort": f"serve-{i}", "protocol": "TCP"} for i in range(m.plan.groups)]
     if batching_front_end(m):
         ports.insert(0, {"name": "batch", "port": m.spec.serving.port, "targetPort": "batch", "protocol": "TCP"})
+    return ports
+
+
+def service(m: Model, to_holder: bool = False) -> dict[str, Any]:
+    """The model's Service: its serving pods, or, while a model that scales to zero has no
+    replica that answers, its holder (the same port names, so clients see no change)."""
+    target = holder_selector(m) if to_holder else selector(m)
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _metadata(m, m.name, "serving"),
-        "spec": {"selector": selector(m), "ports": ports},
+        "spec": {"selector": target, "ports": _service_ports(m)},
+    }
+
+
+# Scale to zero (autoscaling.minReplicas 0): the holder, and the Service it forwards through.
+HOLDER_SUFFIX = "-holder"
+REPLICAS_SUFFIX = "-replicas"
+
+
+def holder_selector(m: Model) -> dict[str, str]:
+    return {MODEL_LABEL: m.name, COMPONENT_LABEL: "holder"}
+
+
+def replicas_service(m: Model) -> dict[str, Any]:
+    """The serving pods alone, whatever the model's Service points at: what the holder forwards to."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(m, m.name + REPLICAS_SUFFIX, "serving"),
+        "spec": {"selector": selector(m), "ports": _service_ports(m)},
+    }
+
+
+def parked_holder(m: Model) -> dict[str, Any]:
+    """The holder of a model that no longer scales to zero, at no replica: only the fields
+    the operator applies change, the rest stays as the last holder had it."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(m, m.name + HOLDER_SUFFIX, "holder"),
+        "spec": {"replicas": 0},
+    }
+
+
+def holder_deployment(m: Model, upstream: str) -> dict[str, Any]:
+    """The holder of a model that scales to zero (batching/holder.py), on no Neuron device.
+    ``upstream``: the replicas Service's cluster IP, which every cluster routes (a name would
+    need cluster DNS)."""
+    a = m.spec.autoscaling
+    assert a is not None
+    ports = _service_ports(m)
+    listen = ",".join(str(p["port"]) for p in ports)
+    http = {"port": ports[0]["targetPort"], "scheme": "HTTP"}
+    container = {
+        "name": "hold",
+        "image": m.operator_image,
+        "args": [
+            "hold",
+            "--upstream",
+            upstream,
+            "--ports",
+            listen,
+            "--hold-seconds",
+            str(a.hold_seconds),
+            "--max-held",
+            str(a.max_held_requests),
+        ],  # fmt: skip
+        # The Service's target port names, so that it reaches the holder as it reaches a replica.
+        "ports": [{"name": p["targetPort"], "containerPort": p["port"], "protocol": "TCP"} for p in ports],
+        "resources": BATCHER_RESOURCES,
+        "readinessProbe": {"httpGet": {"path": "/readyz", **http}, "periodSeconds": 5},
+        "livenessProbe": {"httpGet": {"path": "/healthz", **http}, "periodSeconds": 10, "failureThreshold": 6},
+        "securityContext": CONTAINER_SECURITY,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(m, m.name + HOLDER_SUFFIX, "holder"),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": holder_selector(m)},
+            "template": {
+                "metadata": {
+                    "labels": labels(m, "holder"),
+                    # Prometheus reads the requests it holds: the model's ScaledObject sums them.
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(ports[0]["port"]),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": {
+                    "automountServiceAccountToken": False,
+                    # Held requests are answered, or end at the hold, before the holder exits.
+                    "terminationGracePeriodSeconds": a.hold_seconds + 10,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": NON_ROOT_UID,
+                        "runAsGroup": NON_ROOT_UID,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },  # fmt: skip
+                    "containers": [container],
+                },
+            },
+        },
     }
 
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import api, children, status
-from .autoscaling import SCALED_OBJECT_KIND, desired_replicas, target_in_flight
+from .autoscaling import SCALED_OBJECT_KIND, desired_replicas, scales_to_zero, target_in_flight
+from .children import Model
 from .drift import applied
 from .model import check_model
 from .names import COMPILE_INPUTS_ANNOTATION, FIELD_MANAGER, MANAGED_BY_LABEL, MODEL_LABEL
@@ -89,6 +90,42 @@ def _changed_compile_inputs(o: Observed, current: str | None, inputs: dict[str, 
     return sorted(k for k in inputs.keys() | before.keys() if inputs.get(k) != before.get(k))
 
 
+def _available(deployment: Mapping[str, Any] | None) -> int:
+    available = Obj(deployment).status.get("availableReplicas", 0)
+    return available if isinstance(available, int) else 0
+
+
+@dataclass(frozen=True)
+class _ScaleToZero:
+    """What a model that scales to zero adds: the replicas Service, the holder, where the
+    model's Service points, and the replicas its Deployment runs now.
+
+    The model's Service points at the replicas while one is available and the model wants
+    one, else at the holder once the holder is available (never at nothing). Going to zero,
+    the Service moves to the holder first, and the last replica stops only once the Service
+    is seen there: a request in between reaches the holder or the draining replica, never a
+    Service without endpoints. Without an available holder the model keeps a replica."""
+
+    service: dict[str, Any]
+    children: list[dict[str, Any]]
+    deployment_replicas: int
+
+    @staticmethod
+    def of(m: Model, o: Observed, replicas: int) -> _ScaleToZero:
+        replicas_service = children.replicas_service(m)
+        upstream = Obj(o.live("Service", Obj(replicas_service).name)).spec.get("clusterIP")
+        # The holder forwards to the replicas Service's address, so it waits for one.
+        holder = [children.holder_deployment(m, upstream)] if isinstance(upstream, str) and upstream else []
+        holder_up = _available(o.live("Deployment", m.name + children.HOLDER_SUFFIX)) > 0
+        warm = replicas > 0 and _available(o.deployment) > 0
+        to_holder = holder_up and not warm
+        at_holder = Obj(o.service).spec.get("selector") == children.holder_selector(m)
+        deployment_replicas = replicas
+        if replicas == 0 and not (to_holder and at_holder):
+            deployment_replicas = max(Obj(o.deployment).spec.get("replicas") or 0, 1)
+        return _ScaleToZero(children.service(m, to_holder), [replicas_service, *holder], deployment_replicas)
+
+
 def decide(o: Observed, now: str) -> Decision:
     model = Obj(o.model)
     if model.deleting:
@@ -121,20 +158,32 @@ def decide(o: Observed, now: str) -> Decision:
     # Autoscaling: the ScaledObject when the operator knows where Prometheus is; the
     # Deployment follows spec.replicas within the range once it exists, else minReplicas.
     scaling = m.spec.autoscaling is not None and bool(o.prometheus.address)
-    scaled_object = children.scaled_object(m, o.prometheus) if scaling else None
+    # A model that scales to zero stays at one replica at least until it has an artefact.
+    has_artefact = compiled.status == "True" or o.deployment is not None
+    scaled_object = children.scaled_object(m, o.prometheus, has_artefact) if scaling else None
     # While the cluster serves no ScaledObjects (KEDA not installed) none is written.
     scaler = scaled_object if o.scaled_objects_served else None
     live_scaler = o.live(SCALED_OBJECT_KIND, name)
     ours = live_scaler is not None and holder_of(live_scaler, uid, name) is None
-    replicas = desired_replicas(m.spec, scaled=scaling and ours)
+    replicas = desired_replicas(m.spec, scaled=scaling and ours, compiled=has_artefact)
+    zero = _ScaleToZero.of(m, o, replicas) if scaling and scales_to_zero(m.spec) else None
+    deployment_replicas = zero.deployment_replicas if zero else replicas
 
-    desired = [children.plan_configmap(m), children.service(m)]
+    desired = [children.plan_configmap(m), zero.service if zero else children.service(m)]
     if job_body is not None:
         desired.append(job_body)
     if compiled.status == "True":
-        desired.append(children.serving_deployment(m, replicas))
+        desired.append(children.serving_deployment(m, deployment_replicas))
     if scaler is not None:
         desired.append(scaler)
+    if zero is not None:
+        desired += zero.children
+    else:
+        # A model that no longer scales to zero: its holder is parked at no replica, not
+        # deleted (the operator may delete no Deployment); its owner's deletion removes it.
+        parked = o.live("Deployment", (name or "") + children.HOLDER_SUFFIX)
+        if parked is not None and holder_of(parked, uid, name) is None and Obj(parked).spec.get("replicas") != 0:
+            desired.append(children.parked_holder(m))
 
     to_apply: list[dict[str, Any]] = []
     conflicts: list[Conflict] = []
@@ -161,12 +210,12 @@ def decide(o: Observed, now: str) -> Decision:
     if m.spec.autoscaling is not None:
         autoscaling = api.AutoscalingStatus(
             min_replicas=m.spec.autoscaling.min_replicas, max_replicas=m.spec.autoscaling.max_replicas,
-            target_in_flight=target_in_flight(m.spec), desired_replicas=replicas,
+            target_in_flight=target_in_flight(m.spec), desired_replicas=deployment_replicas,
             query=Obj(scaled_object).spec["triggers"][0]["metadata"]["query"] if scaled_object else None,
         )  # fmt: skip
 
     basis = ReportBasis(
-        valid=True, message="", compiled=compiled, replicas=replicas, plan_hash=children.plan_hash(m.plan),
+        valid=True, message="", compiled=compiled, replicas=deployment_replicas, plan_hash=children.plan_hash(m.plan),
         conflicts=tuple(conflicts), plan=m.plan, selector=children.selector_string(m), compile_job=job_name,
         compiled_uri=children.compiled_uri(m) if job_body else None,
         scaling_spec=m.spec if m.spec.autoscaling is not None else None, autoscaling=autoscaling,

@@ -645,6 +645,16 @@ AUTOSCALING_TARGET = CrossFieldRule(
     (),
 )
 
+AUTOSCALING_ZERO = CrossFieldRule(
+    "spec.autoscaling.minReplicas",
+    "spec",
+    "0 needs spec.compile.image: a replica that starts from zero must fetch its compiled artefact, not compile the model "
+    "as it starts (tens of minutes for a large model, aws-neuron-sdk#1368); valid values without it are at least 1",
+    "!has(self.autoscaling) || !has(self.autoscaling.minReplicas) || self.autoscaling.minReplicas > 0"
+    " || (has(self.compile) && has(self.compile.image))",
+    (),
+)
+
 CEL_RULES: list[CrossFieldRule] = [
     NAME,
     ONE_REQUEST,
@@ -682,6 +692,7 @@ CEL_RULES: list[CrossFieldRule] = [
     AUTOSCALING_RANGE,
     AUTOSCALING_SIGNAL,
     AUTOSCALING_TARGET,
+    AUTOSCALING_ZERO,
 ]
 
 
@@ -1027,7 +1038,9 @@ def _check_autoscaling(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
         found.append(AUTOSCALING_SIGNAL.finding())
     if vllm and spec.serving.batching is None and a.target_in_flight is None:
         found.append(AUTOSCALING_TARGET.finding())
-    if spec.compile.image is None:
+    if a.min_replicas == 0 and spec.compile.image is None:
+        found.append(AUTOSCALING_ZERO.finding())
+    elif spec.compile.image is None:
         found.append(
             Finding(
                 "spec.autoscaling",

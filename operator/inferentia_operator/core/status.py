@@ -99,6 +99,9 @@ class Observed:
     jobs: list[dict[str, Any]] = field(default_factory=list)
     pods: list[dict[str, Any]] = field(default_factory=list)
     scaled_object: dict[str, Any] | None = None  # the model's KEDA ScaledObject
+    # Deployments and Services of the model other than those named after it: a model that
+    # scales to zero has a holder Deployment and a replicas Service.
+    others: list[dict[str, Any]] = field(default_factory=list)
     # False while the API server lately answered that it serves no ScaledObjects (KEDA is
     # not installed): nothing is written for them until the operator asks again.
     scaled_objects_served: bool = True
@@ -107,10 +110,11 @@ class Observed:
     prometheus: Prometheus = NO_PROMETHEUS
 
     def live(self, kind: str, name: str | None) -> dict[str, Any] | None:
-        if kind == "Deployment":
-            return self.deployment if Obj(self.deployment).name == name else None
-        if kind == "Service":
-            return self.service if Obj(self.service).name == name else None
+        main = {"Deployment": self.deployment, "Service": self.service}
+        if kind in main:
+            if Obj(main[kind]).name == name:
+                return main[kind]
+            return next((o for o in self.others if o.get("kind") == kind and Obj(o).name == name), None)
         if kind == SCALED_OBJECT_KIND:
             return self.scaled_object if Obj(self.scaled_object).name == name else None
         pool = self.configmaps if kind == "ConfigMap" else self.jobs if kind == "Job" else []
@@ -386,6 +390,13 @@ def _progress(
         )
     if compiled.status != "True":
         return cond("Progressing", "True", "Compiling", compiled.message), cond("Ready", "False", "Compiling", compiled.message)
+    if rollout.complete and rollout.desired == 0:
+        # Nothing runs, as asked (spec.replicas 0, or an idle model scaled to zero whose
+        # holder starts a replica for the next request).
+        return (
+            cond("Progressing", "False", "ScaledToZero", "no replica runs"),
+            cond("Ready", "True", "ScaledToZero", "no replica runs; with minReplicas 0, a request starts one"),
+        )
     if rollout.complete:
         return (
             cond("Progressing", "False", "RolloutComplete", f"{rollout.desired} replicas run the current plan"),

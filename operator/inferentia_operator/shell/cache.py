@@ -117,8 +117,11 @@ class Cache:
         def children(kind: str, index: str) -> list[dict[str, Any]]:
             return self._resolve(key, kind, self._cached(index, key))
 
-        deployments = [d for d in children("Deployment", "deployment_index") if Obj(d).name == key[1]]
-        services = [s for s in children("Service", "service_index") if Obj(s).name == key[1]]
+        all_deployments, all_services = children("Deployment", "deployment_index"), children("Service", "service_index")
+        deployments = [d for d in all_deployments if Obj(d).name == key[1]]
+        services = [s for s in all_services if Obj(s).name == key[1]]
+        others = [{**d, "kind": "Deployment"} for d in all_deployments if Obj(d).name != key[1]]
+        others += [{**s, "kind": "Service"} for s in all_services if Obj(s).name != key[1]]
         scalers = [s for s in children(SCALED_OBJECT_KIND, "scaledobject_index") if Obj(s).name == key[1]]
         return Observed(
             model=model,
@@ -128,6 +131,7 @@ class Cache:
             jobs=children("Job", "job_index"),
             pods=self._cached("pod_index", key),
             scaled_object=scalers[0] if scalers else None,
+            others=others,
             scaled_objects_served=self.served(SCALED_OBJECT_KIND),
             operator_image=self.operator_image,
             prometheus=self.prometheus,

@@ -1,0 +1,135 @@
+"""The holder (`inferentia-operator hold`), as its own process: requests that arrive while no
+replica answers are held, counted in the gauge the ScaledObject sums, and forwarded once a
+replica answers; bounded by the hold and the number held, past which they get 503."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from ports import free_port
+from test_batching import stand_in_model_server
+
+
+def _wait_until_up(url: str, proc: subprocess.Popen) -> None:
+    for _ in range(100):
+        assert proc.poll() is None, "the process exited"
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"{url} never answered")
+
+
+class Holder:
+    def __init__(self, hold_seconds: float = 30, max_held: int = 50):
+        self.port, self.upstream = free_port(), free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "inferentia_operator", "hold", "--host", "127.0.0.1", "--upstream", "127.0.0.1",
+             "--ports", f"{self.port}:{self.upstream}", "--hold-seconds", str(hold_seconds), "--max-held", str(max_held)],
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        _wait_until_up(f"http://127.0.0.1:{self.port}/healthz", self.proc)
+        self.model: subprocess.Popen | None = None
+
+    def start_model(self) -> None:
+        self.model = subprocess.Popen(stand_in_model_server(self.upstream), stderr=subprocess.DEVNULL)
+        _wait_until_up(f"http://127.0.0.1:{self.upstream}/healthz", self.model)
+
+    def waiting(self) -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        return float(re.search(r"^inferentia_num_requests_waiting (\S+)$", text, re.M).group(1))
+
+    def post(self, body: object, path: str = "/") -> tuple[int, dict, bytes, float]:
+        started = time.monotonic()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as r:
+                return r.status, dict(r.headers), r.read(), time.monotonic() - started
+        except urllib.error.HTTPError as exc:
+            return exc.code, dict(exc.headers), exc.read(), time.monotonic() - started
+
+    def stop(self) -> str:
+        for p in (self.proc, self.model):
+            if p is not None and p.poll() is None:
+                p.terminate()
+                p.wait(10)
+        return self.proc.stderr.read() if self.proc.stderr else ""
+
+
+@pytest.fixture
+def holder() -> Iterator[Holder]:
+    h = Holder()
+    yield h
+    assert "Traceback" not in h.stop()
+
+
+def test_requests_sent_while_no_replica_answers_are_held_counted_and_answered_once_one_does(holder):
+    answers: list[tuple[int, dict, bytes, float]] = []
+    clients = [threading.Thread(target=lambda i=i: answers.append(holder.post([[i, i]]))) for i in range(3)]
+    for c in clients:
+        c.start()
+    deadline = time.monotonic() + 10
+    while holder.waiting() < 3:
+        assert time.monotonic() < deadline, "the held requests were never counted"
+        time.sleep(0.1)
+    time.sleep(1)
+    assert not answers, "answered with no replica"
+    holder.start_model()
+    for c in clients:
+        c.join(30)
+    assert sorted(a[0] for a in answers) == [200, 200, 200], answers
+    # The stand-in model answers each input with itself: every held request got its own answer.
+    assert sorted(json.loads(a[2]) for a in answers) == [[[i, i]] for i in range(3)]
+    assert holder.waiting() == 0
+
+
+def test_a_warm_replica_is_reached_at_once_and_its_status_passes_through(holder):
+    holder.start_model()
+    status, _, body, took = holder.post([[1, 2]])
+    assert (status, json.loads(body)) == (200, [[1, 2]])
+    assert took < 1
+    status, _, _, _ = holder.post(["not", "a", "batch"], path="/nowhere")
+    assert status == 404  # the model server's own answer, not the holder's
+
+
+def test_a_request_no_replica_answers_within_the_hold_gets_503_and_retry_after():
+    h = Holder(hold_seconds=1)
+    try:
+        status, headers, body, took = h.post([[1]])
+        assert status == 503 and headers["Retry-After"] == "1" and "within 1 s" in json.loads(body)["error"]
+        assert 0.9 < took < 3
+        assert h.waiting() == 0
+    finally:
+        assert "Traceback" not in h.stop()
+
+
+def test_more_requests_than_may_be_held_get_503_at_once():
+    h = Holder(hold_seconds=5, max_held=2)
+    try:
+        answers: list[tuple[int, dict, bytes, float]] = []
+        held = [threading.Thread(target=lambda: answers.append(h.post([[1]]))) for _ in range(2)]
+        for t in held:
+            t.start()
+        while h.waiting() < 2:
+            time.sleep(0.05)
+        status, headers, body, took = h.post([[1]])
+        assert status == 503 and headers["Retry-After"] == "1" and took < 1, body
+        for t in held:
+            t.join(10)
+        assert [a[0] for a in answers] == [503, 503]  # no replica came: each ended at the hold
+    finally:
+        assert "Traceback" not in h.stop()
