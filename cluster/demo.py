@@ -10,11 +10,13 @@ Everything keeps running until `make cluster-down`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -141,7 +143,34 @@ def real_node_request(cluster: localcluster.LocalCluster) -> str:
         f"{name} on the real node (real containers and PyTorch; Neuron stand-ins) answers token ids through its Service:\n"
         f"  $ {command}\n  {answer.stdout}\n  the same network run directly: {direct.stdout}"
     )
-    return f"  {command}   # the real node's model\n"
+    return f"  {command}   # the real node's model\n" + zero_model_request(cluster, store)
+
+
+def zero_model_request(cluster: localcluster.LocalCluster, store: Any) -> str:
+    """A model that sits at zero replicas (cluster/demo-zero.yaml) answers its first request:
+    the holder keeps it while KEDA starts a replica. Returns the command to ask it again."""
+    if not cluster.prometheus():
+        print("no KEDA and Prometheus here: the scale-to-zero model is left out")
+        return ""
+    doc = yaml.safe_load((localcluster.HERE / "demo-zero.yaml").read_text())
+    name, ns = doc["metadata"]["name"], doc["metadata"]["namespace"]
+    with contextlib.suppress(store.exceptions.BucketAlreadyOwnedByYou):
+        store.create_bucket(Bucket=doc["spec"]["model"]["uri"].split("/")[2])
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+    cluster.kubectl("wait", "-n", ns, f"inferentiamodel/{name}", "--for=condition=Ready", "--timeout=300s")
+    idle = doc["spec"]["autoscaling"]["idleSeconds"]
+    print(f"{name} is Ready; after {idle} s without a request it goes to zero replicas ...")
+    reason = "jsonpath={.status.conditions[?(@.type=='Ready')].reason}=ScaledToZero"
+    cluster.kubectl("wait", "-n", ns, f"inferentiamodel/{name}", f"--for={reason}", "--timeout=300s")
+    ip = cluster.kubectl("get", "-n", ns, "service", name, "-o", "jsonpath={.spec.clusterIP}")
+    command = f"curl -s -H 'Content-Type: application/json' -d '{{\"prompt\": \"hello\"}}' http://{ip}:8080/v1/completions"
+    started = time.monotonic()
+    answer = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=360)
+    print(
+        f"{name} at zero replicas answers its first request in {time.monotonic() - started:.0f} s (held by its holder while a"
+        f" replica starts and fetches the compiled artefact):\n  $ {command}\n  {answer.stdout}"
+    )
+    return f"  {command}   # the model that scales to zero (again at zero {idle} s after the last request)\n"
 
 
 if __name__ == "__main__":
