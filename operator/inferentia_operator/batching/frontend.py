@@ -333,11 +333,23 @@ class LimitedSite(web.BaseSite):
         await super().start()
         server = self._runner.server
         assert server is not None
+        loop = asyncio.get_running_loop()
+        # Connections accepted together (a burst in the listen backlog) get their handlers
+        # before any of them is registered in server.connections, which happens in
+        # connection_made, a callback the transport schedules after this factory returns. So
+        # each new handler counts as pending until a callback queued behind its
+        # connection_made has run: without it, a burst passed the cap whole.
+        pending = [0]
+
+        def registered() -> None:
+            pending[0] -= 1
 
         def connection() -> asyncio.BaseProtocol:
-            if len(server.connections) >= self._limit:
+            if len(server.connections) + pending[0] >= self._limit:
                 self._refused()
                 return _Refused()
+            pending[0] += 1
+            loop.call_soon(loop.call_soon, registered)
             return server()
 
         self._server = await asyncio.get_running_loop().create_server(connection, self._host, self._port, reuse_address=True)
