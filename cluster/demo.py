@@ -162,6 +162,11 @@ def zero_model_request(cluster: localcluster.LocalCluster, store: Any) -> str:
     print(f"{name} is Ready; after {idle} s without a request it goes to zero replicas ...")
     reason = "jsonpath={.status.conditions[?(@.type=='Ready')].reason}=ScaledToZero"
     cluster.kubectl("wait", "-n", ns, f"inferentiamodel/{name}", f"--for={reason}", "--timeout=300s")
+    # At zero once its last replica, which drains after the scale-down, is gone too.
+    serving = f"inferentia.dev/model={name},app.kubernetes.io/component=serving"
+    deadline = time.monotonic() + 120
+    while cluster.kubectl("get", "pods", "-n", ns, "-l", serving, "-o", "name").strip() and time.monotonic() < deadline:
+        time.sleep(1)
     ip = cluster.kubectl("get", "-n", ns, "service", name, "-o", "jsonpath={.spec.clusterIP}")
     command = f"curl -s -H 'Content-Type: application/json' -d '{{\"prompt\": \"hello\"}}' http://{ip}:8080/v1/completions"
     started = time.monotonic()

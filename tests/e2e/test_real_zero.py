@@ -93,7 +93,9 @@ def test_a_model_at_zero_holds_its_first_request_answers_it_and_goes_back_to_zer
     def at_zero() -> bool:
         m = model()
         ready = condition(m, "Ready")
-        return m["spec"].get("replicas") == 0 and ready.get("reason") == "ScaledToZero" and not serving_pods(cluster, ns, "zero")
+        # No serving pod at all, not even one still draining after the scale-down.
+        pods = cluster.get("pods", "-n", ns, "-l", "inferentia.dev/model=zero,app.kubernetes.io/component=serving")["items"]
+        return m["spec"].get("replicas") == 0 and ready.get("reason") == "ScaledToZero" and not pods
 
     try:
         wait_ready(cluster, ns, "zero", timeout=240)
