@@ -18,17 +18,7 @@ import pytest
 
 from ports import free_port
 from test_batching import stand_in_model_server
-
-
-def _wait_until_up(url: str, proc: subprocess.Popen) -> None:
-    for _ in range(100):
-        assert proc.poll() is None, "the process exited"
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError(f"{url} never answered")
+from test_frontend_limits import _wait_for
 
 
 class Holder:
@@ -39,12 +29,12 @@ class Holder:
              "--ports", f"{self.port}:{self.upstream}", "--hold-seconds", str(hold_seconds), "--max-held", str(max_held)],
             stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        _wait_until_up(f"http://127.0.0.1:{self.port}/healthz", self.proc)
+        _wait_for(f"http://127.0.0.1:{self.port}/healthz", self.proc)
         self.model: subprocess.Popen | None = None
 
     def start_model(self) -> None:
         self.model = subprocess.Popen(stand_in_model_server(self.upstream), stderr=subprocess.DEVNULL)
-        _wait_until_up(f"http://127.0.0.1:{self.upstream}/healthz", self.model)
+        _wait_for(f"http://127.0.0.1:{self.upstream}/healthz", self.model)
 
     def waiting(self) -> float:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:

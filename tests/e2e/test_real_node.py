@@ -209,12 +209,8 @@ def object_store(cluster, namespace: str) -> str:
     return bucket
 
 
-def test_a_compile_job_writes_the_artefact_the_serving_pods_fetch_and_load(real_node, real_namespace):
-    """Defect: NEURON_COMPILED_ARTIFACTS was the s3:// URI, which vLLM's loader reads as a
-    local directory, and nothing downloaded it. Now the compile Job (the compiler stand-in)
-    uploads to the object store, an init container fetches it, and the server loads it
-    with cache misses fatal, on as many cores as the artefact's tensor-parallel degree."""
-    bucket = object_store(real_node, real_namespace)
+def compiled_vllm_spec(bucket: str, **overrides) -> dict:
+    """The vLLM preset on the stand-ins, compiled by its compile Job into ``bucket``."""
     spec = standin_spec(
         **{
             "model.uri": f"s3://{bucket}/llama/",
@@ -224,10 +220,20 @@ def test_a_compile_job_writes_the_artefact_the_serving_pods_fetch_and_load(real_
             "compile.cpu": "200m",
             "compile.memory": "512Mi",
             "serving.runtime": "vllm",
+            **overrides,
         }
     )
     spec["serving"].pop("args")
-    apply(real_node, real_namespace, "compiled", spec)
+    return spec
+
+
+def test_a_compile_job_writes_the_artefact_the_serving_pods_fetch_and_load(real_node, real_namespace):
+    """Defect: NEURON_COMPILED_ARTIFACTS was the s3:// URI, which vLLM's loader reads as a
+    local directory, and nothing downloaded it. Now the compile Job (the compiler stand-in)
+    uploads to the object store, an init container fetches it, and the server loads it
+    with cache misses fatal, on as many cores as the artefact's tensor-parallel degree."""
+    bucket = object_store(real_node, real_namespace)
+    apply(real_node, real_namespace, "compiled", compiled_vllm_spec(bucket))
     wait_ready(real_node, real_namespace, "compiled", timeout=200)
     status = real_node.get("inferentiamodel", "compiled", "-n", real_namespace)["status"]
     prefix = status["compiledUri"].removeprefix(f"s3://{bucket}/")

@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 from kit import wait_for
-from test_real_node import apply, granted_cores, object_store, process_envs, serving_pods, standin_spec, wait_ready, why_not_ready
+from test_real_node import apply, compiled_vllm_spec, granted_cores, object_store, process_envs, serving_pods, wait_ready, why_not_ready
 from test_real_scaling import cores
 
 pytestmark = pytest.mark.usefixtures("operator")
@@ -22,28 +22,17 @@ IDLE_SECONDS = 10
 
 
 def zero_spec(bucket: str) -> dict:
-    spec = standin_spec(
-        **{
-            "model.uri": f"s3://{bucket}/llama/",
-            "compile.image": "neuron-compile-standin:0.1.0",
-            "compile.storageSecret": "store",
-            "compile.cpu": "200m",
-            "compile.memory": "512Mi",
-            "serving.runtime": "vllm",
-            "autoscaling": {
-                "minReplicas": 0,
-                "maxReplicas": 1,
-                "targetInFlight": 1,
-                "windowSeconds": 0,
-                "scaleUpStabilizationSeconds": 0,
-                "scaleDownStabilizationSeconds": 0,
-                "idleSeconds": IDLE_SECONDS,
-                "holdSeconds": 240,
-            },
-        }
-    )
-    spec["serving"].pop("args")
-    return spec
+    autoscaling = {
+        "minReplicas": 0,
+        "maxReplicas": 1,
+        "targetInFlight": 1,
+        "windowSeconds": 0,
+        "scaleUpStabilizationSeconds": 0,
+        "scaleDownStabilizationSeconds": 0,
+        "idleSeconds": IDLE_SECONDS,
+        "holdSeconds": 240,
+    }
+    return compiled_vllm_spec(bucket, autoscaling=autoscaling)
 
 
 def ask(url: str, prompt: str) -> str:

@@ -24,7 +24,7 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -387,17 +387,22 @@ def serve(
     limits: Limits = DEFAULT_LIMITS,
     host: str = "0.0.0.0",
 ) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     front = FrontEnd(backends, max_batch, max_latency, buckets, limits=limits)
+    until_signalled(lambda stop: run(front, host, port, stop))
 
-    async def until_signalled() -> None:
-        # SIGTERM (the kubelet stopping the pod) lets requests in flight finish, as web.run_app did.
+
+def until_signalled(serve: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """Runs ``serve`` until SIGTERM or SIGINT sets its stop event. SIGTERM (the kubelet
+    stopping the pod) lets requests in flight finish, as web.run_app did."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def main() -> None:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        await run(front, host, port, stop)
+        await serve(stop)
 
-    asyncio.run(until_signalled())
+    asyncio.run(main())
 
 
 async def _healthy(_request: web.Request) -> web.Response:

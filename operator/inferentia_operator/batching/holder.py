@@ -19,14 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import time
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from .frontend import LimitedSite, _healthy, _MalformedRequests
+from .frontend import LimitedSite, _healthy, _MalformedRequests, until_signalled
 from .limits import DEFAULT_LIMITS, Limits
 
 log = logging.getLogger(__name__)
@@ -204,13 +203,5 @@ def serve(
     limits: Limits = DEFAULT_LIMITS,
     host: str = "0.0.0.0",
 ) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     holder = Holder(upstream_host, hold_seconds, max_held, limits)
-
-    async def until_signalled() -> None:
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        await run(holder, host, ports, stop)
-
-    asyncio.run(until_signalled())
+    until_signalled(lambda stop: run(holder, host, ports, stop))
