@@ -132,7 +132,12 @@ def rendered_objects(
 
 
 class _ReviewDumper(yaml.SafeDumper):
-    """Multi-line strings (plan.json, env files, launch.sh) as literal blocks, readable in a diff."""
+    """Multi-line strings (plan.json, env files, launch.sh) as literal blocks, readable in a diff;
+    a value the builders share between fields (a probe's httpGet) printed in full each time,
+    never as a YAML anchor and alias, which a reviewer would have to resolve by hand."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 _ReviewDumper.add_representer(
@@ -144,7 +149,7 @@ _ReviewDumper.add_representer(
 def cmd_render(args: argparse.Namespace) -> int:
     loaded = _load(args.paths)
     objects = []
-    prometheus = Prometheus(args.prometheus_address, args.prometheus_namespace_label, args.prometheus_model_label)
+    prometheus = prometheus_settings(args)
     for doc in loaded.models:
         if doc.valid:
             objects += rendered_objects(doc, args.operator_image, prometheus)
@@ -234,6 +239,11 @@ def _prometheus_arguments(p: argparse.ArgumentParser) -> None:
         "--prometheus-model-label", default=d.model_label,
         help="the label Prometheus gives a pod's inferentia.dev/model label",
     )  # fmt: skip
+
+
+def prometheus_settings(args: argparse.Namespace) -> Prometheus:
+    """The settings _prometheus_arguments adds, as the operator and render use them."""
+    return Prometheus(args.prometheus_address, args.prometheus_namespace_label, args.prometheus_model_label)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -57,6 +57,17 @@ class Cluster:
         return sorted(int(n["status"].get("allocatable", {}).get(resource, 0)) for n in nodes)
 
 
+def condition(body: dict, type_: str) -> dict:
+    """A model's condition of that type, or {}."""
+    return next((c for c in (body.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
+
+
+def ready_now(model: dict) -> bool:
+    """Ready for the spec as it is now: a status written before the last apply does not count."""
+    ready = condition(model, "Ready")
+    return ready.get("status") == "True" and ready.get("observedGeneration") == model["metadata"]["generation"]
+
+
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
     """Polls predicate until it returns a truthy value, which is returned."""
     deadline = time.monotonic() + timeout

@@ -8,15 +8,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from kit import Cluster, OperatorProcess, bind_user_to_operator_role, localcluster, wait_for
+from kit import Cluster, OperatorProcess, bind_user_to_operator_role, condition, localcluster, wait_for
 
 from specs import make_model, make_spec
 
 PROMETHEUS = "http://prometheus.monitoring.svc:9090"
-
-
-def condition(model: dict, type_: str) -> dict:
-    return next((c for c in model.get("status", {}).get("conditions") or [] if c["type"] == type_), {})
 
 
 @pytest.fixture(scope="module")

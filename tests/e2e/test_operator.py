@@ -8,7 +8,7 @@ import time
 
 import pytest
 import yaml
-from kit import OperatorProcess, bind_user_to_namespaced_roles, bind_user_to_operator_role, wait_for
+from kit import OperatorProcess, bind_user_to_namespaced_roles, bind_user_to_operator_role, condition, wait_for
 
 from conftest import OPERATOR_USER
 from inferentia_operator.core import children
@@ -29,10 +29,6 @@ def apply_model(cluster, namespace, name, **overrides) -> dict:
 
 def get_model(cluster, namespace, name) -> dict:
     return cluster.get("inferentiamodel", name, "-n", namespace)
-
-
-def condition(body, type_) -> dict:
-    return next((c for c in (body.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
 
 
 def wait_ready(cluster, namespace, name, timeout=90):

@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from kit import wait_for
+from kit import condition, ready_now, wait_for
 from test_real_node import apply, serving_pods, standin_spec, wait_ready, why_not_ready
 from test_real_scaling import Load
 
@@ -36,10 +36,6 @@ def documented_autoscaling() -> dict:
     doc = (Path(__file__).resolve().parents[2] / "docs" / "autoscaling.md").read_text()
     block = re.findall(r"```yaml\n(.*?)```", doc, flags=re.S)[0]
     return yaml.safe_load(block)["spec"]["autoscaling"]
-
-
-def condition(model: dict, type_: str) -> dict:
-    return next((c for c in model.get("status", {}).get("conditions") or [] if c["type"] == type_), {})
 
 
 def test_keda_scales_a_model_to_three_under_load_and_back_to_one_losing_nothing(real_node, real_namespace):
@@ -92,12 +88,9 @@ def test_keda_scales_a_model_to_three_under_load_and_back_to_one_losing_nothing(
 
         def rolled() -> bool:
             model = cluster.get("inferentiamodel", "auto", "-n", ns)
-            ready = next((c for c in model["status"].get("conditions") or [] if c["type"] == "Ready"), {})
             seen = model["status"].get("observedGeneration", 0) >= model["metadata"]["generation"]
             at_three = model["spec"]["replicas"] == 3 and model["status"].get("readyReplicas") == 3
-            return (
-                seen and at_three and ready.get("status") == "True" and ready.get("observedGeneration") == model["metadata"]["generation"]
-            )
+            return seen and at_three and ready_now(model)
 
         try:
             wait_for(rolled, 300, "the update to roll out over 3 replicas")

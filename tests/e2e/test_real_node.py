@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kit import wait_for
+from kit import ready_now, wait_for
 
 from specs import DROP, make_model, make_spec
 
@@ -55,15 +55,8 @@ def why_not_ready(cluster, namespace: str, name: str) -> str:
 
 
 def wait_ready(cluster, namespace: str, name: str, timeout: float = 150) -> None:
-    def ready() -> bool:
-        # Ready for the spec as it is now: a status written before the last apply does not count.
-        model = cluster.get("inferentiamodel", name, "-n", namespace)
-        conditions = model.get("status", {}).get("conditions") or []
-        generation = model["metadata"]["generation"]
-        return any(c["type"] == "Ready" and c["status"] == "True" and c.get("observedGeneration") == generation for c in conditions)
-
     try:
-        wait_for(ready, timeout, f"{name} Ready", interval=1)
+        wait_for(lambda: ready_now(cluster.get("inferentiamodel", name, "-n", namespace)), timeout, f"{name} Ready", interval=1)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{why_not_ready(cluster, namespace, name)}") from None
 

@@ -12,7 +12,7 @@ import time
 import urllib.request
 
 import pytest
-from kit import wait_for
+from kit import condition, wait_for
 from test_real_node import apply, compiled_vllm_spec, granted_cores, object_store, process_envs, serving_pods, wait_ready, why_not_ready
 from test_real_scaling import cores
 
@@ -65,10 +65,6 @@ def phases(pod: dict, sent: float, answered: float) -> str:
         out.append(f"{name} {max(t - last, 0):.0f} s")
         last = max(t, last)
     return f"{answered - sent:.1f} s: " + ", ".join(out)
-
-
-def condition(model: dict, type_: str) -> dict:
-    return next((c for c in model.get("status", {}).get("conditions") or [] if c["type"] == type_), {})
 
 
 def test_a_model_at_zero_holds_its_first_request_answers_it_and_goes_back_to_zero(real_node, real_namespace):

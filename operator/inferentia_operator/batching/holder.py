@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 
 import aiohttp
 from aiohttp import web
@@ -40,6 +41,11 @@ HOP_BY_HOP = {
 PROBE_SECONDS = 0.2
 # A connection to the upstream Service: immediate when a replica is behind it.
 CONNECT_SECONDS = 1.0
+
+
+def _end_to_end(headers: Mapping[str, str]) -> dict[str, str]:
+    """The headers that travel on: hop-by-hop ones stay behind."""
+    return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
 
 
 class Metrics:
@@ -110,18 +116,32 @@ class Holder:
         if self._held_bytes + len(body) > self.limits.body_budget:
             # Held bodies stay in memory until a replica answers: the budget bounds them.
             return self._refuse(503, "the bodies held already fill the holder's budget; retry later")
+        started = time.monotonic()
+        upstream = await self._held_until_sent(request, body, started)
+        if isinstance(upstream, web.Response):
+            return upstream
+        self.metrics.held.observe(time.monotonic() - started)
+        async with upstream:
+            answer = web.StreamResponse(status=upstream.status, headers=_end_to_end(upstream.headers))
+            await answer.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await answer.write(chunk)
+            await answer.write_eof()
+            return answer
+
+    async def _held_until_sent(self, request: web.Request, body: bytes, started: float) -> aiohttp.ClientResponse | web.Response:
+        """Sends the request upstream once a replica accepts it: its answer, or the refusal
+        when none did within the hold. Counted as held (and its body as held bytes) meanwhile."""
         port = request.app["upstream_port"]
         url = f"http://{self.upstream_host}:{port}{request.rel_url}"
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        started = time.monotonic()
         self._waiting += 1
         self._held_bytes += len(body)
-        held = True
         try:
             while True:
                 try:
-                    upstream = await self._client().request(request.method, url, data=body, headers=headers, allow_redirects=False)
-                    break
+                    return await self._client().request(
+                        request.method, url, data=body, headers=_end_to_end(request.headers), allow_redirects=False
+                    )
                 except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
                     # No replica behind the upstream Service yet: the connection was refused (or,
                     # where a Service without endpoints drops packets, never made), so the request
@@ -134,24 +154,9 @@ class Holder:
                     # Sent, and the replica failed it (it went away mid-request): not retried,
                     # since the request may have been received.
                     return self._refuse(502, f"the replica did not answer: {type(exc).__name__}")
+        finally:
             self._waiting -= 1
             self._held_bytes -= len(body)
-            held = False
-            self.metrics.held.observe(time.monotonic() - started)
-            async with upstream:
-                answer = web.StreamResponse(
-                    status=upstream.status,
-                    headers={k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP},
-                )
-                await answer.prepare(request)
-                async for chunk in upstream.content.iter_any():
-                    await answer.write(chunk)
-                await answer.write_eof()
-                return answer
-        finally:
-            if held:
-                self._waiting -= 1
-                self._held_bytes -= len(body)
 
     async def _upstream_answers(self, port: int, within: float) -> None:
         """Waits (at most ``within`` seconds) until the upstream port accepts a connection.

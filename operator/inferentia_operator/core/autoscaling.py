@@ -57,11 +57,11 @@ def scales_to_zero(spec: api.InferentiaModelSpec) -> bool:
     return spec.autoscaling is not None and spec.autoscaling.min_replicas == 0
 
 
-def lowest(spec: api.InferentiaModelSpec, compiled: bool = True) -> int:
+def lowest(spec: api.InferentiaModelSpec, has_artefact: bool = True) -> int:
     """The fewest replicas the autoscaler may set: minReplicas, but 1 for a model that scales
     to zero until its first compile completed (a start from zero must find an artefact)."""
     assert spec.autoscaling is not None
-    return spec.autoscaling.min_replicas if spec.autoscaling.min_replicas > 0 or compiled else 1
+    return spec.autoscaling.min_replicas if spec.autoscaling.min_replicas > 0 or has_artefact else 1
 
 
 def target_in_flight(spec: api.InferentiaModelSpec) -> int:
@@ -95,7 +95,7 @@ def in_flight_query(spec: api.InferentiaModelSpec, namespace: str, name: str, pr
 
 
 def scaled_object(
-    spec: api.InferentiaModelSpec, namespace: str, name: str, metadata: dict[str, Any], prometheus: Prometheus, compiled: bool = True
+    spec: api.InferentiaModelSpec, namespace: str, name: str, metadata: dict[str, Any], prometheus: Prometheus, has_artefact: bool = True
 ) -> dict[str, Any]:
     """The ScaledObject (https://keda.sh/docs/latest/reference/scaledobject-spec/) with one
     Prometheus trigger (https://keda.sh/docs/latest/scalers/prometheus/). ``metadata``:
@@ -112,7 +112,7 @@ def scaled_object(
         "spec": {
             "scaleTargetRef": {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": name},
             **zero,
-            "minReplicaCount": lowest(spec, compiled),
+            "minReplicaCount": lowest(spec, has_artefact),
             "maxReplicaCount": a.max_replicas,
             "advanced": {
                 "horizontalPodAutoscalerConfig": {
@@ -138,7 +138,7 @@ def scaled_object(
     }
 
 
-def desired_replicas(spec: api.InferentiaModelSpec, scaled: bool, compiled: bool = True) -> int:
+def desired_replicas(spec: api.InferentiaModelSpec, scaled: bool, has_artefact: bool = True) -> int:
     """The Deployment's replicas: spec.replicas, within the range while something scales the
     model (its ScaledObject exists), else minReplicas, and at least 1, since nothing would
     start it from zero: never silently a fixed count."""
@@ -147,7 +147,7 @@ def desired_replicas(spec: api.InferentiaModelSpec, scaled: bool, compiled: bool
         return spec.replicas
     if not scaled:
         return max(a.min_replicas, 1)
-    return min(max(spec.replicas, lowest(spec, compiled)), a.max_replicas)
+    return min(max(spec.replicas, lowest(spec, has_artefact)), a.max_replicas)
 
 
 @dataclass(frozen=True)

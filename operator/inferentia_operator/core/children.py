@@ -241,12 +241,13 @@ def pod_security(m: Model) -> dict[str, Any]:
     """The pod-level securityContext: restricted by default, root only when the spec asks."""
     if m.spec.run_as_root:
         return {"runAsNonRoot": False, "runAsUser": 0, "seccompProfile": {"type": "RuntimeDefault"}}
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": NON_ROOT_UID,
-        "runAsGroup": NON_ROOT_UID,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
+    return non_root_pod_security()
+
+
+def non_root_pod_security() -> dict[str, Any]:
+    """Restricted: user 65532, no root, the runtime's default seccomp profile (a new dict each
+    call, so that no two objects share one and YAML never prints an alias)."""
+    return {"runAsNonRoot": True, "runAsUser": NON_ROOT_UID, "runAsGroup": NON_ROOT_UID, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True}
@@ -578,6 +579,16 @@ def _pre_stop_sleep(seconds: int) -> dict[str, Any]:
     return {"preStop": {"sleep": {"seconds": seconds}}}
 
 
+def _own_server_probes(port: str) -> dict[str, Any]:
+    """The probes of a server of the operator's own (the batching front end, the holder):
+    /readyz and /healthz on the named port."""
+    http = {"port": port, "scheme": "HTTP"}
+    return {
+        "readinessProbe": {"httpGet": {"path": "/readyz", **http}, "periodSeconds": 5},
+        "livenessProbe": {"httpGet": {"path": "/healthz", **http}, "periodSeconds": 10, "failureThreshold": 6},
+    }
+
+
 def batcher_container(m: Model) -> dict[str, Any]:
     front, batching = m.plan.front_end, m.spec.serving.batching
     assert front is not None and batching is not None
@@ -588,7 +599,6 @@ def batcher_container(m: Model) -> dict[str, Any]:
     ]  # fmt: skip
     if m.plan.buckets:
         args += ["--buckets", json.dumps(m.plan.buckets)]
-    http = {"port": "batch", "scheme": "HTTP"}
     return {
         "name": "batcher",
         "image": batching.image or m.operator_image,
@@ -596,8 +606,7 @@ def batcher_container(m: Model) -> dict[str, Any]:
         "ports": [{"name": "batch", "containerPort": front.port, "protocol": "TCP"}],
         "resources": BATCHER_RESOURCES,
         # Ready only when every model process answers: the pod's readiness is the front end's.
-        "readinessProbe": {"httpGet": {"path": "/readyz", **http}, "periodSeconds": 5},
-        "livenessProbe": {"httpGet": {"path": "/healthz", **http}, "periodSeconds": 10, "failureThreshold": 6},
+        **_own_server_probes("batch"),
         "securityContext": CONTAINER_SECURITY,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         # Serve through the drain; then SIGTERM: stop listening, answer what it holds, exit.
@@ -616,6 +625,10 @@ def scrape_annotations(m: Model) -> dict[str, str]:
         port = process_base_port(m)
     else:
         return {}
+    return _scraped_at(port)
+
+
+def _scraped_at(port: int) -> dict[str, str]:
     return {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}
 
 
@@ -740,11 +753,14 @@ def _service_ports(m: Model) -> list[dict[str, Any]]:
 def service(m: Model, to_holder: bool = False) -> dict[str, Any]:
     """The model's Service: its serving pods, or, while a model that scales to zero has no
     replica that answers, its holder (the same port names, so clients see no change)."""
-    target = holder_selector(m) if to_holder else selector(m)
+    return _service(m, m.name, holder_selector(m) if to_holder else selector(m))
+
+
+def _service(m: Model, name: str, target: dict[str, str]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(m, m.name, "serving"),
+        "metadata": _metadata(m, name, "serving"),
         "spec": {"selector": target, "ports": _service_ports(m)},
     }
 
@@ -760,12 +776,7 @@ def holder_selector(m: Model) -> dict[str, str]:
 
 def replicas_service(m: Model) -> dict[str, Any]:
     """The serving pods alone, whatever the model's Service points at: what the holder forwards to."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _metadata(m, m.name + REPLICAS_SUFFIX, "serving"),
-        "spec": {"selector": selector(m), "ports": _service_ports(m)},
-    }
+    return _service(m, m.name + REPLICAS_SUFFIX, selector(m))
 
 
 def parked_holder(m: Model) -> dict[str, Any]:
@@ -787,7 +798,6 @@ def holder_deployment(m: Model, upstream: str) -> dict[str, Any]:
     assert a is not None
     ports = _service_ports(m)
     listen = ",".join(str(p["port"]) for p in ports)
-    http = {"port": ports[0]["targetPort"], "scheme": "HTTP"}
     container = {
         "name": "hold",
         "image": m.operator_image,
@@ -805,8 +815,7 @@ def holder_deployment(m: Model, upstream: str) -> dict[str, Any]:
         # The Service's target port names, so that it reaches the holder as it reaches a replica.
         "ports": [{"name": p["targetPort"], "containerPort": p["port"], "protocol": "TCP"} for p in ports],
         "resources": BATCHER_RESOURCES,
-        "readinessProbe": {"httpGet": {"path": "/readyz", **http}, "periodSeconds": 5},
-        "livenessProbe": {"httpGet": {"path": "/healthz", **http}, "periodSeconds": 10, "failureThreshold": 6},
+        **_own_server_probes(ports[0]["targetPort"]),
         "securityContext": CONTAINER_SECURITY,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
@@ -821,22 +830,14 @@ def holder_deployment(m: Model, upstream: str) -> dict[str, Any]:
                 "metadata": {
                     "labels": labels(m, "holder"),
                     # Prometheus reads the requests it holds: the model's ScaledObject sums them.
-                    "annotations": {
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(ports[0]["port"]),
-                        "prometheus.io/path": "/metrics",
-                    },
+                    "annotations": _scraped_at(ports[0]["port"]),
                 },
                 "spec": {
                     "automountServiceAccountToken": False,
                     # Held requests are answered, or end at the hold, before the holder exits.
                     "terminationGracePeriodSeconds": a.hold_seconds + 10,
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": NON_ROOT_UID,
-                        "runAsGroup": NON_ROOT_UID,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },  # fmt: skip
+                    # The operator's own image: non-root whatever the model's runAsRoot says.
+                    "securityContext": non_root_pod_security(),
                     "containers": [container],
                 },
             },

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import api, children, status
-from .autoscaling import SCALED_OBJECT_KIND, desired_replicas, scales_to_zero, target_in_flight
+from .autoscaling import SCALED_OBJECT_KIND, desired_replicas, in_flight_query, scales_to_zero, target_in_flight
 from .children import Model
 from .drift import applied
 from .model import check_model
@@ -165,7 +165,7 @@ def decide(o: Observed, now: str) -> Decision:
     scaler = scaled_object if o.scaled_objects_served else None
     live_scaler = o.live(SCALED_OBJECT_KIND, name)
     ours = live_scaler is not None and holder_of(live_scaler, uid, name) is None
-    replicas = desired_replicas(m.spec, scaled=scaling and ours, compiled=has_artefact)
+    replicas = desired_replicas(m.spec, scaled=scaling and ours, has_artefact=has_artefact)
     zero = _ScaleToZero.of(m, o, replicas) if scaling and scales_to_zero(m.spec) else None
     deployment_replicas = zero.deployment_replicas if zero else replicas
 
@@ -211,7 +211,7 @@ def decide(o: Observed, now: str) -> Decision:
         autoscaling = api.AutoscalingStatus(
             min_replicas=m.spec.autoscaling.min_replicas, max_replicas=m.spec.autoscaling.max_replicas,
             target_in_flight=target_in_flight(m.spec), desired_replicas=deployment_replicas,
-            query=Obj(scaled_object).spec["triggers"][0]["metadata"]["query"] if scaled_object else None,
+            query=in_flight_query(m.spec, namespace or "", name or "", o.prometheus) if scaling else None,
         )  # fmt: skip
 
     basis = ReportBasis(

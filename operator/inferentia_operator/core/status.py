@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from . import api
 from .autoscaling import NO_PROMETHEUS, NOT_SERVED, SCALED_OBJECT_KIND, Engine, Prometheus
@@ -544,6 +544,14 @@ class ReportBasis:
     autoscaling: api.AutoscalingStatus | None = None
 
 
+_Found = TypeVar("_Found", Conflict, WriteFailure)
+
+
+def _split_scaling(found: Sequence[_Found]) -> tuple[list[_Found], list[_Found]]:
+    """What concerns the ScaledObject, and the rest."""
+    return [f for f in found if f.kind == SCALED_OBJECT_KIND], [f for f in found if f.kind != SCALED_OBJECT_KIND]
+
+
 def report(o: Observed, at: str, basis: ReportBasis, failures: Sequence[WriteFailure] = (), conflicts: Sequence[Conflict] = ()) -> Report:
     """The status of ``o`` and the events its transitions call for, from a decision's
     ``basis``; ``failures`` and ``conflicts``: what writing found, when there were writes."""
@@ -553,13 +561,11 @@ def report(o: Observed, at: str, basis: ReportBasis, failures: Sequence[WriteFai
     found = list(dict.fromkeys([*basis.conflicts, *conflicts]))
     # What autoscaling meets is reported in its own condition: the model serves at
     # minReplicas meanwhile, so it never holds back Ready.
-    scaling_found = [c for c in found if c.kind == SCALED_OBJECT_KIND]
-    scaling_failures = [f for f in failures if f.kind == SCALED_OBJECT_KIND]
+    scaling_found, other_found = _split_scaling(found)
+    scaling_failures, other_failures = _split_scaling(failures)
     new = conditions(
         valid=basis.valid, invalid_message=basis.message, compiled=basis.compiled, rollout=rollout, pods=o.serving_pods,
-        blocked=blocked_by(
-            [c for c in found if c not in scaling_found], [f for f in failures if f.kind != SCALED_OBJECT_KIND]
-        ),
+        blocked=blocked_by(other_found, other_failures),
     )  # fmt: skip
     if basis.scaling_spec is not None:
         refused = (scaling_failures[0].code, scaling_failures[0].message) if scaling_failures else None

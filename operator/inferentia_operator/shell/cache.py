@@ -85,7 +85,7 @@ class Cache:
 
     def _cached(self, index: str, key: Key) -> list[dict[str, Any]]:
         assert self.indexes is not None
-        store = self.indexes.get(index)  # kopf hands every index it registered, watched or not
+        store = self.indexes.get(index)  # none for a kind the cluster does not serve, if kopf leaves it out
         return [packed.unpack() for packed in store.get(key, ())] if store is not None else []
 
     def _resolve(self, key: Key, kind: str, cached: list[dict[str, Any]]) -> list[dict[str, Any]]:

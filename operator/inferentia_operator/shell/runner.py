@@ -11,7 +11,7 @@ from typing import Any
 
 import kopf
 
-from inferentia_operator.core.autoscaling import Prometheus
+from inferentia_operator.cli import prometheus_settings
 from inferentia_operator.core.objects import Obj
 
 from . import metrics, wiring
@@ -102,8 +102,9 @@ def run(args: argparse.Namespace) -> int:
             return False  # cannot tell: standing by is the safe side
         return not peering_paused(bodies, args.priority, datetime.datetime.now(datetime.UTC))
 
-    prometheus = Prometheus(args.prometheus_address, args.prometheus_namespace_label, args.prometheus_model_label)
-    reconciler = Reconciler(kube, args.workers, args.resync_seconds, active, operator_image=args.operator_image, prometheus=prometheus)
+    reconciler = Reconciler(
+        kube, args.workers, args.resync_seconds, active, operator_image=args.operator_image, prometheus=prometheus_settings(args)
+    )
     wiring.register(registry, reconciler)
     if args.metrics_port:
         metrics.serve(args.metrics_port)
