@@ -10,11 +10,21 @@ and Prometheus, as in docs/autoscaling.md). The model is the Neuron stand-in beh
 batching front end: 2 processes, batches of 2, 0.5 s a batch, so one replica answers about
 8 requests a second.
 
-Printed, one row per way: replica-seconds (serving pods that existed, summed each second:
-the cost) and its ratio to fixed-at-peak, p50 and p99 latency of the answered requests,
-requests answered, 503 sheds (the front end refuses what it cannot answer within its
-budget), other failures, and for autoscaling the seconds from the start of the ramp until
-the peak's replicas were ready.
+Printed, one row per way: replica-seconds (serving pods that existed, draining ones
+included, summed each second: the cost) and its ratio to fixed-at-peak, p50 and p99 latency
+of the answered requests, requests answered, 503 sheds (the front end refuses what it cannot
+answer within its budget), other failures, and for autoscaling the seconds from the start of
+the ramp until the peak's replicas were ready.
+
+Then scale to zero, on a sparse profile: one request every --zero-gap seconds, sent at the
+same moment to two vLLM-preset models compiled into the local object store
+(cluster/demo-zero.yaml): one with autoscaling.minReplicas 0, which goes to zero after its
+idle period, and one that never goes below one replica. Printed, one row each: replica-seconds
+and their ratio, how many requests arrived while the model was at zero, and the time from
+sending a request to its answer (p50, max). Last, the warm path: with the model at one
+replica, the same requests straight to its replicas, through its Service (which points at
+the replicas once they are ready), and through the holder pod, each one's p50 and p99 and
+the p50 added against straight to the replicas.
 """
 
 from __future__ import annotations
@@ -37,9 +47,12 @@ import yaml
 import localcluster
 import realnode
 from images import STANDIN_IMAGE
+from samples import store_secret
 
 PEAK_REPLICAS = 3
 NAMESPACE = "bench-autoscaling"
+MODEL = "inferentia.dev/model"
+SERVING = "app.kubernetes.io/component=serving"
 # Seconds of each phase, and its request rate as a fraction of the peak (from, to).
 PROFILE = [("idle", 30, 0.05, 0.05), ("ramp", 45, 0.05, 1.0), ("plateau", 45, 1.0, 1.0), ("burst", 15, 1.5, 1.5), ("idle", 90, 0.05, 0.05)]
 AUTOSCALING = {
@@ -77,27 +90,43 @@ def rate_at(t: float, peak: float) -> float:
 
 
 class Sampler(threading.Thread):
-    """The model's serving pods and ready replicas, once a second."""
+    """Each model's serving pods (draining ones too: they hold their devices until gone) and
+    ready ones, once a second: ``samples[model]`` is a list of (time, pods, ready)."""
 
-    def __init__(self, cluster: localcluster.LocalCluster, name: str):
+    def __init__(self, cluster: localcluster.LocalCluster):
         super().__init__(daemon=True)
-        self.cluster, self.name, self.samples, self.stop = cluster, name, [], threading.Event()
+        self.cluster, self.stop = cluster, threading.Event()
+        self.samples: dict[str, list[tuple[float, int, int]]] = {}
+        self.times: list[float] = []
 
     def run(self) -> None:
         while not self.stop.wait(1.0):
             try:
-                model = json.loads(self.cluster.kubectl("get", "inferentiamodel", self.name, "-n", NAMESPACE, "-o", "json"))
+                pods = json.loads(self.cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", SERVING, "-o", "json"))["items"]
             except localcluster.ClusterError:
                 continue
-            s = model.get("status", {})
-            self.samples.append((time.monotonic(), s.get("replicas", 0), s.get("readyReplicas", 0)))
+            now = time.monotonic()
+            self.times.append(now)
+            counts: dict[str, list[int]] = {}
+            for pod in pods:
+                ready = any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+                count = counts.setdefault(pod["metadata"]["labels"][MODEL], [0, 0])
+                count[0], count[1] = count[0] + 1, count[1] + int(ready)
+            for name, (n, n_ready) in counts.items():
+                self.samples.setdefault(name, []).append((now, n, n_ready))
+
+    def replica_seconds(self, name: str, start: float, end: float) -> float:
+        """Serving pods summed over the samples in [start, end], scaled to its length."""
+        ticks = [t for t in self.times if start <= t <= end]
+        pods = sum(n for t, n, _ in self.samples.get(name, []) if start <= t <= end)
+        return pods * (end - start) / max(len(ticks), 1)
 
 
-def send(url: str, scheduled: float, i: int) -> tuple[float, int | str]:
+def send(url: str, scheduled: float, i: int, body: bytes | None = None, timeout: float = 30) -> tuple[float, int | str]:
     """One request; its latency counts from when it was due, not from when a thread was free."""
-    body = json.dumps([i]).encode()
+    body = body or json.dumps([i]).encode()
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, body, {"Content-Type": "application/json"}), timeout=30) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, body, {"Content-Type": "application/json"}), timeout=timeout) as r:
             r.read()
             outcome: int | str = r.status
     except urllib.error.HTTPError as exc:
@@ -123,30 +152,40 @@ def run_profile(url: str, peak: float) -> tuple[list[tuple[float, int | str]], f
     return [f.result() for f in futures], started
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else (values[0] if values else float("nan"))
 
 
-def measure(cluster: localcluster.LocalCluster, way: str, extra: dict[str, Any], peak: float) -> dict[str, Any]:
-    name = "bench-" + way.replace(" ", "-")
-    model = {"apiVersion": "inferentia.dev/v1alpha1", "kind": "InferentiaModel", "metadata": {"name": name, "namespace": NAMESPACE}}
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump({**model, "spec": spec(**extra)}))
+def apply_ready(cluster: localcluster.LocalCluster, doc: dict[str, Any], autoscaled: bool) -> str:
+    """Applies the model ``doc`` and waits for it to be Ready (and scaled by KEDA); returns its name."""
+    name: str = doc["metadata"]["name"]
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
     cluster.kubectl("wait", "-n", NAMESPACE, f"inferentiamodel/{name}", "--for=condition=Ready", "--timeout=300s")
-    if "autoscaling" in extra:
+    if autoscaled:
         cluster.kubectl("wait", "-n", NAMESPACE, f"inferentiamodel/{name}", "--for=jsonpath={.status.conditions[?(@.type=='Autoscaling')].status}=True", "--timeout=120s")  # fmt: skip
-    svc = json.loads(cluster.kubectl("get", "service", name, "-n", NAMESPACE, "-o", "json"))
-    url = f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}/predict"
-    sampler = Sampler(cluster, name)
+    return name
+
+
+def service_url(cluster: localcluster.LocalCluster, service: str, path: str) -> str:
+    svc = json.loads(cluster.kubectl("get", "service", service, "-n", NAMESPACE, "-o", "json"))
+    return f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}{path}"
+
+
+def measure(cluster: localcluster.LocalCluster, way: str, extra: dict[str, Any], peak: float) -> dict[str, Any]:
+    model: dict[str, Any] = {"apiVersion": "inferentia.dev/v1alpha1", "kind": "InferentiaModel"}
+    model["metadata"] = {"name": "bench-" + way.replace(" ", "-"), "namespace": NAMESPACE}
+    name = apply_ready(cluster, {**model, "spec": spec(**extra)}, autoscaled="autoscaling" in extra)
+    url = service_url(cluster, name, "/predict")
+    sampler = Sampler(cluster)
     sampler.start()
     results, started = run_profile(url, peak)
     sampler.stop.set()
     sampler.join()
     cluster.kubectl("delete", "inferentiamodel", name, "-n", NAMESPACE, "--wait=true", "--timeout=120s")
     end = started + sum(p[1] for p in PROFILE)
-    pods = [(t, n) for t, n, _ in sampler.samples if started <= t <= end]
-    replica_seconds = sum(n for _, n in pods) * (end - started) / max(len(pods), 1)
+    replica_seconds = sampler.replica_seconds(name, started, end)
     ramp_start = started + PROFILE[0][1]
-    followed = next((t - ramp_start for t, _, ready in sampler.samples if t >= ramp_start and ready >= PEAK_REPLICAS), None)
+    followed = next((t - ramp_start for t, _, ready in sampler.samples.get(name, []) if t >= ramp_start and ready >= PEAK_REPLICAS), None)
     answered = [latency for latency, outcome in results if outcome == 200]
     return {
         "way": way,
@@ -175,9 +214,143 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+ZERO_MODEL, ALWAYS_MODEL = "bench-from-zero", "bench-never-below-one"
+
+
+def zero_models() -> list[dict[str, Any]]:
+    """The demo's scale-to-zero model, and the same model never below one replica."""
+    doc = yaml.safe_load((localcluster.HERE / "demo-zero.yaml").read_text())
+    doc["metadata"] |= {"name": ZERO_MODEL, "namespace": NAMESPACE}
+    doc["spec"]["model"]["uri"] = "s3://bench-zero/llama/"
+    always = json.loads(json.dumps(doc))
+    always["metadata"]["name"] = ALWAYS_MODEL
+    always["spec"]["autoscaling"]["minReplicas"] = 1
+    return [doc, always]
+
+
+def at_zero(cluster: localcluster.LocalCluster, name: str) -> bool:
+    """No serving pod left, draining ones included, and the Service at the holder."""
+    selector = json.loads(cluster.kubectl("get", "service", name, "-n", NAMESPACE, "-o", "json"))["spec"]["selector"]
+    pods = cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", f"{MODEL}={name},{SERVING}", "-o", "name").strip()
+    return selector.get("app.kubernetes.io/component") == "holder" and not pods
+
+
+def until(check: Any, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {seconds:.0f} s waiting for {what}")
+        time.sleep(1)
+
+
+def completion(prompt: str) -> bytes:
+    return json.dumps({"model": "bench", "prompt": prompt}).encode()
+
+
+def measure_zero(cluster: localcluster.LocalCluster, cycles: int, gap: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The sparse profile against both models at once, then the warm path of the one that
+    scales to zero; returns the rows of both tables."""
+    import boto3
+
+    endpoint = cluster.object_store()
+    if endpoint is None:
+        raise RuntimeError("the local object store is not running")
+    store = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="local", aws_secret_access_key="local")
+    store.create_bucket(Bucket="bench-zero")
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(store_secret(NAMESPACE, endpoint)))
+    for doc in zero_models():
+        apply_ready(cluster, doc, autoscaled=True)
+    urls = {name: service_url(cluster, name, "/v1/completions") for name in (ZERO_MODEL, ALWAYS_MODEL)}
+    until(lambda: at_zero(cluster, ZERO_MODEL), 300, f"{ZERO_MODEL} to go to zero")
+    sampler = Sampler(cluster)
+    sampler.start()
+    results: dict[str, list[tuple[float, int | str]]] = {ZERO_MODEL: [], ALWAYS_MODEL: []}
+    arrived_at_zero = 0
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for i in range(cycles):
+            due = started + i * gap
+            time.sleep(max(due - time.monotonic(), 0))
+            arrived_at_zero += at_zero(cluster, ZERO_MODEL)
+            due = time.monotonic()
+            sent = {name: pool.submit(send, url, due, i, completion(f"cycle {i}"), 300) for name, url in urls.items()}
+            for name, future in sent.items():
+                results[name].append(future.result())
+            print(f"  cycle {i}: the model that scales to zero answered in {results[ZERO_MODEL][-1][0]:.1f} s", file=sys.stderr, flush=True)
+    end = started + cycles * gap
+    time.sleep(max(end - time.monotonic(), 0))
+    sampler.stop.set()
+    sampler.join()
+    never_below_one = sampler.replica_seconds(ALWAYS_MODEL, started, end)
+    rows = []
+    for name, way in ((ALWAYS_MODEL, "never below one"), (ZERO_MODEL, "from zero")):
+        answered = sorted(latency for latency, outcome in results[name] if outcome == 200)
+        replica_seconds = sampler.replica_seconds(name, started, end)
+        rows.append({
+            "way": way, "replica_seconds": replica_seconds, "of_base": replica_seconds / never_below_one, "requests": cycles,
+            "at_zero": arrived_at_zero if name == ZERO_MODEL else 0, "p50_s": percentile(answered, 50), "max_s": max(answered, default=float("nan")),
+            "failed": sum(1 for _, o in results[name] if o != 200),
+        })  # fmt: skip
+    return rows, warm_path(cluster)
+
+
+def warm_path(cluster: localcluster.LocalCluster, rounds: int = 300) -> list[dict[str, Any]]:
+    """The model that scales to zero, kept at one replica (its idle period raised), asked the
+    same request round-robin straight at its replicas, through its Service, and through its
+    holder pod."""
+    patch = {"spec": {"autoscaling": {"idleSeconds": 3600}}}
+    cluster.kubectl("patch", "inferentiamodel", ZERO_MODEL, "-n", NAMESPACE, "--type=merge", "-p", json.dumps(patch))
+    service = service_url(cluster, ZERO_MODEL, "/v1/completions")
+    send(service, time.monotonic(), 0, completion("wake"), 300)
+    until(lambda: not at_zero(cluster, ZERO_MODEL) and json.loads(cluster.kubectl("get", "service", ZERO_MODEL, "-n", NAMESPACE, "-o", "json"))["spec"]["selector"]["app.kubernetes.io/component"] == "serving", 120, "the Service to point at the replica")  # fmt: skip
+    holder = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", f"{MODEL}={ZERO_MODEL},app.kubernetes.io/component=holder", "-o", "json"))["items"][0]  # fmt: skip
+    port = service.split(":")[2].split("/")[0]
+    paths = {
+        "straight to the replicas": service_url(cluster, ZERO_MODEL + "-replicas", "/v1/completions"),
+        "through the model's Service": service,
+        "through the holder": f"http://{holder['status']['podIP']}:{port}/v1/completions",
+    }
+    latencies: dict[str, list[float]] = {path: [] for path in paths}
+    failed = dict.fromkeys(paths, 0)
+    for i in range(rounds):
+        for path, url in paths.items():
+            latency, outcome = send(url, time.monotonic(), i, completion(f"warm {i}"))
+            if outcome == 200:
+                latencies[path].append(latency)
+            else:
+                failed[path] += 1
+    base = percentile(latencies["straight to the replicas"], 50)
+    return [
+        {"path": path, "p50_ms": percentile(v, 50) * 1000, "p99_ms": percentile(v, 99) * 1000, "added_ms": (percentile(v, 50) - base) * 1000,
+         "answered": len(v), "failed": failed[path]}
+        for path, v in latencies.items()
+    ]  # fmt: skip
+
+
+def zero_tables(rows: list[dict[str, Any]], warm: list[dict[str, Any]]) -> str:
+    lines = [
+        "| way | replica-seconds | of never below one | requests | arrived at zero | request to answer p50 | max | failed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['way']} | {r['replica_seconds']:.0f} | {r['of_base']:.0%} | {r['requests']} | {r['at_zero']} | {r['p50_s']:.2f} s "
+            f"| {r['max_s']:.2f} s | {r['failed']} |"
+        )
+    lines += ["", "| warm path | p50 ms | p99 ms | p50 added | answered | failed |", "|---|---|---|---|---|---|"]
+    for w in warm:
+        lines.append(f"| {w['path']} | {w['p50_ms']:.2f} | {w['p99_ms']:.2f} | {w['added_ms']:+.2f} ms | {w['answered']} | {w['failed']} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--peak-rps", type=float, default=16.0, help="the plateau's requests a second (the burst is 1.5 times it)")
+    parser.add_argument("--zero-cycles", type=int, default=10, help="requests of the sparse profile, each after the model went to zero")
+    parser.add_argument("--zero-gap", type=float, default=60.0, help="seconds between the sparse profile's requests")
+    parser.add_argument(
+        "--ways", choices=("all", "fixed", "zero"), default="all", help="fixed: the first three ways only; zero: scale to zero only"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-autoscaling-") as tmp:
         cluster = localcluster.LocalCluster(Path(tmp) / "cluster", die_with_parent=True, real_node=True)
@@ -196,25 +369,38 @@ def main() -> int:
                 env={"KUBECONFIG": str(cluster.kubeconfig), "PATH": "/usr/bin:/bin"},
                 stdout=open(Path(tmp) / "operator.log", "ab"), stderr=subprocess.STDOUT,
             )  # fmt: skip
-            namespace = {"apiVersion": "v1", "kind": "Namespace"}
+            namespace: dict[str, Any] = {"apiVersion": "v1", "kind": "Namespace"}
             namespace["metadata"] = {"name": NAMESPACE, "annotations": realnode.REAL_NODE_NAMESPACE_ANNOTATIONS}
             cluster.kubectl("apply", "-f", "-", input=json.dumps(namespace))
             time.sleep(2)  # the namespace's default ServiceAccount
-            rows = []
+            rows: list[dict[str, Any]] = []
+            zero: list[dict[str, Any]] = []
+            warm: list[dict[str, Any]] = []
             for way, extra in (
                 ("fixed at peak", {"replicas": PEAK_REPLICAS}),
                 ("fixed at one", {"replicas": 1}),
                 ("autoscaling", {"autoscaling": AUTOSCALING}),
             ):
+                if args.ways == "zero":
+                    break
                 print(f"{way}: {sum(p[1] for p in PROFILE)} s of load, peak {args.peak_rps:g} requests/s", file=sys.stderr, flush=True)
                 rows.append(measure(cluster, way, extra, args.peak_rps))
+            if args.ways != "fixed":
+                print(f"scale to zero: {args.zero_cycles} requests, one every {args.zero_gap:g} s", file=sys.stderr, flush=True)
+                zero, warm = measure_zero(cluster, args.zero_cycles, args.zero_gap)
         finally:
             if operator is not None:
                 operator.terminate()
                 operator.wait(15)
             cluster.down()
-    print(f"{time.strftime('%Y-%m-%d')}, python cluster/benchmark_autoscaling.py --peak-rps {args.peak_rps:g}")
-    print(table(rows))
+    print(
+        f"{time.strftime('%Y-%m-%d')}, python cluster/benchmark_autoscaling.py --peak-rps {args.peak_rps:g}"
+        f" --zero-cycles {args.zero_cycles} --zero-gap {args.zero_gap:g} --ways {args.ways}"
+    )
+    if rows:
+        print(table(rows))
+    if zero:
+        print(zero_tables(zero, warm))
     return 0
 
 
