@@ -418,9 +418,11 @@ def test_the_compile_job_has_resources_a_deadline_and_bounded_retries():
     assert container["resources"] == {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}  # never BestEffort
     assert job["spec"]["backoffLimit"] == 1 and job["spec"]["activeDeadlineSeconds"] == 6 * 3600
     # 70B bf16 weights: 2 x 140 GB, on neuronx-cc; overrides win and change no compile hash.
-    big = model(**{**VLLM, "compile.buckets": None, "compile.image": "example.com/compile:1", "model.weights": 70_000_000_000})
+    # 140 GB of weights fit one process on inf2.48xlarge's 12 chips (384 GiB), not three on 6.
+    BIG = {**VLLM, "compute.inf": 12, "processesPerReplica": 1}
+    big = model(**{**BIG, "compile.buckets": None, "compile.image": "example.com/compile:1", "model.weights": 70_000_000_000})
     assert children.compile_resources(big) == {"requests": {"cpu": "4", "memory": "261Gi"}, "limits": {"memory": "261Gi"}}
-    tuned = model(**{**VLLM, "compile.buckets": None, "compile.image": "example.com/compile:1", "model.weights": 70_000_000_000,
+    tuned = model(**{**BIG, "compile.buckets": None, "compile.image": "example.com/compile:1", "model.weights": 70_000_000_000,
                      "compile.cpu": "16", "compile.memory": "600Gi", "compile.timeoutSeconds": 7200})  # fmt: skip
     assert children.compile_resources(tuned)["requests"] == {"cpu": "16", "memory": "600Gi"}
     assert children.compile_job(tuned)["spec"]["activeDeadlineSeconds"] == 7200

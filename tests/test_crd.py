@@ -44,7 +44,7 @@ def test_defaults_minimums_and_enums():
     compute = spec["compute"]["properties"]
     # No maximum of its own: the family rule refuses what no instance of the family holds, naming its largest.
     assert compute["inf"] == {"type": "integer", "minimum": 1, "description": compute["inf"]["description"]}
-    assert compute["family"]["enum"] == ["inf1", "inf2", "trn1", "trn2"] and compute["family"]["default"] == "inf1"
+    assert compute["family"]["enum"] == ["inf1", "inf2", "trn1", "trn2", "trn3"] and compute["family"]["default"] == "inf1"
     assert spec["processesPerReplica"]["default"] == 1
     assert spec["model"]["properties"]["precision"]["default"] == "fp16"
     assert spec["compile"]["default"] == {}

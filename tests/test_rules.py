@@ -68,6 +68,14 @@ INVALID = [
         {"compute.family": "trn2", "processesPerReplica": 3},
         "spec.processesPerReplica: cannot evenly distribute 1 trn2 chip (4 NeuronCores) over 3 processes; valid values are 1, 2, 4",
     ),
+    (
+        {"compute.family": "trn3", "compute.inf": 2, "processesPerReplica": 3},
+        "spec.processesPerReplica: cannot evenly distribute 2 trn3 chips (8 NeuronCores) over 3 processes; valid values are 1, 2, 4, 8",
+    ),
+    (
+        {"compute.family": "trn3", "compute.inf": 17},
+        "spec.compute.inf: 17 chips do not fit any trn3 instance: the largest, trn3.48xlarge, has 16; valid values are 1 to 16",
+    ),
     ({"processesPerReplica": 0}, "spec.processesPerReplica: 0 is too small; valid values are at least 1"),
     # Rule 4: CNN batch limits.
     (
@@ -115,7 +123,7 @@ INVALID = [
     ),
     # Enums and unknown fields.
     ({"model.framework": "jax"}, "spec.model.framework: 'jax' is not valid; valid values are tensorflow, pytorch"),
-    ({"compute.family": "inf3"}, "spec.compute.family: 'inf3' is not valid; valid values are inf1, inf2, trn1, trn2"),
+    ({"compute.family": "inf3"}, "spec.compute.family: 'inf3' is not valid; valid values are inf1, inf2, trn1, trn2, trn3"),
     (
         {"compute.chips": 1},
         "spec.compute.chips: is not a field of this object; check its spelling (kubectl explain inferentiamodel.spec lists the fields)",
@@ -129,6 +137,11 @@ INVALID = [
     ({"compute.family": "trn1", "compute.lnc": 2}, "spec.compute.lnc: 2 is not supported on trn1; valid values are 1"),
     ({"compute.family": "inf2", "compute.lnc": 2}, "spec.compute.lnc: 2 is not supported on inf2; valid values are 1"),
     ({"compute.family": "trn2", "compute.lnc": 4}, "spec.compute.lnc: 4 is not supported on trn2; valid values are 1, 2"),
+    ({"compute.family": "trn3", "compute.lnc": 4}, "spec.compute.lnc: 4 is not supported on trn3; valid values are 1, 2"),
+    (
+        {"compute.family": "trn3", "compute.lnc": 1, "processesPerReplica": 3},
+        "spec.processesPerReplica: cannot evenly distribute 1 trn3 chip (8 NeuronCores) over 3 processes; valid values are 1, 2, 4, 8",
+    ),
     ({"compute.lnc": 0}, "spec.compute.lnc: 0 is too small; valid values are at least 1"),
     (
         {"compute.family": "trn2", "compute.lnc": 1, "processesPerReplica": 3},
@@ -150,8 +163,8 @@ INVALID = [
     # The vLLM preset needs a neuronx family.
     (
         {"serving.runtime": "vllm"},
-        "spec.serving.runtime: vllm does not run on inf1: vLLM on Neuron is built on NxD Inference, which supports "
-        "inf2, trn1 and trn2 only; valid values on inf1 are custom",
+        "spec.serving.runtime: vllm does not run on inf1: vLLM on Neuron runs on NxD Inference (inf2, trn1, trn2) and "
+        "the vLLM Neuron plugin (trn2, trn3) only; valid values on inf1 are custom",
     ),
     ({"serving.runtime": "tgi"}, "spec.serving.runtime: 'tgi' is not valid; valid values are custom, vllm"),
     # NeuronCore requests (spec.compute.cores) instead of whole chips.
@@ -278,6 +291,8 @@ NEURONX_VALID = [
     {"compute.family": "inf2", "model.architecture": "cnn", "model.precision": "fp32", "compile.batchSize": 8},
     {"compute.family": "trn2", "compute.lnc": 2, "processesPerReplica": 4},
     {"compute.family": "trn2", "compute.lnc": 1, "processesPerReplica": 8},
+    {"compute.family": "trn3", "compute.lnc": 2, "processesPerReplica": 4, "serving.runtime": "vllm"},
+    {"compute.family": "trn3", "compute.lnc": 1, "compute.inf": 16, "processesPerReplica": 128},
     {"compute.family": "trn1", "compute.inf": 16, "processesPerReplica": 1},  # a group of 32
     {"compute.family": "inf2", "compute.inf": 2, "processesPerReplica": 1, "serving.runtime": "vllm"},
 ]
@@ -290,7 +305,7 @@ def test_neuronx_specs_without_errors(overrides):
 
 @pytest.mark.parametrize("value", [True, False])
 def test_static_weights_on_a_neuronx_family_is_a_warning_not_a_silent_drop(value):
-    spec = make_spec(**{"compute.family": "inf2", "compile.staticWeights": value, "model.weights": 10**12, "compile.buckets": DROP})
+    spec = make_spec(**{"compute.family": "inf2", "compile.staticWeights": value, "model.weights": 10**10, "compile.buckets": DROP})
     assert error_lines(spec) == []  # not the inf1 memory check either: the option does nothing here
     assert (
         f"warning: spec.compile.staticWeights: {str(value).lower()} has no effect on inf2: static weights are a "
@@ -420,7 +435,7 @@ def test_a_replica_no_instance_type_can_hold_is_refused_with_the_valid_values():
     "overrides,line",
     [
         ({"model": None}, "spec.model: null is not valid; a mapping of fields is needed"),
-        ({"compute.family": None}, "spec.compute.family: null is not valid; valid values are inf1, inf2, trn1, trn2"),
+        ({"compute.family": None}, "spec.compute.family: null is not valid; valid values are inf1, inf2, trn1, trn2, trn3"),
         ({"serving.runtime": None}, "spec.serving.runtime: null is not valid; valid values are custom, vllm"),
         ({"serving.image": 5}, "spec.serving.image: 5 is not valid; a string is needed"),
     ],
@@ -430,3 +445,80 @@ def test_messages_speak_yaml_not_python(overrides, line):
     lines = error_lines(make_spec(**overrides))
     assert line in lines
     assert not any(word in " ".join(lines) for word in ("None", "True", "NoneType", "dict", "ModelSource"))
+
+
+# Device memory (inf2, trn1, trn2, trn3): weights at the precision's bytes, the KV cache where
+# the shape is known, and 96 MiB a physical core of runtime reserve, against a process's cores.
+BIG = {"model.weights": 20_000_000_000, "model.precision": "bf16", "compile.buckets": DROP}
+LLAMA_8B = {
+    "model.weights": 8_030_000_000, "model.precision": "bf16", "model.architecture": "transformer",
+    "model.layers": 32, "model.kvHeads": 8, "model.headDim": 128, "compute.family": "inf2", "compute.inf": 1,
+    "processesPerReplica": 1, "serving.runtime": "vllm", "serving.batching": {"maxBatchSize": 8},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        (
+            {**BIG, "compute.family": "inf2"},
+            "spec.compute.inf: 20000000000 bf16 weights and the Neuron runtime's reserve need 38 GiB of device memory a "
+            "process, and a process has 32 GiB on its 2 NeuronCores; valid values are at least 2 chips for 1 process "
+            "(the largest inf2.48xlarge instance has 12)",
+        ),
+        (
+            {**BIG, "compute.family": "inf2", "compute.inf": DROP, "compute.cores": 1},
+            "spec.compute.cores: 20000000000 bf16 weights and the Neuron runtime's reserve need 38 GiB of device memory a "
+            "process, and a process has 16 GiB on its 1 NeuronCore; valid values are at least 3 NeuronCores for 1 process "
+            "(the largest inf2.48xlarge instance has 24)",
+        ),
+        (
+            # Four processes on trn2's 4 logical cores: 24 GiB each; 40 GB needs two cores a process, so 2 chips.
+            {**BIG, "compute.family": "trn2", "processesPerReplica": 4},
+            "spec.compute.inf: 20000000000 bf16 weights and the Neuron runtime's reserve need 38 GiB of device memory a "
+            "process, and a process has 24 GiB on its 1 NeuronCore; valid values are at least 2 chips for 4 processes "
+            "(the largest trn2.48xlarge instance has 16)",
+        ),
+        (
+            # No instance holds it: the valid values name more chips than the largest has.
+            {**BIG, "model.weights": 10**13, "compute.family": "trn3"},
+            "spec.compute.inf: 10000000000000 bf16 weights and the Neuron runtime's reserve need 18628 GiB of device memory "
+            "a process, and a process has 144 GiB on its 4 NeuronCores; valid values are at least 131 chips for 1 process "
+            "(the largest trn3.48xlarge instance has 16)",
+        ),
+        (
+            # The weights fit one chip (15 GiB of 32), a 32768-token KV cache for 8 sequences (32 GiB) does not.
+            {**LLAMA_8B, "compile.buckets": [[32768]]},
+            "spec.compute.inf: 8030000000 bf16 weights, a KV cache of 32 GiB (32 layers, 8 KV heads of dimension 128, "
+            "32768 tokens, 8 sequences) and the Neuron runtime's reserve need 48 GiB of device memory a process, and a "
+            "process has 32 GiB on its 2 NeuronCores; valid values are at least 2 chips for 1 process (the largest "
+            "inf2.48xlarge instance has 12)",
+        ),
+    ],
+)
+def test_a_model_that_cannot_fit_its_device_memory_is_refused_with_the_smallest_request_that_fits(overrides, expected):
+    assert error_lines(make_spec(**overrides)) == [expected]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {**BIG, "compute.family": "inf2", "compute.inf": 2},
+        {**BIG, "compute.family": "trn3", "compute.lnc": 1, "compute.inf": DROP, "compute.cores": 3},
+        {**LLAMA_8B, "compile.buckets": [[4096]]},
+        # inf1 keeps its own rule: static weights, which auto turns off when they do not fit.
+        {**BIG, "model.weights": 5_000_000_000},
+    ],
+    ids=str,
+)
+def test_models_that_fit_their_device_memory_are_accepted(overrides):
+    assert error_lines(make_spec(**overrides)) == []
+
+
+def test_vllm_without_the_models_shape_warns_that_only_the_weights_were_checked():
+    spec = make_spec(**{**LLAMA_8B, "model.layers": DROP, "compile.buckets": [[4096]]})
+    assert error_lines(spec) == []
+    assert (
+        "warning: spec.model: only the weights were checked against the device memory: vLLM also holds a KV cache; "
+        "set layers to check that it fits too"
+    ) in findings_of(spec)

@@ -13,7 +13,9 @@ import yaml
 
 from .batching.limits import DEFAULT_LIMITS, MIB, Limits
 from .core.autoscaling import Prometheus, target_in_flight
+from .core.catalogue import FAMILIES
 from .core.children import desired_objects, plan_document
+from .core.cores import device_memory_per_process
 from .core.crd import crd_yaml
 from .core.names import DEFAULT_OPERATOR_IMAGE
 from .manifests import Loaded, ModelDocument, load_models
@@ -65,7 +67,20 @@ def plan_record(doc: ModelDocument) -> dict[str, Any]:
                 "targetInFlight": target_in_flight(spec),
             }
         }  # fmt: skip
-    return {"name": doc.name, "namespace": doc.namespace, **replicas, **plan_document(doc.model.plan)}
+    plan = doc.model.plan
+    memory = device_memory_per_process(spec, FAMILIES[plan.family], plan.group_size)
+    return {"name": doc.name, "namespace": doc.namespace, **replicas, **plan_document(plan), "deviceMemoryPerProcess": memory}
+
+
+def _device_memory(record: dict[str, Any]) -> str:
+    """What a process's model needs of device memory against what its cores hold, in GiB
+    ("?" where the weights are unknown; inf1: what its cores hold)."""
+    memory = record["deviceMemoryPerProcess"]
+    has = f"{memory['availableBytes'] / 2**30:.4g}GiB"
+    if "neededBytes" not in memory:
+        return has
+    needed = memory["neededBytes"]
+    return ("?" if needed is None else f"{needed / 2**30:.3g}") + "/" + has
 
 
 def _replicas(record: dict[str, Any]) -> str:
@@ -93,6 +108,7 @@ def _table(records: list[dict[str, Any]]) -> str:
         ("GROUPS", lambda r: r["groups"]),
         ("NCG", lambda r: r["groupSize"]),
         ("VISIBLE-CORES", lambda r: ",".join(r["visibleCores"])),
+        ("DEVICE-MEMORY", _device_memory),
         ("STATIC-WEIGHTS", lambda r: str(r["staticWeights"]).lower()),
         ("INSTANCE-TYPES", _instance_types),
     ]

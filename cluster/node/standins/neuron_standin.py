@@ -53,11 +53,14 @@ def expand(cores: str) -> list[int]:
 
 # -- the compiler ------------------------------------------------------------------------------
 
-NEURONX_TARGETS = {"inf2", "trn1", "trn2"}
+# trn3: the compiler's release notes name it a target (Neuron 2.31: "the default for trn2 and
+# trn3 targets", https://awsdocs-neuron.readthedocs-hosted.com/en/latest/release-notes/components/compiler.html).
+NEURONX_TARGETS = {"inf2", "trn1", "trn2", "trn3"}
+LNC_TARGETS = {"trn2", "trn3"}  # "LNC applies only to Trn2 and Trn3 instances"
 # Flags that only one of the two compilers takes, from their usage lines: neuron-cc (inf1)
 # pipelines a model with --neuroncore-pipeline-cores
 # (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/compiler/neuron-cc/command-line-reference.html);
-# neuronx-cc (inf2, trn1, trn2) takes --target, --logical-nc-config (-lnc), --model-type and
+# neuronx-cc (inf2, trn1, trn2, trn3) takes --target, --logical-nc-config (-lnc), --model-type and
 # --auto-cast/--auto-cast-type, which neuron-cc does not
 # (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/compiler/neuronx-cc/api-reference-guide/neuron-compiler-cli-reference-guide.html).
 NEURON_CC_ONLY = ("--neuroncore-pipeline-cores",)
@@ -88,8 +91,8 @@ def check_compiler_args(prog: str, argv: list[str]) -> dict:
             raise CompilerRefused(f"ERROR [NCC_EARG000] unrecognized arguments: {' '.join(foreign)}")
         if target not in NEURONX_TARGETS:
             raise CompilerRefused(f"ERROR [NCC_EARG000] --target {target} is not supported by neuronx-cc")
-        if args.lnc not in (None, 1, 2) or (args.lnc == 2 and target != "trn2"):
-            # LNC=2 exists only on Trainium2 (compiler error NCC_EARG001).
+        if args.lnc not in (None, 1, 2) or (args.lnc == 2 and target not in LNC_TARGETS):
+            # LNC=2 exists only on Trainium2 and Trainium3 (compiler error NCC_EARG001).
             raise CompilerRefused(f"ERROR [NCC_EARG001] --lnc {args.lnc} is not supported for target {target}")
     else:
         if foreign := sorted(flags.intersection(NEURONX_CC_ONLY)):
@@ -101,7 +104,7 @@ def check_compiler_args(prog: str, argv: list[str]) -> dict:
     return {
         "compiler": prog,
         "target": target,
-        "lnc": args.lnc or (2 if target == "trn2" else 1),
+        "lnc": args.lnc or (2 if target in LNC_TARGETS else 1),
         "tensorParallelSize": args.tensor_parallel_size,
         "pipelineCores": args.neuroncore_pipeline_cores or 1,
         "flags": argv,

@@ -31,6 +31,8 @@ MAX_ARGS = 64
 MAX_STRING = 1024
 
 INT32_MAX = 2**31 - 1  # Deployment replicas and ports are int32 in every child
+MAX_WEIGHTS = 10**15  # a thousand times the largest models: keeps the memory arithmetic in CEL's int64
+MAX_SHAPE = 2**20
 MAX_QUANTITY = 64
 
 
@@ -107,11 +109,21 @@ class ModelSource(ApiModel):
     framework: Literal["tensorflow", "pytorch"]
     """The framework the model was saved with: tensorflow or pytorch."""
     architecture: Literal["cnn", "transformer", "other"] = "other"
-    """The network's architecture. On inf1, cnn enables the neuron-cc batching flags for batch sizes above 1 and the CNN batch limits; on inf2, trn1 and trn2, transformer compiles with --model-type transformer."""
+    """The network's architecture. On inf1, cnn enables the neuron-cc batching flags for batch sizes above 1 and the CNN batch limits; on inf2, trn1, trn2 and trn3, transformer compiles with --model-type transformer."""
     precision: Literal["fp32", "fp16", "bf16", "mixed"] = "fp16"
-    """Numeric precision on the NeuronCores. inf1 (neuron-cc): mixed casts only matmul and convolution inputs (--fp32-cast=matmult). inf2, trn1, trn2 (neuronx-cc): fp32 keeps fp32 (--auto-cast none), fp16 and bf16 cast everything to that type, mixed casts only matrix multiplications."""
-    weights: Annotated[StrictInt | None, Field(ge=1)] = None
-    """Number of parameters, when known. Enables the bucket-count bound and the static-weights memory check."""
+    """Numeric precision on the NeuronCores. inf1 (neuron-cc): mixed casts only matmul and convolution inputs (--fp32-cast=matmult). inf2, trn1, trn2, trn3 (neuronx-cc): fp32 keeps fp32 (--auto-cast none), fp16 and bf16 cast everything to that type, mixed casts only matrix multiplications."""
+    weights: Annotated[StrictInt | None, Field(ge=1, le=MAX_WEIGHTS)] = None
+    """Number of parameters, when known. Enables the device-memory check (the weights, at the precision's bytes, must fit the cores of each process), the bucket-count bound and the static-weights check."""
+    layers: Annotated[StrictInt | None, Field(ge=1, le=MAX_SHAPE)] = None
+    """Transformer layers (num_hidden_layers in a Hugging Face config). With kvHeads and headDim, the device-memory check counts the KV cache too."""
+    kv_heads: Annotated[StrictInt | None, Field(ge=1, le=MAX_SHAPE)] = None
+    """Key-value attention heads (num_key_value_heads; num_attention_heads without grouped-query attention)."""
+    head_dim: Annotated[StrictInt | None, Field(ge=1, le=MAX_SHAPE)] = None
+    """Dimension of one attention head (head_dim, or hidden_size / num_attention_heads)."""
+
+    @property
+    def shape_known(self) -> bool:
+        return None not in (self.layers, self.kv_heads, self.head_dim)
 
 
 class Compute(ApiModel):
@@ -119,15 +131,15 @@ class Compute(ApiModel):
 
     # No int32 bound: the family rule (FITS_FAMILY) refuses what no instance holds, naming the family's largest.
     inf: Annotated[StrictInt | None, Field(ge=1)] = None
-    """Whole Neuron chips per replica (aws.amazon.com/neuron; one chip is 4 NeuronCores on inf1, 2 on inf2 and trn1, 8 physical on trn2: 4 logical at lnc 2). Fractional chips are not allowed. Set exactly one of inf and cores."""
+    """Whole Neuron chips per replica (aws.amazon.com/neuron; one chip is 4 NeuronCores on inf1, 2 on inf2 and trn1, 8 physical on trn2 and trn3: 4 logical at lnc 2). Fractional chips are not allowed. Set exactly one of inf and cores."""
     cores: Annotated[StrictInt | None, Field(ge=1)] = None
     """NeuronCores per replica (aws.amazon.com/neuroncore), for a model smaller than a chip: the replica shares its chip with other pods and sees only its cores' share of the chip's device memory. Requests of more than one core need the Neuron scheduler extension. Set exactly one of inf and cores."""
     family: Literal[FAMILY_NAMES] = "inf1"  # type: ignore[valid-type]
-    """The Neuron instance family: inf1, inf2, trn1 or trn2."""
+    """The Neuron instance family: inf1, inf2, trn1, trn2 or trn3."""
     instance_types: Annotated[list[Annotated[str, Field(max_length=64)]] | None, Field(max_length=16)] = None
     """Restricts scheduling to these instance types of the family (node.kubernetes.io/instance-type). Default: every type of the family with at least inf chips."""
     lnc: Annotated[StrictInt | None, Field(ge=1)] = None
-    """Logical NeuronCore configuration: physical cores per logical core. trn2: 1 or 2 (default 2, so a chip shows 4 logical cores); every other family: 1. Cores are counted in logical cores everywhere else."""
+    """Logical NeuronCore configuration: physical cores per logical core. trn2 and trn3: 1 or 2 (default 2, so a chip shows 4 logical cores); every other family: 1. Cores are counted in logical cores everywhere else."""
     cpu: Quantity = "1"
     """CPU requested by each replica (a Kubernetes quantity)."""
     memory: Quantity = "2Gi"
@@ -283,7 +295,7 @@ class Serving(ApiModel):
     read_only_root_filesystem: StrictBool = True
     """Mount the serving container's root file system read-only (it writes to HOME and /tmp). false for images that write elsewhere."""
     runtime: Literal["custom", "vllm"] = "custom"
-    """custom: your image runs args (one process per NeuronCore Group). vllm (inf2, trn1, trn2): the operator runs vLLM's OpenAI-compatible server in each process, tensor parallel over its group; args are appended to vLLM's own."""
+    """custom: your image runs args (one process per NeuronCore Group). vllm (inf2, trn1, trn2, trn3): the operator runs vLLM's OpenAI-compatible server in each process, tensor parallel over its group; args are appended to vLLM's own."""
 
 
 class Rollout(ApiModel):
@@ -405,9 +417,9 @@ class Plan(ApiModel):
     chips: int | None = None
     """Neuron chips per replica (spec.compute.inf); absent when the replica requests NeuronCores."""
     compiler: Literal["neuron-cc", "neuronx-cc"]
-    """The Neuron compiler of the family: neuron-cc on inf1, neuronx-cc on inf2, trn1 and trn2."""
+    """The Neuron compiler of the family: neuron-cc on inf1, neuronx-cc on inf2, trn1, trn2 and trn3."""
     lnc: int | None = None
-    """Physical NeuronCores per logical core (inf2, trn1, trn2); every core count of the plan is in logical cores."""
+    """Physical NeuronCores per logical core (inf2, trn1, trn2, trn3); every core count of the plan is in logical cores."""
     cores_per_chip: int
     """NeuronCores on one chip of the family (logical cores at the plan's lnc)."""
     total_cores: int
@@ -417,7 +429,7 @@ class Plan(ApiModel):
     groups: int
     """NeuronCore Groups per replica, one per serving process."""
     tensor_parallel_size: int | None = None
-    """inf2, trn1, trn2: the group's cores run one model sharded across them, this many ways (= groupSize)."""
+    """inf2, trn1, trn2, trn3: the group's cores run one model sharded across them, this many ways (= groupSize)."""
     visible_cores: list[str]
     """Each group's cores as NEURON_RT_VISIBLE_CORES takes them ("0-1", or "5" for one core): contiguous, disjoint, in order."""
     device_memory_per_group_bytes: int

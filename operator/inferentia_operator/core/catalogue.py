@@ -3,13 +3,25 @@
 Sources (public AWS Neuron documentation):
 - chips, cores and memory: the architecture pages for Inferentia
   (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/arch/neuron-hardware/inferentia.html),
-  Inferentia2 (.../inferentia2.html), Trainium (.../trainium.html) and Trainium2 (.../trainium2.html);
+  Inferentia2 (.../inferentia2.html), Trainium (.../trainium.html), Trainium2 (.../trainium2.html)
+  and Trainium3 (.../trainium3.html: eight NeuronCore-v4 and 144 GiB of device memory a chip);
+- trn3 hosts: AWS's Trn3 page (.../about-neuron/arch/neuron-hardware/trn3-arch.html) gives
+  them only as UltraServers. A Gen1 UltraServer is four servers of 16 Trainium3 chips with
+  768 vCPUs and 8,192 GiB of host memory in all, so 192 vCPUs and 2,048 GiB a server; the
+  Neuron driver's platform table names that server trn3.48xlarge
+  (https://github.com/aws-neuron/aws-neuron-driver/blob/master/v4/neuron_dhal_v4.c). A Gen2
+  UltraServer's servers hold 4 chips each, and AWS publishes no instance type name for them;
+  list such a type in spec.compute.instanceTypes once it does, after adding it here;
 - compilers: ``neuron-cc`` is the Inf1 compiler
   (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/compiler/neuron-cc/command-line-reference.html),
-  ``neuronx-cc`` the compiler of Inf2, Trn1 and Trn2
-  (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/compiler/neuronx-cc/api-reference-guide/neuron-compiler-cli-reference-guide.html);
-- logical NeuronCores (LNC): only Trainium2 groups physical cores, 1 or 2 to a logical
-  core, 2 by default; Trn1 (and Inf2) support only LNC=1, compiler error NCC_EARG001
+  ``neuronx-cc`` the compiler of Inf2, Trn1, Trn2 and Trn3
+  (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/compiler/neuronx-cc/api-reference-guide/neuron-compiler-cli-reference-guide.html;
+  the CLI page's list of --target values still ends at trn2, and the compiler's release
+  notes name trn3 among them, Neuron 2.31: "the default for trn2 and trn3 targets",
+  https://awsdocs-neuron.readthedocs-hosted.com/en/latest/release-notes/components/compiler.html);
+- logical NeuronCores (LNC): only Trainium2 and Trainium3 group physical cores, 1 or 2 to
+  a logical core, 2 by default ("LNC applies only to Trn2 and Trn3 instances"); Trn1 (and
+  Inf2) support only LNC=1, compiler error NCC_EARG001
   (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-features/logical-neuroncore-config.html,
   https://awsdocs-neuron.readthedocs-hosted.com/en/latest/compiler/error-codes/EARG001.html);
 - trn1 containers may use 1, 4, 8 or 16 devices (the Neuron scheduler extension,
@@ -128,6 +140,14 @@ FAMILIES: dict[str, Family] = {
             compiler="neuronx-cc",
             lnc_values=(2, 1),  # LNC=2 is Trainium2's default
         ),
+        Family(
+            "trn3",
+            physical_cores_per_chip=8,
+            memory_per_chip_bytes=144 * GIB,
+            instance_chips={"trn3.48xlarge": 16},
+            compiler="neuronx-cc",
+            lnc_values=(2, 1),  # as on Trainium2 (the Trainium3 architecture page)
+        ),
     )
 }
 
@@ -194,6 +214,9 @@ HOSTS: dict[str, Host] = {
     "trn1.32xlarge": Host(128, 512, 247),
     "trn1n.32xlarge": Host(128, 512, 247),
     "trn2.48xlarge": Host(192, 2048, 737),
+    # The Gen1 UltraServer's server (see the module's docstring). EKS publishes no max pods
+    # for trn3 yet: trn2.48xlarge's 737, the largest, reserves the most memory.
+    "trn3.48xlarge": Host(192, 2048, 737),
 }
 
 

@@ -82,3 +82,93 @@ def max_buckets_per_group(family: Family, lnc: int, group_size: int, weights: in
 def tensor_parallel_processes(family: Family, cores: int) -> list[int]:
     """The processesPerReplica values whose groups the family's runtime can run tensor parallel."""
     return [d for d in divisors(cores) if family.tensor_parallel_ok(cores // d)]
+
+
+# Device memory a process's cores must hold. The runtime takes "a micro-code overhead of
+# 96MB per physical Neuron Core" before any model loads (the Neuron Device Memory page,
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/explore/device-memory.html);
+# scratchpad, DMA rings and collectives take more, by model, so the check is a floor: a
+# model it refuses cannot load, and one it passes may still need more.
+RUNTIME_RESERVE_PER_PHYSICAL_CORE = 96 * 2**20
+
+
+def runtime_reserve_bytes(lnc: int, group: int) -> int:
+    return group * lnc * RUNTIME_RESERVE_PER_PHYSICAL_CORE
+
+
+def group_memory_bytes(family: Family, lnc: int, group: int) -> int:
+    """The device memory of a group's cores: its share of its chips' memory."""
+    return group * family.memory_per_core_bytes(lnc)
+
+
+def weights_bytes(spec: InferentiaModelSpec) -> int | None:
+    weights = spec.model.weights
+    return None if weights is None else weights * bytes_per_weight(spec.model.precision)
+
+
+def sequences(spec: InferentiaModelSpec) -> tuple[int, int] | None:
+    """(tokens per sequence, sequences at once) of a transformer that holds a KV cache: the
+    vLLM preset (--max-model-len from the largest bucket, --max-num-seqs from maxBatchSize),
+    or a transformer compiled for buckets (their largest last dimension, at the compiled
+    batch size). None when either is unknown."""
+    buckets = spec.compile.buckets or []
+    tokens = max((b[-1] for b in buckets if b), default=None)
+    if spec.serving.runtime == "vllm":
+        batch = spec.serving.batching.max_batch_size if spec.serving.batching else None
+    elif spec.model.architecture == "transformer":
+        batch = spec.compile.batch_size
+    else:
+        return None
+    return None if tokens is None or batch is None else (tokens, batch)
+
+
+def kv_cache_bytes(spec: InferentiaModelSpec, family: Family, group: int) -> int | None:
+    """A group's KV cache: keys and values of every layer for every token of every sequence.
+    Tensor parallel over the group (neuronx families), each core holds its share of the KV
+    heads, and at least one: heads are replicated when the group has more cores than heads."""
+    m, seqs = spec.model, sequences(spec)
+    if seqs is None or m.layers is None or m.kv_heads is None or m.head_dim is None:
+        return None
+    heads = -(-m.kv_heads // group) * group if family.neuronx else m.kv_heads
+    tokens, batch = seqs
+    return 2 * m.layers * heads * m.head_dim * tokens * batch * bytes_per_weight(m.precision)
+
+
+def memory_needed(spec: InferentiaModelSpec, family: Family, group: int, with_kv: bool = True) -> int | None:
+    """Device memory one group needs (weights, the KV cache where known, the runtime's reserve)."""
+    weights = weights_bytes(spec)
+    if weights is None:
+        return None
+    kv = kv_cache_bytes(spec, family, group) if with_kv else None
+    return weights + (kv or 0) + runtime_reserve_bytes(lnc_of(spec, family), group)
+
+
+def smallest_fitting_group(spec: InferentiaModelSpec, family: Family, with_kv: bool) -> int:
+    """The fewest cores a group needs for the model to fit (possibly more than any instance has)."""
+    lnc = lnc_of(spec, family)
+    weights = weights_bytes(spec) or 0
+    per_core = family.memory_per_core_bytes(lnc) - lnc * RUNTIME_RESERVE_PER_PHYSICAL_CORE
+    group = max(1, -(-weights // per_core))  # the weights alone: what the CEL rule computes
+    if with_kv:
+        # Past the family's largest instance nothing fits; the KV cache of replicated heads
+        # grows with the group, so the search must stop somewhere.
+        most = family.cores_per_chip(lnc) * family.max_chips
+        while group <= most and (memory_needed(spec, family, group) or 0) > group_memory_bytes(family, lnc, group):
+            group += 1
+    return group
+
+
+def device_memory_per_process(spec: InferentiaModelSpec, family: Family, group: int) -> dict[str, int | None]:
+    """What one process's cores hold, and what its model needs there: the weights, the KV
+    cache and the runtime's reserve, as the device-memory rule counts them (inf2, trn1,
+    trn2, trn3; None where unknown)."""
+    lnc = lnc_of(spec, family)
+    out: dict[str, int | None] = {"availableBytes": group_memory_bytes(family, lnc, group)}
+    if family.neuronx:
+        out |= {
+            "weightsBytes": weights_bytes(spec),
+            "kvCacheBytes": kv_cache_bytes(spec, family, group),
+            "runtimeReserveBytes": runtime_reserve_bytes(lnc, group),
+            "neededBytes": memory_needed(spec, family, group),
+        }
+    return out

@@ -35,10 +35,12 @@ from .cel import (
     CEL_INF,
     CEL_LARGE_ENOUGH_TEXT,
     CEL_LARGEST,
+    CEL_LNC,
     CEL_LNC_TEXT,
     CEL_LNC_VALUES,
     CEL_MAX,
     CEL_MAX_CORES,
+    CEL_PHYSICAL_CORES,
     CEL_PROCESSES,
     CEL_TP_PROCESSES_TEXT,
     CEL_TYPE_CHIPS,
@@ -53,15 +55,21 @@ from .cel import (
     literal,
 )
 from .cores import (
+    RUNTIME_RESERVE_PER_PHYSICAL_CORE,
     bytes_per_weight,
     chips_needed,
     core_request_counts,
     divisors,
+    group_memory_bytes,
     group_size_of,
+    kv_cache_bytes,
     lnc_of,
     max_buckets_per_group,
+    memory_needed,
     replica_cores,
     request_ok,
+    sequences,
+    smallest_fitting_group,
     tensor_parallel_processes,
 )
 from .drift import quantity
@@ -265,11 +273,14 @@ TENSOR_PARALLEL_GROUP = {
 }
 
 # The vLLM preset: vLLM on Neuron runs on NxD Inference, which supports inf2, trn1 and trn2
-# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/vllm/index.html).
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/vllm/index.html),
+# and on the vLLM Neuron plugin on Trn2 and Trn3
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/model-recipes/index.html).
 VLLM_FAMILY = CrossFieldRule(
     "spec.serving.runtime",
     "spec",
-    "vllm does not run on %s: vLLM on Neuron is built on NxD Inference, which supports inf2, trn1 and trn2 only; "
+    "vllm does not run on %s: vLLM on Neuron runs on NxD Inference (inf2, trn1, trn2) and the vLLM Neuron plugin "
+    "(trn2, trn3) only; "
     "valid values on %s are custom",
     f"!has(self.serving.runtime) || self.serving.runtime != 'vllm' || !({CEL_FAMILY} in {literal(NEURON_CC_FAMILIES)})",
     (CEL_FAMILY, CEL_FAMILY),
@@ -338,6 +349,61 @@ BUCKET_BOUND = CrossFieldRule(
     f" || size(self.compile.buckets) <= {CEL_BUCKET_LIMIT}",
     ("size(self.compile.buckets)", CEL_GROUP, CEL_BUCKET_LIMIT, CEL_WEIGHTS, CEL_BUDGET),
 )
+
+# Device memory: the weights (at the precision's bytes) and the runtime's reserve must fit
+# the cores of each process (cores.memory_needed says what is counted and why). Checked
+# where the group size is valid; the valid values name the smallest request that fits, at
+# the same processesPerReplica. On inf2, trn1, trn2 and trn3: a group there is one model
+# sharded tensor parallel, and the runtime's reserve is the Neuron 2.x runtime's. inf1
+# (neuron-cc, in maintenance) keeps its own memory rule, the static-weights one below, and
+# its plans stay what they were (a golden test holds them).
+GIB_BYTES = 2**30
+_BPW = "(self.model.precision == 'fp32' ? 4 : 2)"
+_W = f"({CEL_WEIGHTS} * {_BPW})"
+_CORE_MEMORY = (
+    f"{literal({f.name: {lnc: f.memory_per_core_bytes(lnc) for lnc in f.lnc_values} for f in FAMILY_LIST})}[{CEL_FAMILY}][{CEL_LNC}]"
+)
+_RESERVE = f"({CEL_GROUP} * {CEL_LNC} * {RUNTIME_RESERVE_PER_PHYSICAL_CORE})"
+_HAS = f"({CEL_GROUP} * {_CORE_MEMORY})"
+_NET_PER_CORE = f"({_CORE_MEMORY} - {CEL_LNC} * {RUNTIME_RESERVE_PER_PHYSICAL_CORE})"
+_MIN_GROUP = f"(({_W} + {_NET_PER_CORE} - 1) / {_NET_PER_CORE})"
+_PER_CHIP = f"({CEL_PHYSICAL_CORES}[{CEL_FAMILY}] / {CEL_LNC})"
+_NEED_GIB = f"(({_W} + {_RESERVE} + {GIB_BYTES} - 1) / {GIB_BYTES})"
+_CORES_WORD = f"({CEL_GROUP} == 1 ? 'NeuronCore' : 'NeuronCores')"
+_PROCESSES_WORD = f"({CEL_PROCESSES} == 1 ? 'process' : 'processes')"
+_MEMORY_FITS = (
+    f"!has({CEL_WEIGHTS}) || {CEL_FAMILY} in {literal(NEURON_CC_FAMILIES)} || !({CEL_FITS} && {CEL_DIVIDES}) || {_W} + {_RESERVE} <= {_HAS}"
+)
+MEMORY_NEEDS = (
+    "%d %s weights and the Neuron runtime's reserve need %d GiB of device memory a process, and a process has %d GiB on its %d %s; "
+)
+WEIGHTS_FIT = CrossFieldRule(
+    "spec.compute.inf",
+    "spec",
+    MEMORY_NEEDS + "valid values are at least %d chips for %d %s (the largest %s instance has %d)",
+    f"has(self.compute.cores) || {_MEMORY_FITS}",
+    (CEL_WEIGHTS, "self.model.precision", _NEED_GIB, f"({_HAS} / {GIB_BYTES})", CEL_GROUP, _CORES_WORD,
+     f"(({_MIN_GROUP} * {CEL_PROCESSES} + {_PER_CHIP} - 1) / {_PER_CHIP})", CEL_PROCESSES, _PROCESSES_WORD,
+     f"{CEL_LARGEST}[{CEL_FAMILY}]", f"{CEL_MAX}[{CEL_FAMILY}]"),
+)  # fmt: skip
+WEIGHTS_FIT_CORES = CrossFieldRule(
+    "spec.compute.cores",
+    "spec",
+    MEMORY_NEEDS + "valid values are at least %d NeuronCores for %d %s (the largest %s instance has %d)",
+    f"!has(self.compute.cores) || {_MEMORY_FITS}",
+    (CEL_WEIGHTS, "self.model.precision", _NEED_GIB, f"({_HAS} / {GIB_BYTES})", CEL_GROUP, _CORES_WORD,
+     f"({_MIN_GROUP} * {CEL_PROCESSES})", CEL_PROCESSES, _PROCESSES_WORD, f"{CEL_LARGEST}[{CEL_FAMILY}]", f"{CEL_MAX_CORES}[{CEL_FAMILY}]"),
+)  # fmt: skip
+# With the KV cache: no CEL twin, since the sequence length is the largest bucket's last
+# dimension, a maximum over a list of lists that the API server's cost estimator cannot
+# bound. The operator reports it in status, and validate prints it.
+KV_NEEDS = (
+    "%d %s weights, a KV cache of %d GiB (%d layers, %d KV heads of dimension %d, %d tokens, %d sequences) and the "
+    "Neuron runtime's reserve need %d GiB of device memory a process, and a process has %d GiB on its %d %s; "
+)
+KV_FIT_CHIPS = KV_NEEDS + "valid values are at least %d chips for %d %s (the largest %s instance has %d)"
+KV_FIT_CORES = KV_NEEDS + "valid values are at least %d NeuronCores for %d %s (the largest %s instance has %d)"
+KV_UNKNOWN = "only the weights were checked against the device memory: vLLM also holds a KV cache; set %s to check that it fits too"
 
 # Rule 5, static weights. No CEL twin: the field is true, false or "auto", which a
 # structural schema can only hold as x-kubernetes-preserve-unknown-fields, and CEL
@@ -677,6 +743,8 @@ CEL_RULES: list[CrossFieldRule] = [
     BUCKET_DIMENSIONS,
     BUCKET_DUPLICATE,
     BUCKET_BOUND,
+    WEIGHTS_FIT,
+    WEIGHTS_FIT_CORES,
     *QUANTITY.values(),
     *COMPILE_QUANTITY.values(),
     *SCRATCH_QUANTITY.values(),
@@ -899,6 +967,8 @@ def _check_weights(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     bound = max_buckets_per_group(fam, lnc, group, weights)
     if buckets and len(buckets) > bound:
         found.append(BUCKET_BOUND.finding(len(buckets), group, bound, weights, bucket_budget_per_core(fam, lnc)))
+    if fam.neuronx:
+        found += _check_memory_fit(spec, fam, lnc, group)
     need = weights * bytes_per_weight(spec.model.precision)
     share = group * fam.memory_per_core_bytes(lnc)
     if spec.compile.static_weights is True and need > share and not fam.neuronx:
@@ -909,6 +979,52 @@ def _check_weights(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
             )
         )
     return found
+
+
+def _check_memory_fit(spec: InferentiaModelSpec, fam: Family, lnc: int, group: int) -> list[Finding]:
+    """The weights, then the KV cache where it is known, against a process's device memory."""
+    has = group_memory_bytes(fam, lnc, group)
+    weights_only = memory_needed(spec, fam, group, with_kv=False) or 0
+    cores, p, m = spec.compute.cores is not None, spec.processes_per_replica, spec.model
+    per_chip = fam.cores_per_chip(lnc)
+    core_word, process_word = ("NeuronCore" if group == 1 else "NeuronCores"), ("process" if p == 1 else "processes")
+    largest, most = fam.largest_instance[0], (fam.cores_per_chip(1) * fam.max_chips if cores else fam.max_chips)
+
+    def least(with_kv: bool) -> int:
+        group_needed = smallest_fitting_group(spec, fam, with_kv)
+        return group_needed * p if cores else -(-group_needed * p // per_chip)
+
+    if weights_only > has:
+        rule = WEIGHTS_FIT_CORES if cores else WEIGHTS_FIT
+        need_gib = -(-weights_only // GIB_BYTES)
+        return [
+            rule.finding(m.weights, m.precision, need_gib, has // GIB_BYTES, group, core_word, least(False), p, process_word, largest, most)
+        ]
+    kv = kv_cache_bytes(spec, fam, group)
+    seqs = sequences(spec)
+    if kv is None:
+        # Only vLLM is sure to be generative: an encoder (BERT) compiled for buckets holds no cache.
+        if spec.serving.runtime == "vllm":
+            missing = [n for n, v in (("layers", m.layers), ("kvHeads", m.kv_heads), ("headDim", m.head_dim)) if v is None]
+            if seqs is None:
+                missing.append("compile.buckets (the sequence length)" if spec.compile.buckets is None else "")
+                if spec.serving.batching is None:
+                    missing.append("serving.batching.maxBatchSize (the sequences at once)")
+            missing = [x for x in missing if x]
+            if missing:
+                named = ", ".join(missing[:-1]) + (" and " if len(missing) > 1 else "") + missing[-1]
+                return [Finding("spec.model", KV_UNKNOWN % named, "warning")]
+        return []
+    need = weights_only + kv
+    if need <= has:
+        return []
+    assert seqs is not None and m.layers and m.kv_heads and m.head_dim
+    template = KV_FIT_CORES if cores else KV_FIT_CHIPS
+    text = template % (
+        m.weights, m.precision, -(-kv // GIB_BYTES), m.layers, m.kv_heads, m.head_dim, *seqs,
+        -(-need // GIB_BYTES), has // GIB_BYTES, group, core_word, least(True), p, process_word, largest, most,
+    )  # fmt: skip
+    return [Finding("spec.compute.cores" if cores else "spec.compute.inf", text)]
 
 
 def gib(size: int) -> str:
