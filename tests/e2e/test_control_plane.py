@@ -174,6 +174,18 @@ CEL_CASES = {
         **{"compute.family": "inf2", "serving.runtime": "vllm", "model.architecture": "transformer", "autoscaling": {"maxReplicas": 2}}
     ),
     "autoscaling-zero": make_spec(**{"serving.batching": {"maxBatchSize": 2}, "autoscaling": {"minReplicas": 0, "maxReplicas": 2}}),
+    # 40 GB of bf16 weights: more than one inf2 chip (32 GiB) or one trn3 core at lnc 1 (18 GiB).
+    "weights-beyond-the-chip": make_spec(**{"compute.family": "inf2", "model.weights": 20_000_000_000, "model.precision": "bf16"}),
+    "weights-beyond-the-cores": make_spec(
+        **{
+            "compute.inf": DROP,
+            "compute.family": "trn3",
+            "compute.lnc": 1,
+            "compute.cores": 1,
+            "model.weights": 20_000_000_000,
+            "model.precision": "bf16",
+        }
+    ),  # fmt: skip
     "fp32-cnn-inf2-ok-but-lnc": make_spec(
         **{"compute.family": "inf2", "compute.lnc": 2, "model.architecture": "cnn", "model.precision": "fp32", "compile.batchSize": 2}
     ),
