@@ -30,6 +30,7 @@ the p50 added against straight to the replicas.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -222,7 +223,7 @@ def zero_models() -> list[dict[str, Any]]:
     doc = yaml.safe_load((localcluster.HERE / "demo-zero.yaml").read_text())
     doc["metadata"] |= {"name": ZERO_MODEL, "namespace": NAMESPACE}
     doc["spec"]["model"]["uri"] = "s3://bench-zero/llama/"
-    always = json.loads(json.dumps(doc))
+    always = copy.deepcopy(doc)
     always["metadata"]["name"] = ALWAYS_MODEL
     always["spec"]["autoscaling"]["minReplicas"] = 1
     return [doc, always]
@@ -302,7 +303,8 @@ def warm_path(cluster: localcluster.LocalCluster, rounds: int = 300) -> list[dic
     cluster.kubectl("patch", "inferentiamodel", ZERO_MODEL, "-n", NAMESPACE, "--type=merge", "-p", json.dumps(patch))
     service = service_url(cluster, ZERO_MODEL, "/v1/completions")
     send(service, time.monotonic(), 0, completion("wake"), 300)
-    until(lambda: not at_zero(cluster, ZERO_MODEL) and json.loads(cluster.kubectl("get", "service", ZERO_MODEL, "-n", NAMESPACE, "-o", "json"))["spec"]["selector"]["app.kubernetes.io/component"] == "serving", 120, "the Service to point at the replica")  # fmt: skip
+    # Pointing at the serving pods, the Service is past zero.
+    until(lambda: json.loads(cluster.kubectl("get", "service", ZERO_MODEL, "-n", NAMESPACE, "-o", "json"))["spec"]["selector"]["app.kubernetes.io/component"] == "serving", 120, "the Service to point at the replica")  # fmt: skip
     holder = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", f"{MODEL}={ZERO_MODEL},app.kubernetes.io/component=holder", "-o", "json"))["items"][0]  # fmt: skip
     port = service.split(":")[2].split("/")[0]
     paths = {

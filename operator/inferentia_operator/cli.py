@@ -13,7 +13,7 @@ import yaml
 
 from .batching.limits import DEFAULT_LIMITS, MIB, Limits
 from .core.autoscaling import Prometheus, target_in_flight
-from .core.catalogue import FAMILIES
+from .core.catalogue import FAMILIES, GIB
 from .core.children import desired_objects, plan_document
 from .core.cores import device_memory_per_process
 from .core.crd import crd_yaml
@@ -76,11 +76,11 @@ def _device_memory(record: dict[str, Any]) -> str:
     """What a process's model needs of device memory against what its cores hold, in GiB
     ("?" where the weights are unknown; inf1: what its cores hold)."""
     memory = record["deviceMemoryPerProcess"]
-    has = f"{memory['availableBytes'] / 2**30:.4g}GiB"
+    has = f"{memory['availableBytes'] / GIB:.4g}GiB"
     if "neededBytes" not in memory:
         return has
     needed = memory["neededBytes"]
-    return ("?" if needed is None else f"{needed / 2**30:.3g}") + "/" + has
+    return ("?" if needed is None else f"{needed / GIB:.3g}") + "/" + has
 
 
 def _replicas(record: dict[str, Any]) -> str:

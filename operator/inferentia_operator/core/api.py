@@ -121,10 +121,6 @@ class ModelSource(ApiModel):
     head_dim: Annotated[StrictInt | None, Field(ge=1, le=MAX_SHAPE)] = None
     """Dimension of one attention head (head_dim, or hidden_size / num_attention_heads)."""
 
-    @property
-    def shape_known(self) -> bool:
-        return None not in (self.layers, self.kv_heads, self.head_dim)
-
 
 class Compute(ApiModel):
     """The hardware one replica gets."""

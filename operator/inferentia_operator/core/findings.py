@@ -27,6 +27,14 @@ def format_list(values: list[Any]) -> str:
     return ", ".join(str(v) for v in values)
 
 
-def or_list(values: list[Any]) -> str:
+def _joined(values: list[Any], conjunction: str) -> str:
     words = [str(v) for v in values]
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + f" {conjunction} " + words[-1]
+
+
+def or_list(values: list[Any]) -> str:
+    return _joined(values, "or")
+
+
+def and_list(values: list[Any]) -> str:
+    return _joined(values, "and")

@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from .api import EnvFromSource, EnvVar, InferentiaModelSpec
-from .catalogue import FAMILIES, HUGEPAGE_BYTES, Family, bucket_budget_per_core, host_fits
+from .catalogue import FAMILIES, GIB, HUGEPAGE_BYTES, Family, bucket_budget_per_core, host_fits
 from .cel import (
     C_CHIPS,
     C_LNC,
@@ -73,7 +73,7 @@ from .cores import (
     tensor_parallel_processes,
 )
 from .drift import quantity
-from .findings import Finding, format_list, or_list
+from .findings import Finding, and_list, format_list, or_list
 
 # The model's name is carried by its children: the Service (a DNS-1035 label) and the
 # Job "<name>-compile-<10 hex>" (at most 63 characters).
@@ -357,7 +357,6 @@ BUCKET_BOUND = CrossFieldRule(
 # sharded tensor parallel, and the runtime's reserve is the Neuron 2.x runtime's. inf1
 # (neuron-cc, in maintenance) keeps its own memory rule, the static-weights one below, and
 # its plans stay what they were (a golden test holds them).
-GIB_BYTES = 2**30
 _BPW = "(self.model.precision == 'fp32' ? 4 : 2)"
 _W = f"({CEL_WEIGHTS} * {_BPW})"
 _CORE_MEMORY = (
@@ -368,7 +367,7 @@ _HAS = f"({CEL_GROUP} * {_CORE_MEMORY})"
 _NET_PER_CORE = f"({_CORE_MEMORY} - {CEL_LNC} * {RUNTIME_RESERVE_PER_PHYSICAL_CORE})"
 _MIN_GROUP = f"(({_W} + {_NET_PER_CORE} - 1) / {_NET_PER_CORE})"
 _PER_CHIP = f"({CEL_PHYSICAL_CORES}[{CEL_FAMILY}] / {CEL_LNC})"
-_NEED_GIB = f"(({_W} + {_RESERVE} + {GIB_BYTES} - 1) / {GIB_BYTES})"
+_NEED_GIB = f"(({_W} + {_RESERVE} + {GIB} - 1) / {GIB})"
 _CORES_WORD = f"({CEL_GROUP} == 1 ? 'NeuronCore' : 'NeuronCores')"
 _PROCESSES_WORD = f"({CEL_PROCESSES} == 1 ? 'process' : 'processes')"
 _MEMORY_FITS = (
@@ -377,23 +376,30 @@ _MEMORY_FITS = (
 MEMORY_NEEDS = (
     "%d %s weights and the Neuron runtime's reserve need %d GiB of device memory a process, and a process has %d GiB on its %d %s; "
 )
-WEIGHTS_FIT = CrossFieldRule(
-    "spec.compute.inf",
-    "spec",
-    MEMORY_NEEDS + "valid values are at least %d chips for %d %s (the largest %s instance has %d)",
-    f"has(self.compute.cores) || {_MEMORY_FITS}",
-    (CEL_WEIGHTS, "self.model.precision", _NEED_GIB, f"({_HAS} / {GIB_BYTES})", CEL_GROUP, _CORES_WORD,
-     f"(({_MIN_GROUP} * {CEL_PROCESSES} + {_PER_CHIP} - 1) / {_PER_CHIP})", CEL_PROCESSES, _PROCESSES_WORD,
-     f"{CEL_LARGEST}[{CEL_FAMILY}]", f"{CEL_MAX}[{CEL_FAMILY}]"),
-)  # fmt: skip
-WEIGHTS_FIT_CORES = CrossFieldRule(
-    "spec.compute.cores",
-    "spec",
-    MEMORY_NEEDS + "valid values are at least %d NeuronCores for %d %s (the largest %s instance has %d)",
-    f"!has(self.compute.cores) || {_MEMORY_FITS}",
-    (CEL_WEIGHTS, "self.model.precision", _NEED_GIB, f"({_HAS} / {GIB_BYTES})", CEL_GROUP, _CORES_WORD,
-     f"({_MIN_GROUP} * {CEL_PROCESSES})", CEL_PROCESSES, _PROCESSES_WORD, f"{CEL_LARGEST}[{CEL_FAMILY}]", f"{CEL_MAX_CORES}[{CEL_FAMILY}]"),
-)  # fmt: skip
+# The valid values, for a request of whole chips (inf) and of NeuronCores (cores).
+AT_LEAST = {
+    "inf": "valid values are at least %d chips for %d %s (the largest %s instance has %d)",
+    "cores": "valid values are at least %d NeuronCores for %d %s (the largest %s instance has %d)",
+}
+
+
+def _weights_fit(request: str, least: str, most: str) -> CrossFieldRule:
+    """The weights rule for one kind of request; ``least`` and ``most``: CEL for the
+    smallest request that fits and the family's largest."""
+    return CrossFieldRule(
+        f"spec.compute.{request}",
+        "spec",
+        MEMORY_NEEDS + AT_LEAST[request],
+        f"{'' if request == 'inf' else '!'}has(self.compute.cores) || {_MEMORY_FITS}",
+        (CEL_WEIGHTS, "self.model.precision", _NEED_GIB, f"({_HAS} / {GIB})", CEL_GROUP, _CORES_WORD,
+         least, CEL_PROCESSES, _PROCESSES_WORD, f"{CEL_LARGEST}[{CEL_FAMILY}]", f"{most}[{CEL_FAMILY}]"),
+    )  # fmt: skip
+
+
+WEIGHTS_FIT = {
+    "inf": _weights_fit("inf", f"(({_MIN_GROUP} * {CEL_PROCESSES} + {_PER_CHIP} - 1) / {_PER_CHIP})", CEL_MAX),
+    "cores": _weights_fit("cores", f"({_MIN_GROUP} * {CEL_PROCESSES})", CEL_MAX_CORES),
+}
 # With the KV cache: no CEL twin, since the sequence length is the largest bucket's last
 # dimension, a maximum over a list of lists that the API server's cost estimator cannot
 # bound. The operator reports it in status, and validate prints it.
@@ -401,8 +407,7 @@ KV_NEEDS = (
     "%d %s weights, a KV cache of %d GiB (%d layers, %d KV heads of dimension %d, %d tokens, %d sequences) and the "
     "Neuron runtime's reserve need %d GiB of device memory a process, and a process has %d GiB on its %d %s; "
 )
-KV_FIT_CHIPS = KV_NEEDS + "valid values are at least %d chips for %d %s (the largest %s instance has %d)"
-KV_FIT_CORES = KV_NEEDS + "valid values are at least %d NeuronCores for %d %s (the largest %s instance has %d)"
+KV_FIT = {request: KV_NEEDS + valid for request, valid in AT_LEAST.items()}
 KV_UNKNOWN = "only the weights were checked against the device memory: vLLM also holds a KV cache; set %s to check that it fits too"
 
 # Rule 5, static weights. No CEL twin: the field is true, false or "auto", which a
@@ -743,8 +748,7 @@ CEL_RULES: list[CrossFieldRule] = [
     BUCKET_DIMENSIONS,
     BUCKET_DUPLICATE,
     BUCKET_BOUND,
-    WEIGHTS_FIT,
-    WEIGHTS_FIT_CORES,
+    *WEIGHTS_FIT.values(),
     *QUANTITY.values(),
     *COMPILE_QUANTITY.values(),
     *SCRATCH_QUANTITY.values(),
@@ -985,46 +989,41 @@ def _check_memory_fit(spec: InferentiaModelSpec, fam: Family, lnc: int, group: i
     """The weights, then the KV cache where it is known, against a process's device memory."""
     has = group_memory_bytes(fam, lnc, group)
     weights_only = memory_needed(spec, fam, group, with_kv=False) or 0
-    cores, p, m = spec.compute.cores is not None, spec.processes_per_replica, spec.model
-    per_chip = fam.cores_per_chip(lnc)
+    p, m = spec.processes_per_replica, spec.model
+    request = "cores" if spec.compute.cores is not None else "inf"
     core_word, process_word = ("NeuronCore" if group == 1 else "NeuronCores"), ("process" if p == 1 else "processes")
-    largest, most = fam.largest_instance[0], (fam.cores_per_chip(1) * fam.max_chips if cores else fam.max_chips)
+    most = fam.cores_per_chip(1) * fam.max_chips if request == "cores" else fam.max_chips
 
-    def least(with_kv: bool) -> int:
+    def valid(with_kv: bool) -> tuple[Any, ...]:
+        """The AT_LEAST arguments: the smallest request that fits, the processes, the family's largest."""
         group_needed = smallest_fitting_group(spec, fam, with_kv)
-        return group_needed * p if cores else -(-group_needed * p // per_chip)
+        least = group_needed * p if request == "cores" else -(-group_needed * p // fam.cores_per_chip(lnc))
+        return least, p, process_word, fam.largest_instance[0], most
 
     if weights_only > has:
-        rule = WEIGHTS_FIT_CORES if cores else WEIGHTS_FIT
-        need_gib = -(-weights_only // GIB_BYTES)
-        return [
-            rule.finding(m.weights, m.precision, need_gib, has // GIB_BYTES, group, core_word, least(False), p, process_word, largest, most)
-        ]
+        need_gib = -(-weights_only // GIB)
+        return [WEIGHTS_FIT[request].finding(m.weights, m.precision, need_gib, has // GIB, group, core_word, *valid(False))]
     kv = kv_cache_bytes(spec, fam, group)
-    seqs = sequences(spec)
     if kv is None:
         # Only vLLM is sure to be generative: an encoder (BERT) compiled for buckets holds no cache.
-        if spec.serving.runtime == "vllm":
-            missing = [n for n, v in (("layers", m.layers), ("kvHeads", m.kv_heads), ("headDim", m.head_dim)) if v is None]
-            if seqs is None:
-                missing.append("compile.buckets (the sequence length)" if spec.compile.buckets is None else "")
-                if spec.serving.batching is None:
-                    missing.append("serving.batching.maxBatchSize (the sequences at once)")
-            missing = [x for x in missing if x]
-            if missing:
-                named = ", ".join(missing[:-1]) + (" and " if len(missing) > 1 else "") + missing[-1]
-                return [Finding("spec.model", KV_UNKNOWN % named, "warning")]
-        return []
+        if spec.serving.runtime != "vllm":
+            return []
+        missing = [n for n, v in (("layers", m.layers), ("kvHeads", m.kv_heads), ("headDim", m.head_dim)) if v is None]
+        if spec.compile.buckets is None:
+            missing.append("compile.buckets (the sequence length)")
+        if spec.serving.batching is None:
+            missing.append("serving.batching.maxBatchSize (the sequences at once)")
+        return [Finding("spec.model", KV_UNKNOWN % and_list(missing), "warning")] if missing else []
     need = weights_only + kv
     if need <= has:
         return []
+    seqs = sequences(spec)
     assert seqs is not None and m.layers and m.kv_heads and m.head_dim
-    template = KV_FIT_CORES if cores else KV_FIT_CHIPS
-    text = template % (
-        m.weights, m.precision, -(-kv // GIB_BYTES), m.layers, m.kv_heads, m.head_dim, *seqs,
-        -(-need // GIB_BYTES), has // GIB_BYTES, group, core_word, least(True), p, process_word, largest, most,
+    text = KV_FIT[request] % (
+        m.weights, m.precision, -(-kv // GIB), m.layers, m.kv_heads, m.head_dim, *seqs,
+        -(-need // GIB), has // GIB, group, core_word, *valid(True),
     )  # fmt: skip
-    return [Finding("spec.compute.cores" if cores else "spec.compute.inf", text)]
+    return [Finding(f"spec.compute.{request}", text)]
 
 
 def gib(size: int) -> str:
