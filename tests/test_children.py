@@ -113,7 +113,7 @@ def test_compile_job_fetches_compiles_in_the_users_image_and_uploads_marker_last
     operator's compile program from the plan, the operator's image uploads the artefact."""
     m = model(**THROUGHPUT)
     job = children.compile_job(m)
-    assert job["metadata"]["name"] == f"resnet-compile-{children.compile_hash(m)}"
+    assert job["metadata"]["name"].startswith(f"compile-{children.compile_hash(m)}-")
     pod = job["spec"]["template"]["spec"]
     fetch, compile_step = pod["initContainers"]
     [upload] = pod["containers"]

@@ -272,3 +272,111 @@ def test_a_child_of_ours_whose_owner_reference_was_removed_is_taken_back_but_a_s
     orphan["metadata"]["labels"] = {"team": "admin"}
     d = decide(o, NOW)
     assert d.apply == [] and conds(d)["Ready"]["reason"] == "NameConflict"
+
+
+# --- one compile per key ------------------------------------------------------------------
+
+COMPILED = {"compile.image": "example.com/compile:1"}
+
+
+def other_model(name="other", uid="uid-2"):
+    """A model of another name with the same compile inputs: its Job is the same Job."""
+    spec = InferentiaModelSpec.model_validate(make_spec(**COMPILED))
+    return Model(name, "ns", uid, spec, plan(spec))
+
+
+def by_uri(*objects):
+    out: dict = {}
+    for obj in objects:
+        uri = children.job_output_uri(obj) if obj["kind"] == "Job" else obj["data"]["uri"]
+        out.setdefault(uri, []).append(obj)
+    return out
+
+
+def test_a_completed_compile_of_another_model_is_a_cache_hit_and_gets_recorded():
+    body = model_body(**COMPILED)
+    m, theirs = built(body), complete(children.compile_job(other_model()))
+    d = decide(Observed(body, compile_jobs=by_uri(theirs)), NOW)
+    assert kinds(d.apply) == ["ConfigMap", "Service", "Deployment"]  # no Job of its own
+    c = conds(d)["Compiled"]
+    assert (c["status"], c["reason"]) == ("True", "CacheHit")
+    assert children.compile_hash(m) in c["message"] and theirs["metadata"]["name"] in c["message"] and "model other" in c["message"]
+    doc = status_document(d.report.status)
+    assert (doc["compileKey"], doc["compileCacheHit"], doc["compiledUri"]) == (children.compile_hash(m), True, children.compiled_uri(m))
+    assert "compileJob" not in doc
+    # The completion is recorded, for models that come after the Job is gone.
+    assert d.record["metadata"]["name"] == children.compile_record_name(m)
+    assert d.record["data"] == {
+        "uri": children.compiled_uri(m),
+        "key": children.compile_hash(m),
+        "job": theirs["metadata"]["name"],
+        "model": "other",
+    }
+    assert "ownerReferences" not in d.record["metadata"] and "inferentia.dev/model" not in d.record["metadata"]["labels"]
+
+
+def test_a_record_alone_is_a_cache_hit_and_is_not_written_again():
+    body = model_body(**COMPILED)
+    record = live(children.compile_record(other_model(), complete(children.compile_job(other_model()))))
+    d = decide(Observed(body, compile_records={children.compiled_uri(built(body)): record}), NOW)
+    assert "Job" not in kinds(d.apply) and d.record is None
+    assert conds(d)["Compiled"]["reason"] == "CacheHit"
+
+
+def test_a_record_the_operator_did_not_write_is_not_trusted():
+    body = model_body(**COMPILED)
+    record = live(children.compile_record(other_model(), complete(children.compile_job(other_model()))))
+    del record["metadata"]["labels"]["app.kubernetes.io/managed-by"]
+    d = decide(Observed(body, compile_records={children.compiled_uri(built(body)): record}), NOW)
+    assert "Job" in kinds(d.apply) and conds(d)["Compiled"]["reason"] == "Compiling"
+
+
+def test_another_models_compile_in_progress_is_waited_for_not_run_again_nor_a_conflict():
+    body = model_body(**COMPILED)
+    theirs = live(children.compile_job(other_model()))
+    d = decide(Observed(body, compile_jobs=by_uri(theirs)), NOW)
+    assert kinds(d.apply) == ["ConfigMap", "Service"] and d.record is None
+    c = conds(d)
+    assert (c["Compiled"]["reason"], c["Stalled"]["status"]) == ("Compiling", "False")
+    assert "of model other" in c["Compiled"]["message"]
+    assert status_document(d.report.status)["compileJob"] == theirs["metadata"]["name"]
+
+
+def test_a_failed_compile_is_never_recorded():
+    body = model_body(**COMPILED)
+    m = built(body)
+    failed = live(children.compile_job(m), conditions=[{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}])
+    d = decide(Observed(body, jobs=[failed], compile_jobs=by_uri(failed)), NOW)
+    assert d.record is None and conds(d)["Compiled"]["reason"] == "CompileFailed"
+    # Nor is another model's: this one reports that Job's failure, and runs no second one.
+    theirs = live(children.compile_job(other_model()), conditions=[{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}])
+    d = decide(Observed(body, compile_jobs=by_uri(theirs)), NOW)
+    assert d.record is None and "Job" not in kinds(d.apply)
+    assert conds(d)["Compiled"]["reason"] == "CompileFailed" and "DeadlineExceeded" in conds(d)["Compiled"]["message"]
+
+
+def test_the_models_own_completed_compile_is_recorded_and_is_no_cache_hit():
+    body = model_body(**COMPILED)
+    mine = complete(children.compile_job(built(body)))
+    d = decide(Observed(body, jobs=[mine], compile_jobs=by_uri(mine)), NOW)
+    assert conds(d)["Compiled"]["reason"] == "Compiled" and d.record is not None
+    assert status_document(d.report.status)["compileCacheHit"] is False
+
+
+def test_a_record_is_never_deleted_as_a_superseded_plan():
+    body = model_body(**COMPILED)
+    record = live(children.compile_record(built(body), complete(children.compile_job(built(body)))))
+    d = decide(Observed(body, configmaps=[record]), NOW)
+    assert ("ConfigMap", record["metadata"]["name"]) not in d.delete
+
+
+def test_a_cache_hit_after_an_edit_names_the_inputs_that_changed_since_the_served_artefact():
+    before = model_body(**COMPILED, **{"compile.batchSize": 1})
+    after = model_body(generation=2, **COMPILED, **{"compile.batchSize": 2})
+    served = built(before)
+    records = {
+        children.compiled_uri(m): live(children.compile_record(m, complete(children.compile_job(m)))) for m in (served, built(after))
+    }
+    d = decide(Observed(after, deployment=rolled_out(children.serving_deployment(served)), compile_records=records), NOW)
+    assert conds(d)["Compiled"]["reason"] == "CacheHit"
+    assert status_document(d.report.status)["changedCompileInputs"] == ["batchSize"]

@@ -27,6 +27,8 @@ def test_every_kind_is_cached_and_triggers_a_reconcile():
         "model_index": "inferentiamodels", "deployment_index": "deployments", "job_index": "jobs",
         "service_index": "services", "configmap_index": "configmaps", "pod_index": "pods",
         "scaledobject_index": "scaledobjects",
+        # By artefact: the compile Jobs and records another model made, and the models of each artefact.
+        "compile_job_index": "jobs", "compile_record_index": "configmaps", "compiled_uri_index": "inferentiamodels",
     }  # fmt: skip
     watched = {h.selector.any_name or h.selector.plural for h in r._watching._handlers}  # noqa: SLF001
     assert watched == {"inferentiamodels", "deployments", "jobs", "services", "configmaps", "pods", "scaledobjects"}

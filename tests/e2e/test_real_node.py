@@ -246,6 +246,53 @@ def test_a_compile_job_writes_the_artefact_the_serving_pods_fetch_and_load(real_
     assert "Compiled" == next(c for c in status["conditions"] if c["type"] == "Compiled")["reason"]
 
 
+def compile_jobs(cluster, namespace: str) -> list[str]:
+    return sorted(j["metadata"]["name"] for j in cluster.get("jobs", "-n", namespace, "-l", "app.kubernetes.io/component=compile")["items"])
+
+
+def compiled_status(cluster, namespace: str, name: str) -> tuple[dict, dict]:
+    status = cluster.get("inferentiamodel", name, "-n", namespace)["status"]
+    return status, next(c for c in status["conditions"] if c["type"] == "Compiled")
+
+
+def test_one_compile_per_key_serves_a_second_model_and_a_recreated_one_without_a_compile_job(real_node, real_namespace):
+    """Two models with the same compile inputs, applied together, run one compile between
+    them; a model deleted and created again starts from the artefact that compile left. The
+    operator knows it from its record of the Job that uploaded the artefact, never by
+    reading the store itself."""
+    bucket = object_store(real_node, real_namespace)
+    spec = compiled_vllm_spec(bucket)
+    apply(real_node, real_namespace, "first", spec)
+    apply(real_node, real_namespace, "second", spec)
+    wait_ready(real_node, real_namespace, "first", timeout=240)
+    wait_ready(real_node, real_namespace, "second", timeout=240)
+    [job] = compile_jobs(real_node, real_namespace)
+    statuses = {name: compiled_status(real_node, real_namespace, name) for name in ("first", "second")}
+    [key] = {s["compileKey"] for s, _ in statuses.values()}
+    assert statuses["first"][0]["compiledUri"] == statuses["second"][0]["compiledUri"]
+    assert key in statuses["first"][0]["compiledUri"]
+    # One of them ran the Job; the other waited for it and then started from its artefact.
+    assert sorted(s.get("compileCacheHit", False) for s, _ in statuses.values()) == [False, True]
+    [(hit_status, hit)] = [sc for sc in statuses.values() if sc[0].get("compileCacheHit")]
+    assert hit["status"] == "True" and hit["reason"] == "CacheHit", hit
+    assert key in hit["message"] and job in hit["message"], hit
+    # Deleted and created again: Ready from the cache, and no compile Job is made.
+    owner = real_node.get("job", job, "-n", real_namespace)["metadata"]["ownerReferences"][0]["name"]
+    real_node.kubectl("delete", "inferentiamodel", owner, "-n", real_namespace, "--wait=true")
+    wait_for(lambda: compile_jobs(real_node, real_namespace) == [], 60, "the deleted model's compile Job to go", interval=1)
+    apply(real_node, real_namespace, owner, spec)
+    wait_ready(real_node, real_namespace, owner, timeout=150)
+    assert compile_jobs(real_node, real_namespace) == []
+    status, compiled = compiled_status(real_node, real_namespace, owner)
+    assert (compiled["reason"], status["compileKey"], status["compileCacheHit"]) == ("CacheHit", key, True)
+    [pod] = serving_pods(real_node, real_namespace, owner)
+    found = json.loads(
+        real_node.kubectl("exec", "-n", real_namespace, pod["metadata"]["name"], "-c", "serve", "--",
+                          "python3", "-c", "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8080/standin').read().decode())").stdout
+    )  # fmt: skip
+    assert found["loaded"] == "compiled"
+
+
 CHART = Path(__file__).resolve().parents[2] / "charts" / "inferentia-operator"
 
 
@@ -433,6 +480,8 @@ def test_a_compile_the_compiler_refuses_ends_in_compiled_false_with_the_reason(r
     messages = [s["state"].get("terminated", {}).get("message", "") for p in pods for s in p["status"].get("initContainerStatuses", [])]
     assert any("neuronx-cc failed: ERROR [NCC_EARG001] --lnc 2 is not supported for target inf2" in m for m in messages), messages
     assert real_node.get("deployments", "-n", real_namespace)["items"] == []
+    # A failed compile is never recorded as an artefact that exists.
+    assert real_node.get("configmaps", "-n", real_namespace, "-l", "app.kubernetes.io/component=compile-record")["items"] == []
 
 
 def test_two_models_of_one_core_each_share_one_chip_each_on_its_own_core(real_node, real_namespace):

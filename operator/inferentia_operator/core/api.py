@@ -536,6 +536,12 @@ class InferentiaModelStatus(ApiModel):
     """Name of the compile Job of the current plan."""
     compiled_uri: str | None = None
     """Where the compiled model of the current plan is."""
+    compile_key: str | None = None
+    """The hash of the compile inputs (model URI, framework, family, compiler and flags, batch size, buckets, compile image, ...): models with the same key and compile.outputUri share one artefact and one compile."""
+    compile_cache_hit: bool | None = None
+    """True when the artefact of the key was already compiled (by another model, or by an earlier one of this name) and no compile Job ran for this model."""
+    changed_compile_inputs: list[str] | None = None
+    """The compile inputs that differ from those of the model's previous compile."""
     kopf: Annotated[
         dict[str, Any] | None,
         Field(json_schema_extra=lambda s: _replace_schema(s, {"type": "object", "x-kubernetes-preserve-unknown-fields": True})),

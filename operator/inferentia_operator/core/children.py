@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from .launcher import LAUNCHER
 from .names import (
     COMPILE_HASH_LABEL,
     COMPILE_INPUTS_ANNOTATION,
+    COMPILE_RECORD_COMPONENT,
     COMPONENT_LABEL,
     DEFAULT_OPERATOR_IMAGE,
     FIELD_MANAGER,
@@ -36,6 +38,7 @@ from .names import (
     PLAN_HASH_ANNOTATION,
     PLAN_MOUNT,
 )
+from .objects import Obj
 
 # The vLLM preset (spec.serving.runtime: vllm). vLLM on inf2, trn1 and trn2 runs on NxD
 # Inference: VLLM_NEURON_FRAMEWORK selects it, and NEURON_COMPILED_ARTIFACTS points it at
@@ -127,8 +130,76 @@ def compiled_uri(m: Model) -> str:
     return f"{base.rstrip('/')}/{compile_hash(m)}/"
 
 
+def _compile_id(m: Model) -> str:
+    """The compile key, and the artefact's place: two models that share the key but write
+    their artefacts to different places (compile.outputUri) compile apart."""
+    return f"{compile_hash(m)}-{stable_hash(compiled_uri(m), 5)}"
+
+
 def compile_job_name(m: Model) -> str:
-    return f"{m.name}-compile-{compile_hash(m)}"
+    """Named after the artefact, not the model: two models with the same compile inputs
+    create the same Job, and the API server's unique names let only the first one in, so
+    they run one compile between them however close together they are reconciled."""
+    return f"compile-{_compile_id(m)}"
+
+
+def compile_record_name(m: Model) -> str:
+    return f"compiled-{_compile_id(m)}"
+
+
+def job_output_uri(job: Mapping[str, Any]) -> str | None:
+    """Where a compile Job uploads its artefact: the INFERENTIA_OUTPUT_URI of its compile step."""
+    template = Obj(Obj(job).spec.get("template")).spec
+    for container in template.get("initContainers") or ():
+        if container.get("name") == "compile":
+            for e in container.get("env") or ():
+                if e.get("name") == "INFERENTIA_OUTPUT_URI":
+                    return str(e.get("value"))
+    return None
+
+
+def served_uri(deployment: Mapping[str, Any] | None) -> str | None:
+    """The artefact a serving Deployment's pods fetch: its INFERENTIA_COMPILED_MODEL_URI."""
+    for container in Obj(Obj(deployment).spec.get("template")).spec.get("containers") or ():
+        for e in container.get("env") or ():
+            if e.get("name") == "INFERENTIA_COMPILED_MODEL_URI":
+                return str(e.get("value"))
+    return None
+
+
+def compile_record(m: Model, job: Mapping[str, Any]) -> dict[str, Any]:
+    """The operator's record that a compile Job completed, and so uploaded the artefact of
+    this key with its completion marker last (the Job completes only once the upload step has
+    exited 0). A model with the same key, or this one created again, starts from the record
+    instead of running the compiler. It has no owner: like the artefact it vouches for, it
+    outlives the models that used it. Deleting it makes the next model compile again."""
+    job_meta = Obj(job)
+    completed = Obj(job).status.get("completionTime")
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": compile_record_name(m),
+            "namespace": m.namespace,
+            # No model label: the record is nobody's child, and no model's clean-up of its
+            # superseded plans may take it for one of its own.
+            "labels": {
+                COMPONENT_LABEL: COMPILE_RECORD_COMPONENT,
+                MANAGED_BY_LABEL: FIELD_MANAGER,
+                "app.kubernetes.io/part-of": "inferentia-operator",
+                COMPILE_HASH_LABEL: compile_hash(m),
+            },
+            "annotations": {COMPILE_INPUTS_ANNOTATION: json.dumps(compile_inputs(m), sort_keys=True, separators=(",", ":"))},
+        },
+        "immutable": True,
+        "data": {
+            "uri": compiled_uri(m),
+            "key": compile_hash(m),
+            "job": job_meta.name or "",
+            "model": job_meta.labels.get(MODEL_LABEL, ""),
+            **({"completed": str(completed)} if completed else {}),
+        },
+    }
 
 
 def labels(m: Model, component: str) -> dict[str, str]:

@@ -23,7 +23,7 @@ from .autoscaling import SCALED_OBJECT_KIND, desired_replicas, in_flight_query, 
 from .children import Model
 from .drift import applied
 from .model import check_model
-from .names import COMPILE_INPUTS_ANNOTATION, FIELD_MANAGER, MANAGED_BY_LABEL, MODEL_LABEL
+from .names import COMPILE_INPUTS_ANNOTATION, COMPILE_RECORD_COMPONENT, COMPONENT_LABEL, FIELD_MANAGER, MANAGED_BY_LABEL, MODEL_LABEL
 from .objects import Obj
 from .status import Conflict, Observed, Report, ReportBasis, job_state
 
@@ -34,6 +34,8 @@ class Decision:
     delete: list[tuple[str, str]]  # (kind, name)
     basis: ReportBasis | None  # None: the model is going away, report nothing
     report: Report | None  # the status from basis, before any write
+    # The record of a completed compile to create: nobody's child, so not among ``apply``.
+    record: dict[str, Any] | None = None
 
 
 def holder_of(live: Mapping[str, Any], uid: str | None, model: str | None) -> str | None:
@@ -50,6 +52,77 @@ def holder_of(live: Mapping[str, Any], uid: str | None, model: str | None) -> st
     if controller.get("uid") != uid:
         return f"controlled by {controller.get('kind')} {controller.get('name')}"
     return None
+
+
+def is_compile_job_of_ours(live: Mapping[str, Any]) -> bool:
+    """A compile Job the operator made for some model: compile Jobs are named after their
+    artefact, so a model finding one under its Job's name shares it rather than competing."""
+    obj = Obj(live)
+    return (
+        live.get("kind", "Job") == "Job"
+        and obj.labels.get(MANAGED_BY_LABEL) == FIELD_MANAGER
+        and obj.labels.get(COMPONENT_LABEL) == "compile"
+        and (obj.controller or {}).get("kind") == api.KIND
+    )
+
+
+def _trusted_record(record: Mapping[str, Any] | None, uri: str) -> dict[str, str] | None:
+    """The data of the operator's record of a completed compile of ``uri``, if it is one."""
+    obj = Obj(record)
+    if record is None or obj.labels.get(MANAGED_BY_LABEL) != FIELD_MANAGER or obj.labels.get(COMPONENT_LABEL) != COMPILE_RECORD_COMPONENT:
+        return None
+    data = record.get("data") or {}
+    return {k: str(v) for k, v in data.items()} if data.get("uri") == uri else None
+
+
+@dataclass(frozen=True)
+class _Compile:
+    """Where the model's artefact comes from, with one compile per key.
+
+    The operator does not read the store (it holds no storage credentials: those are each
+    namespace's, or its models' cloud identity). It knows an artefact is complete because a
+    compile Job that uploads it completed: the upload writes the completion marker last, and
+    the Job completes only when the upload exits 0. Each such completion is recorded
+    (:func:`children.compile_record`), so a model with the same key, or one deleted and
+    created again, starts from the artefact with no Job. A Job that failed is never recorded.
+    While another model's Job compiles the key, the model waits for it; the Job is named
+    after the artefact, so two models reconciled at once cannot start two."""
+
+    job: dict[str, Any] | None  # the compile Job this model creates (or already runs)
+    condition: api.Condition
+    record: dict[str, Any] | None  # the record to write, once the key's Job completed
+    hit: bool | None
+    changed: list[str]
+
+    @staticmethod
+    def of(m: Model, o: Observed) -> _Compile:
+        body = children.compile_job(m)
+        if body is None:
+            return _Compile(None, status.compiled_condition(False, None, None, ""), None, None, [])
+        name, uri, key = Obj(body).name, children.compiled_uri(m), children.compile_hash(m)
+        changed = _changed_compile_inputs(o, name, children.compile_inputs(m), uri)
+        # The Jobs of this artefact: under the key's name, or (made by an operator that named
+        # them after their model) under another; this model's own first, as the overlay has them.
+        jobs = {Obj(j).name: j for j in [*o.compile_jobs.get(uri, ()), *o.jobs] if children.job_output_uri(j) == uri}
+        live = jobs.get(name)
+        ours = live is not None and holder_of(live, Obj(o.model).uid, Obj(o.model).name) is None
+        complete = sorted((j for j in jobs.values() if job_state(j).phase == "Complete"), key=lambda j: j is not live)
+        known = _trusted_record(o.compile_records.get(uri), uri)
+        record = children.compile_record(m, complete[0]) if complete and known is None else None
+        if ours:
+            failure = status.compile_failure(name, o.pods)
+            cond = status.compiled_condition(True, name, live, uri, changed, failure, key=key)
+            return _Compile(body, cond, record, False, changed)
+        if known is not None or complete:
+            hit = known or children.compile_record(m, complete[0])["data"]
+            return _Compile(None, status.compiled_condition(True, None, None, uri, key=key, hit=hit), record, True, changed)
+        if live is not None and is_compile_job_of_ours(live):
+            # Another model's Job compiles this key (or failed to): this one waits for it.
+            by = (Obj(live).controller or {}).get("name", "")
+            cond = status.compiled_condition(True, name, live, uri, changed, key=key, compiled_by=by)
+            return _Compile(None, cond, None, None, changed)
+        cond = status.compiled_condition(True, name, None, uri, changed, key=key)
+        return _Compile(body, cond, None, False, changed)
 
 
 def _plan_configmaps_in_use(o: Observed) -> set[str]:
@@ -76,15 +149,21 @@ def _superseded_jobs(o: Observed, current: str | None) -> list[str]:
     return [name for name in (Obj(j).name for j in o.jobs) if name is not None and name not in keep]
 
 
-def _changed_compile_inputs(o: Observed, current: str | None, inputs: dict[str, Any]) -> list[str]:
-    """The compile inputs that differ from those of the newest earlier compile that succeeded."""
+def _changed_compile_inputs(o: Observed, current: str | None, inputs: dict[str, Any], uri: str) -> list[str]:
+    """The compile inputs that differ from those of the model's previous artefact: the newest
+    earlier compile Job of the model that succeeded, else the record of the artefact its
+    Deployment serves now (a model that started from a cache hit ran no Job)."""
     earlier = _newest_earlier_success(o, current)
-    if earlier is None:
-        return []
+    if earlier is not None:
+        said = earlier.annotations.get(COMPILE_INPUTS_ANNOTATION, "")
+    else:
+        served = children.served_uri(o.deployment)
+        record = o.compile_records.get(served) if served and served != uri else None
+        said = Obj(record).annotations.get(COMPILE_INPUTS_ANNOTATION, "") if _trusted_record(record, served or "") else ""
     try:
-        before = json.loads(earlier.annotations.get(COMPILE_INPUTS_ANNOTATION, ""))
+        before = json.loads(said)
     except ValueError:
-        return []  # a Job of an operator that did not record its inputs
+        return []  # nothing earlier, or a Job of an operator that did not record its inputs
     if not isinstance(before, dict):
         return []
     return sorted(k for k in inputs.keys() | before.keys() if inputs.get(k) != before.get(k))
@@ -146,12 +225,10 @@ def decide(o: Observed, now: str) -> Decision:
         return Decision([], [], basis, status.report(o, now, basis))
 
     m = checked.model
-    job_body = children.compile_job(m)
-    job_name = Obj(job_body).name
-    live_job = o.live("Job", job_name) if job_name else None
-    changed = _changed_compile_inputs(o, job_name, children.compile_inputs(m)) if job_body is not None else None
-    failure = status.compile_failure(job_name, o.pods) if job_name else ""
-    compiled = status.compiled_condition(job_body is not None, job_name, live_job, children.compiled_uri(m), changed, failure)
+    compile_ = _Compile.of(m, o)
+    compiles = m.spec.compile.image is not None
+    job_name = children.compile_job_name(m) if compiles else None
+    compiled = compile_.condition
 
     # The plan ConfigMap and Service always; the compile Job when there is one; the
     # Deployment only once the plan is compiled (else the previous one keeps serving).
@@ -170,8 +247,8 @@ def decide(o: Observed, now: str) -> Decision:
     deployment_replicas = zero.deployment_replicas if zero else replicas
 
     desired = [children.plan_configmap(m), zero.service if zero else children.service(m)]
-    if job_body is not None:
-        desired.append(job_body)
+    if compile_.job is not None:
+        desired.append(compile_.job)
     if compiled.status == "True":
         desired.append(children.serving_deployment(m, deployment_replicas))
     if scaler is not None:
@@ -202,7 +279,8 @@ def decide(o: Observed, now: str) -> Decision:
 
     in_use = _plan_configmaps_in_use(o) | {children.plan_configmap_name(m)}
     to_delete = [("Job", j) for j in _superseded_jobs(o, job_name)]
-    to_delete += [("ConfigMap", c) for c in (Obj(c).name for c in o.configmaps) if c is not None and c not in in_use]
+    plans = [c for c in map(Obj, o.configmaps) if c.labels.get(COMPONENT_LABEL) != COMPILE_RECORD_COMPONENT]
+    to_delete += [("ConfigMap", c.name) for c in plans if c.name is not None and c.name not in in_use]
     if ours and scaled_object is None:
         to_delete.append((SCALED_OBJECT_KIND, name or ""))  # autoscaling was turned off
 
@@ -216,11 +294,14 @@ def decide(o: Observed, now: str) -> Decision:
 
     basis = ReportBasis(
         valid=True, message="", compiled=compiled, replicas=deployment_replicas, plan_hash=children.plan_hash(m.plan),
-        conflicts=tuple(conflicts), plan=m.plan, selector=children.selector_string(m), compile_job=job_name,
-        compiled_uri=children.compiled_uri(m) if job_body else None,
+        conflicts=tuple(conflicts), plan=m.plan, selector=children.selector_string(m),
+        compile_job=job_name if compiles and not compile_.hit else None,
+        compiled_uri=children.compiled_uri(m) if compiles else None,
+        compile_key=children.compile_hash(m) if compiles else None, compile_cache_hit=compile_.hit,
+        changed_compile_inputs=tuple(compile_.changed),
         scaling_spec=m.spec if m.spec.autoscaling is not None else None, autoscaling=autoscaling,
     )  # fmt: skip
-    return Decision(to_apply, to_delete, basis, status.report(o, now, basis))
+    return Decision(to_apply, to_delete, basis, status.report(o, now, basis), compile_.record)
 
 
 def _last_plan(previous: Mapping[str, Any]) -> api.Plan | None:

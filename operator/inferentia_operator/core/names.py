@@ -13,6 +13,8 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 PLAN_HASH_ANNOTATION = f"{GROUP}/plan-hash"
 COMPILE_HASH_LABEL = f"{GROUP}/compile-hash"
 COMPILE_INPUTS_ANNOTATION = f"{GROUP}/compile-inputs"
+# The component label of the operator's records of completed compiles (children.compile_record).
+COMPILE_RECORD_COMPONENT = "compile-record"
 # The label the Job controller puts on its pods (Kubernetes 1.27 and later).
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 

@@ -105,6 +105,11 @@ class Observed:
     # False while the API server lately answered that it serves no ScaledObjects (KEDA is
     # not installed): nothing is written for them until the operator asks again.
     scaled_objects_served: bool = True
+    # The namespace's records of completed compiles and its compile Jobs, by the URI of the
+    # artefact they are about: how a model learns that another model compiled its key, or
+    # is compiling it now. Lookups, not copies: the shell's views read the caches per URI.
+    compile_records: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+    compile_jobs: Mapping[str, list[dict[str, Any]]] = field(default_factory=dict)
     # Configuration, not state: the operator's --operator-image and Prometheus settings.
     operator_image: str = DEFAULT_OPERATOR_IMAGE
     prometheus: Prometheus = NO_PROMETHEUS
@@ -287,25 +292,40 @@ def compiled_condition(
     job_name: str | None,
     job: Mapping[str, Any] | None,
     uri: str,
-    changed: list[str] | None = None,
+    changed: Sequence[str] = (),
     failure: str = "",
+    *,
+    key: str = "",
+    compiled_by: str = "",
+    hit: Mapping[str, str] | None = None,
 ) -> api.Condition:
     """The Compiled condition. ``changed``: the compile inputs that differ from the last
     successful compile's, named in the message while a new compile runs; ``failure``: what the
-    failed compile step said."""
+    failed compile step said; ``compiled_by``: the model whose Job compiles this key, when it
+    is another model's; ``hit``: the record of a finished compile of this key (job, model,
+    completed), when the model starts from it and runs no Job."""
     if not job_required:
         return cond("Compiled", "True", "CompiledAtLoad", "no compile image: the serving pods compile at load time with the planned flags")
+    if hit is not None:
+        by = f" of model {hit['model']}" if hit.get("model") else ""
+        when = f" at {hit['completed']}" if hit.get("completed") else ""
+        return cond(
+            "Compiled", "True", "CacheHit",
+            f"cache hit: Job {hit.get('job') or '?'}{by} compiled key {key} to {uri}{when}; no compile Job runs, "
+            "the serving pods fetch the artefact and load it without compiling",
+        )  # fmt: skip
+    whose = f" (of model {compiled_by}, which has the same compile inputs)" if compiled_by else ""
     state = job_state(job)
     if state.phase == "Complete":
         return cond(
             "Compiled", "True", "Compiled",
-            f"Job {job_name} compiled the model to {uri}; the serving pods fetch it and load it without compiling",
+            f"Job {job_name} compiled key {key} to {uri}; the serving pods fetch it and load it without compiling",
         )  # fmt: skip
     if state.phase == "Failed":
         said = f"; {failure}" if failure else ""
-        return cond("Compiled", "False", "CompileFailed", f"Job {job_name} failed: {state.why or 'no reason given'}{said}")
+        return cond("Compiled", "False", "CompileFailed", f"Job {job_name}{whose} failed: {state.why or 'no reason given'}{said}")
     why = f" ({', '.join(changed)} changed since the last compile)" if changed else ""
-    return cond("Compiled", "False", "Compiling", f"Job {job_name} is compiling the model for the new plan{why}")
+    return cond("Compiled", "False", "Compiling", f"Job {job_name}{whose} is compiling key {key} for the new plan{why}")
 
 
 def conditions(
@@ -538,6 +558,9 @@ class ReportBasis:
     selector: str | None = None
     compile_job: str | None = None
     compiled_uri: str | None = None
+    compile_key: str | None = None
+    compile_cache_hit: bool | None = None
+    changed_compile_inputs: tuple[str, ...] = ()
     # With spec.autoscaling: the spec the Autoscaling condition is read against, and the
     # status block (status.autoscaling).
     scaling_spec: api.InferentiaModelSpec | None = None
@@ -596,6 +619,9 @@ def report(o: Observed, at: str, basis: ReportBasis, failures: Sequence[WriteFai
         selector=basis.selector,
         compile_job=basis.compile_job,
         compiled_uri=basis.compiled_uri,
+        compile_key=basis.compile_key,
+        compile_cache_hit=basis.compile_cache_hit,
+        changed_compile_inputs=list(basis.changed_compile_inputs) or None,
     )
     return Report(status, events(new, previous))
 

@@ -13,13 +13,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferentia_operator.core.decide import Decision, holder_of
+from inferentia_operator.core.decide import Decision, holder_of, is_compile_job_of_ours
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.status import Conflict, Observed, WriteFailure
 
 from .cache import GONE
 from .kube import ApiError, Kube
-from .observe import project
+from .observe import project, project_record
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +38,11 @@ class Outcome:
     written: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (kind, name) -> object
     failures: list[WriteFailure] = field(default_factory=list)
     conflicts: list[Conflict] = field(default_factory=list)
+    record: dict[str, Any] | None = None  # the record of a completed compile it created
 
     @property
     def changed(self) -> bool:
-        return bool(self.written)
+        return bool(self.written) or self.record is not None
 
 
 class Actor:
@@ -59,6 +60,10 @@ class Actor:
         def taken(kind: str, name: str) -> bool:
             """Whether an object the model does not control has the name (recorded as a conflict)."""
             existing = kube.get(kind, namespace, name)
+            if existing is not None and kind == "Job" and is_compile_job_of_ours(existing):
+                # Another model with the same compile inputs created it a moment ago: this
+                # model waits for it (the next reconcile sees it in the cache), never a conflict.
+                return True
             holder = holder_of(existing, model.uid, model.name) if existing is not None else None
             if holder is not None:
                 out.conflicts.append(Conflict(kind, name, holder))
@@ -84,6 +89,13 @@ class Actor:
                 out.failures.append(WriteFailure(kind, name, exc.code, exc.message))
 
         list(self._writes.map(write, decision.apply))
+        if decision.record is not None:
+            try:
+                # Taken (409): another reconcile recorded the same compile first; nothing to do.
+                created = kube.create(decision.record)
+                out.record = project_record(created) if created is not None else None
+            except ApiError as exc:
+                out.failures.append(WriteFailure("ConfigMap", decision.record["metadata"]["name"], exc.code, exc.message))
         for kind, name in decision.delete:
             try:
                 kube.delete(kind, namespace, name)

@@ -12,7 +12,7 @@ so a reconcile right after a write does not repeat it.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from inferentia_operator.core import api
@@ -27,6 +27,31 @@ from .observe import Key
 GONE: dict[str, Any] = {"metadata": {"resourceVersion": "-1"}, "gone": True}
 
 
+class ByUri(Mapping[str, Any]):
+    """One namespace's part of an index keyed by (namespace, artefact URI), unpacked only on
+    lookup: a reconcile looks up its own model's one or two URIs, never the whole namespace.
+    ``first``: a URI has one object (a record), else the list of them (Jobs). ``written``:
+    what the operator created that the watch has not delivered yet."""
+
+    def __init__(self, store: Mapping[Any, Any] | None, namespace: str, first: bool, written: Mapping[Key, dict[str, Any]]) -> None:
+        self._store, self._namespace, self._first, self._written = store, namespace, first, written
+
+    def __getitem__(self, uri: str) -> Any:
+        found = [packed.unpack() for packed in (self._store or {}).get((self._namespace, uri), ())]
+        if not found and (self._namespace, uri) in self._written:
+            found = [self._written[self._namespace, uri]]
+        if not found:
+            raise KeyError(uri)
+        return found[0] if self._first else found
+
+    def __iter__(self) -> Iterator[str]:
+        keys = {*(self._store or {}).keys(), *self._written.keys()}
+        return iter(sorted({uri for ns, uri in keys if ns == self._namespace}))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 class Cache:
     def __init__(self, operator_image: str = DEFAULT_OPERATOR_IMAGE, prometheus: Prometheus = NO_PROMETHEUS) -> None:
         self.operator_image = operator_image
@@ -34,6 +59,8 @@ class Cache:
         self.indexes: Mapping[str, Any] | None = None  # kopf's, captured when they are populated
         # Per model: what the operator wrote, (kind, name) -> object, until the watch delivers it.
         self._written: dict[Key, dict[tuple[str, str], dict[str, Any]]] = {}
+        # Records of completed compiles the operator created, by (namespace, URI), until the watch delivers them.
+        self._records: dict[Key, dict[str, Any]] = {}
         # Kinds the API server answered it does not serve (KEDA's, before KEDA is installed),
         # until when: reconciles meanwhile write none, and say so in status.
         self._unserved_until: dict[str, float] = {}
@@ -68,6 +95,15 @@ class Cache:
     def remember(self, key: Key, written: Mapping[tuple[str, str], dict[str, Any]]) -> None:
         """What the operator just wrote, to be read instead of the cache until the watch catches up."""
         self._written.setdefault(key, {}).update(written)
+
+    def remember_record(self, namespace: str, uri: str, record: dict[str, Any]) -> None:
+        self._records[namespace, uri] = record
+
+    def models_of_artefact(self, namespace: str, uri: str) -> list[Key]:
+        """The models whose status names ``uri`` as their artefact: those a compile Job or
+        record of it concerns, whichever model made it."""
+        index = (self.indexes or {}).get("compiled_uri_index")
+        return [(namespace, name) for name in (index or {}).get((namespace, uri), ())]
 
     def forget(self, key: Key) -> None:
         self._written.pop(key, None)
@@ -133,6 +169,18 @@ class Cache:
             scaled_object=scalers[0] if scalers else None,
             others=others,
             scaled_objects_served=self.served(SCALED_OBJECT_KIND),
+            compile_records=self._compile_view("compile_record_index", key[0], first=True),
+            compile_jobs=self._compile_view("compile_job_index", key[0], first=False),
             operator_image=self.operator_image,
             prometheus=self.prometheus,
         )
+
+    def _compile_view(self, index: str, namespace: str, first: bool) -> ByUri:
+        assert self.indexes is not None
+        store = self.indexes.get(index)
+        if first:
+            # A record the watch has delivered needs no overlay any more.
+            for ns, uri in [k for k in self._records if k[0] == namespace]:
+                if store is not None and store.get((ns, uri)):
+                    del self._records[ns, uri]
+        return ByUri(store, namespace, first, self._records if first else {})

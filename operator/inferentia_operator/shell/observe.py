@@ -12,8 +12,8 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
-from inferentia_operator.core import api
-from inferentia_operator.core.names import MODEL_LABEL
+from inferentia_operator.core import api, children
+from inferentia_operator.core.names import COMPILE_RECORD_COMPONENT, COMPONENT_LABEL, MODEL_LABEL
 from inferentia_operator.core.objects import Obj
 
 _METADATA_KEPT = (
@@ -115,3 +115,20 @@ def owner_key(body: Mapping[str, Any]) -> Key | None:
         return obj.namespace, ref["name"]
     model = obj.labels.get(MODEL_LABEL)
     return (obj.namespace, model) if model else None
+
+
+def project_record(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A record of a completed compile, as the decision reads it: its data is its content."""
+    return {**project(body), "data": dict(body.get("data") or {})}
+
+
+def compile_uri(body: Mapping[str, Any]) -> str | None:
+    """The artefact a compile Job uploads or a compile record vouches for; None for anything else."""
+    obj = Obj(body)
+    component = obj.labels.get(COMPONENT_LABEL)
+    if body.get("kind") == "ConfigMap" and component == COMPILE_RECORD_COMPONENT:
+        uri = (body.get("data") or {}).get("uri")
+        return str(uri) if uri else None
+    if body.get("kind") == "Job" and component == "compile":
+        return children.job_output_uri(body)
+    return None

@@ -34,7 +34,7 @@ from . import metrics
 from .act import Actor, Outcome
 from .cache import Cache
 from .kube import Kube
-from .observe import Key, owner_key, pod_signature, project
+from .observe import Key, compile_uri, owner_key, pod_signature, project
 from .workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -98,6 +98,8 @@ class Reconciler:
         if decision.apply or decision.delete:
             outcome = await loop.run_in_executor(self._executor, self.actor.act, self.kube(), observed, decision)
             self.cache.remember(key, outcome.written)
+            if outcome.record is not None:
+                self.cache.remember_record(key[0], outcome.record["data"]["uri"], outcome.record)
             # The status of the objects as written, from the same decision, with what writing found.
             observed = self.cache.observe(key) or observed
             reported = status.report(observed, now, decision.basis, outcome.failures, outcome.conflicts)
@@ -206,6 +208,14 @@ class Reconciler:
             self.cache.deleted(key, body)
         if key is not None and self.cache.has_model(key):
             self.queue.add_after(key, SETTLE_SECONDS)
+        uri = compile_uri(body)
+        namespace = Obj(body).namespace
+        if uri and namespace:
+            # A compile Job or record concerns every model of its artefact, not only its maker:
+            # those waiting for another model's compile, or able to start from its record.
+            for other in self.cache.models_of_artefact(namespace, uri):
+                if other != key:
+                    self.queue.add_after(other, SETTLE_SECONDS)
 
     def on_pod(self, body: Mapping[str, Any], event_type: str | None, kwargs: Mapping[str, Any]) -> None:
         self.cache.capture(kwargs)

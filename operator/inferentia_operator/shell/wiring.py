@@ -11,7 +11,7 @@ import kopf
 from inferentia_operator.core import api
 from inferentia_operator.core.names import FIELD_MANAGER, MANAGED_BY_LABEL
 
-from .observe import Packed, owner_key, project, project_pod
+from .observe import Packed, compile_uri, owner_key, project, project_pod, project_record
 from .reconciler import Reconciler
 
 # The children's kinds, as kopf names their resources, and the index that caches each.
@@ -48,6 +48,23 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
     @kopf.index(**model, id="model_index")
     async def model_index(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
         return {(namespace, name): Packed(project(body))}
+
+    @kopf.index(**model, id="compiled_uri_index")
+    async def compiled_uri_index(namespace: str | None, name: str, status: kopf.Status, **_: Any) -> dict[Any, Any] | None:
+        uri = status.get("compiledUri")
+        return {(namespace, uri): name} if uri else None
+
+    # The namespace's compile Jobs and records of completed compiles, by the artefact they
+    # concern, whichever model made them (the child indexes file them under their maker).
+    @kopf.index("batch", "v1", "jobs", registry=registry, id="compile_job_index")
+    async def compile_job_index(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+        uri = compile_uri(body)
+        return {(namespace, uri): Packed(project(body))} if uri else None
+
+    @kopf.index("", "v1", "configmaps", registry=registry, id="compile_record_index")
+    async def compile_record_index(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+        uri = compile_uri(body)
+        return {(namespace, uri): Packed(project_record(body))} if uri else None
 
     def child_index(kind: str, projection: Callable[[Any], dict[str, Any]]) -> None:
         async def index(body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
