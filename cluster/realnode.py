@@ -192,7 +192,7 @@ class RealNode:
         )  # fmt: skip
         plugin_dir = DEVICE_PLUGIN_DIR
         _wait(lambda: (plugin_dir / "kubelet.sock").exists(), deadline, "kubelet's device-plugin socket")
-        self._start_device_plugin(CHIPS, CORES_PER_CHIP, pids)
+        self._start_device_plugin(INSTANCE_TYPE, pids)
         healthz_port, metrics_port = free_port("127.0.0.1"), free_port("127.0.0.1")
         self._start_process(
             "kube-proxy",
@@ -215,13 +215,14 @@ class RealNode:
         sock = self.state / "containerd" / "containerd.sock"
         return run(str(self.bins / "ctr"), "--address", str(sock), "--namespace", "k8s.io", *args, check=check)
 
-    def _start_device_plugin(self, chips: int, cores_per_chip: int, pids: dict[str, int]) -> None:
+    def _start_device_plugin(self, instance_type: str, pids: dict[str, int]) -> None:
+        chips, cores_per_chip = SHAPES[instance_type]
         self._start_process(
             "device-plugin",
             [
                 str(self.bins / "neuron-device-plugin-standin"), "--plugin-dir", str(DEVICE_PLUGIN_DIR),
                 "--dev-dir", str(self.state / "dev"), "--chips", str(chips), "--cores-per-chip", str(cores_per_chip),
-                "--lock-dir", str(self._lock_dir()),
+                "--lock-dir", str(self._lock_dir()), "--platform", instance_type.split(".")[0],
             ],
             pids,
         )  # fmt: skip
@@ -239,10 +240,9 @@ class RealNode:
         stand-in registers again with that many chips and cores, and the device files follow.
         The caller relabels the node and waits for the kubelet to advertise the new capacity;
         no pod may hold a Neuron device meanwhile."""
-        chips, cores_per_chip = SHAPES[instance_type]
         stop_process_groups([pids["device-plugin"]])
-        self._make_devices(chips)
-        self._start_device_plugin(chips, cores_per_chip, pids)
+        self._make_devices(SHAPES[instance_type][0])
+        self._start_device_plugin(instance_type, pids)
 
     def _make_devices(self, chips: int) -> None:
         """Stand-in /dev/neuronN files: character devices with /dev/null's numbers, so that

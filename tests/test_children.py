@@ -277,6 +277,50 @@ def test_the_vllm_preset_runs_one_tensor_parallel_server_per_group():
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
 
 
+TRN2_VLLM = {**VLLM, "compute.family": "trn2", "compute.inf": 1, "processesPerReplica": 1, "compile.image": "example.com/vllm-neuronx:2.31"}
+
+
+@pytest.mark.parametrize("family", ["trn2", "trn3"])
+def test_on_trn2_and_trn3_vllm_runs_on_the_neuron_plugin_from_the_cache_its_compile_job_fills(family):
+    m = model(**{**TRN2_VLLM, "compute.family": family})
+    [container] = children.serving_deployment(m)["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    # The plugin registers itself: no NxD Inference framework, no NxD Inference artefact.
+    assert "VLLM_NEURON_FRAMEWORK" not in env and "NEURON_COMPILED_ARTIFACTS" not in env
+    assert (env["VLLM_CACHE_ROOT"], env["VLLM_NEURON_DISABLE_WARMUP_COMPILE"]) == (children.COMPILED_DIR, "1")
+    # The plugin locks its cache's entries: the fetched cache is writable for the server.
+    assert {"name": "compiled", "mountPath": children.COMPILED_DIR, "readOnly": False} in container["volumeMounts"]
+    assert container["args"][4:8] == ["--model", "s3://models/llama-3.1-8b/", "--tensor-parallel-size", "4"]
+    job = children.compile_job(m)
+    compile_step = job["spec"]["template"]["spec"]["initContainers"][-1]
+    assert compile_step["command"] == ["python3", "/etc/inferentia/vllm_compile.py"]
+    jenv = {e["name"]: e["value"] for e in compile_step["env"]}
+    assert (jenv["VLLM_NEURON_CPU_COMPILE"], jenv["NEURON_PLATFORM_TARGET_OVERRIDE"], jenv["VLLM_CACHE_ROOT"]) == (
+        "1",
+        family,
+        children.COMPILED_DIR,
+    )
+    engine = json.loads(jenv["INFERENTIA_VLLM_ENGINE_ARGS"])
+    assert engine == {"model": "s3://models/llama-3.1-8b/", "tensor_parallel_size": 4, "max_model_len": 4096, "max_num_seqs": 8}
+    # The same engine as the serving flags: the graphs the server warms up are those compiled.
+    flags = container["args"][4:12]
+    assert dict(zip(flags[::2], flags[1::2], strict=True)) == {f"--{k.replace('_', '-')}": str(v) for k, v in engine.items()}
+    assert "vllm_compile.py" in children.plan_configmap(m)["data"]
+    assert children.compile_inputs(m)["engineArgs"] == engine
+    # Compiling needs no Neuron device: the Job asks for none.
+    assert not any(k.startswith("aws.amazon.com/") for k in compile_step["resources"]["requests"])
+
+
+def test_on_inf2_and_trn1_vllm_stays_on_nxd_inference():
+    for family in ("inf2", "trn1"):
+        m = model(**{**TRN2_VLLM, "compute.family": family})
+        [container] = children.serving_deployment(m)["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert env["VLLM_NEURON_FRAMEWORK"] == "neuronx-distributed-inference" and "VLLM_CACHE_ROOT" not in env
+        assert "command" not in children.compile_job(m)["spec"]["template"]["spec"]["initContainers"][-1]
+        assert "vllm_compile.py" not in children.plan_configmap(m)["data"]
+
+
 def test_the_vllm_preset_without_a_compile_job_loads_the_model_uri():
     m = model(**{**VLLM, "serving.args": None, "serving.batching": None, "compile.buckets": None, "processesPerReplica": 1})
     [container] = children.serving_deployment(m)["spec"]["template"]["spec"]["containers"]

@@ -40,12 +40,13 @@ ALLOWED_IMPORTS = {
     "typing",
     "torch",
     "neuron_compile",
+    "vllm",
 }
 
 
 def test_the_programs_import_only_what_a_neuron_image_has():
     """They run with the user's image's Python, torch and Neuron framework, never with this package."""
-    for name in (programs.COMPILE_PROGRAM, programs.SERVE_PROGRAM):
+    for name in (programs.COMPILE_PROGRAM, programs.SERVE_PROGRAM, programs.VLLM_COMPILE_PROGRAM):
         tree = ast.parse(programs.source(name))
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
@@ -323,3 +324,55 @@ def test_the_model_server_stops_on_sigterm_and_exits_0(tmp_path, models):
         server.kill()
     assert server.returncode == 0, err
     assert out.rstrip().endswith("serve: stopped"), out
+
+
+# --- the vLLM Neuron plugin's compile step (trn2, trn3) ------------------------------------------
+
+
+def plugin_env(tmp_path: Path, cache: Path, **extra: str) -> dict[str, str]:
+    return {
+        "PATH": "/usr/bin:/bin", "PYTHONPATH": str(STANDINS), "HOME": str(tmp_path), "VLLM_CACHE_ROOT": str(cache),
+        "NEURON_LOGICAL_NC_CONFIG": "2", **extra,
+    }  # fmt: skip
+
+
+ENGINE = {"model": "meta-llama/Llama-3.1-8B-Instruct", "tensor_parallel_size": 4, "max_model_len": 256}
+
+
+def run_vllm_compile(tmp_path: Path, cache: Path, **extra: str) -> subprocess.CompletedProcess:
+    env = plugin_env(tmp_path, cache, INFERENTIA_VLLM_ENGINE_ARGS=json.dumps(ENGINE), **extra)
+    return subprocess.run(["/usr/bin/python3", str(PROGRAMS / programs.VLLM_COMPILE_PROGRAM)], env=env, capture_output=True, text=True)
+
+
+def test_the_plugin_compile_step_fills_the_cache_a_server_then_starts_from_without_compiling(tmp_path, monkeypatch):
+    cache = tmp_path / "compiled"
+    done = run_vllm_compile(tmp_path, cache, VLLM_NEURON_CPU_COMPILE="1", NEURON_PLATFORM_TARGET_OVERRIDE="trn2")
+    assert done.returncode == 0, done.stderr
+    entries = sorted(p.name for p in (cache / "neuron" / "compile_cache").iterdir())
+    assert len(entries) == 2 and "2 cache entries" in done.stdout
+    # The serving side of the same contract, in the stand-in the real node's pods run.
+    monkeypatch.syspath_prepend(str(STANDINS))
+    import neuron_standin
+
+    for k, v in plugin_env(tmp_path, cache).items():
+        monkeypatch.setenv(k, v)
+    engine = {**ENGINE, "max_num_seqs": None}
+    assert neuron_standin.plugin_warm_up(engine, "trn2", may_compile=False) == (entries, False)
+    # A graph the compile step did not make (another sequence length) is a miss, fatal when warm-up may not compile.
+    with pytest.raises(RuntimeError, match="compile cache miss for the prefill graph .* VLLM_NEURON_DISABLE_WARMUP_COMPILE=1"):
+        neuron_standin.plugin_warm_up({**engine, "max_model_len": 512}, "trn2", may_compile=False)
+    # Compiled for trn2, the cache has nothing for trn3.
+    with pytest.raises(RuntimeError, match="compile cache miss"):
+        neuron_standin.plugin_warm_up(engine, "trn3", may_compile=False)
+
+
+def test_the_plugin_compile_step_fails_with_the_plugins_reason(tmp_path):
+    """Without the CPU-compilation settings there is no device to compile on, and the Job says so."""
+    cache = tmp_path / "compiled"
+    no_cpu = run_vllm_compile(tmp_path, cache)
+    assert no_cpu.returncode == 1 and "VLLM_NEURON_CPU_COMPILE=1" in no_cpu.stderr
+    no_target = run_vllm_compile(tmp_path, cache, VLLM_NEURON_CPU_COMPILE="1")
+    assert no_target.returncode == 1 and "NEURON_PLATFORM_TARGET_OVERRIDE is required" in no_target.stderr
+    inf2 = run_vllm_compile(tmp_path, cache, VLLM_NEURON_CPU_COMPILE="1", NEURON_PLATFORM_TARGET_OVERRIDE="inf2")
+    assert inf2.returncode == 1 and "supports Trn2 and Trn3, not inf2" in inf2.stderr
+    assert not (cache / "neuron" / "compile_cache").exists()

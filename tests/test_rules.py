@@ -163,7 +163,7 @@ INVALID = [
     # The vLLM preset needs a neuronx family.
     (
         {"serving.runtime": "vllm"},
-        "spec.serving.runtime: vllm does not run on inf1: vLLM on Neuron runs on NxD Inference (inf2, trn1, trn2) and "
+        "spec.serving.runtime: vllm does not run on inf1: vLLM on Neuron runs on NxD Inference (inf2, trn1) and "
         "the vLLM Neuron plugin (trn2, trn3) only; valid values on inf1 are custom",
     ),
     ({"serving.runtime": "tgi"}, "spec.serving.runtime: 'tgi' is not valid; valid values are custom, vllm"),

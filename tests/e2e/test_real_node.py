@@ -96,9 +96,18 @@ for pid in sorted(p for p in os.listdir('/proc') if p.isdigit() and int(p) != os
     except OSError:
         continue
     if any(b'neuron-serve' in c or b'vllm' in c or c.endswith(b'neuron_serve.py') for c in cmd) and b'/bin/sh' not in cmd[0]:
-        out.append({k: env.get(k) for k in ('NEURON_RT_VISIBLE_CORES', 'NEURON_CC_FLAGS', 'PORT', 'HOME', 'HF_HOME', 'NEURON_COMPILED_ARTIFACTS', 'VLLM_NEURON_DISABLE_WARMUP_COMPILE')})
+        out.append({k: env.get(k) for k in ('NEURON_RT_VISIBLE_CORES', 'NEURON_CC_FLAGS', 'PORT', 'HOME', 'HF_HOME', 'NEURON_COMPILED_ARTIFACTS', 'VLLM_NEURON_DISABLE_WARMUP_COMPILE', 'VLLM_CACHE_ROOT', 'VLLM_NEURON_FRAMEWORK')})
 print(json.dumps(out))
 """
+
+
+def standin_state(cluster, namespace: str, pod: dict) -> dict:
+    """What the runtime stand-in found when its server started (its /standin page)."""
+    out = cluster.kubectl(
+        "exec", "-n", namespace, pod["metadata"]["name"], "-c", "serve", "--",
+        "python3", "-c", "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8080/standin').read().decode())",
+    ).stdout  # fmt: skip
+    return json.loads(out)
 
 
 def process_envs(cluster, namespace: str, pod: str) -> list[dict]:
@@ -234,10 +243,7 @@ def test_a_compile_job_writes_the_artefact_the_serving_pods_fetch_and_load(real_
     # The vLLM preset's compile ran the image's own entry point; the operator's upload wrote the marker last.
     assert sorted(keys) == [prefix + "_INFERENTIA_COMPLETE", prefix + "model.neff.json"], keys
     [pod] = serving_pods(real_node, real_namespace, "compiled")
-    found = json.loads(
-        real_node.kubectl("exec", "-n", real_namespace, pod["metadata"]["name"], "-c", "serve", "--",
-                          "python3", "-c", "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8080/standin').read().decode())").stdout
-    )  # fmt: skip
+    found = standin_state(real_node, real_namespace, pod)
     assert found["loaded"] == "compiled"
     assert found["artefact"]["compiler"] == "neuronx-cc" and found["artefact"]["target"] == "inf2"
     assert found["artefact"]["tensorParallelSize"] == 2 == len(found["cores"])
@@ -286,10 +292,7 @@ def test_one_compile_per_key_serves_a_second_model_and_a_recreated_one_without_a
     status, compiled = compiled_status(real_node, real_namespace, owner)
     assert (compiled["reason"], status["compileKey"], status["compileCacheHit"]) == ("CacheHit", key, True)
     [pod] = serving_pods(real_node, real_namespace, owner)
-    found = json.loads(
-        real_node.kubectl("exec", "-n", real_namespace, pod["metadata"]["name"], "-c", "serve", "--",
-                          "python3", "-c", "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8080/standin').read().decode())").stdout
-    )  # fmt: skip
+    found = standin_state(real_node, real_namespace, pod)
     assert found["loaded"] == "compiled"
 
 
@@ -672,6 +675,45 @@ def inf1_node(real_node):
         yield real_node
     finally:
         reshape(real_node, "inf2.24xlarge")
+
+
+@pytest.fixture
+def trn2_node(real_node):
+    """The real node as a trn2.48xlarge (16 Trainium2 chips of 4 logical cores at LNC 2) for one
+    test, then an inf2.24xlarge again."""
+    reshape(real_node, "trn2.48xlarge")
+    try:
+        yield real_node
+    finally:
+        reshape(real_node, "inf2.24xlarge")
+
+
+def test_a_trn2_vllm_model_runs_on_the_vllm_neuron_plugin_from_the_cache_its_compile_filled(trn2_node, real_namespace):
+    """On trn2 and trn3, vLLM runs on the vLLM Neuron plugin (NxD Inference's support ends there
+    with Neuron 2.34). The compile Job fills the plugin's compile cache for the model's bucket on
+    an ordinary node (CPU compilation); the serving pod fetches it into VLLM_CACHE_ROOT and starts
+    with VLLM_NEURON_DISABLE_WARMUP_COMPILE=1, under which the plugin treats a cache miss as fatal:
+    it starts from the cache and never compiles."""
+    bucket = object_store(trn2_node, real_namespace)
+    spec = compiled_vllm_spec(bucket, **{"compute.family": "trn2", "compute.instanceTypes": ["trn2.48xlarge"], "compile.buckets": [[256]]})
+    apply(trn2_node, real_namespace, "plugin", spec)
+    wait_ready(trn2_node, real_namespace, "plugin", timeout=240)
+    status = trn2_node.get("inferentiamodel", "plugin", "-n", real_namespace)["status"]
+    prefix = status["compiledUri"].removeprefix(f"s3://{bucket}/")
+    keys = [o["Key"].removeprefix(prefix) for o in store_client(trn2_node).list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]]
+    # The plugin's local cache layout, $VLLM_CACHE_ROOT/neuron/compile_cache/<hash>/, then the marker.
+    entries = sorted({k.split("/")[2] for k in keys if k.startswith("neuron/compile_cache/")})
+    assert entries and "_INFERENTIA_COMPLETE" in keys, keys
+    [pod] = serving_pods(trn2_node, real_namespace, "plugin")
+    found = standin_state(trn2_node, real_namespace, pod)
+    assert (found["runtime"], found["loaded"], found["compiledAtStart"]) == ("vllm-neuron-plugin", "compile-cache", False), found
+    # Every graph its warm-up needs was in the cache the compile Job filled.
+    assert found["cacheKeys"] == entries and found["target"] == "trn2" and len(found["cores"]) == 4, found
+    [proc] = process_envs(trn2_node, real_namespace, pod["metadata"]["name"])
+    assert proc["VLLM_NEURON_FRAMEWORK"] is None and proc["NEURON_COMPILED_ARTIFACTS"] is None, proc
+    assert (proc["VLLM_CACHE_ROOT"], proc["VLLM_NEURON_DISABLE_WARMUP_COMPILE"]) == ("/var/lib/inferentia/compiled", "1"), proc
+    answer = cluster_ip_request(trn2_node, real_namespace, "plugin", "/v1/completions", {"prompt": "Trainium"})
+    assert answer["object"] == "text_completion"
 
 
 def test_an_inf1_model_of_four_processes_is_traced_with_torch_neuron_and_answers_as_the_network_does(inf1_node, real_namespace, tmp_path):

@@ -45,7 +45,8 @@ type plugin struct {
 	devDir       string
 	chips        int
 	coresPerChip int
-	perCore      bool // aws.amazon.com/neuroncore: one device id per core
+	platform     string // the instance family, for the runtime stand-in (NEURON_STANDIN_PLATFORM)
+	perCore      bool   // aws.amazon.com/neuroncore: one device id per core
 }
 
 func (p *plugin) ids() []string {
@@ -141,11 +142,13 @@ func (p *plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 			mounts = append(mounts, &pluginapi.Mount{ContainerPath: standinLockPath, HostPath: p.lockDir})
 		}
 		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerAllocateResponse{
-			// NEURON_STANDIN_CORES_PER_DEVICE is for the runtime stand-in only (the real runtime
-			// asks the driver how many cores a device has); nothing the operator runs reads it.
+			// NEURON_STANDIN_CORES_PER_DEVICE and NEURON_STANDIN_PLATFORM are for the runtime
+			// stand-in only (the real runtime asks the driver how many cores a device has, and the
+			// vLLM Neuron plugin detects the platform from the hardware); nothing the operator runs reads them.
 			Envs: map[string]string{
 				"NEURON_RT_VISIBLE_CORES":         strings.Join(list, ","),
 				"NEURON_STANDIN_CORES_PER_DEVICE": strconv.Itoa(p.coresPerChip),
+				"NEURON_STANDIN_PLATFORM":         p.platform,
 			},
 			Devices: devices,
 			Mounts:  mounts,
@@ -202,6 +205,7 @@ func main() {
 	chips := flag.Int("chips", 1, "Neuron devices on this node")
 	coresPerChip := flag.Int("cores-per-chip", 2, "NeuronCores per device, as the device plugin counts them")
 	lockDir := flag.String("lock-dir", "", "a host directory for the runtime stand-in's core locks, mounted into every container granted Neuron devices")
+	platform := flag.String("platform", "inf2", "the instance family (inf1, inf2, trn1, trn2, trn3), as the hardware would tell the runtime")
 	flag.Parse()
 
 	plugins := []*plugin{
@@ -224,7 +228,7 @@ func main() {
 			servers = nil
 			ok := true
 			for _, p := range plugins {
-				p.devDir, p.chips, p.coresPerChip, p.lockDir = *devDir, *chips, *coresPerChip, *lockDir
+				p.devDir, p.chips, p.coresPerChip, p.lockDir, p.platform = *devDir, *chips, *coresPerChip, *lockDir, *platform
 				s, err := p.serve(*pluginDir)
 				if err != nil {
 					log.Printf("register %s: %v", p.resource, err)

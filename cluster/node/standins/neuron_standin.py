@@ -12,6 +12,14 @@ neuron-compile,neuron-serve} and as vLLM's ``python3 -m vllm.entrypoints.openai.
 - ``neuron-serve`` and the vLLM entry point: an HTTP server with vLLM's OpenAI-compatible
   ``/v1/completions`` and ``/health``. At start it checks what the Neuron runtime and vLLM
   would check, and exits non-zero with the kind of message they give when a check fails.
+  vLLM runs on NxD Inference when ``VLLM_NEURON_FRAMEWORK=neuronx-distributed-inference``
+  (loading ``NEURON_COMPILED_ARTIFACTS``), else as the vLLM Neuron plugin, which registers
+  itself: its compile cache under ``$VLLM_CACHE_ROOT/neuron/compile_cache/<hash>/`` is used
+  at warm-up, and a miss compiles the graph, or, with ``VLLM_NEURON_DISABLE_WARMUP_COMPILE=1``,
+  raises RuntimeError;
+- ``vllm.LLM``: vLLM's offline engine (``LLM(model=..., tensor_parallel_size=...,
+  max_model_len=..., max_num_seqs=...)``); as the plugin, with ``VLLM_NEURON_CPU_COMPILE=1``,
+  it only compiles, for ``NEURON_PLATFORM_TARGET_OVERRIDE``, into the same cache.
 
 Nothing here is Neuron: it only enforces the contract a real node puts on a pod.
 """
@@ -21,6 +29,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import glob
+import hashlib
 import json
 import os
 import re
@@ -142,6 +151,81 @@ def compile_job(argv: list[str]) -> int:
     if plan.get("tensorParallelSize"):
         ccargs += ["--tensor-parallel-size", str(plan["tensorParallelSize"])]
     return compiler(ccargs, prog)
+
+
+# -- the vLLM Neuron plugin's compile cache ----------------------------------------------------
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/compilation/compilation_cache.html
+# and .../compilation/cpu_compilation.html: the environment variables, the cache's layout
+# ($VLLM_CACHE_ROOT/neuron/compile_cache/<hash>/, default ~/.cache/vllm) and what a miss does.
+
+NXD_INFERENCE = "neuronx-distributed-inference"
+PLUGIN_TARGETS = {"trn2", "trn3"}  # "the vLLM Neuron plugin for Trn2 and Trn3"
+GRAPH = "graph.neff.json"
+
+
+def plugin_mode() -> bool:
+    """vLLM on the plugin: NxD Inference runs only when VLLM_NEURON_FRAMEWORK selects it."""
+    return os.environ.get("VLLM_NEURON_FRAMEWORK") != NXD_INFERENCE
+
+
+def plugin_cache() -> Path:
+    root = os.environ.get("VLLM_CACHE_ROOT") or str(Path(os.environ.get("HOME", "/root")) / ".cache" / "vllm")
+    return Path(root) / "neuron" / "compile_cache"
+
+
+def plugin_graphs(engine: dict, target: str) -> dict[str, dict]:
+    """The graphs the plugin's warm-up compiles for an engine, by cache key. The real key hashes the
+    FX graph, the input shapes, the framework and compiler versions, the compiler arguments and the
+    target into 32 hex digits; here the model's name stands for its graph, and there is one prefill
+    graph at the sequence length and one decode graph at the sequences."""
+    lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
+    common = {
+        "model": engine["model"], "tensorParallelSize": engine.get("tensor_parallel_size") or 1, "target": target, "lnc": lnc,
+        "compilerArgs": os.environ.get("NEURON_CC_FLAGS", ""),
+    }  # fmt: skip
+    graphs = {
+        "prefill": {**common, "phase": "prefill", "tokens": engine.get("max_model_len") or 2048},
+        "decode": {**common, "phase": "decode", "sequences": engine.get("max_num_seqs") or 256},
+    }
+    return {hashlib.md5(json.dumps(g, sort_keys=True).encode()).hexdigest(): g for g in graphs.values()}
+
+
+def plugin_warm_up(engine: dict, target: str, may_compile: bool) -> tuple[list[str], bool]:
+    """The plugin's warm-up: each graph from the cache, or compiled into it. Returns the keys and
+    whether any graph was compiled; raises RuntimeError on a miss that may not compile."""
+    if target not in PLUGIN_TARGETS:
+        raise RuntimeError(f"the vLLM Neuron plugin supports Trn2 and Trn3, not {target}")
+    cache = plugin_cache()
+    compiled = False
+    for key, graph in plugin_graphs(engine, target).items():
+        entry = cache / key
+        if (entry / GRAPH).is_file():
+            continue
+        if not may_compile:
+            raise RuntimeError(
+                f"compile cache miss for the {graph['phase']} graph (key {key}) in {cache} with "
+                "VLLM_NEURON_DISABLE_WARMUP_COMPILE=1: all graphs must be pre-compiled"
+            )
+        entry.mkdir(parents=True, exist_ok=True)
+        (entry / GRAPH).write_text(json.dumps({**graph, "compiler": "neuronx-cc"}, indent=2))
+        compiled = True
+    return sorted(plugin_graphs(engine, target)), compiled
+
+
+def llm(**engine) -> dict:
+    """vLLM's offline engine, as far as compiling goes: on the plugin with VLLM_NEURON_CPU_COMPILE=1,
+    the graphs are compiled for NEURON_PLATFORM_TARGET_OVERRIDE and never run."""
+    if not plugin_mode():
+        raise RuntimeError("the offline engine stand-in runs only as the vLLM Neuron plugin")
+    if os.environ.get("VLLM_NEURON_CPU_COMPILE") != "1":
+        raise RuntimeError("no Neuron device: set VLLM_NEURON_CPU_COMPILE=1 to compile on the CPU")
+    if os.environ.get("VLLM_NEURON_CPU_MODE") == "1":
+        raise RuntimeError("VLLM_NEURON_CPU_COMPILE and VLLM_NEURON_CPU_MODE cannot be enabled together")
+    target = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE")
+    if not target:
+        raise RuntimeError("NEURON_PLATFORM_TARGET_OVERRIDE is required with VLLM_NEURON_CPU_COMPILE=1")
+    keys, _ = plugin_warm_up(engine, target, may_compile=True)
+    return {"cacheKeys": keys, "target": target}
 
 
 # -- the runtime and server ---------------------------------------------------------------------
@@ -334,8 +418,28 @@ def server_main(argv: list[str], prog: str) -> int:
     p.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8080")))
     p.add_argument("--model", default=os.environ.get("INFERENTIA_MODEL_URI", "model"))
     p.add_argument("--tensor-parallel-size", type=int)
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--max-num-seqs", type=int)
     args, _ = p.parse_known_args(argv)
+    plugin = prog == "vllm" and plugin_mode()
+    if plugin:
+        os.environ.pop("NEURON_COMPILED_ARTIFACTS", None)  # NxD Inference's, which the plugin never reads
     found = runtime_checks(args.tensor_parallel_size)
+    if plugin:
+        engine = {"model": args.model, "tensor_parallel_size": args.tensor_parallel_size,
+                  "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs}  # fmt: skip
+        target = os.environ.get("NEURON_STANDIN_PLATFORM", "")
+        try:
+            keys, compiled = plugin_warm_up(engine, target, may_compile=os.environ.get("VLLM_NEURON_DISABLE_WARMUP_COMPILE") != "1")
+        except RuntimeError as exc:
+            print(f"RuntimeError: {exc}", file=sys.stderr, flush=True)
+            return 1
+        found |= {
+            "runtime": "vllm-neuron-plugin", "target": target, "cacheKeys": keys, "compiledAtStart": compiled,
+            "loaded": "compiled-at-load" if compiled else "compile-cache",
+        }  # fmt: skip
+    elif prog == "vllm":
+        found["runtime"] = NXD_INFERENCE
     serve(args.port, args.model, found)
     return 0
 

@@ -27,7 +27,11 @@ Sources (public AWS Neuron documentation):
 - trn1 containers may use 1, 4, 8 or 16 devices (the Neuron scheduler extension,
   https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/k8s-neuron-scheduler.html);
 - trn1's runtime loads collectives only on 1, 2, 8, 16 or a multiple of 32 cores
-  ("Unsupported topology", huggingface/optimum-neuron#619).
+  ("Unsupported topology", huggingface/optimum-neuron#619);
+- vLLM: on Trn2 and Trn3, the vLLM Neuron plugin (Neuron 2.31 and later), since NxD Inference's
+  support there ends with Neuron 2.34; on Inf2 and Trn1, NxD Inference stays, in maintenance at
+  Neuron 2.31 (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/announcements/neuron2.x/announce-eos-nxdi-nxd-core-inference.html,
+  https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/getting-started/setup-guide.html).
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ NEURON_TAINT_KEY = "aws.amazon.com/neuron"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 
 Compiler = Literal["neuron-cc", "neuronx-cc"]
+# What vLLM runs on, per family (see the module's sources).
+VllmBackend = Literal["nxd-inference", "vllm-neuron-plugin"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,7 @@ class Family:
     # (besides these, any multiple of tensor_parallel_multiple).
     tensor_parallel_sizes: tuple[int, ...] | None = None
     tensor_parallel_multiple: int | None = None
+    vllm: VllmBackend | None = None  # None: vLLM does not run on the family (inf1)
 
     @property
     def default_lnc(self) -> int:
@@ -117,6 +124,7 @@ FAMILIES: dict[str, Family] = {
             "inf2",
             physical_cores_per_chip=2,
             memory_per_chip_bytes=32 * GIB,
+            vllm="nxd-inference",
             instance_chips={"inf2.xlarge": 1, "inf2.8xlarge": 1, "inf2.24xlarge": 6, "inf2.48xlarge": 12},
             compiler="neuronx-cc",
         ),
@@ -124,6 +132,7 @@ FAMILIES: dict[str, Family] = {
             "trn1",
             physical_cores_per_chip=2,
             memory_per_chip_bytes=32 * GIB,
+            vllm="nxd-inference",
             # trn1n.32xlarge: trn1.32xlarge with twice the network bandwidth (the Trn1/Trn1n
             # architecture page's table).
             instance_chips={"trn1.2xlarge": 1, "trn1.32xlarge": 16, "trn1n.32xlarge": 16},
@@ -136,6 +145,7 @@ FAMILIES: dict[str, Family] = {
             "trn2",
             physical_cores_per_chip=8,
             memory_per_chip_bytes=96 * GIB,
+            vllm="vllm-neuron-plugin",
             instance_chips={"trn2.48xlarge": 16},
             compiler="neuronx-cc",
             lnc_values=(2, 1),  # LNC=2 is Trainium2's default
@@ -144,6 +154,7 @@ FAMILIES: dict[str, Family] = {
             "trn3",
             physical_cores_per_chip=8,
             memory_per_chip_bytes=144 * GIB,
+            vllm="vllm-neuron-plugin",
             instance_chips={"trn3.48xlarge": 16},
             compiler="neuronx-cc",
             lnc_values=(2, 1),  # as on Trainium2 (the Trainium3 architecture page)

@@ -14,14 +14,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from inferentia_operator.programs import COMPILE_PROGRAM, COMPILE_PROGRAM_VERSION, SERVE_PROGRAM
+from inferentia_operator.programs import COMPILE_PROGRAM, COMPILE_PROGRAM_VERSION, SERVE_PROGRAM, VLLM_COMPILE_PROGRAM
 from inferentia_operator.programs import source as program_source
 
 from . import api
 from .api import InferentiaModelSpec, Plan
 from .autoscaling import Prometheus, desired_replicas
 from .autoscaling import scaled_object as autoscaling_object
-from .catalogue import GIB, INSTANCE_TYPE_LABEL, NEURON_TAINT_KEY
+from .catalogue import FAMILIES, GIB, INSTANCE_TYPE_LABEL, NEURON_TAINT_KEY
 from .cores import bytes_per_weight
 from .findings import Finding
 from .launcher import LAUNCHER
@@ -40,17 +40,26 @@ from .names import (
 )
 from .objects import Obj
 
-# The vLLM preset (spec.serving.runtime: vllm). vLLM on inf2, trn1 and trn2 runs on NxD
-# Inference: VLLM_NEURON_FRAMEWORK selects it, and NEURON_COMPILED_ARTIFACTS points it at
-# a pre-compiled model, which it loads instead of compiling at start
-# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/developer_guides/migrate-from-tnx-to-nxdi.html,
-# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/developer_guides/vllm-user-guide.html).
-# Its OpenAI-compatible server answers /health once the model is loaded.
+# The vLLM preset (spec.serving.runtime: vllm), on what AWS supports for the family
+# (catalogue.Family.vllm). Its OpenAI-compatible server answers /health once the model is loaded.
 VLLM_SERVER = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+# - inf2 and trn1: vLLM on NxD Inference. VLLM_NEURON_FRAMEWORK selects it, and
+#   NEURON_COMPILED_ARTIFACTS points it at a pre-compiled model, which it loads instead of
+#   compiling at start
+#   (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/developer_guides/migrate-from-tnx-to-nxdi.html,
+#   https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/developer_guides/vllm-user-guide.html).
 VLLM_ENV = {"VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference"}
+# - trn2 and trn3: the vLLM Neuron plugin, which "registers itself with vLLM via its entry
+#   point" (no VLLM_NEURON_FRAMEWORK, no --device neuron) and compiles at warm-up, one graph per
+#   bucket, into its local cache under $VLLM_CACHE_ROOT/neuron/compile_cache/<hash>/
+#   (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/getting-started/migration-nxdi-to-vllm-neuron.html,
+#   https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/compilation/compilation_cache.html).
+#   The compile Job fills that cache on an ordinary node: CPU compilation for the family's
+#   target (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/compilation/cpu_compilation.html).
+VLLM_PLUGIN_COMPILE_ENV = {"VLLM_NEURON_CPU_COMPILE": "1"}
 # With a compiled artefact, a cache miss must end the server, never start a compile in the
 # serving pod: VLLM_NEURON_DISABLE_WARMUP_COMPILE=1 "treats a local cache miss as a fatal
-# error" (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/compilation/compilation_cache.html).
+# error" (the Compilation Cache page above).
 VLLM_PRECOMPILED_ENV = {"VLLM_NEURON_DISABLE_WARMUP_COMPILE": "1"}
 # Where the fetch init container puts the compiled artefact, read-only for the server, and
 # where the compile program writes it in the compile Job.
@@ -118,7 +127,27 @@ def compile_inputs(m: Model) -> dict[str, Any]:
     if m.spec.compiles_with_program:
         # The operator's compile program made the artefact: its format and the example inputs' dtype.
         inputs |= {"program": COMPILE_PROGRAM_VERSION, "inputDtype": m.spec.input_dtype}
+    if vllm_plugin(m):
+        # The plugin's cache: one graph per shape the engine warms up, for its engine arguments.
+        inputs |= {"vllm": "vllm-neuron-plugin", "engineArgs": vllm_engine_args(m)}
     return inputs
+
+
+def vllm_plugin(m: Model) -> bool:
+    """The vLLM preset on a family where vLLM runs on the vLLM Neuron plugin (trn2, trn3)."""
+    return m.spec.serving.runtime == "vllm" and FAMILIES[m.plan.family].vllm == "vllm-neuron-plugin"
+
+
+def vllm_engine_args(m: Model) -> dict[str, Any]:
+    """vLLM's engine arguments, as the serving pods' flags and the plugin's compile step give
+    them: the model, tensor parallel over the group's (logical) cores, the largest bucket's
+    last dimension as the sequence length, and serving.batching.maxBatchSize as the sequences."""
+    args: dict[str, Any] = {"model": m.spec.model.uri, "tensor_parallel_size": m.plan.tensor_parallel_size}
+    if m.plan.buckets:
+        args["max_model_len"] = max(b[-1] for b in m.plan.buckets)
+    if m.spec.serving.batching:
+        args["max_num_seqs"] = m.spec.serving.batching.max_batch_size
+    return args
 
 
 def compile_hash(m: Model) -> str:
@@ -258,6 +287,8 @@ def _plan_files(m: Model) -> dict[str, str]:
         data[COMPILE_PROGRAM] = program_source(COMPILE_PROGRAM)
     if m.spec.serves_with_program:
         data[SERVE_PROGRAM] = program_source(SERVE_PROGRAM)
+    if vllm_plugin(m) and m.spec.compile.image:
+        data[VLLM_COMPILE_PROGRAM] = program_source(VLLM_COMPILE_PROGRAM)
     return data
 
 
@@ -465,6 +496,18 @@ def compile_job(m: Model) -> dict[str, Any] | None:
         "INFERENTIA_BUCKETS": json.dumps(m.plan.buckets),
         "INFERENTIA_PLAN_FILE": PLAN_FILE,
     }
+    command = ["python3", f"{PLAN_MOUNT}/{COMPILE_PROGRAM}"] if m.spec.compiles_with_program else None
+    if vllm_plugin(m):
+        # The plugin's own compile at warm-up, on the CPU for the family's target, into the
+        # directory the upload step uploads.
+        command = ["python3", f"{PLAN_MOUNT}/{VLLM_COMPILE_PROGRAM}"]
+        env |= {
+            **VLLM_PLUGIN_COMPILE_ENV,
+            "NEURON_PLATFORM_TARGET_OVERRIDE": m.plan.family,
+            "NEURON_LOGICAL_NC_CONFIG": str(m.plan.lnc),
+            "VLLM_CACHE_ROOT": COMPILED_DIR,
+            "INFERENTIA_VLLM_ENGINE_ARGS": json.dumps(vllm_engine_args(m), sort_keys=True),
+        }
     metadata = _metadata(m, compile_job_name(m), "compile")
     metadata["labels"][COMPILE_HASH_LABEL] = compile_hash(m)
     # What was compiled, so that status can say which part of the key a new compile changed.
@@ -472,9 +515,10 @@ def compile_job(m: Model) -> dict[str, Any] | None:
     compile_step: dict[str, Any] = {
         "name": "compile",
         # The user's Neuron framework image: its python3, torch and torch-neuron(x) run the
-        # operator's compile program from the plan. The vLLM preset's compile runs the image's
-        # own entry point with the same environment (docs/serving-pod.md, "Bring your own").
-        **({"command": ["python3", f"{PLAN_MOUNT}/{COMPILE_PROGRAM}"]} if m.spec.compiles_with_program else {}),
+        # operator's compile program from the plan; on trn2 and trn3 its vLLM runs the plugin's
+        # compile step. The vLLM preset's compile on inf2 and trn1 runs the image's own entry
+        # point with the same environment (docs/serving-pod.md, "Bring your own").
+        **({"command": command} if command else {}),
         "image": m.spec.compile.image,
         "env": [{"name": k, "value": v} for k, v in {**SCRATCH_ENV, **env}.items()],
         "resources": compile_resources(m),
@@ -552,7 +596,11 @@ def _serving_env(m: Model) -> list[dict[str, str]]:
     if m.spec.serving.batching:
         env["INFERENTIA_MAX_BATCH_SIZE"] = str(m.spec.serving.batching.max_batch_size)
         env["INFERENTIA_MAX_LATENCY_MS"] = str(m.spec.serving.batching.max_latency_ms)
-    if m.spec.serving.runtime == "vllm":
+    if vllm_plugin(m):
+        if m.spec.compile.image:
+            # The plugin's local cache, as the compile Job filled it and the fetch init container copied it.
+            env |= {"VLLM_CACHE_ROOT": COMPILED_DIR, **VLLM_PRECOMPILED_ENV}
+    elif m.spec.serving.runtime == "vllm":
         env |= VLLM_ENV
         if m.spec.compile.image:
             # A local directory, as vLLM's Neuron loader reads it: the fetch init container filled it.
@@ -568,14 +616,10 @@ def vllm_args(m: Model) -> list[str]:
 
     vLLM counts --tensor-parallel-size in logical cores, as the plan does. The model is
     spec.model.uri (vLLM reads its configuration and tokenizer there); with a compile Job,
-    NEURON_COMPILED_ARTIFACTS makes it load the compiled model instead of compiling.
+    NEURON_COMPILED_ARTIFACTS (NxD Inference) or VLLM_CACHE_ROOT (the plugin) makes it load
+    the compiled model instead of compiling.
     sh -c receives the flags as separate arguments ("$@"), never as text to parse."""
-    flags = ["--model", m.spec.model.uri, "--tensor-parallel-size", str(m.plan.tensor_parallel_size)]
-    if m.plan.buckets:
-        # The largest bucket bounds the sequence length (its last dimension).
-        flags += ["--max-model-len", str(max(b[-1] for b in m.plan.buckets))]
-    if m.spec.serving.batching:
-        flags += ["--max-num-seqs", str(m.spec.serving.batching.max_batch_size)]
+    flags = [part for name, value in vllm_engine_args(m).items() for part in (f"--{name.replace('_', '-')}", str(value))]
     server = " ".join(VLLM_SERVER)
     return ["/bin/sh", "-c", f'exec {server} --port "$PORT" "$@"', "vllm", *flags, *(m.spec.serving.args or [])]
 
@@ -744,7 +788,8 @@ def serving_deployment(m: Model, replicas: int | None = None) -> dict[str, Any]:
         "volumeMounts": [
             {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
             *_scratch_mounts(),
-            *([{"name": "compiled", "mountPath": COMPILED_DIR, "readOnly": True}] if spec.compile.image else []),
+            # The plugin takes file locks in its cache, even to read it: writable for it alone.
+            *([{"name": "compiled", "mountPath": COMPILED_DIR, "readOnly": not vllm_plugin(m)}] if spec.compile.image else []),
             *([{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}] if serving_fetches_model(m) else []),
         ],
     }

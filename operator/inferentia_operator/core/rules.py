@@ -272,14 +272,15 @@ TENSOR_PARALLEL_GROUP = {
     for f in TP_RESTRICTED
 }
 
-# The vLLM preset: vLLM on Neuron runs on NxD Inference, which supports inf2, trn1 and trn2
+# The vLLM preset: the operator runs vLLM on NxD Inference on inf2 and trn1
 # (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/vllm/index.html),
-# and on the vLLM Neuron plugin on Trn2 and Trn3
-# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/model-recipes/index.html).
+# and on the vLLM Neuron plugin on Trn2 and Trn3, where NxD Inference's support ends with Neuron 2.34
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/model-recipes/index.html;
+# catalogue.Family.vllm). inf1 has neither.
 VLLM_FAMILY = CrossFieldRule(
     "spec.serving.runtime",
     "spec",
-    "vllm does not run on %s: vLLM on Neuron runs on NxD Inference (inf2, trn1, trn2) and the vLLM Neuron plugin "
+    "vllm does not run on %s: vLLM on Neuron runs on NxD Inference (inf2, trn1) and the vLLM Neuron plugin "
     "(trn2, trn3) only; "
     "valid values on %s are custom",
     f"!has(self.serving.runtime) || self.serving.runtime != 'vllm' || !({CEL_FAMILY} in {literal(NEURON_CC_FAMILIES)})",

@@ -1,6 +1,6 @@
 """Programs the operator ships into the user's Neuron framework image through the plan
-ConfigMap: the compile program (``neuron_compile.py``) and the model server
-(``neuron_serve.py``). They run with that image's Python, torch and Neuron framework, so they
+ConfigMap: the compile program (``neuron_compile.py``), the model server
+(``neuron_serve.py``) and the vLLM Neuron plugin's compile step (``vllm_compile.py``). They run with that image's Python, torch and Neuron framework, so they
 import nothing of this package (tests/test_programs.py checks it)."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ COMPILE_PROGRAM = "neuron_compile.py"
 # operator upgrade recompiles nothing it need not.
 COMPILE_PROGRAM_VERSION = 1
 SERVE_PROGRAM = "neuron_serve.py"
+VLLM_COMPILE_PROGRAM = "vllm_compile.py"
 
 
 @cache

@@ -1,0 +1,62 @@
+"""The compile program inferentia-operator runs in the compile Job of a vLLM model on trn2 and trn3,
+inside your vLLM Neuron image.
+
+It fills the vLLM Neuron plugin's compile cache for the model as the serving pods will start it,
+on an ordinary node, with no Neuron device: it constructs vLLM's offline engine,
+``vllm.LLM(model=..., tensor_parallel_size=..., max_model_len=..., max_num_seqs=...)``, with the
+same engine arguments the serving pods' ``vllm serve`` gets. The plugin compiles one graph per
+bucket when the engine warms up and stores each under ``$VLLM_CACHE_ROOT/neuron/compile_cache/<hash>/``
+("Compilation Cache",
+https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/compilation/compilation_cache.html).
+The operator runs it with:
+
+- ``VLLM_NEURON_CPU_COMPILE=1`` and ``NEURON_PLATFORM_TARGET_OVERRIDE`` (the family): the
+  plugin compiles on the CPU for that target without running the graphs ("CPU Compilation",
+  https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/compilation/cpu_compilation.html);
+- ``VLLM_CACHE_ROOT``: the directory the operator's upload step then uploads, with its
+  completion marker last, and which the serving pods fetch into their own ``VLLM_CACHE_ROOT``;
+- ``INFERENTIA_VLLM_ENGINE_ARGS``: the engine arguments, as JSON.
+
+It needs only the image's Python and vLLM with the plugin: it is shipped in the plan ConfigMap
+and never imports inferentia_operator. Exit status 0 once the engine is built (every bucket
+compiled), 1 with a message on stderr otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+CACHE = Path("neuron") / "compile_cache"
+
+
+def engine_args() -> dict[str, Any]:
+    args = json.loads(os.environ["INFERENTIA_VLLM_ENGINE_ARGS"])
+    if not isinstance(args, dict) or "model" not in args:
+        raise ValueError(f"INFERENTIA_VLLM_ENGINE_ARGS is not an object with a model: {args!r}")
+    return args
+
+
+def main() -> int:
+    try:
+        args = engine_args()
+        cache = Path(os.environ["VLLM_CACHE_ROOT"]) / CACHE
+        from vllm import LLM  # the image's vLLM, with the Neuron plugin registered through its entry point
+
+        LLM(**args)
+    except Exception as exc:  # noqa: BLE001 - every failure ends the Job with its reason
+        print(f"vllm compile failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    entries = sorted(p.name for p in cache.iterdir() if p.is_dir()) if cache.is_dir() else []
+    if not entries:
+        print(f"vllm compile failed: the engine started but {cache} holds no compiled graph", file=sys.stderr)
+        return 1
+    print(f"compiled {args['model']} into {len(entries)} cache entries under {cache}: {', '.join(entries)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
