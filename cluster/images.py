@@ -282,7 +282,34 @@ def build(bins: Path) -> list[Path]:
             (Path(tmp) / "pause").chmod(0o755)
             write_oci(pause, PAUSE_IMAGE, [_tar_dir(Path(tmp))], {"Entrypoint": ["/pause"], "User": "65535:65535"})
     images.append(pause)
+    prune(keep=[*images, cache_dir() / f"layer-python-{pkey}.tar"])
     return images
+
+
+# Kinds of cached archive that each change of the operator or the stand-ins makes anew (about
+# 1 GB a set): without pruning, a day of development filled this machine's disk, and the kubelet
+# then tainted the real node with disk-pressure. The newest few of each kind are kept, so that
+# two checkouts (a worktree beside the main one) do not rebuild each other's. No kind's prefix
+# is the start of another's.
+PRUNED_KINDS = ("operator-", "standin-", "compile-standin-", "torch-standin-", "layer-python-", "pause-")
+KEEP_PER_KIND = 3
+
+
+def prune(keep: list[Path]) -> list[Path]:
+    """Deletes all but the newest KEEP_PER_KIND archives of each kind (never one in ``keep``);
+    returns what it deleted."""
+    removed = []
+    for kind in PRUNED_KINDS:
+        files = sorted(
+            (f for f in cache_dir().glob(f"{kind}*.tar") if f.name.startswith(kind)), key=lambda f: f.stat().st_mtime, reverse=True
+        )
+        for f in files[KEEP_PER_KIND:]:
+            if f not in keep:
+                f.unlink(missing_ok=True)
+                removed.append(f)
+    if removed:
+        log(f"pruned {len(removed)} stale archives from {cache_dir()}")
+    return removed
 
 
 if __name__ == "__main__":

@@ -82,3 +82,27 @@ def test_one_version_everywhere():
     assert chart["version"] == chart["appVersion"] == __version__
     assert DEFAULT_OPERATOR_IMAGE == f"inferentia-operator:{__version__}"
     assert f"to {__version__}" in (ROOT / "docs" / "install.md").read_text()  # the upgrade notes name it
+
+
+def test_the_image_cache_keeps_the_newest_few_of_each_kind_and_those_in_use(tmp_path, monkeypatch):
+    """Every change of the operator makes a new set of image archives (about 1 GB): stale ones go."""
+    import os
+
+    monkeypatch.setenv("INFERENTIA_CACHE_DIR", str(tmp_path))
+    sys.path.insert(0, str(ROOT / "cluster"))
+    try:
+        import images
+    finally:
+        sys.path.remove(str(ROOT / "cluster"))
+    cache = images.cache_dir()
+    names = [f"{kind}{i}.oci.tar" for kind in ("operator-", "standin-", "compile-standin-") for i in range(6)]
+    for age, name in enumerate(names):
+        (cache / name).write_bytes(b"")
+        os.utime(cache / name, (1000 + age, 1000 + age))
+    in_use = cache / "operator-0.oci.tar"  # the oldest, but the one this build uses
+    removed = images.prune(keep=[in_use])
+    left = sorted(p.name for p in cache.iterdir())
+    assert left == sorted(
+        ["operator-0.oci.tar", *(f"{kind}{i}.oci.tar" for kind in ("operator-", "standin-", "compile-standin-") for i in (3, 4, 5))]
+    )
+    assert len(removed) == len(names) - len(left)
