@@ -192,6 +192,9 @@ mkdir -p "$bin/cni"
   github.com/containernetworking/plugins/plugins/main/bridge github.com/containernetworking/plugins/plugins/ipam/host-local \
   github.com/containernetworking/plugins/plugins/main/loopback github.com/containernetworking/plugins/plugins/meta/portmap )
 build_local neuron-device-plugin-standin "$here/node/deviceplugin" "k8s.io/kubelet@v0.${KUBERNETES_VERSION#v1.}" google.golang.org/grpc
+# The Neuron DRA driver stand-in, on the kubelet DRA plugin helper of the cluster's release.
+build_local neuron-dra-standin "$here/node/draplugin" "k8s.io/dynamic-resource-allocation@v0.${KUBERNETES_VERSION#v1.}" \
+  "k8s.io/client-go@v0.${KUBERNETES_VERSION#v1.}" "k8s.io/api@v0.${KUBERNETES_VERSION#v1.}"
 build_local pause "$here/node/pause"
 build_in_module keda github.com/kedacore/keda/v2 "$KEDA_VERSION" "" \
   "-X github.com/kedacore/keda/v2/version.Version=$KEDA_VERSION" \

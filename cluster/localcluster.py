@@ -241,6 +241,17 @@ class LocalCluster:
         assert self.real_node is not None, "no real node"
         self.real_node.reshape(instance_type, self.recorded()["pids"], stop_process_groups)
 
+    def real_node_dra(self, on: bool, instance_type: str = "inf2.24xlarge") -> None:
+        """The real node in DRA mode (its devices from the Neuron DRA driver stand-in), or back
+        to the device plugin stand-in as ``instance_type``. The caller relabels the node."""
+        assert self.real_node is not None, "no real node"
+        pids = self.recorded()["pids"]
+        if on:
+            self.real_node.dra_mode(self.kubeconfig, pids, stop_process_groups)
+        else:
+            self.real_node.device_plugin_mode(instance_type, pids, stop_process_groups)
+        self._save(pids=pids)
+
     def etcd(self, method: str, body: dict) -> dict:
         """A call to etcd's v3 JSON gateway (``method`` such as "kv/put" or "kv/compaction")."""
         url = f"http://127.0.0.1:{self.ports()['etcd']}/v3/{method}"

@@ -41,6 +41,8 @@ CHIPS, CORES_PER_CHIP = 6, 2
 # cores at its default LNC 2 (4 of a chip's 8 physical cores): how AWS's device plugin numbers
 # trn2 cores under LNC is not documented, so only the samples' LNC 2 is modelled.
 SHAPES = {"inf2.24xlarge": (6, 2), "inf1.6xlarge": (4, 4), "trn2.48xlarge": (16, 4)}
+# The node's shape in DRA mode (RealNode.dra_mode): Trainium2, whose DRA claims set their LNC.
+DRA_INSTANCE_TYPE = "trn2.48xlarge"
 # Pods reach this node only where their namespace lets them: the node carries this taint,
 # and a namespace annotated with REAL_NODE_NAMESPACE_ANNOTATIONS gets the toleration and node
 # selector by the API server's PodTolerationRestriction and PodNodeSelector admission plugins.
@@ -244,6 +246,37 @@ class RealNode:
         self._make_devices(SHAPES[instance_type][0])
         self._start_device_plugin(instance_type, pids)
 
+    def dra_mode(self, kubeconfig: Path, pids: dict[str, int], stop_process_groups) -> None:
+        """The node as one that AWS's Neuron DRA driver runs instead of the device plugin (a node
+        runs one or the other): a trn2.48xlarge's 16 devices, published by the DRA driver
+        stand-in (cluster/node/draplugin), which the kubelet finds through its plugin registry
+        and whose CDI specs containerd applies. The caller relabels the node; device_plugin_mode
+        (or reshape) goes back."""
+        stop_process_groups([pids["device-plugin"]])
+        chips = SHAPES[DRA_INSTANCE_TYPE][0]
+        self._make_devices(chips)
+        self._start_process(
+            "dra-plugin",
+            [
+                str(self.bins / "neuron-dra-standin"), "--kubeconfig", str(kubeconfig), "--node-name", NODE_NAME,
+                "--kubelet-dir", str(self.state / "kubelet"), "--dev-dir", str(self.state / "dev"),
+                "--lock-dir", str(self._lock_dir()), "--cdi-dir", str(self.cdi_dir), "--instance-type", DRA_INSTANCE_TYPE,
+                "--chips", str(chips), "--physical-cores-per-chip", "8", "--default-lnc", "2",
+            ],
+            pids,
+        )  # fmt: skip
+
+    def device_plugin_mode(self, instance_type: str, pids: dict[str, int], stop_process_groups) -> None:
+        """Back from dra_mode: the DRA driver stand-in stops, the device plugin stand-in starts."""
+        if "dra-plugin" in pids:
+            stop_process_groups([pids.pop("dra-plugin")])
+        self.reshape(instance_type, pids, stop_process_groups)
+
+    @property
+    def cdi_dir(self) -> Path:
+        """Where containerd reads CDI specs (the DRA driver stand-in writes one per prepared claim)."""
+        return self.state / "cdi"
+
     def _make_devices(self, chips: int) -> None:
         """Stand-in /dev/neuronN files: character devices with /dev/null's numbers, so that
         runc can create them in a container as it creates a real Neuron device; none beyond ``chips``."""
@@ -299,6 +332,9 @@ state = "{s / "state"}"
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = "docker.io/library/inferentia-pause:1"
 [plugins."io.containerd.cri.v1.runtime"]
+  # CDI specs, for the DRA driver stand-in's prepared claims (containerd 2 applies them).
+  enable_cdi = true
+  cdi_spec_dirs = ["{self.cdi_dir}"]
   # This machine does not grant CAP_SYS_RESOURCE: a negative oom_score_adj, which containerd
   # gives every sandbox, kills runc's init. Restricting it to the daemon's own avoids that.
   restrict_oom_score_adj = true
@@ -353,7 +389,7 @@ state = "{s / "state"}"
 
     def stop(self, stop_process_groups, pids: dict[str, int]) -> None:
         """Stops the node and removes everything it made; safe to call twice and after a crash."""
-        order = [n for n in ("kubelet", "kube-proxy", "device-plugin") if n in pids]
+        order = [n for n in ("kubelet", "kube-proxy", "device-plugin", "dra-plugin") if n in pids]
         stop_process_groups([pids[n] for n in order], 10.0)
         kill_cgroup_tree(CGROUP_ROOT)
         kill_cgroup_tree("k8s.io")
@@ -540,7 +576,10 @@ def leftovers(state: Path, bins: Path) -> list[str]:
     found += [f"route {line}" for line in run("ip", "route", "show", check=False).stdout.splitlines() if BRIDGE in line]
     found += [f"mount {m}" for m in mounts_under(state)]
     found += [f"cgroup {d}" for name in (CGROUP_ROOT, "k8s.io") for d in cgroup_dirs(name)]
-    ours = [str(bins / n) for n in ("containerd", "containerd-shim-runc-v2", "kubelet", "kube-proxy", "neuron-device-plugin-standin")]
+    ours = [
+        str(bins / n)
+        for n in ("containerd", "containerd-shim-runc-v2", "kubelet", "kube-proxy", "neuron-device-plugin-standin", "neuron-dra-standin")
+    ]
     found += [f"process {pid} ({exe})" for exe in ours for pid in _pids_of_exe(exe)]
     if DEVICE_PLUGIN_DIR.exists():
         found.append(f"directory {DEVICE_PLUGIN_DIR}")

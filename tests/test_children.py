@@ -530,3 +530,69 @@ def test_pods_with_request_gauges_say_where_prometheus_scrapes_them():
     }  # fmt: skip
     plain = children.serving_deployment(model(**THROUGHPUT))["spec"]["template"]["metadata"]["annotations"]
     assert not any(k.startswith("prometheus.io/") for k in plain)  # nothing there exports them
+
+
+# --- allocation dra: AWS's Neuron DRA driver ------------------------------------------------------
+
+
+def dra_model(**overrides):
+    return model(**{"compute.family": "trn2", "compute.inf": 4, "compute.allocation": "dra", **overrides})
+
+
+def test_a_dra_replica_claims_its_devices_from_a_template_and_requests_no_device_plugin_resource():
+    m = dra_model()
+    template = children.resource_claim_template(m)
+    pod = children.serving_deployment(m)["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert not any(k.startswith("aws.amazon.com/") for part in ("requests", "limits") for k in container["resources"][part])
+    assert container["resources"]["claims"] == [{"name": "neurons"}]
+    assert pod["resourceClaims"] == [{"name": "neurons", "resourceClaimTemplateName": template["metadata"]["name"]}]
+    # The claim's CEL selector on the devices' instanceType replaces the node affinity, as in AWS's templates.
+    assert "nodeAffinity" not in pod["affinity"]
+    assert pod["tolerations"] == [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}]
+    devices = template["spec"]["spec"]["devices"]
+    [request] = devices["requests"]
+    assert request == {
+        "name": "neurons",
+        "exactly": {
+            "deviceClassName": "neuron.aws.com", "allocationMode": "ExactCount", "count": 4,
+            "selectors": [{"cel": {"expression": "device.attributes['neuron.aws.com'].instanceType in ['trn2.48xlarge']"}}],
+        },
+    }  # fmt: skip
+    assert devices["constraints"] == [{"requests": ["neurons"], "matchAttribute": "resource.aws.com/devicegroup4_id"}]
+    assert devices["config"] == [
+        {
+            "requests": ["neurons"],
+            "opaque": {
+                "driver": "neuron.aws.com",
+                "parameters": {"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuronCore": 2},
+            },
+        }
+    ]
+    assert template["metadata"]["ownerReferences"][0]["controller"] is True
+    assert children.desired_objects(m)[1] == template  # before the Deployment that claims from it
+
+
+@pytest.mark.parametrize(
+    ("overrides", "group"),
+    [({"compute.inf": 1}, None), ({"compute.inf": 2}, 4), ({"compute.inf": 8}, 8), ({"compute.inf": 16}, 16),
+     ({"compute.family": "trn1", "compute.inf": 4}, 4), ({"compute.family": "inf2", "compute.inf": 1}, None)],
+)  # fmt: skip
+def test_a_dra_claim_holds_several_devices_to_the_smallest_connected_group_that_has_them(overrides, group):
+    devices = children.resource_claim_template(dra_model(**overrides))["spec"]["spec"]["devices"]
+    assert devices.get("constraints", [{}])[0].get("matchAttribute") == (f"resource.aws.com/devicegroup{group}_id" if group else None)
+
+
+def test_only_trn2_and_trn3_claims_set_the_lnc_and_a_new_plan_makes_a_new_template():
+    assert "config" not in children.resource_claim_template(dra_model(**{"compute.family": "trn1"}))["spec"]["spec"]["devices"]
+    lnc1 = children.resource_claim_template(dra_model(**{"compute.lnc": 1}))
+    assert lnc1["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["logicalNeuronCore"] == 1
+    assert lnc1["metadata"]["name"] != children.resource_claim_template(dra_model())["metadata"]["name"]
+
+
+def test_the_device_plugin_path_renders_no_claim():
+    m = model(**{"compute.family": "trn2", "compute.inf": 4})
+    assert children.resource_claim_template(m) is None
+    pod = children.serving_deployment(m)["spec"]["template"]["spec"]
+    assert "resourceClaims" not in pod and pod["affinity"]["nodeAffinity"]
+    assert pod["containers"][0]["resources"]["requests"]["aws.amazon.com/neuron"] == "4"

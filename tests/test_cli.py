@@ -401,3 +401,30 @@ def test_a_missing_api_version_is_named_in_yaml_terms(tmp_path, capsys):
     (tmp_path / "m.yaml").write_text("kind: InferentiaModel\nmetadata: {name: m}\nspec: {}\n")
     main(["validate", str(tmp_path / "m.yaml")])
     assert "apiVersion: null is not served; valid values are inferentia.dev/v1alpha1" in capsys.readouterr().out
+
+
+def test_render_of_a_dra_model_prints_its_claim_template_and_no_device_plugin_resource():
+    """With --allocation dra (the operator's default for models that name none), the trn2 sample
+    claims its devices from the Neuron DRA driver."""
+    code, out, err = run_cli("render", str(SAMPLES / "trn2-lnc2.yaml"), "--allocation", "dra", "-o", "json")
+    assert code == 0 and err == "", err
+    objects = json.loads(out)
+    [template] = [o for o in objects if o["kind"] == "ResourceClaimTemplate"]
+    assert template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == 4
+    [deployment] = [o for o in objects if o["kind"] == "Deployment"]
+    resources = [c["resources"] for c in deployment["spec"]["template"]["spec"]["containers"]]
+    assert "aws.amazon.com/" not in json.dumps(resources), resources  # the taint's toleration stays
+    # A model that says devicePlugin keeps it, whatever the default.
+    doc = yaml.safe_load((SAMPLES / "trn2-lnc2.yaml").read_text())
+    doc["spec"]["compute"]["allocation"] = "devicePlugin"
+    code, out, _ = run_cli("render", "-", "--allocation", "dra", "-o", "json", stdin=yaml.safe_dump(doc))
+    assert code == 0 and not any(o["kind"] == "ResourceClaimTemplate" for o in json.loads(out))
+
+
+def test_validate_with_the_dra_default_refuses_what_the_driver_cannot_give():
+    code, out, _ = run_cli("validate", str(SAMPLES / "distilbert-one-core.yaml"), "--allocation", "dra")
+    assert code == 1
+    assert out.splitlines() == [
+        "default/distilbert: spec.compute.cores: 1 NeuronCores cannot be claimed with allocation dra: AWS's Neuron DRA driver "
+        "hands out whole Neuron devices; use compute.inf, or allocation devicePlugin for NeuronCores"
+    ], out

@@ -380,3 +380,19 @@ def test_a_cache_hit_after_an_edit_names_the_inputs_that_changed_since_the_serve
     d = decide(Observed(after, deployment=rolled_out(children.serving_deployment(served)), compile_records=records), NOW)
     assert conds(d)["Compiled"]["reason"] == "CacheHit"
     assert status_document(d.report.status)["changedCompileInputs"] == ["batchSize"]
+
+
+def test_a_dra_model_applies_its_claim_template_and_deletes_one_no_pod_template_names():
+    body = model_body(**{"compute.family": "trn2", "compute.inf": 4, "compute.allocation": "dra"})
+    m = built(body)
+    template = children.resource_claim_template(m)
+    d = decide(Observed(body), NOW)
+    assert kinds(d.apply) == ["ConfigMap", "Service", "ResourceClaimTemplate", "Deployment"]
+    # An edit to one device: a new template; the old one goes once the Deployment names the new.
+    after = model_body(generation=2, **{"compute.family": "trn2", "compute.inf": 1, "compute.allocation": "dra"})
+    new = built(after)
+    old_deployment = rolled_out(children.serving_deployment(m))
+    o = Observed(after, deployment=old_deployment, claim_templates=[live(template)])
+    assert ("ResourceClaimTemplate", template["metadata"]["name"]) not in decide(o, NOW).delete
+    o = Observed(after, deployment=rolled_out(children.serving_deployment(new)), claim_templates=[live(template)])
+    assert ("ResourceClaimTemplate", template["metadata"]["name"]) in decide(o, NOW).delete

@@ -26,12 +26,21 @@ def test_every_kind_is_cached_and_triggers_a_reconcile():
     assert indexed == {
         "model_index": "inferentiamodels", "deployment_index": "deployments", "job_index": "jobs",
         "service_index": "services", "configmap_index": "configmaps", "pod_index": "pods",
-        "scaledobject_index": "scaledobjects",
+        "scaledobject_index": "scaledobjects", "resourceclaimtemplate_index": "resourceclaimtemplates",
         # By artefact: the compile Jobs and records another model made, and the models of each artefact.
         "compile_job_index": "jobs", "compile_record_index": "configmaps", "compiled_uri_index": "inferentiamodels",
     }  # fmt: skip
     watched = {h.selector.any_name or h.selector.plural for h in r._watching._handlers}  # noqa: SLF001
-    assert watched == {"inferentiamodels", "deployments", "jobs", "services", "configmaps", "pods", "scaledobjects"}
+    assert watched == {
+        "inferentiamodels",
+        "deployments",
+        "jobs",
+        "services",
+        "configmaps",
+        "pods",
+        "scaledobjects",
+        "resourceclaimtemplates",
+    }
 
 
 def test_children_are_filtered_on_the_server():
@@ -39,5 +48,6 @@ def test_children_are_filtered_on_the_server():
     wiring.configure_watches(settings)
     selectors = {s.any_name: v for s, v in settings.watching.label_selectors.items()}
     assert selectors == dict.fromkeys(
-        ["deployments", "jobs", "services", "configmaps", "pods", "scaledobjects"], "app.kubernetes.io/managed-by=inferentia-operator"
+        ["deployments", "jobs", "services", "configmaps", "pods", "scaledobjects", "resourceclaimtemplates"],
+        "app.kubernetes.io/managed-by=inferentia-operator",
     )

@@ -17,7 +17,7 @@ from .core.catalogue import FAMILIES, GIB
 from .core.children import desired_objects, plan_document
 from .core.cores import device_memory_per_process
 from .core.crd import crd_yaml
-from .core.names import DEFAULT_OPERATOR_IMAGE
+from .core.names import ALLOCATIONS, DEFAULT_OPERATOR_IMAGE, DEVICE_PLUGIN
 from .manifests import Loaded, ModelDocument, load_models
 
 EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
@@ -30,8 +30,8 @@ def _report(doc: ModelDocument, out: Any) -> None:
         print(f"{doc.key}: {finding}", file=out)
 
 
-def _load(paths: list[str]) -> Loaded:
-    loaded = load_models(paths)
+def _load(paths: list[str], allocation: str = DEVICE_PLUGIN) -> Loaded:
+    loaded = load_models(paths, allocation)
     for note in loaded.skipped:
         print(f"note: {note}", file=sys.stderr)
     for problem in loaded.problems:
@@ -48,7 +48,7 @@ def _exit_code(loaded: Loaded) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    loaded = _load(args.paths)
+    loaded = _load(args.paths, args.allocation)
     for doc in loaded.models:
         _report(doc, sys.stdout)
     return _exit_code(loaded)
@@ -118,7 +118,7 @@ def _table(records: list[dict[str, Any]]) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    loaded = _load(args.paths)
+    loaded = _load(args.paths, args.allocation)
     records = []
     for doc in loaded.models:
         if doc.valid:
@@ -163,7 +163,7 @@ _ReviewDumper.add_representer(
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    loaded = _load(args.paths)
+    loaded = _load(args.paths, args.allocation)
     objects = []
     prometheus = prometheus_settings(args)
     for doc in loaded.models:
@@ -271,10 +271,12 @@ def parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("validate", help="check InferentiaModel manifests (files, directories, - for stdin)")
     v.add_argument("paths", nargs="*", metavar="PATH", help="YAML or JSON files, directories, or - (default: stdin)")
+    _allocation_argument(v)
     v.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("plan", help="print the NeuronCore plan of each InferentiaModel")
     p.add_argument("paths", nargs="*", metavar="PATH")
+    _allocation_argument(p)
     p.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
     p.set_defaults(func=cmd_plan)
 
@@ -285,6 +287,7 @@ def parser() -> argparse.ArgumentParser:
     )
     r.add_argument("paths", nargs="*", metavar="PATH")
     r.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+    _allocation_argument(r)
     r.add_argument(
         "--operator-image",
         default=DEFAULT_OPERATOR_IMAGE,
@@ -356,6 +359,7 @@ def parser() -> argparse.ArgumentParser:
         "batching front end (--batching-image is its former name)",
     )  # fmt: skip
     _prometheus_arguments(r)
+    _allocation_argument(r)
     r.add_argument("--verbose", action="store_true")
     r.set_defaults(func=cmd_run)
     return top
@@ -371,6 +375,14 @@ def cmd_upload(args: argparse.Namespace) -> int:
     from .fetch import upload_main
 
     return upload_main(args.source, args.uri)
+
+
+def _allocation_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--allocation", choices=ALLOCATIONS, default=DEVICE_PLUGIN,
+        help="how replicas get Neuron devices where a model's spec.compute.allocation does not say: the Neuron device plugin "
+        "or AWS's Neuron DRA driver (default %(default)s; the operator's own --allocation)",
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

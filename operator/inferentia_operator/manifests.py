@@ -19,6 +19,7 @@ from .core import api
 from .core.children import Model
 from .core.findings import Finding, errors
 from .core.model import check_model
+from .core.names import DEVICE_PLUGIN
 from .core.parsing import shown
 
 MANIFEST_SUFFIXES = {".yaml", ".yml", ".json"}
@@ -55,13 +56,13 @@ class ModelDocument:
         return self.model is not None and not errors(self.findings)
 
 
-def check_document(body: dict[str, Any], source: str = "") -> ModelDocument:
+def check_document(body: dict[str, Any], source: str = "", allocation: str = DEVICE_PLUGIN) -> ModelDocument:
     metadata: dict[str, Any] = body["metadata"] if isinstance(body.get("metadata"), dict) else {}
     name, namespace = metadata.get("name"), metadata.get("namespace") or "default"
     doc = ModelDocument(source, str(name) if name else "<unnamed>", str(namespace), body)
     if body.get("apiVersion") != api.API_VERSION:
         doc.findings.append(Finding("apiVersion", f"{shown(body.get('apiVersion'))} is not served; valid values are {api.API_VERSION}"))
-    checked = check_model(name, metadata.get("namespace"), body.get("spec"))
+    checked = check_model(name, metadata.get("namespace"), body.get("spec"), allocation=allocation)
     doc.findings += checked.findings
     doc.spec, doc.model = checked.spec, checked.model
     return doc
@@ -243,9 +244,10 @@ class Loaded:
     skipped: list[str] = field(default_factory=list)
 
 
-def load_models(paths: list[str]) -> Loaded:
-    """Every InferentiaModel in the paths (stdin when none), checked. Unreadable files are
-    recorded and the rest still read, so one bad file does not hide the others' results."""
+def load_models(paths: list[str], allocation: str = DEVICE_PLUGIN) -> Loaded:
+    """Every InferentiaModel in the paths (stdin when none), checked (``allocation``: the
+    operator's default for spec.compute.allocation). Unreadable files are recorded and the
+    rest still read, so one bad file does not hide the others' results."""
     loaded = Loaded()
     seen: set[str] = set()
     for path in paths or ["-"]:
@@ -261,7 +263,7 @@ def load_models(paths: list[str]) -> Loaded:
                 if isinstance(text, ManifestError):
                     raise text
                 models = [
-                    check_document(as_the_api_server_receives(b), source)
+                    check_document(as_the_api_server_receives(b), source, allocation)
                     for d in _documents(source, text)
                     for b in _objects(d)
                     if _is_model(b)

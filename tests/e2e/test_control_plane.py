@@ -174,6 +174,12 @@ CEL_CASES = {
         **{"compute.family": "inf2", "serving.runtime": "vllm", "model.architecture": "transformer", "autoscaling": {"maxReplicas": 2}}
     ),
     "autoscaling-zero": make_spec(**{"serving.batching": {"maxBatchSize": 2}, "autoscaling": {"minReplicas": 0, "maxReplicas": 2}}),
+    # AWS's Neuron DRA driver: not on inf1, whole devices only, connected ones only on Trainium.
+    "dra-inf1": make_spec(**{"compute.allocation": "dra"}),
+    "dra-cores": make_spec(
+        **{"compute.inf": DROP, "compute.family": "trn2", "compute.lnc": 1, "compute.cores": 2, "compute.allocation": "dra"}
+    ),
+    "dra-unconnected": make_spec(**{"compute.family": "inf2", "compute.inf": 2, "compute.allocation": "dra"}),
     # 40 GB of bf16 weights: more than one inf2 chip (32 GiB) or one trn3 core at lnc 1 (18 GiB).
     "weights-beyond-the-chip": make_spec(**{"compute.family": "inf2", "model.weights": 20_000_000_000, "model.precision": "bf16"}),
     "weights-beyond-the-cores": make_spec(

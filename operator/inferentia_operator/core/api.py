@@ -142,6 +142,8 @@ class Compute(ApiModel):
     """Host memory requested by each replica (a Kubernetes quantity)."""
     hugepages: Quantity | None = None
     """2 MiB hugepages (hugepages-2Mi) requested by each replica, a whole number of pages such as 256Mi. Default: none, as in AWS's Kubernetes examples for the Neuron Runtime 2.x; set it only for a runtime that does (the Neuron Runtime 1.x daemon wanted 256Mi per Inferentia chip). Nodes must reserve them, or the pods cannot be placed."""
+    allocation: Literal["devicePlugin", "dra"] | None = None
+    """How a replica gets its Neuron devices: devicePlugin (aws.amazon.com/neuron or neuroncore from the Neuron device plugin) or dra (a ResourceClaimTemplate for AWS's Neuron DRA driver, DeviceClass neuron.aws.com: whole devices, connected ones on trn, the LNC set per claim). A node runs one or the other. Default: the operator's --allocation (devicePlugin unless set)."""
 
     @property
     def one_request(self) -> bool:
@@ -416,6 +418,10 @@ class Plan(ApiModel):
     """The Neuron compiler of the family: neuron-cc on inf1, neuronx-cc on inf2, trn1, trn2 and trn3."""
     lnc: int | None = None
     """Physical NeuronCores per logical core (inf2, trn1, trn2, trn3); every core count of the plan is in logical cores."""
+    allocation: Literal["dra"] | None = None
+    """dra when the replica's devices come from a ResourceClaimTemplate for the Neuron DRA driver (absent: the device plugin)."""
+    connected_devices: int | None = None
+    """With dra: the connected-device group (1, 4, 8 or 16 devices) every replica's devices come from."""
     cores_per_chip: int
     """NeuronCores on one chip of the family (logical cores at the plan's lnc)."""
     total_cores: int

@@ -58,6 +58,22 @@ NEURON_TAINT_KEY = "aws.amazon.com/neuron"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 
 Compiler = Literal["neuron-cc", "neuronx-cc"]
+
+# AWS's Neuron DRA driver (Dynamic Resource Allocation, Kubernetes 1.34 and later): it publishes
+# each Neuron device in ResourceSlices under the DeviceClass neuron.aws.com, with attributes
+# instanceType, deviceId, neuronDriverVersion and resourceType in its own domain, and, for the
+# grid topology of Trainium instances, the connected-device groups of 1, 4, 8 and 16 devices
+# resource.aws.com/devicegroup{1,4,8,16}_id; a claim's opaque NeuronConfig parameters set its
+# logicalNeuronCore. It hands out whole devices; a node runs it or the device plugin, never both.
+# Sources: the Neuron DRA page and its claim templates
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/neuron-dra.html: 1x4-connected-devices.yaml,
+# lnc-setting-trn2.yaml, specific-driver-version.yaml) and EKS's "Manage Neuron devices"
+# (https://docs.aws.amazon.com/eks/latest/userguide/device-management-neuron.html: Trainium
+# and Inferentia2 nodes).
+DRA_DRIVER = "neuron.aws.com"
+DRA_CONFIG_API_VERSION = "neuron.aws.com/v1"
+DRA_GROUP_ATTRIBUTE = "resource.aws.com/devicegroup{}_id"
+DRA_TRAINIUM_GROUPS = (1, 4, 8, 16)
 # What vLLM runs on, per family (see the module's sources).
 VllmBackend = Literal["nxd-inference", "vllm-neuron-plugin"]
 
@@ -78,6 +94,9 @@ class Family:
     tensor_parallel_sizes: tuple[int, ...] | None = None
     tensor_parallel_multiple: int | None = None
     vllm: VllmBackend | None = None  # None: vLLM does not run on the family (inf1)
+    # With AWS's Neuron DRA driver: the connected-device groups a claim can be held to (see
+    # DRA_DRIVER); () where the driver runs but publishes none; None where it does not run.
+    dra_groups: tuple[int, ...] | None = None
 
     @property
     def default_lnc(self) -> int:
@@ -109,6 +128,10 @@ class Family:
     def max_chips(self) -> int:
         return self.largest_instance[1]
 
+    def dra_group(self, devices: int) -> int | None:
+        """The smallest connected-device group of the DRA driver that holds ``devices``, if any."""
+        return next((g for g in self.dra_groups or () if g >= devices), None)
+
 
 FAMILIES: dict[str, Family] = {
     f.name: f
@@ -125,6 +148,7 @@ FAMILIES: dict[str, Family] = {
             physical_cores_per_chip=2,
             memory_per_chip_bytes=32 * GIB,
             vllm="nxd-inference",
+            dra_groups=(),  # no grid: the driver publishes no connected-device groups here
             instance_chips={"inf2.xlarge": 1, "inf2.8xlarge": 1, "inf2.24xlarge": 6, "inf2.48xlarge": 12},
             compiler="neuronx-cc",
         ),
@@ -133,6 +157,7 @@ FAMILIES: dict[str, Family] = {
             physical_cores_per_chip=2,
             memory_per_chip_bytes=32 * GIB,
             vllm="nxd-inference",
+            dra_groups=DRA_TRAINIUM_GROUPS,
             # trn1n.32xlarge: trn1.32xlarge with twice the network bandwidth (the Trn1/Trn1n
             # architecture page's table).
             instance_chips={"trn1.2xlarge": 1, "trn1.32xlarge": 16, "trn1n.32xlarge": 16},
@@ -146,6 +171,7 @@ FAMILIES: dict[str, Family] = {
             physical_cores_per_chip=8,
             memory_per_chip_bytes=96 * GIB,
             vllm="vllm-neuron-plugin",
+            dra_groups=DRA_TRAINIUM_GROUPS,
             instance_chips={"trn2.48xlarge": 16},
             compiler="neuronx-cc",
             lnc_values=(2, 1),  # LNC=2 is Trainium2's default
@@ -155,6 +181,7 @@ FAMILIES: dict[str, Family] = {
             physical_cores_per_chip=8,
             memory_per_chip_bytes=144 * GIB,
             vllm="vllm-neuron-plugin",
+            dra_groups=DRA_TRAINIUM_GROUPS,
             instance_chips={"trn3.48xlarge": 16},
             compiler="neuronx-cc",
             lnc_values=(2, 1),  # as on Trainium2 (the Trainium3 architecture page)

@@ -21,7 +21,7 @@ from . import api
 from .api import InferentiaModelSpec, Plan
 from .autoscaling import Prometheus, desired_replicas
 from .autoscaling import scaled_object as autoscaling_object
-from .catalogue import FAMILIES, GIB, INSTANCE_TYPE_LABEL, NEURON_TAINT_KEY
+from .catalogue import DRA_CONFIG_API_VERSION, DRA_DRIVER, DRA_GROUP_ATTRIBUTE, FAMILIES, GIB, INSTANCE_TYPE_LABEL, NEURON_TAINT_KEY
 from .cores import bytes_per_weight
 from .findings import Finding
 from .launcher import LAUNCHER
@@ -764,6 +764,65 @@ def serving_init_containers(m: Model) -> list[dict[str, Any]]:
     return [fetch_model_container(m)] if serving_fetches_model(m) else []
 
 
+# The pod's claim on its Neuron devices, with allocation dra.
+CLAIM = "neurons"
+
+
+def claim_template_name(m: Model) -> str:
+    """Named after its content: a ResourceClaimTemplate's spec cannot change, so a new plan
+    makes a new one, and the pods of the previous plan keep the claims already made from theirs."""
+    return f"{m.name}-neurons-{stable_hash(_claim_spec(m), 6)}"
+
+
+def _claim_spec(m: Model) -> dict[str, Any]:
+    """The claim each replica makes, as AWS's templates for the Neuron DRA driver write it
+    (catalogue.DRA_DRIVER): ExactCount of the class's devices, on the plan's instance types,
+    from one connected-device group when there are several, with the LNC as NeuronConfig."""
+    plan = m.plan
+    types = ", ".join(f"'{t}'" for t in plan.instance_types)
+    devices: dict[str, Any] = {
+        "requests": [
+            {
+                "name": CLAIM,
+                "exactly": {
+                    "deviceClassName": DRA_DRIVER,
+                    "allocationMode": "ExactCount",
+                    "count": plan.chips or 0,
+                    "selectors": [{"cel": {"expression": f"device.attributes['{DRA_DRIVER}'].instanceType in [{types}]"}}],
+                },
+            }
+        ]
+    }
+    if plan.connected_devices:
+        devices["constraints"] = [{"requests": [CLAIM], "matchAttribute": DRA_GROUP_ATTRIBUTE.format(plan.connected_devices)}]
+    if plan.lnc is not None and len(FAMILIES[plan.family].lnc_values) > 1:
+        parameters = {"apiVersion": DRA_CONFIG_API_VERSION, "kind": "NeuronConfig", "logicalNeuronCore": plan.lnc}
+        devices["config"] = [{"requests": [CLAIM], "opaque": {"driver": DRA_DRIVER, "parameters": parameters}}]
+    return {"devices": devices}
+
+
+def resource_claim_template(m: Model) -> dict[str, Any] | None:
+    """With allocation dra, the template each serving pod's claim is made from; else None."""
+    if m.plan.allocation != "dra":
+        return None
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": _metadata(m, claim_template_name(m), "serving"),
+        "spec": {"spec": _claim_spec(m)},
+    }
+
+
+def _placement(m: Model) -> dict[str, Any]:
+    """Where a serving pod may run. With the device plugin: nodes of the planned instance
+    types. With dra, the claim's selector on the devices' instanceType says it instead, as
+    AWS's templates do, and the pod carries the claim."""
+    if m.plan.allocation == "dra":
+        return {"resourceClaims": [{"name": CLAIM, "resourceClaimTemplateName": claim_template_name(m)}]}
+    term = {"matchExpressions": [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": m.plan.instance_types}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
 def serving_deployment(m: Model, replicas: int | None = None) -> dict[str, Any]:
     """The serving Deployment, with ``replicas`` (default: what the spec alone gives, for
     a model that autoscales minReplicas, as before its ScaledObject exists)."""
@@ -776,7 +835,7 @@ def serving_deployment(m: Model, replicas: int | None = None) -> dict[str, Any]:
         **({"envFrom": [s.model_dump(by_alias=True, exclude_none=True) for s in spec.serving.env_from]} if spec.serving.env_from else {}),
         "env": _serving_env(m),
         "ports": ports,
-        "resources": plan.resources.model_dump(),
+        "resources": {**plan.resources.model_dump(), **({"claims": [{"name": CLAIM}]} if plan.allocation == "dra" else {})},
         **_probes(m),
         "securityContext": {**CONTAINER_SECURITY, "readOnlyRootFilesystem": spec.serving.read_only_root_filesystem},
         # The launcher's last words ("serving process 41 exited with 137; stopping the others")
@@ -827,14 +886,9 @@ def serving_deployment(m: Model, replicas: int | None = None) -> dict[str, Any]:
                         *([_artefact_volume("model")] if serving_fetches_model(m) else []),
                     ],
                     "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+                    **({"resourceClaims": placement["resourceClaims"]} if "resourceClaims" in (placement := _placement(m)) else {}),
                     "affinity": {
-                        "nodeAffinity": {
-                            "requiredDuringSchedulingIgnoredDuringExecution": {
-                                "nodeSelectorTerms": [
-                                    {"matchExpressions": [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": plan.instance_types}]}
-                                ]
-                            }
-                        },
+                        **({"nodeAffinity": placement["nodeAffinity"]} if "nodeAffinity" in placement else {}),
                         "podAntiAffinity": {
                             "preferredDuringSchedulingIgnoredDuringExecution": [
                                 {
@@ -963,8 +1017,9 @@ def holder_deployment(m: Model, upstream: str) -> dict[str, Any]:
 
 def desired_objects(m: Model, prometheus: Prometheus | None = None) -> list[dict[str, Any]]:
     """Every object the operator applies for a model, in the order it applies them:
-    the plan ConfigMap, the compile Job (when there is one), the Deployment, the Service,
-    and with autoscaling and a Prometheus address, the ScaledObject."""
-    job = compile_job(m)
+    the plan ConfigMap, the compile Job (when there is one), the claim template (with
+    allocation dra), the Deployment, the Service, and with autoscaling and a Prometheus
+    address, the ScaledObject."""
+    job, claims = compile_job(m), resource_claim_template(m)
     scaler = [scaled_object(m, prometheus)] if m.spec.autoscaling is not None and prometheus and prometheus.address else []
-    return [plan_configmap(m), *([job] if job else []), serving_deployment(m), service(m), *scaler]
+    return [plan_configmap(m), *([job] if job else []), *([claims] if claims else []), serving_deployment(m), service(m), *scaler]

@@ -212,7 +212,7 @@ def decide(o: Observed, now: str) -> Decision:
     name, namespace, uid = model.name, model.namespace, model.uid
     previous = model.status
 
-    checked = check_model(name, namespace, o.model.get("spec"), uid=uid or "", operator_image=o.operator_image)
+    checked = check_model(name, namespace, o.model.get("spec"), uid=uid or "", operator_image=o.operator_image, allocation=o.allocation)
     if checked.model is None:
         # Invalid (a cluster without the CRD's CEL rules, or a rule CEL cannot express):
         # report it, and leave every child exactly as it is.
@@ -249,6 +249,9 @@ def decide(o: Observed, now: str) -> Decision:
     desired = [children.plan_configmap(m), zero.service if zero else children.service(m)]
     if compile_.job is not None:
         desired.append(compile_.job)
+    claim_template = children.resource_claim_template(m)
+    if claim_template is not None:
+        desired.append(claim_template)  # before the Deployment whose pods claim from it
     if compiled.status == "True":
         desired.append(children.serving_deployment(m, deployment_replicas))
     if scaler is not None:
@@ -271,7 +274,7 @@ def decide(o: Observed, now: str) -> Decision:
             to_apply.append(body)
         elif (holder := holder_of(live, uid, name)) is not None:
             conflicts.append(Conflict(kind, child or "", holder))
-        elif kind in ("Job", "ConfigMap"):
+        elif kind in ("Job", "ConfigMap", "ResourceClaimTemplate"):
             continue  # immutable and named after their content: found by name, never rewritten
         elif not applied(body, live):
             to_apply.append(body)
@@ -281,6 +284,11 @@ def decide(o: Observed, now: str) -> Decision:
     to_delete = [("Job", j) for j in _superseded_jobs(o, job_name)]
     plans = [c for c in map(Obj, o.configmaps) if c.labels.get(COMPONENT_LABEL) != COMPILE_RECORD_COMPONENT]
     to_delete += [("ConfigMap", c.name) for c in plans if c.name is not None and c.name not in in_use]
+    # A claim template only makes new claims: once the Deployment's pods no longer name it, it
+    # can go (the claims already made from it belong to their pods).
+    named = {c.get("resourceClaimTemplateName") for c in Obj(Obj(o.deployment).spec.get("template")).spec.get("resourceClaims") or ()}
+    keep = named | {Obj(claim_template).name}
+    to_delete += [("ResourceClaimTemplate", t.name) for t in map(Obj, o.claim_templates) if t.name and t.name not in keep]
     if ours and scaled_object is None:
         to_delete.append((SCALED_OBJECT_KIND, name or ""))  # autoscaling was turned off
 

@@ -12,7 +12,7 @@ from typing import Any
 from .api import InferentiaModelSpec
 from .children import Model, plan_size_findings
 from .findings import Finding, errors
-from .names import DEFAULT_OPERATOR_IMAGE
+from .names import DEFAULT_OPERATOR_IMAGE, DEVICE_PLUGIN
 from .parsing import parse_spec
 from .planner import plan
 from .rules import check_name, check_namespace
@@ -31,13 +31,33 @@ class CheckedModel:
         return errors(self.findings)
 
 
-def check_model(name: Any, namespace: Any, raw_spec: Any, *, uid: str = "", operator_image: str = DEFAULT_OPERATOR_IMAGE) -> CheckedModel:
-    """Checks and plans one model. ``namespace`` None means the default namespace."""
+def check_model(
+    name: Any,
+    namespace: Any,
+    raw_spec: Any,
+    *,
+    uid: str = "",
+    operator_image: str = DEFAULT_OPERATOR_IMAGE,
+    allocation: str = DEVICE_PLUGIN,
+) -> CheckedModel:
+    """Checks and plans one model. ``namespace`` None means the default namespace;
+    ``allocation``: the operator's default for spec.compute.allocation, which the rules and
+    the plan then see as if the model had said it."""
     findings = check_name(name) + check_namespace(namespace)
-    spec, spec_findings = parse_spec(raw_spec)
+    spec, spec_findings = parse_spec(with_allocation(raw_spec, allocation))
     findings += spec_findings
     if spec is None or errors(findings):
         return CheckedModel(spec, findings, None)
     m = Model(name, namespace or "default", uid, spec, plan(spec, checked=spec_findings), operator_image)
     findings += plan_size_findings(m)
     return CheckedModel(spec, findings, None if errors(findings) else m)
+
+
+def with_allocation(raw_spec: Any, allocation: str) -> Any:
+    """The spec with the operator's default allocation where it names none (a copy; the
+    model as written is never changed)."""
+    if allocation == DEVICE_PLUGIN or not isinstance(raw_spec, dict) or not isinstance(raw_spec.get("compute"), dict):
+        return raw_spec
+    if "allocation" in raw_spec["compute"]:
+        return raw_spec
+    return {**raw_spec, "compute": {**raw_spec["compute"], "allocation": allocation}}

@@ -27,3 +27,7 @@ DEFAULT_OPERATOR_IMAGE = f"inferentia-operator:{__version__}"
 # Where the plan ConfigMap is mounted in the compile and serving pods.
 PLAN_MOUNT = "/etc/inferentia"
 PLAN_FILE = f"{PLAN_MOUNT}/plan.json"
+
+# spec.compute.allocation, and the operator's default for it (run --allocation, chart value allocation).
+DEVICE_PLUGIN = "devicePlugin"
+ALLOCATIONS = (DEVICE_PLUGIN, "dra")

@@ -173,11 +173,14 @@ def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Pla
     hugepages = {HUGEPAGES_RESOURCE: spec.compute.hugepages} if spec.compute.hugepages is not None else {}
     # Whole chips from the device plugin's aws.amazon.com/neuron, single cores from its
     # aws.amazon.com/neuroncore (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/k8s-neuron-device-plugin.html).
-    neuron = (NEURONCORE_RESOURCE, str(total)) if shares_chip else (NEURON_RESOURCE, str(chips))
+    # With the Neuron DRA driver, the devices come from the pod's resource claim instead
+    # (children.resource_claim_template), and no extended resource is requested.
+    dra = spec.compute.allocation == "dra"
+    neuron = {} if dra else dict([(NEURONCORE_RESOURCE, str(total)) if shares_chip else (NEURON_RESOURCE, str(chips))])
     resources = ResourceList(
-        requests={neuron[0]: neuron[1], **hugepages, "cpu": spec.compute.cpu, "memory": spec.compute.memory},
+        requests={**neuron, **hugepages, "cpu": spec.compute.cpu, "memory": spec.compute.memory},
         # Extended resources and hugepages must have limits equal to their requests.
-        limits={neuron[0]: neuron[1], **hugepages, "memory": spec.compute.memory},
+        limits={**neuron, **hugepages, "memory": spec.compute.memory},
     )
 
     wanted = spec.compute.instance_types
@@ -206,6 +209,8 @@ def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Pla
         family=fam.name,
         compiler=fam.compiler,
         lnc=lnc if fam.neuronx else None,
+        allocation="dra" if dra else None,
+        connected_devices=fam.dra_group(chips) if dra and chips > 1 else None,
         chips=None if shares_chip else chips,
         cores_per_chip=per_chip,
         total_cores=total,

@@ -272,6 +272,35 @@ TENSOR_PARALLEL_GROUP = {
     for f in TP_RESTRICTED
 }
 
+# Devices from AWS's Neuron DRA driver (spec.compute.allocation: dra; catalogue.DRA_DRIVER for
+# the sources): it runs on Trainium and Inferentia2 nodes, hands out whole devices, and holds a
+# claim to connected devices only where it publishes device groups (Trainium's grid).
+CEL_DRA = "has(self.compute.allocation) && self.compute.allocation == 'dra'"
+DRA_FAMILY = CrossFieldRule(
+    "spec.compute.allocation",
+    "spec",
+    "dra does not run on %s: AWS's Neuron DRA driver runs on Trainium and Inferentia2 nodes; valid values on %s are devicePlugin",
+    f"!({CEL_DRA}) || {CEL_FAMILY} in {literal([f.name for f in FAMILY_LIST if f.dra_groups is not None])}",
+    (CEL_FAMILY, CEL_FAMILY),
+)
+DRA_CORES = CrossFieldRule(
+    "spec.compute.cores",
+    "spec",
+    "%d NeuronCores cannot be claimed with allocation dra: AWS's Neuron DRA driver hands out whole Neuron devices; "
+    "use compute.inf, or allocation devicePlugin for NeuronCores",
+    f"!({CEL_DRA}) || !has(self.compute.cores)",
+    ("self.compute.cores",),
+)
+DRA_CONNECTED = CrossFieldRule(
+    "spec.compute.inf",
+    "spec",
+    "%d devices cannot be claimed connected on %s with allocation dra: the Neuron DRA driver publishes connected-device "
+    "groups only for Trainium's grid topology; valid values with dra on %s are 1",
+    f"!({CEL_DRA}) || !has(self.compute.inf) || self.compute.inf <= 1"
+    f" || {CEL_FAMILY} in {literal([f.name for f in FAMILY_LIST if f.dra_groups])}",
+    ("self.compute.inf", CEL_FAMILY, CEL_FAMILY),
+)
+
 # The vLLM preset: the operator runs vLLM on NxD Inference on inf2 and trn1
 # (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/vllm/index.html),
 # and on the vLLM Neuron plugin on Trn2 and Trn3, where NxD Inference's support ends with Neuron 2.34
@@ -742,6 +771,9 @@ CEL_RULES: list[CrossFieldRule] = [
     DIVISIBLE,
     DIVISIBLE_CORES,
     *TENSOR_PARALLEL_GROUP.values(),
+    DRA_FAMILY,
+    DRA_CORES,
+    DRA_CONNECTED,
     VLLM_FAMILY,
     TENSORFLOW_COMPILE,
     COMPILE_STORE,
@@ -858,6 +890,19 @@ def _check_tensor_parallel(spec: InferentiaModelSpec, fam: Family) -> list[Findi
     cores = replica_cores(spec, fam)
     valid = format_list(tensor_parallel_processes(fam, cores))
     return [TENSOR_PARALLEL_GROUP[fam.name].finding(group, cores, valid)]
+
+
+def _check_allocation(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    if spec.compute.allocation != "dra":
+        return []
+    if fam.dra_groups is None:
+        return [DRA_FAMILY.finding(fam.name, fam.name)]
+    if spec.compute.cores is not None:
+        return [DRA_CORES.finding(spec.compute.cores)]
+    inf = spec.compute.inf or 0
+    if inf > 1 and fam.dra_group(inf) is None:
+        return [DRA_CONNECTED.finding(inf, fam.name, fam.name)]
+    return []
 
 
 def _check_runtime(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
@@ -1180,6 +1225,7 @@ _CHECKS = (
     _check_lnc,
     _check_divisibility,
     _check_tensor_parallel,
+    _check_allocation,
     _check_runtime,
     _check_programs,
     _check_neuron_cc_options,

@@ -21,7 +21,7 @@ from typing import Any, Literal, TypeVar
 from . import api
 from .autoscaling import NO_PROMETHEUS, NOT_SERVED, SCALED_OBJECT_KIND, Engine, Prometheus
 from .autoscaling import condition as autoscaling_condition
-from .names import COMPONENT_LABEL, DEFAULT_OPERATOR_IMAGE, JOB_NAME_LABEL, PLAN_HASH_ANNOTATION
+from .names import COMPONENT_LABEL, DEFAULT_OPERATOR_IMAGE, DEVICE_PLUGIN, JOB_NAME_LABEL, PLAN_HASH_ANNOTATION
 from .objects import Obj
 
 # Flux's kstatus reads only observedGeneration and the "abnormal-true" Reconciling and
@@ -97,6 +97,7 @@ class Observed:
     service: dict[str, Any] | None = None
     configmaps: list[dict[str, Any]] = field(default_factory=list)
     jobs: list[dict[str, Any]] = field(default_factory=list)
+    claim_templates: list[dict[str, Any]] = field(default_factory=list)  # with allocation dra
     pods: list[dict[str, Any]] = field(default_factory=list)
     scaled_object: dict[str, Any] | None = None  # the model's KEDA ScaledObject
     # Deployments and Services of the model other than those named after it: a model that
@@ -113,6 +114,7 @@ class Observed:
     # Configuration, not state: the operator's --operator-image and Prometheus settings.
     operator_image: str = DEFAULT_OPERATOR_IMAGE
     prometheus: Prometheus = NO_PROMETHEUS
+    allocation: str = DEVICE_PLUGIN  # the operator's --allocation, for models that name none
 
     def live(self, kind: str, name: str | None) -> dict[str, Any] | None:
         main = {"Deployment": self.deployment, "Service": self.service}
@@ -122,7 +124,8 @@ class Observed:
             return next((o for o in self.others if o.get("kind") == kind and Obj(o).name == name), None)
         if kind == SCALED_OBJECT_KIND:
             return self.scaled_object if Obj(self.scaled_object).name == name else None
-        pool = self.configmaps if kind == "ConfigMap" else self.jobs if kind == "Job" else []
+        pools = {"ConfigMap": self.configmaps, "Job": self.jobs, "ResourceClaimTemplate": self.claim_templates}
+        pool = pools.get(kind, [])
         return next((o for o in pool if Obj(o).name == name), None)
 
     @property

@@ -23,12 +23,12 @@ from .observe import project, project_record
 
 log = logging.getLogger(__name__)
 
-# Children one reconcile may write at once: plan ConfigMap, Service, compile Job, Deployment.
-WRITES_PER_RECONCILE = 4
+# Children one reconcile may write at once: plan ConfigMap, Service, compile Job, claim template, Deployment.
+WRITES_PER_RECONCILE = 5
 # Children named after their content and never written again (a ConfigMap is immutable,
 # a Job's template too): created, not applied, so no field of theirs is ever left owned
 # by a create that a later apply would have to remove.
-WRITTEN_ONCE = {"ConfigMap", "Job"}
+WRITTEN_ONCE = {"ConfigMap", "Job", "ResourceClaimTemplate"}
 
 
 @dataclass

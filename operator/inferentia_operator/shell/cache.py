@@ -17,7 +17,7 @@ from typing import Any
 
 from inferentia_operator.core import api
 from inferentia_operator.core.autoscaling import NO_PROMETHEUS, SCALED_OBJECT_KIND, Prometheus
-from inferentia_operator.core.names import DEFAULT_OPERATOR_IMAGE
+from inferentia_operator.core.names import DEFAULT_OPERATOR_IMAGE, DEVICE_PLUGIN
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.status import Observed
 
@@ -53,9 +53,12 @@ class ByUri(Mapping[str, Any]):
 
 
 class Cache:
-    def __init__(self, operator_image: str = DEFAULT_OPERATOR_IMAGE, prometheus: Prometheus = NO_PROMETHEUS) -> None:
+    def __init__(
+        self, operator_image: str = DEFAULT_OPERATOR_IMAGE, prometheus: Prometheus = NO_PROMETHEUS, allocation: str = DEVICE_PLUGIN
+    ) -> None:
         self.operator_image = operator_image
         self.prometheus = prometheus
+        self.allocation = allocation
         self.indexes: Mapping[str, Any] | None = None  # kopf's, captured when they are populated
         # Per model: what the operator wrote, (kind, name) -> object, until the watch delivers it.
         self._written: dict[Key, dict[tuple[str, str], dict[str, Any]]] = {}
@@ -165,6 +168,7 @@ class Cache:
             service=services[0] if services else None,
             configmaps=children("ConfigMap", "configmap_index"),
             jobs=children("Job", "job_index"),
+            claim_templates=children("ResourceClaimTemplate", "resourceclaimtemplate_index"),
             pods=self._cached("pod_index", key),
             scaled_object=scalers[0] if scalers else None,
             others=others,
@@ -173,6 +177,7 @@ class Cache:
             compile_jobs=self._compile_view("compile_job_index", key[0], first=False),
             operator_image=self.operator_image,
             prometheus=self.prometheus,
+            allocation=self.allocation,
         )
 
     def _compile_view(self, index: str, namespace: str, first: bool) -> ByUri:

@@ -36,6 +36,7 @@ RESOURCES = {
     "Deployment": ("/apis/apps/v1", "deployments"),
     "Job": ("/apis/batch/v1", "jobs"),
     "ScaledObject": ("/apis/keda.sh/v1alpha1", "scaledobjects"),
+    "ResourceClaimTemplate": ("/apis/resource.k8s.io/v1", "resourceclaimtemplates"),
     api.KIND: (f"/apis/{api.API_VERSION}", api.PLURAL),
     "KopfPeering": ("/apis/kopf.dev/v1", "kopfpeerings"),
     "ClusterKopfPeering": ("/apis/kopf.dev/v1", "clusterkopfpeerings"),

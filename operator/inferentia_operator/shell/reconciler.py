@@ -27,7 +27,7 @@ from typing import Any
 from inferentia_operator.core import status
 from inferentia_operator.core.autoscaling import NO_PROMETHEUS, NOT_SERVED, Prometheus
 from inferentia_operator.core.decide import decide
-from inferentia_operator.core.names import DEFAULT_OPERATOR_IMAGE
+from inferentia_operator.core.names import DEFAULT_OPERATOR_IMAGE, DEVICE_PLUGIN
 from inferentia_operator.core.objects import Obj
 
 from . import metrics
@@ -58,12 +58,13 @@ class Reconciler:
         is_active: Callable[[], bool],
         operator_image: str = DEFAULT_OPERATOR_IMAGE,
         prometheus: Prometheus = NO_PROMETHEUS,
+        allocation: str = DEVICE_PLUGIN,
     ):
         self.kube = kube
         self.workers = workers
         self.resync_seconds = resync_seconds
         self.is_active = is_active  # False while peering keeps this replica on standby
-        self.cache = Cache(operator_image, prometheus)
+        self.cache = Cache(operator_image, prometheus, allocation)
         self.actor = Actor(workers)
         self._queue: WorkQueue[Key] | None = None  # made on the operator's event loop, at start
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reconcile")

@@ -103,7 +103,13 @@ def run(args: argparse.Namespace) -> int:
         return not peering_paused(bodies, args.priority, datetime.datetime.now(datetime.UTC))
 
     reconciler = Reconciler(
-        kube, args.workers, args.resync_seconds, active, operator_image=args.operator_image, prometheus=prometheus_settings(args)
+        kube,
+        args.workers,
+        args.resync_seconds,
+        active,
+        operator_image=args.operator_image,
+        prometheus=prometheus_settings(args),
+        allocation=args.allocation,
     )
     wiring.register(registry, reconciler)
     if args.metrics_port:

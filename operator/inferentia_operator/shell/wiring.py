@@ -24,6 +24,8 @@ CHILD_RESOURCES = {
     # KEDA's: watched once its CRD is served (kopf notices a CRD installed later, where the
     # operator may list CRDs); until then the operator runs autoscaled models at minReplicas.
     "ScaledObject": ("keda.sh", "v1alpha1", "scaledobjects"),
+    # The claims of models with allocation dra (Kubernetes 1.34 and later serve resource.k8s.io/v1).
+    "ResourceClaimTemplate": ("resource.k8s.io", "v1", "resourceclaimtemplates"),
 }
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={FIELD_MANAGER}"
 
