@@ -79,6 +79,7 @@ class FakeKube:
         return copy.deepcopy(model)
 
     def post_event(self, model: dict[str, Any], kind: str, reason: str, message: str) -> None:
+        self._check("create", "Event", reason)
         self.events.append((kind, reason))
 
 
@@ -231,6 +232,33 @@ def test_a_reconcile_decides_once_and_reports_what_its_writes_found(counted_deci
     assert ("Warning", "ApplyFailed") in kube.events
     # The Observed the decision read was not changed by the writes.
     assert counted_decide[0].deployment is None and counted_decide[0].service is None
+
+
+def test_a_refused_event_never_fails_the_reconcile(caplog):
+    """A namespace being deleted refuses every create, its models' events too: the status is
+    still reported, the reconcile succeeds, and nothing is logged as a warning."""
+    kube = FakeKube()
+    r = reconciler_with(kube, stored_model())
+    kube.refuse[("Event", "ApplyFailed")] = ApiError(
+        403, "Forbidden", 'events "m." is forbidden: unable to create new content in namespace ns because it is being terminated'
+    )
+    kube.refuse[("Service", "m")] = ApiError(422, "Invalid", "spec.ports: Duplicate value")
+    with caplog.at_level("DEBUG", logger="inferentia_operator.shell.reconciler"):
+        assert asyncio.run(r.reconcile((NS, "m"))) == "changed"
+    assert kube.objects[(api.KIND, "m")]["status"]["conditions"]
+    event_logs = [rec for rec in caplog.records if "not posted" in rec.getMessage()]
+    assert [rec.levelname for rec in event_logs] == ["DEBUG"]
+    # Any other refusal is worth a warning, and still no failure.
+    other = FakeKube()
+    other.refuse = {
+        ("Event", "ApplyFailed"): ApiError(500, "InternalError", "etcd is down"),
+        ("Service", "n"): ApiError(422, "Invalid", "x"),
+    }
+    r2 = reconciler_with(other, stored_model("n"))
+    caplog.clear()
+    with caplog.at_level("DEBUG", logger="inferentia_operator.shell.reconciler"):
+        assert asyncio.run(r2.reconcile((NS, "n"))) == "changed"
+    assert [rec.levelname for rec in caplog.records if "not posted" in rec.getMessage()] == ["WARNING"]
 
 
 def test_a_steady_model_is_decided_once_and_writes_nothing(counted_decide):

@@ -80,10 +80,12 @@ def expand(cores: str) -> list[int]:
 def test_dra_models_on_the_real_node_run_on_the_cores_of_their_claims(dra_node, real_namespace):
     """Two models of 4 Trainium2 devices each: each claim gets 4 connected devices (one row of
     the grid), the two get disjoint ones, and each serving process runs on the logical cores of
-    its claim's devices at LNC 2 (4 a device), as the driver's CDI spec set them."""
+    its claim's devices at the LNC its claim's NeuronConfig sets (left: 2, so 4 a device;
+    right: 1, so 8 a device), as the driver's CDI spec set them."""
     spec = standin_spec(**{"compute.family": "trn2", "compute.inf": 4, "compute.allocation": "dra", "compute.instanceTypes": DROP})
+    lnc = {"left": 2, "right": 1}
     for name in ("left", "right"):
-        apply(dra_node, real_namespace, name, spec)
+        apply(dra_node, real_namespace, name, {**spec, "compute": {**spec["compute"], "lnc": lnc[name]}})
     devices = {}
     for name in ("left", "right"):
         wait_ready(dra_node, real_namespace, name, timeout=150)
@@ -91,9 +93,10 @@ def test_dra_models_on_the_real_node_run_on_the_cores_of_their_claims(dra_node, 
         assert not any(k.startswith("aws.amazon.com/") for c in pod["spec"]["containers"] for k in c["resources"].get("requests", {}))
         ids = claimed_devices(dra_node, real_namespace, pod)
         assert len(ids) == 4 and len({i // 4 for i in ids}) == 1, ids  # one connected group of 4
-        cores = [i * 4 + k for i in ids for k in range(4)]
+        per_device = 8 // lnc[name]
+        cores = [i * per_device + k for i in ids for k in range(per_device)]
         [proc] = process_envs(dra_node, real_namespace, pod["metadata"]["name"])
-        # The launcher passes the claim's cores on as a range; the plan alone would say 0-15 for both models.
+        # The launcher passes the claim's cores on as a range; the plan alone would say 0-15 (0-31 at LNC 1).
         assert expand(proc["NEURON_RT_VISIBLE_CORES"]) == cores, (proc, ids)
         found = standin_state(dra_node, real_namespace, pod)
         assert found["cores"] == cores and found["devices"] == [f"/dev/neuron{i}" for i in ids], found

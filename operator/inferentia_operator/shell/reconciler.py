@@ -33,7 +33,7 @@ from inferentia_operator.core.objects import Obj
 from . import metrics
 from .act import Actor, Outcome
 from .cache import Cache
-from .kube import Kube
+from .kube import ApiError, Kube
 from .observe import Key, compile_uri, owner_key, pod_signature, project
 from .workqueue import WorkQueue
 
@@ -43,6 +43,12 @@ log = logging.getLogger(__name__)
 # rollout step (a ReplicaSet scaling, its pods starting, the Deployment's status) make one
 # reconcile and one status patch, not one each. Created models and changed specs go at once.
 SETTLE_SECONDS = 1.0
+
+
+def _namespace_going(code: int, message: str) -> bool:
+    """The API server's refusal of any create in a namespace being deleted (the model goes
+    with it): no news worth a warning."""
+    return code == 403 and "because it is being terminated" in message
 
 
 class RetryLater(Exception):
@@ -123,14 +129,24 @@ class Reconciler:
         if patch is not None:
             # Refusals are logged when they change what status says, not at every retry.
             for failure in outcome.failures:
-                log.warning("%s/%s: the API server refused %s", *key, failure)
+                (log.debug if _namespace_going(failure.code, failure.message) else log.warning)(
+                    "%s/%s: the API server refused %s", *key, failure
+                )
             kube = self.kube()
             stored = await loop.run_in_executor(self._executor, kube.patch_status, key[0], key[1], patch)
             if stored:
                 self.cache.remember(key, {(observed.model["kind"], key[1]): project(stored)})
                 self._own_status[key] = Obj(stored).metadata.get("resourceVersion")
             for event in reported.events:
-                await loop.run_in_executor(self._executor, kube.post_event, observed.model, event.type, event.reason, event.message)
+                try:
+                    await loop.run_in_executor(self._executor, kube.post_event, observed.model, event.type, event.reason, event.message)
+                except ApiError as exc:
+                    # Events restate the status, which is written: like client-go's event recorder,
+                    # a refused event never fails the reconcile. A namespace being deleted refuses
+                    # every create, its models' events too; that is no news.
+                    (log.debug if _namespace_going(exc.code, exc.message) else log.warning)(
+                        "%s/%s: event %s not posted: %s", *key, event.reason, exc
+                    )
         if any(not f.permanent for f in outcome.failures):
             raise RetryLater(f"{len(outcome.failures)} writes refused for now")
         return "changed" if outcome.changed or patch is not None else "noop"
