@@ -29,20 +29,22 @@ from pathlib import Path
 
 import yaml
 
+from inferentia_operator.core.catalogue import FAMILIES
 from ports import free_port
 
 NODE_NAME = "real-inf2"
 # An inf2.24xlarge: 6 Inferentia2 chips of 2 NeuronCores each, so the device plugin can
 # grant a chip other than the first.
 INSTANCE_TYPE = "inf2.24xlarge"
-CHIPS, CORES_PER_CHIP = 6, 2
 # The shapes the node can take for a test (RealNode.reshape): chips and NeuronCores per chip
 # of each instance type, as the operator's catalogue has them. trn2's are counted in logical
 # cores at its default LNC 2 (4 of a chip's 8 physical cores): how AWS's device plugin numbers
 # trn2 cores under LNC is not documented, so only the samples' LNC 2 is modelled.
 SHAPES = {"inf2.24xlarge": (6, 2), "inf1.6xlarge": (4, 4), "trn2.48xlarge": (16, 4)}
+CHIPS = SHAPES[INSTANCE_TYPE][0]
 # The node's shape in DRA mode (RealNode.dra_mode): Trainium2, whose DRA claims set their LNC.
 DRA_INSTANCE_TYPE = "trn2.48xlarge"
+DRA_FAMILY = FAMILIES[DRA_INSTANCE_TYPE.split(".")[0]]
 # Pods reach this node only where their namespace lets them: the node carries this taint,
 # and a namespace annotated with REAL_NODE_NAMESPACE_ANNOTATIONS gets the toleration and node
 # selector by the API server's PodTolerationRestriction and PodNodeSelector admission plugins.
@@ -261,7 +263,8 @@ class RealNode:
                 str(self.bins / "neuron-dra-standin"), "--kubeconfig", str(kubeconfig), "--node-name", NODE_NAME,
                 "--kubelet-dir", str(self.state / "kubelet"), "--dev-dir", str(self.state / "dev"),
                 "--lock-dir", str(self._lock_dir()), "--cdi-dir", str(self.cdi_dir), "--instance-type", DRA_INSTANCE_TYPE,
-                "--chips", str(chips), "--physical-cores-per-chip", "8", "--default-lnc", "2",
+                "--chips", str(chips), "--physical-cores-per-chip", str(DRA_FAMILY.physical_cores_per_chip),
+                "--default-lnc", str(DRA_FAMILY.default_lnc),
             ],
             pids,
         )  # fmt: skip

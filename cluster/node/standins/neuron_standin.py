@@ -195,9 +195,9 @@ def plugin_warm_up(engine: dict, target: str, may_compile: bool) -> tuple[list[s
     whether any graph was compiled; raises RuntimeError on a miss that may not compile."""
     if target not in PLUGIN_TARGETS:
         raise RuntimeError(f"the vLLM Neuron plugin supports Trn2 and Trn3, not {target}")
-    cache = plugin_cache()
+    cache, graphs = plugin_cache(), plugin_graphs(engine, target)
     compiled = False
-    for key, graph in plugin_graphs(engine, target).items():
+    for key, graph in graphs.items():
         entry = cache / key
         if (entry / GRAPH).is_file():
             continue
@@ -209,7 +209,7 @@ def plugin_warm_up(engine: dict, target: str, may_compile: bool) -> tuple[list[s
         entry.mkdir(parents=True, exist_ok=True)
         (entry / GRAPH).write_text(json.dumps({**graph, "compiler": "neuronx-cc"}, indent=2))
         compiled = True
-    return sorted(plugin_graphs(engine, target)), compiled
+    return sorted(graphs), compiled
 
 
 def llm(**engine) -> dict:

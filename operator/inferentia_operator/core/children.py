@@ -176,24 +176,24 @@ def compile_record_name(m: Model) -> str:
     return f"compiled-{_compile_id(m)}"
 
 
-def job_output_uri(job: Mapping[str, Any]) -> str | None:
-    """Where a compile Job uploads its artefact: the INFERENTIA_OUTPUT_URI of its compile step."""
-    template = Obj(Obj(job).spec.get("template")).spec
-    for container in template.get("initContainers") or ():
-        if container.get("name") == "compile":
-            for e in container.get("env") or ():
-                if e.get("name") == "INFERENTIA_OUTPUT_URI":
+def _env_value(containers: Any, container: str | None, name: str) -> str | None:
+    """The value of ``name`` in the env of the first of ``containers`` (named ``container``, when given) that sets it."""
+    for c in containers or ():
+        if container is None or c.get("name") == container:
+            for e in c.get("env") or ():
+                if e.get("name") == name:
                     return str(e.get("value"))
     return None
 
 
+def job_output_uri(job: Mapping[str, Any]) -> str | None:
+    """Where a compile Job uploads its artefact: the INFERENTIA_OUTPUT_URI of its compile step."""
+    return _env_value(Obj(Obj(job).spec.get("template")).spec.get("initContainers"), "compile", "INFERENTIA_OUTPUT_URI")
+
+
 def served_uri(deployment: Mapping[str, Any] | None) -> str | None:
     """The artefact a serving Deployment's pods fetch: its INFERENTIA_COMPILED_MODEL_URI."""
-    for container in Obj(Obj(deployment).spec.get("template")).spec.get("containers") or ():
-        for e in container.get("env") or ():
-            if e.get("name") == "INFERENTIA_COMPILED_MODEL_URI":
-                return str(e.get("value"))
-    return None
+    return _env_value(Obj(Obj(deployment).spec.get("template")).spec.get("containers"), None, "INFERENTIA_COMPILED_MODEL_URI")
 
 
 def compile_record(m: Model, job: Mapping[str, Any]) -> dict[str, Any]:
@@ -813,20 +813,18 @@ def resource_claim_template(m: Model) -> dict[str, Any] | None:
     }
 
 
-def _placement(m: Model) -> dict[str, Any]:
-    """Where a serving pod may run. With the device plugin: nodes of the planned instance
-    types. With dra, the claim's selector on the devices' instanceType says it instead, as
-    AWS's templates do, and the pod carries the claim."""
-    if m.plan.allocation == "dra":
-        return {"resourceClaims": [{"name": CLAIM, "resourceClaimTemplateName": claim_template_name(m)}]}
+def _instance_type_affinity(m: Model) -> dict[str, Any]:
+    """Nodes of the planned instance types. With dra, the claim's selector on the devices'
+    instanceType says it instead, as AWS's templates do."""
     term = {"matchExpressions": [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": m.plan.instance_types}]}
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+    return {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
 
 
 def serving_deployment(m: Model, replicas: int | None = None) -> dict[str, Any]:
     """The serving Deployment, with ``replicas`` (default: what the spec alone gives, for
     a model that autoscales minReplicas, as before its ScaledObject exists)."""
     plan, spec = m.plan, m.spec
+    dra = plan.allocation == "dra"  # devices from a resource claim, not the device plugin
     base = process_base_port(m)
     ports = [{"name": f"serve-{i}", "containerPort": base + i, "protocol": "TCP"} for i in range(plan.groups)]
     container: dict[str, Any] = {
@@ -835,7 +833,7 @@ def serving_deployment(m: Model, replicas: int | None = None) -> dict[str, Any]:
         **({"envFrom": [s.model_dump(by_alias=True, exclude_none=True) for s in spec.serving.env_from]} if spec.serving.env_from else {}),
         "env": _serving_env(m),
         "ports": ports,
-        "resources": {**plan.resources.model_dump(), **({"claims": [{"name": CLAIM}]} if plan.allocation == "dra" else {})},
+        "resources": {**plan.resources.model_dump(), **({"claims": [{"name": CLAIM}]} if dra else {})},
         **_probes(m),
         "securityContext": {**CONTAINER_SECURITY, "readOnlyRootFilesystem": spec.serving.read_only_root_filesystem},
         # The launcher's last words ("serving process 41 exited with 137; stopping the others")
@@ -886,9 +884,9 @@ def serving_deployment(m: Model, replicas: int | None = None) -> dict[str, Any]:
                         *([_artefact_volume("model")] if serving_fetches_model(m) else []),
                     ],
                     "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
-                    **({"resourceClaims": placement["resourceClaims"]} if "resourceClaims" in (placement := _placement(m)) else {}),
+                    **({"resourceClaims": [{"name": CLAIM, "resourceClaimTemplateName": claim_template_name(m)}]} if dra else {}),
                     "affinity": {
-                        **({"nodeAffinity": placement["nodeAffinity"]} if "nodeAffinity" in placement else {}),
+                        **({} if dra else {"nodeAffinity": _instance_type_affinity(m)}),
                         "podAntiAffinity": {
                             "preferredDuringSchedulingIgnoredDuringExecution": [
                                 {

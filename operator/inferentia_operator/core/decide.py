@@ -59,8 +59,7 @@ def is_compile_job_of_ours(live: Mapping[str, Any]) -> bool:
     artefact, so a model finding one under its Job's name shares it rather than competing."""
     obj = Obj(live)
     return (
-        live.get("kind", "Job") == "Job"
-        and obj.labels.get(MANAGED_BY_LABEL) == FIELD_MANAGER
+        obj.labels.get(MANAGED_BY_LABEL) == FIELD_MANAGER
         and obj.labels.get(COMPONENT_LABEL) == "compile"
         and (obj.controller or {}).get("kind") == api.KIND
     )
@@ -113,8 +112,8 @@ class _Compile:
             failure = status.compile_failure(name, o.pods)
             cond = status.compiled_condition(True, name, live, uri, changed, failure, key=key)
             return _Compile(body, cond, record, False, changed)
-        if known is not None or complete:
-            hit = known or children.compile_record(m, complete[0])["data"]
+        hit = known if known is not None else record["data"] if record is not None else None
+        if hit is not None:
             return _Compile(None, status.compiled_condition(True, None, None, uri, key=key, hit=hit), record, True, changed)
         if live is not None and is_compile_job_of_ours(live):
             # Another model's Job compiles this key (or failed to): this one waits for it.
