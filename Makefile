@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 export INFERENTIA_CONTROLPLANE_BUILT := 1
 CRD    := crds/inferentia.dev_inferentiamodels.yaml
 
-.PHONY: help test test-faults unit e2e lint venv controlplane cluster-up cluster-down crd manifests demo benchmark benchmark-scale benchmark-cores benchmark-batching benchmark-autoscaling clean
+.PHONY: help test test-faults test-kind kind-up kind-down unit e2e lint venv controlplane cluster-up cluster-down crd manifests demo benchmark benchmark-scale benchmark-cores benchmark-batching benchmark-autoscaling clean
 HELM    = $(shell bash cluster/build.sh --print)/helm
 CHART   := charts/inferentia-operator
 
@@ -17,6 +17,8 @@ help:
 	@echo "make test          the whole suite: unit tests, then end-to-end tests on a local control plane"
 	@echo "make unit          unit tests only (no cluster)"
 	@echo "make test-faults   the fault suite alone, with the real-node faults make test leaves out (docs/faults.md)"
+	@echo "make test-kind     the end-to-end suite on a kind cluster (Docker, else podman), then kind-down (KEEP_KIND=1 keeps it)"
+	@echo "make kind-up       only the kind cluster (kubeconfig: .kind/kubeconfig); make kind-down removes it"
 	@echo "make demo          local control plane + operator + samples, until make cluster-down"
 	@echo "make cluster-up    start the local control plane (kubeconfig: .cluster/kubeconfig)"
 	@echo "make cluster-down  stop it, and the demo operator"
@@ -53,12 +55,27 @@ e2e: venv controlplane
 test-faults: venv controlplane
 	INFERENTIA_REAL_FAULTS=1 $(BIN)/pytest -m faults -v
 
+# The kind cluster (cluster/kindcluster.py): a node image built here, or INFERENTIA_KIND_NODE_IMAGE.
+kind-up: venv controlplane
+	@bash cluster/kind-deps.sh
+	@bash cluster/build.sh --kind >/dev/null
+	@$(BIN)/python cluster/kindcluster.py up >/dev/null
+
+kind-down:
+	@if [ -x $(BIN)/python ]; then $(BIN)/python cluster/kindcluster.py down; fi
+
+# The end-to-end suite against the kind cluster; the cluster goes again after, whatever the result.
+test-kind: kind-up
+	@rc=0; INFERENTIA_E2E_KIND=$(CURDIR)/.kind $(BIN)/pytest -m cluster || rc=$$?; \
+	  if [ -z "$(KEEP_KIND)" ]; then $(MAKE) --no-print-directory kind-down; fi; exit $$rc
+
 cluster-up: venv controlplane
 	@$(BIN)/python cluster/localcluster.py up >/dev/null
 
 cluster-down:
 	@if [ -x $(BIN)/python ]; then $(BIN)/python cluster/demo.py stop 2>/dev/null || true; \
-	  $(BIN)/python cluster/localcluster.py down; fi
+	  $(BIN)/python cluster/localcluster.py down; \
+	  if [ -d .kind ]; then $(BIN)/python cluster/kindcluster.py down; fi; fi
 
 demo: venv controlplane
 	@$(BIN)/python cluster/demo.py

@@ -6,6 +6,7 @@
 #
 #   cluster/build.sh            build what is missing, print the bin directory
 #   cluster/build.sh --print    only print the bin directory
+#   cluster/build.sh --kind     also kind and kubeadm, for `make test-kind` (cluster/kindcluster.py)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -16,6 +17,7 @@ cache="${INFERENTIA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/inferentia-operat
 bin="$cache/controlplane/bin"
 src="$cache/controlplane/src"
 [[ "${1:-}" == "--print" ]] && { echo "$bin"; exit 0; }
+with_kind=0; [[ "${1:-}" == "--kind" ]] && with_kind=1
 mkdir -p "$bin" "$src"
 
 # A toolchain download is impossible offline and a surprise elsewhere: use the Go
@@ -203,5 +205,19 @@ keda_crds
 # Only Kubernetes service discovery: the serving pods are found through the API server.
 build_in_module prometheus github.com/prometheus/prometheus "$PROMETHEUS_VERSION" "remove_all_sd,enable_kubernetes_sd" "" \
   prometheus=./cmd/prometheus
+if (( with_kind )); then
+  # kind itself, and kubeadm of the control plane's release, which kind's node runs.
+  build_simple kind sigs.k8s.io/kind "$KIND_VERSION" sigs.k8s.io/kind
+  if ! up_to_date kubeadm "$KUBERNETES_VERSION"; then
+    log "kubeadm $KUBERNETES_VERSION: building"
+    ld="-s -w"
+    for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+      minor="${KUBERNETES_VERSION#v1.}"
+      ld+=" -X $p.gitVersion=$KUBERNETES_VERSION -X $p.gitMajor=1 -X $p.gitMinor=${minor%%.*} -X $p.gitTreeState=clean"
+    done
+    (cd "$src/kubernetes" && go build -mod=mod -ldflags "$ld" -o "$bin/kubeadm" k8s.io/kubernetes/cmd/kubeadm)
+    stamp kubeadm "$KUBERNETES_VERSION"
+  fi
+fi
 log "done in $(( $(date +%s) - start ))s: $(du -sh "$bin" | cut -f1) in $bin"
 echo "$bin"

@@ -94,7 +94,7 @@ def base_rootfs(packages: str = BASE_PACKAGES) -> Path:
     return out
 
 
-def _tar_dir(root: Path) -> bytes:
+def tar_dir(root: Path) -> bytes:
     """A layer of everything under ``root``, owned by root, with stable times."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -138,7 +138,7 @@ def python_layer() -> tuple[bytes, str]:
         script = bindir / "inferentia-operator"
         script.write_text("#!/usr/bin/python3\nimport sys\nfrom inferentia_operator.cli import main\nsys.exit(main())\n")
         script.chmod(0o755)
-        data = _tar_dir(root)
+        data = tar_dir(root)
     out.write_bytes(data)
     return data, key
 
@@ -158,7 +158,7 @@ def standin_layer() -> tuple[bytes, str]:
             script = bindir / name
             script.write_text("#!/usr/bin/python3\nimport sys\nfrom neuron_standin import main\nsys.exit(main())\n")
             script.chmod(0o755)
-        return _tar_dir(root), key
+        return tar_dir(root), key
 
 
 # The instructions the Dockerfile's final stage may use, and what each becomes here. Any
@@ -280,7 +280,7 @@ def build(bins: Path) -> list[Path]:
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "pause").write_bytes(pause_bin.read_bytes())
             (Path(tmp) / "pause").chmod(0o755)
-            write_oci(pause, PAUSE_IMAGE, [_tar_dir(Path(tmp))], {"Entrypoint": ["/pause"], "User": "65535:65535"})
+            write_oci(pause, PAUSE_IMAGE, [tar_dir(Path(tmp))], {"Entrypoint": ["/pause"], "User": "65535:65535"})
     images.append(pause)
     prune(keep=[*images, cache_dir() / f"layer-python-{pkey}.tar"])
     return images

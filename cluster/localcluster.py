@@ -550,6 +550,10 @@ class LocalCluster:
         self.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
         self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
 
+    def read_node_file(self, path: Path | str) -> str:
+        """A file of the real node, as its kubelet sees it: on this machine."""
+        return Path(path).read_text()
+
     def object_store(self) -> str | None:
         """The S3-compatible object store's endpoint (with the real node), for AWS_ENDPOINT_URL."""
         return self.recorded().get("object_store")

@@ -213,7 +213,7 @@ class RealNode:
             {"PATH": env_path},
         )  # fmt: skip
         # Ready once it has programmed the Services it found: its healthz answers 200 then.
-        _wait(lambda: _http_ok(f"http://127.0.0.1:{healthz_port}/healthz"), deadline, "kube-proxy")
+        _wait(lambda: http_ok(f"http://127.0.0.1:{healthz_port}/healthz"), deadline, "kube-proxy")
 
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         sock = self.state / "containerd" / "containerd.sock"
@@ -555,7 +555,7 @@ def _kill(pid: int) -> None:
         pass
 
 
-def _http_ok(url: str) -> bool:
+def http_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as reply:
             return reply.status == 200

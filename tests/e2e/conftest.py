@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from kit import CRD_FILE, USE_EXISTING, Cluster, OperatorProcess, bind_user_to_operator_role, localcluster, wait_for
+from kit import CRD_FILE, KIND_STATE, USE_EXISTING, Cluster, OperatorProcess, bind_user_to_operator_role, localcluster, wait_for
 
 REAL_NODE_STATE: dict[str, str | None] = {"skipped": None, "rollout": None}
 
@@ -50,6 +50,14 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory) -> Cluster:
     bins = localcluster.bin_dir()
+    if KIND_STATE:
+        # make test-kind: the kind cluster cluster/kindcluster.py set up, whose node is the real node.
+        import kindcluster
+
+        kind = kindcluster.KindCluster(Path(KIND_STATE), bins)
+        assert kind.recorded().get("object_store"), f"no kind cluster set up in {KIND_STATE}: run make test-kind"
+        yield Cluster(kind.kubeconfig, bins, None, node=kind)
+        return
     if USE_EXISTING:
         kubeconfig = Path(os.environ.get("KUBECONFIG", Path.home() / ".kube" / "config"))
         c = Cluster(kubeconfig, bins, None)
@@ -61,7 +69,7 @@ def cluster(tmp_path_factory) -> Cluster:
     try:
         local.up(timeout=300)
         REAL_NODE_STATE["skipped"] = local.real_node_skipped
-        yield Cluster(local.kubeconfig, bins, local)
+        yield Cluster(local.kubeconfig, bins, local, node=local if local.real_node is not None else None)
     finally:
         had_real_node = local.real_node is not None
         local.down()
@@ -103,14 +111,15 @@ OPERATOR_USER = "inferentia-operator"
 def operator(crd_installed: Cluster, tmp_path_factory):
     """The operator, watching every namespace, running as its own user where the cluster allows it."""
     c = crd_installed  # the operator creates its ClusterKopfPeering at start
-    if c.local is not None:
+    issuer = c.local or c.node  # the local cluster, or kind, whose CA signs a user of our own
+    if issuer is not None:
         # Exactly the chart's ClusterRole: every operator test also proves the RBAC is enough.
-        kubeconfig = c.local.user_kubeconfig(OPERATOR_USER)
+        kubeconfig = issuer.user_kubeconfig(OPERATOR_USER)
         bind_user_to_operator_role(c, OPERATOR_USER, "e2e-operator")
     else:
         kubeconfig = c.kubeconfig
     # Autoscaled models' ScaledObjects read the local cluster's Prometheus, when it runs one.
-    prometheus = c.local.prometheus() if c.local is not None else None
+    prometheus = issuer.prometheus() if issuer is not None else None
     extra = ("--prometheus-address", prometheus) if prometheus else ()
     op = OperatorProcess(kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", peering=PEERING, extra_args=extra)
     op.start()
@@ -121,11 +130,22 @@ def operator(crd_installed: Cluster, tmp_path_factory):
 @pytest.fixture(scope="session")
 def real_node(crd_installed: Cluster) -> Cluster:
     """The cluster, with its real node: pods in a ``real_namespace`` run as real containers."""
+    if crd_installed.node is not None:
+        return crd_installed
     if USE_EXISTING:
-        pytest.skip("real-node tests need the local cluster's real node (stand-in images and device plugin)")
-    if crd_installed.local is None or crd_installed.local.real_node is None:
-        pytest.skip(f"the real node did not start: {crd_installed.local.real_node_skipped if crd_installed.local else 'no local cluster'}")
-    return crd_installed
+        pytest.skip("real-node tests need the local cluster's real node, or make test-kind's (stand-in images and device plugin)")
+    pytest.skip(f"the real node did not start: {crd_installed.local.real_node_skipped if crd_installed.local else 'no local cluster'}")
+
+
+@pytest.fixture
+def autoscaling_engines(real_node: Cluster) -> str:
+    """Prometheus's URL, where Prometheus and KEDA run for the real node (cluster/autoscaling.py)."""
+    prometheus = real_node.node.prometheus()
+    if prometheus is None:
+        if real_node.local is None:
+            pytest.skip("Prometheus and KEDA run beside the local cluster only (cluster/autoscaling.py): not on this cluster")
+        pytest.fail(f"the local cluster started no Prometheus: {real_node.local.recorded().get('autoscaling_skipped')}")
+    return prometheus
 
 
 @pytest.fixture

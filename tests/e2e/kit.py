@@ -9,6 +9,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -19,16 +20,21 @@ import localcluster  # noqa: E402
 from ports import free_port  # noqa: E402
 
 CRD_FILE = ROOT / "crds" / "inferentia.dev_inferentiamodels.yaml"
-USE_EXISTING = os.environ.get("INFERENTIA_E2E_USE_EXISTING_CLUSTER") == "1"
+# `make test-kind` names the kind cluster's state directory (cluster/kindcluster.py).
+KIND_STATE = os.environ.get("INFERENTIA_E2E_KIND")
+USE_EXISTING = os.environ.get("INFERENTIA_E2E_USE_EXISTING_CLUSTER") == "1" or bool(KIND_STATE)
 
 
 @dataclass
 class Cluster:
-    """A reachable cluster: its kubeconfig and the tools to drive it."""
+    """A reachable cluster: its kubeconfig and the tools to drive it. ``local`` is the project's
+    own control plane when the suite started it; ``node`` is what plays the real node (the
+    local cluster's, or the kind cluster's node), or None where there is none."""
 
     kubeconfig: Path
     bin_dir: Path
     local: localcluster.LocalCluster | None
+    node: Any = None
 
     def tool(self, name: str) -> str:
         override = os.environ.get(f"INFERENTIA_{name.upper()}")

@@ -38,10 +38,8 @@ def documented_autoscaling() -> dict:
     return yaml.safe_load(block)["spec"]["autoscaling"]
 
 
-def test_keda_scales_a_model_to_three_under_load_and_back_to_one_losing_nothing(real_node, real_namespace):
-    cluster, ns = real_node, real_namespace
-    prometheus = cluster.local.prometheus()
-    assert prometheus, f"the local cluster started no Prometheus: {cluster.local.recorded().get('autoscaling_skipped')}"
+def test_keda_scales_a_model_to_three_under_load_and_back_to_one_losing_nothing(real_node, real_namespace, autoscaling_engines):
+    cluster, ns, prometheus = real_node, real_namespace, autoscaling_engines
     autoscaling = documented_autoscaling()
     assert (autoscaling["minReplicas"], autoscaling["maxReplicas"]) == (1, 3)
     spec = standin_spec(

@@ -41,6 +41,8 @@ def dra_node(real_node):
     device plugin again."""
     import realnode
 
+    if real_node.local is None:
+        pytest.skip("the DRA driver stand-in runs beside the local cluster's kubelet only (LocalCluster.real_node_dra): not on kind")
     reshape(real_node, "inf2.24xlarge")  # no pod holds a device-plugin device when the plugin stops
     real_node.local.real_node_dra(True)
     real_node.kubectl("apply", "-f", "-", input=yaml.safe_dump(DEVICE_CLASS))

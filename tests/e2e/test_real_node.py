@@ -71,7 +71,7 @@ def granted_cores(cluster, pod: dict) -> list[int]:
     allocations (the record the kubelet keeps of what each device plugin gave each container)."""
     import realnode
 
-    checkpoint = json.loads((realnode.DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint").read_text())
+    checkpoint = json.loads(cluster.node.read_node_file(realnode.DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint"))
     node = cluster.get("node", realnode.NODE_NAME)
     per_chip = realnode.SHAPES[node["metadata"]["labels"]["node.kubernetes.io/instance-type"]][1]
     cores: list[int] = []
@@ -182,6 +182,8 @@ def test_pod_and_service_ranges_route_to_the_clusters_bridge_only(real_node):
     has programmed its rules; and nothing from the bridge is forwarded to another interface."""
     import realnode
 
+    if real_node.local is None:
+        pytest.skip("the local cluster's bridge and rules: the kind node's own are checked by the test after this one")
     for address in ("10.85.0.200", "10.96.255.254"):
         route = subprocess.run(["ip", "route", "get", address], capture_output=True, text=True, check=True).stdout
         assert f"dev {realnode.BRIDGE}" in route, route
@@ -191,11 +193,32 @@ def test_pod_and_service_ranges_route_to_the_clusters_bridge_only(real_node):
     assert f"-A FORWARD -j {realnode.FORWARD_CHAIN}" in forward, forward
 
 
+def test_the_kind_node_has_no_route_off_the_machine(real_node):
+    """On kind, the node's network is internal: the node has no default route, so neither it nor
+    a pod (whose CNI masquerades nothing) can reach past this machine; and this machine reaches
+    the pod and Service ranges through the node's address alone."""
+    import kindcluster
+
+    kind = real_node.node
+    if not isinstance(kind, kindcluster.KindCluster):
+        pytest.skip("kind's network: the local cluster's is checked by the test before this one")
+    routes = kind.node_exec("ip", "route", "show").stdout
+    assert routes.strip() and not any(line.startswith("default") for line in routes.splitlines()), routes
+    node_ip = kind.recorded()["node_ip"]
+    for address in ("10.244.0.200", "10.97.255.254"):
+        route = subprocess.run(["ip", "route", "get", address], capture_output=True, text=True, check=True).stdout
+        assert f"via {node_ip}" in route, route
+    network = json.loads(subprocess.run([kind.engine, "network", "inspect", kindcluster.NETWORK], env=kind.env,
+                                        capture_output=True, text=True, check=True).stdout)  # fmt: skip
+    network = network[0] if isinstance(network, list) else network
+    assert network.get("internal") is True or network.get("Internal") is True, network
+
+
 def store_client(cluster):
     import boto3
 
     return boto3.client(
-        "s3", endpoint_url=cluster.local.object_store(), region_name="us-east-1",
+        "s3", endpoint_url=cluster.node.object_store(), region_name="us-east-1",
         aws_access_key_id="local", aws_secret_access_key="local",
     )  # fmt: skip
 
@@ -207,7 +230,7 @@ def object_store(cluster, namespace: str) -> str:
 
     bucket = f"models-{namespace}"
     store_client(cluster).create_bucket(Bucket=bucket)
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(store_secret(namespace, cluster.local.object_store())))
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(store_secret(namespace, cluster.node.object_store())))
     return bucket
 
 
@@ -653,7 +676,7 @@ def reshape(cluster, instance_type: str) -> None:
         return not any(holds_neuron_devices(p) for p in pods)
 
     wait_for(released, 180, "no pod on the real node holds a Neuron device", interval=2)
-    cluster.local.reshape_real_node(instance_type)
+    cluster.node.reshape_real_node(instance_type)
     cluster.kubectl("label", "node", realnode.NODE_NAME, f"node.kubernetes.io/instance-type={instance_type}", "--overwrite")
     chips, per_chip = realnode.SHAPES[instance_type]
 

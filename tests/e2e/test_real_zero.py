@@ -67,7 +67,7 @@ def phases(pod: dict, sent: float, answered: float) -> str:
     return f"{answered - sent:.1f} s: " + ", ".join(out)
 
 
-def test_a_model_at_zero_holds_its_first_request_answers_it_and_goes_back_to_zero(real_node, real_namespace):
+def test_a_model_at_zero_holds_its_first_request_answers_it_and_goes_back_to_zero(real_node, real_namespace, autoscaling_engines):
     cluster, ns = real_node, real_namespace
     bucket = object_store(cluster, ns)
     apply(cluster, ns, "zero", zero_spec(bucket))
@@ -115,7 +115,7 @@ def test_a_model_at_zero_holds_its_first_request_answers_it_and_goes_back_to_zer
 CYCLES = int(os.environ.get("INFERENTIA_ZERO_CYCLES", "20"))
 
 
-def test_a_model_cycled_through_zero_loses_no_request_and_gets_its_cores_every_time(real_node, real_namespace):
+def test_a_model_cycled_through_zero_loses_no_request_and_gets_its_cores_every_time(real_node, real_namespace, autoscaling_engines):
     """aws-neuron-sdk#1338, through zero: each request of a trickle arrives at zero, is held,
     and is answered by a new replica, whose process holds exactly the cores the kubelet
     granted it, with no failed start (the runtime stand-in refuses cores a live process holds)."""

@@ -68,7 +68,7 @@ def test_every_sample_goes_ready_on_the_real_node_and_answers(path, node_shape, 
     node_shape(SHAPE[spec["compute"].get("family", "inf1")])
     uri = spec["model"]["uri"]
     if uri.startswith("s3://"):
-        real_node.kubectl("apply", "-f", "-", input=json.dumps(store_secret(real_namespace, real_node.local.object_store())))
+        real_node.kubectl("apply", "-f", "-", input=json.dumps(store_secret(real_namespace, real_node.node.object_store())))
         subprocess.run([TORCH_PYTHON, str(REFERENCE), "build", str(tmp_path / "models")], check=True)
         network, dtype, inputs = put_model(store_client(real_node), uri, tmp_path / "models")
     real_node.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))

@@ -1,0 +1,589 @@
+"""`make test-kind`'s cluster: kind, on Docker or podman, set up as the real-node tests need it.
+
+One kind node, from the node image cluster/kindnode.py builds here (or kindest/node, named by
+INFERENTIA_KIND_NODE_IMAGE), plays the local cluster's real node (cluster/realnode.py): the
+same name, labels and taints, the project's images loaded with ``kind load image-archive``, the
+Neuron device-plugin stand-in as a DaemonSet, and the object store (moto's S3 server) as a pod.
+kwok runs in the cluster as its own release deploys it, with the local cluster's stages, and
+keeps the same simulated fleet (cluster/fleet.yaml) beside the kind node.
+
+Nothing leaves the machine: the node sits on a container network of its own, created
+``--internal`` (no NAT, no default route), its CNI masquerades nothing, and this machine
+reaches its pod and Service ranges through routes to the node's address alone.
+``down`` removes the cluster, the network, the routes and the state.
+
+    python cluster/kindcluster.py up|down|status
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import images  # noqa: E402
+import kindnode  # noqa: E402
+import localcluster  # noqa: E402
+import realnode  # noqa: E402
+
+NAME = "inferentia"
+NETWORK = "inferentia-kind"
+# Not the local cluster's (realnode.POD_CIDR, SERVICE_CIDR), so both can exist on one machine.
+NETWORK_SUBNET = "10.87.0.0/24"
+POD_SUBNET = "10.244.0.0/16"
+SERVICE_SUBNET = "10.97.0.0/16"
+SYSTEM_NAMESPACE = "inferentia-kind-system"
+SUPPORT_IMAGE_REPO = "inferentia-kind-support"
+DEFAULT_STATE = REPO / ".kind"
+STORE_PORT = 5000
+# Pod addresses kwok gives the fleet's pods: not the kind node's pod range.
+FLEET_POD_CIDR = "10.246.0.0/16"
+# Where the DaemonSet keeps the stand-in /dev/neuronN files and the runtime stand-in's core locks.
+NODE_DIR = "/var/lib/inferentia"
+
+
+class KindError(RuntimeError):
+    pass
+
+
+def provider() -> str:
+    """The engine kind runs on: KIND_EXPERIMENTAL_PROVIDER when set, else Docker when its engine
+    answers, else podman."""
+    chosen = os.environ.get("KIND_EXPERIMENTAL_PROVIDER")
+    if chosen:
+        return chosen
+    if shutil.which("docker") and subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
+        return "docker"
+    return "podman"
+
+
+def log(message: str) -> None:
+    print(f"[kind] {message}", file=sys.stderr, flush=True)
+
+
+def run(*argv: str, env: dict | None = None, input: str | bytes | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    text = not isinstance(input, bytes)
+    result = subprocess.run(list(argv), env=env, input=input, capture_output=True, text=text)
+    if check and result.returncode:
+        raise KindError(f"{' '.join(argv[:4])} failed: {result.stderr if text else result.stderr.decode(errors='replace')}")
+    return result
+
+
+class KindCluster:
+    """The kind cluster and its state directory (kubeconfig, what ``up`` made)."""
+
+    def __init__(self, state: Path = DEFAULT_STATE, bins: Path | None = None):
+        self.state = state.resolve()
+        self.bins = bins or localcluster.bin_dir()
+        self.kubeconfig = self.state / "kubeconfig"
+        self.engine = self.recorded().get("provider") or provider()
+
+    # -- what up() recorded ------------------------------------------------------------------
+    def recorded(self) -> dict:
+        path = self.state / "state.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def _save(self, **fields) -> None:
+        self.state.mkdir(parents=True, exist_ok=True)
+        data = {**self.recorded(), **fields}
+        (self.state / "state.json").write_text(json.dumps(data, indent=2))
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {**os.environ, "KIND_EXPERIMENTAL_PROVIDER": self.engine, f"KIND_EXPERIMENTAL_{self.engine.upper()}_NETWORK": NETWORK}
+        if self.engine == "podman":
+            env["CONTAINERS_CONF"] = str(self.state / "containers.conf")
+        return env
+
+    @property
+    def node_container(self) -> str:
+        return f"{NAME}-control-plane"
+
+    def kind(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return run(str(self.bins / "kind"), *args, env=self.env, check=check)
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        return run(str(self.bins / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args, input=input, check=check)
+
+    def node_exec(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+        """A command in the kind node's own namespaces (as ``docker exec``)."""
+        return run(self.engine, "exec", self.node_container, *argv, env=self.env, check=check)
+
+    # -- what the real-node tests ask of the node -------------------------------------------
+    def object_store(self) -> str | None:
+        return self.recorded().get("object_store")
+
+    def prometheus(self) -> None:
+        """No Prometheus or KEDA runs on the kind cluster (the local cluster runs them)."""
+        return None
+
+    def read_node_file(self, path: Path | str) -> str:
+        """A file of the node, as the kubelet sees it (inside the kind node)."""
+        return self.node_exec("cat", str(path)).stdout
+
+    def reshape_real_node(self, instance_type: str) -> None:
+        """The device plugin stand-in's DaemonSet takes ``instance_type``'s chips and cores
+        (realnode.SHAPES); its pod starts again and registers them. The caller relabels the
+        node and waits for the new capacity."""
+        self.kubectl("apply", "-f", "-", input=json.dumps(device_plugin(self._support_image(), instance_type)))
+        self.kubectl("rollout", "status", "-n", SYSTEM_NAMESPACE, "daemonset/neuron-device-plugin-standin", "--timeout=120s")
+
+    def user_kubeconfig(self, user: str, groups: tuple[str, ...] = ()) -> Path:
+        """A kubeconfig that authenticates as ``user``, with a certificate from kind's CA."""
+        pki = self.state / "pki"
+        pki.mkdir(exist_ok=True, mode=0o700)
+        for name in ("ca.crt", "ca.key"):
+            if not (pki / name).exists():
+                (pki / name).write_text(self.read_node_file(f"/etc/kubernetes/pki/{name}"))
+                (pki / name).chmod(0o600)
+        name = "user-" + "".join(c if c.isalnum() else "-" for c in user)
+        localcluster.issue_client_cert(pki, name, user, groups)
+        path = self.state / f"kubeconfig-{name}"
+        localcluster.write_kubeconfig(path, pki, self.server(), user=name)
+        return path
+
+    def server(self) -> str:
+        return f"https://{self.recorded()['node_ip']}:6443"
+
+    def _support_image(self) -> str:
+        return self.recorded()["support_image"]
+
+    # -- up and down -------------------------------------------------------------------------
+    def exists(self) -> bool:
+        return NAME in self.kind("get", "clusters", check=False).stdout.split()
+
+    def up(self) -> Path:
+        if os.geteuid() != 0:
+            raise KindError("make test-kind needs root: an internal container network and routes to it")
+        self.state.mkdir(parents=True, exist_ok=True)
+        self._save(provider=self.engine)
+        if self.engine == "podman":
+            self._containers_conf()
+        if not Path("/lib/modules").exists():
+            # kind mounts the host's /lib/modules into its nodes; a machine without modules has none.
+            Path("/lib/modules").mkdir()
+            self._save(made_lib_modules=True)
+        self._network()
+        node_image = kindnode.build(self.bins, self.engine)
+        if not self.exists():
+            log(f"creating cluster {NAME} from {node_image}")
+            config = self.state / "kind-config.yaml"
+            config.write_text(yaml.safe_dump(kind_config(upstream_image="INFERENTIA_KIND_NODE_IMAGE" in os.environ)))
+            self.kind(
+                "create", "cluster", "--name", NAME, "--image", node_image, "--config", str(config),
+                "--kubeconfig", str(self.kubeconfig), "--wait", "120s",
+            )  # fmt: skip
+        node_ip = run(
+            self.engine,
+            "inspect",
+            self.node_container,
+            "--format",
+            '{{(index .NetworkSettings.Networks "' + NETWORK + '").IPAddress}}',
+            env=self.env,
+        ).stdout.strip()
+        self._save(node_ip=node_ip)
+        # The API server by the node's address: a port published on an internal network does not
+        # forward, and kubeadm's serving certificate names the node's address.
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        for c in config["clusters"]:
+            c["cluster"]["server"] = self.server()
+        self.kubeconfig.write_text(yaml.safe_dump(config))
+        self.kubeconfig.chmod(0o600)
+        for subnet in (POD_SUBNET, SERVICE_SUBNET):
+            run("ip", "route", "replace", subnet, "via", node_ip)
+        self._save(routes=[POD_SUBNET, SERVICE_SUBNET])
+        support = self._load_images()
+        self._install(support)
+        return self.kubeconfig
+
+    def _containers_conf(self) -> None:
+        """podman's default limits for a container are above what this machine lets a process
+        raise them to ("error setting rlimit ... operation not permitted"): the nodes get the
+        limits this process has, as the real node's processes do. Its own file, named by
+        CONTAINERS_CONF, so the machine's podman configuration is left alone. RLIMIT_NPROC above
+        32768 was refused here even below the hard limit."""
+        import resource
+
+        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        nproc = min(resource.getrlimit(resource.RLIMIT_NPROC)[1], 32768)
+        (self.state / "containers.conf").write_text(
+            f'[containers]\ndefault_ulimits = ["nofile={nofile}:{nofile}", "nproc={nproc}:{nproc}"]\n'
+        )
+
+    def _network(self) -> None:
+        if run(self.engine, "network", "inspect", NETWORK, env=self.env, check=False).returncode == 0:
+            return
+        run(self.engine, "network", "create", "--internal", "--subnet", NETWORK_SUBNET, NETWORK, env=self.env)
+        self._save(made_network=True)
+
+    def _load_images(self) -> str:
+        """The project's images, and the support image (device plugin stand-in, object store)."""
+        archives = images.build(self.bins)
+        support, support_archive = support_image(self.bins)
+        loaded = set(self.recorded().get("loaded", []))
+        for archive in [*archives, support_archive]:
+            if str(archive) in loaded:
+                continue
+            log(f"kind load image-archive {archive.name}")
+            self.kind("load", "image-archive", str(archive), "--name", NAME)
+            loaded.add(str(archive))
+            self._save(loaded=sorted(loaded))
+        # The kubelet's image garbage collection is off on kind nodes, so nothing needs pinning.
+        self._save(support_image=support)
+        return support
+
+    def _install(self, support: str) -> None:
+        manifests = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NAMESPACE}}]
+        manifests += [device_plugin(support, realnode.INSTANCE_TYPE), *object_store(support), *kwok(support, self.bins)]
+        self.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests}))
+        for what in ("daemonset/neuron-device-plugin-standin", "deployment/object-store", "deployment/kwok-controller"):
+            self.kubectl("rollout", "status", "-n", SYSTEM_NAMESPACE, what, "--timeout=180s")
+        fleet = {"apiVersion": "v1", "kind": "List", "items": localcluster.fleet_nodes()}
+        self.kubectl("apply", "-f", "-", input=json.dumps(fleet))
+        self.kubectl("wait", "--for=condition=Ready", "node", "--all", "--timeout=120s")
+        svc = json.loads(self.kubectl("get", "service", "object-store", "-n", SYSTEM_NAMESPACE, "-o", "json").stdout)
+        store = f"http://{svc['spec']['clusterIP']}:{STORE_PORT}"
+        deadline = time.monotonic() + 60
+        while not realnode.http_ok(f"{store}/moto-api/"):
+            if time.monotonic() > deadline:
+                raise KindError(f"the object store at {store} does not answer")
+            time.sleep(0.5)
+        self._save(object_store=store)
+        deadline = time.monotonic() + 60
+        while self.kubectl(
+            "get", "node", realnode.NODE_NAME, "-o", "jsonpath={.status.allocatable.aws\\.amazon\\.com/neuron}"
+        ).stdout != str(realnode.CHIPS):
+            if time.monotonic() > deadline:
+                raise KindError("the node never advertised its Neuron devices: see the neuron-device-plugin-standin pod's log")
+            time.sleep(0.5)
+
+    def down(self) -> list[str]:
+        """Removes everything ``up`` made; returns what is left of it (nothing, or a defect)."""
+        data = self.recorded()
+        if shutil.which(self.engine):
+            self.kind("delete", "cluster", "--name", NAME, check=False)
+            if data.get("made_network", True):
+                run(self.engine, "network", "rm", NETWORK, env=self.env, check=False)
+        for subnet in data.get("routes", []):
+            run("ip", "route", "del", subnet, check=False)
+        if data.get("made_lib_modules") and Path("/lib/modules").is_dir() and not any(Path("/lib/modules").iterdir()):
+            Path("/lib/modules").rmdir()
+        shutil.rmtree(self.state, ignore_errors=True)
+        return self.leftovers()
+
+    def leftovers(self) -> list[str]:
+        left = []
+        if shutil.which(self.engine):
+            containers = run(self.engine, "ps", "-a", "--filter", f"label=io.x-k8s.kind.cluster={NAME}", "-q", env=self.env, check=False)
+            left += [f"container {c}" for c in containers.stdout.split()]
+            if run(self.engine, "network", "inspect", NETWORK, env=self.env, check=False).returncode == 0:
+                left.append(f"network {NETWORK}")
+        routes = run("ip", "route", "show", check=False).stdout
+        left += [f"route {s}" for s in (POD_SUBNET, SERVICE_SUBNET) if routes.startswith(s) or f"\n{s} " in routes]
+        if self.state.exists():
+            left.append(str(self.state))
+        return left
+
+
+def kind_config(upstream_image: bool = False) -> dict:
+    """One node, named, labelled and tainted as the local cluster's real node; the admission
+    plugins that send a real-node namespace's pods to it; the kubelet allowed on a cgroup v1
+    host. On the node image built here: no CNI of kind's (the image carries a bridge config),
+    no CoreDNS, and etcd's tag as built. An upstream kindest/node keeps kind's defaults there."""
+    taints = [
+        # kubeadm's own, which kind removes from a cluster of one node (and fails if it is not there).
+        {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"},
+        {"key": "aws.amazon.com/neuron", "value": "true", "effect": "NoSchedule"},
+        {"key": realnode.REAL_NODE_LABEL, "value": "true", "effect": "NoSchedule"},
+    ]
+    init = {
+        "apiVersion": "kubeadm.k8s.io/v1beta4", "kind": "InitConfiguration",
+        "nodeRegistration": {"name": realnode.NODE_NAME, "taints": taints},
+    }  # fmt: skip
+    cluster = {
+        "apiVersion": "kubeadm.k8s.io/v1beta4", "kind": "ClusterConfiguration",
+        "apiServer": {"extraArgs": [{"name": "enable-admission-plugins", "value": "NodeRestriction,PodNodeSelector,PodTolerationRestriction"}]},
+    }  # fmt: skip
+    if not upstream_image:
+        # kind's own skipPhases, and CoreDNS, whose image no registry here serves.
+        init["skipPhases"] = ["preflight", "addon/coredns"]
+        cluster["etcd"] = {"local": {"imageTag": kindnode.versions()["ETCD_VERSION"]}}
+    kubelet = {"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration", "failCgroupV1": False}
+    return {
+        "kind": "Cluster",
+        "apiVersion": "kind.x-k8s.io/v1alpha4",
+        "networking": {"disableDefaultCNI": not upstream_image, "podSubnet": POD_SUBNET, "serviceSubnet": SERVICE_SUBNET},
+        "nodes": [
+            {
+                "role": "control-plane",
+                "labels": {"node.kubernetes.io/instance-type": realnode.INSTANCE_TYPE, realnode.REAL_NODE_LABEL: "true"},
+            }
+        ],
+        "kubeadmConfigPatches": [yaml.safe_dump(d) for d in (init, cluster, kubelet)],
+    }
+
+
+def support_image(bins: Path) -> tuple[str, Path]:
+    """The Debian base with moto's S3 server, the device plugin stand-in and kwok: ``(name, archive)``."""
+    import importlib.metadata
+
+    moto = importlib.metadata.version("moto")
+    tools = [bins / "neuron-device-plugin-standin", bins / "kwok"]
+    base = images.base_rootfs()
+    key = hashlib.sha256(b"".join(t.read_bytes() for t in tools) + moto.encode() + base.name.encode()).hexdigest()[:12]
+    name = f"{SUPPORT_IMAGE_REPO}:{key}"
+    out = images.cache_dir().parent / "kind" / f"support-{key}.oci.tar"
+    if not out.exists():
+        log(f"{name}: assembling (moto[server]=={moto} from PyPI)")
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp) / "moto"
+            subprocess.run(
+                [sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", "--target", str(root / images.SITE), f"moto[server]=={moto}"],
+                check=True,
+            )  # fmt: skip
+            shutil.rmtree(root / images.SITE / "bin", ignore_errors=True)
+            bindir = Path(tmp) / "tools" / "usr/local/bin"
+            bindir.mkdir(parents=True)
+            for tool in tools:
+                shutil.copy2(tool, bindir / tool.name)
+            layers = [base.read_bytes(), images.tar_dir(root), images.tar_dir(bindir.parents[2])]
+            images.write_oci(out, name, layers, {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin"]})
+        for old in out.parent.glob("support-*.oci.tar"):
+            if old != out:
+                old.unlink()
+    return name, out
+
+
+# Stand-in /dev/neuronN files (character devices with /dev/null's numbers, as the real node
+# makes them, realnode.RealNode._make_devices), none beyond the chips; the lock directory
+# writable by the containers' non-root users.
+MAKE_DEVICES = """
+import os, sys
+chips, dev, locks = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+os.makedirs(dev, exist_ok=True); os.makedirs(locks, exist_ok=True); os.chmod(locks, 0o1777)
+for name in os.listdir(dev):
+    if name.startswith('neuron') and int(name[6:]) >= chips:
+        os.unlink(os.path.join(dev, name))
+for chip in range(chips):
+    path = os.path.join(dev, f'neuron{chip}')
+    if not os.path.exists(path):
+        os.mknod(path, 0o666 | 0o020000, os.makedev(1, 3))
+"""
+
+
+def device_plugin(image: str, instance_type: str) -> dict:
+    """The device plugin stand-in as AWS ships its plugin: a DaemonSet on the Neuron nodes, with
+    the kubelet's device-plugin directory mounted."""
+    chips, cores_per_chip = realnode.SHAPES[instance_type]
+    labels = {"app.kubernetes.io/name": "neuron-device-plugin-standin"}
+    state = {"name": "state", "mountPath": NODE_DIR}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "neuron-device-plugin-standin", "namespace": SYSTEM_NAMESPACE},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "updateStrategy": {"type": "RollingUpdate"},
+            "template": {
+                "metadata": {"labels": labels, "annotations": {"inferentia.dev/instance-type": instance_type}},
+                "spec": {
+                    "nodeSelector": {realnode.REAL_NODE_LABEL: "true"},
+                    "tolerations": [{"operator": "Exists"}],
+                    "priorityClassName": "system-node-critical",
+                    "initContainers": [
+                        {
+                            "name": "devices",
+                            "image": image,
+                            "imagePullPolicy": "Never",
+                            "command": ["python3", "-c", MAKE_DEVICES, str(chips), f"{NODE_DIR}/dev", f"{NODE_DIR}/locks"],
+                            "securityContext": {"privileged": True},  # mknod
+                            "volumeMounts": [state],
+                        }  # fmt: skip
+                    ],
+                    "containers": [
+                        {
+                            "name": "plugin",
+                            "image": image,
+                            "imagePullPolicy": "Never",
+                            "command": [
+                                "neuron-device-plugin-standin",
+                                "--plugin-dir",
+                                str(realnode.DEVICE_PLUGIN_DIR),
+                                "--dev-dir",
+                                f"{NODE_DIR}/dev",
+                                "--chips",
+                                str(chips),
+                                "--cores-per-chip",
+                                str(cores_per_chip),
+                                "--lock-dir",
+                                f"{NODE_DIR}/locks",
+                                "--platform",
+                                instance_type.split(".")[0],
+                            ],
+                            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                            "volumeMounts": [state, {"name": "device-plugins", "mountPath": str(realnode.DEVICE_PLUGIN_DIR)}],
+                        }  # fmt: skip
+                    ],
+                    "volumes": [
+                        {"name": "state", "hostPath": {"path": NODE_DIR, "type": "DirectoryOrCreate"}},
+                        {"name": "device-plugins", "hostPath": {"path": str(realnode.DEVICE_PLUGIN_DIR), "type": "Directory"}},
+                    ],
+                },
+            },
+        },
+    }
+
+
+def object_store(image: str) -> list[dict]:
+    """moto's S3 server, in memory, as the local cluster runs it, behind a ClusterIP Service."""
+    labels = {"app.kubernetes.io/name": "object-store"}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "object-store", "namespace": SYSTEM_NAMESPACE},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": {realnode.REAL_NODE_LABEL: "true"},
+                    "tolerations": [{"operator": "Exists"}],
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534},
+                    "containers": [
+                        {
+                            "name": "moto",
+                            "image": image,
+                            "imagePullPolicy": "Never",
+                            "command": ["python3", "-m", "moto.server", "-H", "0.0.0.0", "-p", str(STORE_PORT)],
+                            "ports": [{"containerPort": STORE_PORT}],
+                            "readinessProbe": {"httpGet": {"path": "/moto-api/", "port": STORE_PORT}},
+                            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                        }  # fmt: skip
+                    ],
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "object-store", "namespace": SYSTEM_NAMESPACE},
+        "spec": {"selector": labels, "ports": [{"port": STORE_PORT, "targetPort": STORE_PORT}]},
+    }
+    return [deployment, service]
+
+
+def kwok(image: str, bins: Path) -> list[dict]:
+    """kwok's controller as its release deploys it (kustomize/kwok, kustomize/rbac of the pinned
+    module: its ClusterRole as is), with the stages the local cluster runs it with."""
+    module = subprocess.run(
+        ["go", "mod", "download", "-json", f"sigs.k8s.io/kwok@{kindnode.versions()['KWOK_VERSION']}"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    role = yaml.safe_load((Path(json.loads(module.stdout)["Dir"]) / "kustomize/rbac/role.yaml").read_text())
+    name = "kwok-controller"
+    labels = {"app.kubernetes.io/name": name}
+    stages = {"default.yaml": (bins / "kwok-stages.yaml").read_text(), "test.yaml": (HERE / "kwok-test-stages.yaml").read_text()}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": SYSTEM_NAMESPACE},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "serviceAccountName": name,
+                    "nodeSelector": {realnode.REAL_NODE_LABEL: "true"},
+                    "tolerations": [{"operator": "Exists"}],
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534},
+                    "containers": [
+                        {
+                            "name": name,
+                            "image": image,
+                            "imagePullPolicy": "Never",
+                            "command": [
+                                "kwok",
+                                "--config",
+                                "/etc/kwok/default.yaml",
+                                "--config",
+                                "/etc/kwok/test.yaml",
+                                "--manage-nodes-with-annotation-selector",
+                                "kwok.x-k8s.io/node=fake",
+                                "--node-lease-duration-seconds",
+                                "40",
+                                "--cidr",
+                                FLEET_POD_CIDR,
+                                "--node-ip",
+                                "127.0.0.1",
+                                "--server-address",
+                                "0.0.0.0:10247",
+                            ],
+                            "readinessProbe": {"httpGet": {"path": "/healthz", "port": 10247}},
+                            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                            "volumeMounts": [{"name": "stages", "mountPath": "/etc/kwok", "readOnly": True}],
+                        }  # fmt: skip
+                    ],
+                    "volumes": [{"name": "stages", "configMap": {"name": "kwok-stages"}}],
+                },
+            },
+        },
+    }
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": SYSTEM_NAMESPACE}},
+        role,
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": SYSTEM_NAMESPACE}],
+        },  # fmt: skip
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kwok-stages", "namespace": SYSTEM_NAMESPACE}, "data": stages},
+        deployment,
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["up", "down", "status"])
+    parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
+    args = parser.parse_args(argv)
+    cluster = KindCluster(args.state_dir)
+    if args.command == "up":
+        started = time.monotonic()
+        try:
+            path = cluster.up()
+        except (KindError, subprocess.CalledProcessError) as exc:
+            print(f"kind-up failed: {exc}", file=sys.stderr)
+            return 1
+        log(f"kind cluster {NAME} ready in {time.monotonic() - started:.0f}s on {cluster.engine}; kubeconfig: {path}")
+        print(path)
+    elif args.command == "down":
+        left = cluster.down()
+        if left:
+            print(f"kind-down left these behind: {left}", file=sys.stderr)
+            return 1
+        log(f"kind cluster {NAME} removed")
+    else:
+        print(json.dumps({"exists": cluster.exists(), **cluster.recorded()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""The kind cluster's configuration (cluster/kindcluster.py, cluster/kindnode.py), without a
+cluster: what `make test-kind` runs on is checked end to end by the suite itself there."""
+
+import sys
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "cluster"))
+
+import kindcluster
+import kindnode
+import realnode
+
+
+def patches(config: dict) -> dict[str, dict]:
+    return {d["kind"]: d for d in map(yaml.safe_load, config["kubeadmConfigPatches"])}
+
+
+def test_the_kind_node_is_the_real_node_by_name_labels_and_taints():
+    config = kindcluster.kind_config()
+    [node] = config["nodes"]
+    assert node["labels"] == {"node.kubernetes.io/instance-type": realnode.INSTANCE_TYPE, realnode.REAL_NODE_LABEL: "true"}
+    registration = patches(config)["InitConfiguration"]["nodeRegistration"]
+    assert registration["name"] == realnode.NODE_NAME
+    taints = {(t["key"], t.get("value"), t["effect"]) for t in registration["taints"]}
+    # kind removes kubeadm's control-plane taint from a one-node cluster, and fails when it is missing.
+    assert ("node-role.kubernetes.io/control-plane", None, "NoSchedule") in taints
+    assert ("aws.amazon.com/neuron", "true", "NoSchedule") in taints
+    assert (realnode.REAL_NODE_LABEL, "true", "NoSchedule") in taints
+    args = {a["name"]: a["value"] for a in patches(config)["ClusterConfiguration"]["apiServer"]["extraArgs"]}
+    # The admission plugins that apply a real-node namespace's annotations to its pods.
+    assert set(args["enable-admission-plugins"].split(",")) >= {"PodNodeSelector", "PodTolerationRestriction"}
+    assert patches(config)["KubeletConfiguration"]["failCgroupV1"] is False
+
+
+def test_the_built_node_image_runs_no_cni_or_coredns_of_kinds_and_an_upstream_one_does():
+    built, upstream = kindcluster.kind_config(), kindcluster.kind_config(upstream_image=True)
+    assert built["networking"]["disableDefaultCNI"] is True
+    assert "addon/coredns" in patches(built)["InitConfiguration"]["skipPhases"]
+    assert "preflight" in patches(built)["InitConfiguration"]["skipPhases"]  # kind's own
+    assert patches(built)["ClusterConfiguration"]["etcd"]["local"]["imageTag"] == kindnode.versions()["ETCD_VERSION"]
+    assert upstream["networking"]["disableDefaultCNI"] is False
+    assert "skipPhases" not in patches(upstream)["InitConfiguration"]
+    assert "etcd" not in patches(upstream)["ClusterConfiguration"]
+
+
+def test_kind_ranges_are_not_the_local_clusters_and_pods_are_never_masqueraded():
+    import ipaddress
+
+    ours = [ipaddress.ip_network(n) for n in (kindcluster.NETWORK_SUBNET, kindcluster.POD_SUBNET, kindcluster.SERVICE_SUBNET)]
+    ours.append(ipaddress.ip_network(kindcluster.FLEET_POD_CIDR))
+    local = [ipaddress.ip_network(n) for n in (realnode.POD_CIDR, realnode.SERVICE_CIDR)]
+    assert not any(a.overlaps(b) for a in ours for b in local)
+    assert not any(a.overlaps(b) for i, a in enumerate(ours) for b in ours[i + 1 :])
+    [bridge, _] = kindnode.cni_config()["plugins"]
+    assert bridge["ipMasq"] is False
+    assert ipaddress.ip_network(bridge["ipam"]["ranges"][0][0]["subnet"]).subnet_of(ipaddress.ip_network(kindcluster.POD_SUBNET))
+
+
+def test_the_device_plugin_daemonset_takes_each_shape():
+    for instance_type, (chips, per_chip) in realnode.SHAPES.items():
+        ds = kindcluster.device_plugin("support:1", instance_type)
+        spec = ds["spec"]["template"]["spec"]
+        [plugin] = spec["containers"]
+        argv = plugin["command"]
+        assert argv[argv.index("--chips") + 1] == str(chips) and argv[argv.index("--cores-per-chip") + 1] == str(per_chip)
+        assert argv[argv.index("--platform") + 1] == instance_type.split(".")[0]
+        [devices] = spec["initContainers"]
+        assert devices["command"][3] == str(chips)
+        # The kubelet's device-plugin directory, where the stand-in registers.
+        assert {"name": "device-plugins", "mountPath": str(realnode.DEVICE_PLUGIN_DIR)} in plugin["volumeMounts"]
+        assert plugin["securityContext"]["capabilities"] == {"drop": ["ALL"]}
