@@ -21,6 +21,7 @@ import argparse
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -279,10 +280,16 @@ class KindCluster:
                 run(self.engine, "network", "rm", NETWORK, env=self.env, check=False)
         for subnet in data.get("routes", []):
             run("ip", "route", "del", subnet, check=False)
+        if self.engine == "podman" and self._podman_idle():
+            remove_netavark_chains()
         if data.get("made_lib_modules") and Path("/lib/modules").is_dir() and not any(Path("/lib/modules").iterdir()):
             Path("/lib/modules").rmdir()
         shutil.rmtree(self.state, ignore_errors=True)
         return self.leftovers()
+
+    def _podman_idle(self) -> bool:
+        """No container of podman's left, ours or anyone's: its firewall chains serve nothing."""
+        return bool(shutil.which("podman")) and not run("podman", "ps", "-a", "-q", env=self.env, check=False).stdout.split()
 
     def leftovers(self) -> list[str]:
         left = []
@@ -291,11 +298,35 @@ class KindCluster:
             left += [f"container {c}" for c in containers.stdout.split()]
             if run(self.engine, "network", "inspect", NETWORK, env=self.env, check=False).returncode == 0:
                 left.append(f"network {NETWORK}")
+        if self.engine == "podman" and self._podman_idle():
+            left += [f"iptables chain {table}/{chain}" for table, chain in netavark_chains()]
         routes = run("ip", "route", "show", check=False).stdout
         left += [f"route {s}" for s in (POD_SUBNET, SERVICE_SUBNET) if routes.startswith(s) or f"\n{s} " in routes]
         if self.state.exists():
             left.append(str(self.state))
         return left
+
+
+def netavark_chains() -> list[tuple[str, str]]:
+    """podman's network backend's iptables chains (NETAVARK*), which it makes when a network
+    first runs a container and leaves when the last one goes."""
+    chains = []
+    for table in ("filter", "nat"):
+        listed = run("iptables", "-t", table, "-S", check=False).stdout.splitlines()
+        chains += [(table, line.split()[1]) for line in listed if line.startswith("-N NETAVARK")]
+    return chains
+
+
+def remove_netavark_chains() -> None:
+    for table in ("filter", "nat"):
+        for line in run("iptables", "-t", table, "-S", check=False).stdout.splitlines():
+            # The jumps into them from the built-in chains first, then the chains themselves.
+            if line.startswith("-A ") and " -j NETAVARK" in line and not line.split()[1].startswith("NETAVARK"):
+                run("iptables", "-t", table, "-D", *shlex.split(line)[1:], check=False)
+    for table, chain in netavark_chains():
+        run("iptables", "-t", table, "-F", chain, check=False)
+    for table, chain in netavark_chains():
+        run("iptables", "-t", table, "-X", chain, check=False)
 
 
 def kind_config(upstream_image: bool = False) -> dict:

@@ -224,6 +224,13 @@ def build(bins: Path, engine: str) -> str:
             "--change", "ENV container=docker", "--change", "STOPSIGNAL SIGRTMIN+3", str(archive), name,
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
+        # Older builds go (about 1 GB each); one a node still runs is refused, and stays.
+        listed = subprocess.run(
+            [engine, "images", "--format", "{{.Repository}}:{{.Tag}}", "--filter", f"reference={NODE_IMAGE_REPO}"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        for old in set(listed.stdout.split()) - {name}:
+            subprocess.run([engine, "rmi", old], capture_output=True)
     return name
 
 
