@@ -202,6 +202,7 @@ def _limits(args: argparse.Namespace) -> Limits:
         max_connections=args.max_connections,
         max_body=int(args.max_body_mib * MIB),
         body_budget=int(args.body_budget_mib * MIB),
+        process_timeout=args.process_timeout_s,
     )
 
 
@@ -240,6 +241,10 @@ def _limit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-connections", type=int, default=d.max_connections, help="open connections; more are answered 503 and closed")
     p.add_argument("--max-body-mib", type=float, default=d.max_body / MIB, help="one request's body: 413 above it")
     p.add_argument("--body-budget-mib", type=float, default=d.body_budget / MIB, help="bodies held at once; more are answered 503")
+    p.add_argument(
+        "--process-timeout-s", type=float, default=d.process_timeout,
+        help="one call to a model process or replica, from sending to its answer (the holder: to its next byte)",
+    )  # fmt: skip
 
 
 def _prometheus_arguments(p: argparse.ArgumentParser) -> None:

@@ -4,17 +4,20 @@ The contract with clients: ``POST /`` (or ``/predict``) with one JSON input; the
 is that input's JSON output. ``413`` when the input fits no bucket (the body lists
 them), ``503`` with ``Retry-After`` when it cannot be answered within ``maxLatencyMs``.
 
-The contract with a model process (``batching.model_server`` follows it): ``POST /``
+The contract with a model process (``programs/neuron_serve.py`` follows it): ``POST /``
 with a JSON list of inputs, answered by a JSON list of outputs of the same length and
-order; ``GET /healthz`` answers 200 once the model is loaded.
+order; ``GET /healthz`` answers 200 once the model is loaded. A batch refused with a 4xx
+(an input the process will not take) is split in halves and sent again, down to each
+request alone, so one client's input fails only its own request; a 5xx fails the batch.
 
 Also: ``GET /metrics`` (Prometheus), ``GET /healthz`` (the front end runs), ``GET
 /readyz`` (every model process answers its ``/healthz``).
 
-What a hostile or broken client can cost is bounded by ``Limits`` (docs/serving-pod.md,
-"What a client can cost"): a deadline for the headers and one for the body, a cap on open
-connections, and a budget of body bytes held at once, so the batcher stays inside its
-container's memory limit whatever arrives.
+What a hostile or broken client can cost is bounded by ``Limits`` (docs/security.md): a
+deadline for the headers and one for the body, a cap on open connections, and a budget of
+body bytes held at once (charged before a body is read, and an input's padded size before it
+is padded), so the batcher stays inside its container's memory limit whatever arrives. Every
+exception on a request's path answers that request and releases what it held.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -33,7 +37,8 @@ from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from .dispatch import Dispatch, Dispatcher, Reject, Request
-from .limits import DEFAULT_LIMITS, Limits
+from .intake import Charge, Refusal, over_budget, read_body, stall
+from .limits import DEFAULT_LIMITS, PADDED_ELEMENT_BYTES, BadInput, Budget, Limits, parse_input
 from .padding import Shape, TooLarge, bucket_for, pad, shape_of, unpad
 
 log = logging.getLogger(__name__)
@@ -43,28 +48,6 @@ CLOSE_BUSY = (
     + f"Content-Length: {len(_BUSY_BODY)}\r\n\r\n".encode()
     + _BUSY_BODY
 )
-
-
-class BadInput(ValueError):
-    pass
-
-
-def _not_json(constant: str) -> Any:
-    raise BadInput(f"{constant} is not a JSON number")
-
-
-def parse_input(body: bytes) -> Any:
-    """One JSON input, or BadInput. Bounded: nesting deeper than the decoder's recursion limit
-    ends the C decoder there (RecursionError) rather than exhausting anything, and NaN and
-    Infinity, which Python's decoder would take, are not JSON and are refused."""
-    try:
-        return json.loads(body, parse_constant=_not_json)
-    except RecursionError:
-        raise BadInput("the body is nested too deeply") from None
-    except BadInput:
-        raise
-    except (ValueError, UnicodeDecodeError):
-        raise BadInput("the body must be one JSON input") from None
 
 
 class Metrics:
@@ -107,7 +90,7 @@ class FrontEnd:
     ):
         self.backends = backends
         self.limits = limits
-        self._held_bytes = 0  # bodies read and not yet answered: Limits.body_budget
+        self.budget = Budget(limits, clock)  # bodies read and not yet answered: Limits.body_budget
         # Another policy can be put in (the benchmark compares a fixed window and none).
         self.dispatcher = dispatcher or Dispatcher(len(backends), max_batch, max_latency)
         self.buckets: list[Shape] = [tuple(b) for b in buckets or []]
@@ -126,7 +109,7 @@ class FrontEnd:
         app = web.Application(client_max_size=self.limits.max_body)
         app.router.add_post("/", self.predict)
         app.router.add_post("/predict", self.predict)
-        app.router.add_get("/healthz", _healthy)
+        app.router.add_get("/healthz", self.live)
         app.router.add_get("/readyz", self.ready)
         app.router.add_get("/metrics", self.scrape)
         app.on_cleanup.append(self._close)
@@ -138,35 +121,25 @@ class FrontEnd:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300))
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.limits.process_timeout))
         return self._session
 
     async def predict(self, request: web.Request) -> web.Response:
-        # A body of unknown length (chunked) is charged as the largest one allowed.
-        size = min(request.content_length or self.limits.max_body, self.limits.max_body)
-        if self._held_bytes + size > self.limits.budget_for(size):
-            return self._refuse(503, {"error": "too many request bytes in flight; retry later"}, retry_after=1)
-        self._held_bytes += size
+        charge = Charge(self.budget)
         try:
-            return await self._predict(request)
+            return await self._predict(request, charge)
+        except Refusal as refusal:
+            self.metrics.rejected.labels(str(refusal.counted_as)).inc()
+            return refusal.response()
+        except Exception as exc:  # noqa: BLE001 - a fault of the front end's: this request is answered, the rest go on
+            log.warning("request failed in the front end: %s: %s", type(exc).__name__, exc)
+            return self._refuse(500, {"error": f"the front end failed on this request: {type(exc).__name__}"})
         finally:
-            self._held_bytes -= size
+            charge.release()
 
-    async def _predict(self, request: web.Request) -> web.Response:
+    async def _predict(self, request: web.Request, charge: Charge) -> web.Response:
         arrived = self.clock()
-        try:
-            async with asyncio.timeout(self.limits.body_timeout):
-                body = await request.read()
-        except TimeoutError:
-            # The rest of the body is not waited for: the connection closes with the answer.
-            response = self._refuse(408, {"error": f"the body did not arrive within {self.limits.body_timeout:g} s"})
-            response.force_close()
-            return response
-        except ConnectionError:
-            # The client left mid-body: nobody to answer, and nothing worth a traceback in the log.
-            # Counted as nginx counts it, 499 (client closed request).
-            self.metrics.rejected.labels("499").inc()
-            raise web.HTTPBadRequest() from None
+        body = await read_body(request, charge, self.limits)
         try:
             payload = parse_input(body)
         except BadInput as exc:
@@ -180,8 +153,17 @@ class FrontEnd:
                 bucket = bucket_for(shape, self.buckets)
             except TooLarge as exc:
                 return self._refuse(413, {"error": str(exc), "buckets": [list(b) for b in self.buckets]})
-            except (ValueError, RecursionError) as exc:
-                return self._refuse(400, {"error": str(exc) if isinstance(exc, ValueError) else "the input is nested too deeply"})
+            except ValueError as exc:
+                return self._refuse(400, {"error": str(exc)})
+            # The padded input is charged before it exists: a small body padded to a large
+            # bucket costs what the bucket holds.
+            padded = math.prod(bucket) * PADDED_ELEMENT_BYTES
+            if padded > charge.bytes and not charge.to(padded):
+                if padded > self.limits.budget_for(padded):
+                    raise Refusal(
+                        413, f"padded to bucket {list(bucket)}, the input needs {padded} bytes, more than the front end's body budget"
+                    )
+                raise over_budget()
             payload = pad(payload, bucket)
         job = Request(arrived, bucket, payload)
         refused = self.dispatcher.arrive(job)
@@ -189,8 +171,12 @@ class FrontEnd:
             return self._busy(refused)
         answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._answers[job.id] = answer
-        self._decide()
-        outcome = await answer
+        try:
+            self._decide()
+            outcome = await answer
+        finally:
+            # However the wait ended, the request no longer counts as waiting or running.
+            self._answers.pop(job.id, None)
         if isinstance(outcome, Reject):
             return self._busy(outcome)
         if isinstance(outcome, web.Response):
@@ -210,6 +196,10 @@ class FrontEnd:
         return self._refuse(503, {"error": "cannot be answered within the latency budget; retry later"}, retry_after=retry)
 
     async def ready(self, _request: web.Request) -> web.Response:
+        stalled = stall(self.budget, self.dispatcher.max_latency)
+        if stalled is not None:
+            return web.json_response(stalled, status=503)
+
         async def answers(url: str) -> bool:
             try:
                 async with self._client().get(f"{url}/healthz", timeout=aiohttp.ClientTimeout(total=2)) as r:
@@ -220,6 +210,13 @@ class FrontEnd:
         results = await asyncio.gather(*(answers(b) for b in self.backends))
         status = 200 if all(results) else 503
         return web.json_response({"processes": dict(zip(self.backends, results, strict=True))}, status=status)
+
+    async def live(self, _request: web.Request) -> web.Response:
+        """200 unless admission has stalled past every bound a request has: its body's
+        deadline, its wait for a batch and its batch's call."""
+        limits = self.limits
+        stalled = stall(self.budget, limits.body_timeout + self.dispatcher.max_latency + limits.process_timeout)
+        return web.json_response(stalled or {"ok": True}, status=503 if stalled else 200)
 
     async def scrape(self, _request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": "text/plain; version=0.0.4"})
@@ -253,37 +250,84 @@ class FrontEnd:
         for r in batch.requests:
             self.metrics.queue_wait.observe(sent - r.arrived)
         try:
-            async with self._client().post(self.backends[batch.process] + "/", json=[r.payload for r in batch.requests]) as response:
-                body = await response.read()
-                if response.status != 200:
-                    raise ValueError(f"the model process answered {response.status}")
-                outputs = json.loads(body)
-                if not isinstance(outputs, list) or len(outputs) != n:
-                    raise ValueError(f"the model process answered {type(outputs).__name__}, not a list of {n}")
-            for r, out in zip(batch.requests, outputs, strict=True):
-                self._resolve(r, out)
-        except aiohttp.ClientConnectorError as exc:
-            # The process is not listening (it died, or is restarting with its pod): the batch
-            # never reached it, so a retry is safe. 503 with Retry-After says so to clients and
-            # to proxies that retry on 503 (Envoy's retry_on, nginx's proxy_next_upstream),
-            # which send it to another replica; 502 would read as a failure of the model.
-            log.warning("batch of %d not sent: process %d is not listening: %s", n, batch.process, exc)
+            await self._call(batch.process, batch.requests)
+        except Exception as exc:  # noqa: BLE001 - whatever went wrong, each request of the batch is answered
+            log.warning("batch of %d to process %d failed in the front end: %s: %s", n, batch.process, type(exc).__name__, exc)
             for r in batch.requests:
-                self._resolve(r, self._refuse(503, {"error": "the model process is not running; retry"}, retry_after=1))
-        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
-            log.warning("batch of %d to process %d failed: %s", n, batch.process, exc)
-            for r in batch.requests:
-                self._resolve(r, self._refuse(502, {"error": f"the model process failed: {exc}"}))
+                self._resolve(r, self._refuse(500, {"error": f"the front end failed on this batch: {type(exc).__name__}"}))
         finally:
             self.metrics.inflight.labels(str(batch.process)).dec()
             self._sent.difference_update(r.id for r in batch.requests)
             self.dispatcher.done(batch.process, n, self.clock() - sent)
             self._decide()
 
+    async def _call(self, process: int, requests: list[Request]) -> None:
+        """Sends ``requests`` to ``process`` as one batch and answers each. A batch the process
+        refuses with a 4xx holds an input it will not take: it is split in halves, each sent
+        again, so that each request is answered alone or refused alone (at most 2n - 1 calls
+        for n requests, and only when one of them is refused)."""
+        n = len(requests)
+        # Inputs were admitted finite and at most MAX_DEPTH deep, so this encoding cannot fail
+        # on them; allow_nan=False says so.
+        data = json.dumps([r.payload for r in requests], allow_nan=False, separators=(",", ":")).encode()
+        try:
+            async with self._client().post(self.backends[process] + "/", data=data, headers=_JSON) as response:
+                status, body = response.status, await response.read()
+        except aiohttp.ClientConnectorError as exc:
+            # The process is not listening (it died, or is restarting with its pod): the batch
+            # never reached it, so a retry is safe. 503 with Retry-After says so to clients and
+            # to proxies that retry on 503 (Envoy's retry_on, nginx's proxy_next_upstream),
+            # which send it to another replica; 502 would read as a failure of the model.
+            log.warning("batch of %d not sent: process %d is not listening: %s", n, process, exc)
+            for r in requests:
+                self._resolve(r, self._refuse(503, {"error": "the model process is not running; retry"}, retry_after=1))
+            return
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            self._failed(process, requests, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            return
+        if 400 <= status < 500:
+            if n > 1:
+                await self._call(process, requests[: n // 2])
+                await self._call(process, requests[n // 2 :])
+            else:
+                self._resolve(requests[0], self._refuse(status, _model_refusal(status, body)))
+            return
+        if status != 200:
+            self._failed(process, requests, f"the model process answered {status}")
+            return
+        try:
+            outputs = json.loads(body)
+        except ValueError:
+            outputs = None
+        if not isinstance(outputs, list) or len(outputs) != n:
+            self._failed(process, requests, f"the model process answered {type(outputs).__name__}, not a list of {n}")
+            return
+        for r, out in zip(requests, outputs, strict=True):
+            self._resolve(r, out)
+
+    def _failed(self, process: int, requests: list[Request], why: str) -> None:
+        log.warning("batch of %d to process %d failed: %s", len(requests), process, why)
+        for r in requests:
+            self._resolve(r, self._refuse(502, {"error": f"the model process failed: {why}"}))
+
     def _resolve(self, request: Request, outcome: Any) -> None:
         future = self._answers.pop(request.id, None)
         if future is not None and not future.done():
             future.set_result(outcome)
+
+
+_JSON = {"Content-Type": "application/json"}
+
+
+def _model_refusal(status: int, body: bytes) -> dict[str, Any]:
+    """The model process's own reason for refusing one input, passed on to its client."""
+    try:
+        said = json.loads(body)
+    except ValueError:
+        said = None
+    if isinstance(said, dict) and isinstance(said.get("error"), str):
+        return {"error": said["error"][:1000]}
+    return {"error": f"the model process refused this input ({status})"}
 
 
 def _shape_or_none(value: Any) -> Shape | None:
@@ -403,7 +447,3 @@ def until_signalled(serve: Callable[[asyncio.Event], Awaitable[None]]) -> None:
         await serve(stop)
 
     asyncio.run(main())
-
-
-async def _healthy(_request: web.Request) -> web.Response:
-    return web.json_response({"ok": True})

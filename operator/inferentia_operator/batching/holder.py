@@ -10,8 +10,9 @@ demand and scales the model from zero. Once a replica answers on the upstream Se
 request to it and passes the answer back. The operator then points the model's Service at
 the replicas again, so a warm model's requests never pass through here.
 
-Bounded like the batching front end (``Limits``): a request held longer than ``hold_seconds``,
-or one beyond ``max_held`` held at once, is answered 503 with ``Retry-After``.
+Bounded like the batching front end (``Limits``, docs/security.md): a request held longer
+than ``hold_seconds``, or one beyond ``max_held`` held at once, is answered 503 with
+``Retry-After``, and held bodies are charged against the body budget before they are read.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from .frontend import LimitedSite, _healthy, _MalformedRequests, until_signalled
-from .limits import DEFAULT_LIMITS, Limits
+from .frontend import LimitedSite, _MalformedRequests, until_signalled
+from .intake import Charge, Refusal, read_body, stall
+from .limits import DEFAULT_LIMITS, Budget, Limits
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +46,15 @@ CONNECT_SECONDS = 1.0
 
 
 def _end_to_end(headers: Mapping[str, str]) -> dict[str, str]:
-    """The headers that travel on: hop-by-hop ones stay behind."""
-    return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
+    """The headers that travel on: hop-by-hop ones stay behind, and so do those the
+    ``Connection`` header names as hop-by-hop for this connection (RFC 9110, section 7.6.1)."""
+    named = {token.strip().lower() for value in _all(headers, "Connection") for token in value.split(",")}
+    return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in named}
+
+
+def _all(headers: Mapping[str, str], name: str) -> list[str]:
+    getall = getattr(headers, "getall", None)  # a multidict: every Connection header, not the first
+    return list(getall(name, ())) if getall is not None else [v for k, v in headers.items() if k.lower() == name.lower()]
 
 
 class Metrics:
@@ -70,7 +79,7 @@ class Holder:
         self.hold_seconds, self.max_held, self.limits = hold_seconds, max_held, limits
         self.metrics = Metrics()
         self._waiting = 0
-        self._held_bytes = 0
+        self.budget = Budget(limits)  # held bodies: Limits.body_budget
         self.metrics.waiting.set_function(lambda: self._waiting)
         self._session: aiohttp.ClientSession | None = None
         self._up: dict[int, asyncio.Event] = {}  # per upstream port: set once it accepts a connection
@@ -79,8 +88,8 @@ class Holder:
     def app(self, upstream_port: int) -> web.Application:
         app = web.Application(client_max_size=self.limits.max_body)
         app["upstream_port"] = upstream_port
-        app.router.add_get("/healthz", _healthy)
-        app.router.add_get("/readyz", _healthy)
+        app.router.add_get("/healthz", self.live)
+        app.router.add_get("/readyz", self.ready)
         app.router.add_get("/metrics", self.scrape)
         app.router.add_route("*", "/{path:.*}", self.forward)
         app.on_cleanup.append(self._close)
@@ -94,28 +103,52 @@ class Holder:
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
             # No total timeout: a model may take minutes to answer; the hold is bounded below.
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=CONNECT_SECONDS), auto_decompress=False)
+            # No total timeout: a model may stream its answer for minutes; a replica silent for
+            # process_timeout is given up on. The hold itself is bounded below.
+            timeout = aiohttp.ClientTimeout(total=None, connect=CONNECT_SECONDS, sock_read=self.limits.process_timeout)
+            self._session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
         return self._session
 
     async def scrape(self, _request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry), content_type="text/plain")
 
-    def _refuse(self, code: int, why: str) -> web.Response:
-        self.metrics.rejected.labels(str(code)).inc()
+    async def ready(self, _request: web.Request) -> web.Response:
+        stalled = stall(self.budget, self.hold_seconds)
+        return web.json_response(stalled or {"ok": True}, status=503 if stalled else 200)
+
+    async def live(self, _request: web.Request) -> web.Response:
+        stalled = stall(self.budget, self.limits.body_timeout + self.hold_seconds + self.limits.process_timeout)
+        return web.json_response(stalled or {"ok": True}, status=503 if stalled else 200)
+
+    def _refuse(self, code: int, why: str, counted_as: int | None = None) -> web.Response:
+        self.metrics.rejected.labels(str(counted_as or code)).inc()
         return web.json_response({"error": why}, status=code, headers={"Retry-After": "1"})
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
-        try:
-            body = await asyncio.wait_for(request.read(), self.limits.body_timeout)
-        except TimeoutError:
-            return self._refuse(408, "the body was not sent in time")
-        except web.HTTPRequestEntityTooLarge:
-            return self._refuse(413, f"the body is larger than {self.limits.max_body} bytes")
         if self._waiting >= self.max_held:
-            return self._refuse(503, f"{self.max_held} requests are held already; retry later")
-        if self._held_bytes + len(body) > self.limits.body_budget:
-            # Held bodies stay in memory until a replica answers: the budget bounds them.
-            return self._refuse(503, "the bodies held already fill the holder's budget; retry later")
+            # Refused before a byte of the body is read; the connection closes with the answer.
+            answer = self._refuse(503, f"{self.max_held} requests are held already; retry later")
+            answer.force_close()
+            return answer
+        charge = Charge(self.budget)
+        self._waiting += 1
+        try:
+            return await self._forward(request, charge)
+        except Refusal as refusal:
+            self.metrics.rejected.labels(str(refusal.counted_as)).inc()
+            return refusal.response()
+        except ConnectionError:
+            # The client left while its answer was being written: nobody to tell.
+            return self._refuse(400, "the client closed the connection", counted_as=499)
+        except Exception as exc:  # noqa: BLE001 - a fault of the holder's: this request is answered, the rest go on
+            log.warning("request failed in the holder: %s: %s", type(exc).__name__, exc)
+            return self._refuse(500, f"the holder failed on this request: {type(exc).__name__}")
+        finally:
+            self._waiting -= 1
+            charge.release()
+
+    async def _forward(self, request: web.Request, charge: Charge) -> web.StreamResponse:
+        body = await read_body(request, charge, self.limits)
         started = time.monotonic()
         upstream = await self._held_until_sent(request, body, started)
         if isinstance(upstream, web.Response):
@@ -131,32 +164,26 @@ class Holder:
 
     async def _held_until_sent(self, request: web.Request, body: bytes, started: float) -> aiohttp.ClientResponse | web.Response:
         """Sends the request upstream once a replica accepts it: its answer, or the refusal
-        when none did within the hold. Counted as held (and its body as held bytes) meanwhile."""
+        when none did within the hold."""
         port = request.app["upstream_port"]
         url = f"http://{self.upstream_host}:{port}{request.rel_url}"
-        self._waiting += 1
-        self._held_bytes += len(body)
-        try:
-            while True:
-                try:
-                    return await self._client().request(
-                        request.method, url, data=body, headers=_end_to_end(request.headers), allow_redirects=False
-                    )
-                except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
-                    # No replica behind the upstream Service yet: the connection was refused (or,
-                    # where a Service without endpoints drops packets, never made), so the request
-                    # was never received and sending it again is safe.
-                    left = started + self.hold_seconds - time.monotonic()
-                    if left <= 0:
-                        return self._refuse(503, f"no replica answered within {self.hold_seconds:g} s; retry later")
-                    await self._upstream_answers(port, left)
-                except aiohttp.ClientError as exc:
-                    # Sent, and the replica failed it (it went away mid-request): not retried,
-                    # since the request may have been received.
-                    return self._refuse(502, f"the replica did not answer: {type(exc).__name__}")
-        finally:
-            self._waiting -= 1
-            self._held_bytes -= len(body)
+        while True:
+            try:
+                return await self._client().request(
+                    request.method, url, data=body, headers=_end_to_end(request.headers), allow_redirects=False
+                )
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
+                # No replica behind the upstream Service yet: the connection was refused (or,
+                # where a Service without endpoints drops packets, never made), so the request
+                # was never received and sending it again is safe.
+                left = started + self.hold_seconds - time.monotonic()
+                if left <= 0:
+                    return self._refuse(503, f"no replica answered within {self.hold_seconds:g} s; retry later")
+                await self._upstream_answers(port, left)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                # Sent, and the replica failed it (it went away mid-request): not retried,
+                # since the request may have been received.
+                return self._refuse(502, f"the replica did not answer: {type(exc).__name__}")
 
     async def _upstream_answers(self, port: int, within: float) -> None:
         """Waits (at most ``within`` seconds) until the upstream port accepts a connection.

@@ -1,16 +1,35 @@
-"""What a client may cost the batching front end: its own module so that the CLI can show the
-defaults without loading aiohttp."""
+"""What a client may cost the batching front end and the holder: its own module, free of
+aiohttp, so that the CLI can show the defaults and the pure parts are unit-tested alone.
+
+Every limit here is in the table of docs/security.md, which tests/test_security_docs.py
+holds to these defaults."""
 
 from __future__ import annotations
 
+import json
+import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 MIB = 1024 * 1024
+
+# Nesting an input may have. A tensor as JSON is nested as deep as it has dimensions, and no
+# Neuron model takes more than a handful; the decoder's own limit (Python's recursion limit,
+# about 1,000, and lower on a smaller stack) is never reached, so the verdict on a deep input
+# does not depend on the stack, and re-encoding what was admitted cannot recurse too far.
+MAX_DEPTH = 32
+# What one padded element is charged against the body budget: the shortest JSON number and
+# its comma ("0,"), the size it has in the batch sent to the model process. A padded input is
+# held decoded as a body is (about twenty times its JSON size, see Limits), so it is charged
+# in the same unit: bytes of JSON.
+PADDED_ELEMENT_BYTES = 2
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What one client, or many, may hold of the front end.
+    """What one client, or many, may hold of the front end or the holder.
 
     A JSON body of short numbers takes about eleven times its size once decoded (4 MiB of
     ``1.5,`` is 45 MiB of Python floats), and the front end holds it decoded twice (the input,
@@ -18,7 +37,9 @@ class Limits:
     measured by tests/test_frontend_limits.py. So the bodies held at once, from the first
     byte read to the answer sent, are budgeted in bytes: 8 MiB of them is about 160 MiB, inside
     the batcher container's 256 MiB limit with the process's own 40. A request over the budget
-    is shed with 503 and Retry-After, as an over-latency one is.
+    is shed with 503 and Retry-After, as an over-latency one is. A body is charged before it
+    is read (its Content-Length), or as it arrives (chunked), and an input padded to a bucket
+    is charged its padded size before it is padded.
     """
 
     # From a connection's start, or from its last answer, until a request's headers are in.
@@ -31,6 +52,9 @@ class Limits:
     max_connections: int = 1024  # open connections; one more is answered 503 and closed
     max_body: int = 4 * MIB  # one request: 413 above it
     body_budget: int = 8 * MIB  # bodies held at once, read through answered
+    # One call to a model process (the front end) or a replica (the holder's forward), from
+    # sending to the whole answer. It bounds how long a request can hold its part of the budget.
+    process_timeout: float = 300.0
 
     def budget_for(self, size: int) -> int:
         """The part of the budget a body of ``size`` may fill. An eighth is kept for small
@@ -41,3 +65,84 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+
+
+class Budget:
+    """The body bytes held at once, and whether admission has stalled.
+
+    Each request holds a charge from before its body is read until its answer is sent;
+    :meth:`resize` changes it (up only if there is room, down always). A front end whose
+    budget is held and which has refused every request since some moment has *stalled*:
+    :meth:`stalled_for` says how long, so that its readiness and liveness can say so. A budget
+    that empties is not stalled, whatever it refused: the next request would be admitted."""
+
+    def __init__(self, limits: Limits, clock: Callable[[], float] = time.monotonic):
+        self.limits, self.clock = limits, clock
+        self.held = 0
+        self._refusing_since: float | None = None
+
+    def resize(self, charged: int, size: int) -> bool:
+        """Changes a request's charge from ``charged`` to ``size`` bytes: False (and nothing
+        changed) when growing it would overfill the budget."""
+        if size > charged and self.held - charged + size > self.limits.budget_for(size):
+            if self._refusing_since is None:
+                self._refusing_since = self.clock()
+            return False
+        if charged == 0 and size > 0:
+            self._refusing_since = None  # a request admitted: not stalled
+        self.held += size - charged
+        if self.held == 0:
+            self._refusing_since = None
+        return True
+
+    def stalled_for(self) -> float:
+        """Seconds since the budget last admitted a request while refusing others; 0 when it is not stalled."""
+        if self._refusing_since is None or self.held == 0:
+            return 0.0
+        return self.clock() - self._refusing_since
+
+
+class BadInput(ValueError):
+    pass
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise BadInput(f"{text} is beyond the range of a float; valid numbers are finite")
+    return value
+
+
+def _not_json(constant: str) -> Any:
+    raise BadInput(f"{constant} is not a JSON number")
+
+
+def depth_of(value: Any, limit: int = MAX_DEPTH) -> int:
+    """How deeply lists and objects nest in ``value``, counted without recursion and no further than ``limit + 1``."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > limit:
+                return deepest
+            stack.extend((v, depth) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def parse_input(body: bytes, max_depth: int = MAX_DEPTH) -> Any:
+    """One JSON input, or BadInput with why. Numbers must be finite (``1e999``, ``NaN`` and
+    ``Infinity`` are refused: the model process would refuse the whole batch they are in) and
+    nesting at most ``max_depth`` deep, at any depth the client tries."""
+    try:
+        value = json.loads(body, parse_constant=_not_json, parse_float=_finite)
+    except RecursionError:
+        raise BadInput(f"the body is nested more than {max_depth} deep") from None
+    except BadInput:
+        raise
+    except (ValueError, UnicodeDecodeError):
+        raise BadInput("the body must be one JSON input") from None
+    if depth_of(value, max_depth) > max_depth:
+        raise BadInput(f"the body is nested more than {max_depth} deep")
+    return value

@@ -17,6 +17,8 @@ from typing import Any
 
 from aiohttp import web
 
+from .limits import MAX_DEPTH, BadInput, parse_input
+
 Predict = Callable[[list[Any]], Awaitable[list[Any]]]
 
 
@@ -36,7 +38,11 @@ def app(predict: Predict) -> web.Application:
     lock = asyncio.Lock()
 
     async def batch(request: web.Request) -> web.Response:
-        inputs = await request.json()
+        # Refused as the operator's model server refuses it (400): an input it cannot take.
+        try:
+            inputs = parse_input(await request.read(), MAX_DEPTH + 1)  # the list, then each input
+        except BadInput as exc:
+            return web.json_response({"error": str(exc)}, status=400)
         if not isinstance(inputs, list):
             return web.json_response({"error": "a JSON list of inputs is expected"}, status=400)
         async with lock:

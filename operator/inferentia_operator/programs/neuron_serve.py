@@ -19,7 +19,16 @@ It serves the contract the operator's batching front end speaks:
   answered with a JSON list of outputs, same length and order. Each input runs on the artefact of
   the smallest bucket that holds it, padded with zeros; an output of the bucket's shape is cut back
   to the input's. Inputs are run in batches of the compiled batch size, padded with zero inputs.
+  A batch holding an input the server will not take is answered 4xx (400 for an input that is
+  not a rectangular list of finite numbers, 413 for one that fits no bucket): the front end then
+  splits the batch, so that only that input's request fails. The model's own failure is a 500.
 - ``GET /healthz``: 200 once every artefact is loaded and has run once (it listens only after that).
+
+What a client can cost is bounded before it is paid (docs/security.md): the body's framing is
+checked (one Content-Length of digits only, or chunked, never both), its size against MAX_BODY
+and the bodies held at once against BODY_BUDGET before a byte is read (a chunked body as its
+chunks arrive), the whole body within CLIENT_TIMEOUT, nesting, numbers and the inputs in one
+request before any tensor is made. Every exception on a request's path answers that request.
 
 It needs only the image's Python, torch and Neuron framework; it never imports inferentia_operator.
 """
@@ -27,10 +36,13 @@ It needs only the image's Python, torch and Neuron framework; it never imports i
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import signal
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -38,11 +50,22 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import neuron_compile
 
-MAX_BODY = 64 * 1024 * 1024
-# What one client may hold: seconds a read may wait, and connections at once. Environment
+MIB = 1024 * 1024
+# What one client may hold: seconds a read may wait (and a whole body may take), connections at
+# once, one body, and the bodies held at once by every connection together. Environment
 # variables of this program only, for tests that cannot wait the defaults.
 CLIENT_TIMEOUT = float(os.environ.get("INFERENTIA_SERVE_CLIENT_TIMEOUT_S", "30"))
 MAX_CONNECTIONS = int(os.environ.get("INFERENTIA_SERVE_MAX_CONNECTIONS", "256"))
+MAX_BODY = int(float(os.environ.get("INFERENTIA_SERVE_MAX_BODY_MIB", "64")) * MIB)
+BODY_BUDGET = int(float(os.environ.get("INFERENTIA_SERVE_BODY_BUDGET_MIB", "128")) * MIB)
+# Inputs in one request: the front end sends at most maxBatchSize (at most 1,024), and each
+# becomes a tensor before any runs.
+MAX_INPUTS = 4096
+# Nesting: the list of inputs, then each input's dimensions (the front end's MAX_DEPTH).
+MAX_DEPTH = 33
+# A chunk-size line: hex digits and extensions, as far as any client needs.
+MAX_CHUNK_LINE = 1024
+_DIGITS = re.compile(r"[0-9]+")
 # The batching front end's CLOSE_BUSY, written again: this program runs in the user's image and
 # imports nothing of the operator's package.
 _BUSY_BODY = b'{"error": "too many connections; retry later"}'
@@ -53,14 +76,74 @@ BUSY = (
 )
 
 
-def _not_json(constant: str) -> Any:
-    raise ValueError(f"{constant} is not a JSON number")
-
-
 class BadInput(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    """A request refused as it stands: its status, why, and whether its connection must close
+    (its body was not read whole, so the next bytes on it are not a request)."""
+
+    def __init__(self, status: int, message: str, close: bool = False) -> None:
         super().__init__(message)
-        self.status = status
+        self.status, self.close = status, close
+
+
+def _not_json(constant: str) -> Any:
+    raise BadInput(400, f"{constant} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise BadInput(400, f"{text} is beyond the range of a float; valid numbers are finite")
+    return value
+
+
+def _depth(value: Any) -> int:
+    """How deeply lists and objects nest in ``value``, without recursion, counted no further than MAX_DEPTH + 1."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_DEPTH:
+                return deepest
+            stack.extend((v, depth) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def parse_inputs(body: bytes) -> list[Any]:
+    """The request's list of inputs, or BadInput(400) saying why not."""
+    try:
+        inputs = json.loads(body, parse_constant=_not_json, parse_float=_finite)
+    except RecursionError:
+        raise BadInput(400, f"the body is nested more than {MAX_DEPTH} deep") from None
+    except ValueError:
+        raise BadInput(400, "the body is not a JSON list of inputs") from None
+    if not isinstance(inputs, list):
+        raise BadInput(400, "a JSON list of inputs is expected")
+    if len(inputs) > MAX_INPUTS:
+        raise BadInput(413, f"{len(inputs)} inputs in one request; at most {MAX_INPUTS}")
+    if _depth(inputs) > MAX_DEPTH:
+        raise BadInput(400, f"the body is nested more than {MAX_DEPTH} deep")
+    return inputs
+
+
+class Budget:
+    """The body bytes every connection holds at once (BODY_BUDGET), charged before they are read."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.held = limit, 0
+        self.lock = threading.Lock()
+
+    def take(self, size: int) -> bool:
+        with self.lock:
+            if self.held + size > self.limit:
+                return False
+            self.held += size
+            return True
+
+    def give(self, size: int) -> None:
+        with self.lock:
+            self.held -= size
 
 
 class Model:
@@ -179,8 +262,15 @@ class BoundedServer(ThreadingHTTPServer):
         finally:
             self.slots.release()
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """One line, not socketserver's traceback: a client that resets its connection would
+        otherwise write the log at will."""
+        kind, exc, _ = sys.exc_info()
+        if kind is not None and not issubclass(kind, (ConnectionError, TimeoutError)):
+            print(f"serve: a connection failed: {kind.__name__}: {exc}", file=sys.stderr, flush=True)
 
-def handler(model: Model) -> type[BaseHTTPRequestHandler]:
+
+def handler(model: Model, budget: Budget) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         # A socket timeout (socketserver.StreamRequestHandler.timeout) on every read: a client
@@ -188,11 +278,16 @@ def handler(model: Model) -> type[BaseHTTPRequestHandler]:
         # it rather than holding a thread for ever.
         timeout = CLIENT_TIMEOUT
 
-        def _json(self, status: int, body: Any) -> None:
+        def _json(self, status: int, body: Any, close: bool = False) -> None:
             data = json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            if status == 503:
+                self.send_header("Retry-After", "1")
+            if close:
+                self.send_header("Connection", "close")
+                self.close_connection = True
             self.end_headers()
             self.wfile.write(data)
 
@@ -203,32 +298,99 @@ def handler(model: Model) -> type[BaseHTTPRequestHandler]:
                 self._json(404, {"error": "not found"})
 
         def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY:
-                self.close_connection = True
-                self._json(413, {"error": f"the body is larger than {MAX_BODY} bytes"})
-                return
-            body = self.rfile.read(length)
-            if self.path not in ("/", "/predict"):
-                self._json(404, {"error": "not found"})
-                return
+            charged = [0]
             try:
-                inputs = json.loads(body, parse_constant=_not_json)
-            except (ValueError, RecursionError):
-                # Not JSON, NaN or Infinity (not JSON numbers), or nested past the decoder's limit.
-                self._json(400, {"error": "the body is not a JSON list of finite numbers"})
-                return
-            if not isinstance(inputs, list):
-                self._json(400, {"error": "a JSON list of inputs is expected"})
-                return
-            try:
-                self._json(200, model.predict(inputs))
+                self._post(charged)
             except BadInput as exc:
-                self._json(exc.status, {"error": str(exc)})
+                self._json(exc.status, {"error": str(exc)}, close=exc.close)
+            except (ConnectionError, TimeoutError):
+                self.close_connection = True  # the client left, or stalled past CLIENT_TIMEOUT: nobody to answer
             except Exception as exc:  # noqa: BLE001 - the model's own failure on these inputs: answered, and the server goes on
                 lines = str(exc).strip().splitlines() or [type(exc).__name__]
-                print(f"serve: the model failed on a batch of {len(inputs)}: {lines[-1]}", file=sys.stderr, flush=True)
+                print(f"serve: a request failed: {type(exc).__name__}: {lines[-1]}", file=sys.stderr, flush=True)
                 self._json(500, {"error": f"the model failed: {lines[-1]}"})
+            finally:
+                budget.give(charged[0])
+                self.connection.settimeout(CLIENT_TIMEOUT)  # the next request on this connection waits as long as the first
+
+        def _post(self, charged: list[int]) -> None:
+            body = self._body(charged)
+            if self.path not in ("/", "/predict"):
+                raise BadInput(404, "not found")
+            inputs = parse_inputs(body)
+            del body
+            self._json(200, model.predict(inputs))
+
+        def _body(self, charged: list[int]) -> bytes:
+            """The whole body, its framing checked and its bytes charged before they are read."""
+            lengths = self.headers.get_all("Content-Length") or []
+            encodings = [e.strip().lower() for v in self.headers.get_all("Transfer-Encoding") or [] for e in v.split(",")]
+            if encodings and lengths:
+                raise BadInput(400, "Content-Length and Transfer-Encoding together: one or the other", close=True)
+            if encodings:
+                if encodings != ["chunked"]:
+                    raise BadInput(501, f"Transfer-Encoding {', '.join(encodings)} is not supported; chunked is", close=True)
+                return self._chunked(charged, time.monotonic() + CLIENT_TIMEOUT)
+            if any(not _DIGITS.fullmatch(v.strip()) for v in lengths) or len({v.strip() for v in lengths}) > 1:
+                raise BadInput(400, "Content-Length must be one whole number of bytes", close=True)
+            length = int(lengths[0]) if lengths else 0
+            if length > MAX_BODY:
+                raise BadInput(413, f"the body is larger than {MAX_BODY} bytes", close=True)
+            self._charge(charged, length)
+            return self._read(length, time.monotonic() + CLIENT_TIMEOUT)
+
+        def _charge(self, charged: list[int], size: int) -> None:
+            if not budget.take(size - charged[0]):
+                raise BadInput(503, "too many request bytes in flight; retry later", close=True)
+            charged[0] = size
+
+        def _read(self, size: int, deadline: float) -> bytes:
+            """``size`` bytes within the deadline; a client that closes first has left."""
+            parts, left = [], size
+            while left > 0:
+                self._within(deadline)
+                part = self.rfile.read1(min(left, 1 << 20))
+                if not part:
+                    raise ConnectionResetError("the client closed the connection mid-body")
+                parts.append(part)
+                left -= len(part)
+            return b"".join(parts)
+
+        def _line(self, deadline: float) -> bytes:
+            self._within(deadline)
+            line = self.rfile.readline(MAX_CHUNK_LINE + 1)
+            if not line:
+                raise ConnectionResetError("the client closed the connection mid-body")
+            if len(line) > MAX_CHUNK_LINE or not line.endswith(b"\n"):
+                raise BadInput(400, "a chunk-size line is too long", close=True)
+            return line
+
+        def _chunked(self, charged: list[int], deadline: float) -> bytes:
+            """A chunked body (RFC 9112, section 7.1), each chunk charged as it arrives."""
+            parts, size = [], 0
+            while True:
+                digits = self._line(deadline).split(b";", 1)[0].strip()
+                if not digits or len(digits) > 16 or not all(c in b"0123456789abcdefABCDEF" for c in digits):
+                    raise BadInput(400, "a chunk size is not a hexadecimal number", close=True)
+                chunk = int(digits, 16)
+                if chunk == 0:
+                    break
+                size += chunk
+                if size > MAX_BODY:
+                    raise BadInput(413, f"the body is larger than {MAX_BODY} bytes", close=True)
+                self._charge(charged, size)
+                parts.append(self._read(chunk, deadline))
+                if self._read(2, deadline) != b"\r\n":
+                    raise BadInput(400, "a chunk does not end with CRLF", close=True)
+            while self._line(deadline) not in (b"\r\n", b"\n"):
+                pass  # trailer fields, each bounded by MAX_CHUNK_LINE and all by the deadline
+            return b"".join(parts)
+
+        def _within(self, deadline: float) -> None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BadInput(408, f"the body did not arrive within {CLIENT_TIMEOUT:g} s", close=True)
+            self.connection.settimeout(min(left, CLIENT_TIMEOUT))
 
         def log_message(self, format: str, *args: Any) -> None:
             pass
@@ -250,7 +412,7 @@ def main() -> int:
         print(f"serve: {exc.args[0]} is not set: the operator sets it in the serving container", file=sys.stderr)
         return 1
     port = int(os.environ.get("PORT", "8080"))
-    server = BoundedServer(("0.0.0.0", port), handler(model))
+    server = BoundedServer(("0.0.0.0", port), handler(model, Budget(BODY_BUDGET)))
     print(
         f"serve: {len(model.modules)} artefact(s) loaded, buckets {model.shapes}, batch {model.batch_size}, "
         f"cores {os.environ.get('NEURON_RT_VISIBLE_CORES', '-')}, port {port}",

@@ -1,0 +1,118 @@
+"""The pure parts of how the front end and the holder take a request in: the body budget and its
+stall, the bounded parse, and the liveness that a stall past every bound turns off, tied to the
+probe the kubelet runs on the batcher container."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from inferentia_operator.batching import model_server
+from inferentia_operator.batching.frontend import FrontEnd
+from inferentia_operator.batching.limits import MAX_DEPTH, BadInput, Budget, Limits, depth_of, parse_input
+from inferentia_operator.core import children
+from test_children import THROUGHPUT, model
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+LIMITS = Limits(body_budget=8 * 1024, max_body=4 * 1024, body_timeout=30, process_timeout=300)
+
+
+def test_a_budget_grows_a_charge_only_where_there_is_room_and_always_shrinks_it():
+    budget = Budget(LIMITS, Clock())
+    assert budget.resize(0, 4000) and budget.held == 4000
+    assert budget.resize(0, 3000) and budget.held == 7000  # the large tier: 7,168 of 8,192
+    assert not budget.resize(0, 1000) and budget.held == 7000
+    assert budget.resize(0, 60) and budget.held == 7060  # a small body may use the reserve
+    assert budget.resize(4000, 0) and budget.held == 3060
+    assert budget.resize(60, 5000) is False and budget.held == 3060
+
+
+def test_the_budget_stalls_only_while_it_holds_bytes_and_refuses_every_request():
+    clock = Clock()
+    budget = Budget(LIMITS, clock)
+    budget.resize(0, 7000)
+    assert budget.stalled_for() == 0
+    assert not budget.resize(0, 2000)  # refused: the stall starts
+    clock.now = 5
+    assert not budget.resize(0, 2000)
+    assert budget.stalled_for() == 5
+    budget.resize(0, 10)  # a small request admitted: not stalled
+    assert budget.stalled_for() == 0
+    assert not budget.resize(0, 2000)
+    clock.now = 9
+    budget.resize(7000, 0)
+    budget.resize(10, 0)  # the budget empties: the next request would be admitted
+    assert budget.stalled_for() == 0
+
+
+@pytest.mark.parametrize("depth", [1, 2, MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1, 500, 977, 978, 979, 1000, 5000, 100_000])
+def test_parse_input_takes_any_depth_to_max_depth_and_refuses_the_rest_alike(depth):
+    body = b"[" * depth + b"0" + b"]" * depth
+    if depth <= MAX_DEPTH:
+        assert depth_of(parse_input(body)) == depth
+    else:
+        with pytest.raises(BadInput, match=f"nested more than {MAX_DEPTH} deep"):
+            parse_input(body)
+
+
+@pytest.mark.parametrize("text", ["[1e999]", "[-1e400]", "[NaN]", "[Infinity]", '{"a": -Infinity}'])
+def test_parse_input_refuses_numbers_that_are_not_finite(text):
+    with pytest.raises(BadInput, match="finite|not a JSON number"):
+        parse_input(text.encode())
+
+
+def test_depth_of_counts_objects_and_lists_without_recursion():
+    assert depth_of(0) == 0 and depth_of([]) == 1 and depth_of({"a": [1, {"b": []}]}) == 4
+    deep: list = []
+    for _ in range(200_000):
+        deep = [deep]
+    assert depth_of(deep) == MAX_DEPTH + 1  # stops counting past the limit
+
+
+def test_a_front_end_whose_budget_never_empties_turns_its_liveness_off():
+    """A simulated defect: a request's charge leaks, so the budget never empties and nothing
+    more is admitted. Not ready after the hold time (maxLatencyMs); not live once past every
+    bound a request has, so that the kubelet restarts the container."""
+    clock = Clock()
+
+    async def scenario() -> list[tuple[str, int, int]]:
+        process = TestServer(model_server.app(model_server.stand_in(0, 0)))
+        await process.start_server()
+        front = FrontEnd([str(process.make_url("")).rstrip("/")], max_batch=4, max_latency=1.0, clock=clock, limits=LIMITS)
+        seen = []
+        async with TestClient(TestServer(front.app())) as client:
+            front.budget.resize(0, 7100)  # the leak
+            for at in (0.0, 0.5, 2.0, 200.0, 400.0):
+                clock.now = at
+                refused = await client.post("/", data=json.dumps([1] * 1000))
+                assert refused.status == 503
+                ready, live = await client.get("/readyz"), await client.get("/healthz")
+                seen.append((f"t={at:g}", ready.status, live.status))
+        await process.close()
+        return seen
+
+    # Ready turns off past the hold (max latency, 0.95 s with the dispatcher's headroom); live
+    # once past body 30 s + hold + process 300 s.
+    assert asyncio.run(scenario()) == [("t=0", 200, 200), ("t=0.5", 200, 200), ("t=2", 503, 200), ("t=200", 503, 200), ("t=400", 503, 503)]
+
+
+def test_the_kubelet_restarts_a_batcher_whose_healthz_fails():
+    """The batcher container's liveness probe asks /healthz on its port: failing it
+    failureThreshold times in a row, periodSeconds apart, restarts the container."""
+    m = model(**THROUGHPUT, **{"serving.batching": {"maxBatchSize": 4}})
+    batcher = children.batcher_container(m)
+    probe = batcher["livenessProbe"]
+    assert probe["httpGet"]["path"] == "/healthz" and probe["httpGet"]["port"] == "batch"
+    assert any(p["name"] == "batch" and p["containerPort"] == m.plan.front_end.port for p in batcher["ports"])
+    assert probe["failureThreshold"] * probe["periodSeconds"] <= 60
