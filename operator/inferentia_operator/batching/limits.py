@@ -127,7 +127,8 @@ def depth_of(value: Any, limit: int = MAX_DEPTH) -> int:
             deepest = max(deepest, depth)
             if deepest > limit:
                 return deepest
-            stack.extend((v, depth) for v in (item.values() if isinstance(item, dict) else item))
+            # Only containers go on the stack: a flat list of a million numbers pushes nothing.
+            stack.extend((v, depth) for v in (item.values() if isinstance(item, dict) else item) if isinstance(v, (list, dict)))
     return deepest
 
 

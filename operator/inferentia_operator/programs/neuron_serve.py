@@ -57,7 +57,7 @@ MIB = 1024 * 1024
 CLIENT_TIMEOUT = float(os.environ.get("INFERENTIA_SERVE_CLIENT_TIMEOUT_S", "30"))
 MAX_CONNECTIONS = int(os.environ.get("INFERENTIA_SERVE_MAX_CONNECTIONS", "256"))
 MAX_BODY = int(float(os.environ.get("INFERENTIA_SERVE_MAX_BODY_MIB", "64")) * MIB)
-BODY_BUDGET = int(float(os.environ.get("INFERENTIA_SERVE_BODY_BUDGET_MIB", "128")) * MIB)
+BODY_BUDGET = int(float(os.environ.get("INFERENTIA_SERVE_BODY_BUDGET_MIB", "64")) * MIB)
 # Inputs in one request: the front end sends at most maxBatchSize (at most 1,024), and each
 # becomes a tensor before any runs.
 MAX_INPUTS = 4096
@@ -106,7 +106,8 @@ def _depth(value: Any) -> int:
             deepest = max(deepest, depth)
             if deepest > MAX_DEPTH:
                 return deepest
-            stack.extend((v, depth) for v in (item.values() if isinstance(item, dict) else item))
+            # Only containers go on the stack: a flat list of a million numbers pushes nothing.
+            stack.extend((v, depth) for v in (item.values() if isinstance(item, dict) else item) if isinstance(v, (list, dict)))
     return deepest
 
 
