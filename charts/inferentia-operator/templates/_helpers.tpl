@@ -63,9 +63,10 @@ Superseded plan ConfigMaps and compile Jobs are deleted.
   resources: [scaledobjects]
   verbs: [get, list, watch, create, patch, delete]
 # The claim templates of models with allocation dra: created once (named after their content),
-# deleted when superseded. Nothing else of resource.k8s.io: the scheduler makes and allocates
-# the claims, and the DRA driver publishes the devices.
+# re-applied over a template of the model's whose name a create found taken (patch), deleted
+# when superseded. Nothing else of resource.k8s.io: the scheduler makes and allocates the
+# claims, and the DRA driver publishes the devices.
 - apiGroups: [resource.k8s.io]
   resources: [resourceclaimtemplates]
-  verbs: [get, list, watch, create, delete]
+  verbs: [get, list, watch, create, patch, delete]
 {{- end -}}
