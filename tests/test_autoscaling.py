@@ -8,9 +8,9 @@ from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.autoscaling import Prometheus
 from inferentia_operator.core.decide import decide
 from inferentia_operator.core.parsing import parse_spec
-from inferentia_operator.core.status import Observed, WriteFailure, status_document
+from inferentia_operator.core.status import WriteFailure, status_document
 from specs import make_spec
-from test_decide import NOW, UID, built, live, model_body
+from test_decide import NOW, UID, Observed, built, live, model_body
 
 PROMETHEUS = Prometheus("http://prometheus.monitoring:9090")
 BATCHED = {"serving.batching": {"maxBatchSize": 4}, "processesPerReplica": 2}

@@ -7,11 +7,19 @@ from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.children import Model
 from inferentia_operator.core.decide import decide
 from inferentia_operator.core.planner import plan
-from inferentia_operator.core.status import Conflict, Observed, WriteFailure, status_document, status_patch
+from inferentia_operator.core.proof import PROOF_ANNOTATION, Prover
+from inferentia_operator.core.status import Conflict, WriteFailure, status_document, status_patch
 from specs import make_spec
 
 NOW = "2026-11-22T10:00:00Z"
 UID = "uid-1"
+# The operator's key: every Observed here is the operator's view, and every compile Job that
+# live() returns is one the operator created and proved (core/proof.py).
+PROVER = Prover(b"k" * 32)
+
+
+def Observed(*args, **kwargs) -> status.Observed:  # status.Observed, with the operator's key
+    return status.Observed(*args, **{"prover": PROVER, **kwargs})
 
 
 def model_body(generation=1, status=None, **overrides):
@@ -28,8 +36,14 @@ def built(body) -> Model:
 
 
 def live(obj, **status):
-    """A child as the API server would hold it: what was applied, plus status and metadata."""
-    out = {**obj, "metadata": {**obj["metadata"], "resourceVersion": "7", "generation": 1}}
+    """A child as the API server would hold it: what was applied, plus status and metadata; a
+    compile Job with the proof the operator adds after creating it."""
+    meta = obj["metadata"]
+    out = {**obj, "metadata": {**meta, "resourceVersion": "7", "generation": 1, "uid": f"uid-{meta['name']}"}}
+    uri = children.job_output_uri(obj) if obj.get("kind") == "Job" else None
+    if uri:
+        proof = PROVER.job(meta["namespace"], meta["name"], out["metadata"]["uid"], uri)
+        out["metadata"]["annotations"] = {**meta.get("annotations", {}), PROOF_ANNOTATION: proof}
     if status:
         out["status"] = status
     return out
@@ -135,8 +149,8 @@ def test_superseded_compile_jobs_go_except_the_newest_successful():
     o = Observed(
         current,
         jobs=[
-            {**complete(jobs[0]), "metadata": {**jobs[0]["metadata"], "creationTimestamp": "2026-01-01T00:00:00Z"}},
-            {**complete(jobs[1]), "metadata": {**jobs[1]["metadata"], "creationTimestamp": "2026-01-02T00:00:00Z"}},
+            {**complete(jobs[0]), "metadata": {**complete(jobs[0])["metadata"], "creationTimestamp": "2026-01-01T00:00:00Z"}},
+            {**complete(jobs[1]), "metadata": {**complete(jobs[1])["metadata"], "creationTimestamp": "2026-01-02T00:00:00Z"}},
             live(jobs[2], conditions=[{"type": "Failed", "status": "True"}]),
         ],
     )
@@ -317,18 +331,86 @@ def test_a_completed_compile_of_another_model_is_a_cache_hit_and_gets_recorded()
 
 def test_a_record_alone_is_a_cache_hit_and_is_not_written_again():
     body = model_body(**COMPILED)
-    record = live(children.compile_record(other_model(), complete(children.compile_job(other_model()))))
-    d = decide(Observed(body, compile_records={children.compiled_uri(built(body)): record}), NOW)
+    record = live(children.compile_record(other_model(), complete(children.compile_job(other_model())), PROVER))
+    d = decide(Observed(body, compile_records={children.compiled_uri(built(body)): [record]}), NOW)
     assert "Job" not in kinds(d.apply) and d.record is None
     assert conds(d)["Compiled"]["reason"] == "CacheHit"
 
 
 def test_a_record_the_operator_did_not_write_is_not_trusted():
     body = model_body(**COMPILED)
-    record = live(children.compile_record(other_model(), complete(children.compile_job(other_model()))))
+    record = live(children.compile_record(other_model(), complete(children.compile_job(other_model())), PROVER))
     del record["metadata"]["labels"]["app.kubernetes.io/managed-by"]
-    d = decide(Observed(body, compile_records={children.compiled_uri(built(body)): record}), NOW)
+    d = decide(Observed(body, compile_records={children.compiled_uri(built(body)): [record]}), NOW)
     assert "Job" in kinds(d.apply) and conds(d)["Compiled"]["reason"] == "Compiling"
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        pytest.param(lambda r: r["metadata"]["annotations"].pop(PROOF_ANNOTATION), id="no proof"),
+        pytest.param(lambda r: r["metadata"]["annotations"].update({PROOF_ANNOTATION: "0" * 64}), id="a made-up proof"),
+        pytest.param(lambda r: r["metadata"].update(name="any-name"), id="the proof of another record"),
+        pytest.param(lambda r: r["metadata"].update(namespace="other"), id="the proof of another namespace"),
+    ],
+)
+def test_a_record_without_the_operators_proof_is_no_cache_hit(forge):
+    """Anyone who can create a ConfigMap in the namespace can write one with the operator's
+    labels and the artefact's URI; only the proof, made with the operator's key, counts."""
+    body = model_body(**COMPILED)
+    record = live(children.compile_record(other_model(), complete(children.compile_job(other_model())), PROVER))
+    forge(record)
+    d = decide(Observed(body, compile_records={children.compiled_uri(built(body)): [record]}), NOW)
+    assert "Job" in kinds(d.apply) and conds(d)["Compiled"]["reason"] == "Compiling"
+
+
+def test_a_forged_record_beside_a_genuine_one_hides_nothing():
+    body = model_body(**COMPILED)
+    genuine = live(children.compile_record(other_model(), complete(children.compile_job(other_model())), PROVER))
+    forged = {**genuine, "metadata": {**genuine["metadata"], "name": "forged", "annotations": {}}}
+    d = decide(Observed(body, compile_records={children.compiled_uri(built(body)): [forged, genuine]}), NOW)
+    assert conds(d)["Compiled"]["reason"] == "CacheHit"
+
+
+def test_a_key_the_operator_does_not_hold_vouches_for_nothing():
+    body = model_body(**COMPILED)
+    record = live(children.compile_record(other_model(), complete(children.compile_job(other_model())), Prover(b"x" * 32)))
+    d = decide(Observed(body, compile_records={children.compiled_uri(built(body)): [record]}), NOW)
+    assert conds(d)["Compiled"]["reason"] == "Compiling"
+    assert Prover().record("ns", "n", "s3://b/") == "" and not Prover().made_record(record, children.compiled_uri(built(body)))
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        pytest.param(lambda j: j["metadata"]["annotations"].pop(PROOF_ANNOTATION), id="no proof"),
+        pytest.param(lambda j: j["metadata"].update(uid="uid-of-the-forgery"), id="a genuine Job's proof, copied"),
+    ],
+)
+def test_a_completed_job_without_the_operators_proof_is_no_cache_hit_nor_recorded(forge):
+    """A Job with the compile labels that ran anything and completed: the operator once wrote a
+    genuine record for it. Now it reports it and neither records nor trusts it."""
+    body = model_body(**COMPILED)
+    theirs = complete(children.compile_job(other_model()))
+    forge(theirs)
+    d = decide(Observed(body, compile_jobs=by_uri(theirs)), NOW)
+    assert d.record is None and "Job" not in kinds(d.apply) and "Deployment" not in kinds(d.apply)
+    c = conds(d)
+    assert (c["Compiled"]["reason"], c["Stalled"]["status"], c["Ready"]["reason"]) == (
+        "CompileJobUnverified",
+        "True",
+        "CompileJobUnverified",
+    )
+    assert theirs["metadata"]["name"] in c["Compiled"]["message"] and "delete it" in c["Compiled"]["message"]
+
+
+def test_a_forged_job_of_the_artefact_under_another_name_is_ignored():
+    body = model_body(**COMPILED)
+    forged = complete(children.compile_job(other_model()))
+    forged["metadata"]["name"] = "compile-looks-real"
+    forged["metadata"]["annotations"].pop(PROOF_ANNOTATION)
+    d = decide(Observed(body, compile_jobs=by_uri(forged)), NOW)
+    assert d.record is None and "Job" in kinds(d.apply) and conds(d)["Compiled"]["reason"] == "Compiling"
 
 
 def test_another_models_compile_in_progress_is_waited_for_not_run_again_nor_a_conflict():
@@ -365,7 +447,7 @@ def test_the_models_own_completed_compile_is_recorded_and_is_no_cache_hit():
 
 def test_a_record_is_never_deleted_as_a_superseded_plan():
     body = model_body(**COMPILED)
-    record = live(children.compile_record(built(body), complete(children.compile_job(built(body)))))
+    record = live(children.compile_record(built(body), complete(children.compile_job(built(body))), PROVER))
     d = decide(Observed(body, configmaps=[record]), NOW)
     assert ("ConfigMap", record["metadata"]["name"]) not in d.delete
 
@@ -375,7 +457,8 @@ def test_a_cache_hit_after_an_edit_names_the_inputs_that_changed_since_the_serve
     after = model_body(generation=2, **COMPILED, **{"compile.batchSize": 2})
     served = built(before)
     records = {
-        children.compiled_uri(m): live(children.compile_record(m, complete(children.compile_job(m)))) for m in (served, built(after))
+        children.compiled_uri(m): [live(children.compile_record(m, complete(children.compile_job(m)), PROVER))]
+        for m in (served, built(after))
     }
     d = decide(Observed(after, deployment=rolled_out(children.serving_deployment(served)), compile_records=records), NOW)
     assert conds(d)["Compiled"]["reason"] == "CacheHit"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -365,6 +366,14 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     _prometheus_arguments(r)
     _allocation_argument(r)
+    r.add_argument(
+        "--key-secret", default="inferentia-operator-proof-key",
+        help="the Secret holding the key that proves which compile records and Jobs the operator made (created if missing)",
+    )  # fmt: skip
+    r.add_argument(
+        "--key-namespace", default=os.environ.get("POD_NAMESPACE") or "default",
+        help="the key Secret's namespace: the operator's own, which model users cannot read (default: $POD_NAMESPACE, else default)",
+    )  # fmt: skip
     r.add_argument("--verbose", action="store_true")
     r.set_defaults(func=cmd_run)
     return top

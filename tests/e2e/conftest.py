@@ -17,7 +17,17 @@ import uuid
 from pathlib import Path
 
 import pytest
-from kit import CRD_FILE, KIND_STATE, USE_EXISTING, Cluster, OperatorProcess, bind_user_to_operator_role, localcluster, wait_for
+from kit import (
+    CRD_FILE,
+    KEY_NAMESPACE,
+    KIND_STATE,
+    USE_EXISTING,
+    Cluster,
+    OperatorProcess,
+    bind_user_to_operator_role,
+    localcluster,
+    wait_for,
+)
 
 REAL_NODE_STATE: dict[str, str | None] = {"skipped": None, "rollout": None}
 # The real_node fixture's skip reasons.
@@ -94,6 +104,9 @@ def crd_installed(cluster: Cluster) -> Cluster:
         cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
     # Discovery and the published OpenAPI lag the Established condition by a moment.
     wait_for(lambda: cluster.kubectl("explain", "inferentiamodel.spec", check=False).returncode == 0, 30, "kubectl explain")
+    # The operators the tests start keep their proof key there, as one installed by the chart would.
+    manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KEY_NAMESPACE}}
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
     return cluster
 
 

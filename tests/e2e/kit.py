@@ -105,7 +105,8 @@ class OperatorProcess:
             [
                 self.python, "-m", "inferentia_operator", "run",
                 "--liveness", f"http://127.0.0.1:{self.port}/healthz", "--metrics-port", str(self.metrics_port),
-                "--resync-seconds", str(self.resync_seconds), "--peering", self.peering, *self.extra_args,
+                "--resync-seconds", str(self.resync_seconds), "--peering", self.peering, "--key-namespace", KEY_NAMESPACE,
+                *self.extra_args,
             ],
             env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
             stdout=log, stderr=subprocess.STDOUT,
@@ -146,7 +147,13 @@ class OperatorProcess:
 CHART = ROOT / "charts" / "inferentia-operator"
 
 
-def helm_template(cluster: Cluster, *args: str, release: str = "inferentia-operator", namespace: str = "inferentia-system") -> list[dict]:
+# The namespace helm_template installs the release in, and so where the operators these tests
+# start keep their proof key Secret (run --key-namespace), with the chart's Role for it.
+KEY_NAMESPACE = "inferentia-system"
+PROOF_KEY_ROLE_SUFFIX = "-proof-key"
+
+
+def helm_template(cluster: Cluster, *args: str, release: str = "inferentia-operator", namespace: str = KEY_NAMESPACE) -> list[dict]:
     out = subprocess.run(
         [cluster.tool("helm"), "template", release, str(CHART), "--namespace", namespace, *args],
         check=True, capture_output=True, text=True,
@@ -173,9 +180,20 @@ def _bind_to_user(roles: list[dict], user: str) -> list[dict]:
 
 def bind_user_to_operator_role(cluster: Cluster, user: str, name: str) -> None:
     """The chart's ClusterRole (default values), renamed, bound to ``user``: what the operator gets in production."""
-    [role] = [d for d in helm_template(cluster) if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "inferentia-operator"]
+    docs = helm_template(cluster)
+    [role] = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "inferentia-operator"]
     role["metadata"] = {"name": name}
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(_bind_to_user([role], user)))
+    _bind_proof_key_role(cluster, docs, user)
+
+
+def _bind_proof_key_role(cluster: Cluster, docs: list[dict], user: str) -> None:
+    """The chart's Role for the proof key Secret in the operator's namespace (KEY_NAMESPACE, where
+    helm_template puts the release), bound to ``user`` by a binding of its own."""
+    [role] = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith(PROOF_KEY_ROLE_SUFFIX)]
+    [binding] = [b for b in _bind_to_user([role], user) if b["kind"] == "RoleBinding"]
+    binding["metadata"] = {**binding["metadata"], "name": f"{role['metadata']['name']}-{user}"}
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([role, binding]))
 
 
 def service_account_kubeconfig(cluster: Cluster, namespace: str, name: str, path: Path) -> Path:
@@ -203,8 +221,9 @@ def service_account_kubeconfig(cluster: Cluster, namespace: str, name: str, path
 def bind_user_to_namespaced_roles(cluster: Cluster, user: str, namespaces: list[str]) -> None:
     """The chart's Roles for watchNamespaces, bound to ``user``: no cluster-wide rights at all."""
     docs = helm_template(cluster, "--set", "watchNamespaces={" + ",".join(namespaces) + "}")
-    roles = [d for d in docs if d["kind"] == "Role"]
+    roles = [d for d in docs if d["kind"] == "Role" and not d["metadata"]["name"].endswith(PROOF_KEY_ROLE_SUFFIX)]
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(_bind_to_user(roles, user)))
+    _bind_proof_key_role(cluster, docs, user)
 
 
 def listening_ports() -> set[int]:

@@ -655,3 +655,58 @@ def test_validate_the_api_server_and_the_operators_status_agree_on_the_corpus(cl
 
     seen = wait_for(verdicts, 120, "a Validated condition on every stored document")
     assert {k: seen[k] for k in expected} == expected
+
+
+def test_a_namespace_user_cannot_forge_a_compile_cache_hit(cluster, operator, namespace):
+    """Issue 38: a user with the namespace's ordinary rights (the built-in edit role) forges the
+    record of a compile and a completed compile Job of the model's artefact, each with the
+    operator's labels and a proof copied from nowhere. The model still runs its own compile."""
+    user = "mallory"
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": user, "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(binding))
+    as_mallory = (cluster.local or cluster.node).user_kubeconfig(user)
+    spec = {"compile.image": COMPILE_IMAGE}
+    m = model_of({**make_model("m", namespace, **spec), "metadata": {"name": "m", "namespace": namespace, "uid": "-"}})
+    uri = children.compiled_uri(m)
+    labels = {"app.kubernetes.io/managed-by": "inferentia-operator", "app.kubernetes.io/part-of": "inferentia-operator"}
+    record = {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {
+            "name": children.compile_record_name(m), "namespace": namespace,
+            "labels": {**labels, "app.kubernetes.io/component": "compile-record"},
+            "annotations": {"inferentia.dev/proof": "0" * 64},
+        },
+        "data": {"uri": uri, "key": children.compile_hash(m), "job": "compile-forged", "model": "m"},
+    }  # fmt: skip
+    job = {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {
+            "name": "compile-forged", "namespace": namespace,
+            "labels": {**labels, "app.kubernetes.io/component": "compile", "inferentia.dev/model": "m"},
+            "annotations": {"inferentia.dev/proof": "0" * 64},
+        },
+        "spec": {"template": {"spec": {
+            "restartPolicy": "Never",
+            "initContainers": [{"name": "compile", "image": "example.com/anything:1", "env": [{"name": "INFERENTIA_OUTPUT_URI", "value": uri}]}],
+            "containers": [{"name": "upload", "image": "example.com/anything:1"}],
+        }}},
+    }  # fmt: skip
+    for forged in (record, job):
+        cluster.kubectl("--kubeconfig", str(as_mallory), "apply", "-f", "-", input=json.dumps(forged))
+    wait_for(
+        lambda: condition(cluster.get("job", "compile-forged", "-n", namespace), "Complete").get("status") == "True", 60, "the forged Job"
+    )
+
+    apply_model(cluster, namespace, "m", **spec)
+    body = wait_ready(cluster, namespace, "m")
+    status = body["status"]
+    assert (status["compileCacheHit"], status["compileJob"]) == (False, children.compile_job_name(m))
+    assert condition(body, "Compiled")["reason"] == "Compiled"
+    own = cluster.get("job", children.compile_job_name(m), "-n", namespace)
+    assert own["metadata"]["annotations"]["inferentia.dev/proof"] != "0" * 64
+    # The operator never writes over the forged record, which holds the record's name.
+    assert cluster.get("configmap", children.compile_record_name(m), "-n", namespace)["data"]["job"] == "compile-forged"

@@ -39,6 +39,7 @@ from .names import (
     PLAN_MOUNT,
 )
 from .objects import Obj
+from .proof import PROOF_ANNOTATION, Prover
 
 # The vLLM preset (spec.serving.runtime: vllm), on what AWS supports for the family
 # (catalogue.Family.vllm). Its OpenAI-compatible server answers /health once the model is loaded.
@@ -196,7 +197,7 @@ def served_uri(deployment: Mapping[str, Any] | None) -> str | None:
     return _env_value(Obj(Obj(deployment).spec.get("template")).spec.get("containers"), None, "INFERENTIA_COMPILED_MODEL_URI")
 
 
-def compile_record(m: Model, job: Mapping[str, Any]) -> dict[str, Any]:
+def compile_record(m: Model, job: Mapping[str, Any], prover: Prover) -> dict[str, Any]:
     """The operator's record that a compile Job completed, and so uploaded the artefact of
     this key with its completion marker last (the Job completes only once the upload step has
     exited 0). A model with the same key, or this one created again, starts from the record
@@ -218,7 +219,11 @@ def compile_record(m: Model, job: Mapping[str, Any]) -> dict[str, Any]:
                 "app.kubernetes.io/part-of": "inferentia-operator",
                 COMPILE_HASH_LABEL: compile_hash(m),
             },
-            "annotations": {COMPILE_INPUTS_ANNOTATION: json.dumps(compile_inputs(m), sort_keys=True, separators=(",", ":"))},
+            "annotations": {
+                COMPILE_INPUTS_ANNOTATION: json.dumps(compile_inputs(m), sort_keys=True, separators=(",", ":")),
+                # Only the operator can make it: a record without it is no cache hit (core/proof.py).
+                PROOF_ANNOTATION: prover.record(m.namespace, compile_record_name(m), compiled_uri(m)),
+            },
         },
         "immutable": True,
         "data": {

@@ -25,6 +25,7 @@ from .drift import applied
 from .model import check_model
 from .names import COMPILE_INPUTS_ANNOTATION, COMPILE_RECORD_COMPONENT, COMPONENT_LABEL, FIELD_MANAGER, MANAGED_BY_LABEL, MODEL_LABEL
 from .objects import Obj
+from .proof import Prover
 from .status import Conflict, Observed, Report, ReportBasis, job_state
 
 
@@ -65,13 +66,19 @@ def is_compile_job_of_ours(live: Mapping[str, Any]) -> bool:
     )
 
 
-def _trusted_record(record: Mapping[str, Any] | None, uri: str) -> dict[str, str] | None:
-    """The data of the operator's record of a completed compile of ``uri``, if it is one."""
-    obj = Obj(record)
-    if record is None or obj.labels.get(MANAGED_BY_LABEL) != FIELD_MANAGER or obj.labels.get(COMPONENT_LABEL) != COMPILE_RECORD_COMPONENT:
-        return None
-    data = record.get("data") or {}
-    return {k: str(v) for k, v in data.items()} if data.get("uri") == uri else None
+def _trusted_record(records: list[dict[str, Any]] | None, uri: str, prover: Prover) -> dict[str, Any] | None:
+    """The operator's record of a completed compile of ``uri``, among the ConfigMaps that say
+    they are one: only a record carrying the operator's proof counts."""
+    for record in records or ():
+        obj = Obj(record)
+        if obj.labels.get(MANAGED_BY_LABEL) == FIELD_MANAGER and obj.labels.get(COMPONENT_LABEL) == COMPILE_RECORD_COMPONENT:
+            if prover.made_record(record, uri):
+                return record
+    return None
+
+
+def _record_data(record: Mapping[str, Any]) -> dict[str, str]:
+    return {k: str(v) for k, v in (record.get("data") or {}).items()}
 
 
 @dataclass(frozen=True)
@@ -85,7 +92,11 @@ class _Compile:
     (:func:`children.compile_record`), so a model with the same key, or one deleted and
     created again, starts from the artefact with no Job. A Job that failed is never recorded.
     While another model's Job compiles the key, the model waits for it; the Job is named
-    after the artefact, so two models reconciled at once cannot start two."""
+    after the artefact, so two models reconciled at once cannot start two.
+
+    Only what the operator made counts (core/proof.py): a record or a completed Job without
+    the operator's proof is no cache hit, and a Job under the key's name without it is
+    reported (CompileJobUnverified), never waited for, and never written over."""
 
     job: dict[str, Any] | None  # the compile Job this model creates (or already runs)
     condition: api.Condition
@@ -103,18 +114,24 @@ class _Compile:
         # The Jobs of this artefact: under the key's name, or (made by an operator that named
         # them after their model) under another; this model's own first, as the overlay has them.
         jobs = {Obj(j).name: j for j in [*o.compile_jobs.get(uri, ()), *o.jobs] if children.job_output_uri(j) == uri}
+        made = {n: j for n, j in jobs.items() if o.prover.made_job(j, uri)}
         live = jobs.get(name)
-        ours = live is not None and holder_of(live, Obj(o.model).uid, Obj(o.model).name) is None
-        complete = sorted((j for j in jobs.values() if job_state(j).phase == "Complete"), key=lambda j: j is not live)
-        known = _trusted_record(o.compile_records.get(uri), uri)
-        record = children.compile_record(m, complete[0]) if complete and known is None else None
+        ours = live is not None and name in made and holder_of(live, Obj(o.model).uid, Obj(o.model).name) is None
+        complete = sorted((j for j in made.values() if job_state(j).phase == "Complete"), key=lambda j: j is not live)
+        known = _trusted_record(o.compile_records.get(uri), uri, o.prover)
+        record = children.compile_record(m, complete[0], o.prover) if complete and known is None else None
         if ours:
             failure = status.compile_failure(name, o.pods)
             cond = status.compiled_condition(True, name, live, uri, changed, failure, key=key)
             return _Compile(body, cond, record, False, changed)
-        hit = known if known is not None else record["data"] if record is not None else None
+        hit = _record_data(known) if known is not None else record["data"] if record is not None else None
         if hit is not None:
             return _Compile(None, status.compiled_condition(True, None, None, uri, key=key, hit=hit), record, True, changed)
+        if live is not None and name not in made and is_compile_job_of_ours(live):
+            # Looks like the operator's, but it cannot show it made it: someone with rights in
+            # the namespace did, or the operator stopped between its create and its proof.
+            cond = status.compiled_condition(True, name, live, uri, changed, key=key, unverified=True)
+            return _Compile(None, cond, None, None, changed)
         if live is not None and is_compile_job_of_ours(live):
             # Another model's Job compiles this key (or failed to): this one waits for it.
             by = (Obj(live).controller or {}).get("name", "")
@@ -136,8 +153,11 @@ def _plan_configmaps_in_use(o: Observed) -> set[str]:
 
 
 def _newest_earlier_success(o: Observed, current: str | None) -> Obj | None:
-    """The newest compile Job of an earlier plan that succeeded, if any."""
-    succeeded = [j for j in map(Obj, o.jobs) if j.name != current and job_state(j.raw).phase == "Complete"]
+    """The newest compile Job of an earlier plan that the operator made and that succeeded, if any."""
+    succeeded = [
+        j for j in map(Obj, o.jobs)
+        if j.name != current and job_state(j.raw).phase == "Complete" and o.prover.made_job(j.raw, children.job_output_uri(j.raw))
+    ]  # fmt: skip
     return max(succeeded, key=lambda j: j.created, default=None)
 
 
@@ -157,8 +177,8 @@ def _changed_compile_inputs(o: Observed, current: str | None, inputs: dict[str, 
         said = earlier.annotations.get(COMPILE_INPUTS_ANNOTATION, "")
     else:
         served = children.served_uri(o.deployment)
-        record = o.compile_records.get(served) if served and served != uri else None
-        said = Obj(record).annotations.get(COMPILE_INPUTS_ANNOTATION, "") if _trusted_record(record, served or "") else ""
+        record = _trusted_record(o.compile_records.get(served), served, o.prover) if served and served != uri else None
+        said = Obj(record).annotations.get(COMPILE_INPUTS_ANNOTATION, "")
     try:
         before = json.loads(said)
     except ValueError:

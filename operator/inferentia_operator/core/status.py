@@ -23,14 +23,16 @@ from .autoscaling import NO_PROMETHEUS, NOT_SERVED, SCALED_OBJECT_KIND, Engine, 
 from .autoscaling import condition as autoscaling_condition
 from .names import COMPONENT_LABEL, DEFAULT_OPERATOR_IMAGE, DEVICE_PLUGIN, JOB_NAME_LABEL, PLAN_HASH_ANNOTATION
 from .objects import Obj
+from .proof import NO_PROVER, Prover
 
 # Flux's kstatus reads only observedGeneration and the "abnormal-true" Reconciling and
 # Stalled conditions of a custom resource (anything else counts as Current), so they
 # restate Progressing and the failures in its terms.
-STALLED_REASONS = {"InvalidSpec", "CompileFailed", "NameConflict", "FailedCreate", "ProgressDeadlineExceeded"}
+STALLED_REASONS = {"InvalidSpec", "CompileFailed", "CompileJobUnverified", "NameConflict", "FailedCreate", "ProgressDeadlineExceeded"}
 WARNING_REASONS = {
     "InvalidSpec",
     "CompileFailed",
+    "CompileJobUnverified",
     "Unschedulable",
     "NameConflict",
     "ApplyFailed",
@@ -109,12 +111,13 @@ class Observed:
     # The namespace's records of completed compiles and its compile Jobs, by the URI of the
     # artefact they are about: how a model learns that another model compiled its key, or
     # is compiling it now. Lookups, not copies: the shell's views read the caches per URI.
-    compile_records: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+    compile_records: Mapping[str, list[dict[str, Any]]] = field(default_factory=dict)
     compile_jobs: Mapping[str, list[dict[str, Any]]] = field(default_factory=dict)
     # Configuration, not state: the operator's --operator-image and Prometheus settings.
     operator_image: str = DEFAULT_OPERATOR_IMAGE
     prometheus: Prometheus = NO_PROMETHEUS
     allocation: str = DEVICE_PLUGIN  # the operator's --allocation, for models that name none
+    prover: Prover = NO_PROVER  # the operator's key: which compile records and Jobs it made
 
     def live(self, kind: str, name: str | None) -> dict[str, Any] | None:
         main = {"Deployment": self.deployment, "Service": self.service}
@@ -301,12 +304,14 @@ def compiled_condition(
     key: str = "",
     compiled_by: str = "",
     hit: Mapping[str, str] | None = None,
+    unverified: bool = False,
 ) -> api.Condition:
     """The Compiled condition. ``changed``: the compile inputs that differ from the last
     successful compile's, named in the message while a new compile runs; ``failure``: what the
     failed compile step said; ``compiled_by``: the model whose Job compiles this key, when it
     is another model's; ``hit``: the record of a finished compile of this key (job, model,
-    completed), when the model starts from it and runs no Job."""
+    completed), when the model starts from it and runs no Job; ``unverified``: the Job under
+    the key's name carries no proof that the operator made it (core/proof.py)."""
     if not job_required:
         return cond("Compiled", "True", "CompiledAtLoad", "no compile image: the serving pods compile at load time with the planned flags")
     if hit is not None:
@@ -316,6 +321,13 @@ def compiled_condition(
             "Compiled", "True", "CacheHit",
             f"cache hit: Job {hit.get('job') or '?'}{by} compiled key {key} to {uri}{when}; no compile Job runs, "
             "the serving pods fetch the artefact and load it without compiling",
+        )  # fmt: skip
+    if unverified:
+        return cond(
+            "Compiled", "False", "CompileJobUnverified",
+            f"Job {job_name} has the name of this model's compile Job but no proof that the operator made it "
+            "(annotation inferentia.dev/proof), so it is neither waited for nor trusted as a compile; delete it, "
+            "and the operator creates its own",
         )  # fmt: skip
     whose = f" (of model {compiled_by}, which has the same compile inputs)" if compiled_by else ""
     state = job_state(job)
@@ -406,10 +418,10 @@ def _progress(
         return cond("Progressing", "False", "ProgressDeadlineExceeded", message), cond(
             "Ready", "False", "ProgressDeadlineExceeded", message
         )
-    if compiled.reason == "CompileFailed":
+    if compiled.reason in ("CompileFailed", "CompileJobUnverified"):
         return (
-            cond("Progressing", "False", "CompileFailed", compiled.message + "; the previous Deployment keeps serving"),
-            cond("Ready", "False", "CompileFailed", compiled.message),
+            cond("Progressing", "False", compiled.reason, compiled.message + "; the previous Deployment keeps serving"),
+            cond("Ready", "False", compiled.reason, compiled.message),
         )
     if compiled.status != "True":
         return cond("Progressing", "True", "Compiling", compiled.message), cond("Ready", "False", "Compiling", compiled.message)

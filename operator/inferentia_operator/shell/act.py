@@ -13,8 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferentia_operator.core import children
 from inferentia_operator.core.decide import Decision, holder_of, is_compile_job_of_ours
 from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.proof import PROOF_ANNOTATION, Prover
 from inferentia_operator.core.status import Conflict, Observed, WriteFailure
 
 from .cache import GONE
@@ -78,6 +80,8 @@ class Actor:
                         # the API server refuses (409) if the name is taken, needs no check first.
                         created = kube.create(body)
                         if created is not None:
+                            if kind == "Job":
+                                created = prove_job(kube, created, observed.prover)
                             out.written[(kind, name)] = project(created)
                             return
                     # Not in the caches (or the create found the name taken): it may be an
@@ -103,6 +107,15 @@ class Actor:
             except ApiError as exc:
                 log.warning("could not delete superseded %s %s/%s: %s", kind, namespace, name, exc)
         return out
+
+
+def prove_job(kube: Kube, job: dict[str, Any], prover: Prover) -> dict[str, Any]:
+    """The proof that the operator made ``job`` (core/proof.py), added right after its create,
+    from the create's answer: it names the Job's UID, which only exists from then on. Should
+    this fail, the Job is never trusted and its model says CompileJobUnverified."""
+    meta = job["metadata"]
+    proof = prover.job(meta["namespace"], meta["name"], meta["uid"], children.job_output_uri(job) or "")
+    return kube.annotate("Job", meta["namespace"], meta["name"], {PROOF_ANNOTATION: proof})
 
 
 def apply(kube: Kube, body: dict[str, Any], live: dict[str, Any] | None) -> dict[str, Any]:

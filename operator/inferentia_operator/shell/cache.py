@@ -19,6 +19,7 @@ from inferentia_operator.core import api
 from inferentia_operator.core.autoscaling import NO_PROMETHEUS, SCALED_OBJECT_KIND, Prometheus
 from inferentia_operator.core.names import DEFAULT_OPERATOR_IMAGE, DEVICE_PLUGIN
 from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.proof import NO_PROVER, Prover
 from inferentia_operator.core.status import Observed
 
 from .observe import Key
@@ -30,19 +31,20 @@ GONE: dict[str, Any] = {"metadata": {"resourceVersion": "-1"}, "gone": True}
 class ByUri(Mapping[str, Any]):
     """One namespace's part of an index keyed by (namespace, artefact URI), unpacked only on
     lookup: a reconcile looks up its own model's one or two URIs, never the whole namespace.
-    ``first``: a URI has one object (a record), else the list of them (Jobs). ``written``:
-    what the operator created that the watch has not delivered yet."""
+    Every object of a URI, records and Jobs alike: anyone may create one that claims a URI,
+    and the decision keeps only those the operator proves it made. ``written``: what the
+    operator created that the watch has not delivered yet."""
 
-    def __init__(self, store: Mapping[Any, Any] | None, namespace: str, first: bool, written: Mapping[Key, dict[str, Any]]) -> None:
-        self._store, self._namespace, self._first, self._written = store, namespace, first, written
+    def __init__(self, store: Mapping[Any, Any] | None, namespace: str, written: Mapping[Key, dict[str, Any]]) -> None:
+        self._store, self._namespace, self._written = store, namespace, written
 
-    def __getitem__(self, uri: str) -> Any:
+    def __getitem__(self, uri: str) -> list[dict[str, Any]]:
         found = [packed.unpack() for packed in (self._store or {}).get((self._namespace, uri), ())]
-        if not found and (self._namespace, uri) in self._written:
-            found = [self._written[self._namespace, uri]]
+        if (self._namespace, uri) in self._written:
+            found.append(self._written[self._namespace, uri])
         if not found:
             raise KeyError(uri)
-        return found[0] if self._first else found
+        return found
 
     def __iter__(self) -> Iterator[str]:
         keys = {*(self._store or {}).keys(), *self._written.keys()}
@@ -54,9 +56,14 @@ class ByUri(Mapping[str, Any]):
 
 class Cache:
     def __init__(
-        self, operator_image: str = DEFAULT_OPERATOR_IMAGE, prometheus: Prometheus = NO_PROMETHEUS, allocation: str = DEVICE_PLUGIN
+        self,
+        operator_image: str = DEFAULT_OPERATOR_IMAGE,
+        prometheus: Prometheus = NO_PROMETHEUS,
+        allocation: str = DEVICE_PLUGIN,
+        prover: Prover = NO_PROVER,
     ) -> None:
         self.operator_image = operator_image
+        self.prover = prover
         self.prometheus = prometheus
         self.allocation = allocation
         self.indexes: Mapping[str, Any] | None = None  # kopf's, captured when they are populated
@@ -173,19 +180,21 @@ class Cache:
             scaled_object=scalers[0] if scalers else None,
             others=others,
             scaled_objects_served=self.served(SCALED_OBJECT_KIND),
-            compile_records=self._compile_view("compile_record_index", key[0], first=True),
-            compile_jobs=self._compile_view("compile_job_index", key[0], first=False),
+            compile_records=self._compile_view("compile_record_index", key[0], records=True),
+            compile_jobs=self._compile_view("compile_job_index", key[0], records=False),
             operator_image=self.operator_image,
             prometheus=self.prometheus,
             allocation=self.allocation,
+            prover=self.prover,
         )
 
-    def _compile_view(self, index: str, namespace: str, first: bool) -> ByUri:
+    def _compile_view(self, index: str, namespace: str, records: bool) -> ByUri:
         assert self.indexes is not None
         store = self.indexes.get(index)
-        if first:
+        if records:
             # A record the watch has delivered needs no overlay any more.
             for ns, uri in [k for k in self._records if k[0] == namespace]:
-                if store is not None and store.get((ns, uri)):
+                name = Obj(self._records[ns, uri]).name
+                if store is not None and any(Obj(p.unpack()).name == name for p in store.get((ns, uri), ())):
                     del self._records[ns, uri]
-        return ByUri(store, namespace, first, self._records if first else {})
+        return ByUri(store, namespace, self._records if records else {})

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 # kind -> (API path prefix, plural)
 RESOURCES = {
     "ConfigMap": ("/api/v1", "configmaps"),
+    "Secret": ("/api/v1", "secrets"),
     "Service": ("/api/v1", "services"),
     "Pod": ("/api/v1", "pods"),
     "Event": ("/api/v1", "events"),
@@ -167,6 +168,13 @@ class Kube:
         return self._object(
             "PATCH", path(kind, namespace, name), body=[{"op": "replace", "path": pointer, "value": value}],
             content_type="application/json-patch+json",
+        )  # fmt: skip
+
+    def annotate(self, kind: str, namespace: str, name: str, annotations: dict[str, str]) -> dict[str, Any]:
+        """Sets annotations (a merge patch), leaving every other field as it is."""
+        return self._object(
+            "PATCH", path(kind, namespace, name), body={"metadata": {"annotations": annotations}},
+            content_type="application/merge-patch+json",
         )  # fmt: skip
 
     def create(self, body: dict[str, Any]) -> dict[str, Any] | None:

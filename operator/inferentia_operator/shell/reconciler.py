@@ -29,6 +29,7 @@ from inferentia_operator.core.autoscaling import NO_PROMETHEUS, NOT_SERVED, Prom
 from inferentia_operator.core.decide import decide
 from inferentia_operator.core.names import DEFAULT_OPERATOR_IMAGE, DEVICE_PLUGIN
 from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.proof import NO_PROVER, Prover
 
 from . import metrics
 from .act import Actor, Outcome
@@ -65,12 +66,13 @@ class Reconciler:
         operator_image: str = DEFAULT_OPERATOR_IMAGE,
         prometheus: Prometheus = NO_PROMETHEUS,
         allocation: str = DEVICE_PLUGIN,
+        prover: Prover = NO_PROVER,
     ):
         self.kube = kube
         self.workers = workers
         self.resync_seconds = resync_seconds
         self.is_active = is_active  # False while peering keeps this replica on standby
-        self.cache = Cache(operator_image, prometheus, allocation)
+        self.cache = Cache(operator_image, prometheus, allocation, prover)
         self.actor = Actor(workers)
         self._queue: WorkQueue[Key] | None = None  # made on the operator's event loop, at start
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reconcile")

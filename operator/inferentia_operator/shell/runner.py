@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import datetime
 import functools
 import logging
+import os
 import random
 from typing import Any
 
 import kopf
 
 from inferentia_operator.cli import prometheus_settings
+from inferentia_operator.core.names import FIELD_MANAGER, MANAGED_BY_LABEL
 from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.proof import KEY_BYTES, Prover
 
 from . import metrics, wiring
 from .act import WRITES_PER_RECONCILE
@@ -20,6 +24,29 @@ from .kube import ApiError, Kube, load_client
 from .reconciler import Reconciler
 
 FINALIZER = "inferentia.dev/finalizer"
+log = logging.getLogger(__name__)
+
+
+def proof_key(kube: Kube, namespace: str, name: str) -> bytes:
+    """The key the operator proves its compile records and Jobs with (core/proof.py), from the
+    Secret ``namespace/name``, which the first replica to start creates with 32 random bytes.
+    Model users have no access to the operator's namespace; deleting the Secret makes a new key
+    at the next start, and every artefact compiles again once (docs/design.md)."""
+    secret = kube.get("Secret", namespace, name)
+    if secret is None:
+        body = {
+            "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": name, "namespace": namespace, "labels": {MANAGED_BY_LABEL: FIELD_MANAGER}},
+            "data": {"key": base64.b64encode(os.urandom(KEY_BYTES)).decode()},
+        }  # fmt: skip
+        if kube.create(body) is not None:
+            log.info("created the proof key Secret %s/%s", namespace, name)
+        secret = kube.get("Secret", namespace, name)  # another replica's, if it created it first
+    raw = ((secret or {}).get("data") or {}).get("key") or ""
+    key = base64.b64decode(raw, validate=True) if raw else b""
+    if len(key) < KEY_BYTES:
+        raise ValueError(f"Secret {namespace}/{name} has no key of at least {KEY_BYTES} bytes in data.key; delete it to make a new one")
+    return key
 
 
 def configure(settings: kopf.OperatorSettings, args: argparse.Namespace) -> None:
@@ -102,6 +129,11 @@ def run(args: argparse.Namespace) -> int:
             return False  # cannot tell: standing by is the safe side
         return not peering_paused(bodies, args.priority, datetime.datetime.now(datetime.UTC))
 
+    try:
+        prover = Prover(proof_key(kube(), args.key_namespace, args.key_secret))
+    except (ApiError, ValueError) as exc:
+        log.error("the proof key: %s", exc)
+        return 1
     reconciler = Reconciler(
         kube,
         args.workers,
@@ -110,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         operator_image=args.operator_image,
         prometheus=prometheus_settings(args),
         allocation=args.allocation,
+        prover=prover,
     )
     wiring.register(registry, reconciler)
     if args.metrics_port:
