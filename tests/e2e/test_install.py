@@ -219,7 +219,7 @@ def test_an_image_outside_the_allow_list_is_refused_at_apply(crd_installed, name
     cluster = crd_installed
     if cluster.local is None:
         pytest.skip("installs a cluster-wide admission policy: only on the built-in control plane")
-    docs = helm_template(cluster, "--set", "imageAllowList={registry.example.com/neuron/}")
+    docs = helm_template(cluster, "--set", "imageAllowList={registry.example.com/neuron/,host.example.com}")
     policy = [d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")]
     assert sorted(d["kind"] for d in policy) == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     assert "ValidatingAdmissionPolicy" not in [d["kind"] for d in helm_template(cluster)]  # off by default
@@ -238,9 +238,21 @@ def test_an_image_outside_the_allow_list_is_refused_at_apply(crd_installed, name
         result = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(bad_compile), check=False)
         assert result.returncode != 0
         assert (
-            "image docker.io/evil/compile:1 is not from an allowed registry; allowed prefixes: registry.example.com/neuron/"
-            in result.stderr
+            "image docker.io/evil/compile:1 is not from an allowed registry; allowed registries and repositories: "
+            "registry.example.com/neuron, host.example.com" in result.stderr
         )
+        # Entries match at whole boundaries: a sibling repository or a host that merely begins
+        # with the allowed one is refused; below either, by tag or by digest, is admitted.
+        for image, admitted_too in [
+            ("registry.example.com/neuron-evil/serve:1", False),
+            ("host.example.com.attacker.tld/serve:1", False),
+            ("host.example.comx/serve:1", False),
+            ("host.example.com/any/path/serve:1", True),
+            ("registry.example.com/neuron/sub/serve@sha256:" + "a" * 64, True),
+        ]:
+            probe = make_model("boundary", namespace, **{"serving.image": image})
+            result = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(probe), check=False)
+            assert (result.returncode == 0) == admitted_too, (image, result.stderr)
         # The batching front end's image goes into every pod too.
         bad_front_end = make_model("bad", namespace, **{"serving.image": "registry.example.com/neuron/serve:1",
                                                         "serving.batching": {"image": "docker.io/attacker/anything:latest"}})  # fmt: skip
