@@ -3,6 +3,7 @@
 import contextlib
 import io
 import json
+import os
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from inferentia_operator import manifests
 from inferentia_operator.cli import main
 from inferentia_operator.core.crd import crd_yaml
 from specs import make_model, make_spec
@@ -428,3 +430,53 @@ def test_validate_with_the_dra_default_refuses_what_the_driver_cannot_give():
         "default/distilbert: spec.compute.cores: 1 NeuronCores cannot be claimed with allocation dra: AWS's Neuron DRA driver "
         "hands out whole Neuron devices; use compute.inf, or allocation devicePlugin for NeuronCores"
     ], out
+
+
+# --- what a hostile file can cost (issue 38) --------------------------------------------------
+
+
+def _validate_measured(path: Path) -> tuple[subprocess.CompletedProcess, float, int]:
+    """validate as a program, with its wall time and its peak memory in bytes (the ru_maxrss of
+    the only child of a wrapper process, so no earlier child's peak is counted)."""
+    wrapper = (
+        "import resource, subprocess, sys; "
+        "r = subprocess.run([sys.executable, '-m', 'inferentia_operator', 'validate', sys.argv[1]], capture_output=True); "
+        "sys.stderr.buffer.write(r.stderr); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(r.returncode)"
+    )
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", wrapper, str(path)], capture_output=True, timeout=120)
+    return result, time.monotonic() - started, int(result.stdout.split()[-1]) * 1024
+
+
+def test_a_symlink_loop_a_fifo_and_a_device_are_refused_at_once_with_exit_2(tmp_path):
+    (tmp_path / "loop.yaml").symlink_to(tmp_path / "loop.yaml")
+    os.mkfifo(tmp_path / "fifo.yaml")  # opening it for reading would wait for a writer for ever
+    for path, said in [
+        (tmp_path / "loop.yaml", "cannot be read: Too many levels of symbolic links"),
+        (tmp_path / "fifo.yaml", "a FIFO; only regular files are read"),
+        (Path("/dev/zero"), "a device; only regular files are read"),
+    ]:
+        result = run_cli_process("validate", str(path))
+        assert result.returncode == 2 and b"Traceback" not in result.stderr, result.stderr
+        assert said in result.stderr.decode()
+
+
+def test_a_flow_list_of_millions_of_items_is_refused_while_it_is_parsed(tmp_path):
+    """An 8 MB flow list of 4 million items once took 81 s and 2.9 GB before it was refused."""
+    (tmp_path / "big.yaml").write_text("[" + "1," * 4_000_000 + "1]")
+    result, took, peak = _validate_measured(tmp_path / "big.yaml")
+    assert result.returncode == 2 and f"more than {manifests.MAX_NODES} YAML nodes" in result.stderr.decode()
+    assert peak < 400 * 1024 * 1024, f"peak {peak / 2**20:.0f} MiB"
+    assert took < 30, f"{took:.0f} s"
+
+
+def test_the_alias_budget_is_the_whole_files_not_each_documents(tmp_path):
+    """60 documents of 111,111 nodes each once passed one by one and took 882 MB in all."""
+    laughs = "a: &a [1,1,1,1,1,1,1,1,1,1]\nb: &b [" + ",".join(["*a"] * 10) + "]\nc: &c [" + ",".join(["*b"] * 10) + "]\n"
+    laughs += "d: &d [" + ",".join(["*c"] * 10) + "]\ne: [" + ",".join(["*d"] * 10) + "]\n"
+    (tmp_path / "many.yaml").write_text("---\n".join([laughs] * 60))
+    (tmp_path / "one.yaml").write_text(laughs)
+    result, _, peak = _validate_measured(tmp_path / "many.yaml")
+    assert result.returncode == 2 and f"expand to more than {manifests.MAX_EXPANDED_NODES} nodes in all" in result.stderr.decode()
+    assert peak < 400 * 1024 * 1024
+    assert run_cli_process("validate", str(tmp_path / "one.yaml")).returncode == 0  # one such document alone is fine: no model in it
