@@ -86,3 +86,68 @@ def test_no_artefact_and_bad_uris_end_with_a_message_not_a_traceback(s3, tmp_pat
     assert "NoSuchBucket" in capsys.readouterr().err
     with pytest.raises(FetchError, match="is not an s3:// URI"):
         split_s3_uri("https://example.com/model")
+
+
+def test_a_model_prefix_matches_whole_path_segments_only(s3, tmp_path):
+    """s3://models/m once fetched models/m-other/... too: S3's prefix match is by characters."""
+    s3.put_object(Bucket="models", Key="m/model.pt", Body=b"mine")
+    s3.put_object(Bucket="models", Key="m-other/model.pt", Body=b"someone else's")
+    s3.put_object(Bucket="models", Key="m", Body=b"the object itself")
+    got = fetch_model("s3://models/m", tmp_path / "a")
+    assert sorted(p.relative_to(tmp_path / "a").as_posix() for p in got) == ["m", "model.pt"]
+    assert not (tmp_path / "a" / "-other").exists() and b"someone" not in b"".join(p.read_bytes() for p in got)
+
+
+def test_upload_refuses_a_symlink_that_leads_out_of_its_source(s3, tmp_path):
+    secret = tmp_path / "credentials"
+    secret.write_text("aws_secret_access_key = x")
+    source = compiled(tmp_path, {"model.pt": b"net"})
+    (source / "innocent.pt").symlink_to(secret)
+    with pytest.raises(FetchError, match="innocent.pt leads outside"):
+        upload(source, "s3://models/out/")
+    assert "Contents" not in s3.list_objects_v2(Bucket="models", Prefix="out/")
+    # A link that stays inside is an ordinary file of the artefact.
+    (source / "innocent.pt").unlink()
+    (source / "alias.pt").symlink_to(source / "model.pt")
+    assert upload(source, "s3://models/out/") == ["alias.pt", "model.pt"]
+
+
+def test_a_chunked_https_download_is_cut_off_at_the_cap(tmp_path, monkeypatch):
+    """The cap was checked against Content-Length alone, which a chunked answer does not send."""
+    import http.server
+    import threading
+    import urllib.request
+
+    from inferentia_operator import fetch as fetch_module
+
+    class Chunked(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            block = b"x" * 65536
+            try:
+                for _ in range(48):  # 3 MiB, with no length declared
+                    self.wfile.write(f"{len(block):x}\r\n".encode() + block + b"\r\n")
+                self.wfile.write(b"0\r\n\r\n")
+            except OSError:
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Chunked)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    real_urlopen = urllib.request.urlopen
+    # The https:// URI is served over plain HTTP on loopback: the cap is what is under test, not TLS.
+    monkeypatch.setattr(urllib.request, "urlopen", lambda uri, timeout: real_urlopen(uri.replace("https://", "http://"), timeout=timeout))
+    monkeypatch.setattr(fetch_module, "MAX_HTTPS_BYTES", 1024 * 1024)
+    try:
+        uri = f"https://127.0.0.1:{server.server_address[1]}/model.pt"
+        with pytest.raises(FetchError, match="more than 1048576 bytes"):
+            fetch_model(uri, tmp_path / "m")
+        assert not (tmp_path / "m" / "model.pt").exists()
+    finally:
+        server.shutdown()

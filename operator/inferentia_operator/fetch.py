@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import sys
 import urllib.parse
 import urllib.request
@@ -107,18 +106,26 @@ def fetch_model(uri: str, destination: Path, client: Any = None) -> list[Path]:
     if uri.startswith("https://"):
         name = PurePosixPath(urllib.parse.urlparse(uri).path).name or "model"
         target = destination / name
-        with urllib.request.urlopen(uri, timeout=60) as response, target.open("wb") as out:
-            length = int(response.headers.get("Content-Length") or 0)
-            if length > MAX_HTTPS_BYTES:
-                raise FetchError(f"{uri} is {length} bytes, more than {MAX_HTTPS_BYTES}: put a model this large in S3")
-            shutil.copyfileobj(response, out, 1 << 20)
+        try:
+            with urllib.request.urlopen(uri, timeout=60) as response, target.open("wb") as out:
+                length = int(response.headers.get("Content-Length") or 0)
+                if length > MAX_HTTPS_BYTES:
+                    raise FetchError(f"{uri} is {length} bytes, more than {MAX_HTTPS_BYTES}: put a model this large in S3")
+                _copy_at_most(response, out, MAX_HTTPS_BYTES, uri)
+        except BaseException:
+            target.unlink(missing_ok=True)  # nothing half-fetched is left to be taken for the model
+            raise
         return [target]
     bucket, prefix = split_s3_uri(uri)
     client = _client(client)
     written: list[Path] = []
     for key in _keys(client, bucket, prefix):
+        # Whole path segments only: s3://b/models/m is the object models/m or what lies under
+        # models/m/, never models/m-other/ (S3's own prefix match is by characters).
+        if not (key == prefix or prefix.endswith("/") or not prefix or key.startswith(prefix + "/")):
+            continue
         # A prefix keeps the paths below it; a key that is the whole URI lands under its own name.
-        relative = key[len(prefix) :] if key != prefix else PurePosixPath(key).name
+        relative = key[len(prefix) :].lstrip("/") if key != prefix else PurePosixPath(key).name
         landing = _safe_target(destination, relative)
         if landing is None:
             continue
@@ -135,6 +142,12 @@ def upload(source: Path, uri: str, client: Any = None) -> list[str]:
     bucket, prefix = split_s3_uri(uri)
     prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
     files = sorted(p for p in source.rglob("*") if p.is_file())
+    root = source.resolve()
+    for path in files:
+        # A symlink the compile step left (or was made to leave) must not carry a file from
+        # outside its output, such as a mounted credential, into the store.
+        if not path.resolve().is_relative_to(root):
+            raise FetchError(f"{path.relative_to(source).as_posix()} leads outside {source} (to {path.resolve()}): refusing to upload it")
     if not files:
         raise FetchError(f"nothing to upload in {source}: the compile step wrote no artefact")
     client = _client(client)
@@ -147,6 +160,16 @@ def upload(source: Path, uri: str, client: Any = None) -> list[str]:
         listed[name] = {"size": path.stat().st_size, "sha256": _digest(path)}
     client.put_object(Bucket=bucket, Key=prefix + MARKER, Body=json.dumps({"files": listed}, sort_keys=True).encode())
     return sorted(listed)
+
+
+def _copy_at_most(source: Any, out: Any, limit: int, uri: str) -> None:
+    """Copies ``source`` to ``out``, counting as it goes: a chunked answer declares no length."""
+    copied = 0
+    while block := source.read(1 << 20):
+        copied += len(block)
+        if copied > limit:
+            raise FetchError(f"{uri} is more than {limit} bytes: put a model this large in S3")
+        out.write(block)
 
 
 def _report(action: str, uri: str, run: Any) -> int:
