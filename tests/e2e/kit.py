@@ -91,9 +91,10 @@ class OperatorProcess:
 
     def __init__(
         self, kubeconfig: Path, log_path: Path, resync_seconds: float = 3.0, peering: str = "inferentia-operator",
-        extra_args: tuple[str, ...] = (), python: str = sys.executable,
+        extra_args: tuple[str, ...] = (), python: str = sys.executable, key_namespace: str | None = None,
     ):  # fmt: skip
         self.kubeconfig, self.log_path, self.extra_args, self.python = kubeconfig, log_path, extra_args, python
+        self.key_namespace = key_namespace or KEY_NAMESPACE
         self.resync_seconds, self.peering = resync_seconds, peering
         self.proc: subprocess.Popen | None = None
         self.port = free_port()
@@ -105,7 +106,7 @@ class OperatorProcess:
             [
                 self.python, "-m", "inferentia_operator", "run",
                 "--liveness", f"http://127.0.0.1:{self.port}/healthz", "--metrics-port", str(self.metrics_port),
-                "--resync-seconds", str(self.resync_seconds), "--peering", self.peering, "--key-namespace", KEY_NAMESPACE,
+                "--resync-seconds", str(self.resync_seconds), "--peering", self.peering, "--key-namespace", self.key_namespace,
                 *self.extra_args,
             ],
             env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},

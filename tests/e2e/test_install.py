@@ -46,6 +46,9 @@ def test_default_render_is_cluster_wide_with_one_replica_that_passes_restricted(
         "ClusterRole//inferentia-operator-view",
         "ClusterRoleBinding//inferentia-operator",
         "Deployment/inferentia-system/inferentia-operator",
+        # The proof key Secret of the compile cache, in the operator's own namespace.
+        "Role/inferentia-system/inferentia-operator-proof-key",
+        "RoleBinding/inferentia-system/inferentia-operator-proof-key",
         "Service/inferentia-system/inferentia-operator-metrics",
         "ServiceAccount/inferentia-system/inferentia-operator",
     ]
@@ -95,7 +98,8 @@ def test_watch_namespaces_gives_roles_only_and_standby_a_second_replica(cluster)
     docs = helm_template(cluster, "--set", "watchNamespaces={team-a,team-b}", "--set", "standby=true")
     assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering")]
     assert sorted(f"{d['kind']}/{d['metadata']['namespace']}" for d in docs if d["kind"] in ("Role", "RoleBinding", "KopfPeering")) == [
-        "KopfPeering/team-a", "KopfPeering/team-b", "Role/team-a", "Role/team-b", "RoleBinding/team-a", "RoleBinding/team-b",
+        "KopfPeering/team-a", "KopfPeering/team-b", "Role/inferentia-system", "Role/team-a", "Role/team-b",
+        "RoleBinding/inferentia-system", "RoleBinding/team-a", "RoleBinding/team-b",
     ]  # fmt: skip
     [deployment] = [d for d in docs if d["kind"] == "Deployment"]
     assert deployment["spec"]["replicas"] == 2
@@ -138,7 +142,7 @@ def cluster_scoped(cluster) -> set[str]:
 def prove_rbac(cluster, namespace, service_account, peering, tmp_path, model_namespace):
     """The operator, with only the ServiceAccount's rights, takes a sample to Ready; and nothing more is granted."""
     kubeconfig = service_account_kubeconfig(cluster, namespace, service_account, tmp_path / "sa-kubeconfig")
-    op = OperatorProcess(kubeconfig, tmp_path / "operator.log", peering=peering)
+    op = OperatorProcess(kubeconfig, tmp_path / "operator.log", peering=peering, key_namespace=namespace)
     op.start()
     try:
         body = make_model("rbac", model_namespace, processesPerReplica=2, **{"compile.image": "example.com/compile:1"})
