@@ -1,0 +1,89 @@
+"""docs/security.md's table of limits states the defaults the code has: each row names where
+the value lives, and this reads it from there."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from inferentia_operator import cli, fetch, manifests
+from inferentia_operator.batching import limits
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = ROOT / "docs" / "security.md"
+SERVE = ROOT / "operator" / "inferentia_operator" / "programs" / "neuron_serve.py"
+UNITS = {"s": 1, "MiB": 2**20, "GiB": 2**30, "bytes": 1, "": 1}
+
+
+def serve_defaults() -> dict[str, float]:
+    """The model server's constants and the defaults of its environment variables, read from its
+    source (it runs in the user's image and is not importable here without torch)."""
+    values: dict[str, float] = {}
+    for node in ast.parse(SERVE.read_text()).body:
+        if not (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)):
+            continue
+        name, source = node.targets[0].id, ast.unparse(node.value)
+        env = re.search(r"os\.environ\.get\('(\w+)', '([\d.]+)'\)", source)
+        if env:
+            scale = 2**20 if env.group(1).endswith("_MIB") else 1
+            values[env.group(1)] = float(env.group(2)) * scale
+        elif isinstance(node.value, ast.Constant) and isinstance(node.value.value, int):
+            values[name] = node.value.value
+            values[f"neuron_serve.{name}"] = node.value.value
+    return values
+
+
+def hold_default(flag: str) -> float:
+    subcommands = next(a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
+    hold = subcommands.choices["hold"]
+    return next(a.default for a in hold._actions if flag in a.option_strings)  # noqa: SLF001
+
+
+def in_code(reference: str) -> float:
+    d = limits.DEFAULT_LIMITS
+    known: dict[str, float] = {
+        # First: the front end's MAX_DEPTH is the plain name; the model server's is neuron_serve.MAX_DEPTH.
+        **serve_defaults(),
+        **{
+            f"Limits.{f}": getattr(d, f)
+            for f in ("header_timeout", "body_timeout", "max_connections", "max_body", "body_budget", "process_timeout")
+        },
+        "MAX_DEPTH": limits.MAX_DEPTH,
+        "PADDED_ELEMENT_BYTES": limits.PADDED_ELEMENT_BYTES,
+        "MAX_MANIFEST_BYTES": manifests.MAX_MANIFEST_BYTES,
+        "MAX_NODES": manifests.MAX_NODES,
+        "MAX_EXPANDED_NODES": manifests.MAX_EXPANDED_NODES,
+        "MAX_HTTPS_BYTES": fetch.MAX_HTTPS_BYTES,
+    }
+    if reference.startswith("hold --"):
+        return hold_default(reference.removeprefix("hold "))
+    assert reference in known, f"the table names {reference}, which this test does not know where to find"
+    return known[reference]
+
+
+def rows() -> list[tuple[str, str, str]]:
+    table = PAGE.read_text().split("## The limits", 1)[1].split("\n## ", 1)[0]
+    found = []
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[3].startswith("`"):
+            found.append((cells[0], cells[2], cells[3].strip("`")))
+    return found
+
+
+def stated(value: str) -> float:
+    number, _, unit = value.partition(" ")
+    return float(number.replace(",", "")) * UNITS[unit]
+
+
+def test_the_table_has_every_limit():
+    assert len(rows()) >= 20
+
+
+@pytest.mark.parametrize("what,default,reference", rows(), ids=lambda v: v if isinstance(v, str) and v.isidentifier() else None)
+def test_each_limit_is_the_codes_default(what, default, reference):
+    assert stated(default) == in_code(reference), f"{what}: the docs say {default}, the code has {in_code(reference)}"
