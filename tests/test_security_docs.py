@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from inferentia_operator import cli, fetch, manifests
 from inferentia_operator.batching import limits
@@ -87,3 +88,23 @@ def test_the_table_has_every_limit():
 @pytest.mark.parametrize("what,default,reference", rows(), ids=lambda v: v if isinstance(v, str) and v.isidentifier() else None)
 def test_each_limit_is_the_codes_default(what, default, reference):
     assert stated(default) == in_code(reference), f"{what}: the docs say {default}, the code has {in_code(reference)}"
+
+
+def test_the_allow_list_command_renders_the_policy():
+    """The command security.md gives for plain manifests, run as written (with the built Helm)."""
+    import shlex
+    import subprocess
+
+    helm = (
+        Path(subprocess.run(["bash", str(ROOT / "cluster" / "build.sh"), "--print"], capture_output=True, text=True).stdout.strip())
+        / "helm"
+    )
+    if not helm.exists():
+        pytest.skip("Helm is built by make controlplane (cluster/build.sh)")
+    [command] = re.findall(r"`(helm template [^`]+)`", PAGE.read_text())
+    args = shlex.split(command)
+    out = subprocess.run([str(helm), *args[1:]], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    assert [d["kind"] for d in docs] == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    allowed = next(v for v in docs[0]["spec"]["variables"] if v["name"] == "allowed")
+    assert allowed["expression"] == '["reg.example.com/team"]'
