@@ -5,6 +5,7 @@ a process of an old pod still holds."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import urllib.error
@@ -82,7 +83,12 @@ def test_a_scale_down_under_load_loses_no_request(real_node, real_namespace):
     assert not failed, f"{len(failed)} of {sent} requests failed during the scale-down: {failed[:10]}"
 
 
-@pytest.mark.parametrize("cycles", [10])
+# make test cycles 3 times, make test-faults (INFERENTIA_REAL_FAULTS=1) 10 times, each about 18 s.
+SCALE_CYCLES = 10 if os.environ.get("INFERENTIA_REAL_FAULTS") == "1" else 3
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("cycles", [SCALE_CYCLES])
 def test_a_model_cycled_down_and_up_gets_the_cores_the_kubelet_granted_every_time(real_node, real_namespace, cycles):
     """aws-neuron-sdk#1338: inf2 pods scaled down and up again failed in nrt_allocate_neuron_cores
     because the old process still held the cores. The runtime stand-in holds its cores as the

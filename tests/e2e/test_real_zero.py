@@ -111,10 +111,12 @@ def test_a_model_at_zero_holds_its_first_request_answers_it_and_goes_back_to_zer
     wait_for(at_zero, 120, "the model to go back to zero")
 
 
-# make test runs every cycle; INFERENTIA_ZERO_CYCLES sets how many.
-CYCLES = int(os.environ.get("INFERENTIA_ZERO_CYCLES", "20"))
+# make test runs 3 cycles, make test-faults (INFERENTIA_REAL_FAULTS=1) 20, each about 20 s;
+# INFERENTIA_ZERO_CYCLES sets another count.
+CYCLES = int(os.environ.get("INFERENTIA_ZERO_CYCLES", "20" if os.environ.get("INFERENTIA_REAL_FAULTS") == "1" else "3"))
 
 
+@pytest.mark.faults
 def test_a_model_cycled_through_zero_loses_no_request_and_gets_its_cores_every_time(real_node, real_namespace, autoscaling_engines):
     """aws-neuron-sdk#1338, through zero: each request of a trickle arrives at zero, is held,
     and is answered by a new replica, whose process holds exactly the cores the kubelet
