@@ -594,3 +594,50 @@ def test_a_front_end_that_cannot_admit_stops_reporting_ready_and_recovers(logs):
             _stop(front.process)
     finally:
         _stop(model)
+
+
+def test_a_client_that_leaves_while_the_holder_streams_its_answer_costs_nothing(logs):
+    """A replica that streams its answer slowly (as vLLM streams tokens); the client reads the
+    first bytes and leaves. The holder stops writing, logs no traceback, and serves the next."""
+    import http.server
+
+    class Streaming(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                for _ in range(20):
+                    self.wfile.write(b"6\r\ntoken \r\n")
+                    self.wfile.flush()
+                    time.sleep(0.1)
+                self.wfile.write(b"0\r\n\r\n")
+            except OSError:
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Streaming)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    port = free_port()
+    command = [
+        sys.executable, "-m", "inferentia_operator", "hold", "--host", "127.0.0.1", "--upstream", "127.0.0.1",
+        "--ports", f"{port}:{upstream.server_address[1]}", "--hold-seconds", "10",
+    ]  # fmt: skip
+    holder = _start("holder-streaming", command, port, logs)
+    try:
+        for _ in range(5):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n[]")
+                assert s.recv(64).startswith(b"HTTP/1.1 200")  # the answer began; the client leaves
+        time.sleep(2.5)  # every stream the clients left has ended
+        status, body = holder.post(b"[]")
+        assert status == 200 and body.count(b"token") == 20
+        holder.assert_clean_log()
+    finally:
+        _stop(holder.process)
+        upstream.shutdown()

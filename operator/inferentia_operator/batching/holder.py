@@ -138,7 +138,7 @@ class Holder:
             self.metrics.rejected.labels(str(refusal.counted_as)).inc()
             return refusal.response()
         except ConnectionError:
-            # The client left while its answer was being written: nobody to tell.
+            # The client left before its answer began: nobody to tell.
             return self._refuse(400, "the client closed the connection", counted_as=499)
         except Exception as exc:  # noqa: BLE001 - a fault of the holder's: this request is answered, the rest go on
             log.warning("request failed in the holder: %s: %s", type(exc).__name__, exc)
@@ -157,9 +157,14 @@ class Holder:
         async with upstream:
             answer = web.StreamResponse(status=upstream.status, headers=_end_to_end(upstream.headers))
             await answer.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                await answer.write(chunk)
-            await answer.write_eof()
+            try:
+                async for chunk in upstream.content.iter_any():
+                    await answer.write(chunk)
+                await answer.write_eof()
+            except ConnectionError:
+                # The client left while its answer was being written: nobody to tell, and the
+                # answer already begun is the one aiohttp closes.
+                self.metrics.rejected.labels("499").inc()
             return answer
 
     async def _held_until_sent(self, request: web.Request, body: bytes, started: float) -> aiohttp.ClientResponse | web.Response:

@@ -1,10 +1,12 @@
 """The few Kubernetes API calls the operator makes, with retries for transient failures.
 
 Every call the operator's reconciles make goes through here, so RBAC can grant exactly
-these, and the metrics count them: server-side apply (patch) and create of the children,
-a get before creating a child its caches do not hold, delete of superseded plan
-ConfigMaps and compile Jobs, patch of InferentiaModel status, and create of events.
-Reads of the children otherwise come from the watch caches (see :mod:`controller`).
+these (tests/test_rbac.py records them), and the metrics count them: server-side apply
+(patch) and create of the children, the compile Job's proof (patch), a get before creating
+a child its caches do not hold, delete of superseded plan ConfigMaps, compile Jobs and claim
+templates, patch of InferentiaModel status, create of events, and at start the proof key
+Secret (get, create). Reads of the children otherwise come from the watch caches (see
+:mod:`cache`).
 """
 
 from __future__ import annotations
