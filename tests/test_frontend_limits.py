@@ -394,4 +394,5 @@ def test_the_documented_limits_are_the_defaults():
         "--max-connections": DEFAULT_LIMITS.max_connections,
         "--max-body-mib": DEFAULT_LIMITS.max_body / MIB,
         "--body-budget-mib": DEFAULT_LIMITS.body_budget / MIB,
+        "--process-timeout-s": DEFAULT_LIMITS.process_timeout,
     }

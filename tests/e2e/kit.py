@@ -148,13 +148,14 @@ class OperatorProcess:
 CHART = ROOT / "charts" / "inferentia-operator"
 
 
-# The namespace helm_template installs the release in, and so where the operators these tests
-# start keep their proof key Secret (run --key-namespace), with the chart's Role for it.
-KEY_NAMESPACE = "inferentia-system"
+# Where the operators these tests start keep their proof key Secret (run --key-namespace),
+# with the chart's Role for it. Not the release namespace helm_template renders into: the
+# plain-manifests test deletes that one with its operator.
+KEY_NAMESPACE = "e2e-operator-keys"
 PROOF_KEY_ROLE_SUFFIX = "-proof-key"
 
 
-def helm_template(cluster: Cluster, *args: str, release: str = "inferentia-operator", namespace: str = KEY_NAMESPACE) -> list[dict]:
+def helm_template(cluster: Cluster, *args: str, release: str = "inferentia-operator", namespace: str = "inferentia-system") -> list[dict]:
     out = subprocess.run(
         [cluster.tool("helm"), "template", release, str(CHART), "--namespace", namespace, *args],
         check=True, capture_output=True, text=True,
@@ -189,12 +190,14 @@ def bind_user_to_operator_role(cluster: Cluster, user: str, name: str) -> None:
 
 
 def _bind_proof_key_role(cluster: Cluster, docs: list[dict], user: str) -> None:
-    """The chart's Role for the proof key Secret in the operator's namespace (KEY_NAMESPACE, where
-    helm_template puts the release), bound to ``user`` by a binding of its own."""
+    """The chart's Role for the proof key Secret, in the tests' key namespace (KEY_NAMESPACE),
+    bound to ``user`` by a binding of its own."""
     [role] = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith(PROOF_KEY_ROLE_SUFFIX)]
+    role["metadata"]["namespace"] = KEY_NAMESPACE  # the chart's rules, in the tests' key namespace
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KEY_NAMESPACE}}
     [binding] = [b for b in _bind_to_user([role], user) if b["kind"] == "RoleBinding"]
     binding["metadata"] = {**binding["metadata"], "name": f"{role['metadata']['name']}-{user}"}
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([role, binding]))
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([namespace, role, binding]))
 
 
 def service_account_kubeconfig(cluster: Cluster, namespace: str, name: str, path: Path) -> Path:
