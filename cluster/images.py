@@ -274,16 +274,22 @@ def build(bins: Path) -> list[Path]:
         # point the operator never relies on (it gives every container its command).
         write_oci(torch_standin, TORCH_STANDIN_IMAGE, [torch_base.read_bytes(), standins], {"Env": config["Env"], "Cmd": ["python3"]})
     images.append(torch_standin)
-    pause_bin = bins / "pause"
-    pause = cache_dir() / f"pause-{hashlib.sha256(pause_bin.read_bytes()).hexdigest()[:12]}.oci.tar"
-    if not pause.exists():
-        with tempfile.TemporaryDirectory() as tmp:
-            (Path(tmp) / "pause").write_bytes(pause_bin.read_bytes())
-            (Path(tmp) / "pause").chmod(0o755)
-            write_oci(pause, PAUSE_IMAGE, [tar_dir(Path(tmp))], {"Entrypoint": ["/pause"], "User": "65535:65535"})
+    pause = pause_image(bins, PAUSE_IMAGE, cache_dir())
     images.append(pause)
     prune(keep=[*images, cache_dir() / f"layer-python-{pkey}.tar"])
     return images
+
+
+def pause_image(bins: Path, name: str, directory: Path) -> Path:
+    """The pod sandbox's process (cluster/node/pause) as image ``name``, cached in ``directory``."""
+    pause_bin = bins / "pause"
+    out = directory / f"pause-{hashlib.sha256(pause_bin.read_bytes()).hexdigest()[:12]}.oci.tar"
+    if not out.exists():
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "pause").write_bytes(pause_bin.read_bytes())
+            (Path(tmp) / "pause").chmod(0o755)
+            write_oci(out, name, [tar_dir(Path(tmp))], {"Entrypoint": ["/pause"], "User": "65535:65535"})
+    return out
 
 
 # Kinds of cached archive that each change of the operator or the stand-ins makes anew (about

@@ -150,11 +150,7 @@ class KindCluster:
             if not (pki / name).exists():
                 (pki / name).write_text(self.read_node_file(f"/etc/kubernetes/pki/{name}"))
                 (pki / name).chmod(0o600)
-        name = "user-" + "".join(c if c.isalnum() else "-" for c in user)
-        localcluster.issue_client_cert(pki, name, user, groups)
-        path = self.state / f"kubeconfig-{name}"
-        localcluster.write_kubeconfig(path, pki, self.server(), user=name)
-        return path
+        return localcluster.user_kubeconfig(self.state, pki, self.server(), user, groups)
 
     def server(self) -> str:
         return f"https://{self.recorded()['node_ip']}:6443"
@@ -478,58 +474,16 @@ def device_plugin(image: str, instance_type: str) -> dict:
     }
 
 
-def object_store(image: str) -> list[dict]:
-    """moto's S3 server, in memory, as the local cluster runs it, behind a ClusterIP Service."""
-    labels = {"app.kubernetes.io/name": "object-store"}
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "object-store", "namespace": SYSTEM_NAMESPACE},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "nodeSelector": {realnode.REAL_NODE_LABEL: "true"},
-                    "tolerations": [{"operator": "Exists"}],
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534},
-                    "containers": [
-                        {
-                            "name": "moto",
-                            "image": image,
-                            "imagePullPolicy": "Never",
-                            "command": ["python3", "-m", "moto.server", "-H", "0.0.0.0", "-p", str(STORE_PORT)],
-                            "ports": [{"containerPort": STORE_PORT}],
-                            "readinessProbe": {"httpGet": {"path": "/moto-api/", "port": STORE_PORT}},
-                            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-                        }  # fmt: skip
-                    ],
-                },
-            },
-        },
-    }
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "object-store", "namespace": SYSTEM_NAMESPACE},
-        "spec": {"selector": labels, "ports": [{"port": STORE_PORT, "targetPort": STORE_PORT}]},
-    }
-    return [deployment, service]
-
-
-def kwok(image: str, bins: Path) -> list[dict]:
-    """kwok's controller as its release deploys it (kustomize/kwok, kustomize/rbac of the pinned
-    module: its ClusterRole as is), with the stages the local cluster runs it with."""
-    module = subprocess.run(
-        ["go", "mod", "download", "-json", f"sigs.k8s.io/kwok@{kindnode.versions()['KWOK_VERSION']}"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    role = yaml.safe_load((Path(json.loads(module.stdout)["Dir"]) / "kustomize/rbac/role.yaml").read_text())
-    name = "kwok-controller"
+def support_deployment(name: str, container: dict, **pod_spec) -> dict:
+    """One replica of ``container`` (the support image's), on the kind node, as nobody, with the
+    least a container needs: what the object store and kwok share."""
     labels = {"app.kubernetes.io/name": name}
-    stages = {"default.yaml": (bins / "kwok-stages.yaml").read_text(), "test.yaml": (HERE / "kwok-test-stages.yaml").read_text()}
-    deployment = {
+    container = {
+        "name": name, "imagePullPolicy": "Never",
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        **container,
+    }  # fmt: skip
+    return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": name, "namespace": SYSTEM_NAMESPACE},
@@ -539,42 +493,61 @@ def kwok(image: str, bins: Path) -> list[dict]:
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
-                    "serviceAccountName": name,
                     "nodeSelector": {realnode.REAL_NODE_LABEL: "true"},
                     "tolerations": [{"operator": "Exists"}],
                     "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534},
-                    "containers": [
-                        {
-                            "name": name,
-                            "image": image,
-                            "imagePullPolicy": "Never",
-                            "command": [
-                                "kwok",
-                                "--config",
-                                "/etc/kwok/default.yaml",
-                                "--config",
-                                "/etc/kwok/test.yaml",
-                                "--manage-nodes-with-annotation-selector",
-                                "kwok.x-k8s.io/node=fake",
-                                "--node-lease-duration-seconds",
-                                "40",
-                                "--cidr",
-                                FLEET_POD_CIDR,
-                                "--node-ip",
-                                "127.0.0.1",
-                                "--server-address",
-                                "0.0.0.0:10247",
-                            ],
-                            "readinessProbe": {"httpGet": {"path": "/healthz", "port": 10247}},
-                            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-                            "volumeMounts": [{"name": "stages", "mountPath": "/etc/kwok", "readOnly": True}],
-                        }  # fmt: skip
-                    ],
-                    "volumes": [{"name": "stages", "configMap": {"name": "kwok-stages"}}],
+                    "containers": [container],
+                    **pod_spec,
                 },
             },
         },
     }
+
+
+def object_store(image: str) -> list[dict]:
+    """moto's S3 server, in memory, as the local cluster runs it, behind a ClusterIP Service."""
+    deployment = support_deployment(
+        "object-store",
+        {
+            "name": "moto",
+            "image": image,
+            "command": ["python3", "-m", "moto.server", "-H", "0.0.0.0", "-p", str(STORE_PORT)],
+            "ports": [{"containerPort": STORE_PORT}],
+            "readinessProbe": {"httpGet": {"path": "/moto-api/", "port": STORE_PORT}},
+        },
+    )
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "object-store", "namespace": SYSTEM_NAMESPACE},
+        "spec": {"selector": deployment["spec"]["selector"]["matchLabels"], "ports": [{"port": STORE_PORT, "targetPort": STORE_PORT}]},
+    }
+    return [deployment, service]
+
+
+def kwok(image: str, bins: Path) -> list[dict]:
+    """kwok's controller as its release deploys it (kustomize/kwok, kustomize/rbac of the pinned
+    module: its ClusterRole as is), with the stages the local cluster runs it with."""
+    module = kindnode.module_dir("sigs.k8s.io/kwok", kindnode.versions()["KWOK_VERSION"])
+    role = yaml.safe_load((module / "kustomize/rbac/role.yaml").read_text())
+    name = "kwok-controller"
+    stages = {"default.yaml": (bins / "kwok-stages.yaml").read_text(), "test.yaml": (HERE / "kwok-test-stages.yaml").read_text()}
+    deployment = support_deployment(
+        name,
+        {
+            "image": image,
+            "command": [
+                "kwok", "--config", "/etc/kwok/default.yaml", "--config", "/etc/kwok/test.yaml",
+                "--manage-nodes-with-annotation-selector", "kwok.x-k8s.io/node=fake",
+                "--node-lease-duration-seconds", "40", "--cidr", FLEET_POD_CIDR, "--node-ip", "127.0.0.1",
+                "--server-address", "0.0.0.0:10247",
+            ],
+            "readinessProbe": {"httpGet": {"path": "/healthz", "port": 10247}},
+            "volumeMounts": [{"name": "stages", "mountPath": "/etc/kwok", "readOnly": True}],
+        },
+        serviceAccountName=name,
+        volumes=[{"name": "stages", "configMap": {"name": "kwok-stages"}}],
+    )  # fmt: skip
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": SYSTEM_NAMESPACE}},
         role,

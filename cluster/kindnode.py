@@ -73,8 +73,9 @@ def log(message: str) -> None:
     print(f"[kind-node] {message}", file=sys.stderr, flush=True)
 
 
-def kind_module_dir(version: str) -> Path:
-    out = subprocess.run(["go", "mod", "download", "-json", f"sigs.k8s.io/kind@{version}"], capture_output=True, text=True, check=True)
+def module_dir(module: str, version: str) -> Path:
+    """Where Go's module cache holds ``module@version`` (fetched through the module proxy if missing)."""
+    out = subprocess.run(["go", "mod", "download", "-json", f"{module}@{version}"], capture_output=True, text=True, check=True)
     return Path(json.loads(out.stdout)["Dir"])
 
 
@@ -114,13 +115,7 @@ def control_plane_images(bins: Path, v: dict[str, str]) -> list[Path]:
         )
     )  # fmt: skip
     built.append(_component_image(cache_dir() / f"etcd-{etcd}.oci.tar", f"registry.k8s.io/etcd:{etcd}", bins / "etcd"))
-    pause_bin = bins / "pause"
-    pause = cache_dir() / f"pause-{hashlib.sha256(pause_bin.read_bytes()).hexdigest()[:12]}.oci.tar"
-    if not pause.exists():
-        with tempfile.TemporaryDirectory() as tmp:
-            shutil.copy2(pause_bin, Path(tmp) / "pause")
-            images.write_oci(pause, SANDBOX_IMAGE, [images.tar_dir(Path(tmp))], {"Entrypoint": ["/pause"], "User": "65535:65535"})
-    built.append(pause)
+    built.append(images.pause_image(bins, SANDBOX_IMAGE, cache_dir()))
     return built
 
 
@@ -194,7 +189,7 @@ def build(bins: Path, engine: str) -> str:
     if os.environ.get("INFERENTIA_KIND_NODE_IMAGE"):
         return os.environ["INFERENTIA_KIND_NODE_IMAGE"]
     v = versions()
-    kind_dir = kind_module_dir(v["KIND_VERSION"])
+    kind_dir = module_dir("sigs.k8s.io/kind", v["KIND_VERSION"])
     preload = control_plane_images(bins, v)
     key = image_key(bins, v, kind_dir, preload)
     name = f"{NODE_IMAGE_REPO}:{v['KUBERNETES_VERSION']}-{key}"

@@ -144,6 +144,15 @@ def write_kubeconfig(path: Path, pki: Path, server: str, user: str = "admin") ->
     path.chmod(0o600)
 
 
+def user_kubeconfig(state: Path, pki: Path, server: str, user: str, groups: tuple[str, ...] = ()) -> Path:
+    """``state/kubeconfig-user-<user>``, with a client certificate for ``user`` from the CA in ``pki``."""
+    name = "user-" + "".join(c if c.isalnum() else "-" for c in user)
+    issue_client_cert(pki, name, user, groups)
+    path = state / f"kubeconfig-{name}"
+    write_kubeconfig(path, pki, server, user=name)
+    return path
+
+
 # Neuron chips and cores of every instance type, from the operator's own catalogue.
 NEURON_SHAPES = {itype: (chips, f) for f in FAMILIES.values() for itype, chips in f.instance_chips.items()}
 
@@ -520,12 +529,7 @@ class LocalCluster:
 
     def user_kubeconfig(self, user: str, groups: tuple[str, ...] = ()) -> Path:
         """A kubeconfig that authenticates as ``user`` (RBAC decides what it may do)."""
-        pki = self.state / "pki"
-        name = "user-" + "".join(c if c.isalnum() else "-" for c in user)
-        issue_client_cert(pki, name, user, groups)
-        path = self.state / f"kubeconfig-{name}"
-        write_kubeconfig(path, pki, self.server(), user=name)
-        return path
+        return user_kubeconfig(self.state, self.state / "pki", self.server(), user, groups)
 
     def writes_by(self, user: str) -> list[dict]:
         """The audited write requests ``user`` made, oldest first."""
