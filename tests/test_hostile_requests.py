@@ -11,6 +11,7 @@ mid-body (no traceback in the log); padding floods; and a poisoned input inside 
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import signal
@@ -161,36 +162,48 @@ def logs(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("hostile")
 
 
-@pytest.fixture(scope="module")
-def front_end(logs) -> Iterator[Server]:
-    """A front end without buckets in front of the stand-in model process (which echoes)."""
-    model_port, port = free_port(), free_port()
-    model = subprocess.Popen(stand_in_model_server(model_port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+@contextlib.contextmanager
+def stand_in_model() -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    """The stand-in model process (it echoes its inputs) on a free port, stopped after."""
+    port = free_port()
+    model = subprocess.Popen(stand_in_model_server(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_for(f"http://127.0.0.1:{model_port}/healthz", model)  # type: ignore[arg-type]
-        server = _start("front-end", _front_end_command(port, model_port), port, logs, "/readyz")
+        _wait_for(f"http://127.0.0.1:{port}/healthz", model)  # type: ignore[arg-type]
+        yield port, model
+    finally:
+        _stop(model)
+
+
+@contextlib.contextmanager
+def running(server: Server) -> Iterator[Server]:
+    """``server`` until the block ends, which must leave no traceback in its log."""
+    try:
         yield server
         server.assert_clean_log()
     finally:
-        _stop(*(p for p in [locals().get("server") and server.process, model] if p))
+        _stop(server.process)
+
+
+@pytest.fixture(scope="module")
+def front_end(logs) -> Iterator[Server]:
+    """A front end without buckets in front of the stand-in model process (which echoes)."""
+    with stand_in_model() as (model_port, _):
+        port = free_port()
+        with running(_start("front-end", _front_end_command(port, model_port), port, logs, "/readyz")) as server:
+            yield server
 
 
 @pytest.fixture(scope="module")
 def holder(logs) -> Iterator[Server]:
     """A holder whose upstream answers (a warm model): each request is forwarded."""
-    upstream, port = free_port(), free_port()
-    model = subprocess.Popen(stand_in_model_server(upstream), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_for(f"http://127.0.0.1:{upstream}/healthz", model)  # type: ignore[arg-type]
+    with stand_in_model() as (upstream, _):
+        port = free_port()
         command = [
             sys.executable, "-m", "inferentia_operator", "hold", "--host", "127.0.0.1", "--upstream", "127.0.0.1",
             "--ports", f"{port}:{upstream}", "--hold-seconds", "30", "--header-timeout-s", "3", "--body-timeout-s", "3",
         ]  # fmt: skip
-        server = _start("holder", command, port, logs)
-        yield server
-        server.assert_clean_log()
-    finally:
-        _stop(*(p for p in [locals().get("server") and server.process, model] if p))
+        with running(_start("holder", command, port, logs)) as server:
+            yield server
 
 
 @pytest.fixture(scope="module")
@@ -470,12 +483,10 @@ def test_a_padding_flood_is_charged_its_padded_size_before_it_is_padded(logs):
     """400 seven-byte requests padded to [3, 224, 224] once grew a front end by 357 MiB: the
     budget counted the raw bytes. Now each is charged its padded size first, and the rest wait
     their turn as 503s."""
-    model_port, port = free_port(), free_port()
-    model = subprocess.Popen(stand_in_model_server(model_port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_for(f"http://127.0.0.1:{model_port}/healthz", model)  # type: ignore[arg-type]
-        front = _start("front-end-buckets", _front_end_command(port, model_port, "--buckets", "[[3, 224, 224]]"), port, logs, "/readyz")
-        try:
+    with stand_in_model() as (model_port, _):
+        port = free_port()
+        command = _front_end_command(port, model_port, "--buckets", "[[3, 224, 224]]")
+        with running(_start("front-end-buckets", command, port, logs, "/readyz")) as front:
             results: list[int] = []
 
             def flood() -> None:
@@ -494,11 +505,6 @@ def test_a_padding_flood_is_charged_its_padded_size_before_it_is_padded(logs):
             grew = front.peak() - before
             assert set(results) <= {200, 503} and 200 in results, sorted(set(results))
             assert grew < 200 * MIB and front.peak() < CONTAINER_LIMIT * 0.8, f"peak grew {grew / MIB:.0f} MiB"
-            front.assert_clean_log()
-        finally:
-            _stop(front.process)
-    finally:
-        _stop(model)
 
 
 def test_a_request_of_many_tiny_inputs_is_bounded_on_the_model_server(model_server):
@@ -560,14 +566,11 @@ def test_a_front_end_that_cannot_admit_stops_reporting_ready_and_recovers(logs):
     """The model process stops (SIGSTOP) with a batch in hand whose bodies fill the budget: no
     request can be admitted. Within the hold time (maxLatencyMs) /readyz answers 503, so the
     Service stops sending it traffic; once the process answers again it is ready again."""
-    model_port, port = free_port(), free_port()
-    model = subprocess.Popen(stand_in_model_server(model_port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_for(f"http://127.0.0.1:{model_port}/healthz", model)  # type: ignore[arg-type]
+    with stand_in_model() as (model_port, model):
+        port = free_port()
         command = _front_end_command(port, model_port) + ["--body-budget-mib", "1", "--max-body-mib", "1", "--process-timeout-s", "30"]
         command[command.index("--max-latency-ms") + 1] = "500"
-        front = _start("front-end-stall", command, port, logs, "/readyz")
-        try:
+        with running(_start("front-end-stall", command, port, logs, "/readyz")) as front:
             model.send_signal(signal.SIGSTOP)
             body = json.dumps([1.5] * 80_000).encode()  # about 0.4 MiB: two fill the non-reserved budget
             senders = [threading.Thread(target=lambda: front.post(body, timeout=60), daemon=True) for _ in range(2)]
@@ -588,11 +591,6 @@ def test_a_front_end_that_cannot_admit_stops_reporting_ready_and_recovers(logs):
             while front.get("/readyz") != 200 and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert front.get("/readyz") == 200
-            front.assert_clean_log()
-        finally:
-            _stop(front.process)
-    finally:
-        _stop(model)
 
 
 def test_a_client_that_leaves_while_the_holder_streams_its_answer_costs_nothing(logs):
