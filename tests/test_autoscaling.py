@@ -6,11 +6,10 @@ import pytest
 from inferentia_operator.core import autoscaling, children, status
 from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.autoscaling import Prometheus
-from inferentia_operator.core.decide import decide
 from inferentia_operator.core.parsing import parse_spec
 from inferentia_operator.core.status import WriteFailure, status_document
 from specs import make_spec
-from test_decide import NOW, UID, Observed, built, live, model_body
+from test_decide import NOW, UID, Observed, built, decide, live, model_body
 
 PROMETHEUS = Prometheus("http://prometheus.monitoring:9090")
 BATCHED = {"serving.batching": {"maxBatchSize": 4}, "processesPerReplica": 2}
@@ -259,14 +258,13 @@ def compiled_job(m):
     return complete(children.compile_job(m))
 
 
-def zero_observed(replicas, *, available=1, holder_available=1, service_to_holder=False, upstream="10.96.0.9", deployment_replicas=1):
+def zero_observed(replicas, *, available=1, holder_available=1, service_to_holder=False, deployment_replicas=1):
     body = model_body(replicas=replicas, **scaled_spec(**ZERO))
     m = built(body)
     scaler = live(children.scaled_object(m, PROMETHEUS), conditions=[{"type": "Ready", "status": "True"}])
     deployment = live(children.serving_deployment(m, deployment_replicas), availableReplicas=available)
     replicas_svc = live(children.replicas_service(m))
-    replicas_svc["spec"] = {**replicas_svc["spec"], "clusterIP": upstream}
-    holder = live(children.holder_deployment(m, upstream), availableReplicas=holder_available)
+    holder = live(children.holder_deployment(m), availableReplicas=holder_available)
     return m, Observed(
         body, prometheus=PROMETHEUS, scaled_object=scaler, deployment=deployment, service=live(children.service(m, service_to_holder)),
         jobs=[compiled_job(m)], others=[replicas_svc, holder],
@@ -312,19 +310,23 @@ def test_starting_from_zero_the_holder_keeps_the_service_until_a_replica_is_avai
     assert applied_kind(decide(o, NOW), "Service", "m")["spec"]["selector"]["app.kubernetes.io/component"] == "serving"
 
 
-def test_the_holder_forwards_to_the_replicas_service_address_once_it_has_one():
-    m, o = zero_observed(1)
-    holder = children.holder_deployment(m, "10.96.0.9")
+def test_the_holder_forwards_to_the_replicas_service_and_waits_for_it_to_exist():
+    """The holder names the replicas Service, which its pods find through the variables the
+    kubelet sets for each Service that exists when a pod starts: so it is created after it."""
+    holder = children.holder_deployment(built(model_body(**scaled_spec(**ZERO))))
     args = holder["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[:5] == ["hold", "--upstream", "10.96.0.9", "--ports", "8080,8081,8082"]
+    assert args[:5] == ["hold", "--upstream-service", "m-replicas", "--ports", "8080,8081,8082"]
     body = model_body(**scaled_spec(**ZERO))
     d = decide(Observed(body, prometheus=PROMETHEUS, jobs=[compiled_job(built(body))]), NOW)
     assert applied_kind(d, "Service", "m-replicas") is not None and applied_kind(d, "Deployment", "m-holder") is None
+    replicas_service = live(children.replicas_service(built(body)))
+    d = decide(Observed(body, prometheus=PROMETHEUS, jobs=[compiled_job(built(body))], others=[replicas_service]), NOW)
+    assert applied_kind(d, "Deployment", "m-holder") == holder
 
 
 def test_a_model_that_no_longer_scales_to_zero_parks_its_holder_at_no_replica():
     m, o = zero_observed(1, service_to_holder=True)
-    o.model["spec"] = {**o.model["spec"], "autoscaling": {**o.model["spec"]["autoscaling"], "minReplicas": 1}}
+    o.model["spec"] |= {"autoscaling": {**o.model["spec"]["autoscaling"], "minReplicas": 1}}
     d = decide(o, NOW)
     assert not d.delete  # the operator may delete no Deployment or Service
     assert applied_kind(d, "Deployment", "m-holder")["spec"] == {"replicas": 0}
@@ -333,6 +335,6 @@ def test_a_model_that_no_longer_scales_to_zero_parks_its_holder_at_no_replica():
 
 def test_at_zero_the_model_is_ready_and_says_it_is_scaled_to_zero():
     m, o = zero_observed(0, service_to_holder=True, available=0, deployment_replicas=0)
-    o.deployment["status"] |= {"observedGeneration": 1, "replicas": 0, "updatedReplicas": 0, "readyReplicas": 0}
+    o.own("Deployment")["status"] |= {"observedGeneration": 1, "replicas": 0, "updatedReplicas": 0, "readyReplicas": 0}
     ready = next(c for c in status_document(decide(o, NOW).report.status)["conditions"] if c["type"] == "Ready")
     assert (ready["status"], ready["reason"]) == ("True", "ScaledToZero")

@@ -254,9 +254,9 @@ def test_render_prints_what_the_operator_applies_for_every_sample():
         m = children.Model(doc.name, doc.namespace, PLACEHOLDER_UID, doc.spec, plan(doc.spec))
         expected += [
             children.plan_configmap(m),
-            *filter(None, [children.compile_job(m)]),
-            children.serving_deployment(m),
             children.service(m),
+            children.serving_deployment(m),
+            *filter(None, [children.compile_job(m)]),
         ]
     assert objects == expected
     kinds = [(o["kind"], o["metadata"]["name"]) for o in objects]

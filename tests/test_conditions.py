@@ -71,7 +71,7 @@ def test_compile_states():
 def test_a_failed_compile_quotes_what_its_compile_step_said():
     """The compile step's termination message (FallbackToLogsOnError) reaches Compiled=False,
     from the Job's own pods only; a pod that failed and was retried counts by its last state."""
-    from inferentia_operator.shell.observe import project_pod
+    from inferentia_operator.core.projection import project_pod
 
     def pod(job_name: str, exit_code: int, message: str) -> dict:
         return project_pod({

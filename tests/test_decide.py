@@ -1,13 +1,17 @@
 """decide(): every branch of a reconcile over observed states, without a cluster."""
 
+from dataclasses import dataclass
+
 import pytest
 
 from inferentia_operator.core import children, status
+from inferentia_operator.core import decide as decision
 from inferentia_operator.core.api import InferentiaModelSpec
+from inferentia_operator.core.autoscaling import Prometheus
 from inferentia_operator.core.children import Model
-from inferentia_operator.core.decide import decide
 from inferentia_operator.core.planner import plan
 from inferentia_operator.core.proof import PROOF_ANNOTATION, Prover
+from inferentia_operator.core.settings import Settings
 from inferentia_operator.core.status import Conflict, WriteFailure, status_document, status_patch
 from specs import make_spec
 
@@ -18,8 +22,30 @@ UID = "uid-1"
 PROVER = Prover(b"k" * 32)
 
 
-def Observed(*args, **kwargs) -> status.Observed:  # status.Observed, with the operator's key
-    return status.Observed(*args, **{"prover": PROVER, **kwargs})
+SETTINGS = Settings(prover=PROVER)
+
+
+@dataclass(frozen=True)
+class Seen(status.Observed):
+    """What the operator observed, and the settings it runs with."""
+
+    settings: Settings = SETTINGS
+
+
+def Observed(
+    model, *, deployment=None, service=None, scaled_object=None, configmaps=(), jobs=(), claim_templates=(), others=(),
+    pods=(), scaled_objects_served=True, prometheus: Prometheus | None = None, **views,
+) -> Seen:  # fmt: skip
+    """The observed state as these tests write it: the model's main objects by name, the rest in lists."""
+    objects = [deployment, service, scaled_object, *configmaps, *jobs, *claim_templates, *others]
+    by_kind = status.Observed.of(model, *objects).children
+    unserved = frozenset() if scaled_objects_served else frozenset({"ScaledObject"})
+    settings = SETTINGS if prometheus is None else Settings(prometheus=prometheus, prover=PROVER)
+    return Seen(model, by_kind, pods=pods, unserved=unserved, settings=settings, **views)
+
+
+def decide(o: Seen, now: str) -> decision.Decision:
+    return decision.decide(o, now, o.settings)
 
 
 def model_body(generation=1, status=None, **overrides):
@@ -114,7 +140,10 @@ def test_once_compiled_the_deployment_rolls_and_superseded_plans_go_when_unused(
     assert d.delete == []  # the live Deployment still mounts the old plan
     # The Deployment has rolled: the old plan is unused, and the old compile Job is kept
     # (the newest successful superseded one) so that going back reuses it.
-    o.deployment = rolled_out(children.serving_deployment(new))
+    o = Observed(
+        o.model, deployment=rolled_out(children.serving_deployment(new)), service=o.own("Service"),
+        configmaps=o.all("ConfigMap"), jobs=o.all("Job"),
+    )  # fmt: skip
     d = decide(o, NOW)
     assert d.apply == []
     assert d.delete == [("ConfigMap", children.plan_configmap_name(old))]
@@ -222,7 +251,7 @@ def test_a_steady_model_needs_no_write_and_no_status_patch():
     )
     first = decide(o, NOW)
     assert first.apply == [] and first.delete == []
-    o.model = {**body, "status": status_document(first.report.status)}
+    o.model["status"] = status_document(first.report.status)
     again = decide(o, "2026-11-22T11:00:00Z")  # later: unchanged conditions keep their times
     assert status_patch(o.model["status"], again.report.status) is None
 
@@ -470,7 +499,7 @@ def test_a_dra_model_applies_its_claim_template_and_deletes_one_no_pod_template_
     m = built(body)
     template = children.resource_claim_template(m)
     d = decide(Observed(body), NOW)
-    assert kinds(d.apply) == ["ConfigMap", "Service", "ResourceClaimTemplate", "Deployment"]
+    assert kinds(d.apply) == ["ConfigMap", "Service", "Deployment", "ResourceClaimTemplate"]
     # An edit to one device: a new template; the old one goes once the Deployment names the new.
     after = model_body(generation=2, **{"compute.family": "trn2", "compute.inf": 1, "compute.allocation": "dra"})
     new = built(after)

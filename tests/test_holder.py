@@ -123,3 +123,11 @@ def test_more_requests_than_may_be_held_get_503_at_once():
         assert [a[0] for a in answers] == [503, 503]  # no replica came: each ended at the hold
     finally:
         assert "Traceback" not in h.stop()
+
+
+def test_the_upstream_service_is_found_by_the_kubelets_variable_else_by_name():
+    from inferentia_operator.batching.holder import upstream_host
+
+    environ = {"LLAMA_8B_REPLICAS_SERVICE_HOST": "10.96.4.2", "OTHER_SERVICE_HOST": "10.96.0.1"}
+    assert upstream_host("llama-8b-replicas", environ) == "10.96.4.2"
+    assert upstream_host("bert-replicas", environ) == "bert-replicas"  # enableServiceLinks off: cluster DNS

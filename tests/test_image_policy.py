@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from inferentia_operator.core.api import InferentiaModelSpec
-from inferentia_operator.core.children import Model, desired_objects
+from inferentia_operator.core.children import Model
+from inferentia_operator.core.decide import rendered
 from inferentia_operator.core.planner import plan
 from specs import make_spec
 
@@ -55,7 +56,7 @@ def test_every_image_field_that_reaches_a_pod_is_checked_by_the_allow_list():
     overrides = {field: value for value, field in values.items()}
     spec = InferentiaModelSpec.model_validate(make_spec(**{"serving.batching": {"maxBatchSize": 4}}, **overrides))
     m = Model("m", "ns", "uid", spec, plan(spec), operator_image=OPERATOR_IMAGE)
-    reached = {values[image] for image in container_images(desired_objects(m)) if image != OPERATOR_IMAGE}
+    reached = {values[image] for image in container_images(rendered(m)) if image != OPERATOR_IMAGE}
     assert reached == set(fields), f"image fields that never reach a pod: {set(fields) - reached}"
     unchecked = reached - policy_paths()
     assert not unchecked, f"the allow-list does not check {sorted(unchecked)}: add them to {POLICY.relative_to(ROOT)}"

@@ -55,3 +55,38 @@ def test_the_code_is_formatted():
         [sys.executable, "-m", "ruff", "format", "--check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _imports_of(package: Path, name: str) -> dict[str, set[str]]:
+    """Every module of the package and the package modules it imports, at any depth of its
+    code (an import inside a function closes a circle as surely as one at the top)."""
+    import ast
+
+    modules = {".".join((name, *p.relative_to(package).with_suffix("").parts)).removesuffix(".__init__"): p for p in package.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        here = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join([*here.split(".")[: len(here.split(".")) - node.level + 1]] + ([node.module] if node.module else []))
+                base = base if node.level else node.module or ""
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            else:
+                continue
+            graph[module] |= {t for t in targets if t in modules and t != module}
+    return graph
+
+
+def test_no_module_of_the_package_imports_itself_through_others():
+    """No import circle (cli.py and the runner once imported each other): a module's
+    dependencies come before it, which graphlib can order only without a cycle."""
+    import graphlib
+
+    graph = _imports_of(ROOT / "operator" / "inferentia_operator", "inferentia_operator")
+    assert graph["inferentia_operator.core.decide"] >= {"inferentia_operator.core.parts.compile", "inferentia_operator.core.status"}
+    try:
+        list(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as circle:
+        raise AssertionError(f"import circle: {' -> '.join(circle.args[1])}") from None

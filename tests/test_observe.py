@@ -4,7 +4,7 @@ import sys
 
 from inferentia_operator.core import api
 from inferentia_operator.core.names import MODEL_LABEL
-from inferentia_operator.shell.observe import Packed, owner_key, project, project_pod
+from inferentia_operator.core.projection import Packed, owner_key, project, project_pod
 
 DEPLOYMENT = {
     "apiVersion": "apps/v1",

@@ -5,7 +5,9 @@ request it would send, as (resource, verb). The chart's rules are read from its 
 
 from __future__ import annotations
 
+import asyncio
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +15,10 @@ import yaml
 
 from inferentia_operator.core import children
 from inferentia_operator.core.autoscaling import Prometheus
-from inferentia_operator.core.decide import Decision
+from inferentia_operator.core.decide import Decision, rendered
 from inferentia_operator.core.proof import Prover
-from inferentia_operator.shell.act import Actor
+from inferentia_operator.core.settings import Settings
+from inferentia_operator.shell.act import act
 from inferentia_operator.shell.kube import RESOURCES, Kube
 from test_decide import Observed, built, complete, model_body
 
@@ -29,7 +32,7 @@ class Recording(Kube):
     server would answer it in the scenario (``taken``: creates find the name taken)."""
 
     def __init__(self, taken: bool) -> None:
-        super().__init__(client=None, attempts=1)  # type: ignore[arg-type]
+        super().__init__(client=None)  # type: ignore[arg-type]
         self.taken = taken
         self.sent: set[tuple[str, str]] = set()
 
@@ -55,8 +58,7 @@ def every_write() -> tuple[Any, Decision]:
         "autoscaling": {"minReplicas": 0, "maxReplicas": 2}, "serving.batching": {"maxBatchSize": 4},
     })  # fmt: skip
     m = built(body)
-    objects = children.desired_objects(m, Prometheus(address="http://prometheus:9090"))
-    objects += [children.replicas_service(m), children.holder_deployment(m, "10.0.0.1")]
+    objects = rendered(m, Settings(prometheus=Prometheus(address="http://prometheus:9090")))
     record = children.compile_record(m, complete(children.compile_job(m)), Prover(b"k" * 32))
     # What decide() deletes: superseded plans, compile Jobs and claim templates, and the
     # ScaledObject once autoscaling is turned off. Never a Deployment or a Service.
@@ -69,7 +71,8 @@ def actor_requests() -> set[tuple[str, str]]:
     observed, decision = every_write()
     for taken in (False, True):
         kube = Recording(taken)
-        Actor(workers=1).act(kube, observed, decision)
+        with ThreadPoolExecutor(1) as pool:
+            asyncio.run(act(pool, kube, observed, decision, Prover(b"k" * 32)))
         sent |= kube.sent
     return sent
 

@@ -7,25 +7,25 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
 from inferentia_operator.core import api, children
 from inferentia_operator.core.decide import decide
+from inferentia_operator.core.kinds import CHILD_KINDS
+from inferentia_operator.core.projection import Packed, project
+from inferentia_operator.core.settings import DEFAULT_SETTINGS
 from inferentia_operator.shell import reconciler as reconciler_module
-from inferentia_operator.shell.act import Actor
+from inferentia_operator.shell.act import act
 from inferentia_operator.shell.cache import Cache
 from inferentia_operator.shell.kube import ApiError
-from inferentia_operator.shell.observe import Packed, project
 from inferentia_operator.shell.reconciler import Reconciler
 from specs import make_model
 
 NS = "team"
-INDEXES = {
-    api.KIND: "model_index", "Deployment": "deployment_index", "Service": "service_index",
-    "ConfigMap": "configmap_index", "Job": "job_index", "Pod": "pod_index",
-}  # fmt: skip
+INDEXES = {api.KIND: "model_index", **{k.kind: k.index for k in CHILD_KINDS}}
 
 
 class FakeKube:
@@ -120,9 +120,9 @@ def test_what_the_operator_wrote_is_seen_until_the_watch_catches_up():
     cache = Cache()
     cache.indexes = indexes(stored_model())
     cache.remember((NS, "m"), {("Service", "m"): project(a_service(120))})
-    assert cache.observe((NS, "m")).service["metadata"]["resourceVersion"] == "120"  # the watch has not delivered it
+    assert cache.observe((NS, "m")).own("Service")["metadata"]["resourceVersion"] == "120"  # the watch has not delivered it
     cache.indexes = indexes(stored_model(), a_service(121))
-    assert cache.observe((NS, "m")).service["metadata"]["resourceVersion"] == "121"
+    assert cache.observe((NS, "m")).own("Service")["metadata"]["resourceVersion"] == "121"
     assert cache._written[(NS, "m")] == {}  # caught up: the overlay let go  # noqa: SLF001
 
 
@@ -131,7 +131,7 @@ def test_a_stale_write_never_hides_what_the_watch_delivered_after_it():
     cache = Cache()
     cache.indexes = indexes(stored_model(), a_service(130))
     cache.remember((NS, "m"), {("Service", "m"): project(a_service(125))})
-    assert cache.observe((NS, "m")).service["metadata"]["resourceVersion"] == "130"
+    assert cache.observe((NS, "m")).own("Service")["metadata"]["resourceVersion"] == "130"
 
 
 def test_resource_versions_are_compared_as_numbers_not_text():
@@ -139,7 +139,7 @@ def test_resource_versions_are_compared_as_numbers_not_text():
     cache = Cache()
     cache.indexes = indexes(stored_model(), a_service(10))
     cache.remember((NS, "m"), {("Service", "m"): project(a_service(9))})
-    assert cache.observe((NS, "m")).service["metadata"]["resourceVersion"] == "10"
+    assert cache.observe((NS, "m")).own("Service")["metadata"]["resourceVersion"] == "10"
 
 
 def test_a_delete_is_seen_before_the_watch_says_so_and_let_go_after():
@@ -148,9 +148,9 @@ def test_a_delete_is_seen_before_the_watch_says_so_and_let_go_after():
     cache = Cache()
     cache.indexes = indexes(stored_model(), a_service(140))
     cache.remember((NS, "m"), {("Service", "m"): GONE})
-    assert cache.observe((NS, "m")).service is None
+    assert cache.observe((NS, "m")).own("Service") is None
     cache.indexes = indexes(stored_model())
-    assert cache.observe((NS, "m")).service is None and cache._written[(NS, "m")] == {}  # noqa: SLF001
+    assert cache.observe((NS, "m")).own("Service") is None and cache._written[(NS, "m")] == {}  # noqa: SLF001
 
 
 def test_a_child_deleted_under_a_pending_write_is_not_brought_back_by_the_overlay():
@@ -162,7 +162,7 @@ def test_a_child_deleted_under_a_pending_write_is_not_brought_back_by_the_overla
     cache.remember((NS, "m"), {("Service", "m"): project(a_service(150))})
     cache.deleted((NS, "m"), a_service(151))  # the delete event: the object as it last was
     observed = cache.observe((NS, "m"))
-    assert observed.service is None
+    assert observed.own("Service") is None
     assert any(b["kind"] == "Service" for b in decide(observed, "2026-11-24T00:00:00Z").apply)  # and so it is created again
 
 
@@ -172,7 +172,7 @@ def test_a_delete_event_older_than_the_write_keeps_the_write():
     cache.indexes = indexes(stored_model())
     cache.remember((NS, "m"), {("Service", "m"): project(a_service(160))})
     cache.deleted((NS, "m"), a_service(155))
-    assert cache.observe((NS, "m")).service["metadata"]["resourceVersion"] == "160"
+    assert cache.observe((NS, "m")).own("Service")["metadata"]["resourceVersion"] == "160"
 
 
 # -- the actor -----------------------------------------------------------------------------------
@@ -189,11 +189,13 @@ def test_the_actor_writes_each_child_and_records_refusals_and_conflicts_without_
     decision = decide(observed, "2026-11-24T00:00:00Z")
     job = next(b for b in decision.apply if b["kind"] == "Job")
     kube.refuse[("Job", job["metadata"]["name"])] = ApiError(422, "Invalid", "spec.template: invalid")
-    outcome = Actor(1).act(kube, observed, decision)
+    with ThreadPoolExecutor(1) as pool:
+        outcome = asyncio.run(act(pool, kube, observed, decision, DEFAULT_SETTINGS.prover))
     assert [(c.kind, c.name) for c in outcome.conflicts] == [("Service", "m")]
     assert kube.objects[("Service", "m")] is someone_elses  # never written over
     assert [(f.kind, f.code) for f in outcome.failures] == [("Job", 422)]
-    assert ("ConfigMap", decision.apply[0]["metadata"]["name"]) in outcome.written  # the rest went ahead
+    plan = next(b for b in decision.apply if b["kind"] == "ConfigMap")
+    assert ("ConfigMap", plan["metadata"]["name"]) in outcome.written  # the rest went ahead
 
 
 # -- one decision per reconcile, and the triggers --------------------------------------------------
@@ -203,9 +205,9 @@ def test_the_actor_writes_each_child_and_records_refusals_and_conflicts_without_
 def counted_decide(monkeypatch):
     calls = []
 
-    def counting(observed, now):
+    def counting(observed, now, settings):
         calls.append(observed)
-        return decide(observed, now)
+        return decide(observed, now, settings)
 
     monkeypatch.setattr(reconciler_module, "decide", counting)
     return calls
@@ -231,7 +233,7 @@ def test_a_reconcile_decides_once_and_reports_what_its_writes_found(counted_deci
     assert conditions["Ready"]["reason"] == "ApplyFailed" and "Duplicate value" in conditions["Ready"]["message"]
     assert ("Warning", "ApplyFailed") in kube.events
     # The Observed the decision read was not changed by the writes.
-    assert counted_decide[0].deployment is None and counted_decide[0].service is None
+    assert counted_decide[0].own("Deployment") is None and counted_decide[0].own("Service") is None
 
 
 def test_a_refused_event_never_fails_the_reconcile(caplog):
@@ -321,4 +323,77 @@ def test_a_deleted_child_lets_go_of_the_overlay_through_its_delete_event(monkeyp
     monkeypatch.setattr(r.queue, "add_after", lambda key, delay: None)
     r.cache.remember((NS, "m"), {("Service", "m"): project(a_service(150))})
     r.on_child(a_service(151), "DELETED", {})
-    assert r.cache.observe((NS, "m")).service is None
+    assert r.cache.observe((NS, "m")).own("Service") is None
+
+
+# -- the one retry layer: the worker and the queue's backoff -------------------------------------
+
+
+def test_a_write_that_may_pass_brings_the_model_back_after_a_growing_backoff_and_success_resets_it(monkeypatch):
+    """kube.py sends each call once; a refusal that may pass (503) fails the reconcile with
+    RetryLater, and the worker puts the key back after the queue's backoff: 1 s, then 2 s,
+    and after a success the next failure starts again from 1 s."""
+    kube = FakeKube()
+    r = reconciler_with(kube, stored_model())
+    kube.refuse[("Service", "m")] = ApiError(503, "ServiceUnavailable", "etcd leader changed")
+    delays: list[float] = []
+
+    async def attempt() -> None:
+        """One pass of the worker over the key, which the test puts back itself."""
+        r.queue.add((NS, "m"))
+        while len(r.queue) or r.queue._active:  # noqa: SLF001 - until the worker is done with it
+            await asyncio.sleep(0.01)
+
+    async def scenario() -> None:
+        monkeypatch.setattr(r.queue, "add_after", lambda key, delay: delays.append(delay))
+        worker = asyncio.get_running_loop().create_task(r.worker())
+        await attempt()
+        await attempt()
+        del kube.refuse[("Service", "m")]
+        await attempt()  # succeeds
+        kube.refuse[("Service", "m")] = ApiError(503, "ServiceUnavailable", "again")
+        r.cache.forget((NS, "m"))
+        r.cache.indexes = indexes(stored_model())  # the Service is missing again
+        await attempt()
+        worker.cancel()
+
+    asyncio.run(scenario())
+    assert delays == [1.0, 2.0, 1.0]
+    assert [c for c in kube.calls if c[:2] == ("apply", "Service")], "each attempt wrote once"
+
+
+def test_resync_queues_every_model_only_while_this_replica_is_active():
+    kube = FakeKube()
+    active = {"now": False}
+    r = Reconciler(lambda: kube, workers=1, resync_seconds=0.01, is_active=lambda: active["now"])
+    r.cache.indexes = indexes(stored_model("a"), stored_model("b"))
+
+    async def scenario() -> tuple[int, int]:
+        task = asyncio.get_running_loop().create_task(r.resync())
+        await asyncio.sleep(0.1)
+        standby = len(r.queue)  # a standby's caches are frozen: it queues nothing
+        active["now"] = True
+        await asyncio.sleep(0.1)
+        task.cancel()
+        return standby, len(r.queue)
+
+    assert asyncio.run(scenario()) == (0, 2)
+
+
+def test_progress_within_a_rollout_is_held_back_and_the_model_comes_back_for_it(monkeypatch):
+    """Pods becoming ready one by one cost one status write at the end, not one each: the
+    patch is held (status.hold_seconds) and the model queued again for when it is due."""
+    kube = FakeKube()
+    r = reconciler_with(kube, stored_model(replicas=3))
+    later: list[float] = []
+    monkeypatch.setattr(r.queue, "add_after", lambda key, delay: later.append(delay))
+    asyncio.run(r.reconcile((NS, "m")))  # creates the children and reports RollingOut
+    assert kube.objects[(api.KIND, "m")]["status"]["conditions"]
+    deployment = kube.objects[("Deployment", "m")]
+    deployment["status"] = {"observedGeneration": 1, "replicas": 3, "updatedReplicas": 3, "readyReplicas": 1, "availableReplicas": 1}
+    r.cache.indexes = indexes(*kube.objects.values())
+    r.cache.forget((NS, "m"))
+    patches = len([c for c in kube.calls if c[0] == "patch_status"])
+    asyncio.run(r.reconcile((NS, "m")))
+    assert len([c for c in kube.calls if c[0] == "patch_status"]) == patches  # held back
+    assert later and 590 < later[-1] < 601

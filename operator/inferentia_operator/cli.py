@@ -15,10 +15,12 @@ import yaml
 from .batching.limits import DEFAULT_LIMITS, MIB, Limits
 from .core.autoscaling import Prometheus, target_in_flight
 from .core.catalogue import FAMILIES, GIB
-from .core.children import desired_objects, plan_document
+from .core.children import plan_document
 from .core.cores import device_memory_per_process
 from .core.crd import crd_yaml
+from .core.decide import rendered
 from .core.names import ALLOCATIONS, DEFAULT_OPERATOR_IMAGE, DEVICE_PLUGIN
+from .core.settings import DEFAULT_SETTINGS, Settings
 from .manifests import Loaded, ModelDocument, load_models
 
 EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
@@ -140,12 +142,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 
 
-def rendered_objects(
-    doc: ModelDocument, operator_image: str = DEFAULT_OPERATOR_IMAGE, prometheus: Prometheus | None = None
-) -> list[dict[str, Any]]:
-    """The objects the operator would apply for a valid model, from the operator's own builders."""
+def rendered_objects(doc: ModelDocument, settings: Settings = DEFAULT_SETTINGS) -> list[dict[str, Any]]:
+    """Every object the operator would create for a valid model: the same parts a reconcile
+    decides with (core/parts), with nothing observed."""
     assert doc.model is not None
-    return desired_objects(replace(doc.model, uid=PLACEHOLDER_UID, operator_image=operator_image), prometheus)
+    return rendered(replace(doc.model, uid=PLACEHOLDER_UID, operator_image=settings.operator_image), settings)
 
 
 class _ReviewDumper(yaml.SafeDumper):
@@ -166,11 +167,11 @@ _ReviewDumper.add_representer(
 def cmd_render(args: argparse.Namespace) -> int:
     loaded = _load(args.paths, args.allocation)
     objects = []
-    prometheus = prometheus_settings(args)
+    settings = settings_from(args)
     for doc in loaded.models:
         if doc.valid:
-            objects += rendered_objects(doc, args.operator_image, prometheus)
-            if doc.spec is not None and doc.spec.autoscaling is not None and not prometheus.address:
+            objects += rendered_objects(doc, settings)
+            if doc.spec is not None and doc.spec.autoscaling is not None and not settings.prometheus.address:
                 print(f"note: {doc.key}: no ScaledObject without --prometheus-address, as the operator would run it", file=sys.stderr)
         else:
             for finding in doc.findings:
@@ -217,16 +218,22 @@ def _port_pairs(value: str) -> list[tuple[int, int]]:
 
 
 def cmd_hold(args: argparse.Namespace) -> int:
-    from .batching.holder import serve  # aiohttp loads only for this command
+    from .batching.holder import serve, upstream_host  # aiohttp loads only for this command
 
-    serve(args.upstream, args.ports, args.hold_seconds, args.max_held, _limits(args), args.host)
+    upstream = args.upstream or upstream_host(args.upstream_service, os.environ)
+    serve(upstream, args.ports, args.hold_seconds, args.max_held, _limits(args), args.host)
     return EXIT_OK
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .shell.runner import run  # kopf and the Kubernetes client load only for this command
+    from .shell.runner import RunOptions, run  # kopf and the Kubernetes client load only for this command
 
-    return run(args)
+    options = RunOptions(
+        namespaces=tuple(args.namespace), liveness=args.liveness, peering=args.peering, standalone=args.standalone,
+        priority=args.priority, resync_seconds=args.resync_seconds, workers=args.workers, metrics_port=args.metrics_port,
+        key_secret=args.key_secret, key_namespace=args.key_namespace, verbose=args.verbose,
+    )  # fmt: skip
+    return run(options, settings_from(args))
 
 
 def _limit_arguments(p: argparse.ArgumentParser) -> None:
@@ -263,9 +270,10 @@ def _prometheus_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def prometheus_settings(args: argparse.Namespace) -> Prometheus:
-    """The settings _prometheus_arguments adds, as the operator and render use them."""
-    return Prometheus(args.prometheus_address, args.prometheus_namespace_label, args.prometheus_model_label)
+def settings_from(args: argparse.Namespace) -> Settings:
+    """The settings the decision reads, from the flags `run` and `render` share; built once."""
+    prometheus = Prometheus(args.prometheus_address, args.prometheus_namespace_label, args.prometheus_model_label)
+    return Settings(operator_image=args.operator_image, prometheus=prometheus, allocation=args.allocation)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -288,8 +296,8 @@ def parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser(
         "render",
-        help="print the objects the operator would apply for each InferentiaModel (plan ConfigMap, compile Job, Deployment, Service, "
-        "ScaledObject)",
+        help="print every object the operator would create for each InferentiaModel (plan ConfigMap, compile Job, Deployment, "
+        "Services, ScaledObject, scale-to-zero holder)",
     )
     r.add_argument("paths", nargs="*", metavar="PATH")
     r.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
@@ -320,7 +328,11 @@ def parser() -> argparse.ArgumentParser:
     h = sub.add_parser(
         "hold", help="hold a scaled-to-zero model's requests until a replica answers, then forward them (the <model>-holder pod)"
     )
-    h.add_argument("--upstream", required=True, help="the host that reaches the model's replicas (its <model>-replicas Service)")
+    to = h.add_mutually_exclusive_group(required=True)
+    to.add_argument("--upstream", help="the host that reaches the model's replicas")
+    to.add_argument(
+        "--upstream-service", help="the Service that reaches the model's replicas (its <model>-replicas Service), in the pod's namespace"
+    )
     h.add_argument(
         "--ports", type=_port_pairs, required=True,
         help="the Service's ports, each forwarded to the same port upstream (8080,8081) or to another (18080:8080)",

@@ -295,6 +295,10 @@ def test_models_carry_no_finalizer_and_delete_while_the_operator_is_down(cluster
     apply_model(cluster, namespace, "m")
     body = wait_ready(cluster, namespace, "m")
     assert not body["metadata"].get("finalizers")
+    # Nor any of kopf's bookkeeping: the operator names no progress or diff-base storage,
+    # and registers no handler that would use one.
+    assert not [k for k in body["metadata"].get("annotations") or {} if "kopf" in k], body["metadata"]
+    assert "kopf" not in (body.get("status") or {})
     operator.stop()
     try:
         cluster.kubectl("delete", "inferentiamodel", "m", "-n", namespace, "--timeout=30s")

@@ -45,6 +45,17 @@ PROBE_SECONDS = 0.2
 CONNECT_SECONDS = 1.0
 
 
+def upstream_host(service: str, environ: Mapping[str, str]) -> str:
+    """The address of the Service ``service`` in the pod's own namespace: the variable the
+    kubelet sets for every Service that existed when the pod was created, ``{NAME}_SERVICE_HOST``
+    with the name upper-cased and dashes made underscores (Kubernetes, Concepts > Services >
+    Discovering services > Environment variables,
+    https://kubernetes.io/docs/concepts/services-networking/service/#environment-variables).
+    The operator creates the holder only once that Service exists, so the variable is there;
+    without it (a pod with enableServiceLinks false), the name, for the cluster's DNS."""
+    return environ.get(service.upper().replace("-", "_") + "_SERVICE_HOST") or service
+
+
 def _end_to_end(headers: Mapping[str, str]) -> dict[str, str]:
     """The headers that travel on: hop-by-hop ones stay behind, and so do those the
     ``Connection`` header names as hop-by-hop for this connection (RFC 9110, section 7.6.1)."""

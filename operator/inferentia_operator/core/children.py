@@ -107,74 +107,74 @@ def plan_hash(plan: Plan) -> str:
     return stable_hash(plan.model_dump(mode="json", exclude_none=True))
 
 
-def compile_inputs(m: Model) -> dict[str, Any]:
+def compile_inputs(model: Model) -> dict[str, Any]:
     """Everything that changes the compiled artefact, and nothing else."""
     inputs: dict[str, Any] = {
-        "uri": m.spec.model.uri,
-        "framework": m.spec.model.framework,
-        "family": m.plan.family,
-        "compilerArgs": m.plan.compiler_args,
-        "batchSize": m.plan.batch_size,
-        "dynamicBatchSize": m.plan.dynamic_batch_size,
-        "buckets": m.plan.buckets,
-        "image": m.spec.compile.image,
+        "uri": model.spec.model.uri,
+        "framework": model.spec.model.framework,
+        "family": model.plan.family,
+        "compilerArgs": model.plan.compiler_args,
+        "batchSize": model.plan.batch_size,
+        "dynamicBatchSize": model.plan.dynamic_batch_size,
+        "buckets": model.plan.buckets,
+        "image": model.spec.compile.image,
     }
-    if m.plan.compiler != "neuron-cc":
+    if model.plan.compiler != "neuron-cc":
         # neuron-cc is inf1's only compiler, which "family" already pins; leaving it out
         # keeps every inf1 compile hash as it was, so upgrading the operator recompiles nothing.
         # A neuronx-cc artefact is also bound to its logical-core size and tensor-parallel
         # degree: the runtime refuses to load it under another.
-        inputs |= {"compiler": m.plan.compiler, "lnc": m.plan.lnc, "tensorParallelSize": m.plan.tensor_parallel_size}
-    if m.spec.compiles_with_program:
+        inputs |= {"compiler": model.plan.compiler, "lnc": model.plan.lnc, "tensorParallelSize": model.plan.tensor_parallel_size}
+    if model.spec.compiles_with_program:
         # The operator's compile program made the artefact: its format and the example inputs' dtype.
-        inputs |= {"program": COMPILE_PROGRAM_VERSION, "inputDtype": m.spec.input_dtype}
-    if vllm_plugin(m):
+        inputs |= {"program": COMPILE_PROGRAM_VERSION, "inputDtype": model.spec.input_dtype}
+    if vllm_plugin(model):
         # The plugin's cache: one graph per shape the engine warms up, for its engine arguments.
-        inputs |= {"vllm": "vllm-neuron-plugin", "engineArgs": vllm_engine_args(m)}
+        inputs |= {"vllm": "vllm-neuron-plugin", "engineArgs": vllm_engine_args(model)}
     return inputs
 
 
-def vllm_plugin(m: Model) -> bool:
+def vllm_plugin(model: Model) -> bool:
     """The vLLM preset on a family where vLLM runs on the vLLM Neuron plugin (trn2, trn3)."""
-    return m.spec.serving.runtime == "vllm" and FAMILIES[m.plan.family].vllm == "vllm-neuron-plugin"
+    return model.spec.serving.runtime == "vllm" and FAMILIES[model.plan.family].vllm == "vllm-neuron-plugin"
 
 
-def vllm_engine_args(m: Model) -> dict[str, Any]:
+def vllm_engine_args(model: Model) -> dict[str, Any]:
     """vLLM's engine arguments, as the serving pods' flags and the plugin's compile step give
     them: the model, tensor parallel over the group's (logical) cores, the largest bucket's
     last dimension as the sequence length, and serving.batching.maxBatchSize as the sequences."""
-    args: dict[str, Any] = {"model": m.spec.model.uri, "tensor_parallel_size": m.plan.tensor_parallel_size}
-    if m.plan.buckets:
-        args["max_model_len"] = max(b[-1] for b in m.plan.buckets)
-    if m.spec.serving.batching:
-        args["max_num_seqs"] = m.spec.serving.batching.max_batch_size
+    args: dict[str, Any] = {"model": model.spec.model.uri, "tensor_parallel_size": model.plan.tensor_parallel_size}
+    if model.plan.buckets:
+        args["max_model_len"] = max(b[-1] for b in model.plan.buckets)
+    if model.spec.serving.batching:
+        args["max_num_seqs"] = model.spec.serving.batching.max_batch_size
     return args
 
 
-def compile_hash(m: Model) -> str:
-    return stable_hash(compile_inputs(m))
+def compile_hash(model: Model) -> str:
+    return stable_hash(compile_inputs(model))
 
 
-def compiled_uri(m: Model) -> str:
-    base = m.spec.compile.output_uri or m.spec.model.uri.rstrip("/") + "-neuron"
-    return f"{base.rstrip('/')}/{compile_hash(m)}/"
+def compiled_uri(model: Model) -> str:
+    base = model.spec.compile.output_uri or model.spec.model.uri.rstrip("/") + "-neuron"
+    return f"{base.rstrip('/')}/{compile_hash(model)}/"
 
 
-def _compile_id(m: Model) -> str:
+def _compile_id(model: Model) -> str:
     """The compile key, and the artefact's place: two models that share the key but write
     their artefacts to different places (compile.outputUri) compile apart."""
-    return f"{compile_hash(m)}-{stable_hash(compiled_uri(m), 5)}"
+    return f"{compile_hash(model)}-{stable_hash(compiled_uri(model), 5)}"
 
 
-def compile_job_name(m: Model) -> str:
+def compile_job_name(model: Model) -> str:
     """Named after the artefact, not the model: two models with the same compile inputs
     create the same Job, and the API server's unique names let only the first one in, so
     they run one compile between them however close together they are reconciled."""
-    return f"compile-{_compile_id(m)}"
+    return f"compile-{_compile_id(model)}"
 
 
-def compile_record_name(m: Model) -> str:
-    return f"compiled-{_compile_id(m)}"
+def compile_record_name(model: Model) -> str:
+    return f"compiled-{_compile_id(model)}"
 
 
 def _env_value(containers: Any, container: str | None, name: str) -> str | None:
@@ -197,7 +197,7 @@ def served_uri(deployment: Mapping[str, Any] | None) -> str | None:
     return _env_value(Obj(Obj(deployment).spec.get("template")).spec.get("containers"), None, "INFERENTIA_COMPILED_MODEL_URI")
 
 
-def compile_record(m: Model, job: Mapping[str, Any], prover: Prover) -> dict[str, Any]:
+def compile_record(model: Model, job: Mapping[str, Any], prover: Prover) -> dict[str, Any]:
     """The operator's record that a compile Job completed, and so uploaded the artefact of
     this key with its completion marker last (the Job completes only once the upload step has
     exited 0). A model with the same key, or this one created again, starts from the record
@@ -209,26 +209,26 @@ def compile_record(m: Model, job: Mapping[str, Any], prover: Prover) -> dict[str
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
-            "name": compile_record_name(m),
-            "namespace": m.namespace,
+            "name": compile_record_name(model),
+            "namespace": model.namespace,
             # No model label: the record is nobody's child, and no model's clean-up of its
             # superseded plans may take it for one of its own.
             "labels": {
                 COMPONENT_LABEL: COMPILE_RECORD_COMPONENT,
                 MANAGED_BY_LABEL: FIELD_MANAGER,
                 "app.kubernetes.io/part-of": "inferentia-operator",
-                COMPILE_HASH_LABEL: compile_hash(m),
+                COMPILE_HASH_LABEL: compile_hash(model),
             },
             "annotations": {
-                COMPILE_INPUTS_ANNOTATION: json.dumps(compile_inputs(m), sort_keys=True, separators=(",", ":")),
+                COMPILE_INPUTS_ANNOTATION: json.dumps(compile_inputs(model), sort_keys=True, separators=(",", ":")),
                 # Only the operator can make it: a record without it is no cache hit (core/proof.py).
-                PROOF_ANNOTATION: prover.record(m.namespace, compile_record_name(m), compiled_uri(m)),
+                PROOF_ANNOTATION: prover.record(model.namespace, compile_record_name(model), compiled_uri(model)),
             },
         },
         "immutable": True,
         "data": {
-            "uri": compiled_uri(m),
-            "key": compile_hash(m),
+            "uri": compiled_uri(model),
+            "key": compile_hash(model),
             "job": job_meta.name or "",
             "model": job_meta.labels.get(MODEL_LABEL, ""),
             **({"completed": str(completed)} if completed else {}),
@@ -236,36 +236,36 @@ def compile_record(m: Model, job: Mapping[str, Any], prover: Prover) -> dict[str
     }
 
 
-def labels(m: Model, component: str) -> dict[str, str]:
+def labels(model: Model, component: str) -> dict[str, str]:
     return {
-        "app.kubernetes.io/name": m.name,
-        "app.kubernetes.io/instance": m.name,
+        "app.kubernetes.io/name": model.name,
+        "app.kubernetes.io/instance": model.name,
         COMPONENT_LABEL: component,
         MANAGED_BY_LABEL: FIELD_MANAGER,
         "app.kubernetes.io/part-of": "inferentia-operator",
-        MODEL_LABEL: m.name,
+        MODEL_LABEL: model.name,
     }
 
 
-def selector(m: Model) -> dict[str, str]:
-    return {MODEL_LABEL: m.name, COMPONENT_LABEL: "serving"}
+def selector(model: Model) -> dict[str, str]:
+    return {MODEL_LABEL: model.name, COMPONENT_LABEL: "serving"}
 
 
-def selector_string(m: Model) -> str:
-    return ",".join(f"{k}={v}" for k, v in selector(m).items())
+def selector_string(model: Model) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector(model).items())
 
 
-def _metadata(m: Model, name: str, component: str) -> dict[str, Any]:
+def _metadata(model: Model, name: str, component: str) -> dict[str, Any]:
     return {
         "name": name,
-        "namespace": m.namespace,
-        "labels": labels(m, component),
+        "namespace": model.namespace,
+        "labels": labels(model, component),
         "ownerReferences": [
             {
                 "apiVersion": api.API_VERSION,
                 "kind": api.KIND,
-                "name": m.name,
-                "uid": m.uid,
+                "name": model.name,
+                "uid": model.uid,
                 "controller": True,
                 "blockOwnerDeletion": True,
             }
@@ -273,26 +273,26 @@ def _metadata(m: Model, name: str, component: str) -> dict[str, Any]:
     }
 
 
-def user_env_names(m: Model) -> set[str]:
-    return {e.name for e in m.spec.serving.env or []}
+def user_env_names(model: Model) -> set[str]:
+    return {e.name for e in model.spec.serving.env or []}
 
 
-def _plan_files(m: Model) -> dict[str, str]:
-    data = {"plan.json": json.dumps(plan_document(m.plan), indent=2, sort_keys=True)}
+def _plan_files(model: Model) -> dict[str, str]:
+    data = {"plan.json": json.dumps(plan_document(model.plan), indent=2, sort_keys=True)}
     # The one rule for the environment: what the user sets in serving.env wins over what the
     # operator plans, in every process. The launcher exports env-i over the container's
     # environment, so a planned name the user set must not be in env-i at all.
-    mine = user_env_names(m)
-    for i, env in enumerate(m.plan.env):
+    mine = user_env_names(model)
+    for i, env in enumerate(model.plan.env):
         data[f"env-{i}"] = "".join(f"{k}={v}\n" for k, v in env.items() if k not in mine)
     data["launch.sh"] = LAUNCHER
     # The operator's programs, only where they run: a model that needs neither keeps its
     # ConfigMap (and so its pods) as it was.
-    if m.spec.compiles_with_program or m.spec.serves_with_program:
+    if model.spec.compiles_with_program or model.spec.serves_with_program:
         data[COMPILE_PROGRAM] = program_source(COMPILE_PROGRAM)
-    if m.spec.serves_with_program:
+    if model.spec.serves_with_program:
         data[SERVE_PROGRAM] = program_source(SERVE_PROGRAM)
-    if vllm_plugin(m) and m.spec.compile.image:
+    if vllm_plugin(model) and model.spec.compile.image:
         data[VLLM_COMPILE_PROGRAM] = program_source(VLLM_COMPILE_PROGRAM)
     return data
 
@@ -302,37 +302,37 @@ def _plan_files(m: Model) -> dict[str, str]:
 CONFIGMAP_DATA_LIMIT = 1024 * 1024 - 16 * 1024
 
 
-def plan_size_findings(m: Model) -> list[Finding]:
+def plan_size_findings(model: Model) -> list[Finding]:
     """The plan ConfigMap must fit its object; a plan of 128 processes with long compiler
     arguments does not, and the API server would refuse it on every reconcile."""
-    size = sum(len(k) + len(v.encode()) for k, v in _plan_files(m).items())
+    size = sum(len(k) + len(v.encode()) for k, v in _plan_files(model).items())
     if size <= CONFIGMAP_DATA_LIMIT:
         return []
     return [
         Finding(
             "spec.compile.extraArgs",
-            f"the plan of {m.plan.groups} processes with these compiler arguments is {size} bytes, more than the "
+            f"the plan of {model.plan.groups} processes with these compiler arguments is {size} bytes, more than the "
             f"{CONFIGMAP_DATA_LIMIT} a ConfigMap can hold; valid plans use fewer processesPerReplica or shorter extraArgs",
         )
     ]
 
 
-def plan_configmap_name(m: Model) -> str:
+def plan_configmap_name(model: Model) -> str:
     # Named after its whole content, not only the plan: the ConfigMap is immutable, so an
     # operator upgrade that changes the launcher must make a new one, never edit the old.
-    return f"{m.name}-plan-{stable_hash(_plan_files(m), 8)}"
+    return f"{model.name}-plan-{stable_hash(_plan_files(model), 8)}"
 
 
-def plan_configmap(m: Model) -> dict[str, Any]:
+def plan_configmap(model: Model) -> dict[str, Any]:
     """The plan, for the compile and serving pods: plan.json, one env file per process, the launcher.
 
     Content-addressed and immutable: pods of the previous plan keep reading their own
     while a new plan compiles and rolls out."""
-    data = _plan_files(m)
+    data = _plan_files(model)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(m, plan_configmap_name(m), "plan"),
+        "metadata": _metadata(model, plan_configmap_name(model), "plan"),
         "immutable": True,
         "data": data,
     }
@@ -344,9 +344,9 @@ def plan_configmap(m: Model) -> dict[str, Any]:
 NON_ROOT_UID = 65532
 
 
-def pod_security(m: Model) -> dict[str, Any]:
+def pod_security(model: Model) -> dict[str, Any]:
     """The pod-level securityContext: restricted by default, root only when the spec asks."""
-    if m.spec.run_as_root:
+    if model.spec.run_as_root:
         return {"runAsNonRoot": False, "runAsUser": 0, "seccompProfile": {"type": "RuntimeDefault"}}
     return non_root_pod_security()
 
@@ -372,42 +372,42 @@ SCRATCH_ENV = {
 }
 
 
-def _service_account(m: Model) -> dict[str, Any]:
-    return {"serviceAccountName": m.spec.service_account_name} if m.spec.service_account_name else {}
+def _service_account(model: Model) -> dict[str, Any]:
+    return {"serviceAccountName": model.spec.service_account_name} if model.spec.service_account_name else {}
 
 
-def _storage_env_from(m: Model) -> dict[str, Any]:
+def _storage_env_from(model: Model) -> dict[str, Any]:
     """The object store's credentials and endpoint, from the Secret the spec names."""
-    secret = m.spec.compile.storage_secret
+    secret = model.spec.compile.storage_secret
     return {"envFrom": [{"secretRef": {"name": secret}}]} if secret else {}
 
 
-def _remote_model(m: Model) -> bool:
-    return m.spec.model.uri.startswith(FETCHED_SCHEMES)
+def _remote_model(model: Model) -> bool:
+    return model.spec.model.uri.startswith(FETCHED_SCHEMES)
 
 
-def compile_fetches_model(m: Model) -> bool:
+def compile_fetches_model(model: Model) -> bool:
     """The compile program reads a remote model: the compile Job fetches it first."""
-    return m.spec.compiles_with_program and _remote_model(m)
+    return model.spec.compiles_with_program and _remote_model(model)
 
 
-def serving_fetches_model(m: Model) -> bool:
+def serving_fetches_model(model: Model) -> bool:
     """No compile step, and the operator's server traces a remote model at start: the serving pod fetches it."""
-    return m.spec.serves_with_program and not m.spec.compile.image and _remote_model(m)
+    return model.spec.serves_with_program and not model.spec.compile.image and _remote_model(model)
 
 
-def model_path(m: Model) -> str:
+def model_path(model: Model) -> str:
     """Where the programs find the uncompiled model: the fetched copy, or a path in the image."""
-    return MODEL_DIR if _remote_model(m) else m.spec.model.uri.removeprefix("file://")
+    return MODEL_DIR if _remote_model(model) else model.spec.model.uri.removeprefix("file://")
 
 
-def _operator_container(m: Model, name: str, args: list[str], mounts: list[dict[str, Any]]) -> dict[str, Any]:
+def _operator_container(model: Model, name: str, args: list[str], mounts: list[dict[str, Any]]) -> dict[str, Any]:
     """A container of the operator's own image that moves a model or an artefact in or out of the pod."""
     return {
         "name": name,
-        "image": m.operator_image,
+        "image": model.operator_image,
         "args": args,
-        **_storage_env_from(m),
+        **_storage_env_from(model),
         "env": [{"name": k, "value": v} for k, v in SCRATCH_ENV.items()],
         "resources": BATCHER_RESOURCES,
         "securityContext": CONTAINER_SECURITY,
@@ -418,27 +418,33 @@ def _operator_container(m: Model, name: str, args: list[str], mounts: list[dict[
     }
 
 
-def fetch_container(m: Model) -> dict[str, Any]:
+def fetch_container(model: Model) -> dict[str, Any]:
     """The init container that copies the compiled artefact into the pod before the server
     starts (``inferentia-operator fetch``), refusing one whose upload did not complete."""
     return _operator_container(
-        m, "fetch-artifacts", ["fetch", "--from", compiled_uri(m), "--to", COMPILED_DIR], [{"name": "compiled", "mountPath": COMPILED_DIR}]
+        model,
+        "fetch-artifacts",
+        ["fetch", "--from", compiled_uri(model), "--to", COMPILED_DIR],
+        [{"name": "compiled", "mountPath": COMPILED_DIR}],
     )
 
 
-def fetch_model_container(m: Model) -> dict[str, Any]:
+def fetch_model_container(model: Model) -> dict[str, Any]:
     """The init container that copies the uncompiled model into the pod (``inferentia-operator fetch --model``)."""
     return _operator_container(
-        m, "fetch-model", ["fetch", "--model", "--from", m.spec.model.uri, "--to", MODEL_DIR], [{"name": "model", "mountPath": MODEL_DIR}]
+        model,
+        "fetch-model",
+        ["fetch", "--model", "--from", model.spec.model.uri, "--to", MODEL_DIR],
+        [{"name": "model", "mountPath": MODEL_DIR}],
     )
 
 
-def upload_container(m: Model) -> dict[str, Any]:
+def upload_container(model: Model) -> dict[str, Any]:
     """The compile Job's last step: upload the artefact, then its completion marker."""
     return _operator_container(
-        m,
+        model,
         "upload",
-        ["upload", "--from", COMPILED_DIR, "--to", compiled_uri(m)],
+        ["upload", "--from", COMPILED_DIR, "--to", compiled_uri(model)],
         [{"name": "compiled", "mountPath": COMPILED_DIR, "readOnly": True}],
     )
 
@@ -447,9 +453,9 @@ def _artefact_volume(name: str) -> dict[str, Any]:
     return {"name": name, "emptyDir": {"sizeLimit": ARTEFACT_VOLUME_SIZE}}
 
 
-def _scratch_volumes(m: Model) -> list[dict[str, Any]]:
+def _scratch_volumes(model: Model) -> list[dict[str, Any]]:
     """HOME (and the caches under it) and /tmp: size-limited emptyDirs (spec.serving.homeSize, tmpSize)."""
-    sizes = {"home": m.spec.serving.home_size, "tmp": m.spec.serving.tmp_size}
+    sizes = {"home": model.spec.serving.home_size, "tmp": model.spec.serving.tmp_size}
     return [{"name": name, "emptyDir": {"sizeLimit": sizes[name]}} for name in SCRATCH_PATHS]
 
 
@@ -457,66 +463,66 @@ def _scratch_mounts() -> list[dict[str, Any]]:
     return [{"name": name, "mountPath": path} for name, path in SCRATCH_PATHS.items()]
 
 
-def _plan_volume(m: Model) -> dict[str, Any]:
-    return {"name": "plan", "configMap": {"name": plan_configmap_name(m)}}
+def _plan_volume(model: Model) -> dict[str, Any]:
+    return {"name": "plan", "configMap": {"name": plan_configmap_name(model)}}
 
 
-def compile_resources(m: Model) -> dict[str, dict[str, str]]:
+def compile_resources(model: Model) -> dict[str, dict[str, str]]:
     """What the compile Job requests, so that it is never BestEffort (the first pod evicted)
     and a node can be chosen for it. The compiler holds the weights and a working copy of
     the graph; twice the weights is this operator's rule of thumb, not an AWS figure,
     which compile.cpu and compile.memory override."""
-    neuronx = m.plan.compiler == "neuronx-cc"
-    cpu = m.spec.compile.cpu or ("4" if neuronx else "2")
-    if m.spec.compile.memory:
-        memory = m.spec.compile.memory
-    elif m.spec.model.weights:
-        gib = -(-2 * m.spec.model.weights * bytes_per_weight(m.spec.model.precision) // GIB)
+    neuronx = model.plan.compiler == "neuronx-cc"
+    cpu = model.spec.compile.cpu or ("4" if neuronx else "2")
+    if model.spec.compile.memory:
+        memory = model.spec.compile.memory
+    elif model.spec.model.weights:
+        gib = -(-2 * model.spec.model.weights * bytes_per_weight(model.spec.model.precision) // GIB)
         memory = f"{max(8, gib)}Gi"
     else:
         memory = "16Gi" if neuronx else "8Gi"
     return {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory}}
 
 
-def compile_job(m: Model) -> dict[str, Any] | None:
+def compile_job(model: Model) -> dict[str, Any] | None:
     """The compile Job of this plan, or None when nothing is compiled ahead.
 
     Its pod runs three steps in order: the operator's image fetches the model (when it is
     remote), the compile container traces it in compile.image and writes the artefact to a
     shared emptyDir, and the operator's image uploads it, completion marker last. The
     compile step needs nothing of the operator's image and the upload nothing of the user's."""
-    if not m.spec.compile.image:
+    if not model.spec.compile.image:
         return None
     env = {
-        "INFERENTIA_MODEL_URI": m.spec.model.uri,
-        "INFERENTIA_MODEL_PATH": model_path(m),
-        "INFERENTIA_FRAMEWORK": m.spec.model.framework,
-        "INFERENTIA_COMPILER": m.plan.compiler,
-        "INFERENTIA_OUTPUT_URI": compiled_uri(m),
+        "INFERENTIA_MODEL_URI": model.spec.model.uri,
+        "INFERENTIA_MODEL_PATH": model_path(model),
+        "INFERENTIA_FRAMEWORK": model.spec.model.framework,
+        "INFERENTIA_COMPILER": model.plan.compiler,
+        "INFERENTIA_OUTPUT_URI": compiled_uri(model),
         "INFERENTIA_COMPILED_MODEL_DIR": COMPILED_DIR,
-        "INFERENTIA_COMPILER_ARGS": json.dumps(m.plan.compiler_args),
-        "NEURON_CC_FLAGS": " ".join(m.plan.compiler_args),
-        "INFERENTIA_BATCH_SIZE": str(m.plan.batch_size),
-        "INFERENTIA_DYNAMIC_BATCH_SIZE": str(m.plan.dynamic_batch_size).lower(),
-        "INFERENTIA_BUCKETS": json.dumps(m.plan.buckets),
+        "INFERENTIA_COMPILER_ARGS": json.dumps(model.plan.compiler_args),
+        "NEURON_CC_FLAGS": " ".join(model.plan.compiler_args),
+        "INFERENTIA_BATCH_SIZE": str(model.plan.batch_size),
+        "INFERENTIA_DYNAMIC_BATCH_SIZE": str(model.plan.dynamic_batch_size).lower(),
+        "INFERENTIA_BUCKETS": json.dumps(model.plan.buckets),
         "INFERENTIA_PLAN_FILE": PLAN_FILE,
     }
-    command = ["python3", f"{PLAN_MOUNT}/{COMPILE_PROGRAM}"] if m.spec.compiles_with_program else None
-    if vllm_plugin(m):
+    command = ["python3", f"{PLAN_MOUNT}/{COMPILE_PROGRAM}"] if model.spec.compiles_with_program else None
+    if vllm_plugin(model):
         # The plugin's own compile at warm-up, on the CPU for the family's target, into the
         # directory the upload step uploads.
         command = ["python3", f"{PLAN_MOUNT}/{VLLM_COMPILE_PROGRAM}"]
         env |= {
             **VLLM_PLUGIN_COMPILE_ENV,
-            "NEURON_PLATFORM_TARGET_OVERRIDE": m.plan.family,
-            "NEURON_LOGICAL_NC_CONFIG": str(m.plan.lnc),
+            "NEURON_PLATFORM_TARGET_OVERRIDE": model.plan.family,
+            "NEURON_LOGICAL_NC_CONFIG": str(model.plan.lnc),
             "VLLM_CACHE_ROOT": COMPILED_DIR,
-            "INFERENTIA_VLLM_ENGINE_ARGS": json.dumps(vllm_engine_args(m), sort_keys=True),
+            "INFERENTIA_VLLM_ENGINE_ARGS": json.dumps(vllm_engine_args(model), sort_keys=True),
         }
-    metadata = _metadata(m, compile_job_name(m), "compile")
-    metadata["labels"][COMPILE_HASH_LABEL] = compile_hash(m)
+    metadata = _metadata(model, compile_job_name(model), "compile")
+    metadata["labels"][COMPILE_HASH_LABEL] = compile_hash(model)
     # What was compiled, so that status can say which part of the key a new compile changed.
-    metadata["annotations"] = {COMPILE_INPUTS_ANNOTATION: json.dumps(compile_inputs(m), sort_keys=True, separators=(",", ":"))}
+    metadata["annotations"] = {COMPILE_INPUTS_ANNOTATION: json.dumps(compile_inputs(model), sort_keys=True, separators=(",", ":"))}
     compile_step: dict[str, Any] = {
         "name": "compile",
         # The user's Neuron framework image: its python3, torch and torch-neuron(x) run the
@@ -524,16 +530,16 @@ def compile_job(m: Model) -> dict[str, Any] | None:
         # compile step. The vLLM preset's compile on inf2 and trn1 runs the image's own entry
         # point with the same environment (docs/serving-pod.md, "Bring your own").
         **({"command": command} if command else {}),
-        "image": m.spec.compile.image,
+        "image": model.spec.compile.image,
         "env": [{"name": k, "value": v} for k, v in {**SCRATCH_ENV, **env}.items()],
-        "resources": compile_resources(m),
+        "resources": compile_resources(model),
         "securityContext": CONTAINER_SECURITY,
         # The program's last words become the container's termination message, which status reports.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [
             {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
             {"name": "compiled", "mountPath": COMPILED_DIR},
-            *([{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}] if compile_fetches_model(m) else []),
+            *([{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}] if compile_fetches_model(model) else []),
             *_scratch_mounts(),
         ],
     }
@@ -546,24 +552,24 @@ def compile_job(m: Model) -> dict[str, Any] | None:
             # Evictions and preemptions do not count against it, so the deadline bounds them:
             # past it the Job fails (DeadlineExceeded) and status says Compiled=False.
             "backoffLimit": 1,
-            "activeDeadlineSeconds": m.spec.compile.timeout_seconds,
+            "activeDeadlineSeconds": model.spec.compile.timeout_seconds,
             "podFailurePolicy": {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]},
             "template": {
-                "metadata": {"labels": labels(m, "compile")},
+                "metadata": {"labels": labels(model, "compile")},
                 "spec": {
                     # Compiling needs no Neuron device: it runs on ordinary nodes. Nor
                     # does it need the API: no ServiceAccount token is mounted.
                     "restartPolicy": "Never",
                     "automountServiceAccountToken": False,
-                    **_service_account(m),
-                    "securityContext": pod_security(m),
-                    "initContainers": [*([fetch_model_container(m)] if compile_fetches_model(m) else []), compile_step],
-                    "containers": [upload_container(m)],
+                    **_service_account(model),
+                    "securityContext": pod_security(model),
+                    "initContainers": [*([fetch_model_container(model)] if compile_fetches_model(model) else []), compile_step],
+                    "containers": [upload_container(model)],
                     "volumes": [
-                        _plan_volume(m),
+                        _plan_volume(model),
                         _artefact_volume("compiled"),
-                        *([_artefact_volume("model")] if compile_fetches_model(m) else []),
-                        *_scratch_volumes(m),
+                        *([_artefact_volume("model")] if compile_fetches_model(model) else []),
+                        *_scratch_volumes(model),
                     ],
                 },
             },
@@ -571,25 +577,25 @@ def compile_job(m: Model) -> dict[str, Any] | None:
     }
 
 
-def _serving_env(m: Model) -> list[dict[str, str]]:
-    plan = m.plan
+def _serving_env(model: Model) -> list[dict[str, str]]:
+    plan = model.plan
     env = {
         **SCRATCH_ENV,
-        "INFERENTIA_MODEL_URI": m.spec.model.uri,
+        "INFERENTIA_MODEL_URI": model.spec.model.uri,
         "INFERENTIA_PLAN_FILE": PLAN_FILE,
         "INFERENTIA_PROCESSES": str(plan.groups),
         "INFERENTIA_GROUP_SIZE": str(plan.group_size),
-        "INFERENTIA_BASE_PORT": str(process_base_port(m)),
+        "INFERENTIA_BASE_PORT": str(process_base_port(model)),
         "INFERENTIA_THREADS": str(plan.threads_per_process),
         # Frameworks that compile at load time (torch-neuron, tensorflow-neuron) read this.
         "NEURON_CC_FLAGS": " ".join(plan.compiler_args),
     }
-    if m.spec.compile.image:
-        env["INFERENTIA_COMPILED_MODEL_URI"] = compiled_uri(m)
+    if model.spec.compile.image:
+        env["INFERENTIA_COMPILED_MODEL_URI"] = compiled_uri(model)
         env["INFERENTIA_COMPILED_MODEL_DIR"] = COMPILED_DIR
-    elif m.spec.serves_with_program:
+    elif model.spec.serves_with_program:
         # No compile step: the operator's model server traces the model at start.
-        env["INFERENTIA_MODEL_PATH"] = model_path(m)
+        env["INFERENTIA_MODEL_PATH"] = model_path(model)
     if plan.groups == 1:
         # One process: the container's own environment is its group's, but never its cores.
         # The device plugin sets NEURON_RT_VISIBLE_CORES to the cores of the devices it
@@ -598,25 +604,25 @@ def _serving_env(m: Model) -> list[dict[str, str]]:
         # and a literal value in the pod spec would win over it. The launcher falls back to the
         # planned range only where no device plugin set the variable.
         env |= {k: v for k, v in plan.env[0].items() if k != "NEURON_RT_VISIBLE_CORES"}
-    if m.spec.serving.batching:
-        env["INFERENTIA_MAX_BATCH_SIZE"] = str(m.spec.serving.batching.max_batch_size)
-        env["INFERENTIA_MAX_LATENCY_MS"] = str(m.spec.serving.batching.max_latency_ms)
-    if vllm_plugin(m):
-        if m.spec.compile.image:
+    if model.spec.serving.batching:
+        env["INFERENTIA_MAX_BATCH_SIZE"] = str(model.spec.serving.batching.max_batch_size)
+        env["INFERENTIA_MAX_LATENCY_MS"] = str(model.spec.serving.batching.max_latency_ms)
+    if vllm_plugin(model):
+        if model.spec.compile.image:
             # The plugin's local cache, as the compile Job filled it and the fetch init container copied it.
             env |= {"VLLM_CACHE_ROOT": COMPILED_DIR, **VLLM_PRECOMPILED_ENV}
-    elif m.spec.serving.runtime == "vllm":
+    elif model.spec.serving.runtime == "vllm":
         env |= VLLM_ENV
-        if m.spec.compile.image:
+        if model.spec.compile.image:
             # A local directory, as vLLM's Neuron loader reads it: the fetch init container filled it.
             env |= {"NEURON_COMPILED_ARTIFACTS": COMPILED_DIR, **VLLM_PRECOMPILED_ENV}
     # The user's entries as the API takes them (value or valueFrom); the operator never reads
     # a Secret, so a secret's value is never in the model, the plan, a log or an event.
-    user = [e.model_dump(by_alias=True, exclude_none=True) for e in m.spec.serving.env or []]
-    return [{"name": k, "value": v} for k, v in env.items() if k not in user_env_names(m)] + user
+    user = [e.model_dump(by_alias=True, exclude_none=True) for e in model.spec.serving.env or []]
+    return [{"name": k, "value": v} for k, v in env.items() if k not in user_env_names(model)] + user
 
 
-def vllm_args(m: Model) -> list[str]:
+def vllm_args(model: Model) -> list[str]:
     """One vLLM server per group, tensor parallel over the group's cores, on the process's PORT.
 
     vLLM counts --tensor-parallel-size in logical cores, as the plan does. The model is
@@ -624,13 +630,13 @@ def vllm_args(m: Model) -> list[str]:
     NEURON_COMPILED_ARTIFACTS (NxD Inference) or VLLM_CACHE_ROOT (the plugin) makes it load
     the compiled model instead of compiling.
     sh -c receives the flags as separate arguments ("$@"), never as text to parse."""
-    flags = [part for name, value in vllm_engine_args(m).items() for part in (f"--{name.replace('_', '-')}", str(value))]
+    flags = [part for name, value in vllm_engine_args(model).items() for part in (f"--{name.replace('_', '-')}", str(value))]
     server = " ".join(VLLM_SERVER)
-    return ["/bin/sh", "-c", f'exec {server} --port "$PORT" "$@"', "vllm", *flags, *(m.spec.serving.args or [])]
+    return ["/bin/sh", "-c", f'exec {server} --port "$PORT" "$@"', "vllm", *flags, *(model.spec.serving.args or [])]
 
 
-def _probes(m: Model) -> dict[str, Any]:
-    if m.spec.serving.runtime == "vllm":
+def _probes(model: Model) -> dict[str, Any]:
+    if model.spec.serving.runtime == "vllm":
         health: dict[str, Any] = {"httpGet": {"path": "/health", "port": "serve-0"}}
         # Asked often while it starts, so that a start (from zero, or a scale-up) is seen
         # ready within seconds of the model loading, not at the next of 10 s ticks.
@@ -643,7 +649,7 @@ def _probes(m: Model) -> dict[str, Any]:
             "readinessProbe": {**health, "periodSeconds": 5},
             "livenessProbe": {**health, "periodSeconds": 10, "failureThreshold": 6},
         }
-    if m.spec.serves_with_program:
+    if model.spec.serves_with_program:
         # The operator's server answers /healthz once its artefacts are loaded onto the cores
         # (or, without a compile step, traced): loading may take as long as vLLM's.
         health = {"httpGet": {"path": "/healthz", "port": "serve-0"}, "periodSeconds": 5}
@@ -659,15 +665,15 @@ def _probes(m: Model) -> dict[str, Any]:
     }
 
 
-def batching_front_end(m: Model) -> bool:
+def batching_front_end(model: Model) -> bool:
     """The plan says whether a batching front end runs beside the model processes."""
-    return m.plan.front_end is not None
+    return model.plan.front_end is not None
 
 
-def process_base_port(m: Model) -> int:
+def process_base_port(model: Model) -> int:
     """Process i listens on this + i: the serving port, or the plan's when the batching
     front end takes the serving port."""
-    return m.plan.front_end.process_base_port if m.plan.front_end else m.spec.serving.port
+    return model.plan.front_end.process_base_port if model.plan.front_end else model.spec.serving.port
 
 
 # The front end's own share of the pod: an asyncio process that forwards JSON.
@@ -684,15 +690,15 @@ DRAIN_SECONDS = 5
 UNBOUNDED_REQUEST_SECONDS = 30
 
 
-def longest_request_seconds(m: Model) -> int:
+def longest_request_seconds(model: Model) -> int:
     """With the batching front end, a request is answered within maxLatencyMs or refused."""
-    front = m.plan.front_end
+    front = model.plan.front_end
     return math.ceil(front.max_latency_ms / 1000) + 1 if front else UNBOUNDED_REQUEST_SECONDS
 
 
-def termination_grace_seconds(m: Model) -> int:
+def termination_grace_seconds(model: Model) -> int:
     """The drain, the longest request, and ten seconds for the processes to exit."""
-    return DRAIN_SECONDS + longest_request_seconds(m) + 10
+    return DRAIN_SECONDS + longest_request_seconds(model) + 10
 
 
 def _pre_stop_sleep(seconds: int) -> dict[str, Any]:
@@ -709,19 +715,19 @@ def _own_server_probes(port: str) -> dict[str, Any]:
     }
 
 
-def batcher_container(m: Model) -> dict[str, Any]:
-    front, batching = m.plan.front_end, m.spec.serving.batching
+def batcher_container(model: Model) -> dict[str, Any]:
+    front, batching = model.plan.front_end, model.spec.serving.batching
     assert front is not None and batching is not None
     args = [
         "batch", "--port", str(front.port),
-        "--processes", str(m.plan.groups), "--process-base-port", str(front.process_base_port),
+        "--processes", str(model.plan.groups), "--process-base-port", str(front.process_base_port),
         "--max-batch-size", str(front.max_batch_size), "--max-latency-ms", str(front.max_latency_ms),
     ]  # fmt: skip
-    if m.plan.buckets:
-        args += ["--buckets", json.dumps(m.plan.buckets)]
+    if model.plan.buckets:
+        args += ["--buckets", json.dumps(model.plan.buckets)]
     return {
         "name": "batcher",
-        "image": batching.image or m.operator_image,
+        "image": batching.image or model.operator_image,
         "args": args,
         "ports": [{"name": "batch", "containerPort": front.port, "protocol": "TCP"}],
         "resources": BATCHER_RESOURCES,
@@ -734,15 +740,15 @@ def batcher_container(m: Model) -> dict[str, Any]:
     }
 
 
-def scrape_annotations(m: Model) -> dict[str, str]:
+def scrape_annotations(model: Model) -> dict[str, str]:
     """Where Prometheus finds the pod's request gauges (the prometheus.io annotations that
     Prometheus's example Kubernetes configuration relabels on): the batching front end's
     inferentia_num_requests_waiting and _running, or vLLM's vllm:num_requests_waiting and
     _running from its first process (each vLLM process serves its own /metrics)."""
-    if m.plan.front_end is not None:  # batching_front_end(m)
-        port = m.plan.front_end.port
-    elif m.spec.serving.runtime == "vllm":
-        port = process_base_port(m)
+    if model.plan.front_end is not None:  # batching_front_end(m)
+        port = model.plan.front_end.port
+    elif model.spec.serving.runtime == "vllm":
+        port = process_base_port(model)
     else:
         return {}
     return _scraped_at(port)
@@ -752,38 +758,38 @@ def _scraped_at(port: int) -> dict[str, str]:
     return {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}
 
 
-def serving_args(m: Model) -> list[str] | None:
+def serving_args(model: Model) -> list[str] | None:
     """What the launcher runs once per process: vLLM's server, the operator's model server, or
     serving.args; None when the image's own entry point runs once (no launcher)."""
-    if m.spec.serving.runtime == "vllm":
-        return vllm_args(m)
-    if m.spec.serves_with_program:
+    if model.spec.serving.runtime == "vllm":
+        return vllm_args(model)
+    if model.spec.serves_with_program:
         return ["python3", f"{PLAN_MOUNT}/{SERVE_PROGRAM}"]
-    return m.spec.serving.args
+    return model.spec.serving.args
 
 
-def serving_init_containers(m: Model) -> list[dict[str, Any]]:
+def serving_init_containers(model: Model) -> list[dict[str, Any]]:
     """The compiled artefact, or (no compile step, the operator's server) the model, fetched first."""
-    if m.spec.compile.image:
-        return [fetch_container(m)]
-    return [fetch_model_container(m)] if serving_fetches_model(m) else []
+    if model.spec.compile.image:
+        return [fetch_container(model)]
+    return [fetch_model_container(model)] if serving_fetches_model(model) else []
 
 
 # The pod's claim on its Neuron devices, with allocation dra.
 CLAIM = "neurons"
 
 
-def claim_template_name(m: Model) -> str:
+def claim_template_name(model: Model) -> str:
     """Named after its content: a ResourceClaimTemplate's spec cannot change, so a new plan
     makes a new one, and the pods of the previous plan keep the claims already made from theirs."""
-    return f"{m.name}-neurons-{stable_hash(_claim_spec(m), 6)}"
+    return f"{model.name}-neurons-{stable_hash(_claim_spec(model), 6)}"
 
 
-def _claim_spec(m: Model) -> dict[str, Any]:
+def _claim_spec(model: Model) -> dict[str, Any]:
     """The claim each replica makes, as AWS's templates for the Neuron DRA driver write it
     (catalogue.DRA_DRIVER): ExactCount of the class's devices, on the plan's instance types,
     from one connected-device group when there are several, with the LNC as NeuronConfig."""
-    plan = m.plan
+    plan = model.plan
     types = ", ".join(f"'{t}'" for t in plan.instance_types)
     devices: dict[str, Any] = {
         "requests": [
@@ -806,99 +812,102 @@ def _claim_spec(m: Model) -> dict[str, Any]:
     return {"devices": devices}
 
 
-def resource_claim_template(m: Model) -> dict[str, Any] | None:
+def resource_claim_template(model: Model) -> dict[str, Any] | None:
     """With allocation dra, the template each serving pod's claim is made from; else None."""
-    if m.plan.allocation != "dra":
+    if model.plan.allocation != "dra":
         return None
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
-        "metadata": _metadata(m, claim_template_name(m), "serving"),
-        "spec": {"spec": _claim_spec(m)},
+        "metadata": _metadata(model, claim_template_name(model), "serving"),
+        "spec": {"spec": _claim_spec(model)},
     }
 
 
-def _instance_type_affinity(m: Model) -> dict[str, Any]:
+def _instance_type_affinity(model: Model) -> dict[str, Any]:
     """Nodes of the planned instance types. With dra, the claim's selector on the devices'
     instanceType says it instead, as AWS's templates do."""
-    term = {"matchExpressions": [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": m.plan.instance_types}]}
+    term = {"matchExpressions": [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": model.plan.instance_types}]}
     return {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
 
 
-def serving_deployment(m: Model, replicas: int | None = None) -> dict[str, Any]:
+def serving_deployment(model: Model, replicas: int | None = None) -> dict[str, Any]:
     """The serving Deployment, with ``replicas`` (default: what the spec alone gives, for
     a model that autoscales minReplicas, as before its ScaledObject exists)."""
-    plan, spec = m.plan, m.spec
+    plan, spec = model.plan, model.spec
     dra = plan.allocation == "dra"  # devices from a resource claim, not the device plugin
-    base = process_base_port(m)
+    base = process_base_port(model)
     ports = [{"name": f"serve-{i}", "containerPort": base + i, "protocol": "TCP"} for i in range(plan.groups)]
     container: dict[str, Any] = {
         "name": "serve",
         "image": spec.serving.image,
         **({"envFrom": [s.model_dump(by_alias=True, exclude_none=True) for s in spec.serving.env_from]} if spec.serving.env_from else {}),
-        "env": _serving_env(m),
+        "env": _serving_env(model),
         "ports": ports,
         "resources": {**plan.resources.model_dump(), **({"claims": [{"name": CLAIM}]} if dra else {})},
-        **_probes(m),
+        **_probes(model),
         "securityContext": {**CONTAINER_SECURITY, "readOnlyRootFilesystem": spec.serving.read_only_root_filesystem},
         # The launcher's last words ("serving process 41 exited with 137; stopping the others")
         # become the termination message, which the model's status quotes.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         # Behind the front end, the processes outlive its drain and the requests it holds;
         # alone, they drain as it would, then the launcher passes SIGTERM on to each.
-        "lifecycle": _pre_stop_sleep(DRAIN_SECONDS + (longest_request_seconds(m) if batching_front_end(m) else 0)),
+        "lifecycle": _pre_stop_sleep(DRAIN_SECONDS + (longest_request_seconds(model) if batching_front_end(model) else 0)),
         "volumeMounts": [
             {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
             *_scratch_mounts(),
             # The plugin takes file locks in its cache, even to read it: writable for it alone.
-            *([{"name": "compiled", "mountPath": COMPILED_DIR, "readOnly": not vllm_plugin(m)}] if spec.compile.image else []),
-            *([{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}] if serving_fetches_model(m) else []),
+            *([{"name": "compiled", "mountPath": COMPILED_DIR, "readOnly": not vllm_plugin(model)}] if spec.compile.image else []),
+            *([{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}] if serving_fetches_model(model) else []),
         ],
     }
-    args = serving_args(m)
+    args = serving_args(model)
     if args:
         # One process per NeuronCore Group, each started with its group's environment.
         container["command"] = ["/bin/sh", f"{PLAN_MOUNT}/launch.sh"]
         container["args"] = list(args)
-    template_labels = {**labels(m, "serving")}
+    template_labels = {**labels(model, "serving")}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(m, m.name, "serving"),
+        "metadata": _metadata(model, model.name, "serving"),
         "spec": {
             "replicas": desired_replicas(spec, scaled=False) if replicas is None else replicas,
-            "selector": {"matchLabels": selector(m)},
+            "selector": {"matchLabels": selector(model)},
             "strategy": {
                 "type": "RollingUpdate",
                 "rollingUpdate": {"maxSurge": spec.rollout.max_surge, "maxUnavailable": spec.rollout.max_unavailable},
             },
             "template": {
-                "metadata": {"labels": template_labels, "annotations": {PLAN_HASH_ANNOTATION: plan_hash(plan), **scrape_annotations(m)}},
+                "metadata": {
+                    "labels": template_labels,
+                    "annotations": {PLAN_HASH_ANNOTATION: plan_hash(plan), **scrape_annotations(model)},
+                },
                 "spec": {
                     # A model server has no business with the Kubernetes API.
                     "automountServiceAccountToken": False,
-                    "terminationGracePeriodSeconds": termination_grace_seconds(m),
-                    **_service_account(m),
-                    "securityContext": pod_security(m),
-                    **({"initContainers": init} if (init := serving_init_containers(m)) else {}),
-                    "containers": [container, *([batcher_container(m)] if batching_front_end(m) else [])],
+                    "terminationGracePeriodSeconds": termination_grace_seconds(model),
+                    **_service_account(model),
+                    "securityContext": pod_security(model),
+                    **({"initContainers": init} if (init := serving_init_containers(model)) else {}),
+                    "containers": [container, *([batcher_container(model)] if batching_front_end(model) else [])],
                     "volumes": [
-                        _plan_volume(m),
-                        *_scratch_volumes(m),
+                        _plan_volume(model),
+                        *_scratch_volumes(model),
                         *([_artefact_volume("compiled")] if spec.compile.image else []),
-                        *([_artefact_volume("model")] if serving_fetches_model(m) else []),
+                        *([_artefact_volume("model")] if serving_fetches_model(model) else []),
                     ],
                     "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
-                    **({"resourceClaims": [{"name": CLAIM, "resourceClaimTemplateName": claim_template_name(m)}]} if dra else {}),
+                    **({"resourceClaims": [{"name": CLAIM, "resourceClaimTemplateName": claim_template_name(model)}]} if dra else {}),
                     "affinity": {
-                        **({} if dra else {"nodeAffinity": _instance_type_affinity(m)}),
+                        **({} if dra else {"nodeAffinity": _instance_type_affinity(model)}),
                         "podAntiAffinity": {
                             "preferredDuringSchedulingIgnoredDuringExecution": [
                                 {
                                     "weight": 100,
                                     "podAffinityTerm": {
                                         "topologyKey": "kubernetes.io/hostname",
-                                        "labelSelector": {"matchLabels": selector(m)},
+                                        "labelSelector": {"matchLabels": selector(model)},
                                     },
                                 }
                             ]
@@ -910,31 +919,33 @@ def serving_deployment(m: Model, replicas: int | None = None) -> dict[str, Any]:
     }
 
 
-def scaled_object(m: Model, prometheus: Prometheus, has_artefact: bool = True) -> dict[str, Any]:
+def scaled_object(model: Model, prometheus: Prometheus, has_artefact: bool = True) -> dict[str, Any]:
     """The KEDA ScaledObject of a model with spec.autoscaling (:mod:`autoscaling`)."""
-    return autoscaling_object(m.spec, m.namespace, m.name, _metadata(m, m.name, "autoscaling"), prometheus, has_artefact)
+    return autoscaling_object(
+        model.spec, model.namespace, model.name, _metadata(model, model.name, "autoscaling"), prometheus, has_artefact
+    )
 
 
-def _service_ports(m: Model) -> list[dict[str, Any]]:
-    base = process_base_port(m)
-    ports = [{"name": f"serve-{i}", "port": base + i, "targetPort": f"serve-{i}", "protocol": "TCP"} for i in range(m.plan.groups)]
-    if batching_front_end(m):
-        ports.insert(0, {"name": "batch", "port": m.spec.serving.port, "targetPort": "batch", "protocol": "TCP"})
+def _service_ports(model: Model) -> list[dict[str, Any]]:
+    base = process_base_port(model)
+    ports = [{"name": f"serve-{i}", "port": base + i, "targetPort": f"serve-{i}", "protocol": "TCP"} for i in range(model.plan.groups)]
+    if batching_front_end(model):
+        ports.insert(0, {"name": "batch", "port": model.spec.serving.port, "targetPort": "batch", "protocol": "TCP"})
     return ports
 
 
-def service(m: Model, to_holder: bool = False) -> dict[str, Any]:
+def service(model: Model, to_holder: bool = False) -> dict[str, Any]:
     """The model's Service: its serving pods, or, while a model that scales to zero has no
     replica that answers, its holder (the same port names, so clients see no change)."""
-    return _service(m, m.name, holder_selector(m) if to_holder else selector(m))
+    return _service(model, model.name, holder_selector(model) if to_holder else selector(model))
 
 
-def _service(m: Model, name: str, target: dict[str, str]) -> dict[str, Any]:
+def _service(model: Model, name: str, target: dict[str, str]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(m, name, "serving"),
-        "spec": {"selector": target, "ports": _service_ports(m)},
+        "metadata": _metadata(model, name, "serving"),
+        "spec": {"selector": target, "ports": _service_ports(model)},
     }
 
 
@@ -943,41 +954,41 @@ HOLDER_SUFFIX = "-holder"
 REPLICAS_SUFFIX = "-replicas"
 
 
-def holder_selector(m: Model) -> dict[str, str]:
-    return {MODEL_LABEL: m.name, COMPONENT_LABEL: "holder"}
+def holder_selector(model: Model) -> dict[str, str]:
+    return {MODEL_LABEL: model.name, COMPONENT_LABEL: "holder"}
 
 
-def replicas_service(m: Model) -> dict[str, Any]:
+def replicas_service(model: Model) -> dict[str, Any]:
     """The serving pods alone, whatever the model's Service points at: what the holder forwards to."""
-    return _service(m, m.name + REPLICAS_SUFFIX, selector(m))
+    return _service(model, model.name + REPLICAS_SUFFIX, selector(model))
 
 
-def parked_holder(m: Model) -> dict[str, Any]:
+def parked_holder(model: Model) -> dict[str, Any]:
     """The holder of a model that no longer scales to zero, at no replica: only the fields
     the operator applies change, the rest stays as the last holder had it."""
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(m, m.name + HOLDER_SUFFIX, "holder"),
+        "metadata": _metadata(model, model.name + HOLDER_SUFFIX, "holder"),
         "spec": {"replicas": 0},
     }
 
 
-def holder_deployment(m: Model, upstream: str) -> dict[str, Any]:
+def holder_deployment(model: Model) -> dict[str, Any]:
     """The holder of a model that scales to zero (batching/holder.py), on no Neuron device.
-    ``upstream``: the replicas Service's cluster IP, which every cluster routes (a name would
-    need cluster DNS)."""
-    a = m.spec.autoscaling
+    It forwards to the replicas Service, which it finds by name (batching/holder.py,
+    ``upstream_host``): no address of a live cluster is in it, so ``render`` prints it as applied."""
+    a = model.spec.autoscaling
     assert a is not None
-    ports = _service_ports(m)
+    ports = _service_ports(model)
     listen = ",".join(str(p["port"]) for p in ports)
     container = {
         "name": "hold",
-        "image": m.operator_image,
+        "image": model.operator_image,
         "args": [
             "hold",
-            "--upstream",
-            upstream,
+            "--upstream-service",
+            model.name + REPLICAS_SUFFIX,
             "--ports",
             listen,
             "--hold-seconds",
@@ -995,13 +1006,13 @@ def holder_deployment(m: Model, upstream: str) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(m, m.name + HOLDER_SUFFIX, "holder"),
+        "metadata": _metadata(model, model.name + HOLDER_SUFFIX, "holder"),
         "spec": {
             "replicas": 1,
-            "selector": {"matchLabels": holder_selector(m)},
+            "selector": {"matchLabels": holder_selector(model)},
             "template": {
                 "metadata": {
-                    "labels": labels(m, "holder"),
+                    "labels": labels(model, "holder"),
                     # Prometheus reads the requests it holds: the model's ScaledObject sums them.
                     "annotations": _scraped_at(ports[0]["port"]),
                 },
@@ -1016,13 +1027,3 @@ def holder_deployment(m: Model, upstream: str) -> dict[str, Any]:
             },
         },
     }
-
-
-def desired_objects(m: Model, prometheus: Prometheus | None = None) -> list[dict[str, Any]]:
-    """Every object the operator applies for a model, in the order it applies them:
-    the plan ConfigMap, the compile Job (when there is one), the claim template (with
-    allocation dra), the Deployment, the Service, and with autoscaling and a Prometheus
-    address, the ScaledObject."""
-    job, claims = compile_job(m), resource_claim_template(m)
-    scaler = [scaled_object(m, prometheus)] if m.spec.autoscaling is not None and prometheus and prometheus.address else []
-    return [plan_configmap(m), *([job] if job else []), *([claims] if claims else []), serving_deployment(m), service(m), *scaler]

@@ -48,9 +48,9 @@ def check_model(
     findings += spec_findings
     if spec is None or errors(findings):
         return CheckedModel(spec, findings, None)
-    m = Model(name, namespace or "default", uid, spec, plan(spec, checked=spec_findings), operator_image)
-    findings += plan_size_findings(m)
-    return CheckedModel(spec, findings, None if errors(findings) else m)
+    planned = Model(name, namespace or "default", uid, spec, plan(spec, checked=spec_findings), operator_image)
+    findings += plan_size_findings(planned)
+    return CheckedModel(spec, findings, None if errors(findings) else planned)
 
 
 def with_allocation(raw_spec: Any, allocation: str) -> Any:

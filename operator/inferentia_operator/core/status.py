@@ -19,11 +19,10 @@ from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
 from . import api
-from .autoscaling import NO_PROMETHEUS, NOT_SERVED, SCALED_OBJECT_KIND, Engine, Prometheus
+from .autoscaling import NOT_SERVED, SCALED_OBJECT_KIND, Engine, target_in_flight
 from .autoscaling import condition as autoscaling_condition
-from .names import COMPONENT_LABEL, DEFAULT_OPERATOR_IMAGE, DEVICE_PLUGIN, JOB_NAME_LABEL, PLAN_HASH_ANNOTATION
+from .names import COMPONENT_LABEL, JOB_NAME_LABEL, PLAN_HASH_ANNOTATION
 from .objects import Obj
-from .proof import NO_PROVER, Prover
 
 # Flux's kstatus reads only observedGeneration and the "abnormal-true" Reconciling and
 # Stalled conditions of a custom resource (anything else counts as Current), so they
@@ -84,52 +83,54 @@ class Conflict:
 
     kind: str
     name: str
-    holder: str  # who has it, as a phrase: "controlled by Deployment web", "not managed by this model"
+    owner: str  # who has it, as a phrase: "controlled by Deployment web", "not managed by this model"
 
     def __str__(self) -> str:
-        return f"{self.kind} {self.name} already exists and is {self.holder}; the operator leaves it alone (rename the model or remove that object)"
+        return f"{self.kind} {self.name} already exists and is {self.owner}; the operator leaves it alone (rename the model or remove that object)"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Observed:
-    """One model and its children as the caches hold them (None or empty when absent)."""
+    """One model and what the caches hold of it (nothing of the operator's configuration:
+    that is :class:`settings.Settings`).
+
+    ``children``: the model's objects by kind (core/kinds.py), every one the caches file under
+    the model, whatever its name (a model that scales to zero has two Deployments and two
+    Services). ``pods``: the pods of its Jobs and Deployments."""
 
     model: dict[str, Any]
-    deployment: dict[str, Any] | None = None
-    service: dict[str, Any] | None = None
-    configmaps: list[dict[str, Any]] = field(default_factory=list)
-    jobs: list[dict[str, Any]] = field(default_factory=list)
-    claim_templates: list[dict[str, Any]] = field(default_factory=list)  # with allocation dra
-    pods: list[dict[str, Any]] = field(default_factory=list)
-    scaled_object: dict[str, Any] | None = None  # the model's KEDA ScaledObject
-    # Deployments and Services of the model other than those named after it: a model that
-    # scales to zero has a holder Deployment and a replicas Service.
-    others: list[dict[str, Any]] = field(default_factory=list)
-    # False while the API server lately answered that it serves no ScaledObjects (KEDA is
-    # not installed): nothing is written for them until the operator asks again.
-    scaled_objects_served: bool = True
+    children: Mapping[str, Sequence[dict[str, Any]]] = field(default_factory=dict)
+    pods: Sequence[dict[str, Any]] = ()
     # The namespace's records of completed compiles and its compile Jobs, by the URI of the
     # artefact they are about: how a model learns that another model compiled its key, or
     # is compiling it now. Lookups, not copies: the shell's views read the caches per URI.
     compile_records: Mapping[str, list[dict[str, Any]]] = field(default_factory=dict)
     compile_jobs: Mapping[str, list[dict[str, Any]]] = field(default_factory=dict)
-    # Configuration, not state: the operator's --operator-image and Prometheus settings.
-    operator_image: str = DEFAULT_OPERATOR_IMAGE
-    prometheus: Prometheus = NO_PROMETHEUS
-    allocation: str = DEVICE_PLUGIN  # the operator's --allocation, for models that name none
-    prover: Prover = NO_PROVER  # the operator's key: which compile records and Jobs it made
+    # Kinds the API server lately answered it does not serve (KEDA's, before KEDA is
+    # installed): nothing is written for them until the operator asks again.
+    unserved: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, model: dict[str, Any], *objects: dict[str, Any] | None, **rest: Any) -> Observed:
+        """``model`` with ``objects`` (None for one that is absent), each filed under its kind."""
+        by_kind: dict[str, list[dict[str, Any]]] = {}
+        for obj in objects:
+            if obj is not None:
+                by_kind.setdefault(str(obj.get("kind")), []).append(obj)
+        return cls(model, by_kind, **rest)
+
+    def all(self, kind: str) -> Sequence[dict[str, Any]]:
+        return self.children.get(kind, ())
 
     def live(self, kind: str, name: str | None) -> dict[str, Any] | None:
-        main = {"Deployment": self.deployment, "Service": self.service}
-        if kind in main:
-            if Obj(main[kind]).name == name:
-                return main[kind]
-            return next((o for o in self.others if o.get("kind") == kind and Obj(o).name == name), None)
-        if kind == SCALED_OBJECT_KIND:
-            return self.scaled_object if Obj(self.scaled_object).name == name else None
-        pools = {"ConfigMap": self.configmaps, "Job": self.jobs, "ResourceClaimTemplate": self.claim_templates}
-        pool = pools.get(kind, [])
-        return next((o for o in pool if Obj(o).name == name), None)
+        return next((observed for observed in self.all(kind) if Obj(observed).name == name), None)
+
+    def own(self, kind: str) -> dict[str, Any] | None:
+        """The model's object of ``kind`` named after the model: its Deployment, Service, ScaledObject."""
+        return self.live(kind, Obj(self.model).name)
+
+    def served(self, kind: str) -> bool:
+        return kind not in self.unserved
 
     @property
     def serving_pods(self) -> list[dict[str, Any]]:
@@ -558,6 +559,37 @@ class Report:
 
 
 @dataclass(frozen=True)
+class CompileFacts:
+    """What the compile part concluded (parts/compile.py)."""
+
+    condition: api.Condition  # Compiled
+    job: str | None = None  # the compile Job that makes the artefact, unless it came from the cache
+    uri: str | None = None  # the artefact's, when something compiles ahead of serving
+    key: str | None = None
+    hit: bool | None = None  # the artefact came from a record of an earlier compile
+    changed: tuple[str, ...] = ()  # the compile inputs that differ from the last artefact's
+
+
+@dataclass(frozen=True)
+class ServingFacts:
+    """What the serving part concluded (parts/serving.py)."""
+
+    replicas: int  # the Deployment's desired replicas
+    plan_hash: str | None  # the current plan's, which an up-to-date Deployment carries
+    plan: api.Plan | None
+    selector: str | None
+
+
+@dataclass(frozen=True)
+class ScalingFacts:
+    """What the autoscaling part concluded (parts/scaling.py), for a model with spec.autoscaling."""
+
+    spec: api.InferentiaModelSpec  # the Autoscaling condition is read against it
+    configured: bool  # the operator knows where Prometheus is
+    query: str | None  # the ScaledObject's query, when there is one
+
+
+@dataclass(frozen=True)
 class ReportBasis:
     """What a decision concluded about a model, from which its status is reported: once
     before any write, and, where there were writes, once after them with what they found.
@@ -565,21 +597,10 @@ class ReportBasis:
 
     valid: bool
     message: str  # why the spec is invalid, when it is
-    compiled: api.Condition | None
-    replicas: int  # the desired replicas
-    plan_hash: str | None  # the current plan's, which an up-to-date Deployment carries
+    serving: ServingFacts
+    compile: CompileFacts | None  # None while the spec is invalid
+    scaling: ScalingFacts | None  # None without spec.autoscaling
     conflicts: tuple[Conflict, ...] = ()  # children someone else holds, found before writing
-    plan: api.Plan | None = None
-    selector: str | None = None
-    compile_job: str | None = None
-    compiled_uri: str | None = None
-    compile_key: str | None = None
-    compile_cache_hit: bool | None = None
-    changed_compile_inputs: tuple[str, ...] = ()
-    # With spec.autoscaling: the spec the Autoscaling condition is read against, and the
-    # status block (status.autoscaling).
-    scaling_spec: api.InferentiaModelSpec | None = None
-    autoscaling: api.AutoscalingStatus | None = None
 
 
 _Found = TypeVar("_Found", Conflict, WriteFailure)
@@ -590,37 +611,45 @@ def _split_scaling(found: Sequence[_Found]) -> tuple[list[_Found], list[_Found]]
     return [f for f in found if f.kind == SCALED_OBJECT_KIND], [f for f in found if f.kind != SCALED_OBJECT_KIND]
 
 
-def report(o: Observed, at: str, basis: ReportBasis, failures: Sequence[WriteFailure] = (), conflicts: Sequence[Conflict] = ()) -> Report:
+def report(
+    observed: Observed, at: str, basis: ReportBasis, failures: Sequence[WriteFailure] = (), conflicts: Sequence[Conflict] = ()
+) -> Report:
     """The status of ``o`` and the events its transitions call for, from a decision's
     ``basis``; ``failures`` and ``conflicts``: what writing found, when there were writes."""
-    model = Obj(o.model)
+    model = Obj(observed.model)
     previous = list(model.status.get("conditions") or ())
-    rollout = rollout_of(o.deployment, basis.replicas, basis.plan_hash)
+    serving, compiled, scaling = basis.serving, basis.compile, basis.scaling
+    deployment, scaled_object = observed.own("Deployment"), observed.own(SCALED_OBJECT_KIND)
+    rollout = rollout_of(deployment, serving.replicas, serving.plan_hash)
     found = list(dict.fromkeys([*basis.conflicts, *conflicts]))
     # What autoscaling meets is reported in its own condition: the model serves at
     # minReplicas meanwhile, so it never holds back Ready.
     scaling_found, other_found = _split_scaling(found)
     scaling_failures, other_failures = _split_scaling(failures)
     new = conditions(
-        valid=basis.valid, invalid_message=basis.message, compiled=basis.compiled, rollout=rollout, pods=o.serving_pods,
-        blocked=blocked_by(other_found, other_failures),
+        valid=basis.valid, invalid_message=basis.message, compiled=compiled.condition if compiled else None, rollout=rollout,
+        pods=observed.serving_pods, blocked=blocked_by(other_found, other_failures),
     )  # fmt: skip
-    if basis.scaling_spec is not None:
+    scaling_status = None
+    if scaling is not None:
         refused = (scaling_failures[0].code, scaling_failures[0].message) if scaling_failures else None
-        if refused is None and not o.scaled_objects_served:
+        if refused is None and not observed.served(SCALED_OBJECT_KIND):
             refused = (404, NOT_SERVED)
-        live = o.scaled_object if not scaling_found else None
+        live = scaled_object if not scaling_found else None
         engine = Engine(
-            configured=bool(o.prometheus.address), live=live, refused=refused, conflict=str(scaling_found[0]) if scaling_found else None
+            configured=scaling.configured, live=live, refused=refused, conflict=str(scaling_found[0]) if scaling_found else None
         )
-        scaling = autoscaling_condition(basis.scaling_spec, model.name or "", engine)
-        if scaling is not None:
-            new.append(scaling)
-    scaling_status = basis.autoscaling
-    if scaling_status is not None:
+        said = autoscaling_condition(scaling.spec, model.name or "", engine)
+        if said is not None:
+            new.append(said)
         # The ScaledObject as it stands after the writes: named once it exists.
-        ours = o.scaled_object is not None and not scaling_found and not scaling_failures
-        scaling_status = scaling_status.model_copy(update={"scaled_object": Obj(o.scaled_object).name if ours else None})
+        ours = scaled_object is not None and not scaling_found and not scaling_failures
+        assert scaling.spec.autoscaling is not None
+        scaling_status = api.AutoscalingStatus(
+            min_replicas=scaling.spec.autoscaling.min_replicas, max_replicas=scaling.spec.autoscaling.max_replicas,
+            target_in_flight=target_in_flight(scaling.spec), desired_replicas=serving.replicas, query=scaling.query,
+            scaled_object=Obj(scaled_object).name if ours else None,
+        )  # fmt: skip
     generation = model.generation or 1
     status = api.InferentiaModelStatus(
         observed_generation=generation,
@@ -629,14 +658,14 @@ def report(o: Observed, at: str, basis: ReportBasis, failures: Sequence[WriteFai
         ready_replicas=rollout.ready,
         updated_replicas=rollout.updated,
         autoscaling=scaling_status,
-        pods=pod_counts(o.serving_pods),
-        plan=basis.plan,
-        selector=basis.selector,
-        compile_job=basis.compile_job,
-        compiled_uri=basis.compiled_uri,
-        compile_key=basis.compile_key,
-        compile_cache_hit=basis.compile_cache_hit,
-        changed_compile_inputs=list(basis.changed_compile_inputs) or None,
+        pods=pod_counts(observed.serving_pods),
+        plan=serving.plan,
+        selector=serving.selector,
+        compile_job=compiled.job if compiled else None,
+        compiled_uri=compiled.uri if compiled else None,
+        compile_key=compiled.key if compiled else None,
+        compile_cache_hit=compiled.hit if compiled else None,
+        changed_compile_inputs=list(compiled.changed) or None if compiled else None,
     )
     return Report(status, events(new, previous))
 

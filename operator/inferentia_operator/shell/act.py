@@ -8,29 +8,29 @@ the operator never writes over someone else's. That GET is the only read of a re
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
 from inferentia_operator.core import children
-from inferentia_operator.core.decide import Decision, holder_of, is_compile_job_of_ours
+from inferentia_operator.core.decide import Decision
+from inferentia_operator.core.kinds import WRITTEN_ONCE
 from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.ownership import foreign_owner, is_compile_job_of_ours
+from inferentia_operator.core.projection import project, project_record
 from inferentia_operator.core.proof import PROOF_ANNOTATION, Prover
 from inferentia_operator.core.status import Conflict, Observed, WriteFailure
 
 from .cache import GONE
 from .kube import ApiError, Kube
-from .observe import project, project_record
 
 log = logging.getLogger(__name__)
 
-# Children one reconcile may write at once: plan ConfigMap, Service, compile Job, claim template, Deployment.
+# Calls one reconcile may have in flight at once: its children's writes (plan ConfigMap,
+# Services, compile Job, claim template, Deployments), or its status patch and events.
 WRITES_PER_RECONCILE = 5
-# Children named after their content and never written again (a ConfigMap is immutable,
-# a Job's template too): created, not applied, so no field of theirs is ever left owned
-# by a create that a later apply would have to remove.
-WRITTEN_ONCE = {"ConfigMap", "Job", "ResourceClaimTemplate"}
 
 
 @dataclass
@@ -47,52 +47,49 @@ class Outcome:
         return bool(self.written) or self.record is not None
 
 
-class Actor:
-    def __init__(self, workers: int) -> None:
-        self._writes = ThreadPoolExecutor(max_workers=workers * WRITES_PER_RECONCILE, thread_name_prefix="write")
+async def act(pool: Executor, kube: Kube, observed: Observed, decision: Decision, prover: Prover) -> Outcome:
+    """The decision's writes, each failure recorded, none stopping the rest. The children are
+    independent (a pod waits for its plan ConfigMap by itself), so they are written at once,
+    each a blocking call in ``pool`` (the reconciler's one pool of API calls): a reconcile
+    takes one or two round trips, not six."""
+    out = Outcome()
+    model = Obj(observed.model)
+    namespace = model.namespace or ""
 
-    def act(self, kube: Kube, observed: Observed, decision: Decision) -> Outcome:
-        """Runs in a worker thread: the decision's writes, each failure recorded, none stopping
-        the rest. The children are independent (a pod waits for its plan ConfigMap by itself),
-        so they are written at once: a reconcile takes one or two round trips, not six."""
-        out = Outcome()
-        model = Obj(observed.model)
-        namespace = model.namespace or ""
+    def taken(kind: str, name: str) -> bool:
+        """Whether an object the model does not control has the name (recorded as a conflict)."""
+        existing = kube.get(kind, namespace, name)
+        if existing is not None and kind == "Job" and is_compile_job_of_ours(existing):
+            # Another model with the same compile inputs created it a moment ago: this
+            # model waits for it (the next reconcile sees it in the cache), never a conflict.
+            return True
+        owner = foreign_owner(existing, model.uid, model.name) if existing is not None else None
+        if owner is not None:
+            out.conflicts.append(Conflict(kind, name, owner))
+        return owner is not None
 
-        def taken(kind: str, name: str) -> bool:
-            """Whether an object the model does not control has the name (recorded as a conflict)."""
-            existing = kube.get(kind, namespace, name)
-            if existing is not None and kind == "Job" and is_compile_job_of_ours(existing):
-                # Another model with the same compile inputs created it a moment ago: this
-                # model waits for it (the next reconcile sees it in the cache), never a conflict.
-                return True
-            holder = holder_of(existing, model.uid, model.name) if existing is not None else None
-            if holder is not None:
-                out.conflicts.append(Conflict(kind, name, holder))
-            return holder is not None
-
-        def write(body: dict[str, Any]) -> None:
-            kind, name = body["kind"], body["metadata"]["name"]
-            try:
-                if observed.live(kind, name) is None:
-                    if kind in WRITTEN_ONCE:
-                        # Named after their content and never updated: a plain create, which
-                        # the API server refuses (409) if the name is taken, needs no check first.
-                        created = kube.create(body)
-                        if created is not None:
-                            if kind == "Job":
-                                created = prove_job(kube, created, observed.prover)
-                            out.written[(kind, name)] = project(created)
-                            return
-                    # Not in the caches (or the create found the name taken): it may be an
-                    # object the label-filtered watch cannot see. Never write over someone else's.
-                    if taken(kind, name):
+    def write(body: dict[str, Any]) -> None:
+        kind, name = body["kind"], body["metadata"]["name"]
+        try:
+            if observed.live(kind, name) is None:
+                if kind in WRITTEN_ONCE:
+                    # Named after their content and never updated: a plain create, which
+                    # the API server refuses (409) if the name is taken, needs no check first.
+                    created = kube.create(body)
+                    if created is not None:
+                        if kind == "Job":
+                            created = prove_job(kube, created, prover)
+                        out.written[(kind, name)] = project(created)
                         return
-                out.written[(kind, name)] = project(apply(kube, body, observed.live(kind, name)))
-            except ApiError as exc:
-                out.failures.append(WriteFailure(kind, name, exc.code, exc.message))
+                # Not in the caches (or the create found the name taken): it may be an
+                # object the label-filtered watch cannot see. Never write over someone else's.
+                if taken(kind, name):
+                    return
+            out.written[(kind, name)] = project(apply(kube, body, observed.live(kind, name)))
+        except ApiError as exc:
+            out.failures.append(WriteFailure(kind, name, exc.code, exc.message))
 
-        list(self._writes.map(write, decision.apply))
+    def record_and_delete() -> None:
         if decision.record is not None:
             try:
                 # Taken (409): another reconcile recorded the same compile first; nothing to do.
@@ -106,7 +103,11 @@ class Actor:
                 out.written[(kind, name)] = GONE
             except ApiError as exc:
                 log.warning("could not delete superseded %s %s/%s: %s", kind, namespace, name, exc)
-        return out
+
+    loop = asyncio.get_running_loop()
+    await asyncio.gather(*(loop.run_in_executor(pool, write, body) for body in decision.apply))
+    await loop.run_in_executor(pool, record_and_delete)
+    return out
 
 
 def prove_job(kube: Kube, job: dict[str, Any], prover: Prover) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 kopf indexes are the caches: every InferentiaModel and every child and pod the
 operator manages (server-side filtered by its managed-by label) are kept in memory as
-the watches deliver them, as :mod:`observe` projects and packs them. kopf starts no other handler
+the watches deliver them, as :mod:`inferentia_operator.core.projection` projects and packs them. kopf starts no other handler
 until every index is fully populated, so nothing is decided from a half-filled cache.
 
 What the operator wrote itself is kept beside the caches until the watch delivers it,
@@ -16,13 +16,10 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from inferentia_operator.core import api
-from inferentia_operator.core.autoscaling import NO_PROMETHEUS, SCALED_OBJECT_KIND, Prometheus
-from inferentia_operator.core.names import DEFAULT_OPERATOR_IMAGE, DEVICE_PLUGIN
+from inferentia_operator.core.kinds import BY_KIND, CHILD_KINDS
 from inferentia_operator.core.objects import Obj
-from inferentia_operator.core.proof import NO_PROVER, Prover
+from inferentia_operator.core.projection import Key
 from inferentia_operator.core.status import Observed
-
-from .observe import Key
 
 # What the overlay records for an object the operator deleted.
 GONE: dict[str, Any] = {"metadata": {"resourceVersion": "-1"}, "gone": True}
@@ -55,17 +52,7 @@ class ByUri(Mapping[str, Any]):
 
 
 class Cache:
-    def __init__(
-        self,
-        operator_image: str = DEFAULT_OPERATOR_IMAGE,
-        prometheus: Prometheus = NO_PROMETHEUS,
-        allocation: str = DEVICE_PLUGIN,
-        prover: Prover = NO_PROVER,
-    ) -> None:
-        self.operator_image = operator_image
-        self.prover = prover
-        self.prometheus = prometheus
-        self.allocation = allocation
+    def __init__(self) -> None:
         self.indexes: Mapping[str, Any] | None = None  # kopf's, captured when they are populated
         # Per model: what the operator wrote, (kind, name) -> object, until the watch delivers it.
         self._written: dict[Key, dict[tuple[str, str], dict[str, Any]]] = {}
@@ -160,32 +147,14 @@ class Cache:
         if model is None:
             return None
 
-        def children(kind: str, index: str) -> list[dict[str, Any]]:
-            return self._resolve(key, kind, self._cached(index, key))
-
-        all_deployments, all_services = children("Deployment", "deployment_index"), children("Service", "service_index")
-        deployments = [d for d in all_deployments if Obj(d).name == key[1]]
-        services = [s for s in all_services if Obj(s).name == key[1]]
-        others = [{**d, "kind": "Deployment"} for d in all_deployments if Obj(d).name != key[1]]
-        others += [{**s, "kind": "Service"} for s in all_services if Obj(s).name != key[1]]
-        scalers = [s for s in children(SCALED_OBJECT_KIND, "scaledobject_index") if Obj(s).name == key[1]]
+        kinds = [k for k in CHILD_KINDS if k.kind != "Pod"]
         return Observed(
             model=model,
-            deployment=deployments[0] if deployments else None,
-            service=services[0] if services else None,
-            configmaps=children("ConfigMap", "configmap_index"),
-            jobs=children("Job", "job_index"),
-            claim_templates=children("ResourceClaimTemplate", "resourceclaimtemplate_index"),
-            pods=self._cached("pod_index", key),
-            scaled_object=scalers[0] if scalers else None,
-            others=others,
-            scaled_objects_served=self.served(SCALED_OBJECT_KIND),
+            children={k.kind: self._resolve(key, k.kind, self._cached(k.index, key)) for k in kinds},
+            pods=self._cached(BY_KIND["Pod"].index, key),
             compile_records=self._compile_view("compile_record_index", key[0], records=True),
             compile_jobs=self._compile_view("compile_job_index", key[0], records=False),
-            operator_image=self.operator_image,
-            prometheus=self.prometheus,
-            allocation=self.allocation,
-            prover=self.prover,
+            unserved=frozenset(k.kind for k in kinds if not self.served(k.kind)),
         )
 
     def _compile_view(self, index: str, namespace: str, records: bool) -> ByUri:

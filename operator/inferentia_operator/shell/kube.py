@@ -1,4 +1,4 @@
-"""The few Kubernetes API calls the operator makes, with retries for transient failures.
+"""The few Kubernetes API calls the operator makes, each one request.
 
 Every call the operator's reconciles make goes through here, so RBAC can grant exactly
 these (tests/test_rbac.py records them), and the metrics count them: server-side apply
@@ -12,8 +12,6 @@ Secret (get, create). Reads of the children otherwise come from the watch caches
 from __future__ import annotations
 
 import json
-import logging
-import time
 from typing import Any
 from urllib.parse import quote
 
@@ -22,30 +20,26 @@ import urllib3
 
 from inferentia_operator.core import api
 from inferentia_operator.core.autoscaling import NOT_SERVED
+from inferentia_operator.core.kinds import CHILD_KINDS
 from inferentia_operator.core.names import FIELD_MANAGER
 from inferentia_operator.core.status import now
 
 from . import metrics
 
-log = logging.getLogger(__name__)
-
-# kind -> (API path prefix, plural)
+# kind -> (API path prefix, plural): the children's from the table of child kinds, and the
+# few other kinds the operator calls.
 RESOURCES = {
-    "ConfigMap": ("/api/v1", "configmaps"),
+    **{k.kind: (k.path_prefix, k.plural) for k in CHILD_KINDS},
     "Secret": ("/api/v1", "secrets"),
-    "Service": ("/api/v1", "services"),
-    "Pod": ("/api/v1", "pods"),
     "Event": ("/api/v1", "events"),
-    "Deployment": ("/apis/apps/v1", "deployments"),
-    "Job": ("/apis/batch/v1", "jobs"),
-    "ScaledObject": ("/apis/keda.sh/v1alpha1", "scaledobjects"),
-    "ResourceClaimTemplate": ("/apis/resource.k8s.io/v1", "resourceclaimtemplates"),
     api.KIND: (f"/apis/{api.API_VERSION}", api.PLURAL),
     "KopfPeering": ("/apis/kopf.dev/v1", "kopfpeerings"),
     "ClusterKopfPeering": ("/apis/kopf.dev/v1", "clusterkopfpeerings"),
 }
 CLUSTER_SCOPED = {"ClusterKopfPeering"}
-# 409 is a conflict for an update (retried), but AlreadyExists for a create (not).
+# Answers that may pass: the call is not repeated here but the reconcile is, after the work
+# queue's backoff (the one retry layer, shell/workqueue.py). 409 is a conflict for an update,
+# but AlreadyExists for a create, which is permanent.
 TRANSIENT = {409, 429, 500, 502, 503, 504}
 
 
@@ -95,10 +89,12 @@ def load_client(pool_size: int = 4) -> kubernetes.client.ApiClient:
 
 
 class Kube:
-    def __init__(self, client: kubernetes.client.ApiClient, attempts: int = 4, first_delay: float = 0.2):
+    """One call, one request: a failure that may pass is a :class:`TransientError` for the
+    caller, and the work queue retries the whole reconcile after its backoff, so no reconcile
+    blocks a worker thread sleeping between attempts."""
+
+    def __init__(self, client: kubernetes.client.ApiClient):
         self.client = client
-        self.attempts = attempts
-        self.first_delay = first_delay
 
     def _call(
         self, method: str, url: str, body: Any = None, query: list[tuple[str, str]] | None = None, content_type: str | None = None
@@ -109,36 +105,24 @@ class Kube:
         resource = url.split("?")[0].split("/")
         verb = {"GET": "get", "PATCH": "patch", "POST": "create", "DELETE": "delete", "PUT": "update"}[method]
         plural = next((p for _, p in RESOURCES.values() if p in resource), "other")
-        delay = self.first_delay
-        for attempt in range(self.attempts):
-            try:
-                request = self.client.param_serialize(
-                    method, url, query_params=query or [], header_params=headers, body=body, auth_settings=["BearerToken"]
-                )
-                response = self.client.call_api(*request)
-                response.read()  # type: ignore[no-untyped-call]
-                metrics.API_REQUESTS.labels(verb, plural, str(response.status)).inc()
-                if not 200 <= response.status < 300:
-                    raise kubernetes.client.ApiException(http_resp=response)
-                found: dict[str, Any] | None = json.loads(response.data or b"null")
-                return found
-            except kubernetes.client.ApiException as exc:
-                if exc.status == 404 and method == "GET":
-                    return None
-                transient = exc.status in TRANSIENT and not (exc.status == 409 and method == "POST")
-                if not transient:
-                    raise ApiError(exc.status, str(exc.reason), _server_message(exc)) from None
-                if attempt == self.attempts - 1:
-                    raise TransientError(exc.status, str(exc.reason), _server_message(exc)) from None
-                log.info("retrying %s %s after %s %s", method, url, exc.status, exc.reason)
-            except (urllib3.exceptions.HTTPError, OSError) as exc:
-                metrics.API_REQUESTS.labels(verb, plural, "error").inc()
-                if attempt == self.attempts - 1:
-                    raise TransientError(0, type(exc).__name__, f"{method} {url}: {exc}") from None
-                log.info("retrying %s %s after %s", method, url, exc)
-            time.sleep(delay)
-            delay *= 2
-        raise AssertionError("unreachable")
+        try:
+            request = self.client.param_serialize(
+                method, url, query_params=query or [], header_params=headers, body=body, auth_settings=["BearerToken"]
+            )
+            response = self.client.call_api(*request)
+            response.read()  # type: ignore[no-untyped-call]
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            metrics.API_REQUESTS.labels(verb, plural, "error").inc()
+            raise TransientError(0, type(exc).__name__, f"{method} {url}: {exc}") from None
+        metrics.API_REQUESTS.labels(verb, plural, str(response.status)).inc()
+        if 200 <= response.status < 300:
+            found: dict[str, Any] | None = json.loads(response.data or b"null")
+            return found
+        if response.status == 404 and method == "GET":
+            return None
+        refused = kubernetes.client.ApiException(http_resp=response)
+        transient = refused.status in TRANSIENT and not (refused.status == 409 and method == "POST")
+        raise (TransientError if transient else ApiError)(refused.status, str(refused.reason), _server_message(refused))
 
     def _object(self, method: str, url: str, **kwargs: Any) -> dict[str, Any]:
         """A write, which the API server answers with the object written."""

@@ -25,17 +25,16 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from inferentia_operator.core import status
-from inferentia_operator.core.autoscaling import NO_PROMETHEUS, NOT_SERVED, Prometheus
+from inferentia_operator.core.autoscaling import NOT_SERVED
 from inferentia_operator.core.decide import decide
-from inferentia_operator.core.names import DEFAULT_OPERATOR_IMAGE, DEVICE_PLUGIN
 from inferentia_operator.core.objects import Obj
-from inferentia_operator.core.proof import NO_PROVER, Prover
+from inferentia_operator.core.projection import Key, compile_uri, owner_key, pod_signature, project
+from inferentia_operator.core.settings import DEFAULT_SETTINGS, Settings
 
 from . import metrics
-from .act import Actor, Outcome
+from .act import WRITES_PER_RECONCILE, Outcome, act
 from .cache import Cache
 from .kube import ApiError, Kube
-from .observe import Key, compile_uri, owner_key, pod_signature, project
 from .workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -53,7 +52,8 @@ def _namespace_going(code: int, message: str) -> bool:
 
 
 class RetryLater(Exception):
-    """Some writes failed for reasons that may pass (the API server overloaded or restarting)."""
+    """Some writes failed for reasons that may pass (the API server overloaded or restarting):
+    the reconcile goes back in the queue after its backoff, the operator's one retry layer."""
 
 
 class Reconciler:
@@ -63,19 +63,19 @@ class Reconciler:
         workers: int,
         resync_seconds: float,
         is_active: Callable[[], bool],
-        operator_image: str = DEFAULT_OPERATOR_IMAGE,
-        prometheus: Prometheus = NO_PROMETHEUS,
-        allocation: str = DEVICE_PLUGIN,
-        prover: Prover = NO_PROVER,
+        settings: Settings = DEFAULT_SETTINGS,
     ):
         self.kube = kube
         self.workers = workers
         self.resync_seconds = resync_seconds
         self.is_active = is_active  # False while peering keeps this replica on standby
-        self.cache = Cache(operator_image, prometheus, allocation, prover)
-        self.actor = Actor(workers)
+        self.settings = settings
+        self.cache = Cache()
         self._queue: WorkQueue[Key] | None = None  # made on the operator's event loop, at start
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reconcile")
+        # The one pool of blocking API calls (the Kubernetes client is synchronous): each
+        # worker's reconcile has up to WRITES_PER_RECONCILE calls in flight in it, and the
+        # event loop never blocks on one.
+        self._executor = ThreadPoolExecutor(max_workers=workers * WRITES_PER_RECONCILE, thread_name_prefix="api")
         # Trigger state: what status last saw of each pod, each model's generation, and the
         # resourceVersion of the operator's own last status patch (its echo is not news).
         self._pods: dict[tuple[str, str], tuple[Any, ...]] = {}
@@ -98,14 +98,14 @@ class Reconciler:
             return "noop"
         now = status.now()
         # One decision a reconcile: what to write, and the basis of the model's status.
-        decision = decide(observed, now)
+        decision = decide(observed, now, self.settings)
         if decision.basis is None or decision.report is None:
             return "noop"
         loop = asyncio.get_running_loop()
         outcome = Outcome()
         reported = decision.report
         if decision.apply or decision.delete:
-            outcome = await loop.run_in_executor(self._executor, self.actor.act, self.kube(), observed, decision)
+            outcome = await act(self._executor, self.kube(), observed, decision, self.settings.prover)
             self.cache.remember(key, outcome.written)
             if outcome.record is not None:
                 self.cache.remember_record(key[0], outcome.record["data"]["uri"], outcome.record)

@@ -2,29 +2,45 @@
 
 from __future__ import annotations
 
-import argparse
 import base64
 import datetime
 import functools
 import logging
 import os
 import random
+from dataclasses import dataclass, replace
 from typing import Any
 
 import kopf
 
-from inferentia_operator.cli import prometheus_settings
 from inferentia_operator.core.names import FIELD_MANAGER, MANAGED_BY_LABEL
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.proof import KEY_BYTES, Prover
+from inferentia_operator.core.settings import Settings
 
 from . import metrics, wiring
 from .act import WRITES_PER_RECONCILE
 from .kube import ApiError, Kube, load_client
 from .reconciler import Reconciler
 
-FINALIZER = "inferentia.dev/finalizer"
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How `run` runs (cli.py has each flag's help); what it decides with is :class:`Settings`."""
+
+    namespaces: tuple[str, ...] = ()  # none: every namespace
+    liveness: str = ""
+    peering: str = "inferentia-operator"
+    standalone: bool = False
+    priority: int | None = None  # None: a random one, drawn at start
+    resync_seconds: float = 300.0
+    workers: int = 4
+    metrics_port: int = 0
+    key_secret: str = "inferentia-operator-proof-key"
+    key_namespace: str = "default"
+    verbose: bool = False
 
 
 def proof_key(kube: Kube, namespace: str, name: str) -> bytes:
@@ -49,16 +65,13 @@ def proof_key(kube: Kube, namespace: str, name: str) -> bytes:
     return key
 
 
-def configure(settings: kopf.OperatorSettings, args: argparse.Namespace) -> None:
-    # Our own names, not kopf's defaults. No handler needs a finalizer (children are
-    # owned, so the garbage collector deletes them), but if one ever does, it is ours.
-    settings.persistence.finalizer = FINALIZER
-    # Handler progress and the last-handled spec live in status.kopf, not in
-    # annotations on the user's object (which GitOps tools would show as drift).
-    settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf.progress")
-    settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(field="status.kopf.lastHandledConfiguration")
-    settings.peering.name = args.peering
-    settings.peering.priority = args.priority
+def configure(settings: kopf.OperatorSettings, options: RunOptions) -> None:
+    # No finalizer or progress storage to name: the operator registers indexes and event
+    # handlers only (wiring.py), for which kopf writes nothing into a model
+    # (tests/test_registration.py, and the audit log in tests/e2e/test_operator.py).
+    settings.peering.name = options.peering
+    if options.priority is not None:
+        settings.peering.priority = options.priority
     settings.peering.stealth = True  # keep-alives every minute would drown the log
     settings.posting.level = logging.WARNING  # kopf's own progress events; ours are posted explicitly
     # No watch timeout of our own: the API server ends each watch after its
@@ -69,8 +82,7 @@ def configure(settings: kopf.OperatorSettings, args: argparse.Namespace) -> None
     # the operator has no cluster-wide access at all: no CRD watch and no namespace listing,
     # and a KEDA installed later is watched from the operator's next start (its ScaledObjects
     # are written meanwhile; only their status is not read).
-    settings.scanning.disabled = bool(args.namespace)
-    settings.networking.error_backoffs = [1, 2, 5, 10, 30]
+    settings.scanning.disabled = bool(options.namespaces)
     wiring.configure_watches(settings)
 
 
@@ -107,54 +119,47 @@ def peering_objects(name: str, namespaces: list[str]) -> list[dict[str, Any]]:
     return [{"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": name, "namespace": ns}} for ns in namespaces]
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.priority is None:
+def run(options: RunOptions, settings: Settings) -> int:
+    if options.priority is None:
         # kopf pauses every replica when two share a priority; distinct ones make the
         # highest live replica the active one and the others warm standbys.
-        args.priority = random.SystemRandom().randint(1, 2**31 - 1)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        options = replace(options, priority=random.SystemRandom().randint(1, 2**31 - 1))
+    logging.basicConfig(level=logging.DEBUG if options.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     registry = kopf.OperatorRegistry()
     # One API client for the whole operator, with a connection for every write in flight.
-    kube = functools.cache(lambda: Kube(load_client(pool_size=args.workers * (WRITES_PER_RECONCILE + 1))))
+    kube = functools.cache(lambda: Kube(load_client(pool_size=options.workers * WRITES_PER_RECONCILE)))
+    namespaces = list(options.namespaces)
 
     def active() -> bool:
-        if args.standalone:
+        if options.standalone:
             return True
         try:
             bodies = [
                 kube().get(b["kind"], b["metadata"].get("namespace"), b["metadata"]["name"])
-                for b in peering_objects(args.peering, args.namespace)
+                for b in peering_objects(options.peering, namespaces)
             ]
         except ApiError:
             return False  # cannot tell: standing by is the safe side
-        return not peering_paused(bodies, args.priority, datetime.datetime.now(datetime.UTC))
+        assert options.priority is not None
+        return not peering_paused(bodies, options.priority, datetime.datetime.now(datetime.UTC))
 
     try:
-        prover = Prover(proof_key(kube(), args.key_namespace, args.key_secret))
+        settings = replace(settings, prover=Prover(proof_key(kube(), options.key_namespace, options.key_secret)))
     except (ApiError, ValueError) as exc:
         log.error("the proof key: %s", exc)
         return 1
-    reconciler = Reconciler(
-        kube,
-        args.workers,
-        args.resync_seconds,
-        active,
-        operator_image=args.operator_image,
-        prometheus=prometheus_settings(args),
-        allocation=args.allocation,
-        prover=prover,
-    )
+    reconciler = Reconciler(kube, options.workers, options.resync_seconds, active, settings)
     wiring.register(registry, reconciler)
-    if args.metrics_port:
-        metrics.serve(args.metrics_port)
+    if options.metrics_port:
+        metrics.serve(options.metrics_port)
 
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any) -> None:
-        configure(settings, args)
-        if not args.standalone:
+        configure(settings, options)
+        if not options.standalone:
             # Without its peering object kopf only logs "not found" at debug level and every
             # replica acts: make sure it exists (the chart and manifests also create it).
-            for body in peering_objects(args.peering, args.namespace):
+            for body in peering_objects(options.peering, namespaces):
                 if kube().create_if_missing(body):
                     logger.info("created %s %s", body["kind"], body["metadata"])
 
@@ -165,11 +170,11 @@ def run(args: argparse.Namespace) -> int:
 
     kopf.run(
         registry=registry,
-        standalone=args.standalone,
-        peering_name=None if args.standalone else args.peering,
-        priority=args.priority,
-        liveness_endpoint=args.liveness or None,
-        clusterwide=not args.namespace,
-        namespaces=args.namespace,
+        standalone=options.standalone,
+        peering_name=None if options.standalone else options.peering,
+        priority=options.priority,
+        liveness_endpoint=options.liveness or None,
+        clusterwide=not namespaces,
+        namespaces=namespaces,
     )
     return 0

@@ -3,30 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 import kopf
 
 from inferentia_operator.core import api
+from inferentia_operator.core.kinds import CHILD_KINDS, ChildKind
 from inferentia_operator.core.names import FIELD_MANAGER, MANAGED_BY_LABEL
+from inferentia_operator.core.projection import Packed, compile_uri, owner_key, project, project_record
 
-from .observe import Packed, compile_uri, owner_key, project, project_pod, project_record
 from .reconciler import Reconciler
 
-# The children's kinds, as kopf names their resources, and the index that caches each.
-CHILD_RESOURCES = {
-    "Deployment": ("apps", "v1", "deployments"),
-    "Job": ("batch", "v1", "jobs"),
-    "Service": ("", "v1", "services"),
-    "ConfigMap": ("", "v1", "configmaps"),
-    "Pod": ("", "v1", "pods"),
-    # KEDA's: watched once its CRD is served (kopf notices a CRD installed later, where the
-    # operator may list CRDs); until then the operator runs autoscaled models at minReplicas.
-    "ScaledObject": ("keda.sh", "v1alpha1", "scaledobjects"),
-    # The claims of models with allocation dra (Kubernetes 1.34 and later serve resource.k8s.io/v1).
-    "ResourceClaimTemplate": ("resource.k8s.io", "v1", "resourceclaimtemplates"),
-}
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={FIELD_MANAGER}"
 
 
@@ -37,8 +24,8 @@ def configure_watches(settings: kopf.OperatorSettings) -> None:
     server sends a DELETED event for it. Its model is then reconciled, finds the child
     missing from the cache, GETs it before writing, recognises it as its own by its
     owner reference, and applies it again, which puts the labels back."""
-    for group, version, plural in CHILD_RESOURCES.values():
-        settings.watching.label_selectors[group, version, plural] = MANAGED_SELECTOR
+    for child in CHILD_KINDS:
+        settings.watching.label_selectors[child.group, child.version, child.plural] = MANAGED_SELECTOR
 
 
 def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
@@ -68,28 +55,27 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
         uri = compile_uri(body)
         return {(namespace, uri): Packed(project_record(body))} if uri else None
 
-    def child_index(kind: str, projection: Callable[[Any], dict[str, Any]]) -> None:
+    def child_index(child: ChildKind) -> None:
         async def index(body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
             key = owner_key(body)
-            return {key: Packed(projection(body))} if key else None
+            return {key: Packed(child.projection(body))} if key else None
 
-        group, version, plural = CHILD_RESOURCES[kind]
-        kopf.index(group, version, plural, registry=registry, id=f"{kind.lower()}_index")(index)
+        kopf.index(child.group, child.version, child.plural, registry=registry, id=child.index)(index)
 
-    for kind in CHILD_RESOURCES:
-        child_index(kind, project_pod if kind == "Pod" else project)
+    for child in CHILD_KINDS:
+        child_index(child)
 
     @kopf.on.event(**model, id="on_model")
     async def on_model(body: kopf.Body, type: str | None, **kwargs: Any) -> None:
         reconciler.on_model(body, type, kwargs)
 
-    for kind, (group, version, plural) in CHILD_RESOURCES.items():
-        handler = reconciler.on_pod if kind == "Pod" else reconciler.on_child
+    for child in CHILD_KINDS:
+        handler = reconciler.on_pod if child.kind == "Pod" else reconciler.on_child
 
         async def on_child(body: kopf.Body, type: str | None, _handler: Any = handler, **kwargs: Any) -> None:
             _handler(body, type, kwargs)
 
-        kopf.on.event(group, version, plural, registry=registry, id=f"on_{kind.lower()}")(on_child)
+        kopf.on.event(child.group, child.version, child.plural, registry=registry, id=f"on_{child.kind.lower()}")(on_child)
 
     @kopf.on.startup(registry=registry)
     async def start_workers(memo: kopf.Memo, **_: Any) -> None:

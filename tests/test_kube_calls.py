@@ -1,4 +1,4 @@
-"""Retry rules of the API layer. The transport is stubbed here only to script failures the real
+"""The API layer: one request per call, and what each answer becomes. The transport is stubbed here only to script failures the real
 API server cannot be made to produce on demand; every real call is covered by tests/e2e."""
 
 import json
@@ -38,26 +38,23 @@ class ScriptedTransport:
 
 def kube(*statuses):
     transport = ScriptedTransport(*statuses)
-    return Kube(transport, first_delay=0), transport
+    return Kube(transport), transport
 
 
-def test_transient_failures_are_retried_with_backoff_until_success():
-    k, t = kube(503, 429, 200)
+@pytest.mark.parametrize("code", [409, 429, 500, 502, 503, 504])
+def test_an_answer_that_may_pass_is_a_transient_error_after_one_request(code):
+    """No retry here: the work queue retries the whole reconcile after its backoff
+    (tests/test_workqueue.py), so no worker thread sleeps between attempts."""
+    k, t = kube(code)
+    with pytest.raises(TransientError) as said:
+        k.patch_status("ns", "m", {"observedGeneration": 1})
+    assert said.value.code == code and len(t.calls) == 1
+
+
+def test_success_returns_the_object():
+    k, t = kube(200)
     assert k.get("Deployment", "ns", "x") == {"metadata": {"name": "x"}}
-    assert len(t.calls) == 3
-
-
-def test_a_conflict_on_update_is_retried():
-    k, t = kube(409, 200)
-    k.patch_status("ns", "m", {"observedGeneration": 1})
-    assert len(t.calls) == 2
-
-
-def test_persistent_failure_becomes_a_transient_error():
-    k, t = kube(503, 503, 503, 503)
-    with pytest.raises(TransientError):
-        k.get("Deployment", "ns", "x")
-    assert len(t.calls) == 4
+    assert t.calls == [("GET", "/apis/apps/v1/namespaces/ns/deployments/x")]
 
 
 def test_already_exists_on_create_is_not_retried_and_not_an_error():
@@ -74,3 +71,12 @@ def test_not_found_is_none_and_forbidden_is_raised_at_once():
         k.get("Service", "ns", "x")
     assert refused.value.code == 403 and not isinstance(refused.value, TransientError)
     assert len(t.calls) == 1
+
+
+def test_every_child_kind_has_its_path_from_the_table():
+    from inferentia_operator.core.kinds import CHILD_KINDS
+    from inferentia_operator.shell.kube import path
+
+    assert path("ScaledObject", "ns", "m") == "/apis/keda.sh/v1alpha1/namespaces/ns/scaledobjects/m"
+    assert path("ConfigMap", "ns") == "/api/v1/namespaces/ns/configmaps"
+    assert {path(k.kind, "ns").rsplit("/", 1)[1] for k in CHILD_KINDS} == {k.plural for k in CHILD_KINDS}

@@ -1,6 +1,6 @@
 """What the operator keeps of the objects its watches deliver, and how it finds their model.
 
-Pure functions over plain dicts: the kopf indexes (:mod:`wiring`) store these
+Pure functions over plain dicts: the kopf indexes (:mod:`inferentia_operator.shell.wiring`) store these
 projections instead of whole objects, which keeps the operator's memory flat as
 models grow (managedFields alone are often most of an object), and store them packed.
 """

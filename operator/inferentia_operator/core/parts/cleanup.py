@@ -1,0 +1,36 @@
+"""Clean-up: what earlier plans left, once nothing uses it. A plan ConfigMap goes when no
+running pod, unfinished Job or the Deployment mounts it; compile Jobs of earlier plans go,
+less the newest that succeeded (kept for a rollback to reuse)."""
+
+from __future__ import annotations
+
+from inferentia_operator.core import children
+from inferentia_operator.core.children import Model
+from inferentia_operator.core.names import COMPILE_RECORD_COMPONENT, COMPONENT_LABEL
+from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.settings import Settings
+from inferentia_operator.core.status import Observed, job_state
+
+from . import Part
+from .compile import newest_earlier_success
+
+
+def cleanup_part(model: Model, observed: Observed, settings: Settings) -> Part:
+    current = children.compile_job_name(model) if model.spec.compile.image is not None else None
+    kept = newest_earlier_success(observed, settings.prover, current)
+    keep = {current, kept.name if kept is not None else None}
+    jobs = [("Job", name) for name in (Obj(j).name for j in observed.all("Job")) if name is not None and name not in keep]
+    in_use = _plan_configmaps_in_use(observed) | {children.plan_configmap_name(model)}
+    plans = [c for c in map(Obj, observed.all("ConfigMap")) if c.labels.get(COMPONENT_LABEL) != COMPILE_RECORD_COMPONENT]
+    return Part(delete=(*jobs, *(("ConfigMap", c.name) for c in plans if c.name is not None and c.name not in in_use)))
+
+
+def _plan_configmaps_in_use(observed: Observed) -> set[str]:
+    """Plan ConfigMaps that a running pod, an unfinished Job or the Deployment of the
+    model still mounts (a finished pod or Job never reads its plan again)."""
+    templates = [Obj(observed.own("Deployment")).spec.get("template")]
+    templates += [Obj(j).spec.get("template") for j in observed.all("Job") if not job_state(j).finished]
+    volumes = [v for t in templates for v in Obj(t).spec.get("volumes") or ()]
+    running = [p for p in map(Obj, observed.pods) if p.status.get("phase") not in ("Succeeded", "Failed")]
+    volumes += [v for p in running for v in p.spec.get("volumes") or ()]
+    return {v["configMap"]["name"] for v in volumes if isinstance(v.get("configMap"), dict) and "name" in v["configMap"]}

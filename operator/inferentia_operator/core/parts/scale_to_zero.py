@@ -1,0 +1,62 @@
+"""Scale to zero (autoscaling.minReplicas 0): the replicas Service, the holder that keeps
+requests while no replica runs, where the model's Service points, and the replicas the
+Deployment runs now.
+
+The model's Service points at the replicas while one is available and the model wants one,
+else at the holder once the holder is available (never at nothing). Going to zero, the
+Service moves to the holder first, and the last replica stops only once the Service is seen
+there: a request in between reaches the holder or the draining replica, never a Service
+without endpoints. Without an available holder the model keeps a replica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from inferentia_operator.core import children
+from inferentia_operator.core.autoscaling import scales_to_zero
+from inferentia_operator.core.children import Model
+from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.ownership import foreign_owner
+from inferentia_operator.core.status import Observed
+
+from . import Part, ref
+from .scaling import ScalingPart
+
+
+@dataclass(frozen=True)
+class ScaleToZeroPart(Part):
+    replicas: int = 0  # the Deployment's
+    to_holder: bool = False  # the model's Service points at the holder
+
+
+def _available(deployment: Mapping[str, Any] | None) -> int:
+    available = Obj(deployment).status.get("availableReplicas", 0)
+    return available if isinstance(available, int) else 0
+
+
+def scale_to_zero_part(model: Model, observed: Observed, scaling: ScalingPart) -> ScaleToZeroPart:
+    holder_name = model.name + children.HOLDER_SUFFIX
+    if not (scaling.scaled and scales_to_zero(model.spec)):
+        # A model that no longer scales to zero: its holder is parked at no replica, not
+        # deleted (the operator may delete no Deployment); its owner's deletion removes it.
+        parked = observed.live("Deployment", holder_name)
+        if parked is not None and foreign_owner(parked, model.uid, model.name) is None and Obj(parked).spec.get("replicas") != 0:
+            return ScaleToZeroPart((children.parked_holder(model),), replicas=scaling.replicas)
+        return ScaleToZeroPart(replicas=scaling.replicas)
+    replicas_service = children.replicas_service(model)
+    holder = children.holder_deployment(model)
+    # The holder's pods find the replicas Service by the variables the kubelet sets for every
+    # Service that exists when a pod is created (batching/holder.py): so the holder waits for it.
+    held = frozenset() if observed.live("Service", Obj(replicas_service).name) is not None else frozenset({ref(holder)})
+    holder_up = _available(observed.live("Deployment", holder_name)) > 0
+    deployment = observed.own("Deployment")
+    warm = scaling.replicas > 0 and _available(deployment) > 0
+    to_holder = holder_up and not warm
+    at_holder = Obj(observed.own("Service")).spec.get("selector") == children.holder_selector(model)
+    replicas = scaling.replicas
+    if replicas == 0 and not (to_holder and at_holder):
+        replicas = max(Obj(deployment).spec.get("replicas") or 0, 1)
+    return ScaleToZeroPart((replicas_service, holder), held, replicas=replicas, to_holder=to_holder)

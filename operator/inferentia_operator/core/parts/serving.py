@@ -1,0 +1,27 @@
+"""Serving: the plan ConfigMap, the model's Service and its Deployment, which waits for the
+compiled artefact (until then the previous Deployment keeps serving)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inferentia_operator.core import children
+from inferentia_operator.core.children import Model
+from inferentia_operator.core.status import ServingFacts
+
+from . import Part, ref
+
+
+@dataclass(frozen=True)
+class ServingPart(Part):
+    facts: ServingFacts | None = None
+
+
+def serving_part(model: Model, compiled: bool, replicas: int, to_holder: bool) -> ServingPart:
+    """``compiled``: the current plan's artefact exists (or nothing compiles ahead of serving);
+    ``replicas``: what autoscaling and scale to zero leave the Deployment; ``to_holder``: the
+    model's Service points at the scale-to-zero holder."""
+    deployment = children.serving_deployment(model, replicas)
+    facts = ServingFacts(replicas, children.plan_hash(model.plan), model.plan, children.selector_string(model))
+    held = frozenset() if compiled else frozenset({ref(deployment)})
+    return ServingPart((children.plan_configmap(model), children.service(model, to_holder), deployment), held, facts=facts)

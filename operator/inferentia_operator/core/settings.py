@@ -1,0 +1,27 @@
+"""The operator's configuration as the decision reads it: built once, by cli.py, from the
+command line (`run` and `render` take the same flags), never carried in what was observed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .autoscaling import NO_PROMETHEUS, Prometheus
+from .names import DEFAULT_OPERATOR_IMAGE, DEVICE_PLUGIN
+from .proof import NO_PROVER, Prover
+
+
+@dataclass(frozen=True)
+class Settings:
+    # --operator-image: the operator's own image, which compile and serving pods run to fetch
+    # and upload artefacts, for the batching front end, and for the scale-to-zero holder.
+    operator_image: str = DEFAULT_OPERATOR_IMAGE
+    # --prometheus-*: where ScaledObjects read in-flight requests; no address, no ScaledObject.
+    prometheus: Prometheus = NO_PROMETHEUS
+    # --allocation: for models whose spec.compute.allocation says nothing.
+    allocation: str = DEVICE_PLUGIN
+    # The key that proves which compile records and Jobs the operator made (core/proof.py);
+    # `run` adds it once it has read the key Secret.
+    prover: Prover = NO_PROVER
+
+
+DEFAULT_SETTINGS = Settings()

@@ -1,0 +1,31 @@
+"""The serving part alone (core/parts/serving.py): the plan ConfigMap, the Service and the
+Deployment, which is held back until the artefact is compiled."""
+
+from inferentia_operator.core import children
+from inferentia_operator.core.parts.serving import serving_part
+from test_decide import built, model_body
+
+
+def test_every_child_is_named_and_the_deployment_waits_for_the_compile():
+    m = built(model_body(replicas=2))
+    part = serving_part(m, compiled=False, replicas=2, to_holder=False)
+    assert [c["kind"] for c in part.children] == ["ConfigMap", "Service", "Deployment"]
+    assert [c["kind"] for c in part.to_write()] == ["ConfigMap", "Service"]
+    assert [c["kind"] for c in serving_part(m, compiled=True, replicas=2, to_holder=False).to_write()] == [
+        "ConfigMap",
+        "Service",
+        "Deployment",
+    ]
+
+
+def test_the_deployment_runs_the_replicas_it_is_given_and_the_facts_name_the_plan():
+    m = built(model_body(replicas=2))
+    part = serving_part(m, compiled=True, replicas=5, to_holder=False)
+    assert part.children[2]["spec"]["replicas"] == 5
+    assert (part.facts.replicas, part.facts.plan_hash, part.facts.selector) == (5, children.plan_hash(m.plan), children.selector_string(m))
+
+
+def test_the_service_points_at_the_holder_when_told():
+    m = built(model_body())
+    service = serving_part(m, compiled=True, replicas=0, to_holder=True).children[1]
+    assert service["spec"]["selector"] == children.holder_selector(m)
