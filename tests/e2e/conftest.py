@@ -180,3 +180,7 @@ def real_namespace(real_node: Cluster):
     wait_for(lambda: real_node.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0, 30, "default SA")
     yield name
     real_node.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    # The test is over: its pods need not drain (the serving pods' preStop sleep) while they
+    # hold the real node's devices the next test asks for. After the namespace's delete, so
+    # that no ReplicaSet can replace them (a namespace being deleted takes no new object).
+    real_node.kubectl("delete", "pods", "--all", "-n", name, "--grace-period=1", "--wait=false", check=False)
