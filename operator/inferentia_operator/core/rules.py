@@ -126,14 +126,21 @@ ONE_REQUEST = CrossFieldRule(
     ("has(self.inf) ? 'both are set' : 'neither is set'",),
 )
 
+
+def _fits_largest(field: str, unit: str, most: str, applies: str = "") -> CrossFieldRule:
+    """A request of ``field`` (inf or cores) fits the family's largest instance type, which has
+    ``most`` (a CEL map by family) of them; ``applies``: a CEL condition under which it is checked."""
+    return CrossFieldRule(
+        f"spec.compute.{field}",
+        "spec.compute",
+        f"%d {unit} do not fit any %s instance: the largest, %s, has %d; valid values are 1 to %d",
+        f"!has(self.{field}) || {applies}self.{field} <= {most}[self.family]",
+        (f"self.{field}", "self.family", f"{CEL_LARGEST}[self.family]", f"{most}[self.family]", f"{most}[self.family]"),
+    )
+
+
 # Rule 2: inf fits the family's largest instance type.
-FITS_FAMILY = CrossFieldRule(
-    "spec.compute.inf",
-    "spec.compute",
-    "%d chips do not fit any %s instance: the largest, %s, has %d; valid values are 1 to %d",
-    f"!has(self.inf) || self.inf <= {CEL_MAX}[self.family]",
-    ("self.inf", "self.family", f"{CEL_LARGEST}[self.family]", f"{CEL_MAX}[self.family]", f"{CEL_MAX}[self.family]"),
-)
+FITS_FAMILY = _fits_largest("inf", "chips", CEL_MAX)
 
 # Rule 7: platforms that restrict the device count of one container (trn1).
 ALLOWED_CHIPS_TEMPLATE = "%s containers may use only %s chips, got %d; valid values are %s"
@@ -166,13 +173,7 @@ CORES_LNC = CrossFieldRule(
     f"!has(self.cores) || {C_LNC} == 1",
     ("self.family", C_LNC),
 )
-CORES_FIT = CrossFieldRule(
-    "spec.compute.cores",
-    "spec.compute",
-    "%d NeuronCores do not fit any %s instance: the largest, %s, has %d; valid values are 1 to %d",
-    f"!has(self.cores) || {C_LNC} != 1 || self.cores <= {CEL_MAX_CORES}[self.family]",
-    ("self.cores", "self.family", f"{CEL_LARGEST}[self.family]", f"{CEL_MAX_CORES}[self.family]", f"{CEL_MAX_CORES}[self.family]"),
-)
+CORES_FIT = _fits_largest("cores", "NeuronCores", CEL_MAX_CORES, applies=f"{C_LNC} != 1 || ")
 CORES_SHAPE = {
     f.name: CrossFieldRule(
         "spec.compute.cores",
