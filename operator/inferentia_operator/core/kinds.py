@@ -29,10 +29,6 @@ class ChildKind:
     projection: Callable[[Mapping[str, Any]], dict[str, Any]] = project
 
     @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    @property
     def path_prefix(self) -> str:
         """Where the API server serves the kind: /api/v1 or /apis/<group>/<version>."""
         return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
@@ -54,7 +50,6 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
     # operator may list CRDs); until then the operator runs autoscaled models at minReplicas.
     ChildKind(SCALED_OBJECT_KIND, "keda.sh", "v1alpha1", "scaledobjects"),
     # Not a child the operator writes: the pods of its Jobs and Deployments, which status reads.
-    ChildKind("Pod", "", "v1", "pods", projection=project_pod),
+    PODS := ChildKind("Pod", "", "v1", "pods", projection=project_pod),
 )
-BY_KIND: Mapping[str, ChildKind] = {k.kind: k for k in CHILD_KINDS}
 WRITTEN_ONCE = frozenset(k.kind for k in CHILD_KINDS if k.written_once)

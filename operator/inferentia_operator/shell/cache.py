@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from inferentia_operator.core import api
-from inferentia_operator.core.kinds import BY_KIND, CHILD_KINDS
+from inferentia_operator.core.kinds import CHILD_KINDS, PODS
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.projection import Key
 from inferentia_operator.core.status import Observed
@@ -147,11 +147,11 @@ class Cache:
         if model is None:
             return None
 
-        kinds = [k for k in CHILD_KINDS if k.kind != "Pod"]
+        kinds = [k for k in CHILD_KINDS if k is not PODS]
         return Observed(
             model=model,
             children={k.kind: self._resolve(key, k.kind, self._cached(k.index, key)) for k in kinds},
-            pods=self._cached(BY_KIND["Pod"].index, key),
+            pods=self._cached(PODS.index, key),
             compile_records=self._compile_view("compile_record_index", key[0], records=True),
             compile_jobs=self._compile_view("compile_job_index", key[0], records=False),
             unserved=frozenset(k.kind for k in kinds if not self.served(k.kind)),
