@@ -52,7 +52,7 @@ class ApiError(Exception):
 
 
 class TransientError(ApiError):
-    """The API server did not answer usefully now, even after retries; the same call may succeed later."""
+    """The API server did not answer usefully now (sent once, never retried here); the same call may succeed later."""
 
 
 def _server_message(exc: kubernetes.client.ApiException) -> str:
