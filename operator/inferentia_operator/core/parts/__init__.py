@@ -10,7 +10,7 @@ converged (tests/test_render_agrees.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 ChildRef = tuple[str, str]  # (kind, name)
@@ -20,7 +20,7 @@ ChildRef = tuple[str, str]  # (kind, name)
 class Part:
     children: tuple[dict[str, Any], ...] = ()
     held: frozenset[ChildRef] = frozenset()
-    delete: tuple[ChildRef, ...] = field(default=())
+    delete: tuple[ChildRef, ...] = ()
 
     def to_write(self) -> list[dict[str, Any]]:
         return [c for c in self.children if (c["kind"], c["metadata"]["name"]) not in self.held]
