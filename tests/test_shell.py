@@ -359,7 +359,7 @@ def test_a_write_that_may_pass_brings_the_model_back_after_a_growing_backoff_and
 
     asyncio.run(scenario())
     assert delays == [1.0, 2.0, 1.0]
-    assert [c for c in kube.calls if c[:2] == ("apply", "Service")], "each attempt wrote once"
+    assert [c for c in kube.calls if c[:2] == ("apply", "Service")], "the Service write was attempted"
 
 
 def test_resync_queues_every_model_only_while_this_replica_is_active():
