@@ -75,6 +75,12 @@ CEL_CASES = {
     "dra-cores": make_spec(
         **{"compute.inf": DROP, "compute.family": "trn2", "compute.lnc": 1, "compute.cores": 2, "compute.allocation": "dra"}
     ),
+    # Every DRA rule a spec breaks is reported, not the first only (the API server runs each).
+    "dra-inf1-cores": make_spec(**{"compute.inf": DROP, "compute.cores": 1, "compute.allocation": "dra"}),
+    # An LNC above a chip's cores (inf2 has 2 a chip): refused by name, never a division by zero.
+    "lnc-beyond-the-chip": make_spec(
+        **{"compute.inf": DROP, "compute.family": "inf2", "compute.cores": 1, "compute.lnc": 4, "compute.instanceTypes": ["inf2.xlarge"]}
+    ),
     "dra-unconnected": make_spec(**{"compute.family": "inf2", "compute.inf": 2, "compute.allocation": "dra"}),
     # 40 GB of bf16 weights: more than one inf2 chip (32 GiB) or one trn3 core at lnc 1 (18 GiB).
     "weights-beyond-the-chip": make_spec(**{"compute.family": "inf2", "model.weights": 20_000_000_000, "model.precision": "bf16"}),

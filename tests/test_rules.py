@@ -522,3 +522,17 @@ def test_vllm_without_the_models_shape_warns_that_only_the_weights_were_checked(
         "warning: spec.model: only the weights were checked against the device memory: vLLM also holds a KV cache; "
         "set layers to check that it fits too"
     ) in findings_of(spec)
+
+
+def test_an_lnc_above_a_chips_cores_is_refused_by_name_not_by_a_crash():
+    """inf2 shows 2 cores a chip: at lnc 4 a chip holds no whole core, so nothing may divide by
+    the cores a chip shows before LNC_VALUE has passed."""
+    lines = error_lines(make_spec(**{"compute.inf": DROP, "compute.family": "inf2", "compute.cores": 1, "compute.lnc": 4,
+                                     "compute.instanceTypes": ["inf2.xlarge"], "compute.cpu": "2"}))  # fmt: skip
+    assert "spec.compute.lnc: 4 is not supported on inf2; valid values are 1" in lines
+
+
+def test_every_dra_rule_a_spec_breaks_is_reported():
+    lines = error_lines(make_spec(**{"compute.inf": DROP, "compute.cores": 1, "compute.allocation": "dra"}))
+    assert any(line.startswith("spec.compute.allocation: dra does not run on inf1") for line in lines), lines
+    assert any(line.startswith("spec.compute.cores: 1 NeuronCores cannot be claimed with allocation dra") for line in lines), lines

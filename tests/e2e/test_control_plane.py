@@ -136,6 +136,9 @@ def test_the_api_server_refuses_with_the_python_message(crd_installed, namespace
     assert result.returncode != 0
     for finding in expected:
         assert f"{finding.path}: Invalid value: {finding.message}" in result.stderr, result.stderr
+    # Nothing more: no rule validate does not run, and no rule that failed to evaluate.
+    assert result.stderr.count(": Invalid value: ") == len(expected), result.stderr
+    assert "evaluation error" not in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize("name", ["a" * 46, "dotted.name"])

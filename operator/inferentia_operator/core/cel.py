@@ -122,7 +122,11 @@ CEL_FITS = (
 C_LNC = f"(has(self.lnc) ? self.lnc : {CEL_DEFAULT_LNC}[self.family])"
 C_PER_CHIP = f"({CEL_PHYSICAL_CORES}[self.family] / {C_LNC})"
 C_ONE_REQUEST = "has(self.inf) != has(self.cores)"
-# The chips an instance needs for one replica (cores.chips_needed); only with C_ONE_REQUEST.
+# An LNC the family supports: below it a chip may show no whole core (inf2 at lnc 4), and
+# C_CHIPS would divide by zero.
+C_LNC_OK = f"{C_LNC} in {CEL_LNC_VALUES}[self.family]"
+# The chips an instance needs for one replica (cores.chips_needed); only with C_ONE_REQUEST
+# and C_LNC_OK.
 C_CHIPS = f"(has(self.cores) ? (self.cores + {C_PER_CHIP} - 1) / {C_PER_CHIP} : self.inf)"
 CEL_DIVIDES = f"{CEL_CORES} % {CEL_PROCESSES} == 0"
 CEL_GROUP = f"({CEL_CORES} / {CEL_PROCESSES})"

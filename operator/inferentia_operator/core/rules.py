@@ -19,6 +19,7 @@ from .catalogue import FAMILIES, GIB, HUGEPAGE_BYTES, Family, bucket_budget_per_
 from .cel import (
     C_CHIPS,
     C_LNC,
+    C_LNC_OK,
     C_ONE_REQUEST,
     CEL_ALLOC_CPU,
     CEL_ALLOC_MEMORY,
@@ -205,7 +206,7 @@ SMALL_INSTANCE_TYPES = CrossFieldRule(
     "spec.compute.instanceTypes",
     "spec.compute",
     "none of the listed instance types has %d chips; %s types with at least %d chips: %s",
-    f"!has(self.instanceTypes) || !{_listed_known} || !({C_ONE_REQUEST}) || {C_CHIPS} > {CEL_MAX}[self.family]"
+    f"!has(self.instanceTypes) || !{_listed_known} || !({C_ONE_REQUEST}) || !({C_LNC_OK}) || {C_CHIPS} > {CEL_MAX}[self.family]"
     f" || self.instanceTypes.exists(t, {CEL_TYPE_CHIPS}[t] >= {C_CHIPS})",
     (C_CHIPS, "self.family", C_CHIPS, f"{CEL_LARGE_ENOUGH_TEXT}[self.family][{C_CHIPS}]"),
 )
@@ -221,7 +222,7 @@ HOST_FITS = CrossFieldRule(
     "a replica asks for %s CPU and %s of memory, more than any %s instance type with %s leaves to pods after "
     "system reservations; valid values fit one of %s",
     f"!isQuantity({_CPU}) || {_CPU}.startsWith('-') || !isQuantity({_MEMORY}) || {_MEMORY}.startsWith('-')"
-    f" || !({C_ONE_REQUEST}) || {C_CHIPS} > {CEL_MAX}[self.family] || (has(self.instanceTypes) && !{_listed_known})"
+    f" || !({C_ONE_REQUEST}) || !({C_LNC_OK}) || {C_CHIPS} > {CEL_MAX}[self.family] || (has(self.instanceTypes) && !{_listed_known})"
     f" || (has(self.instanceTypes) && !self.instanceTypes.exists(t, {CEL_TYPE_CHIPS}[t] >= {C_CHIPS}))"
     f" || {_TYPES_CONSIDERED}.exists(t, {CEL_TYPE_CHIPS}[t] >= {C_CHIPS}"
     f" && quantity({_CPU}).compareTo(quantity({CEL_ALLOC_CPU}[t])) <= 0"
@@ -837,13 +838,16 @@ def _check_core_request(spec: InferentiaModelSpec, fam: Family) -> list[Finding]
 
 
 def _check_instance_types(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
-    listed, inf = spec.compute.instance_types, chips_needed(spec, fam)
+    listed = spec.compute.instance_types
     if listed is None:
         return []
     unknown = [t for t in listed if t not in fam.instance_chips]
     if unknown:
         return [UNKNOWN_INSTANCE_TYPE.finding(unknown[0], fam.name, format_list(list(fam.instance_chips)))]
-    if not spec.compute.one_request or inf > fam.max_chips or any(fam.instance_chips[t] >= inf for t in listed):
+    if not spec.compute.one_request or lnc_of(spec, fam) not in fam.lnc_values:
+        return []  # no chip count to compare (LNC_VALUE and ONE_REQUEST say why)
+    inf = chips_needed(spec, fam)
+    if inf > fam.max_chips or any(fam.instance_chips[t] >= inf for t in listed):
         return []
     large_enough = [t for t, chips in fam.instance_chips.items() if chips >= inf]
     return [SMALL_INSTANCE_TYPES.finding(inf, fam.name, inf, format_list(large_enough))]
@@ -854,8 +858,10 @@ def _check_host_fits(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     cpu, memory = quantity(c.cpu), quantity(c.memory)
     if not (re.match(QUANTITY_GRAMMAR, c.cpu) and re.match(QUANTITY_GRAMMAR, c.memory)) or cpu is None or memory is None:
         return []
+    if not c.one_request or lnc_of(spec, fam) not in fam.lnc_values:
+        return []
     chips = chips_needed(spec, fam)
-    if not c.one_request or chips > fam.max_chips:
+    if chips > fam.max_chips:
         return []
     if c.instance_types and any(t not in fam.instance_chips for t in c.instance_types):
         return []
@@ -894,16 +900,18 @@ def _check_tensor_parallel(spec: InferentiaModelSpec, fam: Family) -> list[Findi
 
 
 def _check_allocation(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    # Three independent rules, as the API server runs them: a spec may break all three.
     if spec.compute.allocation != "dra":
         return []
+    found = []
     if fam.dra_groups is None:
-        return [DRA_FAMILY.finding(fam.name, fam.name)]
+        found.append(DRA_FAMILY.finding(fam.name, fam.name))
     if spec.compute.cores is not None:
-        return [DRA_CORES.finding(spec.compute.cores)]
+        found.append(DRA_CORES.finding(spec.compute.cores))
     inf = spec.compute.inf or 0
-    if inf > 1 and fam.dra_group(inf) is None:
-        return [DRA_CONNECTED.finding(inf, fam.name, fam.name)]
-    return []
+    if inf > 1 and not fam.dra_groups:
+        found.append(DRA_CONNECTED.finding(inf, fam.name, fam.name))
+    return found
 
 
 def _check_runtime(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
