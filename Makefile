@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 export INFERENTIA_CONTROLPLANE_BUILT := 1
 CRD    := crds/inferentia.dev_inferentiamodels.yaml
 
-.PHONY: help test test-faults test-kind kind-up kind-down unit e2e lint venv controlplane cluster-up cluster-down crd manifests demo benchmark benchmark-scale benchmark-cores benchmark-batching benchmark-autoscaling clean
+.PHONY: help test test-faults test-kind kind-up kind-down unit e2e lint venv controlplane cluster-up cluster-down crd manifests demo benchmark benchmark-scale benchmark-cores benchmark-batching benchmark-autoscaling benchmark-cel clean
 HELM    = $(shell bash cluster/build.sh --print)/helm
 CHART   := charts/inferentia-operator
 
@@ -27,6 +27,7 @@ help:
 	@echo "make benchmark-cores     whole chips against NeuronCores: what a mix of models needs, and what one fleet places"
 	@echo "make benchmark-batching  the batching front end: fixed windows against adaptive, steady and bursty, 3 runs (RUNS=1 for one)"
 	@echo "make benchmark-autoscaling [PEAK_RPS=16]  on the real node: fixed replicas against spec.autoscaling, one load profile (about 20 min)"
+	@echo "make benchmark-cel      the CRD's CEL rules through three CEL libraries against validate's Python twins (docs/design.md, Validation)"
 	@echo "make lint          ruff (lint and format) and mypy, as configured in pyproject.toml (make test runs them too)"
 	@echo "make crd           regenerate $(CRD) (and the chart's copy) from the pydantic models"
 	@echo "make manifests     regenerate manifests/*.yaml from the chart's default values"
@@ -93,6 +94,9 @@ benchmark-cores: venv controlplane
 PEAK_RPS ?= 16
 benchmark-autoscaling: venv controlplane
 	@$(BIN)/python -u cluster/benchmark_autoscaling.py --peak-rps $(PEAK_RPS)
+
+benchmark-cel: venv
+	@$(BIN)/python cluster/benchmark_cel.py
 
 RUNS ?= 3
 benchmark-batching: venv

@@ -2,7 +2,7 @@
 validate gives: on every spec of the one-verdict corpus, every sample and generated specs
 near the rules' edges.
 
-rules.py writes each cross-field rule twice, in Python for validate and the operator and in
+The rules package writes each cross-field rule twice, in Python for validate and the operator and in
 CEL for the API server (docs/design.md, "Validation" says why the CLI does not run the CEL
 itself). The real API server judges the corpus in tests/e2e/test_control_plane.py. This test
 runs the same CEL here, without a cluster, through common-expression-language (the Rust
@@ -117,7 +117,7 @@ def refused_by_cel(spec: dict[str, Any]) -> list[str]:
 
 
 def _without_twin(finding: Finding) -> bool:
-    """Rules that CEL cannot express (rules.py says why): the KV cache and static weights."""
+    """Rules that CEL cannot express (rules.memory says why): the KV cache and static weights."""
     templates = [*KV_FIT.values(), STATIC_WEIGHTS_TOO_LARGE]
     pattern = [re.escape(t).replace("%d", r"-?\d+").replace("%s", ".*") for t in templates]
     return any(re.fullmatch(p, finding.message) for p in pattern)

@@ -37,7 +37,7 @@ MAX_QUANTITY = 64
 
 
 def _quantity(value: Any) -> Any:
-    """cpu and memory are strings or numbers; their grammar is a rule (rules.QUANTITY), so
+    """cpu and memory are strings or numbers; their grammar is a rule (rules.child_values.QUANTITY), so
     that `kubectl apply` refuses a bad one with the same message as validate."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError("a Kubernetes quantity such as 2, 500m or 4Gi is needed")
@@ -59,7 +59,7 @@ def _replace_schema(schema: dict[str, Any], replacement: dict[str, Any]) -> None
 
 
 def _int_or_string(max_length: int) -> Any:
-    """An int-or-string field; its values are judged by CEL rules (rules.py), not by a
+    """An int-or-string field; its values are judged by CEL rules (the rules package), not by a
     pattern, so that the API server and validate refuse them with the same message."""
     # The one anyOf a structural schema allows; maxLength beside it applies to strings.
     schema: dict[str, Any] = {

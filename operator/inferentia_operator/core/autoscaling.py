@@ -67,7 +67,7 @@ def lowest(spec: api.InferentiaModelSpec, has_artefact: bool = True) -> int:
 def target_in_flight(spec: api.InferentiaModelSpec) -> int:
     """spec.autoscaling.targetInFlight, else the replica's parallelism: each process runs one
     batch of at most maxBatchSize at a time (with vLLM, maxBatchSize is --max-num-seqs).
-    A vLLM model without serving.batching must name it (rules.AUTOSCALING_TARGET)."""
+    A vLLM model without serving.batching must name it (rules.autoscaling.AUTOSCALING_TARGET)."""
     assert spec.autoscaling is not None
     if spec.autoscaling.target_in_flight is not None:
         return spec.autoscaling.target_in_flight

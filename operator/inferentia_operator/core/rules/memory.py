@@ -1,0 +1,243 @@
+"""Buckets and device memory: the shapes, how many buckets the weights allow, and whether the weights (and the KV cache) fit a process's cores."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inferentia_operator.core.api import InferentiaModelSpec
+from inferentia_operator.core.catalogue import GIB, Family, bucket_budget_per_core
+from inferentia_operator.core.cel import (
+    CEL_BUCKET_LIMIT,
+    CEL_BUDGET,
+    CEL_DIVIDES,
+    CEL_FAMILY,
+    CEL_FITS,
+    CEL_GROUP,
+    CEL_LARGEST,
+    CEL_LNC,
+    CEL_MAX,
+    CEL_MAX_CORES,
+    CEL_PHYSICAL_CORES,
+    CEL_PROCESSES,
+    CEL_WEIGHTS,
+    FAMILY_LIST,
+    NEURON_CC_FAMILIES,
+    CrossFieldRule,
+    literal,
+)
+from inferentia_operator.core.cores import (
+    RUNTIME_RESERVE_PER_PHYSICAL_CORE,
+    bytes_per_weight,
+    group_memory_bytes,
+    group_size_of,
+    kv_cache_bytes,
+    lnc_of,
+    max_buckets_per_group,
+    memory_needed,
+    sequences,
+    smallest_fitting_group,
+)
+from inferentia_operator.core.findings import Finding, and_list
+
+# Rule 6: bucket shapes.
+BUCKET_DIMENSIONS = CrossFieldRule(
+    "spec.compile.buckets",
+    "spec.compile",
+    "buckets have different numbers of dimensions %s; every bucket needs as many as the first (%d)",
+    "!has(self.buckets) || size(self.buckets) == 0 || self.buckets.all(b, size(b) == size(self.buckets[0]))",
+    ("self.buckets.map(b, size(b))", "size(self.buckets[0])"),
+)
+BUCKET_DUPLICATE = CrossFieldRule(
+    "spec.compile.buckets",
+    "spec.compile",
+    "bucket %s appears more than once; every bucket must be different",
+    "!has(self.buckets) || self.buckets.all(a, self.buckets.exists_one(b, b == a))",
+    ("self.buckets.filter(a, !self.buckets.exists_one(b, b == a))[0]",),
+)
+
+
+def _check_bucket_shapes(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    buckets = [list(b) for b in spec.compile.buckets or []]
+    found = []
+    if any(len(b) != len(buckets[0]) for b in buckets):
+        found.append(BUCKET_DIMENSIONS.finding(str([len(b) for b in buckets]), len(buckets[0])))
+    duplicates = [b for b in buckets if buckets.count(b) > 1]
+    if duplicates:
+        found.append(BUCKET_DUPLICATE.finding(str(duplicates[0])))
+    return found
+
+
+# Rule 5: how many buckets the weights allow (the bucketing application note,
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/appnotes/torch-neuron/bucketing-app-note.html).
+BUCKET_BOUND = CrossFieldRule(
+    "spec.compile.buckets",
+    "spec",
+    "%d buckets do not fit: a group of %d NeuronCores holds at most %d bucketed models of %d weights (round(%d / weights) per NeuronCore)",
+    f"!has({CEL_WEIGHTS}) || !has(self.compile.buckets) || size(self.compile.buckets) == 0 || !({CEL_FITS} && {CEL_DIVIDES})"
+    f" || size(self.compile.buckets) <= {CEL_BUCKET_LIMIT}",
+    ("size(self.compile.buckets)", CEL_GROUP, CEL_BUCKET_LIMIT, CEL_WEIGHTS, CEL_BUDGET),
+)
+
+
+# Device memory: the weights (at the precision's bytes) and the runtime's reserve must fit
+# the cores of each process (cores.memory_needed says what is counted and why). Checked
+# where the group size is valid; the valid values name the smallest request that fits, at
+# the same processesPerReplica. On inf2, trn1, trn2 and trn3: a group there is one model
+# sharded tensor parallel, and the runtime's reserve is the Neuron 2.x runtime's. inf1
+# (neuron-cc, in maintenance) keeps its own memory rule, the static-weights one below, and
+# its plans stay what they were (a golden test holds them).
+_BPW = "(self.model.precision == 'fp32' ? 4 : 2)"
+_W = f"({CEL_WEIGHTS} * {_BPW})"
+_CORE_MEMORY = (
+    f"{literal({f.name: {lnc: f.memory_per_core_bytes(lnc) for lnc in f.lnc_values} for f in FAMILY_LIST})}[{CEL_FAMILY}][{CEL_LNC}]"
+)
+_RESERVE = f"({CEL_GROUP} * {CEL_LNC} * {RUNTIME_RESERVE_PER_PHYSICAL_CORE})"
+_HAS = f"({CEL_GROUP} * {_CORE_MEMORY})"
+_NET_PER_CORE = f"({_CORE_MEMORY} - {CEL_LNC} * {RUNTIME_RESERVE_PER_PHYSICAL_CORE})"
+_MIN_GROUP = f"(({_W} + {_NET_PER_CORE} - 1) / {_NET_PER_CORE})"
+_PER_CHIP = f"({CEL_PHYSICAL_CORES}[{CEL_FAMILY}] / {CEL_LNC})"
+_NEED_GIB = f"(({_W} + {_RESERVE} + {GIB} - 1) / {GIB})"
+_CORES_WORD = f"({CEL_GROUP} == 1 ? 'NeuronCore' : 'NeuronCores')"
+_PROCESSES_WORD = f"({CEL_PROCESSES} == 1 ? 'process' : 'processes')"
+_MEMORY_FITS = (
+    f"!has({CEL_WEIGHTS}) || {CEL_FAMILY} in {literal(NEURON_CC_FAMILIES)} || !({CEL_FITS} && {CEL_DIVIDES}) || {_W} + {_RESERVE} <= {_HAS}"
+)
+MEMORY_NEEDS = (
+    "%d %s weights and the Neuron runtime's reserve need %d GiB of device memory a process, and a process has %d GiB on its %d %s; "
+)
+# The valid values, for a request of whole chips (inf) and of NeuronCores (cores).
+AT_LEAST = {
+    "inf": "valid values are at least %d chips for %d %s (the largest %s instance has %d)",
+    "cores": "valid values are at least %d NeuronCores for %d %s (the largest %s instance has %d)",
+}
+
+
+def _weights_fit(request: str, least: str, most: str) -> CrossFieldRule:
+    """The weights rule for one kind of request; ``least`` and ``most``: CEL for the
+    smallest request that fits and the family's largest."""
+    return CrossFieldRule(
+        f"spec.compute.{request}",
+        "spec",
+        MEMORY_NEEDS + AT_LEAST[request],
+        f"{'' if request == 'inf' else '!'}has(self.compute.cores) || {_MEMORY_FITS}",
+        (CEL_WEIGHTS, "self.model.precision", _NEED_GIB, f"({_HAS} / {GIB})", CEL_GROUP, _CORES_WORD,
+         least, CEL_PROCESSES, _PROCESSES_WORD, f"{CEL_LARGEST}[{CEL_FAMILY}]", f"{most}[{CEL_FAMILY}]"),
+    )  # fmt: skip
+
+
+WEIGHTS_FIT = {
+    "inf": _weights_fit("inf", f"(({_MIN_GROUP} * {CEL_PROCESSES} + {_PER_CHIP} - 1) / {_PER_CHIP})", CEL_MAX),
+    "cores": _weights_fit("cores", f"({_MIN_GROUP} * {CEL_PROCESSES})", CEL_MAX_CORES),
+}
+
+
+# With the KV cache: no CEL twin, since the sequence length is the largest bucket's last
+# dimension, a maximum over a list of lists that the API server's cost estimator cannot
+# bound. The operator reports it in status, and validate prints it.
+KV_NEEDS = (
+    "%d %s weights, a KV cache of %d GiB (%d layers, %d KV heads of dimension %d, %d tokens, %d sequences) and the "
+    "Neuron runtime's reserve need %d GiB of device memory a process, and a process has %d GiB on its %d %s; "
+)
+KV_FIT = {request: KV_NEEDS + valid for request, valid in AT_LEAST.items()}
+KV_UNKNOWN = "only the weights were checked against the device memory: vLLM also holds a KV cache; set %s to check that it fits too"
+
+
+def _check_memory_fit(spec: InferentiaModelSpec, fam: Family, lnc: int, group: int) -> list[Finding]:
+    """The weights, then the KV cache where it is known, against a process's device memory."""
+    has = group_memory_bytes(fam, lnc, group)
+    weights_only = memory_needed(spec, fam, group, with_kv=False) or 0
+    p, m = spec.processes_per_replica, spec.model
+    request = "cores" if spec.compute.cores is not None else "inf"
+    core_word, process_word = ("NeuronCore" if group == 1 else "NeuronCores"), ("process" if p == 1 else "processes")
+    most = fam.cores_per_chip(1) * fam.max_chips if request == "cores" else fam.max_chips
+
+    def valid(with_kv: bool) -> tuple[Any, ...]:
+        """The AT_LEAST arguments: the smallest request that fits, the processes, the family's largest."""
+        group_needed = smallest_fitting_group(spec, fam, with_kv)
+        least = group_needed * p if request == "cores" else -(-group_needed * p // fam.cores_per_chip(lnc))
+        return least, p, process_word, fam.largest_instance[0], most
+
+    if weights_only > has:
+        need_gib = -(-weights_only // GIB)
+        return [WEIGHTS_FIT[request].finding(m.weights, m.precision, need_gib, has // GIB, group, core_word, *valid(False))]
+    kv = kv_cache_bytes(spec, fam, group)
+    if kv is None:
+        # Only vLLM is sure to be generative: an encoder (BERT) compiled for buckets holds no cache.
+        if spec.serving.runtime != "vllm":
+            return []
+        missing = [n for n, v in (("layers", m.layers), ("kvHeads", m.kv_heads), ("headDim", m.head_dim)) if v is None]
+        if spec.compile.buckets is None:
+            missing.append("compile.buckets (the sequence length)")
+        if spec.serving.batching is None:
+            missing.append("serving.batching.maxBatchSize (the sequences at once)")
+        return [Finding("spec.model", KV_UNKNOWN % and_list(missing), "warning")] if missing else []
+    need = weights_only + kv
+    if need <= has:
+        return []
+    seqs = sequences(spec)
+    assert seqs is not None and m.layers and m.kv_heads and m.head_dim
+    text = KV_FIT[request] % (
+        m.weights, m.precision, -(-kv // GIB), m.layers, m.kv_heads, m.head_dim, *seqs,
+        -(-need // GIB), has // GIB, group, core_word, *valid(True),
+    )  # fmt: skip
+    return [Finding(f"spec.compute.{request}", text)]
+
+
+# Rule 5, static weights. No CEL twin: the field is true, false or "auto", which a
+# structural schema can only hold as x-kubernetes-preserve-unknown-fields, and CEL
+# cannot see such a field (the API server refuses the CRD). The operator reports
+# it in status instead.
+STATIC_WEIGHTS_TOO_LARGE = (
+    "true needs %s for %d %s weights, but a group of %d NeuronCores has a %s share of device memory; "
+    "use auto or false, or fewer processesPerReplica"
+)
+
+
+def _check_weights(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    weights, lnc, group = spec.model.weights, lnc_of(spec, fam), group_size_of(spec, fam)
+    if group is None:
+        return []  # no group size to check against
+    found = []
+    if weights is None:
+        if spec.compile.static_weights is True and not fam.neuronx:
+            found.append(
+                Finding(
+                    "spec.compile.staticWeights",
+                    "true cannot be checked against the group's memory without spec.model.weights; "
+                    "the compile fails if the weights do not fit",
+                    "warning",
+                )
+            )
+        return found
+    buckets = spec.compile.buckets or []
+    bound = max_buckets_per_group(fam, lnc, group, weights)
+    if buckets and len(buckets) > bound:
+        found.append(BUCKET_BOUND.finding(len(buckets), group, bound, weights, bucket_budget_per_core(fam, lnc)))
+    if fam.neuronx:
+        found += _check_memory_fit(spec, fam, lnc, group)
+    need = weights * bytes_per_weight(spec.model.precision)
+    share = group * fam.memory_per_core_bytes(lnc)
+    if spec.compile.static_weights is True and need > share and not fam.neuronx:
+        found.append(
+            Finding(
+                "spec.compile.staticWeights",
+                STATIC_WEIGHTS_TOO_LARGE % (gib(need), weights, spec.model.precision, group, gib(share)),
+            )
+        )
+    return found
+
+
+def gib(size: int) -> str:
+    """Bytes as people read them: 8 GiB, 1.5 GiB."""
+    return f"{size / 2**30:.3g} GiB"
+
+
+RULES: list[CrossFieldRule] = [
+    BUCKET_DIMENSIONS,
+    BUCKET_DUPLICATE,
+    BUCKET_BOUND,
+    *WEIGHTS_FIT.values(),
+]
+
+
+CHECKS = (_check_bucket_shapes, _check_weights)

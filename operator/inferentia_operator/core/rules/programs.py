@@ -1,0 +1,163 @@
+"""What the runtime, the compilers and the operator's own compile program and model server accept."""
+
+from __future__ import annotations
+
+from inferentia_operator.core.api import InferentiaModelSpec
+from inferentia_operator.core.catalogue import Family
+from inferentia_operator.core.cel import (
+    CEL_FAMILY,
+    NEURON_CC_FAMILIES,
+    CrossFieldRule,
+    literal,
+)
+from inferentia_operator.core.findings import Finding
+
+# The vLLM preset: the operator runs vLLM on NxD Inference on inf2 and trn1
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/vllm/index.html),
+# and on the vLLM Neuron plugin on Trn2 and Trn3, where NxD Inference's support ends with Neuron 2.34
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/model-recipes/index.html;
+# catalogue.Family.vllm). inf1 has neither.
+VLLM_FAMILY = CrossFieldRule(
+    "spec.serving.runtime",
+    "spec",
+    "vllm does not run on %s: vLLM on Neuron runs on NxD Inference (inf2, trn1) and the vLLM Neuron plugin "
+    "(trn2, trn3) only; "
+    "valid values on %s are custom",
+    f"!has(self.serving.runtime) || self.serving.runtime != 'vllm' || !({CEL_FAMILY} in {literal(NEURON_CC_FAMILIES)})",
+    (CEL_FAMILY, CEL_FAMILY),
+)
+
+
+def _check_runtime(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    if spec.serving.runtime == "vllm" and not fam.neuronx:
+        return [VLLM_FAMILY.finding(fam.name, fam.name)]
+    return []
+
+
+# A compile step traces the model with the operator's compile program, which uses the PyTorch
+# Neuron frameworks. TensorFlow on Neuron is not supported by it: tensorflow-neuron (TensorFlow
+# on inf1) is archived by AWS, and a TensorFlow model is compiled in the user's own image.
+_HAS_COMPILE_IMAGE = "has(self.compile) && has(self.compile.image)"
+
+
+TENSORFLOW_COMPILE = CrossFieldRule(
+    "spec.model.framework",
+    "spec",
+    "tensorflow cannot be compiled by the operator: its compile program traces PyTorch models with torch-neuron and "
+    "torch-neuronx, and tensorflow-neuron (TensorFlow on inf1) is archived by AWS; valid values with compile.image "
+    "are pytorch, or leave compile.image unset and compile in your serving image",
+    f"!(self.model.framework == 'tensorflow' && {_HAS_COMPILE_IMAGE})",
+    (),
+)
+# The compile Job uploads its artefact to S3 and serving pods fetch it from there.
+COMPILE_STORE = CrossFieldRule(
+    "spec.compile.outputUri",
+    "spec",
+    "compiled artefacts are uploaded to S3, and %s is not an s3:// URI; valid values start with s3:// "
+    "(set compile.outputUri when the model's uri is not in S3)",
+    f"!({_HAS_COMPILE_IMAGE}) || (has(self.compile.outputUri) ? self.compile.outputUri.startsWith('s3://') "
+    ": self.model.uri.startsWith('s3://'))",
+    ("has(self.compile.outputUri) ? self.compile.outputUri : self.model.uri",),
+)
+
+
+def _check_programs(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    """What the operator's compile program and model server need, and what starts without them."""
+    found = []
+    if spec.model.framework == "tensorflow" and spec.compile.image:
+        found.append(TENSORFLOW_COMPILE.finding())
+    if spec.compile.image:
+        store = spec.compile.output_uri or spec.model.uri
+        if not store.startswith("s3://"):
+            found.append(COMPILE_STORE.finding(store))
+    programs = spec.compiles_with_program or (spec.serves_with_program and not spec.compile.image)
+    if programs and not spec.compile.buckets:
+        found.append(
+            Finding(
+                "spec.compile.buckets",
+                "the operator's compile program (without compile.image, its model server at start) traces the model with "
+                "example inputs of each bucket's shape, and none is set, so it fails; set the input shape without the batch "
+                "dimension, for example [[3, 224, 224]]",
+                "warning",
+            )
+        )
+    uri = spec.model.uri
+    if programs and not uri.startswith(("s3://", "https://", "/", "file:///")):
+        found.append(
+            Finding(
+                "spec.model.uri",
+                f"'{uri}' is neither s3://, https:// nor an absolute path in the image, so the compile program cannot read "
+                "the model; valid values look like s3://bucket/model.pt, https://host/model.pt or /models/model.pt",
+                "warning",
+            )
+        )
+    if not spec.serving.args and spec.serving.runtime == "custom" and not spec.serves_with_program and spec.processes_per_replica > 1:
+        found.append(
+            Finding(
+                "spec.serving.args",
+                f"with {spec.processes_per_replica} processes, no args and a {spec.model.framework} model (the operator's "
+                "model server runs PyTorch only), the image's own entry point runs once and must start every process "
+                "itself from /etc/inferentia/env-<i>, which AWS's images do not; set args to the per-process command",
+                "warning",
+            )
+        )
+    return found
+
+
+# Rule 4: CNN batch limits of neuron-cc, the Inf1 compiler (the Neuron batching tech note,
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-features/neuroncore-batching.html).
+FP16_CNN_MAX_BATCH = 5
+
+
+FP32_CNN_BATCH = CrossFieldRule(
+    "spec.compile.batchSize",
+    "spec",
+    "a CNN in fp32 compiles only at batch size 1, got %d; valid values are 1 "
+    f"(or use precision fp16 for batch sizes up to {FP16_CNN_MAX_BATCH})",
+    f"!({CEL_FAMILY} in {literal(NEURON_CC_FAMILIES)} && self.model.architecture == 'cnn' && self.model.precision == 'fp32'"
+    " && self.compile.batchSize > 1)",
+    ("self.compile.batchSize",),
+)
+
+
+def _check_cnn_batch(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    model, b = spec.model, spec.compile.batch_size
+    if fam.neuronx or model.architecture != "cnn" or b <= 1:
+        return []  # the CNN batch limits are neuron-cc's
+    if model.precision == "fp32":
+        return [FP32_CNN_BATCH.finding(b)]
+    if model.precision == "fp16" and b > FP16_CNN_MAX_BATCH:
+        return [
+            Finding(
+                "spec.compile.batchSize",
+                f"an fp16 CNN above batch size {FP16_CNN_MAX_BATCH} may not compile (the compiler supports FP16 "
+                f"ResNet-50 up to batch {FP16_CNN_MAX_BATCH}), got {b}",
+                "warning",
+            )
+        ]
+    return []
+
+
+def _check_neuron_cc_options(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    """Options that only neuron-cc (inf1) has: set on a neuronx-cc family, they mean nothing."""
+    if not fam.neuronx or isinstance(spec.compile.static_weights, str):
+        return []
+    return [
+        Finding(
+            "spec.compile.staticWeights",
+            f"{str(spec.compile.static_weights).lower()} has no effect on {fam.name}: static weights are a neuron-cc "
+            "(inf1) option, and neuronx-cc has no --static-weights; remove it or leave it at auto",
+            "warning",
+        )
+    ]
+
+
+RULES: list[CrossFieldRule] = [
+    VLLM_FAMILY,
+    TENSORFLOW_COMPILE,
+    COMPILE_STORE,
+    FP32_CNN_BATCH,
+]
+
+
+CHECKS = (_check_runtime, _check_programs, _check_neuron_cc_options, _check_cnn_batch)
