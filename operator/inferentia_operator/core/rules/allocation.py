@@ -62,6 +62,4 @@ RULES: list[CrossFieldRule] = [
     DRA_CORES,
     DRA_CONNECTED,
 ]
-
-
 CHECKS = (_check_allocation,)

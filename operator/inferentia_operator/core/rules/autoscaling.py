@@ -78,6 +78,4 @@ RULES: list[CrossFieldRule] = [
     AUTOSCALING_TARGET,
     AUTOSCALING_ZERO,
 ]
-
-
 CHECKS = (_check_autoscaling,)

@@ -345,6 +345,4 @@ RULES: list[CrossFieldRule] = [
     *ROLLOUT_VALUE.values(),
     ROLLOUT_MOVES,
 ]
-
-
 CHECKS = (_check_child_values,)

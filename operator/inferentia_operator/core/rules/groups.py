@@ -109,6 +109,4 @@ RULES: list[CrossFieldRule] = [
     DIVISIBLE_CORES,
     *TENSOR_PARALLEL_GROUP.values(),
 ]
-
-
 CHECKS = (_check_lnc, _check_divisibility, _check_tensor_parallel)

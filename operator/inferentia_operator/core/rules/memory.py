@@ -238,6 +238,4 @@ RULES: list[CrossFieldRule] = [
     BUCKET_BOUND,
     *WEIGHTS_FIT.values(),
 ]
-
-
 CHECKS = (_check_bucket_shapes, _check_weights)

@@ -118,6 +118,4 @@ RULES: list[CrossFieldRule] = [
     SMALL_INSTANCE_TYPES,
     HOST_FITS,
 ]
-
-
 CHECKS = (_check_instance_types, _check_host_fits)

@@ -158,6 +158,4 @@ RULES: list[CrossFieldRule] = [
     COMPILE_STORE,
     FP32_CNN_BATCH,
 ]
-
-
 CHECKS = (_check_runtime, _check_programs, _check_neuron_cc_options, _check_cnn_batch)

@@ -142,6 +142,4 @@ RULES: list[CrossFieldRule] = [
     CORES_FIT,
     *CORES_SHAPE.values(),
 ]
-
-
 CHECKS = (_check_one_request, _check_fits_family, _check_allowed_chip_counts, _check_core_request)
