@@ -619,8 +619,7 @@ def test_a_model_with_batching_gets_the_front_end_its_port_and_its_readiness(clu
 def test_validate_the_api_server_and_the_operators_status_agree_on_the_corpus(cluster, operator, namespace):
     """Three verdicts on each document: validate's, the API server's, and the status the
     operator writes for what the API server stores."""
-    from test_control_plane import DIVERGENCE_CORPUS
-
+    from corpus import DIVERGENCE_CORPUS
     from inferentia_operator.core.findings import errors
     from inferentia_operator.core.parsing import parse_spec
     from specs import make_spec
