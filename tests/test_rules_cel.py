@@ -9,18 +9,13 @@ runs the same CEL here, without a cluster, through common-expression-language (t
 cel-interpreter), so that a twin drifting from its rule fails the unit suite, on thousands of
 specs the end-to-end corpus cannot afford.
 
-Kubernetes adds library functions to CEL; the rules call the quantity library's isQuantity,
-quantity, isInteger, asInteger and compareTo, and the strings library's format and replace
-(https://kubernetes.io/docs/reference/using-api/cel/). They are written here, for this test only,
-from the quantity grammar in Kubernetes' API reference
-(https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/).
+The Kubernetes library functions the rules call are in tests/crd_cel.py.
 """
 
 from __future__ import annotations
 
 import glob
 import re
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from corpus import CEL_CASES, DIVERGENCE_CORPUS
-from inferentia_operator.core.crd import crd
+from crd_cel import KUBERNETES_LIBRARY, node_at, spec_rules
 from inferentia_operator.core.findings import Finding, errors
 from inferentia_operator.core.parsing import parse_spec
 from inferentia_operator.core.rules import KV_FIT, STATIC_WEIGHTS_TOO_LARGE
@@ -39,80 +34,26 @@ from specs import DROP, make_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# <signedNumber><suffix>: binary SI, decimal SI (n and u included, as ParseQuantity takes
-# them) or a decimal exponent.
-_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?$")
-_SUFFIX = {
-    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
-    **{s: Decimal(10) ** e for s, e in (("n", -9), ("u", -6), ("m", -3), ("k", 3), ("M", 6), ("G", 9), ("T", 12), ("P", 15), ("E", 18))},
-}
+# Every rule, compiled, with the path of its node.
+RULES = [(path, cel.compile(rule), cel.compile(message)) for path, rule, message in spec_rules()]
 
 
-def _amount(text: str) -> Decimal:
-    match = _QUANTITY.match(text)
-    if match is None:
-        raise ValueError(f"{text!r} is not a quantity")
-    number, suffix = match.groups()
-    if suffix is None:
-        return Decimal(number)
-    if suffix in _SUFFIX:
-        return Decimal(number) * _SUFFIX[suffix]
-    return Decimal(number) * Decimal(10) ** int(suffix[1:])  # an exponent: e3, E-2
-
-
-def _is_quantity(text: str) -> bool:
-    try:
-        _amount(text)
-    except (ValueError, InvalidOperation):
-        return False
-    return True
-
-
-def _compare(a: str, b: str) -> int:
-    x, y = _amount(a), _amount(b)
-    return (x > y) - (x < y)
-
-
-KUBERNETES_LIBRARY = {
-    "isQuantity": _is_quantity,
-    "quantity": lambda text: text,  # a quantity travels as its text; the methods parse it
-    "isInteger": lambda q: _amount(q) == _amount(q).to_integral_value(),
-    "asInteger": lambda q: int(_amount(q)),
-    "compareTo": _compare,
-    "format": lambda template, args: template % tuple(args),
-    "replace": lambda text, old, new: text.replace(old, new),
-}
-
-
-def _rules_by_node() -> list[tuple[tuple[str, ...], Any, Any]]:
-    """Every CEL rule of the spec, compiled, with the path of the node it sits on."""
-    found: list[tuple[tuple[str, ...], Any, Any]] = []
-
-    def walk(node: dict[str, Any], path: tuple[str, ...]) -> None:
-        for rule in node.get("x-kubernetes-validations", []):
-            found.append((path, cel.compile(rule["rule"]), cel.compile(rule["messageExpression"])))
-        for name, child in node.get("properties", {}).items():
-            walk(child, (*path, name))
-
-    walk(crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"], ())
-    return found
-
-
-RULES = _rules_by_node()
+def broken_rules(spec: dict[str, Any]) -> list[int]:
+    """The indexes in RULES of the rules a spec (defaulted, as the API server defaults it) breaks."""
+    broken = []
+    for index, (path, rule, _message) in enumerate(RULES):
+        node = node_at(spec, path)
+        if node is not None and not rule.execute(cel.Context(variables={"self": node}, functions=KUBERNETES_LIBRARY)):
+            broken.append(index)
+    return broken
 
 
 def refused_by_cel(spec: dict[str, Any]) -> list[str]:
-    """The messages of the rules a spec (defaulted, as the API server defaults it) breaks."""
+    """The messages of the rules a spec breaks, as the API server renders them."""
     messages = []
-    for path, rule, message in RULES:
-        node: Any = spec
-        for name in path:
-            node = node.get(name) if isinstance(node, dict) else None
-        if node is None:
-            continue  # the API server runs a rule only where its node is present
-        context = cel.Context(variables={"self": node}, functions=KUBERNETES_LIBRARY)
-        if not rule.execute(context):
-            messages.append(message.execute(context))
+    for index in broken_rules(spec):
+        path, _rule, message = RULES[index]
+        messages.append(message.execute(cel.Context(variables={"self": node_at(spec, path)}, functions=KUBERNETES_LIBRARY)))
     return sorted(messages)
 
 
@@ -139,13 +80,7 @@ def test_the_interpreter_runs_every_rule_and_each_can_refuse():
     for raw in CEL_CASES.values():
         spec, _ = parse_spec(raw)
         assert spec is not None
-        defaulted = spec.model_dump(by_alias=True, exclude_none=True, mode="json")
-        for index, (path, rule, _message) in enumerate(RULES):
-            node: Any = defaulted
-            for name in path:
-                node = node.get(name) if isinstance(node, dict) else None
-            if node is not None and not rule.execute(cel.Context(variables={"self": node}, functions=KUBERNETES_LIBRARY)):
-                refusing.add(index)
+        refusing.update(broken_rules(spec.model_dump(by_alias=True, exclude_none=True, mode="json")))
     assert len(RULES) > 40
     assert sorted(set(range(len(RULES))) - refusing) == []
 
