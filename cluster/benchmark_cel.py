@@ -7,7 +7,8 @@ run, on the one-verdict corpus and the samples (docs/design.md, "Validation", ha
 Per library: the time to import it and the memory that costs (in a fresh interpreter), the
 time to compile every rule of the CRD, the time to judge one spec with all of them, and on how
 many specs its verdicts and messages are exactly validate's. The Kubernetes library functions
-the rules call (quantity, format, replace) are supplied as the same Python functions to each.
+the rules call (quantity, format, replace) are supplied to each as the same Python functions
+(tests/crd_cel.py, which the unit test's interpreter uses too).
 The libraries go into a virtualenv of their own in the project's cache, never the project's.
 """
 
@@ -87,35 +88,11 @@ def corpus() -> list[dict[str, Any]]:
 
 def measure_inside() -> None:
     sys.path[:0] = [str(REPO / "operator"), str(REPO / "tests")]
-    import re
-
-    from inferentia_operator.core.crd import crd
-    from inferentia_operator.core.drift import quantity
+    from crd_cel import KUBERNETES_LIBRARY, node_at, spec_rules
     from inferentia_operator.core.findings import errors
     from inferentia_operator.core.parsing import parse_spec
-    from inferentia_operator.core.rules import QUANTITY_GRAMMAR
 
-    def amount(text: str) -> Any:
-        return quantity(text)
-
-    library = {
-        "isQuantity": lambda s: bool(re.match(QUANTITY_GRAMMAR, s.lstrip("-"))) and quantity(s) is not None,
-        "quantity": lambda s: s,
-        "isInteger": lambda q: amount(q) == int(amount(q)),
-        "asInteger": lambda q: int(amount(q)),
-        "compareTo": lambda a, b: (amount(a) > amount(b)) - (amount(a) < amount(b)),
-        "format": lambda template, args: template % tuple(args),
-        "replace": lambda s, old, new: s.replace(old, new),
-    }
-    rules: list[tuple[tuple[str, ...], str, str]] = []
-
-    def walk(node: dict[str, Any], path: tuple[str, ...]) -> None:
-        for rule in node.get("x-kubernetes-validations", []):
-            rules.append((path, rule["rule"], rule["messageExpression"]))
-        for name, child in node.get("properties", {}).items():
-            walk(child, (*path, name))
-
-    walk(crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"], ())
+    rules = spec_rules()
     specs = []
     for raw in corpus():
         spec, found = parse_spec(raw)
@@ -127,14 +104,9 @@ def measure_inside() -> None:
         parse_spec(raw)
     python_per_spec = (time.perf_counter() - start) / len(specs)
 
-    def node_of(spec: dict[str, Any], path: tuple[str, ...]) -> Any:
-        for name in path:
-            spec = spec.get(name) if isinstance(spec, dict) else None
-        return spec
-
     results: dict[str, Any] = {"rules": len(rules), "specs": len(specs), "python": python_per_spec}
     for requirement, module in LIBRARIES.items():
-        evaluate = _evaluator(module, library)
+        evaluate = _evaluator(module, KUBERNETES_LIBRARY)
         start = time.perf_counter()
         compiled = [(path, evaluate.compile(rule), evaluate.compile(message)) for path, rule, message in rules]
         compile_seconds = time.perf_counter() - start
@@ -142,7 +114,7 @@ def measure_inside() -> None:
         for spec, by_python in specs:
             refused = []
             for path, rule, message in compiled:
-                node = node_of(spec, path)
+                node = node_at(spec, path)
                 if node is not None and evaluate.run(rule, node) is False:
                     refused.append(str(evaluate.run(message, node)))
             agree += sorted(refused) == by_python
