@@ -106,7 +106,7 @@ def measure_inside() -> None:
 
     results: dict[str, Any] = {"rules": len(rules), "specs": len(specs), "python": python_per_spec}
     for requirement, module in LIBRARIES.items():
-        evaluate = _evaluator(module, KUBERNETES_LIBRARY)
+        evaluate = _Evaluator(module, KUBERNETES_LIBRARY)
         start = time.perf_counter()
         compiled = [(path, evaluate.compile(rule), evaluate.compile(message)) for path, rule, message in rules]
         compile_seconds = time.perf_counter() - start
@@ -122,7 +122,7 @@ def measure_inside() -> None:
     print(json.dumps(results))
 
 
-class _evaluator:
+class _Evaluator:
     """One library behind compile(text) and run(program, self)."""
 
     def __init__(self, module: str, library: dict[str, Any]) -> None:
