@@ -18,7 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 import localcluster
+from samples import on_simulated_fleet, prerequisites
 
 REPO = localcluster.REPO
 WARM_START_TARGET_S = 15.0
@@ -63,7 +66,12 @@ def samples_to_ready() -> float:
             )  # fmt: skip
             time.sleep(2)  # let it log in and start watching
             started = time.monotonic()
-            cluster.kubectl("apply", "-f", str(REPO / "manifests" / "samples"))
+            cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(prerequisites("default")))
+            docs = [
+                on_simulated_fleet(yaml.safe_load(p.read_text()), "default")
+                for p in sorted((REPO / "manifests" / "samples").glob("*.yaml"))
+            ]
+            cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
             cluster.kubectl("wait", "--for=condition=Ready", "inferentiamodel", "--all", "--timeout=120s")
             return time.monotonic() - started
         finally:

@@ -1,19 +1,27 @@
 """The samples of manifests/samples/ as they run on the local cluster's real node, for the
 samples test and `make demo`.
 
-What differs from a sample as written, and why:
-- the namespace: one whose pods go to the real node;
-- the images: ``neuron-torch-standin`` (Debian's CPU-only PyTorch with the torch-neuronx,
-  torch-neuron and vLLM stand-ins) for AWS's pytorch-inference-neuron, -neuronx and
-  -vllm-neuronx images; the operator gives every container its command, so their entry
-  points never run;
-- cpu and memory of the replica and the compile Job, scaled to this 2-CPU machine, and the
-  batching front end's latency budget, which PyTorch on this CPU cannot meet where a
-  NeuronCore would (20 ms for a ResNet-50 batch);
-- ``compile.storageSecret``: the local object store's credentials and endpoint, where on EKS
-  the pods' ServiceAccount would carry them (IRSA or EKS Pod Identity);
+What differs from a sample as written, and why (run_here changes these fields and no other):
+- metadata.namespace: one whose pods go to the real node;
+- spec.serving.image and spec.compile.image: ``neuron-torch-standin`` (Debian's CPU-only
+  PyTorch with the torch-neuronx, torch-neuron and vLLM stand-ins) for AWS's
+  pytorch-inference-neuron, -neuronx and -vllm-neuronx images; the operator gives every
+  container its command, so their entry points never run;
+- spec.compute.cpu and memory, and spec.compile.cpu and memory: this machine has 2 CPUs and
+  a few GiB to spare, where the samples ask for what the real model needs on EKS (the unit
+  test tests/test_samples_fit.py holds the samples' own sizes to the model's needs);
+- spec.serving.batching.maxLatencyMs, for the batching front end: PyTorch on this CPU cannot
+  meet the budget a NeuronCore would (20 ms for a ResNet-50 batch);
+- spec.serviceAccountName is dropped and spec.compile.storageSecret names the local object
+  store's credentials and endpoint, where on EKS the ServiceAccount would carry them (IRSA or
+  EKS Pod Identity);
+- spec.serving.storageClassName is dropped: the local cluster has no volume provisioner, so
+  HOME and the artefact volume are emptyDirs of the same sizes;
+- the Secret hf-token the gated samples read is made here with a token nobody checks: the
+  vLLM stand-in downloads nothing;
 - the models the samples name are the tests' own networks (tests/models/reference.py) of the
-  same input kind, uploaded where the samples look.
+  same input kind, uploaded where the samples look; the buckets the samples write compiled
+  artefacts to are made in the local store.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ AWS_IMAGES = (
     "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:",
 )
 STORE_SECRET = "store"
+HF_TOKEN_SECRET = "hf-token"
+MODELS_ACCOUNT = "models-reader"
 # The network standing in for the model each sample names, its input dtype, and inputs to ask
 # it with (None: an image, made by image_input()).
 NETWORKS: dict[str, tuple[str, str, list | None]] = {
@@ -82,6 +92,50 @@ def run_here(doc: dict[str, Any], namespace: str) -> dict[str, Any]:
         spec["compile"] |= {"cpu": "200m", "memory": "1Gi"}
     if spec["serving"].get("batching") and spec["serving"].get("runtime") != "vllm":
         spec["serving"]["batching"]["maxLatencyMs"] = max(spec["serving"]["batching"].get("maxLatencyMs", 100), 30_000)
-    if spec["model"]["uri"].startswith("s3://"):
+    spec.pop("serviceAccountName", None)
+    spec["serving"].pop("storageClassName", None)
+    if store_uris(doc):
         spec.setdefault("compile", {})["storageSecret"] = STORE_SECRET
     return doc
+
+
+def store_uris(doc: dict[str, Any]) -> list[str]:
+    """The s3:// URIs a sample reads or writes: its model, its compiled artefacts' place."""
+    spec = doc["spec"]
+    return [uri for uri in (spec["model"]["uri"], spec.get("compile", {}).get("outputUri", "")) if uri.startswith("s3://")]
+
+
+def prerequisites(namespace: str) -> list[dict[str, Any]]:
+    """What the samples expect to find in their namespace, as docs/install.md has a platform
+    team create it: the ServiceAccount models-reader (whose IRSA or Pod Identity role reads the
+    store on EKS; the API server refuses a pod that names a ServiceAccount that does not exist)
+    and the Secret hf-token."""
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": MODELS_ACCOUNT, "namespace": namespace}}
+    return [account, token_secret(namespace)]
+
+
+def on_simulated_fleet(doc: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """The sample as it runs on the kwok fleet: in ``namespace``, and without
+    spec.serving.storageClassName, since the local cluster has no volume provisioner (a claim
+    of a class nobody provisions would keep the pod from being scheduled). Nothing else changes."""
+    doc = copy.deepcopy(doc)
+    doc["metadata"]["namespace"] = namespace
+    doc["spec"]["serving"].pop("storageClassName", None)
+    return doc
+
+
+def token_secret(namespace: str) -> dict[str, Any]:
+    """The Secret hf-token that gated samples read their Hugging Face token from."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": HF_TOKEN_SECRET, "namespace": namespace},
+        "stringData": {"token": "hf_local"},
+    }
+
+
+def make_buckets(store: Any, doc: dict[str, Any]) -> None:
+    """Every bucket the sample's store URIs name, in the local store."""
+    have = {b["Name"] for b in store.list_buckets()["Buckets"]}
+    for bucket in {uri.removeprefix("s3://").partition("/")[0] for uri in store_uris(doc)} - have:
+        store.create_bucket(Bucket=bucket)

@@ -256,7 +256,8 @@ def test_inf1_plans_are_byte_for_byte_what_they_were():
     TensorFlow model with a compile image, is now refused (the operator's compile program
     traces PyTorch; tensorflow-neuron is archived by AWS), so each is planned as the same model
     in PyTorch, which gains the compile program's inputDtype and a new compile hash (its
-    artefact is now TorchScript per bucket with a manifest and a completion marker)."""
+    artefact is now TorchScript per bucket with a manifest and a completion marker); and every
+    plan gains the pods' sizes (issue 40), which tests/test_sizing.py checks."""
     from inferentia_operator.core.children import Model, compile_hash, plan_document
     from inferentia_operator.core.planner import InvalidSpec
 
@@ -271,9 +272,12 @@ def test_inf1_plans_are_byte_for_byte_what_they_were():
         p = plan(spec)
         document = plan_document(p)
         assert document.pop("compiler") == "neuron-cc"
+        assert document.pop("sizes") == p.sizes.model_dump(by_alias=True, exclude_none=True)
         assert document.pop("inputDtype") == ("int64" if spec.model.architecture == "transformer" else "float32")
         # Golden specs have no buckets: as PyTorch models, the compile program warns that it needs them.
         document["warnings"] = [w for w in document["warnings"] if "the operator's compile program (without compile.image" not in w]
+        # Host memory below what the processes' weights need is warned of now (pods sized from the model).
+        document["warnings"] = [w for w in document["warnings"] if "a replica of this model needs to" not in w]
         expected = case["plan"]
         assert expected["resources"]["requests"].pop("hugepages-2Mi") == expected["resources"]["limits"].pop("hugepages-2Mi")
         if spec.model.precision == "fp32":

@@ -395,9 +395,10 @@ def test_neuron_2x_samples_reach_ready_with_the_planned_command(cluster, operato
     """The vLLM preset on inf2, and on trn2 with logical cores, on the simulated fleet."""
     from kit import ROOT
 
-    body = yaml.safe_load((ROOT / "manifests" / "samples" / sample).read_text())
-    body["metadata"]["namespace"] = namespace
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(body))
+    from samples import on_simulated_fleet, prerequisites
+
+    body = on_simulated_fleet(yaml.safe_load((ROOT / "manifests" / "samples" / sample).read_text()), namespace)
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([*prerequisites(namespace), body]))
     name = body["metadata"]["name"]
     live_model = wait_ready(cluster, namespace, name, timeout=120)
     m = model_of(live_model)

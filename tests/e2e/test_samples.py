@@ -23,7 +23,7 @@ from test_real_node import (
     wait_ready,
 )
 
-from samples import SHAPE, image_input, put_model, run_here, store_secret
+from samples import SHAPE, image_input, make_buckets, put_model, run_here, store_secret, store_uris, token_secret
 
 pytestmark = pytest.mark.usefixtures("operator")
 
@@ -67,10 +67,14 @@ def test_every_sample_goes_ready_on_the_real_node_and_answers(path, node_shape, 
     spec, name = doc["spec"], doc["metadata"]["name"]
     node_shape(SHAPE[spec["compute"].get("family", "inf1")])
     uri = spec["model"]["uri"]
-    if uri.startswith("s3://"):
+    if store_uris(doc):
         real_node.kubectl("apply", "-f", "-", input=json.dumps(store_secret(real_namespace, real_node.node.object_store())))
+        make_buckets(store_client(real_node), doc)
+    if uri.startswith("s3://"):
         subprocess.run([TORCH_PYTHON, str(REFERENCE), "build", str(tmp_path / "models")], check=True)
         network, dtype, inputs = put_model(store_client(real_node), uri, tmp_path / "models")
+    if any(e.get("valueFrom", {}).get("secretKeyRef") for e in spec["serving"].get("env", [])):
+        real_node.kubectl("apply", "-f", "-", input=json.dumps(token_secret(real_namespace)))
     real_node.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
     wait_ready(real_node, real_namespace, name, timeout=400)
     assert serving_pods(real_node, real_namespace, name)

@@ -286,10 +286,14 @@ class Serving(ApiModel):
     """Request threads per process. Default: the group's NeuronCores + 3, so that every outstanding inference has a thread."""
     batching: Batching | None = None
     """Server-side adaptive batching; off when unset."""
-    home_size: Quantity = "20Gi"
-    """Size limit of the writable emptyDir at HOME (/home/inferentia), where HF_HOME and the other caches live: model downloads need room."""
+    home_size: Quantity | None = None
+    """Size of the writable volume at HOME (/home/inferentia), where HF_HOME and the other caches live. Default: sized from the model (status.plan.sizes.homeBytes): a model vLLM downloads from the Hugging Face Hub, and the graphs a compile at start writes, with a quarter and 1 GiB of room; 20Gi at least, and when spec.model.weights is unknown."""
     tmp_size: Quantity = "1Gi"
     """Size limit of the writable emptyDir at /tmp (TMPDIR)."""
+    storage_class_name: Annotated[str | None, Field(min_length=1, max_length=253)] = None
+    """Put HOME and the artefact and model volumes of the serving pods and the compile Job on a generic ephemeral volume of this StorageClass (a PersistentVolumeClaim per pod, created and deleted with the pod; for example an EBS gp3 class), at the plan's sizes, instead of an emptyDir on the node's disk. For models whose weights do not fit a node's root volume."""
+    startup_seconds: Annotated[StrictInt | None, Field(ge=10, le=7 * 24 * 3600)] = None
+    """How long a serving pod may take to start (its startup probe's budget) before it is restarted. Default: sized from the model (status.plan.sizes.startupSeconds): 30 minutes to load, the Hub download at 100 MiB/s, and compile.timeoutSeconds when the pod compiles at start."""
     read_only_root_filesystem: StrictBool = True
     """Mount the serving container's root file system read-only (it writes to HOME and /tmp). false for images that write elsewhere."""
     runtime: Literal["custom", "vllm"] = "custom"
@@ -407,6 +411,29 @@ class ResourceList(ApiModel):
     """Limits; extended resources and hugepages must equal their requests."""
 
 
+class Sizes(ApiModel):
+    """What the model's pods need, computed from spec.model.weights and precision (the fixed sizes when they are unknown)."""
+
+    home_bytes: int
+    """The serving pods' HOME volume (spec.serving.homeSize, else computed)."""
+    artefact_bytes: int | None = None
+    """With a compile Job: the volume of the compiled artefact, in the compile Job and in each serving pod (the weights once per bucket, with room)."""
+    model_bytes: int | None = None
+    """With a model in a store: the volume the uncompiled model is fetched into (four bytes a weight, with room)."""
+    compile_home_bytes: int | None = None
+    """With a compile Job: its HOME volume (the Hub download, when the compile reads the model from the Hub)."""
+    compiles_in_pod: bool
+    """True when each serving process compiles at start (no compile.image): the pod needs a compile's memory and time."""
+    memory_bytes: int | None = None
+    """Host memory one replica needs, when the weights are known: each process's compile, or its copy of the weights."""
+    compile_cpu: str | None = None
+    """With a compile Job: the CPU it requests (compile.cpu, else 4 for neuronx-cc, 2 for neuron-cc)."""
+    compile_memory: str | None = None
+    """With a compile Job: the memory it requests and is limited to (compile.memory, else twice the weights, at least 8Gi)."""
+    startup_seconds: int
+    """The serving pods' start-up budget (spec.serving.startupSeconds, else computed)."""
+
+
 class Plan(ApiModel):
     """How a spec maps onto NeuronCores: computed by the planner, never written by users."""
 
@@ -466,6 +493,8 @@ class Plan(ApiModel):
     """When the replica shares a chip: how many such replicas one instance of each allowed type holds, by NeuronCores, CPU and memory."""
     front_end: FrontEnd | None = None
     """The batching front end beside the model processes, when there is one."""
+    sizes: Sizes
+    """What the pods need, sized from the model."""
     warnings: list[str]
     """Things that are allowed but may not work as hoped."""
 

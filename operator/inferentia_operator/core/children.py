@@ -22,7 +22,6 @@ from .api import InferentiaModelSpec, Plan
 from .autoscaling import Prometheus, desired_replicas
 from .autoscaling import scaled_object as autoscaling_object
 from .catalogue import DRA_CONFIG_API_VERSION, DRA_DRIVER, DRA_GROUP_ATTRIBUTE, FAMILIES, GIB, INSTANCE_TYPE_LABEL, NEURON_TAINT_KEY
-from .cores import bytes_per_weight
 from .findings import Finding
 from .launcher import LAUNCHER
 from .names import (
@@ -40,6 +39,7 @@ from .names import (
 )
 from .objects import Obj
 from .proof import PROOF_ANNOTATION, Prover
+from .sizing import FETCHED_SCHEMES
 
 # The vLLM preset (spec.serving.runtime: vllm), on what AWS supports for the family
 # (catalogue.Family.vllm). Its OpenAI-compatible server answers /health once the model is loaded.
@@ -68,14 +68,9 @@ COMPILED_DIR = "/var/lib/inferentia/compiled"
 # Where the uncompiled model is fetched to, for the compile program (or the model server
 # when there is no compile step).
 MODEL_DIR = "/var/lib/inferentia/model"
-# Remote models an init container fetches with the operator's image; anything else is a path
-# in the image itself.
-FETCHED_SCHEMES = ("s3://", "https://")
-# Room for a model or a compiled artefact in the pod.
-ARTEFACT_VOLUME_SIZE = "50Gi"
-# Loading (and, without a compile Job, compiling) a large model takes minutes: the startup
-# probe allows 30 of them before the liveness probe takes over.
-VLLM_STARTUP_SECONDS = 1800
+# How often a starting server is asked whether it is up: often, so that a start (from zero,
+# or a scale-up) is seen ready within seconds of the model loading. How long it may take is
+# the plan's (sizing.startup_seconds).
 STARTUP_PROBE_SECONDS = 2
 
 
@@ -449,14 +444,33 @@ def upload_container(model: Model) -> dict[str, Any]:
     )
 
 
-def _artefact_volume(name: str) -> dict[str, Any]:
-    return {"name": name, "emptyDir": {"sizeLimit": ARTEFACT_VOLUME_SIZE}}
+def _sized_volume(model: Model, name: str, size_bytes: int) -> dict[str, Any]:
+    """An emptyDir of the size the plan gives, or with serving.storageClassName a generic
+    ephemeral volume: a claim of that class per pod, made and deleted with the pod
+    (https://kubernetes.io/docs/concepts/storage/ephemeral-volumes/#generic-ephemeral-volumes)."""
+    size = f"{-(-size_bytes // GIB)}Gi"
+    storage_class = model.spec.serving.storage_class_name
+    if storage_class is None:
+        return {"name": name, "emptyDir": {"sizeLimit": size}}
+    claim = {"accessModes": ["ReadWriteOnce"], "storageClassName": storage_class, "resources": {"requests": {"storage": size}}}
+    return {"name": name, "ephemeral": {"volumeClaimTemplate": {"metadata": {"labels": selector(model)}, "spec": claim}}}
 
 
-def _scratch_volumes(model: Model) -> list[dict[str, Any]]:
-    """HOME (and the caches under it) and /tmp: size-limited emptyDirs (spec.serving.homeSize, tmpSize)."""
-    sizes = {"home": model.spec.serving.home_size, "tmp": model.spec.serving.tmp_size}
-    return [{"name": name, "emptyDir": {"sizeLimit": sizes[name]}} for name in SCRATCH_PATHS]
+def _artefact_volume(model: Model) -> dict[str, Any]:
+    """Where the compiled artefact is written (compile Job) or fetched to (serving pods)."""
+    assert model.plan.sizes.artefact_bytes is not None, "an artefact volume without a compile step"
+    return _sized_volume(model, "compiled", model.plan.sizes.artefact_bytes)
+
+
+def _model_volume(model: Model) -> dict[str, Any]:
+    """Where an uncompiled model from a store is fetched to."""
+    assert model.plan.sizes.model_bytes is not None, "a model volume for a model in no store"
+    return _sized_volume(model, "model", model.plan.sizes.model_bytes)
+
+
+def _scratch_volumes(model: Model, home_bytes: int) -> list[dict[str, Any]]:
+    """HOME (and the caches under it), sized from the model, and /tmp (spec.serving.tmpSize)."""
+    return [_sized_volume(model, "home", home_bytes), {"name": "tmp", "emptyDir": {"sizeLimit": model.spec.serving.tmp_size}}]
 
 
 def _scratch_mounts() -> list[dict[str, Any]]:
@@ -469,19 +483,10 @@ def _plan_volume(model: Model) -> dict[str, Any]:
 
 def compile_resources(model: Model) -> dict[str, dict[str, str]]:
     """What the compile Job requests, so that it is never BestEffort (the first pod evicted)
-    and a node can be chosen for it. The compiler holds the weights and a working copy of
-    the graph; twice the weights is this operator's rule of thumb, not an AWS figure,
-    which compile.cpu and compile.memory override."""
-    neuronx = model.plan.compiler == "neuronx-cc"
-    cpu = model.spec.compile.cpu or ("4" if neuronx else "2")
-    if model.spec.compile.memory:
-        memory = model.spec.compile.memory
-    elif model.spec.model.weights:
-        gib = -(-2 * model.spec.model.weights * bytes_per_weight(model.spec.model.precision) // GIB)
-        memory = f"{max(8, gib)}Gi"
-    else:
-        memory = "16Gi" if neuronx else "8Gi"
-    return {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory}}
+    and a node can be chosen for it: the plan's (sizing.compile_cpu, sizing.compile_memory)."""
+    sizes = model.plan.sizes
+    assert sizes.compile_cpu is not None and sizes.compile_memory is not None, "compile resources without a compile step"
+    return {"requests": {"cpu": sizes.compile_cpu, "memory": sizes.compile_memory}, "limits": {"memory": sizes.compile_memory}}
 
 
 def compile_job(model: Model) -> dict[str, Any] | None:
@@ -531,7 +536,10 @@ def compile_job(model: Model) -> dict[str, Any] | None:
         # point with the same environment (docs/serving-pod.md, "Bring your own").
         **({"command": command} if command else {}),
         "image": model.spec.compile.image,
-        "env": [{"name": k, "value": v} for k, v in {**SCRATCH_ENV, **env}.items()],
+        # The serving container's own variables and sources too (an HF_TOKEN for a gated
+        # model, say): the compile reads the same model, and yours win over the planned ones.
+        **_user_env_from(model),
+        "env": _with_user_env(model, {**SCRATCH_ENV, **env}),
         "resources": compile_resources(model),
         "securityContext": CONTAINER_SECURITY,
         # The program's last words become the container's termination message, which status reports.
@@ -567,9 +575,9 @@ def compile_job(model: Model) -> dict[str, Any] | None:
                     "containers": [upload_container(model)],
                     "volumes": [
                         _plan_volume(model),
-                        _artefact_volume("compiled"),
-                        *([_artefact_volume("model")] if compile_fetches_model(model) else []),
-                        *_scratch_volumes(model),
+                        _artefact_volume(model),
+                        *([_model_volume(model)] if compile_fetches_model(model) else []),
+                        *_scratch_volumes(model, model.plan.sizes.compile_home_bytes or model.plan.sizes.home_bytes),
                     ],
                 },
             },
@@ -616,10 +624,20 @@ def _serving_env(model: Model) -> list[dict[str, str]]:
         if model.spec.compile.image:
             # A local directory, as vLLM's Neuron loader reads it: the fetch init container filled it.
             env |= {"NEURON_COMPILED_ARTIFACTS": COMPILED_DIR, **VLLM_PRECOMPILED_ENV}
-    # The user's entries as the API takes them (value or valueFrom); the operator never reads
-    # a Secret, so a secret's value is never in the model, the plan, a log or an event.
+    return _with_user_env(model, env)
+
+
+def _with_user_env(model: Model, planned: dict[str, str]) -> list[dict[str, Any]]:
+    """The planned variables, then spec.serving.env as the API takes them (value or
+    valueFrom), which wins for the same name. The operator never reads a Secret, so a
+    secret's value is never in the model, the plan, a log or an event."""
     user = [e.model_dump(by_alias=True, exclude_none=True) for e in model.spec.serving.env or []]
-    return [{"name": k, "value": v} for k, v in env.items() if k not in user_env_names(model)] + user
+    return [{"name": k, "value": v} for k, v in planned.items() if k not in user_env_names(model)] + user
+
+
+def _user_env_from(model: Model) -> dict[str, Any]:
+    sources = model.spec.serving.env_from
+    return {"envFrom": [s.model_dump(by_alias=True, exclude_none=True) for s in sources]} if sources else {}
 
 
 def vllm_args(model: Model) -> list[str]:
@@ -635,33 +653,28 @@ def vllm_args(model: Model) -> list[str]:
     return ["/bin/sh", "-c", f'exec {server} --port "$PORT" "$@"', "vllm", *flags, *(model.spec.serving.args or [])]
 
 
+def _startup_probe(model: Model, check: dict[str, Any]) -> dict[str, Any]:
+    """Asked every STARTUP_PROBE_SECONDS, for as long as the plan says a start may take (loading,
+    a download, a compile at start): the liveness probe takes over only after it."""
+    budget = model.plan.sizes.startup_seconds
+    return {**check, "periodSeconds": STARTUP_PROBE_SECONDS, "failureThreshold": -(-budget // STARTUP_PROBE_SECONDS)}
+
+
 def _probes(model: Model) -> dict[str, Any]:
     if model.spec.serving.runtime == "vllm":
+        # vLLM's OpenAI-compatible server answers /health once the model is loaded.
         health: dict[str, Any] = {"httpGet": {"path": "/health", "port": "serve-0"}}
-        # Asked often while it starts, so that a start (from zero, or a scale-up) is seen
-        # ready within seconds of the model loading, not at the next of 10 s ticks.
-        return {
-            "startupProbe": {
-                **health,
-                "periodSeconds": STARTUP_PROBE_SECONDS,
-                "failureThreshold": VLLM_STARTUP_SECONDS // STARTUP_PROBE_SECONDS,
-            },
-            "readinessProbe": {**health, "periodSeconds": 5},
-            "livenessProbe": {**health, "periodSeconds": 10, "failureThreshold": 6},
-        }
-    if model.spec.serves_with_program:
+    elif model.spec.serves_with_program:
         # The operator's server answers /healthz once its artefacts are loaded onto the cores
-        # (or, without a compile step, traced): loading may take as long as vLLM's.
-        health = {"httpGet": {"path": "/healthz", "port": "serve-0"}, "periodSeconds": 5}
-        return {
-            "startupProbe": {**health, "failureThreshold": VLLM_STARTUP_SECONDS // 5},
-            "readinessProbe": health,
-            "livenessProbe": {**health, "periodSeconds": 10, "failureThreshold": 6},
-        }
-    probe = {"tcpSocket": {"port": "serve-0"}, "periodSeconds": 10}
+        # (or, without a compile step, traced).
+        health = {"httpGet": {"path": "/healthz", "port": "serve-0"}}
+    else:
+        # A custom server says nothing of its health: it is up once it accepts connections.
+        health = {"tcpSocket": {"port": "serve-0"}}
     return {
-        "readinessProbe": {**probe, "initialDelaySeconds": 5},
-        "livenessProbe": {**probe, "initialDelaySeconds": 30, "failureThreshold": 6},
+        "startupProbe": _startup_probe(model, health),
+        "readinessProbe": {**health, "periodSeconds": 5},
+        "livenessProbe": {**health, "periodSeconds": 10, "failureThreshold": 6},
     }
 
 
@@ -841,7 +854,7 @@ def serving_deployment(model: Model, replicas: int | None = None) -> dict[str, A
     container: dict[str, Any] = {
         "name": "serve",
         "image": spec.serving.image,
-        **({"envFrom": [s.model_dump(by_alias=True, exclude_none=True) for s in spec.serving.env_from]} if spec.serving.env_from else {}),
+        **_user_env_from(model),
         "env": _serving_env(model),
         "ports": ports,
         "resources": {**plan.resources.model_dump(), **({"claims": [{"name": CLAIM}]} if dra else {})},
@@ -893,9 +906,9 @@ def serving_deployment(model: Model, replicas: int | None = None) -> dict[str, A
                     "containers": [container, *([batcher_container(model)] if batching_front_end(model) else [])],
                     "volumes": [
                         _plan_volume(model),
-                        *_scratch_volumes(model),
-                        *([_artefact_volume("compiled")] if spec.compile.image else []),
-                        *([_artefact_volume("model")] if serving_fetches_model(model) else []),
+                        *_scratch_volumes(model, plan.sizes.home_bytes),
+                        *([_artefact_volume(model)] if spec.compile.image else []),
+                        *([_model_volume(model)] if serving_fetches_model(model) else []),
                     ],
                     "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
                     **({"resourceClaims": [{"name": CLAIM, "resourceClaimTemplateName": claim_template_name(model)}]} if dra else {}),

@@ -31,6 +31,7 @@ from .cores import bytes_per_weight, chips_needed, lnc_of, replica_cores
 from .drift import quantity
 from .findings import Finding, errors
 from .rules import check_spec
+from .sizing import size as pod_sizes
 
 
 class InvalidSpec(ValueError):
@@ -236,6 +237,7 @@ def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Pla
         replicas_per_instance={t: replicas_per_instance(fam, t, per_chip, total, millicpu, memory_bytes) for t in instance_types}
         if shares_chip
         else None,
+        sizes=pod_sizes(spec, fam, groups),
         warnings=[str(f) for f in findings if f.severity == "warning"],
     )
 

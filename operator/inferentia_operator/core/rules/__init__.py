@@ -21,7 +21,7 @@ from inferentia_operator.core.catalogue import FAMILIES
 from inferentia_operator.core.cel import CrossFieldRule
 from inferentia_operator.core.findings import Finding
 
-from . import advice, allocation, autoscaling, child_values, groups, memory, placement, programs, request
+from . import advice, allocation, autoscaling, child_values, groups, memory, placement, programs, request, sizing
 from .identity import NAME, check_name, check_namespace
 from .memory import KV_FIT, STATIC_WEIGHTS_TOO_LARGE
 
@@ -49,6 +49,7 @@ _CHECKS = (
     *programs.CHECKS,
     *memory.CHECKS,
     *autoscaling.CHECKS,
+    *sizing.CHECKS,
     *advice.CHECKS,
 )
 

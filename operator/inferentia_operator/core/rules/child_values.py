@@ -292,9 +292,9 @@ def _check_child_values(spec: InferentiaModelSpec, fam: Family) -> list[Finding]
     for field, optional in (("cpu", spec.compile.cpu), ("memory", spec.compile.memory)):
         if optional is not None and not re.match(QUANTITY_GRAMMAR, optional):
             found.append(COMPILE_QUANTITY[field].finding(optional))
-    for field, value in (("homeSize", spec.serving.home_size), ("tmpSize", spec.serving.tmp_size)):
-        if not re.match(QUANTITY_GRAMMAR, value):
-            found.append(SCRATCH_QUANTITY[field].finding(value))
+    for field, scratch in (("homeSize", spec.serving.home_size), ("tmpSize", spec.serving.tmp_size)):
+        if scratch is not None and not re.match(QUANTITY_GRAMMAR, scratch):
+            found.append(SCRATCH_QUANTITY[field].finding(scratch))
     hugepages = spec.compute.hugepages
     if hugepages is not None and not _whole_hugepages(hugepages):
         found.append(HUGEPAGES_WHOLE.finding(hugepages))

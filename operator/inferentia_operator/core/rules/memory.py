@@ -69,11 +69,14 @@ def _check_bucket_shapes(spec: InferentiaModelSpec, fam: Family) -> list[Finding
 
 # Rule 5: how many buckets the weights allow (the bucketing application note,
 # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/appnotes/torch-neuron/bucketing-app-note.html).
+# Each bucket there is a traced model with its own copy of the weights. vLLM's buckets are
+# sequence lengths of one model whose weights are loaded once: the bound is not theirs.
 BUCKET_BOUND = CrossFieldRule(
     "spec.compile.buckets",
     "spec",
     "%d buckets do not fit: a group of %d NeuronCores holds at most %d bucketed models of %d weights (round(%d / weights) per NeuronCore)",
-    f"!has({CEL_WEIGHTS}) || !has(self.compile.buckets) || size(self.compile.buckets) == 0 || !({CEL_FITS} && {CEL_DIVIDES})"
+    f"!has({CEL_WEIGHTS}) || !has(self.compile.buckets) || size(self.compile.buckets) == 0"
+    f" || (has(self.serving.runtime) && self.serving.runtime == 'vllm') || !({CEL_FITS} && {CEL_DIVIDES})"
     f" || size(self.compile.buckets) <= {CEL_BUCKET_LIMIT}",
     ("size(self.compile.buckets)", CEL_GROUP, CEL_BUCKET_LIMIT, CEL_WEIGHTS, CEL_BUDGET),
 )
@@ -211,7 +214,7 @@ def _check_weights(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
         return found
     buckets = spec.compile.buckets or []
     bound = max_buckets_per_group(fam, lnc, group, weights)
-    if buckets and len(buckets) > bound:
+    if buckets and len(buckets) > bound and spec.serving.runtime != "vllm":
         found.append(BUCKET_BOUND.finding(len(buckets), group, bound, weights, bucket_budget_per_core(fam, lnc)))
     if fam.neuronx:
         found += _check_memory_fit(spec, fam, lnc, group)

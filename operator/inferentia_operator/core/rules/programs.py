@@ -31,6 +31,19 @@ VLLM_FAMILY = CrossFieldRule(
 def _check_runtime(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     if spec.serving.runtime == "vllm" and not fam.neuronx:
         return [VLLM_FAMILY.finding(fam.name, fam.name)]
+    if spec.serving.runtime == "vllm" and fam.vllm == "nxd-inference" and spec.compile.image is not None:
+        # The operator has no compile program for vLLM on NxD Inference yet: the compile
+        # Job runs the image's own entry point with the compile environment
+        # (docs/serving-pod.md, "Bring your own"), which AWS's vLLM images do not implement.
+        return [
+            Finding(
+                "spec.compile.image",
+                f"with the vLLM runtime on {fam.name} the compile Job runs the image's own entry point, which must implement "
+                "the operator's compile environment (docs/serving-pod.md, \"Bring your own\"); AWS's vLLM images do not, "
+                "so their compile Job fails. Leave compile.image unset to let vLLM compile at start, or name an image that does",
+                "warning",
+            )
+        ]
     return []
 
 
