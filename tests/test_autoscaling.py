@@ -126,6 +126,38 @@ def test_the_scaled_object_targets_the_model_and_is_owned_by_it():
     [trigger] = spec["triggers"]
     assert (trigger["type"], trigger["metricType"], trigger["metadata"]["threshold"]) == ("prometheus", "AverageValue", "8")
     assert trigger["metadata"]["serverAddress"] == PROMETHEUS.address
+    # An open Prometheus: no authentication, no region.
+    assert "authenticationRef" not in trigger and "awsRegion" not in trigger["metadata"]
+
+
+def test_an_authenticated_prometheus_is_named_by_the_trigger():
+    """Amazon Managed Prometheus answers only SigV4-signed queries: KEDA signs them for the
+    region in the trigger's awsRegion, with the identity of a (Cluster)TriggerAuthentication
+    whose podIdentity provider is aws (https://keda.sh/docs/latest/scalers/prometheus/)."""
+    amp = Prometheus(
+        "https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-1",
+        authentication="keda-aws",
+        authentication_kind="ClusterTriggerAuthentication",
+        aws_region="us-east-1",
+    )
+    [trigger] = children.scaled_object(built(model_body(**scaled_spec())), amp)["spec"]["triggers"]
+    assert trigger["authenticationRef"] == {"name": "keda-aws", "kind": "ClusterTriggerAuthentication"}
+    assert trigger["metadata"]["awsRegion"] == "us-east-1"
+
+
+def test_the_cli_takes_the_authentication_and_region():
+    from inferentia_operator.cli import parser, settings_from
+
+    args = parser().parse_args(
+        ["render", "x.yaml", "--prometheus-address", "http://p:9090", "--prometheus-authentication", "bearer",
+         "--prometheus-aws-region", "eu-west-1"]
+    )  # fmt: skip
+    prometheus = settings_from(args).prometheus
+    assert (prometheus.authentication, prometheus.authentication_kind, prometheus.aws_region) == (
+        "bearer",
+        "TriggerAuthentication",
+        "eu-west-1",
+    )
 
 
 @pytest.mark.parametrize("replicas,scaled,expected", [(1, True, 2), (3, True, 3), (9, True, 5), (3, False, 2), (0, True, 2)])

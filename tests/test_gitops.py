@@ -126,7 +126,13 @@ def test_the_argo_cd_example_orders_the_operator_before_the_models():
     patch = yaml.safe_load((GITOPS / "argocd-cm-patch.yaml").read_text())
     script = patch["data"]["resource.customizations.health.argoproj.io_Application"]
     lua = lua51.LuaRuntime(unpack_returned_tuples=True)
-    for status, expected in ((None, "Progressing"), ({"health": {"status": "Healthy"}}, "Healthy"), ({"health": {"status": "Degraded", "message": "x"}}, "Degraded")):
+    for status, expected in (
+        (None, "Progressing"),
+        ({"health": {"status": "Healthy"}}, "Healthy"),
+        ({"health": {"status": "Degraded", "message": "x"}}, "Degraded"),
+    ):
         obj = {"metadata": {"name": "inferentia-operator"}} | ({"status": status} if status else {})
-        lua.globals().obj = lua.table_from({k: lua.table_from({kk: lua.table_from(vv) if isinstance(vv, dict) else vv for kk, vv in v.items()}) for k, v in obj.items()})
+        lua.globals().obj = lua.table_from(
+            {k: lua.table_from({kk: lua.table_from(vv) if isinstance(vv, dict) else vv for kk, vv in v.items()}) for k, v in obj.items()}
+        )
         assert lua.execute(script)["status"] == expected

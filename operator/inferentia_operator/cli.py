@@ -268,11 +268,27 @@ def _prometheus_arguments(p: argparse.ArgumentParser) -> None:
         "--prometheus-model-label", default=d.model_label,
         help="the label Prometheus gives a pod's inferentia.dev/model label",
     )  # fmt: skip
+    p.add_argument(
+        "--prometheus-authentication", default=d.authentication, metavar="NAME",
+        help="the KEDA TriggerAuthentication (in each model's namespace) or ClusterTriggerAuthentication the ScaledObjects' "
+        "trigger uses, for a Prometheus that wants credentials (default: none)",
+    )  # fmt: skip
+    p.add_argument(
+        "--prometheus-authentication-kind", default=d.authentication_kind, choices=["TriggerAuthentication", "ClusterTriggerAuthentication"],
+        help="the kind of --prometheus-authentication",
+    )  # fmt: skip
+    p.add_argument(
+        "--prometheus-aws-region", default=d.aws_region, metavar="REGION",
+        help="Amazon Managed Prometheus: the region KEDA signs its queries for (SigV4), with an aws podIdentity authentication",
+    )  # fmt: skip
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
     """The settings the decision reads, from the flags `run` and `render` share; built once."""
-    prometheus = Prometheus(args.prometheus_address, args.prometheus_namespace_label, args.prometheus_model_label)
+    prometheus = Prometheus(
+        args.prometheus_address, args.prometheus_namespace_label, args.prometheus_model_label,
+        args.prometheus_authentication, args.prometheus_authentication_kind, args.prometheus_aws_region,
+    )  # fmt: skip
     return Settings(operator_image=args.operator_image, prometheus=prometheus, allocation=args.allocation)
 
 

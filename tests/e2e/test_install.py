@@ -77,6 +77,57 @@ def test_a_service_monitor_only_when_asked(cluster):
     assert monitor["metadata"]["labels"]["release"] == "prom"
 
 
+def test_a_pod_monitor_only_when_asked_keeping_the_ports_that_serve_the_gauges(cluster):
+    """kube-prometheus-stack ignores the prometheus.io/* annotations: with podMonitor.enabled
+    the chart renders a PodMonitor whose relabelings keep, of every container port of the
+    operator's pods, exactly the one each pod's scrape annotation names. The relabelings are
+    run here as Prometheus runs a keep rule (the regex anchored at both ends) on the targets
+    Kubernetes service discovery gives the pods the operator builds."""
+    import re
+
+    from inferentia_operator.core import children
+    from test_children import THROUGHPUT, VLLM, model
+
+    assert "PodMonitor" not in [d["kind"] for d in helm_template(cluster)]
+    docs = helm_template(cluster, "--set", "podMonitor.enabled=true", "--set", "podMonitor.labels.release=kps")
+    [monitor] = [d for d in docs if d["kind"] == "PodMonitor"]
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/managed-by": "inferentia-operator"}
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+
+    def scraped(pod_template: dict) -> set[str]:
+        annotations = pod_template["metadata"].get("annotations", {})
+        meta = {f"__meta_kubernetes_pod_annotation_{re.sub('[^a-zA-Z0-9_]', '_', k)}": v for k, v in annotations.items()}
+        names = {p["name"] for c in pod_template["spec"]["containers"] for p in c.get("ports", [])}
+        kept = set()
+        for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+            if endpoint["port"] not in names:
+                continue
+            keep = [r for r in endpoint["relabelings"] if r.get("action") == "keep"]
+            if all(re.fullmatch(r["regex"], ";".join(meta.get(label, "") for label in r["sourceLabels"])) for r in keep):
+                kept.add(endpoint["port"])
+        return kept
+
+    batched = children.serving_deployment(model(**{**THROUGHPUT, "serving.batching": {"maxBatchSize": 4}}))
+    vllm = children.serving_deployment(model(**VLLM))
+    plain = children.serving_deployment(model(**THROUGHPUT))
+    for deployment in (batched, vllm):
+        pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert scraped(batched["spec"]["template"]) == {"batch"}  # not the model processes behind it
+    assert scraped(vllm["spec"]["template"]) == {"serve-0"}
+    assert scraped(plain["spec"]["template"]) == set()  # the model server exports no gauges
+    # The labels the ScaledObjects' queries read.
+    relabel = {r["targetLabel"]: r["sourceLabels"] for r in monitor["spec"]["podMetricsEndpoints"][0]["relabelings"] if "targetLabel" in r}
+    assert relabel == {
+        "namespace": ["__meta_kubernetes_namespace"],
+        "inferentia_dev_model": ["__meta_kubernetes_pod_label_inferentia_dev_model"],
+    }
+    scoped = helm_template(cluster, "--set", "podMonitor.enabled=true", "--set", "watchNamespaces={a,b}")
+    [monitor] = [d for d in scoped if d["kind"] == "PodMonitor"]
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["a", "b"]}
+
+
 def test_the_prometheus_settings_reach_the_operator(cluster):
     def args(*sets: str) -> list[str]:
         [deployment] = [d for d in helm_template(cluster, *sets) if d["kind"] == "Deployment"]
@@ -92,6 +143,24 @@ def test_the_prometheus_settings_reach_the_operator(cluster):
     )
     assert "--prometheus-address=http://prometheus-server.monitoring:9090" in shown
     assert "--prometheus-namespace-label=kubernetes_namespace" in shown
+    assert not [a for a in shown if a.startswith(("--prometheus-authentication", "--prometheus-aws-region"))]
+    # Amazon Managed Prometheus, as docs/install.md sets it up.
+    amp = args(
+        "--set", "autoscaling.prometheus.address=https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-1",
+        "--set", "autoscaling.prometheus.authentication.name=keda-aws",
+        "--set", "autoscaling.prometheus.authentication.kind=ClusterTriggerAuthentication",
+        "--set", "autoscaling.prometheus.awsRegion=us-east-1",
+    )  # fmt: skip
+    assert [a for a in amp if a.startswith(("--prometheus-authentication", "--prometheus-aws-region"))] == [
+        "--prometheus-authentication=keda-aws",
+        "--prometheus-authentication-kind=ClusterTriggerAuthentication",
+        "--prometheus-aws-region=us-east-1",
+    ]
+    # The operator's own parser takes them as the chart gives them.
+    from inferentia_operator.cli import parser, settings_from
+
+    prometheus = settings_from(parser().parse_args(amp)).prometheus
+    assert (prometheus.authentication, prometheus.aws_region) == ("keda-aws", "us-east-1")
 
 
 def test_watch_namespaces_gives_roles_only_and_standby_a_second_replica(cluster):

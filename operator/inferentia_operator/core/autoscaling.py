@@ -48,6 +48,12 @@ class Prometheus:
     address: str = ""
     namespace_label: str = "namespace"
     model_label: str = "inferentia_dev_model"
+    # A Prometheus that wants credentials: the KEDA TriggerAuthentication (in each model's
+    # namespace) or ClusterTriggerAuthentication the trigger names, and for Amazon Managed
+    # Prometheus the region KEDA signs its queries for (SigV4).
+    authentication: str = ""
+    authentication_kind: str = "TriggerAuthentication"
+    aws_region: str = ""
 
 
 NO_PROMETHEUS = Prometheus()  # the default: no address, so autoscaled models run at minReplicas
@@ -131,7 +137,13 @@ def scaled_object(
                         "serverAddress": prometheus.address,
                         "query": in_flight_query(spec, namespace, name, prometheus),
                         "threshold": str(target_in_flight(spec)),
+                        **({"awsRegion": prometheus.aws_region} if prometheus.aws_region else {}),
                     },
+                    **(
+                        {"authenticationRef": {"name": prometheus.authentication, "kind": prometheus.authentication_kind}}
+                        if prometheus.authentication
+                        else {}
+                    ),
                 }
             ],
         },

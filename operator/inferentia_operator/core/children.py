@@ -759,16 +759,25 @@ def scrape_annotations(model: Model) -> dict[str, str]:
     inferentia_num_requests_waiting and _running, or vLLM's vllm:num_requests_waiting and
     _running from its first process (each vLLM process serves its own /metrics)."""
     if model.plan.front_end is not None:  # batching_front_end(m)
-        port = model.plan.front_end.port
-    elif model.spec.serving.runtime == "vllm":
-        port = process_base_port(model)
-    else:
-        return {}
-    return _scraped_at(port)
+        return _scraped_at(model.plan.front_end.port, "batch")
+    if model.spec.serving.runtime == "vllm":
+        return _scraped_at(process_base_port(model), "serve-0")
+    return {}
 
 
-def _scraped_at(port: int) -> dict[str, str]:
-    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}
+# The name of the container port that serves /metrics: a prometheus-operator PodMonitor
+# selects endpoints by port name, and keeps the one this annotation names (the chart's
+# PodMonitor), since the model processes behind a front end listen on serve-i too.
+METRICS_PORT_ANNOTATION = "inferentia.dev/metrics-port"
+
+
+def _scraped_at(port: int, port_name: str) -> dict[str, str]:
+    return {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(port),
+        "prometheus.io/path": "/metrics",
+        METRICS_PORT_ANNOTATION: port_name,
+    }
 
 
 def serving_args(model: Model) -> list[str] | None:
@@ -1027,7 +1036,7 @@ def holder_deployment(model: Model) -> dict[str, Any]:
                 "metadata": {
                     "labels": labels(model, "holder"),
                     # Prometheus reads the requests it holds: the model's ScaledObject sums them.
-                    "annotations": _scraped_at(ports[0]["port"]),
+                    "annotations": _scraped_at(ports[0]["port"], ports[0]["targetPort"]),
                 },
                 "spec": {
                     "automountServiceAccountToken": False,
