@@ -146,6 +146,8 @@ class OperatorProcess:
 
 
 CHART = ROOT / "charts" / "inferentia-operator"
+# The chart requires image.repository: the image the local cluster builds and imports under this name.
+LOCAL_IMAGE = ("--set", "image.repository=inferentia-operator")
 
 
 # Where the operators these tests start keep their proof key Secret (run --key-namespace),
@@ -157,7 +159,7 @@ PROOF_KEY_ROLE_SUFFIX = "-proof-key"
 
 def helm_template(cluster: Cluster, *args: str, release: str = "inferentia-operator", namespace: str = "inferentia-system") -> list[dict]:
     out = subprocess.run(
-        [cluster.tool("helm"), "template", release, str(CHART), "--namespace", namespace, *args],
+        [cluster.tool("helm"), "template", release, str(CHART), "--namespace", namespace, *LOCAL_IMAGE, *args],
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
     return [d for d in yaml.safe_load_all(out) if d]

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 import yaml
-from kit import CHART, ROOT, OperatorProcess, helm_template, service_account_kubeconfig, wait_for
+from kit import CHART, LOCAL_IMAGE, ROOT, OperatorProcess, helm_template, service_account_kubeconfig, wait_for
 
 from inferentia_operator.core.names import DEFAULT_OPERATOR_IMAGE
 from specs import make_model
@@ -33,8 +33,8 @@ def kinds(docs):
 
 
 def test_helm_lint_with_default_and_other_values(cluster):
-    helm(cluster, "lint", str(CHART))
-    helm(cluster, "lint", str(CHART), "--set", "standby=true", "--set", "watchNamespaces={a,b}", "--set", "verbose=true")
+    helm(cluster, "lint", str(CHART), *LOCAL_IMAGE)
+    helm(cluster, "lint", str(CHART), *LOCAL_IMAGE, "--set", "standby=true", "--set", "watchNamespaces={a,b}", "--set", "verbose=true")
 
 
 def test_default_render_is_cluster_wide_with_one_replica_that_passes_restricted(cluster):
@@ -67,6 +67,14 @@ def test_default_render_is_cluster_wide_with_one_replica_that_passes_restricted(
     assert f"--operator-image={DEFAULT_OPERATOR_IMAGE}" in container["args"]  # fetch, upload and the front end run it
     [service] = [d for d in docs if d["kind"] == "Service"]
     assert service["spec"]["ports"] == [{"name": "metrics", "port": 8081, "targetPort": "metrics", "protocol": "TCP"}]
+
+
+def test_an_install_without_the_image_stops_with_a_message(cluster):
+    """No registry serves the operator's image: an install that forgets image.repository
+    fails at once, saying what to set, instead of leaving the operator in ImagePullBackOff."""
+    result = helm(cluster, "template", "x", str(CHART), check=False)
+    assert result.returncode != 0
+    assert "image.repository is required: build the operator's image from the repository's Dockerfile" in result.stderr
 
 
 def test_a_service_monitor_only_when_asked(cluster):
@@ -189,7 +197,7 @@ def test_watch_namespaces_gives_roles_only_and_standby_a_second_replica(cluster)
     ],
 )
 def test_the_values_schema_refuses_wrong_values(cluster, setting, complaint):
-    result = helm(cluster, "template", "x", str(CHART), "--set", setting, check=False)
+    result = helm(cluster, "template", "x", str(CHART), *LOCAL_IMAGE, "--set", setting, check=False)
     assert result.returncode != 0
     assert complaint in result.stderr, result.stderr
 
@@ -236,7 +244,7 @@ def test_helm_install_reconciles_with_its_own_rbac_and_uninstalls_cleanly(crd_in
     cluster.kubectl("label", "namespace", release_ns, RESTRICTED)  # the API server enforces the standard
     before = cluster_scoped(cluster)
     peering = f"e2e-{release_ns}"
-    helm(cluster, "install", "inferentia-operator", str(CHART), "-n", release_ns, "--set", f"peeringName={peering}",
+    helm(cluster, "install", "inferentia-operator", str(CHART), "-n", release_ns, *LOCAL_IMAGE, "--set", f"peeringName={peering}",
          "--wait", "--timeout", "90s")  # fmt: skip
     try:
         notes = helm(cluster, "get", "notes", "inferentia-operator", "-n", release_ns).stdout

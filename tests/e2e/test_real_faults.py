@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kit import wait_for
+from kit import LOCAL_IMAGE, wait_for
 from test_real_node import apply, serving_pods, standin_spec, wait_ready, why_not_ready
 
 pytestmark = [pytest.mark.faults, pytest.mark.usefixtures("operator")]
@@ -395,7 +395,7 @@ def test_the_operators_pod_deleted_under_load(real_node, real_namespace):
     release_ns = real_node_namespace(cluster, f"op-faults-{ns[-6:]}", "pod-security.kubernetes.io/enforce=restricted")
     helm = [cluster.tool("helm"), "-n", release_ns]
     install = subprocess.run(
-        [*helm, "install", "op", str(CHART), "--set", f"watchNamespaces={{{ns}}}", "--set", f"peeringName=op-{release_ns}",
+        [*helm, "install", "op", str(CHART), *LOCAL_IMAGE, "--set", f"watchNamespaces={{{ns}}}", "--set", f"peeringName=op-{release_ns}",
          "--wait", "--timeout", "180s"],
         capture_output=True, text=True, env=cluster.env, timeout=240,
     )  # fmt: skip

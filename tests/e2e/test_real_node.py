@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kit import ready_now, wait_for
+from kit import LOCAL_IMAGE, ready_now, wait_for
 
 from specs import DROP, make_model, make_spec
 
@@ -347,7 +347,7 @@ def test_helm_install_wait_runs_the_operator_image_as_a_real_pod(real_node, real
     # this suite does), it must take the fields over (docs/install.md says so).
     takeover = ["--force-conflicts"] if helm_binary == "helm4" else []
     install = subprocess.run(
-        [*helm, "install", "op", str(CHART), "--set", f"watchNamespaces={{{real_namespace}}}", "--set", f"peeringName=op-{release_ns}",
+        [*helm, "install", "op", str(CHART), *LOCAL_IMAGE, "--set", f"watchNamespaces={{{real_namespace}}}", "--set", f"peeringName=op-{release_ns}",
          "--wait", "--timeout", "180s", *takeover],
         capture_output=True, text=True, env=cluster.env, timeout=240,
     )  # fmt: skip

@@ -70,3 +70,12 @@ Superseded plan ConfigMaps and compile Jobs are deleted.
   resources: [resourceclaimtemplates]
   verbs: [get, list, watch, create, patch, delete]
 {{- end -}}
+
+{{/*
+The operator's image, which its models' pods run too. No registry serves it: the repository
+is required, so that an install that forgets it fails here with a message.
+*/}}
+{{- define "inferentia-operator.image" -}}
+{{- $repository := required "image.repository is required: build the operator's image from the repository's Dockerfile, push it where your nodes pull from, and set image.repository to it (docs/install.md, The image)" .Values.image.repository -}}
+{{ $repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
