@@ -29,3 +29,26 @@ def test_the_service_points_at_the_holder_when_told():
     m = built(model_body())
     service = serving_part(m, compiled=True, replicas=0, to_holder=True).children[1]
     assert service["spec"]["selector"] == children.holder_selector(m)
+
+
+def test_a_scheduler_name_sends_device_plugin_pods_to_the_neuron_scheduler():
+    """On EKS the Neuron scheduler extension runs only beside a second scheduler, my-scheduler,
+    and a pod reaches it by naming it
+    (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/k8s-multiple-scheduler.html):
+    run --scheduler-name names it in every serving pod that takes devices from the device plugin."""
+    from dataclasses import replace
+
+    from inferentia_operator.core.decide import rendered
+    from inferentia_operator.core.settings import Settings
+
+    def pod(m, settings):
+        [deployment] = [c for c in rendered(m, settings) if c["kind"] == "Deployment"]
+        return deployment["spec"]["template"]["spec"]
+
+    m = built(model_body())
+    assert "schedulerName" not in pod(m, Settings())
+    assert pod(m, Settings(scheduler_name="my-scheduler"))["schedulerName"] == "my-scheduler"
+    # A DRA claim is allocated by the default scheduler itself: no extension, no other scheduler.
+    dra = built(model_body(**{"compute.family": "trn2", "compute.inf": 4, "compute.allocation": "dra"}))
+    assert "schedulerName" not in pod(dra, Settings(scheduler_name="my-scheduler"))
+    assert replace(m, scheduler_name="x").scheduler_name == "x"

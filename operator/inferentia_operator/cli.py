@@ -256,7 +256,13 @@ def _limit_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _prometheus_arguments(p: argparse.ArgumentParser) -> None:
-    """Where the ScaledObjects of autoscaled models read in-flight requests from."""
+    """Where the ScaledObjects of autoscaled models read in-flight requests from, and the
+    serving pods' scheduler: the settings of the children `run` writes and `render` prints."""
+    p.add_argument(
+        "--scheduler-name", default="", metavar="NAME",
+        help="the scheduler of serving pods that take devices from the Neuron device plugin: my-scheduler on EKS, where AWS's "
+        "Neuron scheduler extension runs beside a second scheduler (default: the cluster's default scheduler)",
+    )  # fmt: skip
     d = Prometheus()
     p.add_argument(
         "--prometheus-address", default=d.address,
@@ -289,7 +295,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         args.prometheus_address, args.prometheus_namespace_label, args.prometheus_model_label,
         args.prometheus_authentication, args.prometheus_authentication_kind, args.prometheus_aws_region,
     )  # fmt: skip
-    return Settings(operator_image=args.operator_image, prometheus=prometheus, allocation=args.allocation)
+    return Settings(
+        operator_image=args.operator_image, prometheus=prometheus, allocation=args.allocation, scheduler_name=args.scheduler_name
+    )
 
 
 def parser() -> argparse.ArgumentParser:

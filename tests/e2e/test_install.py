@@ -164,6 +164,8 @@ def test_the_prometheus_settings_reach_the_operator(cluster):
         "--prometheus-authentication-kind=ClusterTriggerAuthentication",
         "--prometheus-aws-region=us-east-1",
     ]
+    assert "--scheduler-name=my-scheduler" in args("--set", "schedulerName=my-scheduler")
+    assert not [a for a in args() if a.startswith("--scheduler-name")]
     # The operator's own parser takes them as the chart gives them.
     from inferentia_operator.cli import parser, settings_from
 

@@ -86,6 +86,9 @@ class Model:
     # The operator's own image (--operator-image): the artefact fetch and upload, and the
     # batching front end unless the spec names another.
     operator_image: str = DEFAULT_OPERATOR_IMAGE
+    # The scheduler of its serving pods when they take devices from the device plugin (the
+    # operator's --scheduler-name); "" the cluster's default scheduler.
+    scheduler_name: str = ""
 
 
 def stable_hash(value: Any, length: int = 10) -> str:
@@ -908,6 +911,11 @@ def serving_deployment(model: Model, replicas: int | None = None) -> dict[str, A
                 "spec": {
                     # A model server has no business with the Kubernetes API.
                     "automountServiceAccountToken": False,
+                    # On EKS the Neuron scheduler extension places multi-device requests only
+                    # through a second scheduler the pod names
+                    # (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/k8s-multiple-scheduler.html);
+                    # a DRA claim needs no extension.
+                    **({"schedulerName": model.scheduler_name} if model.scheduler_name and not dra else {}),
                     "terminationGracePeriodSeconds": termination_grace_seconds(model),
                     **_service_account(model),
                     "securityContext": pod_security(model),

@@ -13,7 +13,7 @@ a child's name is never written (NameConflict).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from . import api, status
@@ -57,6 +57,7 @@ class Parts(NamedTuple):
 
 def parts_of(model: Model, observed: Observed, settings: Settings) -> Parts:
     """Every part of a model's decision, each fed what the parts before it concluded."""
+    model = replace(model, scheduler_name=settings.scheduler_name)
     compiling = compile_part(model, observed, settings)
     scaling = scaling_part(model, observed, settings, has_artefact=compiling.compiled or observed.own("Deployment") is not None)
     zero = scale_to_zero_part(model, observed, scaling)

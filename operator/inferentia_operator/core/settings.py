@@ -19,6 +19,9 @@ class Settings:
     prometheus: Prometheus = NO_PROMETHEUS
     # --allocation: for models whose spec.compute.allocation says nothing.
     allocation: str = DEVICE_PLUGIN
+    # --scheduler-name: the scheduler of serving pods that take devices from the device plugin
+    # (my-scheduler, beside which the Neuron scheduler extension runs on EKS); "" the default.
+    scheduler_name: str = ""
     # The key that proves which compile records and Jobs the operator made (core/proof.py);
     # `run` adds it once it has read the key Secret.
     prover: Prover = NO_PROVER
