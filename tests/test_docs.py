@@ -165,11 +165,14 @@ def test_the_scaled_object_in_the_autoscaling_page_is_what_render_prints():
 def test_a_yaml_block_labelled_as_a_file_is_that_file():
     """A YAML block whose first line names a file of the repository (`# manifests/samples/x.yaml`)
     parses to exactly what that file holds: a reader who applies the file gets what the page shows."""
+    import textwrap
+
     import yaml
 
     labelled = 0
     for page in PAGES:
         for block in re.findall(r"```yaml\n(.*?)```", page.read_text(), flags=re.S):
+            block = textwrap.dedent(block)  # a block inside a list item is indented
             first = block.splitlines()[0]
             match = re.match(r"# ((?:manifests|charts|docs)/\S+\.yaml)", first)
             if match:
@@ -177,3 +180,43 @@ def test_a_yaml_block_labelled_as_a_file_is_that_file():
                 shown = list(yaml.safe_load_all(block))
                 assert shown == list(yaml.safe_load_all((ROOT / match.group(1)).read_text())), f"{page.name}: {match.group(1)}"
     assert labelled > 0
+
+
+def test_the_install_guides_files_are_what_it_shows_and_what_the_code_needs():
+    """docs/install.md's add-on manifests are files of docs/install/, labelled in their blocks
+    (the test above holds each block to its file; the end-to-end suite applies them); its IAM
+    policy is the JSON file, and it allows every S3 call fetch and upload make."""
+    import json
+
+    page = (ROOT / "docs" / "install.md").read_text()
+    for name in ("models-reader.yaml", "storageclass-gp3.yaml", "keda-aws-authentication.yaml"):
+        assert f"# docs/install/{name}" in page, name
+    policy_text = (ROOT / "docs" / "install" / "models-reader-policy.json").read_text()
+    assert policy_text in page
+    allowed = {a for statement in json.loads(policy_text)["Statement"] for a in statement["Action"]}
+    fetch = (ROOT / "operator" / "inferentia_operator" / "fetch.py").read_text()
+    # boto3's calls and the IAM actions they need.
+    needs = {"list_objects_v2": "s3:ListBucket", "get_object": "s3:GetObject", "download_file": "s3:GetObject",
+             "upload_file": "s3:PutObject", "put_object": "s3:PutObject"}  # fmt: skip
+    used = {call for call in needs if re.search(rf"\b{call}\b", fetch)}
+    assert used == set(needs), used
+    assert {needs[call] for call in used} <= allowed
+
+
+def test_the_model_saving_example_saves_what_the_compile_program_loads(tmp_path):
+    """docs/install/save_model.py, run as the guide says, writes a file the operator's compile
+    program loads (programs/neuron_compile.py, load_model) and that answers an input."""
+    import subprocess
+
+    torch_python = "/usr/bin/python3"  # Debian's python3-torch (cluster/node-deps.sh), as test_programs uses
+    if subprocess.run([torch_python, "-c", "import torch"], capture_output=True).returncode:
+        pytest.skip("no PyTorch on this machine (make test installs it)")
+    target = tmp_path / "model.pt"
+    subprocess.run([torch_python, str(ROOT / "docs" / "install" / "save_model.py"), str(target)], check=True)
+    program = ROOT / "operator" / "inferentia_operator" / "programs"
+    check = (
+        "import sys, torch; sys.path.insert(0, sys.argv[1]); from neuron_compile import load_model; from pathlib import Path; "
+        "m = load_model(torch, Path(sys.argv[2])); print(tuple(m(torch.zeros(2, 3, 224, 224)).shape))"
+    )
+    out = subprocess.run([torch_python, "-c", check, str(program), str(target)], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "(2, 10)"

@@ -144,3 +144,33 @@ def test_a_scaled_object_of_someone_elses_is_left_alone_and_reported(bare):
     assert "ownerReferences" not in c.get("scaledobject", "handmade")["metadata"]
     wait_for(lambda: c.get("deployment", "handmade")["spec"]["replicas"] == 2, 60, "the Deployment at minReplicas")
     assert condition(c.get("inferentiamodel", "handmade"), "Ready").get("reason") != "NameConflict"
+
+
+def test_the_install_guides_manifests_and_an_amp_scaled_object_are_what_the_api_server_takes(bare, tmp_path):
+    """docs/install.md's manifests, applied as a reader would (server-side dry run, against
+    KEDA's own CRDs for its ClusterTriggerAuthentication), and the ScaledObject the operator
+    writes for Amazon Managed Prometheus: KEDA's schema takes its authenticationRef and awsRegion."""
+    from kit import ROOT
+
+    from inferentia_operator.core import children
+    from inferentia_operator.core.autoscaling import Prometheus
+    from test_decide import built, model_body
+
+    c = bare
+    c.kubectl("apply", "--server-side", "-f", str(c.bin_dir / "keda-crds"))
+    c.kubectl("wait", "--for=condition=Established", "crd/clustertriggerauthentications.keda.sh", "--timeout=60s")
+    guide = ROOT / "docs" / "install"
+    for name in ("models-reader.yaml", "storageclass-gp3.yaml", "keda-aws-authentication.yaml"):
+        result = c.kubectl("apply", "--dry-run=server", "-f", str(guide / name), check=False)
+        assert result.returncode == 0, (name, result.stderr)
+    amp = Prometheus("https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-1", authentication="keda-aws",
+                     authentication_kind="ClusterTriggerAuthentication", aws_region="us-east-1")  # fmt: skip
+    spec = {"serving.batching": {"maxBatchSize": 8}, "autoscaling": {"minReplicas": 1, "maxReplicas": 3}}
+    body = children.scaled_object(built(model_body(**spec)), amp)
+    body["metadata"].pop("ownerReferences")  # no owner in this namespace: the schema is what is checked
+    body["metadata"]["namespace"] = "default"
+    result = c.kubectl("apply", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(body), check=False)
+    assert result.returncode == 0, result.stderr
+    [trigger] = json.loads(result.stdout)["spec"]["triggers"]
+    assert trigger["authenticationRef"] == {"name": "keda-aws", "kind": "ClusterTriggerAuthentication"}
+    assert trigger["metadata"]["awsRegion"] == "us-east-1"
