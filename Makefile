@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 export INFERENTIA_CONTROLPLANE_BUILT := 1
 CRD    := crds/inferentia.dev_inferentiamodels.yaml
 
-.PHONY: help test test-faults test-kind kind-up kind-down unit e2e lint venv controlplane cluster-up cluster-down crd manifests demo benchmark benchmark-scale benchmark-cores benchmark-batching benchmark-autoscaling benchmark-cel clean
+.PHONY: help test test-faults test-kind kind-up kind-down unit e2e lint venv controlplane cluster-up cluster-down crd manifests demo benchmark benchmark-scale benchmark-cores benchmark-batching benchmark-autoscaling benchmark-cel docs clean
 HELM    = $(shell bash cluster/build.sh --print)/helm
 CHART   := charts/inferentia-operator
 
@@ -31,6 +31,7 @@ help:
 	@echo "make lint          ruff (lint and format) and mypy, as configured in pyproject.toml (make test runs them too)"
 	@echo "make crd           regenerate $(CRD) (and the chart's copy) from the pydantic models"
 	@echo "make manifests     regenerate manifests/*.yaml from the chart's default values"
+	@echo "make docs          regenerate docs/api.md's field reference from the pydantic models"
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -110,6 +111,10 @@ lint: venv
 crd: venv
 	$(BIN)/inferentia-operator crd > $(CRD)
 	cp crds/*.yaml $(CHART)/crds/
+
+docs: venv
+	$(BIN)/python -c "from pathlib import Path; from inferentia_operator.core.reference import in_page; \
+	  p = Path('docs/api.md'); p.write_text(in_page(p.read_text()))"
 
 manifests: venv controlplane crd
 	$(BIN)/python charts/render_manifests.py $(HELM)

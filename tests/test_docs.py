@@ -220,3 +220,88 @@ def test_the_model_saving_example_saves_what_the_compile_program_loads(tmp_path)
     )
     out = subprocess.run([torch_python, "-c", check, str(program), str(target)], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "(2, 10)"
+
+
+def test_the_conditions_table_names_every_reason_the_status_code_writes():
+    """Every (type, reason) that core/status.py writes as literals appears in the row of that
+    type in docs/design.md's conditions table."""
+    source = (ROOT / "operator" / "inferentia_operator" / "core" / "status.py").read_text()
+    written = set(re.findall(r'cond\(\s*"([A-Za-z]+)",\s*"(?:True|False|Unknown)",\s*"([A-Za-z]+)"', source))
+    assert len(written) > 15
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `([A-Za-z]+)`.*$", (ROOT / "docs" / "design.md").read_text(), flags=re.M)}
+    missing = sorted(f"{kind}/{reason}" for kind, reason in written if f"`{reason}`" not in rows.get(kind, ""))
+    assert not missing, missing
+
+
+def test_kubectl_get_as_the_docs_show_it_has_the_crds_columns():
+    """The header of every `kubectl get infm` the docs show is the CRD's printer columns (the
+    ones without a priority; -o wide adds the rest)."""
+    import yaml
+
+    crd = yaml.safe_load((ROOT / "crds" / "inferentia.dev_inferentiamodels.yaml").read_text())
+    columns = ["NAME"] + [c["name"].upper() for c in crd["spec"]["versions"][0]["additionalPrinterColumns"] if not c.get("priority")]
+    shown = 0
+    for page in PAGES:
+        for block in re.findall(r"```console\n(.*?)```", page.read_text(), flags=re.S):
+            lines = block.splitlines()
+            for i, line in enumerate(lines):
+                command = line.split("#")[0]
+                if re.match(r"\$ kubectl get (infm|inferentiamodels?)\b", command) and " -o " not in command:
+                    assert lines[i + 1].split() == columns, f"{page.name}: {line}"
+                    shown += 1
+    assert shown > 0
+
+
+def test_the_corpus_counts_the_docs_give_are_the_corpus():
+    """A count of the one-verdict corpus in the docs is the corpus's length."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from corpus import DIVERGENCE_CORPUS
+
+    counts = [
+        (page.name, int(m.group(1)))
+        for page in PAGES
+        for m in re.finditer(r"(?:corpus of |one-verdict corpus \()(\d[\d,]*) edge cases", page.read_text().replace("\n", " "))
+    ]
+    assert counts, "no count found: the pattern or the docs changed"
+    assert {count for _, count in counts} == {len(DIVERGENCE_CORPUS)}, counts
+
+
+def test_the_field_reference_is_the_models():
+    """docs/api.md's field reference is what `make docs` generates from core/api.py: a field,
+    default, bound or description changed in the models and not regenerated fails here."""
+    from inferentia_operator.core.reference import BEGIN, END, in_page
+
+    page = (ROOT / "docs" / "api.md").read_text()
+    assert BEGIN in page and END in page
+    assert in_page(page) == page, "run `make docs`"
+    for field in (
+        "spec.serving.batching.image",
+        "spec.serving.envFrom[].secretRef",
+        "spec.serving.env[].valueFrom.secretKeyRef",
+        "status.plan.sizes",
+    ):
+        assert f"`{field}`" in page, field
+
+
+def test_every_variable_the_operator_sets_in_a_pod_is_documented():
+    """Each environment variable the compile Job and the serving container get from the
+    operator (for every sample, the batching and the vLLM ones included) is named in
+    docs/serving-pod.md."""
+    from inferentia_operator.core import children
+    from inferentia_operator.manifests import load_models
+
+    page = (ROOT / "docs" / "serving-pod.md").read_text()
+    names: set[str] = set()
+    for doc in load_models([str(ROOT / "manifests" / "samples")]).models:
+        if doc.model is None:
+            continue
+        job = children.compile_job(doc.model)
+        containers = [children.serving_deployment(doc.model)["spec"]["template"]["spec"]["containers"][0]]
+        if job:
+            containers += job["spec"]["template"]["spec"]["initContainers"]
+        names |= {e["name"] for c in containers for e in c.get("env", []) if "value" in e}
+    assert len(names) > 20
+    undocumented = sorted(n for n in names if f"`{n}`" not in page and not re.search(rf"\b{n}\b", page))
+    assert not undocumented, undocumented

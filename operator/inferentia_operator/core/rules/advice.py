@@ -55,6 +55,20 @@ def _check_advice(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
                 "warning",
             )
         )
+    if fam.neuronx and spec.serves_with_program and group > 1:
+        # torch_neuronx.trace compiles a model for one NeuronCore; the operator's compile program
+        # and model server trace with it, so a process's other cores would sit idle
+        # (a traced model spans several cores only through torch_neuronx.DataParallel,
+        # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/frameworks/torch/torch-neuronx/api-reference-guide/inference/api-torch-neuronx-data-parallel.html).
+        found.append(
+            Finding(
+                "spec.processesPerReplica",
+                f"the operator's model server runs a model traced with torch_neuronx.trace, which compiles for one NeuronCore, "
+                f"so each process uses 1 of its group's {group}; use processesPerReplica: {cores} to use every core, or the "
+                "vLLM runtime or your own server (serving.args) for a model sharded over its group",
+                "warning",
+            )
+        )
     if spec.compile.optimize_for == "throughput" and group > 1:
         found.append(
             Finding(
