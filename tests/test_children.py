@@ -290,7 +290,8 @@ def test_on_trn2_and_trn3_vllm_runs_on_the_neuron_plugin_from_the_cache_its_comp
     assert "VLLM_NEURON_FRAMEWORK" not in env and "NEURON_COMPILED_ARTIFACTS" not in env
     assert (env["VLLM_CACHE_ROOT"], env["VLLM_NEURON_DISABLE_WARMUP_COMPILE"]) == (children.COMPILED_DIR, "1")
     # The plugin locks its cache's entries: the fetched cache is writable for the server.
-    assert {"name": "compiled", "mountPath": children.COMPILED_DIR, "readOnly": False} in container["volumeMounts"]
+    # Writable (no readOnly: the API server drops a false one).
+    assert {"name": "compiled", "mountPath": children.COMPILED_DIR} in container["volumeMounts"]
     assert container["args"][4:8] == ["--model", "s3://models/llama-3.1-8b/", "--tensor-parallel-size", "4"]
     job = children.compile_job(m)
     compile_step = job["spec"]["template"]["spec"]["initContainers"][-1]
@@ -601,3 +602,26 @@ def test_the_device_plugin_path_renders_no_claim():
     pod = children.serving_deployment(m)["spec"]["template"]["spec"]
     assert "resourceClaims" not in pod and pod["affinity"]["nodeAffinity"]
     assert pod["containers"][0]["resources"]["requests"]["aws.amazon.com/neuron"] == "4"
+
+
+def test_no_child_says_false_where_the_api_server_drops_false():
+    """A volume mount's readOnly is a plain bool the API server omits when false: a builder that
+    writes readOnly: false would see it missing in the live object, as drift, on every reconcile
+    (the trn2 sample's plugin cache mount once did)."""
+    from pathlib import Path
+
+    from inferentia_operator.core.decide import rendered
+    from inferentia_operator.manifests import load_models
+
+    samples = Path(__file__).resolve().parents[1] / "manifests" / "samples"
+    mounts = 0
+    for doc in load_models([str(samples)]).models:
+        if doc.model is None:
+            continue
+        for child in rendered(doc.model):
+            pod = child.get("spec", {}).get("template", {}).get("spec", {})
+            for container in [*pod.get("initContainers", []), *pod.get("containers", [])]:
+                for mount in container.get("volumeMounts", []):
+                    mounts += 1
+                    assert mount.get("readOnly", True) is True, (doc.key, child["kind"], container["name"], mount)
+    assert mounts > 20

@@ -882,7 +882,13 @@ def serving_deployment(model: Model, replicas: int | None = None) -> dict[str, A
             {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
             *_scratch_mounts(),
             # The plugin takes file locks in its cache, even to read it: writable for it alone.
-            *([{"name": "compiled", "mountPath": COMPILED_DIR, "readOnly": not vllm_plugin(model)}] if spec.compile.image else []),
+            # (No readOnly: false: the API server drops a false readOnly, and a field it drops
+            # would read as drift on every reconcile.)
+            *(
+                [{"name": "compiled", "mountPath": COMPILED_DIR, **({} if vllm_plugin(model) else {"readOnly": True})}]
+                if spec.compile.image
+                else []
+            ),
             *([{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}] if serving_fetches_model(model) else []),
         ],
     }
