@@ -60,6 +60,7 @@ def test_a_pod_projection_keeps_placement_readiness_and_plan_volume():
         "phase": "Running",
         "conditions": [{"type": "Ready", "status": "True"}, {"type": "Initialized", "status": "True"}],
         "failures": [],
+        "reports": [],  # what containers that ended with 0 said: the compile program's report
     }
 
 

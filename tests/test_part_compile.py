@@ -41,3 +41,54 @@ def test_another_models_job_of_the_key_is_waited_for_not_started_again():
     uri = children.compiled_uri(m)
     part = compile_part(m, Observed(body, compile_jobs={uri: [other]}), SETTINGS)
     assert part.children == () and part.facts.condition.reason == "Compiling" and "of model other" in part.facts.condition.message
+
+
+def compile_pod(job: dict, message: str, exit_code: int = 0) -> dict:
+    """The projected pod of ``job`` whose compile step ended with ``message`` as its termination message."""
+    from inferentia_operator.core.projection import project_pod
+
+    return project_pod(
+        {
+            "metadata": {"name": "p", "namespace": "ns", "labels": {"batch.kubernetes.io/job-name": job["metadata"]["name"]}},
+            "spec": {},
+            "status": {
+                "initContainerStatuses": [{"name": "compile", "state": {"terminated": {"exitCode": exit_code, "message": message}}}]
+            },
+        }
+    )
+
+
+def test_how_much_of_the_model_runs_on_neuron_reaches_the_record_and_the_status():
+    """The compile program's termination message says what share of the model's operators
+    neuron-cc compiled; the record keeps it for later cache hits, and below 100% the Compiled
+    condition says the rest runs on the CPU (the Cortex docs' advice: near 100%)."""
+    body = model_body(**COMPILED)
+    m = built(body)
+    job = complete(children.compile_job(m))
+    part = compile_part(m, Observed(body, jobs=[job], pods=[compile_pod(job, '{"neuronPlacementPercent": 98.23}\n')]), SETTINGS)
+    assert part.compiled and part.facts.on_neuron == 98.23
+    assert part.record["data"]["neuronPlacementPercent"] == "98.23"
+    assert "98.23% of the model's operators run on Neuron; the rest run on the CPU" in part.facts.condition.message
+    # A later model of the key starts from the record, and knows it too.
+    hit = compile_part(m, Observed(body, compile_records={children.compiled_uri(m): [live(part.record)]}), SETTINGS)
+    assert hit.facts.hit and hit.facts.on_neuron == 98.23
+    # All of it on Neuron: nothing to say in the condition.
+    full = compile_part(m, Observed(body, jobs=[job], pods=[compile_pod(job, '{"neuronPlacementPercent": 100.0}')]), SETTINGS)
+    assert full.facts.on_neuron == 100.0 and "CPU" not in full.facts.condition.message
+
+
+def test_a_report_that_is_not_a_share_is_ignored():
+    """The compile step runs the user's image: what it writes is bounded and checked, never trusted as is."""
+    body = model_body(**COMPILED)
+    m = built(body)
+    job = complete(children.compile_job(m))
+    for message in (
+        "not json",
+        '{"neuronPlacementPercent": 140}',
+        '{"neuronPlacementPercent": "x"}',
+        '{"neuronPlacementPercent": NaN}',
+        "[]",
+    ):
+        part = compile_part(m, Observed(body, jobs=[job], pods=[compile_pod(job, message)]), SETTINGS)
+        assert part.compiled and part.facts.on_neuron is None, message
+        assert "neuronPlacementPercent" not in part.record["data"]

@@ -34,6 +34,7 @@ ALLOWED_IMPORTS = {
     "math",
     "os",
     "re",
+    "logging",
     "time",
     "sys",
     "threading",
@@ -198,6 +199,27 @@ def test_an_inf1_module_saved_with_torch_save_runs_on_its_pipeline_cores(tmp_pat
     finally:
         server.kill()
         server.communicate()
+
+
+def test_how_much_of_the_model_runs_on_neuron_goes_into_the_manifest_and_the_termination_message(tmp_path, models):
+    """On inf1 the compile program reads torch-neuron's partitioner report (its Neuron logger's
+    "Number of arithmetic operators (post-compilation) before = N, compiled = M" line); every
+    operator of the MLP compiles, and with ReLU left on the CPU 2 of its 3 do."""
+    log = tmp_path / "termination-log"
+    result = compile_model(tmp_path, INF1_PLAN, models / "mlp.pt", INFERENTIA_TERMINATION_LOG=str(log))
+    assert result.returncode == 0, result.stderr
+    placement = json.loads((tmp_path / "compiled" / "manifest.json").read_text())["neuronPlacement"]
+    assert placement["percent"] == 100.0 and placement["operators"] == placement["compiledOperators"] > 0
+    assert json.loads(log.read_text()) == {"neuronPlacementPercent": 100.0}
+    partly = compile_model(tmp_path, INF1_PLAN, models / "mlp.pt", INFERENTIA_TERMINATION_LOG=str(log), NEURON_STANDIN_CPU_OPS="aten::relu")
+    assert partly.returncode == 0, partly.stderr
+    placement = json.loads((tmp_path / "compiled" / "manifest.json").read_text())["neuronPlacement"]
+    assert placement["compiledOperators"] == placement["operators"] - 1
+    assert 0 < json.loads(log.read_text())["neuronPlacementPercent"] == placement["percent"] < 100
+    assert f"compile: {placement['percent']}% of the model's operators run on Neuron" in partly.stdout
+    # torch_neuronx.trace compiles the whole graph for Neuron, or fails.
+    assert compile_model(tmp_path, INF2_PLAN, models / "conv.pt", INFERENTIA_TERMINATION_LOG=str(log)).returncode == 0
+    assert json.loads(log.read_text()) == {"neuronPlacementPercent": 100.0}
 
 
 def test_a_neuron_cc_flag_is_refused_by_the_neuronx_compile_as_the_compiler_would(tmp_path, models):

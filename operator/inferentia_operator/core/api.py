@@ -577,6 +577,8 @@ class InferentiaModelStatus(ApiModel):
     """True when the artefact of the key was already compiled (by another model, or by an earlier one of this name) and no compile Job ran for this model."""
     changed_compile_inputs: list[str] | None = None
     """The compile inputs that differ from those of the model's previous compile."""
+    neuron_placement_percent: float | None = None
+    """Once compiled ahead: the share of the model's operators that runs on Neuron, as the compile program reported it (torch-neuron's partitioner on inf1; 100 for torch_neuronx.trace, which compiles the whole graph or fails). Below 100 the Compiled condition says so: operators left on the CPU limit throughput."""
     kopf: Annotated[
         dict[str, Any] | None,
         Field(json_schema_extra=lambda s: _replace_schema(s, {"type": "object", "x-kubernetes-preserve-unknown-fields": True})),

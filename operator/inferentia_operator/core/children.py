@@ -195,7 +195,7 @@ def served_uri(deployment: Mapping[str, Any] | None) -> str | None:
     return _env_value(Obj(Obj(deployment).spec.get("template")).spec.get("containers"), None, "INFERENTIA_COMPILED_MODEL_URI")
 
 
-def compile_record(model: Model, job: Mapping[str, Any], prover: Prover) -> dict[str, Any]:
+def compile_record(model: Model, job: Mapping[str, Any], prover: Prover, placement: float | None = None) -> dict[str, Any]:
     """The operator's record that a compile Job completed, and so uploaded the artefact of
     this key with its completion marker last (the Job completes only once the upload step has
     exited 0). A model with the same key, or this one created again, starts from the record
@@ -230,6 +230,8 @@ def compile_record(model: Model, job: Mapping[str, Any], prover: Prover) -> dict
             "job": job_meta.name or "",
             "model": job_meta.labels.get(MODEL_LABEL, ""),
             **({"completed": str(completed)} if completed else {}),
+            # How much of the model runs on Neuron, as its compile reported it: a later cache hit says it too.
+            **({"neuronPlacementPercent": str(placement)} if placement is not None else {}),
         },
     }
 

@@ -53,7 +53,12 @@ def project_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "metadata": _metadata(body),
         "spec": {"nodeName": spec.get("nodeName"), "volumes": volumes},
-        "status": {"phase": status.get("phase"), "conditions": conds, "failures": container_failures(status)},
+        "status": {
+            "phase": status.get("phase"),
+            "conditions": conds,
+            "failures": container_failures(status),
+            "reports": container_reports(status),
+        },
     }
 
 
@@ -75,6 +80,19 @@ def container_failures(status: Mapping[str, Any]) -> list[dict[str, str]]:
     return failures
 
 
+def container_reports(status: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Containers that ended with exit 0 and said something in their termination message
+    (which then is only what they wrote to it): the compile program's report of how much of the
+    model runs on Neuron. Bounded as failures are."""
+    reports = []
+    for c in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        ended = (c.get("state") or {}).get("terminated") or {}
+        message = str(ended.get("message") or "").strip()
+        if ended.get("exitCode") == 0 and message:
+            reports.append({"container": str(c.get("name")), "message": message[-FAILURE_MESSAGE_CHARS:]})
+    return reports
+
+
 def pod_signature(pod: Mapping[str, Any]) -> tuple[Any, ...]:
     """What of a pod the model's status reports: its placement, readiness and plan. A pod
     event that changes none of these is not worth a reconcile."""
@@ -82,7 +100,9 @@ def pod_signature(pod: Mapping[str, Any]) -> tuple[Any, ...]:
     meta = p["metadata"]
     conds = tuple(sorted((c.get("type"), c.get("status"), c.get("reason"), c.get("message")) for c in p["status"]["conditions"]))
     failures = tuple((f["container"], f["message"]) for f in p["status"]["failures"])
-    return (meta.get("deletionTimestamp") is not None, p["spec"]["nodeName"], conds, tuple(str(v) for v in p["spec"]["volumes"]), failures)
+    reports = tuple((r["container"], r["message"]) for r in p["status"]["reports"])
+    volumes = tuple(str(v) for v in p["spec"]["volumes"])
+    return (meta.get("deletionTimestamp") is not None, p["spec"]["nodeName"], conds, volumes, failures, reports)
 
 
 class Packed:

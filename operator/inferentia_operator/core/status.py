@@ -13,6 +13,7 @@ status describes.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -294,6 +295,50 @@ def compile_failure(job_name: str | None, pods: Sequence[Mapping[str, Any]]) -> 
     return said[-1] if said else ""
 
 
+def neuron_share_reported(job_name: str | None, pods: Sequence[Mapping[str, Any]]) -> float | None:
+    """The share of the model's operators that runs on Neuron, as the compile program of the
+    Job's pod reported it (programs/neuron_compile.py: one JSON line in the compile step's
+    termination message), or None. The step runs the user's image: anything but a number from
+    0 to 100 is ignored."""
+    for p in pods:
+        if Obj(p).labels.get(JOB_NAME_LABEL) != job_name:
+            continue
+        for said in Obj(p).status.get("reports") or []:
+            if said.get("container") == "compile":
+                return reported_share(said.get("message"))
+    return None
+
+
+def reported_share(text: Any) -> float | None:
+    """A share from 0 to 100 in ``{"neuronPlacementPercent": x}``, or None."""
+    try:
+        found = json.loads(str(text).strip().splitlines()[-1], parse_constant=lambda _: None)
+    except (ValueError, IndexError):
+        return None
+    return share(found.get("neuronPlacementPercent") if isinstance(found, dict) else None)
+
+
+def share(value: Any) -> float | None:
+    """``value`` as a percentage from 0 to 100 (a number, or its text as a record keeps it), or None."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
+        return None
+    return round(float(value), 2)
+
+
+def with_neuron_share(condition: api.Condition, on_neuron: float | None) -> api.Condition:
+    """Below 100%, the Compiled condition says that the rest runs on the CPU: the Cortex docs
+    advise near 100% placement, since an operator left on the CPU limits the instance's throughput."""
+    if on_neuron is None or on_neuron >= 100:
+        return condition
+    note = f"{on_neuron}% of the model's operators run on Neuron; the rest run on the CPU, which limits throughput"
+    return condition.model_copy(update={"message": f"{condition.message}; {note}" if condition.message else note})
+
+
 def compiled_condition(
     job_required: bool,
     job_name: str | None,
@@ -568,6 +613,7 @@ class CompileFacts:
     key: str | None = None
     hit: bool | None = None  # the artefact came from a record of an earlier compile
     changed: tuple[str, ...] = ()  # the compile inputs that differ from the last artefact's
+    on_neuron: float | None = None  # the share of its operators that runs on Neuron, once compiled
 
 
 @dataclass(frozen=True)
@@ -666,6 +712,7 @@ def report(
         compile_key=compiled.key if compiled else None,
         compile_cache_hit=compiled.hit if compiled else None,
         changed_compile_inputs=list(compiled.changed) or None if compiled else None,
+        neuron_placement_percent=compiled.on_neuron if compiled else None,
     )
     return Report(status, events(new, previous))
 

@@ -20,6 +20,16 @@ ConfigMap and never imports inferentia_operator. Its inputs (all set by the oper
   (``torch.jit.save``), a module saved with ``torch.save``, or a directory holding exactly one of them;
 - ``INFERENTIA_COMPILED_MODEL_DIR``: where ``bucket-<i>.pt`` and ``manifest.json`` are written.
 
+How much of the model runs on Neuron goes into the manifest (``neuronPlacement``) and, as one
+JSON line, into the container's termination message (``/dev/termination-log``, which the
+kubelet gives every container; ``INFERENTIA_TERMINATION_LOG`` moves it), which the operator
+reads into the model's status. On inf1 torch-neuron partitions the graph, runs what neuron-cc
+cannot compile on the CPU, and logs the count to the ``Neuron`` logger:
+"Number of arithmetic operators (post-compilation) before = 565, compiled = 555, percent
+compiled = 98.23%" (as in AWS's torch-neuron tutorials, e.g. the EKS workshop's trace on
+inf1). torch_neuronx.trace compiles the whole graph or fails: a traced inf2, trn1 or trn2
+model runs entirely on Neuron.
+
 Exit status 0 with every artefact written, 1 with a message on stderr otherwise.
 """
 
@@ -28,7 +38,9 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import logging
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -99,6 +111,42 @@ def example_input(torch: Any, batch_size: int, shape: list[int], dtype: str) -> 
     return torch.zeros([batch_size, *shape], dtype=getattr(torch, dtype))
 
 
+# torch-neuron's partitioner report, after each trace.
+PLACEMENT_LINE = re.compile(r"Number of arithmetic operators \(post-compilation\) before = (\d+), compiled = (\d+)")
+
+
+class PlacementLog(logging.Handler):
+    """Collects torch-neuron's ``Neuron`` logger lines while the model is traced."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.counts: list[tuple[int, int]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        found = PLACEMENT_LINE.search(record.getMessage())
+        if found:
+            self.counts.append((int(found.group(1)), int(found.group(2))))
+
+
+def placement(family: str, counts: list[tuple[int, int]]) -> dict[str, Any]:
+    """The share of the model's operators that runs on Neuron, over every bucket."""
+    if family != "inf1":
+        return {"percent": 100.0, "how": "torch_neuronx.trace compiles the whole graph for Neuron"}
+    if not counts:
+        return {"percent": None, "how": "torch-neuron logged no operator count"}
+    operators, compiled = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    percent = round(100.0 * compiled / operators, 2) if operators else 100.0
+    return {"percent": percent, "operators": operators, "compiledOperators": compiled, "how": "torch-neuron's partitioner report"}
+
+
+def report_placement(found: dict[str, Any]) -> None:
+    """One JSON line in the container's termination message, which the operator reads."""
+    path = Path(os.environ.get("INFERENTIA_TERMINATION_LOG", "/dev/termination-log"))
+    if "INFERENTIA_TERMINATION_LOG" not in os.environ and not path.exists():
+        return  # not in a container: nobody reads it
+    path.write_text(json.dumps({"neuronPlacementPercent": found["percent"]}) + "\n")
+
+
 def trace(framework: Any, family: str, model: Any, example: Any, plan: dict[str, Any]) -> Any:
     args = list(plan["compilerArgs"])
     if family == "inf1":
@@ -121,6 +169,11 @@ def compile_all(plan: dict[str, Any], model_path: Path, out: Path) -> dict[str, 
     dtype = plan.get("inputDtype", "float32")
     out.mkdir(parents=True, exist_ok=True)
     artefacts = []
+    log = PlacementLog()
+    neuron_logger = logging.getLogger("Neuron")
+    neuron_logger.addHandler(log)
+    if neuron_logger.getEffectiveLevel() > logging.INFO:
+        neuron_logger.setLevel(logging.INFO)
     with torch.no_grad():
         for i, shape in enumerate(buckets):
             example = example_input(torch, plan["batchSize"], shape, dtype)
@@ -129,6 +182,7 @@ def compile_all(plan: dict[str, Any], model_path: Path, out: Path) -> dict[str, 
             name = f"bucket-{i}.pt"
             torch.jit.save(traced, str(out / name))
             artefacts.append({"file": name, "shape": list(shape)})
+    neuron_logger.removeHandler(log)
     manifest = {
         "format": 1,
         "family": family,
@@ -141,6 +195,7 @@ def compile_all(plan: dict[str, Any], model_path: Path, out: Path) -> dict[str, 
         "artefacts": artefacts,
         "torch": str(torch.__version__),
         "source": model_file(model_path).name,
+        "neuronPlacement": placement(family, log.counts),
     }
     # The manifest last: a directory with a manifest holds every artefact it names.
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
@@ -160,6 +215,9 @@ def main() -> int:
         print(f"compile: {exc}", file=sys.stderr)
         return 1
     print(f"compile: wrote {len(manifest['artefacts'])} artefact(s) and {MANIFEST} to {out}", flush=True)
+    found = manifest["neuronPlacement"]
+    print(f"compile: {found['percent']}% of the model's operators run on Neuron ({found['how']})", flush=True)
+    report_placement(found)
     return 0
 
 
