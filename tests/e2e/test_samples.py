@@ -76,12 +76,13 @@ def test_every_sample_goes_ready_on_the_real_node_and_answers(path, node_shape, 
     if any(e.get("valueFrom", {}).get("secretKeyRef") for e in spec["serving"].get("env", [])):
         real_node.kubectl("apply", "-f", "-", input=json.dumps(token_secret(real_namespace)))
     real_node.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
-    live = wait_ready(real_node, real_namespace, name, timeout=400)
+    wait_ready(real_node, real_namespace, name, timeout=400)
     assert serving_pods(real_node, real_namespace, name)
     if spec.get("compile", {}).get("image") and spec["serving"].get("runtime") != "vllm":
         # The compile program's report, through the compile step's termination message: every
         # operator of the tests' networks compiles (torch-neuron's partitioner report on inf1).
-        assert live["status"]["neuronPlacementPercent"] == 100.0, live["status"]
+        status = real_node.get("inferentiamodel", name, "-n", real_namespace)["status"]
+        assert status.get("neuronPlacementPercent") == 100.0, status
 
     if spec["serving"].get("runtime") == "vllm":
         answer = cluster_ip_request(real_node, real_namespace, name, "/v1/completions", {"prompt": "Neuron"})
