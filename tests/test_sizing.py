@@ -146,3 +146,13 @@ def test_a_storage_class_puts_the_sized_volumes_on_a_claim_per_pod():
     assert claim["resources"]["requests"]["storage"] == f"{m.plan.sizes.home_bytes // GIB}Gi"
     assert "ephemeral" in volumes(pod)["compiled"] and "emptyDir" in volumes(pod)["tmp"]
     assert "ephemeral" in volumes(compile_job(m)["spec"]["template"]["spec"])["home"]
+
+
+def test_a_compile_cpu_in_millicores_is_a_quantity_not_a_crash():
+    """compile.cpu is a Kubernetes quantity: 500m is valid, and two processes compiling at
+    start need 1 CPU from it."""
+    found = warnings_of(**{**LLAMA_8B, "compile.cpu": "500m", "compute.memory": "64Gi", "compute.cpu": "250m"})
+    assert (
+        "warning: spec.compute.cpu: 250m is less than the 0.5 a replica needs to compile in the pod (1 process x 500m, a compile Job's CPU); use at least 0.5, or set compile.image"
+        in found
+    )

@@ -4,6 +4,8 @@ need would be a guess."""
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from inferentia_operator.core import sizing
 from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.catalogue import Family
@@ -24,7 +26,7 @@ def _less(path: str, given: str | int, need: str, why: str, advice: str = "") ->
     return Finding(path, f"{given} is less than the {need} {why}; use at least {need}{advice}", "warning")
 
 
-def _below(given: str | None, need: int) -> bool:
+def _below(given: str | None, need: int | Decimal) -> bool:
     value = quantity(given) if given is not None else None
     return value is not None and value < need
 
@@ -49,11 +51,12 @@ def _check_sizes(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
         else:
             why = f"a replica of this model needs to load it ({processes} x {of_weights}, which pass through host memory on their way to the device)"
             found.append(_less("spec.compute.memory", spec.compute.memory, _gi(memory), why))
-    if sizing.compiles_in_pod(spec):
-        cpu = groups * int(sizing.compile_cpu(spec, fam))
+    per_compile = quantity(sizing.compile_cpu(spec, fam))
+    if sizing.compiles_in_pod(spec) and per_compile is not None:
+        cpu = groups * per_compile  # a quantity (500m is half a CPU), never an int() of its text
         if _below(spec.compute.cpu, cpu):
             why = f"a replica needs to compile in the pod ({processes} x {sizing.compile_cpu(spec, fam)}, a compile Job's CPU)"
-            found.append(_less("spec.compute.cpu", spec.compute.cpu, str(cpu), why, ", or set compile.image"))
+            found.append(_less("spec.compute.cpu", spec.compute.cpu, f"{cpu.normalize():f}", why, ", or set compile.image"))
     home = sizing.home_bytes(spec)
     if _below(spec.serving.home_size, home):
         why = "this model's pods write under HOME (its download from the Hugging Face Hub, and a compile at start), with room"
