@@ -116,6 +116,22 @@ def process_envs(cluster, namespace: str, pod: str) -> list[dict]:
     return json.loads(out)
 
 
+def routed(ip: str, port: int, timeout: float = 30) -> None:
+    """Waits until kube-proxy routes ``ip:port``: a model is Ready when its pods are, and the
+    node's rules for its Service follow a moment later (a run once sent its first requests
+    into that moment and got no answer at all)."""
+    import socket
+
+    def connects() -> bool:
+        try:
+            socket.create_connection((ip, port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    wait_for(connects, timeout, f"kube-proxy to route {ip}:{port}")
+
+
 def cluster_ip_request(cluster, namespace: str, service: str, path: str, body: dict) -> dict:
     """A request to the model's Service, from this machine through kube-proxy's rules."""
     svc = cluster.get("service", service, "-n", namespace)
@@ -408,6 +424,7 @@ def test_a_request_through_the_service_goes_through_the_batching_sidecar(real_no
     svc = real_node.get("service", "batched", "-n", real_namespace)
     batch_port = next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "batch")
     granted = granted_cores(real_node, pod)
+    routed(svc["spec"]["clusterIP"], batch_port)
     answers = [post(f"http://{svc['spec']['clusterIP']}:{batch_port}/predict", [i, i + 1]) for i in range(6)]
     assert [code for code, _ in answers] == [200] * 6, answers
     outputs = [json.loads(text) for _, text in answers]

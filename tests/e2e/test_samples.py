@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kit import wait_for
 from test_real_node import (
     TORCH_PYTHON,
     ask_concurrently,
     close,
     cluster_ip_request,
     reshape,
+    routed,
     serving_pods,
     store_client,
     wait_ready,
@@ -51,16 +51,6 @@ def node_shape(real_node):
     shape("inf2.24xlarge")
 
 
-def _connects(ip: str, port: int) -> bool:
-    import socket
-
-    try:
-        socket.create_connection((ip, port), timeout=1).close()
-        return True
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("path", samples(), ids=lambda p: p.stem)
 def test_every_sample_goes_ready_on_the_real_node_and_answers(path, node_shape, real_node, real_namespace, tmp_path):
     doc = run_here(yaml.safe_load(path.read_text()), real_namespace)
@@ -92,9 +82,7 @@ def test_every_sample_goes_ready_on_the_real_node_and_answers(path, node_shape, 
     svc = real_node.get("service", name, "-n", real_namespace)
     ip, port = svc["spec"]["clusterIP"], svc["spec"]["ports"][0]["port"]
     url = f"http://{ip}:{port}/"
-    # Ready is the pods'; kube-proxy routes the Service to them a moment later. (A run once
-    # failed here with no answer at all to its first two requests, on a busy node.)
-    wait_for(lambda: _connects(ip, port), 30, f"kube-proxy to route {ip}:{port}")
+    routed(ip, port)
     if spec["serving"].get("batching"):
         # The front end takes one input a request and batches them.
         answers = ask_concurrently(url, inputs)
