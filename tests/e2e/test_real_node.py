@@ -442,6 +442,7 @@ def test_a_rolling_update_replaces_the_real_pods_under_traffic(real_node, real_n
     wait_ready(real_node, real_namespace, "rolling")
     before = {p["metadata"]["name"] for p in serving_pods(real_node, real_namespace, "rolling")}
     svc = real_node.get("service", "rolling", "-n", real_namespace)
+    routed(svc["spec"]["clusterIP"], svc["spec"]["ports"][0]["port"])
     url = f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}/v1/completions"
     assert post(url, {"prompt": "warm"})[0] == 200
 
@@ -663,6 +664,7 @@ def test_a_pytorch_model_is_compiled_fetched_loaded_in_every_process_and_answers
     assert [s["NEURON_RT_VISIBLE_CORES"] for s in servers] == [str(c) for c in granted], (servers, granted)
 
     svc = real_node.get("service", "conv", "-n", real_namespace)
+    routed(svc["spec"]["clusterIP"], svc["spec"]["ports"][0]["port"])
     url = f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}/"
     inputs = [[float((i * 7 + j) % 5) - 2.0 for j in range(n)] for i, n in enumerate([3, 8, 12, 5, 16, 1, 9, 7, 14, 2, 10, 4])]
     answers = ask_concurrently(url, inputs)
@@ -806,6 +808,7 @@ def test_an_inf1_model_of_four_processes_is_traced_with_torch_neuron_and_answers
     assert [s["NEURON_RT_VISIBLE_CORES"] for s in servers] == [f"{granted[i]}-{granted[i + 1]}" for i in range(0, 8, 2)], (servers, granted)
 
     svc = inf1_node.get("service", "mlp", "-n", real_namespace)
+    routed(svc["spec"]["clusterIP"], svc["spec"]["ports"][0]["port"])
     url = f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}/"
     inputs = [[float((i + j) % 7) / 3 - 1 for j in range(16)] for i in range(10)]
     answers = ask_concurrently(url, inputs)

@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 from kit import wait_for
-from test_real_node import apply, granted_cores, process_envs, serving_pods, standin_spec, wait_ready, why_not_ready
+from test_real_node import apply, granted_cores, process_envs, routed, serving_pods, standin_spec, wait_ready, why_not_ready
 
 pytestmark = pytest.mark.usefixtures("operator")
 
@@ -63,6 +63,7 @@ def test_a_scale_down_under_load_loses_no_request(real_node, real_namespace):
     apply(cluster, ns, "shrink", standin_spec(replicas=3, **BATCHED))
     wait_ready(cluster, ns, "shrink", timeout=200)
     svc = cluster.get("service", "shrink", "-n", ns)
+    routed(svc["spec"]["clusterIP"], svc["spec"]["ports"][0]["port"])
     url = f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}/predict"
     with Load(url) as load:
         time.sleep(3)
