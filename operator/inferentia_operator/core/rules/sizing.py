@@ -70,13 +70,7 @@ def _check_sizes(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     given = spec.serving.startup_seconds
     if given is not None and given < startup:
         why = "seconds this model's pods may need to start (loading, the download at 100 MiB/s, and a compile at start)"
-        found.append(
-            Finding(
-                "spec.serving.startupSeconds",
-                f"{given} is less than the {startup} {why}; use at least {startup}, or leave it unset",
-                "warning",
-            )
-        )
+        found.append(_less("spec.serving.startupSeconds", given, str(startup), why, ", or leave it unset"))
     return found
 
 
