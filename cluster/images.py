@@ -12,13 +12,13 @@ assembled here as OCI image layouts and imported into the node's containerd:
   are; the base is the Debian one above instead of python:3.11-slim, which no registry here
   serves;
 - ``neuron-torch-standin:0.1.0``: Debian's CPU-only PyTorch (python3-torch) with stand-ins of
-  torch-neuronx and torch-neuron (cluster/node/standins), for the images AWS publishes with
-  the real ones (pytorch-inference-neuronx, pytorch-inference-neuron): the operator's compile
-  program and model server run in it;
+  torch-neuronx, torch-neuron, vLLM, NxD Inference and the Hub client (cluster/node/standins),
+  for the images AWS publishes with the real ones (pytorch-inference-neuronx,
+  pytorch-inference-neuron, pytorch-inference-vllm-neuronx): the operator's compile programs
+  and model server run in it;
 - ``neuron-standin:0.1.0``: the operator's image plus the Neuron stand-ins
-  (cluster/node/standins): the compilers, the compile Job's entry point, the runtime/server
-  and vLLM's entry point; ``neuron-compile-standin:0.1.0`` is the same with the compile
-  Job's entry point as its own;
+  (cluster/node/standins): the compilers, the runtime/server, vLLM's entry point and NxD
+  Inference;
 - ``inferentia-pause:1``: the pod sandbox's process (cluster/node/pause).
 
     python cluster/images.py            # build what is missing, print the image archives
@@ -46,9 +46,6 @@ SITE = "usr/local/lib/python3.11/dist-packages"
 # The operator's image under the name the operator's default --operator-image gives it.
 OPERATOR_IMAGE = DEFAULT_OPERATOR_IMAGE
 STANDIN_IMAGE = "neuron-standin:0.1.0"
-# The same content, with a compile entry point of its own: the vLLM preset's compile step runs
-# the image's entry point (the bring-your-own compile contract, docs/serving-pod.md).
-COMPILE_STANDIN_IMAGE = "neuron-compile-standin:0.1.0"
 PAUSE_IMAGE = "inferentia-pause:1"
 BASE_PACKAGES = "python3,ca-certificates"
 # Debian bookworm's PyTorch 1.13.1 is built for the CPU only (PyPI's Linux wheel pulls several
@@ -154,7 +151,7 @@ def standin_layer() -> tuple[bytes, str]:
             dest.write_bytes(f.read_bytes())
         bindir = root / "usr/local/bin"
         bindir.mkdir(parents=True)
-        for name in ("neuron-cc", "neuronx-cc", "neuron-compile", "neuron-serve"):
+        for name in ("neuron-cc", "neuronx-cc", "neuron-serve"):
             script = bindir / name
             script.write_text("#!/usr/bin/python3\nimport sys\nfrom neuron_standin import main\nsys.exit(main())\n")
             script.chmod(0o755)
@@ -258,13 +255,6 @@ def build(bins: Path) -> list[Path]:
         # The stand-ins run as whatever user the pod says; no entry point of their own.
         write_oci(standin, STANDIN_IMAGE, [base, python, standins], {"Env": config["Env"]})
     images.append(standin)
-    compile_standin = cache_dir() / f"compile-standin-{bkey}-{pkey}-{skey}.oci.tar"
-    if not compile_standin.exists():
-        log(f"{COMPILE_STANDIN_IMAGE}: assembling")
-        write_oci(
-            compile_standin, COMPILE_STANDIN_IMAGE, [base, python, standins], {"Env": config["Env"], "Entrypoint": ["neuron-compile"]}
-        )
-    images.append(compile_standin)
     torch_base = base_rootfs(TORCH_PACKAGES)
     tkey = torch_base.stem.rsplit("-", 1)[-1]
     torch_standin = cache_dir() / f"torch-standin-{tkey}-{skey}.oci.tar"

@@ -1,19 +1,17 @@
 """Stand-ins for the Neuron side of a serving pod, for the local cluster's real node.
 
-Three command lines, one module (installed as /usr/local/bin/{neuron-cc,neuronx-cc,
-neuron-compile,neuron-serve} and as vLLM's ``python3 -m vllm.entrypoints.openai.api_server``):
+Command lines of one module (installed as /usr/local/bin/{neuron-cc,neuronx-cc,neuron-serve}
+and as vLLM's ``python3 -m vllm.entrypoints.openai.api_server``):
 
 - ``neuron-cc`` / ``neuronx-cc compile``: records its flags, refuses what the real compiler
   refuses for that target, and writes an artefact (JSON) carrying flags, target, LNC and
   tensor-parallel degree.
-- ``neuron-compile``: a compile image's own entry point, as the operator runs it for the vLLM
-  preset: runs the compiler the plan names and writes the artefact to
-  INFERENTIA_COMPILED_MODEL_DIR, which the operator's upload container uploads.
 - ``neuron-serve`` and the vLLM entry point: an HTTP server with vLLM's OpenAI-compatible
   ``/v1/completions`` and ``/health``. At start it checks what the Neuron runtime and vLLM
   would check, and exits non-zero with the kind of message they give when a check fails.
-  vLLM runs on NxD Inference when ``VLLM_NEURON_FRAMEWORK=neuronx-distributed-inference``
-  (loading ``NEURON_COMPILED_ARTIFACTS``), else as the vLLM Neuron plugin, which registers
+  vLLM runs on NxD Inference when ``VLLM_NEURON_FRAMEWORK=neuronx-distributed-inference``:
+  its loader loads the compiled model in ``NEURON_COMPILED_ARTIFACTS`` with the NxD Inference
+  stand-in, and compiles at start when that fails, as vLLM's does. Else it runs as the vLLM Neuron plugin, which registers
   itself: its compile cache under ``$VLLM_CACHE_ROOT/neuron/compile_cache/<hash>/`` is used
   at warm-up, and a miss compiles the graph, or, with ``VLLM_NEURON_DISABLE_WARMUP_COMPILE=1``,
   raises RuntimeError;
@@ -137,20 +135,6 @@ def compiler(argv: list[str], prog: str) -> int:
     Path(output).write_text(json.dumps(artefact, indent=2))
     print(f"{prog}: compiled {artefact['model']} for {artefact['target']} -> {output}")
     return 0
-
-
-def compile_job(argv: list[str]) -> int:
-    """A compile image's own entry point, as the operator runs it for the vLLM preset (the
-    bring-your-own compile contract): compile as the plan says into INFERENTIA_COMPILED_MODEL_DIR;
-    the operator's upload container takes it from there."""
-    plan = json.loads(Path(os.environ.get("INFERENTIA_PLAN_FILE", "/etc/inferentia/plan.json")).read_text())
-    prog = plan.get("compiler", "neuron-cc")
-    out = Path(os.environ["INFERENTIA_COMPILED_MODEL_DIR"]) / ARTEFACT
-    flags = json.loads(os.environ.get("INFERENTIA_COMPILER_ARGS", "[]"))
-    ccargs = (["compile"] if prog == "neuronx-cc" else []) + [os.environ["INFERENTIA_MODEL_URI"], *flags, "--output", str(out)]
-    if plan.get("tensorParallelSize"):
-        ccargs += ["--tensor-parallel-size", str(plan["tensorParallelSize"])]
-    return compiler(ccargs, prog)
 
 
 # -- the vLLM Neuron plugin's compile cache ----------------------------------------------------
@@ -308,23 +292,40 @@ def runtime_checks(tp: int | None) -> dict:
     artefact = None
     compiled = os.environ.get("NEURON_COMPILED_ARTIFACTS")
     if compiled:
-        if "://" in compiled or not Path(compiled).is_dir():
-            fail("vllm", f"NEURON_COMPILED_ARTIFACTS={compiled} is not a local directory: No such file or directory")
-        path = Path(compiled) / ARTEFACT
-        if not path.is_file():
-            fail("vllm", f"no compiled model in {compiled}: {ARTEFACT} not found")
-        artefact = json.loads(path.read_text())
+        artefact = nxd_inference_load(compiled)
         lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "1"))
-        if artefact["lnc"] != lnc:
-            fail("NRT:nrt_load", f"NEFF compiled for LNC={artefact['lnc']} cannot load with NEURON_LOGICAL_NC_CONFIG={lnc}")
-        if tp is not None and artefact["tensorParallelSize"] != tp:
-            fail("vllm", f"model compiled for tensor parallel degree {artefact['tensorParallelSize']}, started with {tp}")
+        if artefact and artefact["logical_nc_config"] != lnc:
+            fail("NRT:nrt_load", f"NEFF compiled for LNC={artefact['logical_nc_config']} cannot load with NEURON_LOGICAL_NC_CONFIG={lnc}")
+        if artefact and artefact["tp_degree"] != len(cores):
+            fail(
+                "NRT:nrt_init",
+                f"the compiled model is tensor parallel over {artefact['tp_degree']} NeuronCores, {len(cores)} visible ({visible})",
+            )
     if tp is not None and tp != len(cores):
         fail("NRT:nrt_init", f"tensor parallel size {tp} needs {tp} NeuronCores, {len(cores)} visible ({visible})")
     busy = hold_cores(cores)
     if busy:
         fail("NRT:nrt_allocate_neuron_cores", held_message(visible or ",".join(map(str, cores)), cores, busy))
     return {"cores": cores, "devices": devices, "artefact": artefact, "loaded": "compiled" if artefact else "compiled-at-load"}
+
+
+def nxd_inference_load(compiled: str) -> dict | None:
+    """vLLM's NxD Inference loader with NEURON_COMPILED_ARTIFACTS: the compiled model's class from
+    its saved config, loaded from there; None when that fails, after the loader's own warning,
+    and vLLM then compiles at start (vllm-neuron's neuronx_distributed_model_loader; the vLLM
+    User Guide for NxD Inference, "Loading pre-compiled models")."""
+    from neuronx_distributed_inference.models.config import CONFIG_FILE
+    from neuronx_distributed_inference.utils.constants import MODEL_TYPES
+
+    try:
+        model_type = json.loads((Path(compiled) / CONFIG_FILE).read_text()).get("model_type")
+        app = MODEL_TYPES[model_type]["causal-lm"](compiled)
+        app.load(compiled)
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        print(f"WARNING Exception: {exc}", file=sys.stderr, flush=True)
+        print(f"WARNING Unable to find precompiled artifacts from {compiled}. Recompiling...", file=sys.stderr, flush=True)
+        return None
+    return {**(app.traced_model or {}), "logical_nc_config": app.neuron_config.logical_nc_config}
 
 
 def serve(port: int, model: str, found: dict) -> None:
@@ -448,8 +449,6 @@ def main() -> int:
     prog = Path(sys.argv[0]).name
     if prog in ("neuron-cc", "neuronx-cc"):
         return compiler(sys.argv[1:], prog)
-    if prog == "neuron-compile":
-        return compile_job(sys.argv[1:])
     return server_main(sys.argv[1:], "vllm" if "vllm" in sys.argv[0] else "neuron-serve")
 
 

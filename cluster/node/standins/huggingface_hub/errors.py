@@ -1,0 +1,10 @@
+"""The Hub client's errors the stand-in raises, under the library's names
+(https://huggingface.co/docs/huggingface_hub/package_reference/utilities#huggingface_hub.errors.GatedRepoError)."""
+
+
+class RepositoryNotFoundError(Exception):
+    """The repository does not exist, or is private and the token cannot see it."""
+
+
+class GatedRepoError(RepositoryNotFoundError):
+    """The repository is gated and the request was not authenticated for it."""
