@@ -159,7 +159,7 @@ def zero_model_request(cluster: localcluster.LocalCluster, store: Any) -> str:
     doc = yaml.safe_load((localcluster.HERE / "demo-zero.yaml").read_text())
     name, ns = doc["metadata"]["name"], doc["metadata"]["namespace"]
     with contextlib.suppress(store.exceptions.BucketAlreadyOwnedByYou):
-        store.create_bucket(Bucket=doc["spec"]["model"]["uri"].split("/")[2])
+        store.create_bucket(Bucket=doc["spec"]["compile"]["outputUri"].split("/")[2])
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
     cluster.kubectl("wait", "-n", ns, f"inferentiamodel/{name}", "--for=condition=Ready", "--timeout=300s")
     idle = doc["spec"]["autoscaling"]["idleSeconds"]

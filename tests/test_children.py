@@ -126,7 +126,8 @@ def test_compile_job_fetches_compiles_in_the_users_image_and_uploads_marker_last
     env = {e["name"]: e["value"] for e in compile_step["env"]}
     assert env["INFERENTIA_MODEL_PATH"] == "/var/lib/inferentia/model"
     assert env["INFERENTIA_COMPILED_MODEL_DIR"] == "/var/lib/inferentia/compiled"
-    assert json.loads(env["INFERENTIA_COMPILER_ARGS"]) == m.plan.compiler_args
+    # Only what the programs read: the compile shape is in the plan file, not in variables nobody reads.
+    assert env["NEURON_CC_FLAGS"] == " ".join(m.plan.compiler_args) and "INFERENTIA_COMPILER_ARGS" not in env
     # The plan the program reads carries what it traces with; the program itself is in the ConfigMap.
     plan_json = json.loads(children.plan_configmap(m)["data"]["plan.json"])
     assert (plan_json["compilerArgs"], plan_json["buckets"], plan_json["inputDtype"]) == (m.plan.compiler_args, [[3, 224, 224]], "float32")
@@ -313,14 +314,36 @@ def test_on_trn2_and_trn3_vllm_runs_on_the_neuron_plugin_from_the_cache_its_comp
     assert not any(k.startswith("aws.amazon.com/") for k in compile_step["resources"]["requests"])
 
 
-def test_on_inf2_and_trn1_vllm_stays_on_nxd_inference():
-    for family in ("inf2", "trn1"):
-        m = model(**{**TRN2_VLLM, "compute.family": family})
-        [container] = children.serving_deployment(m)["spec"]["template"]["spec"]["containers"]
-        env = {e["name"]: e["value"] for e in container["env"]}
-        assert env["VLLM_NEURON_FRAMEWORK"] == "neuronx-distributed-inference" and "VLLM_CACHE_ROOT" not in env
-        assert "command" not in children.compile_job(m)["spec"]["template"]["spec"]["initContainers"][-1]
-        assert "vllm_compile.py" not in children.plan_configmap(m)["data"]
+@pytest.mark.parametrize("family", ["inf2", "trn1"])
+def test_on_inf2_and_trn1_vllm_is_compiled_by_the_operators_nxd_inference_program(family):
+    """vLLM on NxD Inference loads a compiled model from NEURON_COMPILED_ARTIFACTS; the compile
+    Job makes it with the operator's program, in the image the spec names (AWS's own vLLM
+    image), never the image's entry point."""
+    m = model(**{**TRN2_VLLM, "compute.family": family})
+    [container] = children.serving_deployment(m)["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["VLLM_NEURON_FRAMEWORK"] == "neuronx-distributed-inference" and "VLLM_CACHE_ROOT" not in env
+    assert env["NEURON_COMPILED_ARTIFACTS"] == children.COMPILED_DIR
+    job = children.compile_job(m)
+    compile_step = job["spec"]["template"]["spec"]["initContainers"][-1]
+    assert compile_step["command"] == ["python3", "/etc/inferentia/nxdi_compile.py"]
+    assert compile_step["image"] == "example.com/vllm-neuronx:2.31"
+    jenv = {e["name"]: e["value"] for e in compile_step["env"]}
+    # No Neuron device in the Job: the target is named, as AWS requires when none is present.
+    assert (jenv["NEURON_PLATFORM_TARGET_OVERRIDE"], jenv["INFERENTIA_COMPILED_MODEL_DIR"]) == (family, children.COMPILED_DIR)
+    assert "VLLM_NEURON_CPU_COMPILE" not in jenv  # the plugin's, which NxD Inference never reads
+    engine = json.loads(jenv["INFERENTIA_VLLM_ENGINE_ARGS"])
+    # The engine the serving flags start: the compiled model is the one vLLM would have compiled.
+    flags = container["args"][4:12]
+    assert dict(zip(flags[::2], flags[1::2], strict=True)) == {f"--{k.replace('_', '-')}": str(v) for k, v in engine.items()}
+    # The store's model is fetched for the program, which reads a local checkpoint.
+    assert [c["name"] for c in job["spec"]["template"]["spec"]["initContainers"]] == ["fetch-model", "compile"]
+    assert jenv["INFERENTIA_MODEL_PATH"] == children.MODEL_DIR
+    data = children.plan_configmap(m)["data"]
+    assert "nxdi_compile.py" in data and "vllm_compile.py" not in data
+    inputs = children.compile_inputs(m)
+    assert (inputs["vllm"], inputs["engineArgs"]) == ("nxd-inference", engine) and inputs["program"] >= 1
+    assert not any(k.startswith("aws.amazon.com/") for k in compile_step["resources"]["requests"])
 
 
 def test_the_vllm_preset_without_a_compile_job_loads_the_model_uri():
@@ -379,11 +402,11 @@ def test_the_compiler_is_a_compile_input_of_neuronx_families():
     m = model(**VLLM, **{"compile.image": "example.com/compile:1"})
     assert children.compile_inputs(m)["compiler"] == "neuronx-cc"
     job = children.compile_job(m)
-    [compile_step] = job["spec"]["template"]["spec"]["initContainers"]
+    compile_step = job["spec"]["template"]["spec"]["initContainers"][-1]
     env = {e["name"]: e["value"] for e in compile_step["env"]}
     assert env["INFERENTIA_COMPILER"] == "neuronx-cc"
-    # The vLLM preset's compile runs the image's own entry point (bring your own compile).
-    assert "command" not in compile_step
+    # The vLLM preset's compile runs the operator's NxD Inference program, never the image's entry point.
+    assert compile_step["command"] == ["python3", "/etc/inferentia/nxdi_compile.py"]
     assert "compiler" not in children.compile_inputs(model(**THROUGHPUT))  # inf1 hashes stay as they were
 
 

@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -45,12 +46,15 @@ ALLOWED_IMPORTS = {
     "torch",
     "neuron_compile",
     "vllm",
+    # vLLM on NxD Inference: what AWS's vLLM image (vllm-inference-neuronx) has.
+    "neuronx_distributed_inference",
+    "huggingface_hub",
 }
 
 
 def test_the_programs_import_only_what_a_neuron_image_has():
     """They run with the user's image's Python, torch and Neuron framework, never with this package."""
-    for name in (programs.COMPILE_PROGRAM, programs.SERVE_PROGRAM, programs.VLLM_COMPILE_PROGRAM):
+    for name in (programs.COMPILE_PROGRAM, programs.SERVE_PROGRAM, programs.VLLM_COMPILE_PROGRAM, programs.NXDI_COMPILE_PROGRAM):
         tree = ast.parse(programs.source(name))
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
@@ -401,3 +405,85 @@ def test_the_plugin_compile_step_fails_with_the_plugins_reason(tmp_path):
     inf2 = run_vllm_compile(tmp_path, cache, VLLM_NEURON_CPU_COMPILE="1", NEURON_PLATFORM_TARGET_OVERRIDE="inf2")
     assert inf2.returncode == 1 and "supports Trn2 and Trn3, not inf2" in inf2.stderr
     assert not (cache / "neuron" / "compile_cache").exists()
+
+
+# -- vLLM on NxD Inference (inf2, trn1): the operator's compile program ----------------------------
+
+NXDI_ENGINE = {"model": "meta-llama/Llama-3.1-8B-Instruct", "tensor_parallel_size": 2, "max_model_len": 4096, "max_num_seqs": 8}
+
+
+def tiny_checkpoint(where: Path, model_type: str = "llama") -> Path:
+    """A Hugging Face checkpoint as NxD Inference reads one: config.json and model.safetensors."""
+    sys.path.insert(0, str(STANDINS))
+    try:
+        import standin_safetensors
+    finally:
+        sys.path.remove(str(STANDINS))
+    where.mkdir(parents=True)
+    config = {"model_type": model_type, "architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16", "num_hidden_layers": 2,
+              "num_key_value_heads": 2, "hidden_size": 8, "max_position_embeddings": 8192}  # fmt: skip
+    (where / "config.json").write_text(json.dumps(config))
+    standin_safetensors.write(where / "model.safetensors", {"embed_tokens.weight": [[0.5] * 8] * 4})
+    return where
+
+
+def run_nxdi_compile(tmp_path: Path, engine: dict, **extra: str) -> subprocess.CompletedProcess:
+    env = {
+        "PATH": "/usr/bin:/bin", "PYTHONPATH": str(STANDINS), "HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf"),
+        "INFERENTIA_VLLM_ENGINE_ARGS": json.dumps(engine), "INFERENTIA_COMPILED_MODEL_DIR": str(tmp_path / "compiled"), **extra,
+    }  # fmt: skip
+    return subprocess.run([sys.executable, str(PROGRAMS / programs.NXDI_COMPILE_PROGRAM)], env=env, capture_output=True, text=True)
+
+
+def test_the_nxd_inference_compile_step_writes_what_vllms_loader_loads_without_compiling(tmp_path, monkeypatch):
+    """The program compiles, with no Neuron device, the model vLLM on NxD Inference would compile at
+    start for the same engine, into the layout its loader reads from NEURON_COMPILED_ARTIFACTS,
+    weights sharded per rank; the serving stand-in then loads it and never compiles."""
+    checkpoint = tiny_checkpoint(tmp_path / "model")
+    done = run_nxdi_compile(tmp_path, NXDI_ENGINE, INFERENTIA_MODEL_PATH=str(checkpoint), NEURON_PLATFORM_TARGET_OVERRIDE="inf2")
+    assert done.returncode == 0, done.stderr
+    compiled = tmp_path / "compiled"
+    saved = json.loads((compiled / "neuron_config.json").read_text())
+    neuron = saved["neuron_config"]
+    # vLLM's own NxD Inference settings for that engine (the vLLM User Guide for NxD Inference).
+    assert (neuron["tp_degree"], neuron["batch_size"], neuron["seq_len"], neuron["max_context_length"]) == (2, 8, 4096, 4096)
+    assert (neuron["ctx_batch_size"], neuron["is_continuous_batching"], neuron["padding_side"]) == (1, True, "right")
+    assert neuron["save_sharded_checkpoint"] is True and neuron["torch_dtype"] == "bfloat16"
+    assert (compiled / "model.pt").is_file()
+    assert sorted(p.name for p in (compiled / "weights").iterdir()) == [f"tp{r}_sharded_checkpoint.safetensors" for r in range(2)]
+    assert "compiled llama" in done.stdout and "for inf2" in done.stdout
+
+    # The server's side, in the stand-in the real node's pods run: loaded, not compiled.
+    monkeypatch.syspath_prepend(str(STANDINS))
+    from neuronx_distributed_inference.utils.constants import MODEL_TYPES
+
+    app = MODEL_TYPES["llama"]["causal-lm"](str(compiled))
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "inf2")
+    app.load(str(compiled))
+    assert app.is_loaded_to_neuron and app.neuron_config.tp_degree == 2
+
+
+def test_the_nxd_inference_compile_step_downloads_a_hub_model_with_the_token(tmp_path):
+    """A Hugging Face id is downloaded into HF_HOME first (NxD Inference reads a local checkpoint);
+    a gated model without a token fails with the Hub's reason."""
+    no_token = run_nxdi_compile(tmp_path, NXDI_ENGINE, NEURON_PLATFORM_TARGET_OVERRIDE="inf2")
+    assert no_token.returncode == 1 and "gated" in no_token.stderr.lower() and "meta-llama/Llama-3.1-8B-Instruct" in no_token.stderr
+    done = run_nxdi_compile(tmp_path, NXDI_ENGINE, NEURON_PLATFORM_TARGET_OVERRIDE="trn1", HF_TOKEN="hf_local")
+    assert done.returncode == 0, done.stderr
+    assert list((tmp_path / "hf" / "hub").glob("models--meta-llama--Llama-3.1-8B-Instruct/snapshots/*/config.json"))
+    assert json.loads((tmp_path / "compiled" / "neuron_config.json").read_text())["neuron_config"]["tp_degree"] == 2
+
+
+def test_the_nxd_inference_compile_step_fails_with_the_reason(tmp_path):
+    checkpoint = tiny_checkpoint(tmp_path / "model")
+    # No Neuron device, and no target named: nothing to compile for.
+    no_target = run_nxdi_compile(tmp_path, NXDI_ENGINE, INFERENTIA_MODEL_PATH=str(checkpoint))
+    assert no_target.returncode == 1 and "NEURON_PLATFORM_TARGET_OVERRIDE" in no_target.stderr
+    # The compiled shape must be stated: vLLM's defaults are its own, and would differ from the server's.
+    unsized = run_nxdi_compile(tmp_path, {"model": "x", "tensor_parallel_size": 2}, INFERENTIA_MODEL_PATH=str(checkpoint),
+                               NEURON_PLATFORM_TARGET_OVERRIDE="inf2")  # fmt: skip
+    assert unsized.returncode == 1 and "max_model_len" in unsized.stderr and "max_num_seqs" in unsized.stderr
+    other = tiny_checkpoint(tmp_path / "other", model_type="bert")
+    unknown = run_nxdi_compile(tmp_path, NXDI_ENGINE, INFERENTIA_MODEL_PATH=str(other), NEURON_PLATFORM_TARGET_OVERRIDE="inf2")
+    assert unknown.returncode == 1 and "model_type 'bert'" in unknown.stderr and "llama" in unknown.stderr
+    assert not (tmp_path / "compiled" / "model.pt").exists()

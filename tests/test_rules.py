@@ -536,3 +536,22 @@ def test_every_dra_rule_a_spec_breaks_is_reported():
     lines = error_lines(make_spec(**{"compute.inf": DROP, "compute.cores": 1, "compute.allocation": "dra"}))
     assert any(line.startswith("spec.compute.allocation: dra does not run on inf1") for line in lines), lines
     assert any(line.startswith("spec.compute.cores: 1 NeuronCores cannot be claimed with allocation dra") for line in lines), lines
+
+
+def test_vllm_on_nxd_inference_compiles_ahead_with_the_operators_program_without_a_warning():
+    """compile.image on inf2 and trn1 runs the operator's NxD Inference program, in AWS's own vLLM image."""
+    spec = make_spec(**{**LLAMA_8B, "compile.buckets": [[4096]], "compile.image": "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:x",
+                        "model.uri": "s3://models/llama/"})  # fmt: skip
+    assert not [f for f in findings_of(spec) if "compile" in f], findings_of(spec)
+
+
+@pytest.mark.parametrize("family", ["inf2", "trn1"])
+def test_vllm_on_nxd_inference_compiled_ahead_must_state_its_shape(family):
+    """The compiled model's sequence length and sequences are the server's: the program cannot guess vLLM's defaults."""
+    spec = make_spec(**{**LLAMA_8B, "compute.family": family, "compile.buckets": DROP, "serving.batching": DROP,
+                        "compile.image": "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:x", "model.uri": "s3://models/llama/"})  # fmt: skip
+    assert (
+        f"warning: spec.compile.buckets: vLLM on NxD Inference ({family}) is compiled ahead for one sequence length and "
+        "number of sequences, and the spec leaves compile.buckets (the largest is --max-model-len) or "
+        "serving.batching.maxBatchSize (--max-num-seqs) unset, so the compile Job fails; set both"
+    ) in findings_of(spec)

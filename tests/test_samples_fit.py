@@ -13,7 +13,7 @@ from inferentia_operator.cli import main
 from inferentia_operator.core import sizing
 from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.catalogue import FAMILIES
-from inferentia_operator.core.children import COMPILE_PROGRAM, PLAN_MOUNT, VLLM_COMPILE_PROGRAM
+from inferentia_operator.core.children import COMPILE_PROGRAM, NXDI_COMPILE_PROGRAM, PLAN_MOUNT, VLLM_COMPILE_PROGRAM
 from inferentia_operator.core.cores import group_size_of, replica_cores
 from inferentia_operator.core.drift import quantity
 
@@ -64,7 +64,7 @@ def test_every_sample_sizes_its_pods_for_its_model(path, capsys):
         assert step["image"] == doc["spec"]["compile"]["image"]
         # A program the operator ships in the plan ConfigMap, never the image's own entry point.
         assert step["command"][0] == "python3"
-        assert step["command"][1] in (f"{PLAN_MOUNT}/{COMPILE_PROGRAM}", f"{PLAN_MOUNT}/{VLLM_COMPILE_PROGRAM}")
+        assert step["command"][1] in (f"{PLAN_MOUNT}/{p}" for p in (COMPILE_PROGRAM, VLLM_COMPILE_PROGRAM, NXDI_COMPILE_PROGRAM))
         assert quantity(step["resources"]["limits"]["memory"]) >= sizing.compile_memory_bytes(spec, fam)
         assert volume_bytes(job_pod, "compiled") >= sizing.artefact_bytes(spec)
         assert volume_bytes(job_pod, "home") >= sizing.compile_home_bytes(spec)
@@ -77,6 +77,14 @@ def test_no_sample_draws_a_warning(path, capsys):
     assert main(["validate", str(path)]) == 0
     out = capsys.readouterr().out
     assert "warning" not in out, out
+
+
+def test_every_sample_that_compiles_compiles_ahead_in_a_job():
+    """A compile at start makes every pod's start (from zero too) as slow as a compile, and sizes
+    every pod for one: each sample that compiles names compile.image."""
+    for path in SAMPLES:
+        spec = InferentiaModelSpec.model_validate(yaml.safe_load(path.read_text())["spec"])
+        assert not sizing.compiles_in_pod(spec), f"{path.name} compiles at start: name compile.image"
 
 
 def test_a_gated_model_names_its_token_secret():

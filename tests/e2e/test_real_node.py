@@ -102,10 +102,12 @@ print(json.dumps(out))
 
 
 def standin_state(cluster, namespace: str, pod: dict) -> dict:
-    """What the runtime stand-in found when its server started (its /standin page)."""
+    """What the runtime stand-in found when its server started (its /standin page, on the serving port)."""
+    [serve] = [c for c in pod["spec"]["containers"] if c["name"] == "serve"]
+    port = serve["ports"][0]["containerPort"]
     out = cluster.kubectl(
         "exec", "-n", namespace, pod["metadata"]["name"], "-c", "serve", "--",
-        "python3", "-c", "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8080/standin').read().decode())",
+        "python3", "-c", f"import urllib.request as u; print(u.urlopen('http://127.0.0.1:{port}/standin').read().decode())",
     ).stdout  # fmt: skip
     return json.loads(out)
 
@@ -251,16 +253,23 @@ def object_store(cluster, namespace: str) -> str:
 
 
 def compiled_vllm_spec(bucket: str, **overrides) -> dict:
-    """The vLLM preset on the stand-ins, compiled by its compile Job into ``bucket``."""
+    """The vLLM preset on the stand-ins, compiled by its compile Job into ``bucket``: on inf2 the
+    operator's NxD Inference program, in the stand-in of AWS's vLLM image, reading the model
+    from the stand-in Hub."""
+    from samples import TORCH_IMAGE
+
     spec = standin_spec(
         **{
-            "model.uri": f"s3://{bucket}/llama/",
-            "compile.image": "neuron-compile-standin:0.1.0",
+            "model.uri": "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
+            "compile.image": TORCH_IMAGE,
+            "compile.outputUri": f"s3://{bucket}/compiled/",
             "compile.storageSecret": "store",
+            "compile.buckets": [[256]],  # vLLM's --max-model-len
             # The stand-in compiler is tiny, and the real node has 2 CPUs.
             "compile.cpu": "200m",
             "compile.memory": "512Mi",
             "serving.runtime": "vllm",
+            "serving.batching": {"maxBatchSize": 4},  # vLLM's --max-num-seqs
             **overrides,
         }
     )
@@ -270,22 +279,25 @@ def compiled_vllm_spec(bucket: str, **overrides) -> dict:
 
 def test_a_compile_job_writes_the_artefact_the_serving_pods_fetch_and_load(real_node, real_namespace):
     """Defect: NEURON_COMPILED_ARTIFACTS was the s3:// URI, which vLLM's loader reads as a
-    local directory, and nothing downloaded it. Now the compile Job (the compiler stand-in)
-    uploads to the object store, an init container fetches it, and the server loads it
-    with cache misses fatal, on as many cores as the artefact's tensor-parallel degree."""
+    local directory, and nothing downloaded it. Now the compile Job (the operator's NxD
+    Inference program) uploads to the object store, an init container fetches it, and the
+    server loads it, on as many cores as the artefact's tensor-parallel degree."""
     bucket = object_store(real_node, real_namespace)
     apply(real_node, real_namespace, "compiled", compiled_vllm_spec(bucket))
     wait_ready(real_node, real_namespace, "compiled", timeout=200)
     status = real_node.get("inferentiamodel", "compiled", "-n", real_namespace)["status"]
     prefix = status["compiledUri"].removeprefix(f"s3://{bucket}/")
     keys = [o["Key"] for o in store_client(real_node).list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
-    # The vLLM preset's compile ran the image's own entry point; the operator's upload wrote the marker last.
-    assert sorted(keys) == [prefix + "_INFERENTIA_COMPLETE", prefix + "model.neff.json"], keys
+    # The operator's NxD Inference program compiled it, weights sharded per rank; its upload wrote the marker last.
+    assert sorted(keys) == [prefix + name for name in (
+        "_INFERENTIA_COMPLETE", "model.pt", "neuron_config.json", "weights/tp0_sharded_checkpoint.safetensors",
+        "weights/tp1_sharded_checkpoint.safetensors")], keys  # fmt: skip
     [pod] = serving_pods(real_node, real_namespace, "compiled")
     found = standin_state(real_node, real_namespace, pod)
-    assert found["loaded"] == "compiled"
+    # vLLM's loader loaded the compiled model from NEURON_COMPILED_ARTIFACTS, and compiled nothing.
+    assert found["loaded"] == "compiled" and found["runtime"] == "neuronx-distributed-inference", found
     assert found["artefact"]["compiler"] == "neuronx-cc" and found["artefact"]["target"] == "inf2"
-    assert found["artefact"]["tensorParallelSize"] == 2 == len(found["cores"])
+    assert found["artefact"]["tp_degree"] == 2 == len(found["cores"])
     [proc] = process_envs(real_node, real_namespace, pod["metadata"]["name"])
     assert proc["NEURON_RT_VISIBLE_CORES"]
     assert "Compiled" == next(c for c in status["conditions"] if c["type"] == "Compiled")["reason"]

@@ -10,19 +10,34 @@ import json
 import os
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
+import yaml
 from kit import condition, wait_for
-from test_real_node import apply, compiled_vllm_spec, granted_cores, object_store, process_envs, serving_pods, wait_ready, why_not_ready
+from test_real_node import apply, granted_cores, process_envs, serving_pods, standin_state, store_client, wait_ready, why_not_ready
 from test_real_scaling import cores
+
+from samples import make_buckets, run_here, store_secret, token_secret
 
 pytestmark = pytest.mark.usefixtures("operator")
 
 IDLE_SECONDS = 10
 
 
-def zero_spec(bucket: str) -> dict:
-    autoscaling = {
+SAMPLE = Path(__file__).resolve().parents[2] / "manifests" / "samples" / "llama-inf2-vllm.yaml"
+
+
+def zero_spec(cluster, namespace: str) -> dict:
+    """The vLLM inf2 sample, compiled by the operator's NxD Inference program in (the stand-in of)
+    AWS's vLLM image, as it runs here (cluster/samples.py), with the one change this test makes:
+    autoscaling to zero, quickly."""
+    doc = run_here(yaml.safe_load(SAMPLE.read_text()), namespace)
+    cluster.kubectl(
+        "apply", "-f", "-", input=yaml.safe_dump_all([store_secret(namespace, cluster.node.object_store()), token_secret(namespace)])
+    )
+    make_buckets(store_client(cluster), doc)
+    doc["spec"]["autoscaling"] = {
         "minReplicas": 0,
         "maxReplicas": 1,
         "targetInFlight": 1,
@@ -32,7 +47,7 @@ def zero_spec(bucket: str) -> dict:
         "idleSeconds": IDLE_SECONDS,
         "holdSeconds": 240,
     }
-    return compiled_vllm_spec(bucket, autoscaling=autoscaling)
+    return doc["spec"]
 
 
 def ask(url: str, prompt: str) -> str:
@@ -69,8 +84,7 @@ def phases(pod: dict, sent: float, answered: float) -> str:
 
 def test_a_model_at_zero_holds_its_first_request_answers_it_and_goes_back_to_zero(real_node, real_namespace, autoscaling_engines):
     cluster, ns = real_node, real_namespace
-    bucket = object_store(cluster, ns)
-    apply(cluster, ns, "zero", zero_spec(bucket))
+    apply(cluster, ns, "zero", zero_spec(cluster, ns))
 
     def model() -> dict:
         return cluster.get("inferentiamodel", "zero", "-n", ns)
@@ -107,6 +121,9 @@ def test_a_model_at_zero_holds_its_first_request_answers_it_and_goes_back_to_zer
     )  # fmt: skip
     [pod] = serving_pods(cluster, ns, "zero")
     assert [c["name"] for c in pod["spec"]["initContainers"]] == ["fetch-artifacts"]
+    # vLLM loaded what the operator's NxD Inference program compiled, and compiled nothing itself.
+    found = standin_state(cluster, ns, pod)
+    assert (found["runtime"], found["loaded"], found["artefact"]["target"]) == ("neuronx-distributed-inference", "compiled", "inf2"), found
     # Idle again: back to zero.
     wait_for(at_zero, 120, "the model to go back to zero")
 
@@ -122,8 +139,7 @@ def test_a_model_cycled_through_zero_loses_no_request_and_gets_its_cores_every_t
     and is answered by a new replica, whose process holds exactly the cores the kubelet
     granted it, with no failed start (the runtime stand-in refuses cores a live process holds)."""
     cluster, ns = real_node, real_namespace
-    bucket = object_store(cluster, ns)
-    spec = zero_spec(bucket)
+    spec = zero_spec(cluster, ns)
     spec["autoscaling"]["idleSeconds"] = 1
     apply(cluster, ns, "cycled", spec)
     wait_ready(cluster, ns, "cycled", timeout=240)

@@ -19,6 +19,7 @@ from test_real_node import (
     reshape,
     routed,
     serving_pods,
+    standin_state,
     store_client,
     wait_ready,
 )
@@ -75,6 +76,10 @@ def test_every_sample_goes_ready_on_the_real_node_and_answers(path, node_shape, 
         assert status.get("neuronPlacementPercent") == 100.0, status
 
     if spec["serving"].get("runtime") == "vllm":
+        # Compiled by the operator's program in the sample's image: every replica loads it, none compiles.
+        [pod, *_] = serving_pods(real_node, real_namespace, name)
+        found = standin_state(real_node, real_namespace, pod)
+        assert found["loaded"] in ("compiled", "compile-cache"), found
         answer = cluster_ip_request(real_node, real_namespace, name, "/v1/completions", {"prompt": "Neuron"})
         assert answer["object"] == "text_completion"
         return

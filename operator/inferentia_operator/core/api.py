@@ -185,7 +185,7 @@ class CompileOptions(ApiModel):
     extra_args: Annotated[list[Arg] | None, Field(max_length=MAX_ARGS)] = None
     """Further compiler arguments, appended after the planned ones."""
     image: Annotated[str | None, Field(max_length=MAX_STRING)] = None
-    """The Neuron framework image the compile Job runs in, usually the serving image (AWS's Neuron Deep Learning Containers ship the framework and its compiler). When set, a compile Job traces the model for the plan with the operator's compile program, one artefact per bucket, before serving (with the vLLM preset: runs the image's own entry point instead). When unset, nothing is compiled ahead: the operator's model server traces the model at start."""
+    """The Neuron framework image the compile Job runs in, usually the serving image (AWS's Neuron Deep Learning Containers ship the framework and its compiler). When set, a compile Job traces the model for the plan with the operator's compile program, one artefact per bucket, before serving (with the vLLM preset: the operator's compile step for vLLM's Neuron backend). When unset, nothing is compiled ahead: the operator's model server traces the model at start."""
     input_dtype: Literal["float32", "float16", "bfloat16", "int64", "int32"] | None = None
     """The dtype of the model's input tensor, for the example inputs the compile program traces with and the inputs the operator's model server builds from JSON. Default: int64 (token ids) for architecture transformer, float32 otherwise."""
     output_uri: Annotated[str | None, Field(max_length=MAX_STRING)] = None
@@ -368,7 +368,8 @@ class InferentiaModelSpec(ApiModel):
     @property
     def compiles_with_program(self) -> bool:
         """A compile Job runs the operator's compile program (neuron_compile.py) in compile.image:
-        every compile step but the vLLM preset's, which runs the image's own entry point."""
+        every compile step but the vLLM preset's, which runs the operator's vLLM compile step
+        (vllm_compile.py on the plugin, nxdi_compile.py on NxD Inference)."""
         return self.compile.image is not None and self.serving.runtime != "vllm"
 
     @property

@@ -14,7 +14,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from inferentia_operator.programs import COMPILE_PROGRAM, COMPILE_PROGRAM_VERSION, SERVE_PROGRAM, VLLM_COMPILE_PROGRAM
+from inferentia_operator.programs import (
+    COMPILE_PROGRAM,
+    COMPILE_PROGRAM_VERSION,
+    NXDI_COMPILE_PROGRAM,
+    NXDI_COMPILE_PROGRAM_VERSION,
+    SERVE_PROGRAM,
+    VLLM_COMPILE_PROGRAM,
+)
 from inferentia_operator.programs import source as program_source
 
 from . import api
@@ -48,7 +55,9 @@ VLLM_SERVER = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
 #   NEURON_COMPILED_ARTIFACTS points it at a pre-compiled model, which it loads instead of
 #   compiling at start
 #   (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/developer_guides/migrate-from-tnx-to-nxdi.html,
-#   https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/developer_guides/vllm-user-guide.html).
+#   https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/developer_guides/vllm-user-guide-v1.html).
+#   The compile Job makes that model with the operator's program (nxdi_compile.py), through NxD
+#   Inference's own API, for the family's target on an ordinary node.
 VLLM_ENV = {"VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference"}
 # - trn2 and trn3: the vLLM Neuron plugin, which "registers itself with vLLM via its entry
 #   point" (no VLLM_NEURON_FRAMEWORK, no --device neuron) and compiles at warm-up, one graph per
@@ -129,12 +138,20 @@ def compile_inputs(model: Model) -> dict[str, Any]:
     if vllm_plugin(model):
         # The plugin's cache: one graph per shape the engine warms up, for its engine arguments.
         inputs |= {"vllm": "vllm-neuron-plugin", "engineArgs": vllm_engine_args(model)}
+    if vllm_nxd(model):
+        # NxD Inference's compiled model for those engine arguments, in the program's layout.
+        inputs |= {"vllm": "nxd-inference", "engineArgs": vllm_engine_args(model), "program": NXDI_COMPILE_PROGRAM_VERSION}
     return inputs
 
 
 def vllm_plugin(model: Model) -> bool:
     """The vLLM preset on a family where vLLM runs on the vLLM Neuron plugin (trn2, trn3)."""
     return model.spec.serving.runtime == "vllm" and FAMILIES[model.plan.family].vllm == "vllm-neuron-plugin"
+
+
+def vllm_nxd(model: Model) -> bool:
+    """The vLLM preset on a family where vLLM runs on NxD Inference (inf2, trn1)."""
+    return model.spec.serving.runtime == "vllm" and FAMILIES[model.plan.family].vllm == "nxd-inference"
 
 
 def vllm_engine_args(model: Model) -> dict[str, Any]:
@@ -294,6 +311,8 @@ def _plan_files(model: Model) -> dict[str, str]:
         data[SERVE_PROGRAM] = program_source(SERVE_PROGRAM)
     if vllm_plugin(model) and model.spec.compile.image:
         data[VLLM_COMPILE_PROGRAM] = program_source(VLLM_COMPILE_PROGRAM)
+    if vllm_nxd(model) and model.spec.compile.image:
+        data[NXDI_COMPILE_PROGRAM] = program_source(NXDI_COMPILE_PROGRAM)
     return data
 
 
@@ -387,8 +406,9 @@ def _remote_model(model: Model) -> bool:
 
 
 def compile_fetches_model(model: Model) -> bool:
-    """The compile program reads a remote model: the compile Job fetches it first."""
-    return model.spec.compiles_with_program and _remote_model(model)
+    """The compile program reads a remote model: the compile Job fetches it first. (NxD
+    Inference reads a local checkpoint too; a Hugging Face id its program downloads itself.)"""
+    return bool(model.spec.compile.image) and (model.spec.compiles_with_program or vllm_nxd(model)) and _remote_model(model)
 
 
 def serving_fetches_model(model: Model) -> bool:
@@ -506,18 +526,22 @@ def compile_job(model: Model) -> dict[str, Any] | None:
     env = {
         "INFERENTIA_MODEL_URI": model.spec.model.uri,
         "INFERENTIA_MODEL_PATH": model_path(model),
-        "INFERENTIA_FRAMEWORK": model.spec.model.framework,
         "INFERENTIA_COMPILER": model.plan.compiler,
         "INFERENTIA_OUTPUT_URI": compiled_uri(model),
         "INFERENTIA_COMPILED_MODEL_DIR": COMPILED_DIR,
-        "INFERENTIA_COMPILER_ARGS": json.dumps(model.plan.compiler_args),
         "NEURON_CC_FLAGS": " ".join(model.plan.compiler_args),
-        "INFERENTIA_BATCH_SIZE": str(model.plan.batch_size),
-        "INFERENTIA_DYNAMIC_BATCH_SIZE": str(model.plan.dynamic_batch_size).lower(),
-        "INFERENTIA_BUCKETS": json.dumps(model.plan.buckets),
         "INFERENTIA_PLAN_FILE": PLAN_FILE,
     }
-    command = ["python3", f"{PLAN_MOUNT}/{COMPILE_PROGRAM}"] if model.spec.compiles_with_program else None
+    command = ["python3", f"{PLAN_MOUNT}/{COMPILE_PROGRAM}"]
+    if vllm_nxd(model):
+        # vLLM on NxD Inference: its compiled model, through NxD Inference's own API, for the
+        # family's target (the Job has no device to detect it from), into the directory the
+        # upload step uploads and the serving pods' NEURON_COMPILED_ARTIFACTS names.
+        command = ["python3", f"{PLAN_MOUNT}/{NXDI_COMPILE_PROGRAM}"]
+        env |= {
+            "NEURON_PLATFORM_TARGET_OVERRIDE": model.plan.family,
+            "INFERENTIA_VLLM_ENGINE_ARGS": json.dumps(vllm_engine_args(model), sort_keys=True),
+        }
     if vllm_plugin(model):
         # The plugin's own compile at warm-up, on the CPU for the family's target, into the
         # directory the upload step uploads.
@@ -536,10 +560,9 @@ def compile_job(model: Model) -> dict[str, Any] | None:
     compile_step: dict[str, Any] = {
         "name": "compile",
         # The user's Neuron framework image: its python3, torch and torch-neuron(x) run the
-        # operator's compile program from the plan; on trn2 and trn3 its vLLM runs the plugin's
-        # compile step. The vLLM preset's compile on inf2 and trn1 runs the image's own entry
-        # point with the same environment (docs/serving-pod.md, "Bring your own").
-        **({"command": command} if command else {}),
+        # operator's compile program from the plan; for the vLLM preset, its vLLM Neuron plugin
+        # (trn2, trn3) or its NxD Inference (inf2, trn1) runs the operator's compile step for it.
+        "command": command,
         "image": model.spec.compile.image,
         # The serving container's own variables and sources too (an HF_TOKEN for a gated
         # model, say): the compile reads the same model, and yours win over the planned ones.

@@ -1,6 +1,7 @@
 """Programs the operator ships into the user's Neuron framework image through the plan
 ConfigMap: the compile program (``neuron_compile.py``), the model server
-(``neuron_serve.py``) and the vLLM Neuron plugin's compile step (``vllm_compile.py``). They run with that image's Python, torch and Neuron framework, so they
+(``neuron_serve.py``), the vLLM Neuron plugin's compile step (``vllm_compile.py``) and vLLM on
+NxD Inference's compile step (``nxdi_compile.py``). They run with that image's Python, torch and Neuron framework, so they
 import nothing of this package (tests/test_programs.py checks it)."""
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ COMPILE_PROGRAM = "neuron_compile.py"
 COMPILE_PROGRAM_VERSION = 1
 SERVE_PROGRAM = "neuron_serve.py"
 VLLM_COMPILE_PROGRAM = "vllm_compile.py"
+NXDI_COMPILE_PROGRAM = "nxdi_compile.py"
+# Its compiled layout (NxD Inference's, with presharded weights), part of the compile key as above.
+NXDI_COMPILE_PROGRAM_VERSION = 1
 
 
 @cache

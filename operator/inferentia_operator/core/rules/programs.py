@@ -32,18 +32,18 @@ def _check_runtime(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     if spec.serving.runtime == "vllm" and not fam.neuronx:
         return [VLLM_FAMILY.finding(fam.name, fam.name)]
     if spec.serving.runtime == "vllm" and fam.vllm == "nxd-inference" and spec.compile.image is not None:
-        # The operator has no compile program for vLLM on NxD Inference yet: the compile
-        # Job runs the image's own entry point with the compile environment
-        # (docs/serving-pod.md, "Bring your own"), which AWS's vLLM images do not implement.
-        return [
-            Finding(
-                "spec.compile.image",
-                f"with the vLLM runtime on {fam.name} the compile Job runs the image's own entry point, which must implement "
-                "the operator's compile environment (docs/serving-pod.md, \"Bring your own\"); AWS's vLLM images do not, "
-                "so their compile Job fails. Leave compile.image unset to let vLLM compile at start, or name an image that does",
-                "warning",
-            )
-        ]
+        if not spec.compile.buckets or not spec.serving.batching:
+            # The operator's NxD Inference program compiles vLLM's model for the server's engine
+            # arguments; vLLM's own defaults for these two are its release's, not the operator's.
+            return [
+                Finding(
+                    "spec.compile.buckets",
+                    f"vLLM on NxD Inference ({fam.name}) is compiled ahead for one sequence length and number of sequences, "
+                    "and the spec leaves compile.buckets (the largest is --max-model-len) or "
+                    "serving.batching.maxBatchSize (--max-num-seqs) unset, so the compile Job fails; set both",
+                    "warning",
+                )
+            ]
     return []
 
 
