@@ -9,7 +9,9 @@ They run as processes on this machine beside the control plane, with the real no
   cluster's bridge routes; the relabelling is the one in Prometheus's own example
   configuration for Kubernetes (documentation/examples/prometheus-kubernetes.yml).
 - KEDA's operator, with the certificates of its gRPC metrics service in a directory (as
-  KEDA's chart mounts its kedaorg-certs Secret) and cert rotation off.
+  KEDA's chart mounts its kedaorg-certs Secret) and cert rotation off; as root, in a mount
+  namespace where Services' cluster DNS names resolve (cluster/service_hosts.py), so that an
+  external-push trigger reaches a model's holder by name.
 - KEDA's adapter, an aggregated API server for ``external.metrics.k8s.io`` on the bridge's
   address: the API server reaches it through a Service without a selector and an
   EndpointSlice that names that address (--enable-aggregator-routing), as KEDA's chart
@@ -20,7 +22,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -102,6 +107,23 @@ class Autoscaling:
         missing = [n for n in ("prometheus", "keda", "keda-adapter") if not (self.bins / n).exists()]
         return f"not built: {missing} (cluster/build.sh builds them)" if missing else None
 
+    def _with_service_names(self, pids: dict[str, int]) -> list[str]:
+        """The command prefix that runs KEDA where Services' cluster DNS names resolve, as in a
+        cluster: a mount namespace of its own with cluster/service_hosts.py's file over /etc/hosts.
+        KEDA's external-push trigger reaches a model's holder by such a name. Needs root (a mount);
+        without it, KEDA runs as it is and only that trigger cannot connect."""
+        if os.geteuid() != 0 or not shutil.which("unshare"):
+            return []
+        hosts = self.state / "service-hosts"
+        hosts.write_text(Path("/etc/hosts").read_text())
+        self._start_process(
+            "service-hosts",
+            [sys.executable, str(Path(__file__).with_name("service_hosts.py")), "--kubeconfig", str(self.kubeconfig), "--out", str(hosts)],
+            pids,
+        )
+        mount = 'mount --bind "$0" /etc/hosts && exec "$@"'
+        return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", mount, str(hosts)]
+
     def start(self, pids: dict[str, int], deadline: float, sign) -> None:
         self.state.mkdir(parents=True, exist_ok=True)
         kubeconfig = self.kubeconfig
@@ -127,6 +149,7 @@ class Autoscaling:
         self._start_process(
             "keda",
             [
+                *self._with_service_names(pids),
                 str(self.bins / "keda"), "--cert-dir", str(certs), "--enable-cert-rotation=false",
                 "--enable-webhook-patching=false", "--enable-apiservice-patching=false", "--leader-elect=false",
                 "--metrics-service-bind-address", f"127.0.0.1:{grpc}", "--health-probe-bind-address", f"127.0.0.1:{probes}",
