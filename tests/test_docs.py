@@ -152,14 +152,23 @@ def test_the_scaled_object_in_the_autoscaling_page_is_what_render_prints():
     from test_cli import run_cli
 
     shown = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", (ROOT / "docs" / "autoscaling.md").read_text(), re.S)]
-    [documented] = [d for d in shown if d.get("kind") == "ScaledObject"]
+    [documented] = [d for d in shown if isinstance(d, dict) and d.get("kind") == "ScaledObject"]
     spec = make_spec(**{"serving.batching": {"maxBatchSize": 4}, "processesPerReplica": 2, "autoscaling": {"maxReplicas": 3}})
-    model = make_model("my-model", "my-namespace", spec)
-    code, out, err = run_cli("render", "--prometheus-address", "http://prometheus.monitoring:9090", "-", stdin=yaml.safe_dump(model))
-    assert code == 0, err
-    rendered = list(yaml.safe_load_all(out))[-1]
+
+    def scaled_object(spec: dict) -> dict:
+        model = make_model("my-model", "my-namespace", spec)
+        code, out, err = run_cli("render", "--prometheus-address", "http://prometheus.monitoring:9090", "-", stdin=yaml.safe_dump(model))
+        assert code == 0, err
+        return next(o for o in yaml.safe_load_all(out) if o["kind"] == "ScaledObject")
+
+    rendered = scaled_object(spec)
     assert rendered["metadata"]["name"] == documented["metadata"]["name"]
     assert rendered["spec"] == documented["spec"]
+    # The trigger the page shows for a model that scales to zero is the one render adds.
+    [push] = [d for d in shown if isinstance(d, list)]
+    zero = make_spec(**{"serving.batching": {"maxBatchSize": 4}, "processesPerReplica": 2, "compile.image": "example.com/c:1",
+                        "autoscaling": {"minReplicas": 0, "maxReplicas": 3}})  # fmt: skip
+    assert scaled_object(zero)["spec"]["triggers"][1:] == push
 
 
 def test_a_yaml_block_labelled_as_a_file_is_that_file():

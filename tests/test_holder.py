@@ -22,11 +22,12 @@ from test_frontend_limits import _wait_for
 
 
 class Holder:
-    def __init__(self, hold_seconds: float = 30, max_held: int = 50):
-        self.port, self.upstream = free_port(), free_port()
+    def __init__(self, hold_seconds: float = 30, max_held: int = 50, scaler: bool = False):
+        self.port, self.upstream, self.scaler = free_port(), free_port(), free_port()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "inferentia_operator", "hold", "--host", "127.0.0.1", "--upstream", "127.0.0.1",
-             "--ports", f"{self.port}:{self.upstream}", "--hold-seconds", str(hold_seconds), "--max-held", str(max_held)],
+             "--ports", f"{self.port}:{self.upstream}", "--hold-seconds", str(hold_seconds), "--max-held", str(max_held),
+             *(["--scaler-port", str(self.scaler), "--target", "2"] if scaler else [])],
             stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         _wait_for(f"http://127.0.0.1:{self.port}/healthz", self.proc)
@@ -131,3 +132,94 @@ def test_the_upstream_service_is_found_by_the_kubelets_variable_else_by_name():
     environ = {"LLAMA_8B_REPLICAS_SERVICE_HOST": "10.96.4.2", "OTHER_SERVICE_HOST": "10.96.0.1"}
     assert upstream_host("llama-8b-replicas", environ) == "10.96.4.2"
     assert upstream_host("bert-replicas", environ) == "bert-replicas"  # enableServiceLinks off: cluster DNS
+
+
+# -- KEDA's external scaler API (issue 41): demand pushed, not scraped ------------------------------
+# A client of externalscaler.ExternalScaler as KEDA's external-push scaler calls it
+# (github.com/kedacore/keda, pkg/scalers/external_scaler.go), over the wire format of its proto.
+
+
+def scaler_call(port: int, method: str, request: bytes, stream: bool = False, timeout: float = 5):
+    import grpc
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    path = f"/externalscaler.ExternalScaler/{method}"
+    call = channel.unary_stream(path) if stream else channel.unary_unary(path)
+    return channel, call(request, timeout=timeout)
+
+
+def test_the_holder_pushes_activation_to_keda_the_moment_a_request_is_held():
+    from inferentia_operator.batching import scaler as proto
+
+    h = Holder(scaler=True)
+    try:
+        _wait_for(f"http://127.0.0.1:{h.port}/healthz", h.proc)
+        ref = proto.ScaledObjectRef(name="m", namespace="ns").SerializeToString()
+        channel, spec = scaler_call(h.scaler, "GetMetricSpec", ref)
+        [metric] = proto.GetMetricSpecResponse.FromString(spec).metricSpecs
+        assert (metric.metricName, metric.targetSizeFloat, metric.targetSize) == ("held-requests", 2.0, 2)
+        channel.close()
+        channel, active = scaler_call(h.scaler, "IsActive", ref)
+        assert proto.IsActiveResponse.FromString(active).result is False
+        channel.close()
+
+        channel, stream = scaler_call(h.scaler, "StreamIsActive", ref, stream=True, timeout=30)
+        first = proto.IsActiveResponse.FromString(next(stream))
+        assert first.result is False  # the state at once, as KEDA's stream expects
+        answers: list = []
+        sent = time.monotonic()
+        threading.Thread(target=lambda: answers.append(h.post([1])), daemon=True).start()
+        pushed = proto.IsActiveResponse.FromString(next(stream))
+        took = time.monotonic() - sent
+        assert pushed.result is True and took < 5, took
+        request = proto.GetMetricsRequest(scaledObjectRef=proto.ScaledObjectRef(name="m", namespace="ns"), metricName="held-requests")
+        metrics_channel, values = scaler_call(h.scaler, "GetMetrics", request.SerializeToString())
+        [value] = proto.GetMetricsResponse.FromString(values).metricValues
+        assert (value.metricName, value.metricValueFloat) == ("held-requests", 1.0)
+        metrics_channel.close()
+        # The replica comes: the held request is answered, and the demand goes.
+        h.start_model()
+        assert proto.IsActiveResponse.FromString(next(stream)).result is False
+        _wait_for_true(lambda: answers and answers[0][0] == 200)
+        channel.close()
+    finally:
+        assert "Traceback" not in h.stop()
+
+
+def _wait_for_true(check, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_the_external_scaler_bounds_what_a_client_may_cost():
+    """Anyone in the cluster can reach the port: a request too large, or more open streams than
+    KEDA needs, is refused by itself; the holder goes on."""
+    import grpc
+
+    from inferentia_operator.batching import scaler as proto
+
+    h = Holder(scaler=True)
+    try:
+        with pytest.raises(grpc.RpcError) as too_big:
+            scaler_call(h.scaler, "IsActive", b"\x0a" + b"\xff\xff\x03" + b"x" * 70000)
+        assert too_big.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        ref = proto.ScaledObjectRef(name="m", namespace="ns").SerializeToString()
+        streams = [scaler_call(h.scaler, "StreamIsActive", ref, stream=True, timeout=30) for _ in range(proto.MAX_STREAMS)]
+        for _, s in streams:
+            next(s)
+        extra_channel, extra = scaler_call(h.scaler, "StreamIsActive", ref, stream=True)
+        with pytest.raises(grpc.RpcError) as refused:
+            next(extra)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        extra_channel.close()
+        for c, _ in streams:
+            c.close()
+        channel, active = scaler_call(h.scaler, "IsActive", ref)
+        assert proto.IsActiveResponse.FromString(active).result is False
+        channel.close()
+        with urllib.request.urlopen(f"http://127.0.0.1:{h.port}/healthz", timeout=5) as alive:
+            assert alive.status == 200
+    finally:
+        assert "Traceback" not in h.stop()

@@ -2,9 +2,12 @@
 holder (which waits for that Service), and the replicas the Deployment runs."""
 
 from inferentia_operator.core import children
+from inferentia_operator.core.autoscaling import Prometheus
 from inferentia_operator.core.parts.scale_to_zero import scale_to_zero_part
 from inferentia_operator.core.parts.scaling import ScalingPart
 from test_decide import Observed, built, live, model_body
+
+PROMETHEUS = Prometheus(address="http://prometheus.monitoring:9090")
 
 ZERO = {
     "serving.batching": {"maxBatchSize": 4}, "compile.image": "example.com/c:1",
@@ -22,10 +25,12 @@ def test_the_holder_waits_for_the_replicas_service_it_forwards_to():
     body = model_body(**ZERO)
     m = built(body)
     part = scale_to_zero_part(m, Observed(body), ScalingPart(replicas=1, scaled=True))
-    assert [(c["kind"], c["metadata"]["name"]) for c in part.children] == [("Service", "m-replicas"), ("Deployment", "m-holder")]
-    assert [c["metadata"]["name"] for c in part.to_write()] == ["m-replicas"]
+    assert [(c["kind"], c["metadata"]["name"]) for c in part.children] == [
+        ("Service", "m-replicas"), ("Deployment", "m-holder"), ("Service", "m-holder")]  # fmt: skip
+    assert [(c["kind"], c["metadata"]["name"]) for c in part.to_write()] == [("Service", "m-replicas"), ("Service", "m-holder")]
     seen = scale_to_zero_part(m, Observed(body, others=[live(children.replicas_service(m))]), ScalingPart(replicas=1, scaled=True))
-    assert [c["metadata"]["name"] for c in seen.to_write()] == ["m-replicas", "m-holder"]
+    assert [(c["kind"], c["metadata"]["name"]) for c in seen.to_write()] == [
+        ("Service", "m-replicas"), ("Deployment", "m-holder"), ("Service", "m-holder")]  # fmt: skip
 
 
 def test_at_zero_without_an_available_holder_a_replica_stays():
@@ -33,3 +38,36 @@ def test_at_zero_without_an_available_holder_a_replica_stays():
     m = built(body)
     part = scale_to_zero_part(m, Observed(body), ScalingPart(replicas=0, scaled=True))
     assert part.replicas == 1 and not part.to_holder
+
+
+def test_demand_reaches_keda_through_the_holders_external_scaler_not_only_a_scrape():
+    """Issue 41: the holder serves KEDA's external scaler API on its own port, behind the Service
+    <model>-holder, and the ScaledObject pushes activation from it (external-push), beside the
+    Prometheus trigger that scales between one and the maximum."""
+    body = model_body(**ZERO)
+    m = built(body)
+    part = scale_to_zero_part(m, Observed(body, others=[live(children.replicas_service(m))]), ScalingPart(replicas=1, scaled=True))
+    kinds = [(c["kind"], c["metadata"]["name"]) for c in part.children]
+    assert kinds == [("Service", "m-replicas"), ("Deployment", "m-holder"), ("Service", "m-holder")]
+    port = children.holder_scaler_port(m)
+    [service] = [c for c in part.children if c["metadata"]["name"] == "m-holder" and c["kind"] == "Service"]
+    assert service["spec"]["selector"] == children.holder_selector(m)
+    assert service["spec"]["ports"] == [{"name": "scaler", "port": port, "targetPort": "scaler", "protocol": "TCP"}]
+    [holder] = [c for c in part.children if c["kind"] == "Deployment"]
+    [container] = holder["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert args[args.index("--scaler-port") + 1] == str(port) and args[args.index("--target") + 1] == "4"
+    assert {"name": "scaler", "containerPort": port, "protocol": "TCP"} in container["ports"]
+    # Not one of the ports the holder answers the model's requests on.
+    assert port not in [p["containerPort"] for p in container["ports"] if p["name"] != "scaler"]
+
+    scaled = children.scaled_object(m, PROMETHEUS)
+    push = [t for t in scaled["spec"]["triggers"] if t["type"] == "external-push"]
+    assert push == [{"type": "external-push", "name": "held-requests", "metricType": "AverageValue",
+                     "metadata": {"scalerAddress": f"m-holder.{m.namespace}.svc:{port}"}}]  # fmt: skip
+    assert [t["type"] for t in scaled["spec"]["triggers"]] == ["prometheus", "external-push"]
+
+
+def test_a_model_that_keeps_a_replica_has_no_pushed_activation():
+    body = model_body(**{**ZERO, "autoscaling": {"minReplicas": 1, "maxReplicas": 3}})
+    assert [t["type"] for t in children.scaled_object(built(body), PROMETHEUS)["spec"]["triggers"]] == ["prometheus"]

@@ -12,12 +12,12 @@ import pytest
 import yaml
 
 from inferentia_operator import cli, fetch, manifests
-from inferentia_operator.batching import limits
+from inferentia_operator.batching import limits, scaler
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "security.md"
 SERVE = ROOT / "operator" / "inferentia_operator" / "programs" / "neuron_serve.py"
-UNITS = {"s": 1, "MiB": 2**20, "GiB": 2**30, "bytes": 1, "": 1}
+UNITS = {"s": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "bytes": 1, "": 1}
 
 
 def serve_defaults() -> dict[str, float]:
@@ -59,6 +59,9 @@ def in_code(reference: str) -> float:
         "MAX_NODES": manifests.MAX_NODES,
         "MAX_EXPANDED_NODES": manifests.MAX_EXPANDED_NODES,
         "MAX_HTTPS_BYTES": fetch.MAX_HTTPS_BYTES,
+        "scaler.MAX_MESSAGE": scaler.MAX_MESSAGE,
+        "scaler.MAX_STREAMS": scaler.MAX_STREAMS,
+        "scaler.MAX_CALLS": scaler.MAX_CALLS,
     }
     if reference.startswith("hold --"):
         return hold_default(reference.removeprefix("hold "))

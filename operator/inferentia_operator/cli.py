@@ -221,7 +221,7 @@ def cmd_hold(args: argparse.Namespace) -> int:
     from .batching.holder import serve, upstream_host  # aiohttp loads only for this command
 
     upstream = args.upstream or upstream_host(args.upstream_service, os.environ)
-    serve(upstream, args.ports, args.hold_seconds, args.max_held, _limits(args), args.host)
+    serve(upstream, args.ports, args.hold_seconds, args.max_held, _limits(args), args.host, args.scaler_port, args.target)
     return EXIT_OK
 
 
@@ -364,6 +364,12 @@ def parser() -> argparse.ArgumentParser:
     h.add_argument("--host", default="0.0.0.0", help="address to listen on")
     h.add_argument("--hold-seconds", type=float, default=300.0, help="a request no replica answered within this long gets 503")
     h.add_argument("--max-held", type=int, default=1024, help="requests held at once; more are answered 503")
+    h.add_argument(
+        "--scaler-port", type=int,
+        help="serve KEDA's external scaler API (externalscaler.ExternalScaler) on this port: the model's ScaledObject "
+        "learns of a held request at once (its external-push trigger)",
+    )  # fmt: skip
+    h.add_argument("--target", type=int, default=1, help="held requests a replica is for (the external scaler's metric target)")
     _limit_arguments(h)
     h.set_defaults(func=cmd_hold)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import time
 import urllib.request
 from pathlib import Path
@@ -48,6 +49,16 @@ def zero_spec(cluster, namespace: str) -> dict:
         "holdSeconds": 240,
     }
     return doc["spec"]
+
+
+def holder_gauge(cluster, namespace: str, model: str, name: str) -> float:
+    """A gauge of the model's holder, from its /metrics at the pod's address (as Prometheus reads it)."""
+    [pod] = cluster.get("pods", "-n", namespace, "-l", f"inferentia.dev/model={model},app.kubernetes.io/component=holder")["items"]
+    port = pod["metadata"]["annotations"]["prometheus.io/port"]
+    with urllib.request.urlopen(f"http://{pod['status']['podIP']}:{port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    found = re.search(rf"^{name} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
 
 
 def ask(url: str, prompt: str) -> str:
@@ -105,6 +116,12 @@ def test_a_model_at_zero_holds_its_first_request_answers_it_and_goes_back_to_zer
     assert model()["status"]["pods"] == {"pending": 0, "fetching": 0, "loading": 0, "ready": 0}
     svc = cluster.get("service", "zero", "-n", ns)
     assert svc["spec"]["selector"]["app.kubernetes.io/component"] == "holder", svc["spec"]["selector"]
+
+    # KEDA holds a StreamIsActive open on the holder's external scaler (the ScaledObject's
+    # external-push trigger): the held request below reaches KEDA at once, not after a scrape.
+    wait_for(lambda: holder_gauge(cluster, ns, "zero", "inferentia_hold_scaler_streams") >= 1, 90, "KEDA's stream to the holder")
+    triggers = [t["type"] for t in cluster.get("scaledobject", "zero", "-n", ns)["spec"]["triggers"]]
+    assert triggers == ["prometheus", "external-push"], triggers
 
     # A request at zero: held, not refused, and answered by the replica it starts.
     url = f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}/v1/completions"

@@ -24,9 +24,11 @@ import time
 from collections.abc import Mapping
 
 import aiohttp
+import grpc
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from . import scaler
 from .frontend import LimitedSite, _MalformedRequests, until_signalled
 from .intake import Charge, Refusal, read_body, stall
 from .limits import DEFAULT_LIMITS, Budget, Limits
@@ -82,6 +84,9 @@ class Metrics:
             "inferentia_hold_rejected", "Requests answered without reaching a replica, by status code.", ["code"], registry=r
         )
         self.connections = Gauge("inferentia_hold_connections", "Open client connections.", registry=r)
+        self.scaler_streams = Gauge(
+            "inferentia_hold_scaler_streams", "Open StreamIsActive calls of KEDA's external scaler API.", registry=r
+        )
 
 
 class Holder:
@@ -95,6 +100,23 @@ class Holder:
         self._session: aiohttp.ClientSession | None = None
         self._up: dict[int, asyncio.Event] = {}  # per upstream port: set once it accepts a connection
         self._probes: dict[int, asyncio.Task[None]] = {}
+        self._changed: asyncio.Event | None = None  # set at the next change of the held count
+
+    def held(self) -> int:
+        """Requests in the holder now: held, or being forwarded."""
+        return self._waiting
+
+    def changed(self) -> asyncio.Event:
+        """An event set when the number of held requests next changes (the external scaler waits on it)."""
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
+
+    def _count(self, step: int) -> None:
+        self._waiting += step
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
 
     def app(self, upstream_port: int) -> web.Application:
         app = web.Application(client_max_size=self.limits.max_body)
@@ -142,7 +164,7 @@ class Holder:
             answer.force_close()
             return answer
         charge = Charge(self.budget)
-        self._waiting += 1
+        self._count(+1)
         try:
             return await self._forward(request, charge)
         except Refusal as refusal:
@@ -155,7 +177,7 @@ class Holder:
             log.warning("request failed in the holder: %s: %s", type(exc).__name__, exc)
             return self._refuse(500, f"the holder failed on this request: {type(exc).__name__}")
         finally:
-            self._waiting -= 1
+            self._count(-1)
             charge.release()
 
     async def _forward(self, request: web.Request, charge: Charge) -> web.StreamResponse:
@@ -223,11 +245,23 @@ class Holder:
                 await asyncio.sleep(PROBE_SECONDS)
 
 
-async def run(holder: Holder, host: str, ports: list[tuple[int, int]], stop: asyncio.Event | None = None) -> None:
-    """One site per port of the model's Service, (listen, upstream): each forwards to its upstream port."""
+async def run(
+    holder: Holder,
+    host: str,
+    ports: list[tuple[int, int]],
+    stop: asyncio.Event | None = None,
+    scaler_port: int | None = None,
+    target: int = 1,
+) -> None:
+    """One site per port of the model's Service, (listen, upstream): each forwards to its upstream
+    port; with ``scaler_port``, KEDA's external scaler API on it (:mod:`.scaler`)."""
     runners = []
     logging.getLogger("aiohttp.server").addFilter(_MalformedRequests(holder.metrics.rejected))
+    external: grpc.aio.Server | None = None
     try:
+        if scaler_port is not None:
+            demand = scaler.Demand(holder.held, holder.changed)
+            external = await scaler.start(scaler.ExternalScaler(demand, target, holder.metrics.scaler_streams.set), host, scaler_port)
         for port, upstream_port in ports:
             runner = web.AppRunner(
                 holder.app(upstream_port), access_log=None, keepalive_timeout=holder.limits.header_timeout, lingering_time=1.0
@@ -239,6 +273,8 @@ async def run(holder: Holder, host: str, ports: list[tuple[int, int]], stop: asy
         holder.metrics.connections.set_function(lambda: sum(len(r.server.connections) for r in runners if r.server is not None))
         await (stop or asyncio.Event()).wait()
     finally:
+        if external is not None:
+            await external.stop(grace=1)
         for runner in runners:
             await runner.cleanup()
 
@@ -250,6 +286,8 @@ def serve(
     max_held: int,
     limits: Limits = DEFAULT_LIMITS,
     host: str = "0.0.0.0",
+    scaler_port: int | None = None,
+    target: int = 1,
 ) -> None:
     holder = Holder(upstream_host, hold_seconds, max_held, limits)
-    until_signalled(lambda stop: run(holder, host, ports, stop))
+    until_signalled(lambda stop: run(holder, host, ports, stop, scaler_port, target))

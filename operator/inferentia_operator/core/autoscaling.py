@@ -101,11 +101,20 @@ def in_flight_query(spec: api.InferentiaModelSpec, namespace: str, name: str, pr
 
 
 def scaled_object(
-    spec: api.InferentiaModelSpec, namespace: str, name: str, metadata: dict[str, Any], prometheus: Prometheus, has_artefact: bool = True
+    spec: api.InferentiaModelSpec,
+    namespace: str,
+    name: str,
+    metadata: dict[str, Any],
+    prometheus: Prometheus,
+    has_artefact: bool = True,
+    push_address: str | None = None,
 ) -> dict[str, Any]:
-    """The ScaledObject (https://keda.sh/docs/latest/reference/scaledobject-spec/) with one
-    Prometheus trigger (https://keda.sh/docs/latest/scalers/prometheus/). ``metadata``:
-    the child's name, labels and owner reference, as for every other child."""
+    """The ScaledObject (https://keda.sh/docs/latest/reference/scaledobject-spec/) with a
+    Prometheus trigger (https://keda.sh/docs/latest/scalers/prometheus/) and, with
+    ``push_address``, an external-push trigger on the holder's external scaler
+    (https://keda.sh/docs/latest/scalers/external-push/): the requests it holds reach KEDA the
+    moment they arrive, where the Prometheus trigger sees them only after a scrape and a poll.
+    ``metadata``: the child's name, labels and owner reference, as for every other child."""
     a = spec.autoscaling
     assert a is not None
     # To and from zero KEDA acts itself: it polls the trigger every pollingInterval, starts a
@@ -144,7 +153,19 @@ def scaled_object(
                         if prometheus.authentication
                         else {}
                     ),
-                }
+                },
+                *(
+                    [
+                        {
+                            "type": "external-push",
+                            "name": "held-requests",
+                            "metricType": "AverageValue",
+                            "metadata": {"scalerAddress": push_address},
+                        }
+                    ]
+                    if push_address
+                    else []
+                ),
             ],
         },
     }

@@ -26,7 +26,7 @@ from inferentia_operator.programs import source as program_source
 
 from . import api
 from .api import InferentiaModelSpec, Plan
-from .autoscaling import Prometheus, desired_replicas
+from .autoscaling import Prometheus, desired_replicas, scales_to_zero, target_in_flight
 from .autoscaling import scaled_object as autoscaling_object
 from .catalogue import DRA_CONFIG_API_VERSION, DRA_DRIVER, DRA_GROUP_ATTRIBUTE, FAMILIES, GIB, INSTANCE_TYPE_LABEL, NEURON_TAINT_KEY
 from .findings import Finding
@@ -981,10 +981,12 @@ def serving_deployment(model: Model, replicas: int | None = None) -> dict[str, A
 
 
 def scaled_object(model: Model, prometheus: Prometheus, has_artefact: bool = True) -> dict[str, Any]:
-    """The KEDA ScaledObject of a model with spec.autoscaling (:mod:`autoscaling`)."""
+    """The KEDA ScaledObject of a model with spec.autoscaling (:mod:`autoscaling`); a model
+    that scales to zero also has its holder's external scaler as a push trigger."""
     return autoscaling_object(
-        model.spec, model.namespace, model.name, _metadata(model, model.name, "autoscaling"), prometheus, has_artefact
-    )
+        model.spec, model.namespace, model.name, _metadata(model, model.name, "autoscaling"), prometheus, has_artefact,
+        push_address=holder_scaler_address(model) if scales_to_zero(model.spec) else None,
+    )  # fmt: skip
 
 
 def _service_ports(model: Model) -> list[dict[str, Any]]:
@@ -1017,6 +1019,36 @@ REPLICAS_SUFFIX = "-replicas"
 
 def holder_selector(model: Model) -> dict[str, str]:
     return {MODEL_LABEL: model.name, COMPONENT_LABEL: "holder"}
+
+
+# The holder's port for KEDA's external scaler API (gRPC's customary port), or the first above it
+# that none of the model's serving ports takes.
+SCALER_PORT = 50051
+
+
+def holder_scaler_port(model: Model) -> int:
+    taken = {p["port"] for p in _service_ports(model)}
+    return next(port for port in range(SCALER_PORT, SCALER_PORT + len(taken) + 1) if port not in taken)
+
+
+def holder_service(model: Model) -> dict[str, Any]:
+    """The holder's external scaler API, for the ScaledObject's external-push trigger."""
+    port = holder_scaler_port(model)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(model, model.name + HOLDER_SUFFIX, "holder"),
+        "spec": {
+            "selector": holder_selector(model),
+            "ports": [{"name": "scaler", "port": port, "targetPort": "scaler", "protocol": "TCP"}],
+        },
+    }
+
+
+def holder_scaler_address(model: Model) -> str:
+    """The holder Service's name in the cluster's DNS, from any namespace (``<service>.<namespace>.svc``
+    resolves through the search path every pod gets, whatever the cluster domain)."""
+    return f"{model.name}{HOLDER_SUFFIX}.{model.namespace}.svc:{holder_scaler_port(model)}"
 
 
 def replicas_service(model: Model) -> dict[str, Any]:
@@ -1056,9 +1088,17 @@ def holder_deployment(model: Model) -> dict[str, Any]:
             str(a.hold_seconds),
             "--max-held",
             str(a.max_held_requests),
+            # KEDA's external scaler API: a held request reaches KEDA at once (issue 41).
+            "--scaler-port",
+            str(holder_scaler_port(model)),
+            "--target",
+            str(target_in_flight(model.spec)),
         ],  # fmt: skip
         # The Service's target port names, so that it reaches the holder as it reaches a replica.
-        "ports": [{"name": p["targetPort"], "containerPort": p["port"], "protocol": "TCP"} for p in ports],
+        "ports": [
+            *({"name": p["targetPort"], "containerPort": p["port"], "protocol": "TCP"} for p in ports),
+            {"name": "scaler", "containerPort": holder_scaler_port(model), "protocol": "TCP"},
+        ],
         "resources": BATCHER_RESOURCES,
         **_own_server_probes(ports[0]["targetPort"]),
         "securityContext": CONTAINER_SECURITY,

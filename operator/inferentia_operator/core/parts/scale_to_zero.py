@@ -59,4 +59,6 @@ def scale_to_zero_part(model: Model, observed: Observed, scaling: ScalingPart) -
     replicas = scaling.replicas
     if replicas == 0 and not (to_holder and at_holder):
         replicas = max(Obj(deployment).spec.get("replicas") or 0, 1)
-    return ScaleToZeroPart((replicas_service, holder), held, replicas=replicas, to_holder=to_holder)
+    # The holder's external scaler, which the ScaledObject's external-push trigger connects to.
+    scaler_service = children.holder_service(model)
+    return ScaleToZeroPart((replicas_service, holder, scaler_service), held, replicas=replicas, to_holder=to_holder)
