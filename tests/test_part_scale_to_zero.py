@@ -71,3 +71,20 @@ def test_demand_reaches_keda_through_the_holders_external_scaler_not_only_a_scra
 def test_a_model_that_keeps_a_replica_has_no_pushed_activation():
     body = model_body(**{**ZERO, "autoscaling": {"minReplicas": 1, "maxReplicas": 3}})
     assert [t["type"] for t in children.scaled_object(built(body), PROMETHEUS)["spec"]["triggers"]] == ["prometheus"]
+
+
+def test_without_pushed_activation_the_scaled_object_reads_prometheus_alone():
+    """run --no-push-activation (chart autoscaling.pushActivation: false): for clusters where KEDA
+    cannot reach a holder (a NetworkPolicy, say), whose trigger would fail and keep the model from zero."""
+    from dataclasses import replace
+
+    from inferentia_operator.core.parts.scaling import scaling_part
+    from inferentia_operator.core.settings import Settings
+
+    body = model_body(**ZERO)
+    m = built(body)
+    on = scaling_part(m, Observed(body), Settings(prometheus=PROMETHEUS), has_artefact=True)
+    off = scaling_part(m, Observed(body), replace(Settings(prometheus=PROMETHEUS), push_activation=False), has_artefact=True)
+    [(on_body,)], [(off_body,)] = [on.children], [off.children]
+    assert [t["type"] for t in on_body["spec"]["triggers"]] == ["prometheus", "external-push"]
+    assert [t["type"] for t in off_body["spec"]["triggers"]] == ["prometheus"]

@@ -287,6 +287,11 @@ def _prometheus_arguments(p: argparse.ArgumentParser) -> None:
         "--prometheus-aws-region", default=d.aws_region, metavar="REGION",
         help="Amazon Managed Prometheus: the region KEDA signs its queries for (SigV4), with an aws podIdentity authentication",
     )  # fmt: skip
+    p.add_argument(
+        "--no-push-activation", dest="push_activation", action="store_false",
+        help="leave out the external-push trigger through which a scaled-to-zero model's holder tells KEDA of a held "
+        "request at once (for clusters where KEDA cannot reach the holder's port 50051); KEDA then sees it at its next poll",
+    )  # fmt: skip
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -296,8 +301,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         args.prometheus_authentication, args.prometheus_authentication_kind, args.prometheus_aws_region,
     )  # fmt: skip
     return Settings(
-        operator_image=args.operator_image, prometheus=prometheus, allocation=args.allocation, scheduler_name=args.scheduler_name
-    )
+        operator_image=args.operator_image, prometheus=prometheus, allocation=args.allocation, scheduler_name=args.scheduler_name,
+        push_activation=args.push_activation,
+    )  # fmt: skip
 
 
 def parser() -> argparse.ArgumentParser:

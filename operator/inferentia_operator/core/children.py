@@ -980,12 +980,12 @@ def serving_deployment(model: Model, replicas: int | None = None) -> dict[str, A
     }
 
 
-def scaled_object(model: Model, prometheus: Prometheus, has_artefact: bool = True) -> dict[str, Any]:
-    """The KEDA ScaledObject of a model with spec.autoscaling (:mod:`autoscaling`); a model
-    that scales to zero also has its holder's external scaler as a push trigger."""
+def scaled_object(model: Model, prometheus: Prometheus, has_artefact: bool = True, push: bool = True) -> dict[str, Any]:
+    """The KEDA ScaledObject of a model with spec.autoscaling (:mod:`autoscaling`); with ``push``,
+    a model that scales to zero also has its holder's external scaler as a push trigger."""
     return autoscaling_object(
         model.spec, model.namespace, model.name, _metadata(model, model.name, "autoscaling"), prometheus, has_artefact,
-        push_address=holder_scaler_address(model) if scales_to_zero(model.spec) else None,
+        push_address=holder_scaler_address(model) if push and scales_to_zero(model.spec) else None,
     )  # fmt: skip
 
 

@@ -22,6 +22,9 @@ class Settings:
     # --scheduler-name: the scheduler of serving pods that take devices from the device plugin
     # (my-scheduler, beside which the Neuron scheduler extension runs on EKS); "" the default.
     scheduler_name: str = ""
+    # --no-push-activation turns it off: the ScaledObject of a model that scales to zero also
+    # connects to its holder's external scaler, which pushes a held request to KEDA at once.
+    push_activation: bool = True
     # The key that proves which compile records and Jobs the operator made (core/proof.py);
     # `run` adds it once it has read the key Secret.
     prover: Prover = NO_PROVER

@@ -35,7 +35,7 @@ def scaling_part(model: Model, observed: Observed, settings: Settings, has_artef
     facts = ScalingFacts(spec, configured, in_flight_query(spec, model.namespace, model.name, settings.prometheus) if configured else None)
     if not configured:
         return ScalingPart(delete=gone, facts=facts, replicas=desired_replicas(spec, scaled=False, has_artefact=has_artefact))
-    body = children.scaled_object(model, settings.prometheus, has_artefact)
+    body = children.scaled_object(model, settings.prometheus, has_artefact, push=settings.push_activation)
     # While the cluster serves no ScaledObjects (KEDA not installed), none is written.
     held = frozenset() if observed.served(SCALED_OBJECT_KIND) else frozenset({ref(body)})
     replicas = desired_replicas(spec, scaled=ours, has_artefact=has_artefact)
