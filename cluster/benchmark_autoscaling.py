@@ -222,7 +222,7 @@ def zero_models() -> list[dict[str, Any]]:
     """The demo's scale-to-zero model, and the same model never below one replica."""
     doc = yaml.safe_load((localcluster.HERE / "demo-zero.yaml").read_text())
     doc["metadata"] |= {"name": ZERO_MODEL, "namespace": NAMESPACE}
-    doc["spec"]["model"]["uri"] = "s3://bench-zero/llama/"
+    doc["spec"]["compile"]["outputUri"] = "s3://bench-zero/compiled/"
     always = copy.deepcopy(doc)
     always["metadata"]["name"] = ALWAYS_MODEL
     always["spec"]["autoscaling"]["minReplicas"] = 1
@@ -248,9 +248,8 @@ def completion(prompt: str) -> bytes:
     return json.dumps({"model": "bench", "prompt": prompt}).encode()
 
 
-def measure_zero(cluster: localcluster.LocalCluster, cycles: int, gap: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The sparse profile against both models at once, then the warm path of the one that
-    scales to zero; returns the rows of both tables."""
+def prepare_zero(cluster: localcluster.LocalCluster) -> None:
+    """Both zero models Ready, compiled into the local object store."""
     import boto3
 
     endpoint = cluster.object_store()
@@ -261,6 +260,12 @@ def measure_zero(cluster: localcluster.LocalCluster, cycles: int, gap: float) ->
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(store_secret(NAMESPACE, endpoint)))
     for doc in zero_models():
         apply_ready(cluster, doc, autoscaled=True)
+
+
+def measure_zero(cluster: localcluster.LocalCluster, cycles: int, gap: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The sparse profile against both models at once, then the warm path of the one that
+    scales to zero; returns the rows of both tables."""
+    prepare_zero(cluster)
     urls = {name: service_url(cluster, name, "/v1/completions") for name in (ZERO_MODEL, ALWAYS_MODEL)}
     until(lambda: at_zero(cluster, ZERO_MODEL), 300, f"{ZERO_MODEL} to go to zero")
     sampler = Sampler(cluster)
@@ -329,6 +334,72 @@ def warm_path(cluster: localcluster.LocalCluster, rounds: int = 300) -> list[dic
     ]  # fmt: skip
 
 
+PHASES = ("until the pod exists", "scheduled", "fetching", "loading", "answered")
+
+
+def phases(pod: dict[str, Any], sent: float, answered: float) -> dict[str, float]:
+    """A start from zero split where the pod's own record splits it (to the second, as
+    Kubernetes records it): until the pod exists (the demand reaching KEDA, KEDA, the operator,
+    the Deployment), scheduled, its init container's fetch, loading until ready, and the held
+    request forwarded and answered. Wall-clock times: ``sent`` and ``answered`` are time.time()."""
+    import datetime
+
+    def at(stamp: str) -> float:
+        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+    conds = {c["type"]: at(c["lastTransitionTime"]) for c in pod["status"]["conditions"]}
+    marks = [at(pod["metadata"]["creationTimestamp"]), conds["PodScheduled"], conds["Initialized"], conds["Ready"], answered]
+    out, last = {}, sent
+    for name, t in zip(PHASES, marks, strict=True):
+        out[name] = max(t - last, 0.0)
+        last = max(t, last)
+    out["total"] = answered - sent
+    return out
+
+
+def measure_starts(cluster: localcluster.LocalCluster, starts: int) -> list[dict[str, float]]:
+    """``starts`` starts from zero of the model that scales to zero, each split by phase."""
+    url = service_url(cluster, ZERO_MODEL, "/v1/completions")
+    out = []
+    for i in range(starts):
+        until(lambda: at_zero(cluster, ZERO_MODEL), 600, f"{ZERO_MODEL} to go to zero")
+        sent = time.time()
+        _, outcome = send(url, time.monotonic(), i, completion(f"start {i}"), 300)
+        answered = time.time()
+        pods = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", f"{MODEL}={ZERO_MODEL},{SERVING}", "-o", "json"))["items"]
+        if outcome != 200 or len(pods) != 1:
+            raise RuntimeError(f"start {i}: answer {outcome}, {len(pods)} serving pods")
+        out.append(phases(pods[0], sent, answered))
+        print(f"  start {i}: {out[-1]['total']:.1f} s", file=sys.stderr, flush=True)
+    return out
+
+
+def set_scrape_interval(cluster: localcluster.LocalCluster, seconds: int) -> None:
+    """Prometheus scrapes every ``seconds`` from now on (its configuration, reloaded on SIGHUP)."""
+    import os
+    import signal
+
+    path = cluster.state / "autoscaling" / "prometheus.yml"
+    config = yaml.safe_load(path.read_text())
+    config["global"] |= {"scrape_interval": f"{seconds}s", "evaluation_interval": f"{seconds}s"}
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    os.kill(cluster.recorded()["pids"]["prometheus"], signal.SIGHUP)
+    time.sleep(2)
+
+
+def start_table(ways: dict[str, list[dict[str, float]]], scrape: int) -> str:
+    lines = [
+        f"| start from zero, Prometheus scraping every {scrape} s | starts | total p50 | {' | '.join(PHASES)} (p50 each) |",
+        "|---|---|---|" + "---|" * len(PHASES),
+    ]
+    base = statistics.median(r["total"] for r in next(iter(ways.values())))
+    for way, rows in ways.items():
+        total = statistics.median(r["total"] for r in rows)
+        cells = " | ".join(f"{statistics.median(r[name] for r in rows):.0f} s" for name in PHASES)
+        lines.append(f"| {way} | {len(rows)} | {total:.1f} s ({total / base:.2f}x) | {cells} |")
+    return "\n".join(lines)
+
+
 def zero_tables(rows: list[dict[str, Any]], warm: list[dict[str, Any]]) -> str:
     lines = [
         "| way | replica-seconds | of never below one | requests | arrived at zero | request to answer p50 | max | failed |",
@@ -351,8 +422,12 @@ def main() -> int:
     parser.add_argument("--zero-cycles", type=int, default=10, help="requests of the sparse profile, each after the model went to zero")
     parser.add_argument("--zero-gap", type=float, default=60.0, help="seconds between the sparse profile's requests")
     parser.add_argument(
-        "--ways", choices=("all", "fixed", "zero"), default="all", help="fixed: the first three ways only; zero: scale to zero only"
-    )
+        "--ways", choices=("all", "fixed", "zero", "starts"), default="all",
+        help="fixed: the first three ways only; zero: scale to zero only; starts: starts from zero by phase, with and without "
+        "the pushed activation, Prometheus scraping every --scrape-seconds",
+    )  # fmt: skip
+    parser.add_argument("--starts", type=int, default=3, help="starts from zero of each way (--ways starts)")
+    parser.add_argument("--scrape-seconds", type=int, default=30, help="Prometheus's scrape interval for --ways starts")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-autoscaling-") as tmp:
         cluster = localcluster.LocalCluster(Path(tmp) / "cluster", die_with_parent=True, real_node=True)
@@ -365,12 +440,15 @@ def main() -> int:
             cluster.install_crds()
             import subprocess
 
-            operator = subprocess.Popen(
-                [sys.executable, "-m", "inferentia_operator", "run", "--standalone", "--liveness", "", "--metrics-port", "0",
-                 "--resync-seconds", "10", "--prometheus-address", str(cluster.prometheus())],
-                env={"KUBECONFIG": str(cluster.kubeconfig), "PATH": "/usr/bin:/bin"},
-                stdout=open(Path(tmp) / "operator.log", "ab"), stderr=subprocess.STDOUT,
-            )  # fmt: skip
+            def start_operator(*flags: str) -> subprocess.Popen[bytes]:
+                return subprocess.Popen(
+                    [sys.executable, "-m", "inferentia_operator", "run", "--standalone", "--liveness", "", "--metrics-port", "0",
+                     "--resync-seconds", "10", "--prometheus-address", str(cluster.prometheus()), *flags],
+                    env={"KUBECONFIG": str(cluster.kubeconfig), "PATH": "/usr/bin:/bin"},
+                    stdout=open(Path(tmp) / "operator.log", "ab"), stderr=subprocess.STDOUT,
+                )  # fmt: skip
+
+            operator = start_operator()
             namespace: dict[str, Any] = {"apiVersion": "v1", "kind": "Namespace"}
             namespace["metadata"] = {"name": NAMESPACE, "annotations": realnode.REAL_NODE_NAMESPACE_ANNOTATIONS}
             cluster.kubectl("apply", "-f", "-", input=json.dumps(namespace))
@@ -378,16 +456,30 @@ def main() -> int:
             rows: list[dict[str, Any]] = []
             zero: list[dict[str, Any]] = []
             warm: list[dict[str, Any]] = []
+            starts: dict[str, list[dict[str, float]]] = {}
+            if args.ways == "starts":
+                set_scrape_interval(cluster, args.scrape_seconds)
+                prepare_zero(cluster)
+                for way, flags in (
+                    ("KEDA polls Prometheus (--no-push-activation)", ("--no-push-activation",)),
+                    ("pushed by the holder", ()),
+                ):
+                    operator.terminate()
+                    operator.wait(15)
+                    operator = start_operator(*flags)
+                    print(f"{way}: {args.starts} starts from zero", file=sys.stderr, flush=True)
+                    time.sleep(15)  # the operator's first reconcile rewrites the ScaledObject's triggers
+                    starts[way] = measure_starts(cluster, args.starts)
             for way, extra in (
                 ("fixed at peak", {"replicas": PEAK_REPLICAS}),
                 ("fixed at one", {"replicas": 1}),
                 ("autoscaling", {"autoscaling": AUTOSCALING}),
             ):
-                if args.ways == "zero":
+                if args.ways in ("zero", "starts"):
                     break
                 print(f"{way}: {sum(p[1] for p in PROFILE)} s of load, peak {args.peak_rps:g} requests/s", file=sys.stderr, flush=True)
                 rows.append(measure(cluster, way, extra, args.peak_rps))
-            if args.ways != "fixed":
+            if args.ways in ("all", "zero"):
                 print(f"scale to zero: {args.zero_cycles} requests, one every {args.zero_gap:g} s", file=sys.stderr, flush=True)
                 zero, warm = measure_zero(cluster, args.zero_cycles, args.zero_gap)
         finally:
@@ -398,7 +490,10 @@ def main() -> int:
     print(
         f"{time.strftime('%Y-%m-%d')}, python cluster/benchmark_autoscaling.py --peak-rps {args.peak_rps:g}"
         f" --zero-cycles {args.zero_cycles} --zero-gap {args.zero_gap:g} --ways {args.ways}"
+        + (f" --starts {args.starts} --scrape-seconds {args.scrape_seconds}" if starts else "")
     )
+    if starts:
+        print(start_table(starts, args.scrape_seconds))
     if rows:
         print(table(rows))
     if zero:

@@ -5,7 +5,6 @@ goes back to zero. The start never compiles: the model fetches its compiled arte
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import re
@@ -19,6 +18,7 @@ from kit import condition, wait_for
 from test_real_node import apply, granted_cores, process_envs, serving_pods, standin_state, store_client, wait_ready, why_not_ready
 from test_real_scaling import cores
 
+from benchmark_autoscaling import phases
 from samples import make_buckets, run_here, store_secret, token_secret
 
 pytestmark = pytest.mark.usefixtures("operator")
@@ -69,30 +69,6 @@ def ask(url: str, prompt: str) -> str:
         return json.loads(answer.read())["choices"][0]["text"]
 
 
-def phases(pod: dict, sent: float, answered: float) -> str:
-    """The start from zero, split where the pod's own record splits it: until the pod exists
-    (the holder's count reaching Prometheus, KEDA's poll, the operator and the Deployment),
-    scheduled, its init container's fetch of the artefact, loading until ready, and the held
-    request forwarded and answered. Kubernetes records these to the second."""
-
-    def at(stamp: str) -> float:
-        return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-    conds = {c["type"]: at(c["lastTransitionTime"]) for c in pod["status"]["conditions"]}
-    marks = [
-        ("until the pod exists", at(pod["metadata"]["creationTimestamp"])),
-        ("scheduled", conds["PodScheduled"]),
-        ("fetching", conds["Initialized"]),
-        ("loading", conds["Ready"]),
-        ("answered", answered),
-    ]
-    out, last = [], sent
-    for name, t in marks:
-        out.append(f"{name} {max(t - last, 0):.0f} s")
-        last = max(t, last)
-    return f"{answered - sent:.1f} s: " + ", ".join(out)
-
-
 def test_a_model_at_zero_holds_its_first_request_answers_it_and_goes_back_to_zero(real_node, real_namespace, autoscaling_engines):
     cluster, ns = real_node, real_namespace
     apply(cluster, ns, "zero", zero_spec(cluster, ns))
@@ -130,7 +106,8 @@ def test_a_model_at_zero_holds_its_first_request_answers_it_and_goes_back_to_zer
     answered = time.time()
     assert text.endswith("hello"), text
     [pod] = serving_pods(cluster, ns, "zero")
-    print(f"first request at zero: {phases(pod, sent, answered)}")
+    split = phases(pod, sent, answered)
+    print(f"first request at zero: {split.pop('total'):.1f} s: " + ", ".join(f"{k} {v:.0f} s" for k, v in split.items()))
     # Warm: the Service points at the replica again, and the replica fetched, never compiled.
     wait_for(
         lambda: cluster.get("service", "zero", "-n", ns)["spec"]["selector"]["app.kubernetes.io/component"] == "serving",
