@@ -478,3 +478,15 @@ def test_the_alias_budget_is_the_whole_files_not_each_documents(tmp_path):
     assert result.returncode == 2 and f"expand to more than {manifests.MAX_EXPANDED_NODES} nodes in all" in result.stderr.decode()
     assert peak < 400 * 1024 * 1024
     assert run_cli_process("validate", str(tmp_path / "one.yaml")).returncode == 0  # one such document alone is fine: no model in it
+
+
+def test_plan_shows_data_parallel_over_tensor_parallel_with_each_processs_cores():
+    """Issue 42: a vLLM model of several processes is DP x TP, as vLLM Neuron lays out its DP ranks."""
+    code, out, _ = run_cli("plan", "manifests/samples/trn2-lnc2.yaml")
+    assert code == 0
+    header, row = out.splitlines()[:2]
+    cells = dict(zip(header.split(), row.split(), strict=True))
+    assert (cells["GROUPS"], cells["NCG"], cells["DPxTP"], cells["VISIBLE-CORES"]) == ("2", "8", "2x8", "0-7,8-15")
+    code, out, _ = run_cli("plan", "manifests/samples/resnet50-throughput.yaml")
+    header, row = out.splitlines()[:2]
+    assert dict(zip(header.split(), row.split(), strict=True))["DPxTP"] == "-"  # inf1 pipelines, never shards

@@ -110,6 +110,9 @@ def _table(records: list[dict[str, Any]]) -> str:
         ("CORES", lambda r: r["totalCores"]),
         ("GROUPS", lambda r: r["groups"]),
         ("NCG", lambda r: r["groupSize"]),
+        # Data parallel over tensor parallel: independent processes (vLLM's DP ranks), each one
+        # model sharded over its group's cores (its VISIBLE-CORES range).
+        ("DPxTP", lambda r: f"{r['groups']}x{r['tensorParallelSize']}" if r.get("tensorParallelSize") else "-"),
         ("VISIBLE-CORES", lambda r: ",".join(r["visibleCores"])),
         ("DEVICE-MEMORY", _device_memory),
         ("STATIC-WEIGHTS", lambda r: str(r["staticWeights"]).lower()),
