@@ -40,6 +40,7 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -262,6 +263,38 @@ def writes_by_kind(requests: list[dict]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
+def follow_added(list_call: Any, stream_call: Any, namespace: str, added: Any, stop: threading.Event) -> int:
+    """Calls ``added(name)`` once for every object created in ``namespace`` from now until
+    ``stop``, through a watch that survives the server closing it (urllib3's "Response ended
+    prematurely") or expiring its resourceVersion (410): it lists again, reports what the list
+    holds that was not seen, and resumes from the list's resourceVersion, as client-go's
+    reflector does. Returns how many times it had to."""
+    seen: set[str] = set()
+
+    def note(name: str) -> None:
+        if name not in seen:
+            seen.add(name)
+            added(name)
+
+    version = list_call(namespace, limit=1).metadata.resource_version
+    restarts = 0
+    while not stop.is_set():
+        try:
+            for event in stream_call(list_call, namespace, resource_version=version, timeout_seconds=300):
+                version = event["object"].metadata.resource_version
+                if event["type"] == "ADDED":
+                    note(event["object"].metadata.name)
+                if stop.is_set():
+                    return restarts
+        except Exception:  # noqa: BLE001 - a closed or expired watch: list, then watch again
+            restarts += 1
+            listed = list_call(namespace)
+            for item in listed.items:
+                note(item.metadata.name)
+            version = listed.metadata.resource_version
+    return restarts
+
+
 def stream(kube: Kube, rate: int, seconds: int, prefix: str) -> list[float]:
     """Creates ``rate`` models a second; returns each one's create -> Deployment latency.
 
@@ -274,16 +307,17 @@ def stream(kube: Kube, rate: int, seconds: int, prefix: str) -> list[float]:
     created: dict[str, float] = {}
     seen: dict[str, float] = {}
     apps = k8s.AppsV1Api(kube.client)
-    since = apps.list_namespaced_deployment(NAMESPACE, limit=1).metadata.resource_version
-    deployments = k8s_watch.Watch()
+    deployments, stop = k8s_watch.Watch(), threading.Event()
 
-    def watch_deployments():
-        for event in deployments.stream(apps.list_namespaced_deployment, NAMESPACE, resource_version=since, timeout_seconds=900):
-            name = event["object"].metadata.name
-            if event["type"] == "ADDED" and name.startswith(prefix) and name not in seen:
-                seen[name] = time.monotonic()
+    def added(name: str) -> None:
+        if name.startswith(prefix):
+            seen[name] = time.monotonic()
 
-    watcher = threading.Thread(target=watch_deployments, daemon=True)
+    restarts: list[int] = []
+    watcher = threading.Thread(
+        target=lambda: restarts.append(follow_added(apps.list_namespaced_deployment, deployments.stream, NAMESPACE, added, stop)),
+        daemon=True,
+    )
     watcher.start()
     pool = ThreadPoolExecutor(CLIENT_THREADS)
     started = time.monotonic()
@@ -299,7 +333,11 @@ def stream(kube: Kube, rate: int, seconds: int, prefix: str) -> list[float]:
         pool.submit(create)
     pool.shutdown(wait=True)
     wait_until(lambda: all(n in seen for n in created), timeout=300, interval=0.2)
+    stop.set()
     deployments.stop()
+    watcher.join(timeout=10)
+    if restarts and restarts[0]:
+        print(f"  the Deployment watch was closed {restarts[0]} times; listed again and resumed each time", file=sys.stderr)
     return sorted(seen[n] - created[n] for n in created)
 
 
