@@ -40,7 +40,7 @@ def test_every_import_of_the_package_is_a_declared_dependency():
         re.split(r"[<>=\[ ]", r)[0].lower().replace("-", "_")
         for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     }
-    names = {"prometheus_client": "prometheus_client", "yaml": "pyyaml"}
+    names = {"prometheus_client": "prometheus_client", "yaml": "pyyaml", "grpc": "grpcio", "google": "protobuf"}
     imported = set()
     for path in (ROOT / "operator" / "inferentia_operator").rglob("*.py"):
         if "programs" in path.parts:
