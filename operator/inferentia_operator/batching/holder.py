@@ -3,9 +3,10 @@
 A Service with no ready endpoints refuses connections, so a request sent to a model at
 zero replicas would be lost. While the model has no replica, the operator points the
 model's Service at this small CPU-only server instead (``inferentia-operator hold``, run by
-the ``<model>-holder`` Deployment). It accepts each request and holds it, and counts it in
-``inferentia_num_requests_waiting``, the gauge the model's ScaledObject sums: KEDA sees
-demand and scales the model from zero. Once a replica answers on the upstream Service
+the ``<model>-holder`` Deployment). It accepts each request and holds it, tells KEDA at
+once through KEDA's external scaler API (:mod:`.scaler`, the ScaledObject's external-push
+trigger), and counts it in ``inferentia_num_requests_waiting``, the gauge the ScaledObject's
+Prometheus trigger sums: KEDA scales the model from zero. Once a replica answers on the upstream Service
 (``<model>-replicas``, which selects only the serving pods), the holder forwards each held
 request to it and passes the answer back. The operator then points the model's Service at
 the replicas again, so a warm model's requests never pass through here.
