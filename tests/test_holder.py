@@ -5,6 +5,7 @@ replica answers; bounded by the hold and the number held, past which they get 50
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -221,5 +222,35 @@ def test_the_external_scaler_bounds_what_a_client_may_cost():
         channel.close()
         with urllib.request.urlopen(f"http://127.0.0.1:{h.port}/healthz", timeout=5) as alive:
             assert alive.status == 200
+    finally:
+        assert "Traceback" not in h.stop()
+
+
+def holder_counter(h: Holder, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{h.port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    found = re.search(rf"^{name} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_the_holder_asks_for_a_replica_soon_after_a_refusal_and_then_at_a_bounded_rate():
+    """Issue 41: no fixed probe period. The first tries come within tens of milliseconds (a
+    replica that comes up just after a refused try is found at once); a long wait then costs at
+    most one try per PROBE_SECONDS a port, however many requests are held."""
+    from inferentia_operator.batching import holder as module
+
+    h = Holder(hold_seconds=3)
+    try:
+        answers: list = []
+        threads = [threading.Thread(target=lambda i=i: answers.append(h.post([i])), daemon=True) for i in range(5)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        probes = holder_counter(h, "inferentia_hold_probes_total")
+        # 3 s held: the quick tries while the delay doubles, then one per PROBE_SECONDS.
+        doubling = 1 + math.ceil(math.log2(module.PROBE_SECONDS / module.FIRST_PROBE_SECONDS))
+        assert doubling <= probes <= doubling + 3 / module.PROBE_SECONDS + 2, probes
+        assert [a[0] for a in answers] == [503] * 5
     finally:
         assert "Traceback" not in h.stop()

@@ -42,7 +42,11 @@ HOP_BY_HOP = {
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "transfer-encoding",
     "upgrade", "host", "content-length",
 }  # fmt: skip
-# How often a holder with requests waiting asks whether the upstream answers.
+# How soon a holder with requests waiting asks again whether the upstream answers: after
+# FIRST_PROBE_SECONDS, doubling up to PROBE_SECONDS. A replica that comes up just after a
+# refused try is found within tens of milliseconds, and a long wait costs at most one try per
+# PROBE_SECONDS a port (a refused connection to a Service without endpoints: no more).
+FIRST_PROBE_SECONDS = 0.01
 PROBE_SECONDS = 0.2
 # A connection to the upstream Service: immediate when a replica is behind it.
 CONNECT_SECONDS = 1.0
@@ -85,6 +89,7 @@ class Metrics:
             "inferentia_hold_rejected", "Requests answered without reaching a replica, by status code.", ["code"], registry=r
         )
         self.connections = Gauge("inferentia_hold_connections", "Open client connections.", registry=r)
+        self.probes = Counter("inferentia_hold_probes", "Tries to connect to the replicas while requests are held.", registry=r)
         self.scaler_streams = Gauge(
             "inferentia_hold_scaler_streams", "Open StreamIsActive calls of KEDA's external scaler API.", registry=r
         )
@@ -237,13 +242,16 @@ class Holder:
             await asyncio.wait_for(event.wait(), within)
 
     async def _probe(self, port: int, event: asyncio.Event) -> None:
+        delay = FIRST_PROBE_SECONDS
         while not event.is_set() and self._waiting > 0:
+            self.metrics.probes.inc()
             try:
                 _, writer = await asyncio.wait_for(asyncio.open_connection(self.upstream_host, port), CONNECT_SECONDS)
                 writer.close()
                 event.set()
             except (OSError, TimeoutError):
-                await asyncio.sleep(PROBE_SECONDS)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, PROBE_SECONDS)
 
 
 async def run(
