@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from inferentia_operator import cli, fetch, manifests
-from inferentia_operator.batching import limits, scaler
+from inferentia_operator.batching import limits, node_cache, scaler
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "security.md"
@@ -62,6 +62,7 @@ def in_code(reference: str) -> float:
         "scaler.MAX_MESSAGE": scaler.MAX_MESSAGE,
         "scaler.MAX_STREAMS": scaler.MAX_STREAMS,
         "scaler.MAX_CALLS": scaler.MAX_CALLS,
+        "node_cache.MAX_OFFERS": node_cache.MAX_OFFERS,
     }
     if reference.startswith("hold --"):
         return hold_default(reference.removeprefix("hold "))

@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -220,6 +221,13 @@ def _port_pairs(value: str) -> list[tuple[int, int]]:
     return pairs
 
 
+def cmd_node_cache(args: argparse.Namespace) -> int:
+    from .batching.node_cache import serve  # aiohttp loads only for this command
+
+    serve(Path(args.dir), args.max_bytes, args.port, args.host)
+    return EXIT_OK
+
+
 def cmd_hold(args: argparse.Namespace) -> int:
     from .batching.holder import serve, upstream_host  # aiohttp loads only for this command
 
@@ -381,6 +389,15 @@ def parser() -> argparse.ArgumentParser:
     h.add_argument("--target", type=int, default=1, help="held requests a replica is for (the external scaler's metric target)")
     _limit_arguments(h)
     h.set_defaults(func=cmd_hold)
+
+    nc = sub.add_parser(
+        "node-cache", help="keep compiled artefacts' files by SHA-256 for the pods of this node (a DaemonSet; fetch reads through it)"
+    )
+    nc.add_argument("--dir", required=True, help="where the files are kept (the pod's emptyDir)")
+    nc.add_argument("--max-bytes", type=int, required=True, help="the cache's size; the least recently used files go first")
+    nc.add_argument("--port", type=int, default=8080)
+    nc.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    nc.set_defaults(func=cmd_node_cache)
 
     f = sub.add_parser("fetch", help="copy a compiled artefact (or, with --model, a model) into a pod (an init container)")
     f.add_argument(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import urllib.parse
 import urllib.request
@@ -29,6 +30,9 @@ from typing import Any
 MARKER = "_INFERENTIA_COMPLETE"
 # An https:// model larger than this is refused: a URL is for a small model, S3 for the rest.
 MAX_HTTPS_BYTES = 50 * 1024**3
+# The node's cache answers on this node or not at all: its Service routes only to the node's own
+# pod (internalTrafficPolicy: Local), and drops the connection where there is none.
+CACHE_TIMEOUT = 2.0
 
 
 class FetchError(Exception):
@@ -61,6 +65,10 @@ def _digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def _matches(path: Path, expected: dict[str, Any]) -> bool:
+    return bool(path.stat().st_size == expected["size"] and _digest(path) == expected["sha256"])
+
+
 def _safe_target(destination: Path, relative: str) -> Path | None:
     """Where ``relative`` lands under ``destination``; None for a key that would leave it (``..``)."""
     parts = PurePosixPath(relative.lstrip("/")).parts
@@ -76,8 +84,34 @@ def _keys(client: Any, bucket: str, prefix: str) -> list[str]:
     return keys
 
 
-def fetch(uri: str, destination: Path, client: Any = None) -> list[Path]:
-    """A compiled artefact: the files its completion marker names, each checked, into ``destination``."""
+def _from_cache(cache: str, sha256: str, target: Path) -> bool:
+    """The file of ``sha256`` from the node's cache into ``target``, if it holds it (checked below)."""
+    try:
+        with urllib.request.urlopen(f"{cache.rstrip('/')}/blobs/{sha256}", timeout=CACHE_TIMEOUT) as answer, target.open("wb") as out:
+            while block := answer.read(1 << 20):
+                out.write(block)
+        return True
+    except (OSError, ValueError):  # a miss (404), no cache on this node, or a broken answer: the store then
+        return False
+
+
+def _offer(cache: str, sha256: str, path: Path) -> None:
+    """Gives the node's cache a file read from the store; it keeps it only if the bytes hash to
+    ``sha256``. Best effort: a refusal or an absent cache changes nothing for this pod."""
+    try:
+        with path.open("rb") as body:
+            request = urllib.request.Request(
+                f"{cache.rstrip('/')}/blobs/{sha256}", body, {"Content-Length": str(path.stat().st_size)}, method="PUT"
+            )
+            urllib.request.urlopen(request, timeout=CACHE_TIMEOUT).close()
+    except (OSError, ValueError):
+        pass
+
+
+def fetch(uri: str, destination: Path, client: Any = None, cache: str | None = None) -> list[Path]:
+    """A compiled artefact: the files its completion marker names, each checked, into
+    ``destination``; with ``cache`` (the node's cache, INFERENTIA_NODE_CACHE), each file is
+    asked of it first by its SHA-256, and one read from the store is offered back."""
     bucket, prefix = split_s3_uri(uri)
     prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
     client = _client(client)
@@ -93,9 +127,14 @@ def fetch(uri: str, destination: Path, client: Any = None) -> list[Path]:
         if target is None:
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
+        if cache and _from_cache(cache, expected["sha256"], target) and _matches(target, expected):
+            written.append(target)
+            continue
         client.download_file(bucket, prefix + name, str(target))
-        if target.stat().st_size != expected["size"] or _digest(target) != expected["sha256"]:
+        if not _matches(target, expected):
             raise FetchError(f"{uri}{name} does not match its completion marker (size or SHA-256): refusing the artefact")
+        if cache:
+            _offer(cache, expected["sha256"], target)
         written.append(target)
     return written
 
@@ -188,7 +227,7 @@ def _report(action: str, uri: str, run: Any) -> int:
 def main(uri: str, destination: str, model: bool = False) -> int:
     if model:
         return _report("fetch", uri, lambda: fetch_model(uri, Path(destination)))
-    return _report("fetch", uri, lambda: fetch(uri, Path(destination)))
+    return _report("fetch", uri, lambda: fetch(uri, Path(destination), cache=os.environ.get("INFERENTIA_NODE_CACHE")))
 
 
 def upload_main(source: str, uri: str) -> int:

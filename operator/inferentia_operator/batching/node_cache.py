@@ -1,0 +1,157 @@
+"""`inferentia-operator node-cache`: a node's cache of compiled artefacts' files, by SHA-256.
+
+One runs on each node (a DaemonSet; docs/design.md, "A node-local artefact cache"). ``fetch``
+asks the one on its own node for each file of an artefact by the SHA-256 that the artefact's
+completion marker names, checks what it gets, and offers back a file it had to read from the
+store. So only the first replica on a node reads the store.
+
+- ``GET /blobs/<sha256>``: the file, or 404.
+- ``PUT /blobs/<sha256>`` with a Content-Length: stored only if its bytes hash to that name
+  (else 400), written aside and renamed whole, so a partial or wrong file is never served and
+  no client can plant one under another file's hash. 200 if already held (the body is not
+  read), 409 while another offer of it is being written, 413 above the whole cache, 411
+  without a length (room is made before reading), 503 past ``MAX_OFFERS`` at once.
+- Bounded by ``max_bytes``: the least recently used files go first to make room.
+- ``/metrics``: files, bytes, hits, misses, stored and refused offers; ``/healthz``.
+
+A file is handed to whoever knows its hash, and only an artefact's marker holds it: a
+namespace cannot ask for another's files without already knowing what they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import re
+import time
+from pathlib import Path
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from .frontend import until_signalled
+
+log = logging.getLogger(__name__)
+
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+MAX_OFFERS = 4  # offers written at once
+CHUNK = 1 << 20
+
+
+class NodeCache:
+    def __init__(self, directory: Path, max_bytes: int) -> None:
+        self.blobs, self.partial = directory / "blobs", directory / "partial"
+        self.max_bytes = max_bytes
+        self.blobs.mkdir(parents=True, exist_ok=True)
+        self.partial.mkdir(parents=True, exist_ok=True)
+        for stale in self.partial.iterdir():  # offers a stop cut short: never served
+            stale.unlink(missing_ok=True)
+        # sha -> (size, last use), from what an earlier run left whole.
+        self.held: dict[str, tuple[int, float]] = {}
+        for path in self.blobs.iterdir():
+            if SHA256.match(path.name) and path.is_file():
+                self.held[path.name] = (path.stat().st_size, path.stat().st_mtime)
+        self.offers: dict[str, int] = {}  # sha -> bytes reserved while it is written
+        r = self.registry = CollectorRegistry()
+        Gauge("inferentia_node_cache_files", "Files held.", registry=r).set_function(lambda: len(self.held))
+        Gauge("inferentia_node_cache_bytes", "Bytes held.", registry=r).set_function(lambda: self.used)
+        Gauge("inferentia_node_cache_max_bytes", "The cache's size limit.", registry=r).set(max_bytes)
+        self.hits = Counter("inferentia_node_cache_hits", "Files served.", registry=r)
+        self.misses = Counter("inferentia_node_cache_misses", "Files asked for and not held.", registry=r)
+        self.stored = Counter("inferentia_node_cache_stored", "Offers stored.", registry=r)
+        self.refused = Counter("inferentia_node_cache_refused", "Offers refused, by reason.", ["reason"], registry=r)
+
+    @property
+    def used(self) -> int:
+        return sum(size for size, _ in self.held.values())
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/metrics", self.scrape)
+        app.router.add_get("/blobs/{sha}", self.get)
+        app.router.add_put("/blobs/{sha}", self.put)
+        return app
+
+    async def healthz(self, _request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def scrape(self, _request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.registry), content_type="text/plain")
+
+    async def get(self, request: web.Request) -> web.StreamResponse:
+        sha = request.match_info["sha"]
+        if not SHA256.match(sha) or sha not in self.held:
+            self.misses.inc()
+            return web.json_response({"error": "not held"}, status=404)
+        size, _ = self.held[sha]
+        self.held[sha] = (size, time.time())
+        self.hits.inc()
+        # Evicted while being sent, the file stays readable through the open descriptor.
+        return web.FileResponse(self.blobs / sha)
+
+    def _refuse(self, code: int, reason: str, why: str) -> web.Response:
+        self.refused.labels(reason).inc()
+        return web.json_response({"error": why}, status=code)
+
+    def _make_room(self, size: int) -> None:
+        """Evicts the least recently used files until ``size`` more bytes fit."""
+        for sha, _ in sorted(self.held.items(), key=lambda kv: kv[1][1]):
+            if self.used + sum(self.offers.values()) + size <= self.max_bytes:
+                return
+            (self.blobs / sha).unlink(missing_ok=True)
+            del self.held[sha]
+
+    async def put(self, request: web.Request) -> web.Response:
+        sha = request.match_info["sha"]
+        if not SHA256.match(sha):
+            return self._refuse(404, "name", "a file is offered under its SHA-256, 64 hexadecimal digits")
+        if sha in self.held:
+            return web.json_response({"held": True}, status=200)
+        if sha in self.offers:
+            return self._refuse(409, "busy", "that file is being stored already")
+        if len(self.offers) >= MAX_OFFERS:
+            return self._refuse(503, "busy", f"{MAX_OFFERS} offers are being stored already")
+        length = request.content_length
+        if length is None:
+            return self._refuse(411, "length", "an offer needs a Content-Length, to make room before reading it")
+        if length > self.max_bytes:
+            return self._refuse(413, "size", f"{length} bytes is more than the whole cache ({self.max_bytes})")
+        self._make_room(length)
+        self.offers[sha] = length
+        aside = self.partial / f"{sha}.{os.getpid()}"
+        digest, read = hashlib.sha256(), 0
+        try:
+            with aside.open("wb") as out:
+                while block := await request.content.read(CHUNK):
+                    read += len(block)
+                    if read > length:
+                        return self._refuse(400, "size", "more bytes than the Content-Length said")
+                    digest.update(block)
+                    out.write(block)
+            if read != length or digest.hexdigest() != sha:
+                return self._refuse(400, "hash", "the bytes do not hash to the name they were offered under")
+            aside.rename(self.blobs / sha)
+            self.held[sha] = (length, time.time())
+            self.stored.inc()
+            return web.json_response({"held": True}, status=201)
+        finally:
+            self.offers.pop(sha, None)
+            aside.unlink(missing_ok=True)
+
+
+def serve(directory: Path, max_bytes: int, port: int, host: str = "0.0.0.0") -> None:
+    cache = NodeCache(directory, max_bytes)
+
+    async def run(stop: asyncio.Event) -> None:
+        runner = web.AppRunner(cache.app(), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, host, port).start()
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+
+    until_signalled(run)

@@ -1,0 +1,144 @@
+"""The node-local artefact cache (`inferentia-operator node-cache`, docs/design.md, "A node-local
+artefact cache"), as a real server on loopback, and `fetch` reading through it."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from inferentia_operator.fetch import fetch, upload
+from ports import free_port
+from test_frontend_limits import _wait_for
+
+
+class Cache:
+    def __init__(self, directory, max_bytes: int) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "inferentia_operator", "node-cache", "--host", "127.0.0.1", "--port", str(self.port),
+             "--dir", str(directory), "--max-bytes", str(max_bytes)],
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        _wait_for(f"{self.url}/healthz", self.proc)
+
+    def put(self, data: bytes, name: str | None = None, length: bool = True) -> int:
+        sha = name or hashlib.sha256(data).hexdigest()
+        headers = {"Content-Length": str(len(data))} if length else {"Transfer-Encoding": "chunked"}
+        body = data if length else iter([data])
+        request = urllib.request.Request(f"{self.url}/blobs/{sha}", body, headers, method="PUT")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as r:
+                return r.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    def get(self, sha: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(f"{self.url}/blobs/{sha}", timeout=10) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, b""
+
+    def metric(self, name: str) -> float:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        return 0.0
+
+    def stop(self) -> str:
+        self.proc.terminate()
+        self.proc.wait(10)
+        return self.proc.stderr.read() if self.proc.stderr else ""
+
+
+@pytest.fixture
+def cache(tmp_path) -> Iterator[Cache]:
+    c = Cache(tmp_path / "cache", max_bytes=100)
+    yield c
+    assert "Traceback" not in c.stop()
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_a_file_is_held_only_under_the_sha256_of_its_bytes(cache):
+    data = b"compiled graph"
+    assert cache.get(sha(data)) == (404, b"")
+    assert cache.put(b"something else", name=sha(data)) == 400  # offered under another file's hash
+    assert cache.get(sha(data)) == (404, b"")
+    assert cache.put(data) == 201
+    assert cache.get(sha(data)) == (200, data)
+    assert cache.put(data) == 200  # held already: nothing read, nothing written
+    assert cache.put(data, name="../../etc/passwd") == 404
+    assert cache.metric("inferentia_node_cache_bytes") == len(data)
+
+
+def test_the_least_recently_used_file_goes_first_and_the_cache_stays_within_its_size(cache):
+    a, b, c = b"a" * 40, b"b" * 40, b"c" * 40
+    assert cache.put(a) == 201 and cache.put(b) == 201
+    assert cache.get(sha(a))[0] == 200  # a used after b
+    assert cache.put(c) == 201  # 120 > 100: b goes
+    assert cache.get(sha(b))[0] == 404 and cache.get(sha(a))[0] == 200 and cache.get(sha(c))[0] == 200
+    assert cache.put(b"x" * 101) == 413  # more than the whole cache
+    assert cache.put(b"y" * 10, length=False) == 411  # a length is needed to make room before reading
+    assert cache.metric("inferentia_node_cache_bytes") <= 100
+
+
+def test_what_it_holds_survives_a_restart_and_a_partial_file_never_does(tmp_path):
+    first = Cache(tmp_path / "cache", max_bytes=100)
+    assert first.put(b"kept") == 201
+    first.stop()
+    (tmp_path / "cache" / "partial").mkdir(exist_ok=True)
+    (tmp_path / "cache" / "partial" / "half").write_bytes(b"half of it")
+    again = Cache(tmp_path / "cache", max_bytes=100)
+    try:
+        assert again.get(sha(b"kept")) == (200, b"kept")
+        assert not (tmp_path / "cache" / "partial" / "half").exists()
+    finally:
+        assert "Traceback" not in again.stop()
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    for key, value in {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    with mock_aws():
+        client = boto3.client("s3")
+        client.create_bucket(Bucket="models")
+        yield client
+
+
+def test_only_the_first_fetch_on_a_node_reads_the_store(s3, cache, tmp_path):
+    source = tmp_path / "compiled"
+    source.mkdir()
+    (source / "model.pt").write_bytes(b"neff" * 5)
+    upload(source, "s3://models/m/abc/")
+    first = fetch("s3://models/m/abc/", tmp_path / "one", cache=cache.url)
+    assert [p.read_bytes() for p in first] == [b"neff" * 5]
+    assert cache.metric("inferentia_node_cache_misses_total") == 1 and cache.metric("inferentia_node_cache_stored_total") == 1
+    # The store's copy is gone: the second fetch on this node can only have read the cache.
+    s3.delete_object(Bucket="models", Key="m/abc/model.pt")
+    second = fetch("s3://models/m/abc/", tmp_path / "two", cache=cache.url)
+    assert [p.read_bytes() for p in second] == [b"neff" * 5]
+    assert cache.metric("inferentia_node_cache_hits_total") == 1
+
+
+def test_without_a_reachable_cache_fetch_reads_the_store(s3, tmp_path):
+    source = tmp_path / "compiled"
+    source.mkdir()
+    (source / "model.pt").write_bytes(b"neff")
+    upload(source, "s3://models/m/abc/")
+    nobody = f"http://127.0.0.1:{free_port()}"
+    assert [p.read_bytes() for p in fetch("s3://models/m/abc/", tmp_path / "out", cache=nobody)] == [b"neff"]
