@@ -648,3 +648,15 @@ def test_no_child_says_false_where_the_api_server_drops_false():
                     mounts += 1
                     assert mount.get("readOnly", True) is True, (doc.key, child["kind"], container["name"], mount)
     assert mounts > 20
+
+
+def test_with_a_node_cache_the_artefact_fetch_asks_it_first():
+    """run --node-cache-url: the serving pods' fetch-artifacts container reads through the node's cache."""
+    from dataclasses import replace
+
+    m = model(**VLLM, **{"compile.image": "example.com/compile:1"})
+    [fetch] = children.serving_deployment(m)["spec"]["template"]["spec"]["initContainers"]
+    assert "INFERENTIA_NODE_CACHE" not in {e["name"] for e in fetch["env"]}
+    cached = replace(m, node_cache_url="http://inferentia-operator-node-cache.inferentia-system.svc:8080")
+    [fetch] = children.serving_deployment(cached)["spec"]["template"]["spec"]["initContainers"]
+    assert {"name": "INFERENTIA_NODE_CACHE", "value": "http://inferentia-operator-node-cache.inferentia-system.svc:8080"} in fetch["env"]

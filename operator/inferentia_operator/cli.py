@@ -274,6 +274,11 @@ def _prometheus_arguments(p: argparse.ArgumentParser) -> None:
         help="the scheduler of serving pods that take devices from the Neuron device plugin: my-scheduler on EKS, where AWS's "
         "Neuron scheduler extension runs beside a second scheduler (default: the cluster's default scheduler)",
     )  # fmt: skip
+    p.add_argument(
+        "--node-cache-url", default="", metavar="URL",
+        help="the node-local artefact cache the serving pods' fetch asks first, e.g. "
+        "http://inferentia-operator-node-cache.inferentia-system.svc:8080 (chart nodeCache.enabled; default: none)",
+    )  # fmt: skip
     d = Prometheus()
     p.add_argument(
         "--prometheus-address", default=d.address,
@@ -313,7 +318,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     )  # fmt: skip
     return Settings(
         operator_image=args.operator_image, prometheus=prometheus, allocation=args.allocation, scheduler_name=args.scheduler_name,
-        push_activation=args.push_activation,
+        push_activation=args.push_activation, node_cache_url=args.node_cache_url,
     )  # fmt: skip
 
 

@@ -69,6 +69,29 @@ def test_default_render_is_cluster_wide_with_one_replica_that_passes_restricted(
     assert service["spec"]["ports"] == [{"name": "metrics", "port": 8081, "targetPort": "metrics", "protocol": "TCP"}]
 
 
+def test_the_node_cache_only_when_asked_unprivileged_and_reached_on_the_pods_own_node(cluster):
+    assert "DaemonSet" not in [d["kind"] for d in helm_template(cluster)]
+    docs = helm_template(cluster, "--set", "nodeCache.enabled=true", "--set", "nodeCache.maxBytes=10737418240")
+    [daemonset] = [d for d in docs if d["kind"] == "DaemonSet"]
+    pod = daemonset["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["args"][:2] == ["node-cache", "--dir=/cache"] and "--max-bytes=10737418240" in container["args"]
+    # No hostPath, no token, no privilege: its own emptyDir, a little larger than what it keeps.
+    assert pod["volumes"] == [{"name": "cache", "emptyDir": {"sizeLimit": "11264Mi"}}]
+    assert pod["automountServiceAccountToken"] is False and pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    [service] = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].endswith("-node-cache")]
+    assert service["spec"]["internalTrafficPolicy"] == "Local"
+    assert service["spec"]["selector"] == daemonset["spec"]["selector"]["matchLabels"]
+    # The operator's own selector never matches the cache's pods.
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    operator_selector = deployment["spec"]["selector"]["matchLabels"].items()
+    assert not operator_selector <= daemonset["spec"]["template"]["metadata"]["labels"].items()
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--node-cache-url=http://inferentia-operator-node-cache.inferentia-system.svc:8080" in args
+
+
 def test_an_install_without_the_image_stops_with_a_message(cluster):
     """No registry serves the operator's image: an install that forgets image.repository
     fails at once, saying what to set, instead of leaving the operator in ImagePullBackOff."""

@@ -19,6 +19,12 @@ app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{- /* The node cache's pods: a name of their own, so that the operator's selector never matches them. */ -}}
+{{- define "inferentia-operator.nodeCacheLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}-node-cache
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
 {{- define "inferentia-operator.labels" -}}
 {{ include "inferentia-operator.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}

@@ -98,6 +98,9 @@ class Model:
     # The scheduler of its serving pods when they take devices from the device plugin (the
     # operator's --scheduler-name); "" the cluster's default scheduler.
     scheduler_name: str = ""
+    # The node-local artefact cache the serving pods' fetch asks first (the operator's
+    # --node-cache-url); "" none.
+    node_cache_url: str = ""
 
 
 def stable_hash(value: Any, length: int = 10) -> str:
@@ -441,12 +444,17 @@ def _operator_container(model: Model, name: str, args: list[str], mounts: list[d
 def fetch_container(model: Model) -> dict[str, Any]:
     """The init container that copies the compiled artefact into the pod before the server
     starts (``inferentia-operator fetch``), refusing one whose upload did not complete."""
-    return _operator_container(
+    container = _operator_container(
         model,
         "fetch-artifacts",
         ["fetch", "--from", compiled_uri(model), "--to", COMPILED_DIR],
         [{"name": "compiled", "mountPath": COMPILED_DIR}],
     )
+    if model.node_cache_url:
+        # Each file is asked of the node's cache first, by the SHA-256 the marker names, and
+        # checked; one read from the store is offered back (fetch.py, batching/node_cache.py).
+        container["env"].append({"name": "INFERENTIA_NODE_CACHE", "value": model.node_cache_url})
+    return container
 
 
 def fetch_model_container(model: Model) -> dict[str, Any]:

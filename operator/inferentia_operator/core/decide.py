@@ -57,7 +57,7 @@ class Parts(NamedTuple):
 
 def parts_of(model: Model, observed: Observed, settings: Settings) -> Parts:
     """Every part of a model's decision, each fed what the parts before it concluded."""
-    model = replace(model, scheduler_name=settings.scheduler_name)
+    model = replace(model, scheduler_name=settings.scheduler_name, node_cache_url=settings.node_cache_url)
     compiling = compile_part(model, observed, settings)
     scaling = scaling_part(model, observed, settings, has_artefact=compiling.compiled or observed.own("Deployment") is not None)
     zero = scale_to_zero_part(model, observed, scaling)

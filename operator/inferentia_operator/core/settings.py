@@ -25,6 +25,9 @@ class Settings:
     # --no-push-activation turns it off: the ScaledObject of a model that scales to zero also
     # connects to its holder's external scaler, which pushes a held request to KEDA at once.
     push_activation: bool = True
+    # --node-cache-url: the node-local artefact cache (the chart's nodeCache DaemonSet, behind a
+    # Service that routes to the pod's own node); serving pods' fetch asks it first. "" none.
+    node_cache_url: str = ""
     # The key that proves which compile records and Jobs the operator made (core/proof.py);
     # `run` adds it once it has read the key Secret.
     prover: Prover = NO_PROVER
