@@ -1,0 +1,91 @@
+"""The node-local artefact cache on the real node, as the chart runs it (nodeCache.enabled): the
+DaemonSet's pod, reached through its Service's node-local route (internalTrafficPolicy: Local,
+kube-proxy on this node), and two artefact fetches in pods of the operator's image. Only the
+first reads the store; the second is served by the cache, every file checked against the
+artefact's marker."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+
+import pytest
+import yaml
+from kit import helm_template, wait_for
+from test_real_node import object_store, routed, store_client
+
+from inferentia_operator.fetch import upload
+
+pytestmark = pytest.mark.usefixtures("real_node")
+
+RESTRICTED = {
+    "allowPrivilegeEscalation": False, "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+}  # fmt: skip
+
+
+def cache_metric(url: str, name: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as answer:
+        found = re.search(rf"^{name} (\S+)$", answer.read().decode(), re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def fetch_pod(name: str, namespace: str, uri: str, cache: str) -> dict:
+    return {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "containers": [{
+                "name": "fetch", "image": "inferentia-operator:0.2.0", "args": ["fetch", "--from", uri, "--to", "/tmp/out"],
+                "envFrom": [{"secretRef": {"name": "store"}}], "env": [{"name": "INFERENTIA_NODE_CACHE", "value": cache}],
+                "securityContext": RESTRICTED,
+            }],
+        },
+    }  # fmt: skip
+
+
+def test_only_the_first_fetch_on_the_node_reads_the_store(real_node, real_namespace, tmp_path):
+    cluster, ns = real_node, real_namespace
+    docs = helm_template(cluster, "--set", "nodeCache.enabled=true", "--set", "nodeCache.maxBytes=104857600", namespace=ns)
+    cache_docs = [d for d in docs if d["kind"] in ("DaemonSet", "Service") and d["metadata"]["name"].endswith("-node-cache")]
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(cache_docs))
+    selector = ",".join(
+        f"{k}={v}" for k, v in cache_docs[0]["spec"]["selector"].get("matchLabels", cache_docs[0]["spec"]["selector"]).items()
+    )
+
+    def cache_pod() -> dict | None:
+        pods = cluster.get("pods", "-n", ns, "-l", selector)["items"]
+        ready = [p for p in pods if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))]
+        return ready[0] if ready else None
+
+    wait_for(lambda: cache_pod() is not None, 120, "the node cache's pod on the real node")
+    pod_url = f"http://{cache_pod()['status']['podIP']}:8080"
+    service = cluster.get("service", "inferentia-operator-node-cache", "-n", ns)
+    assert service["spec"]["internalTrafficPolicy"] == "Local"
+    routed(service["spec"]["clusterIP"], 8080)
+    cache = f"http://{service['spec']['clusterIP']}:8080"
+
+    bucket = object_store(cluster, ns)
+    source = tmp_path / "compiled"
+    source.mkdir()
+    (source / "model.pt").write_bytes(b"compiled graph " * 1000)
+    uri = f"s3://{bucket}/artefact/"
+    upload(source, uri, client=store_client(cluster))
+
+    def run(name: str) -> str:
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(fetch_pod(name, ns, uri, cache)))
+        wait_for(lambda: cluster.get("pod", name, "-n", ns)["status"].get("phase") in ("Succeeded", "Failed"), 120, f"{name} to end")
+        phase = cluster.get("pod", name, "-n", ns)["status"]["phase"]
+        log = cluster.kubectl("logs", "-n", ns, name).stdout
+        assert phase == "Succeeded", log
+        return log
+
+    run("first")
+    assert cache_metric(pod_url, "inferentia_node_cache_misses_total") == 1
+    assert cache_metric(pod_url, "inferentia_node_cache_stored_total") == 1
+    # The store's copy goes: the second fetch on this node can only be served by the cache.
+    store_client(cluster).delete_object(Bucket=bucket, Key="artefact/model.pt")
+    assert "1 files" in run("second")
+    assert cache_metric(pod_url, "inferentia_node_cache_hits_total") == 1
