@@ -15,6 +15,7 @@ import yaml
 from kit import helm_template, wait_for
 from test_real_node import object_store, routed, store_client
 
+import realnode
 from inferentia_operator.fetch import upload
 
 pytestmark = pytest.mark.usefixtures("real_node")
@@ -50,6 +51,12 @@ def test_only_the_first_fetch_on_the_node_reads_the_store(real_node, real_namesp
     cluster, ns = real_node, real_namespace
     docs = helm_template(cluster, "--set", "nodeCache.enabled=true", "--set", "nodeCache.maxBytes=104857600", namespace=ns)
     cache_docs = [d for d in docs if d["kind"] in ("DaemonSet", "Service") and d["metadata"]["name"].endswith("-node-cache")]
+    # The one change from the chart's render: this cluster's real node carries a taint of its own,
+    # and the DaemonSet controller places pods by the template, so the template names that node.
+    [daemonset] = [d for d in cache_docs if d["kind"] == "DaemonSet"]
+    template = daemonset["spec"]["template"]["spec"]
+    template["nodeSelector"] = {realnode.REAL_NODE_LABEL: "true"}
+    template["tolerations"].append({"key": realnode.REAL_NODE_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"})
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(cache_docs))
     selector = ",".join(
         f"{k}={v}" for k, v in cache_docs[0]["spec"]["selector"].get("matchLabels", cache_docs[0]["spec"]["selector"]).items()
