@@ -1,22 +1,9 @@
 """`inferentia-operator fetch` and `upload`, the pods' artefact steps, against moto's in-memory S3."""
 
-import boto3
 import pytest
-from moto import mock_aws
 
 from inferentia_operator import cli
 from inferentia_operator.fetch import MARKER, FetchError, fetch, fetch_model, split_s3_uri, upload
-
-
-@pytest.fixture
-def s3(monkeypatch):
-    for key, value in {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    with mock_aws():
-        client = boto3.client("s3")
-        client.create_bucket(Bucket="models")
-        yield client
 
 
 def compiled(tmp_path, files: dict[str, bytes]):

@@ -10,9 +10,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
-import boto3
 import pytest
-from moto import mock_aws
 
 from inferentia_operator.fetch import fetch, upload
 from ports import free_port
@@ -107,17 +105,6 @@ def test_what_it_holds_survives_a_restart_and_a_partial_file_never_does(tmp_path
         assert not (tmp_path / "cache" / "partial" / "half").exists()
     finally:
         assert "Traceback" not in again.stop()
-
-
-@pytest.fixture
-def s3(monkeypatch):
-    for key, value in {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    with mock_aws():
-        client = boto3.client("s3")
-        client.create_bucket(Bucket="models")
-        yield client
 
 
 def test_only_the_first_fetch_on_a_node_reads_the_store(s3, cache, tmp_path):
