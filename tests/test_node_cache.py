@@ -129,3 +129,23 @@ def test_without_a_reachable_cache_fetch_reads_the_store(s3, tmp_path):
     upload(source, "s3://models/m/abc/")
     nobody = f"http://127.0.0.1:{free_port()}"
     assert [p.read_bytes() for p in fetch("s3://models/m/abc/", tmp_path / "out", cache=nobody)] == [b"neff"]
+
+
+def test_connections_past_the_caches_bound_are_refused_and_it_goes_on(tmp_path):
+    """Any pod can reach a node cache's pod address: open connections are bounded as the front
+    end's and the holder's are (Limits.max_connections), each past it answered 503 and closed."""
+    import socket
+
+    from inferentia_operator.batching import node_cache
+
+    c = Cache(tmp_path / "cache", max_bytes=100)
+    try:
+        held = [socket.create_connection(("127.0.0.1", c.port)) for _ in range(node_cache.MAX_CONNECTIONS)]
+        extra = socket.create_connection(("127.0.0.1", c.port))
+        extra.settimeout(5)
+        assert extra.recv(64).startswith(b"HTTP/1.1 503")
+        for s in [*held, extra]:
+            s.close()
+        assert c.put(b"still serving") == 201
+    finally:
+        assert "Traceback" not in c.stop()

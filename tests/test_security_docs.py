@@ -63,6 +63,7 @@ def in_code(reference: str) -> float:
         "scaler.MAX_STREAMS": scaler.MAX_STREAMS,
         "scaler.MAX_CALLS": scaler.MAX_CALLS,
         "node_cache.MAX_OFFERS": node_cache.MAX_OFFERS,
+        "node_cache.MAX_CONNECTIONS": node_cache.MAX_CONNECTIONS,
     }
     if reference.startswith("hold --"):
         return hold_default(reference.removeprefix("hold "))

@@ -13,6 +13,7 @@ store. So only the first replica on a node reads the store.
   without a length (room is made before reading), 503 past ``MAX_OFFERS`` at once.
 - Bounded by ``max_bytes``: the least recently used files go first to make room.
 - ``/metrics``: files, bytes, hits, misses, stored and refused offers; ``/healthz``.
+- At most ``MAX_CONNECTIONS`` open connections; one more is answered 503 and closed.
 
 A file is handed to whoever knows its hash, and only an artefact's marker holds it: a
 namespace cannot ask for another's files without already knowing what they are.
@@ -31,12 +32,16 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from .frontend import until_signalled
+from .frontend import LimitedSite, until_signalled
+from .limits import DEFAULT_LIMITS
 
 log = logging.getLogger(__name__)
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 MAX_OFFERS = 4  # offers written at once
+# Open connections (any pod can reach a cache pod's address); one more is answered 503 and
+# closed. A node's serving pods open one each while they fetch.
+MAX_CONNECTIONS = 64
 CHUNK = 1 << 20
 
 
@@ -146,9 +151,9 @@ def serve(directory: Path, max_bytes: int, port: int, host: str = "0.0.0.0") -> 
     cache = NodeCache(directory, max_bytes)
 
     async def run(stop: asyncio.Event) -> None:
-        runner = web.AppRunner(cache.app(), access_log=None)
+        runner = web.AppRunner(cache.app(), access_log=None, keepalive_timeout=DEFAULT_LIMITS.header_timeout)
         await runner.setup()
-        await web.TCPSite(runner, host, port).start()
+        await LimitedSite(runner, host, port, MAX_CONNECTIONS, cache.refused.labels("connections").inc).start()
         try:
             await stop.wait()
         finally:
