@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -140,12 +141,26 @@ def test_connections_past_the_caches_bound_are_refused_and_it_goes_on(tmp_path):
 
     c = Cache(tmp_path / "cache", max_bytes=100)
     try:
-        held = [socket.create_connection(("127.0.0.1", c.port)) for _ in range(node_cache.MAX_CONNECTIONS)]
-        extra = socket.create_connection(("127.0.0.1", c.port))
-        extra.settimeout(5)
-        assert extra.recv(64).startswith(b"HTTP/1.1 503")
-        for s in [*held, extra]:
-            s.close()
-        assert c.put(b"still serving") == 201
+        # One by one, each answered once and kept open, until one is refused: the bound (less the
+        # readiness check's connection, which may still be open).
+        held, refused = [], None
+        for _ in range(node_cache.MAX_CONNECTIONS + 2):
+            conn = socket.create_connection(("127.0.0.1", c.port))
+            conn.settimeout(10)
+            conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = conn.recv(64)
+            held.append(conn)
+            if not answer.startswith(b"HTTP/1.1 200"):
+                refused = answer
+                break
+        assert refused is not None and refused.startswith(b"HTTP/1.1 503"), refused
+        assert node_cache.MAX_CONNECTIONS - 2 <= len(held) - 1 <= node_cache.MAX_CONNECTIONS
+        for conn in held:
+            conn.close()
+        # Once the server has seen those close, it takes connections again.
+        deadline = time.monotonic() + 10
+        while (code := c.put(b"still serving")) == 503 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert code == 201
     finally:
         assert "Traceback" not in c.stop()
