@@ -164,3 +164,50 @@ def test_connections_past_the_caches_bound_are_refused_and_it_goes_on(tmp_path):
         assert code == 201
     finally:
         assert "Traceback" not in c.stop()
+
+
+def test_a_cache_that_sends_more_than_the_marker_says_is_cut_off_and_the_store_read(s3, tmp_path):
+    """The node cache is another pod's server: fetch reads at most the size the completion marker
+    names from it (one byte more proves it wrong), never whatever it chooses to send."""
+    import http.server
+    import threading
+
+    sent = [0]
+
+    class Endless(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            block = b"x" * 65536
+            try:
+                while sent[0] < 1 << 30:  # a gigabyte, were nobody to stop reading
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(block), block))
+                    sent[0] += len(block)
+            except OSError:
+                pass
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    source = tmp_path / "compiled"
+    source.mkdir()
+    (source / "model.pt").write_bytes(b"neff" * 5)
+    upload(source, "s3://models/m/abc/")
+    try:
+        result: list[list] = []
+        worker = threading.Thread(
+            target=lambda: result.append(fetch("s3://models/m/abc/", tmp_path / "out", cache=f"http://127.0.0.1:{server.server_port}"))
+        )
+        worker.start()
+        worker.join(60)
+        assert result and [p.read_bytes() for p in result[0]] == [b"neff" * 5]
+        # What the kernel's buffers took before the cut, not the gigabyte on offer.
+        assert sent[0] < 32 << 20, sent[0]
+    finally:
+        server.shutdown()
+        server.server_close()

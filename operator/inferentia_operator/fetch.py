@@ -19,6 +19,7 @@ EKS Pod Identity; AWS_ENDPOINT_URL for an S3-compatible store).
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import sys
@@ -84,14 +85,21 @@ def _keys(client: Any, bucket: str, prefix: str) -> list[str]:
     return keys
 
 
-def _from_cache(cache: str, sha256: str, target: Path) -> bool:
-    """The file of ``sha256`` from the node's cache into ``target``, if it holds it (checked below)."""
+def _from_cache(cache: str, sha256: str, size: int, target: Path) -> bool:
+    """The file of ``sha256`` from the node's cache into ``target``, if it holds it (checked by the
+    caller). The cache is another pod's server: at most ``size`` bytes are read from it, one byte
+    more proving the answer wrong, whatever length it declares or however long it streams."""
     try:
         with urllib.request.urlopen(f"{cache.rstrip('/')}/blobs/{sha256}", timeout=CACHE_TIMEOUT) as answer, target.open("wb") as out:
-            while block := answer.read(1 << 20):
+            declared = answer.headers.get("Content-Length")
+            if declared is not None and declared != str(size):
+                return False
+            left = size + 1
+            while left and (block := answer.read(min(1 << 20, left))):
+                left -= len(block)
                 out.write(block)
-        return True
-    except (OSError, ValueError):  # a miss (404), no cache on this node, or a broken answer: the store then
+            return left == 1
+    except (OSError, ValueError, http.client.HTTPException):  # a miss (404), no cache, a broken answer: the store then
         return False
 
 
@@ -104,7 +112,7 @@ def _offer(cache: str, sha256: str, path: Path) -> None:
                 f"{cache.rstrip('/')}/blobs/{sha256}", body, {"Content-Length": str(path.stat().st_size)}, method="PUT"
             )
             urllib.request.urlopen(request, timeout=CACHE_TIMEOUT).close()
-    except (OSError, ValueError):
+    except (OSError, ValueError, http.client.HTTPException):
         pass
 
 
@@ -127,7 +135,7 @@ def fetch(uri: str, destination: Path, client: Any = None, cache: str | None = N
         if target is None:
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        if cache and _from_cache(cache, expected["sha256"], target) and _matches(target, expected):
+        if cache and _from_cache(cache, expected["sha256"], expected["size"], target) and _matches(target, expected):
             written.append(target)
             continue
         client.download_file(bucket, prefix + name, str(target))

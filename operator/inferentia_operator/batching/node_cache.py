@@ -94,7 +94,8 @@ class NodeCache:
         size, _ = self.held[sha]
         self.held[sha] = (size, time.time())
         self.hits.inc()
-        # Evicted while being sent, the file stays readable through the open descriptor.
+        # Evicted while being sent, the file stays readable through the open descriptor; evicted
+        # before it is opened, aiohttp's FileResponse answers 404, a miss like any other.
         return web.FileResponse(self.blobs / sha)
 
     def _refuse(self, code: int, reason: str, why: str) -> web.Response:
