@@ -211,3 +211,26 @@ def test_a_cache_that_sends_more_than_the_marker_says_is_cut_off_and_the_store_r
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_copy_damaged_on_disk_is_refused_by_fetch_and_replaced_by_its_offer(s3, tmp_path):
+    """The marker's SHA-256 is checked on every use: a cache file changed on the node's disk is
+    never taken for the artefact; the fetch reads the store, and its offer heals the cache."""
+    c = Cache(tmp_path / "cache", max_bytes=100)
+    try:
+        source = tmp_path / "compiled"
+        source.mkdir()
+        (source / "model.pt").write_bytes(b"neff" * 5)
+        upload(source, "s3://models/m/abc/")
+        fetch("s3://models/m/abc/", tmp_path / "one", cache=c.url)
+        [held] = (tmp_path / "cache" / "blobs").iterdir()
+        held.write_bytes(b"evil" * 5)  # the same size, other bytes
+        assert [p.read_bytes() for p in fetch("s3://models/m/abc/", tmp_path / "two", cache=c.url)] == [b"neff" * 5]
+        assert c.metric("inferentia_node_cache_damaged_total") == 1
+        # Healed: with the store's copy gone, the cache alone serves the right bytes.
+        s3.delete_object(Bucket="models", Key="m/abc/model.pt")
+        assert [p.read_bytes() for p in fetch("s3://models/m/abc/", tmp_path / "three", cache=c.url)] == [b"neff" * 5]
+        # An offer of an unchanged held file is not hashed again, and changes nothing.
+        assert c.put(b"neff" * 5) == 200 and c.metric("inferentia_node_cache_damaged_total") == 1
+    finally:
+        assert "Traceback" not in c.stop()

@@ -2,7 +2,8 @@
 DaemonSet's pod, reached through its Service's node-local route (internalTrafficPolicy: Local,
 kube-proxy on this node), and two artefact fetches in pods of the operator's image. Only the
 first reads the store; the second is served by the cache, every file checked against the
-artefact's marker."""
+artefact's marker. A copy changed on the node's disk is refused and replaced; a second artefact
+past the cache's size evicts the first."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ RESTRICTED = {
     "allowPrivilegeEscalation": False, "runAsNonRoot": True,
     "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
 }  # fmt: skip
+
+
+# Room for one of the test's artefacts (600,000 bytes each), not two: the second evicts the first.
+# (The chart's least, 1 MiB.)
+CACHE_BYTES = 1048576
 
 
 def cache_metric(url: str, name: str) -> float:
@@ -49,7 +55,7 @@ def fetch_pod(name: str, namespace: str, uri: str, cache: str) -> dict:
 
 def test_only_the_first_fetch_on_the_node_reads_the_store(real_node, real_namespace, tmp_path):
     cluster, ns = real_node, real_namespace
-    docs = helm_template(cluster, "--set", "nodeCache.enabled=true", "--set", "nodeCache.maxBytes=104857600", namespace=ns)
+    docs = helm_template(cluster, "--set", "nodeCache.enabled=true", "--set", f"nodeCache.maxBytes={CACHE_BYTES}", namespace=ns)
     cache_docs = [d for d in docs if d["kind"] in ("DaemonSet", "Service") and d["metadata"]["name"].endswith("-node-cache")]
     # The one change from the chart's render: this cluster's real node carries a taint of its own,
     # and the DaemonSet controller places pods by the template, so the template names that node.
@@ -77,12 +83,12 @@ def test_only_the_first_fetch_on_the_node_reads_the_store(real_node, real_namesp
     bucket = object_store(cluster, ns)
     source = tmp_path / "compiled"
     source.mkdir()
-    (source / "model.pt").write_bytes(b"compiled graph " * 1000)
+    (source / "model.pt").write_bytes(b"compiled graph " * 40000)
     uri = f"s3://{bucket}/artefact/"
     upload(source, uri, client=store_client(cluster))
 
-    def run(name: str) -> str:
-        cluster.kubectl("apply", "-f", "-", input=json.dumps(fetch_pod(name, ns, uri, cache)))
+    def run(name: str, artefact: str = uri) -> str:
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(fetch_pod(name, ns, artefact, cache)))
         wait_for(lambda: cluster.get("pod", name, "-n", ns)["status"].get("phase") in ("Succeeded", "Failed"), 120, f"{name} to end")
         phase = cluster.get("pod", name, "-n", ns)["status"]["phase"]
         log = cluster.kubectl("logs", "-n", ns, name).stdout
@@ -96,3 +102,31 @@ def test_only_the_first_fetch_on_the_node_reads_the_store(real_node, real_namesp
     store_client(cluster).delete_object(Bucket=bucket, Key="artefact/model.pt")
     assert "1 files" in run("second")
     assert cache_metric(pod_url, "inferentia_node_cache_hits_total") == 1
+
+    # A held copy changed on the node's disk (from inside the cache's pod: the emptyDir is on the
+    # node): the next fetch refuses it by the marker's SHA-256 and reads the store, whose copy is
+    # back; its offer replaces the damaged copy, and the cache alone serves the next.
+    pod = cache_pod()["metadata"]["name"]
+    damage = "import pathlib; [f] = pathlib.Path('/cache/blobs').iterdir(); f.write_bytes(b'x' * f.stat().st_size)"
+    cluster.kubectl("exec", "-n", ns, pod, "-c", "node-cache", "--", "python3", "-c", damage)
+    upload(source, uri, client=store_client(cluster))
+    run("third")
+    assert cache_metric(pod_url, "inferentia_node_cache_damaged_total") == 1
+    store_client(cluster).delete_object(Bucket=bucket, Key="artefact/model.pt")
+    assert "1 files" in run("fourth")
+    assert cache_metric(pod_url, "inferentia_node_cache_hits_total") == 3
+
+    # Eviction: a second artefact does not fit beside the first (CACHE_BYTES), so the least
+    # recently used, the first, goes; the cache stays within its size.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "model.pt").write_bytes(b"another graph " * 42858)
+    other_uri = f"s3://{bucket}/other/"
+    upload(other, other_uri, client=store_client(cluster))
+    run("fifth", other_uri)
+    assert cache_metric(pod_url, "inferentia_node_cache_files") == 1
+    assert cache_metric(pod_url, "inferentia_node_cache_bytes") <= CACHE_BYTES
+    upload(source, uri, client=store_client(cluster))
+    misses = cache_metric(pod_url, "inferentia_node_cache_misses_total")
+    run("sixth")
+    assert cache_metric(pod_url, "inferentia_node_cache_misses_total") == misses + 1  # evicted: read from the store

@@ -8,11 +8,12 @@ store. So only the first replica on a node reads the store.
 - ``GET /blobs/<sha256>``: the file, or 404.
 - ``PUT /blobs/<sha256>`` with a Content-Length: stored only if its bytes hash to that name
   (else 400), written aside and renamed whole, so a partial or wrong file is never served and
-  no client can plant one under another file's hash. 200 if already held (the body is not
-  read), 409 while another offer of it is being written, 413 above the whole cache, 411
+  no client can plant one under another file's hash. 200 if already held and still whole (the
+  body is not read); a held copy whose bytes changed on disk is dropped and the offer stored
+  in its place (``inferentia_node_cache_damaged_total``). 409 while another offer of it is being written, 413 above the whole cache, 411
   without a length (room is made before reading), 503 past ``MAX_OFFERS`` at once.
 - Bounded by ``max_bytes``: the least recently used files go first to make room.
-- ``/metrics``: files, bytes, hits, misses, stored and refused offers; ``/healthz``.
+- ``/metrics``: files, bytes, hits, misses, stored, refused offers, damaged copies; ``/healthz``.
 - At most ``MAX_CONNECTIONS`` open connections; one more is answered 503 and closed.
 
 A file is handed to whoever knows its hash, and only an artefact's marker holds it: a
@@ -67,6 +68,9 @@ class NodeCache:
         self.misses = Counter("inferentia_node_cache_misses", "Files asked for and not held.", registry=r)
         self.stored = Counter("inferentia_node_cache_stored", "Offers stored.", registry=r)
         self.refused = Counter("inferentia_node_cache_refused", "Offers refused, by reason.", ["reason"], registry=r)
+        self.damaged = Counter("inferentia_node_cache_damaged", "Held files found changed on disk, and dropped.", registry=r)
+        # sha -> the (size, mtime, inode) its bytes were last hashed at: unchanged, not hashed again.
+        self.checked: dict[str, tuple[int, int, int]] = {}
 
     @property
     def used(self) -> int:
@@ -102,6 +106,24 @@ class NodeCache:
         self.refused.labels(reason).inc()
         return web.json_response({"error": why}, status=code)
 
+    def _intact(self, sha: str) -> bool:
+        """The held file of ``sha`` still hashes to it (read again only if its stat changed)."""
+        path = self.blobs / sha
+        try:
+            st = path.stat()
+            if self.checked.get(sha) == (st.st_size, st.st_mtime_ns, st.st_ino):
+                return True
+            digest = hashlib.sha256()
+            with path.open("rb") as f:
+                while block := f.read(CHUNK):
+                    digest.update(block)
+        except OSError:
+            return False
+        if digest.hexdigest() != sha:
+            return False
+        self.checked[sha] = (st.st_size, st.st_mtime_ns, st.st_ino)
+        return True
+
     def _make_room(self, size: int) -> None:
         """Evicts the least recently used files until ``size`` more bytes fit."""
         for sha, _ in sorted(self.held.items(), key=lambda kv: kv[1][1]):
@@ -109,17 +131,30 @@ class NodeCache:
                 return
             (self.blobs / sha).unlink(missing_ok=True)
             del self.held[sha]
+            self.checked.pop(sha, None)
 
     async def put(self, request: web.Request) -> web.Response:
         sha = request.match_info["sha"]
         if not SHA256.match(sha):
             return self._refuse(404, "name", "a file is offered under its SHA-256, 64 hexadecimal digits")
-        if sha in self.held:
-            return web.json_response({"held": True}, status=200)
         if sha in self.offers:
             return self._refuse(409, "busy", "that file is being stored already")
         if len(self.offers) >= MAX_OFFERS:
             return self._refuse(503, "busy", f"{MAX_OFFERS} offers are being stored already")
+        if sha in self.held:
+            # An offer of a held file follows a fetch that found the cache's copy wrong: its bytes
+            # changed on the node's disk since they were hashed. Checked again (in an offer's slot,
+            # so MAX_OFFERS bounds the hashing too), a damaged copy goes and the offer replaces it.
+            self.offers[sha] = 0
+            try:
+                intact = await asyncio.to_thread(self._intact, sha)
+            finally:
+                del self.offers[sha]
+            if intact:
+                return web.json_response({"held": True}, status=200)
+            self.damaged.inc()
+            (self.blobs / sha).unlink(missing_ok=True)
+            del self.held[sha]
         length = request.content_length
         if length is None:
             return self._refuse(411, "length", "an offer needs a Content-Length, to make room before reading it")
@@ -141,6 +176,8 @@ class NodeCache:
                 return self._refuse(400, "hash", "the bytes do not hash to the name they were offered under")
             aside.rename(self.blobs / sha)
             self.held[sha] = (length, time.time())
+            st = (self.blobs / sha).stat()
+            self.checked[sha] = (st.st_size, st.st_mtime_ns, st.st_ino)
             self.stored.inc()
             return web.json_response({"held": True}, status=201)
         finally:
