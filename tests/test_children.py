@@ -660,3 +660,27 @@ def test_with_a_node_cache_the_artefact_fetch_asks_it_first():
     cached = replace(m, node_cache_url="http://inferentia-operator-node-cache.inferentia-system.svc:8080")
     [fetch] = children.serving_deployment(cached)["spec"]["template"]["spec"]["initContainers"]
     assert {"name": "INFERENTIA_NODE_CACHE", "value": "http://inferentia-operator-node-cache.inferentia-system.svc:8080"} in fetch["env"]
+
+
+def test_with_a_node_cache_a_replica_prefers_a_node_that_holds_its_artefact():
+    """The preference names the label the node cache's pod carries for this artefact (the hash
+    of its URI, as fetch records it), in the cache's namespace; a preference below the spread
+    of the model's replicas, never a requirement."""
+    from dataclasses import replace
+
+    from inferentia_operator.core.holds import hold_label
+
+    m = model(**VLLM, **{"compile.image": "example.com/compile:1"})
+    assert "podAffinity" not in children.serving_deployment(m)["spec"]["template"]["spec"]["affinity"]
+    cached = replace(m, node_cache_url="http://c.inferentia-system.svc:8080", node_cache_namespace="inferentia-system")
+    affinity = children.serving_deployment(cached)["spec"]["template"]["spec"]["affinity"]
+    [preferred] = affinity["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in affinity["podAffinity"]
+    term = preferred["podAffinityTerm"]
+    assert term["namespaces"] == ["inferentia-system"] and term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchExpressions"] == [{"key": hold_label(children.compiled_uri(m)), "operator": "Exists"}]
+    [spread] = affinity["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred["weight"] < spread["weight"]
+    # A model without a compile step fetches no artefact, so it has nothing to prefer.
+    plain = replace(model(), node_cache_url="http://c.inferentia-system.svc:8080", node_cache_namespace="inferentia-system")
+    assert "podAffinity" not in children.serving_deployment(plain)["spec"]["template"]["spec"]["affinity"]

@@ -4,6 +4,7 @@ artefact cache"), as a real server on loopback, and `fetch` reading through it."
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 import time
@@ -234,3 +235,26 @@ def test_a_copy_damaged_on_disk_is_refused_by_fetch_and_replaced_by_its_offer(s3
         assert c.put(b"neff" * 5) == 200 and c.metric("inferentia_node_cache_damaged_total") == 1
     finally:
         assert "Traceback" not in c.stop()
+
+
+def test_an_artefact_fetched_whole_is_recorded_and_goes_with_its_evicted_file(s3, cache, tmp_path):
+    """What the cache's pod labels say it holds (core/holds.py): an artefact a fetch found whole
+    here, named by the hash of its URI, only while every file of it is held."""
+    from inferentia_operator.core.holds import hold_key
+
+    source = tmp_path / "compiled"
+    source.mkdir()
+    (source / "model.pt").write_bytes(b"a" * 60)
+    upload(source, "s3://models/m/abc/")
+    fetch("s3://models/m/abc/", tmp_path / "one", cache=cache.url)
+    with urllib.request.urlopen(f"{cache.url}/artefacts", timeout=5) as r:
+        assert json.loads(r.read()) == {hold_key("s3://models/m/abc"): [sha(b"a" * 60)]}
+    # A claim of files it does not hold is refused, whatever key it names.
+    claim = urllib.request.Request(f"{cache.url}/artefacts/{'0' * 32}", json.dumps([sha(b"zz")]).encode(), method="PUT")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(claim, timeout=5)
+    assert refused.value.code == 409
+    assert cache.put(b"b" * 60) == 201  # 120 > 100: the artefact's file goes, and the record with it
+    with urllib.request.urlopen(f"{cache.url}/artefacts", timeout=5) as r:
+        assert json.loads(r.read()) == {}
+    assert cache.metric("inferentia_node_cache_artefacts") == 0

@@ -279,6 +279,11 @@ def _prometheus_arguments(p: argparse.ArgumentParser) -> None:
         help="the node-local artefact cache the serving pods' fetch asks first, e.g. "
         "http://inferentia-operator-node-cache.inferentia-system.svc:8080 (chart nodeCache.enabled; default: none)",
     )  # fmt: skip
+    p.add_argument(
+        "--node-cache-namespace", default=os.environ.get("POD_NAMESPACE", ""), metavar="NAMESPACE",
+        help="where the node cache's pods run, each labelled with the artefacts it holds: serving pods prefer (never require) "
+        "a node whose cache holds theirs (default: $POD_NAMESPACE, the operator's own; none without --node-cache-url)",
+    )  # fmt: skip
     d = Prometheus()
     p.add_argument(
         "--prometheus-address", default=d.address,
@@ -319,6 +324,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(
         operator_image=args.operator_image, prometheus=prometheus, allocation=args.allocation, scheduler_name=args.scheduler_name,
         push_activation=args.push_activation, node_cache_url=args.node_cache_url,
+        node_cache_namespace=args.node_cache_namespace if args.node_cache_url else "",
     )  # fmt: skip
 
 

@@ -28,6 +28,8 @@ import urllib.request
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from .core.holds import hold_key
+
 MARKER = "_INFERENTIA_COMPLETE"
 # An https:// model larger than this is refused: a URL is for a small model, S3 for the rest.
 MAX_HTTPS_BYTES = 50 * 1024**3
@@ -116,6 +118,20 @@ def _offer(cache: str, sha256: str, path: Path) -> None:
         pass
 
 
+def _record(cache: str, uri: str, files: list[str]) -> None:
+    """Tells the node's cache that this artefact is here whole, so that its pod is labelled with
+    it (core/holds.py) and the scheduler prefers this node for the artefact's next replica. It
+    records it only while it holds every file. Best effort, as the offer."""
+    body = json.dumps(sorted(set(files))).encode()
+    try:
+        request = urllib.request.Request(
+            f"{cache.rstrip('/')}/artefacts/{hold_key(uri)}", body, {"Content-Type": "application/json"}, method="PUT"
+        )
+        urllib.request.urlopen(request, timeout=CACHE_TIMEOUT).close()
+    except (OSError, ValueError, http.client.HTTPException):
+        pass
+
+
 def fetch(uri: str, destination: Path, client: Any = None, cache: str | None = None) -> list[Path]:
     """A compiled artefact: the files its completion marker names, each checked, into
     ``destination``; with ``cache`` (the node's cache, INFERENTIA_NODE_CACHE), each file is
@@ -144,6 +160,8 @@ def fetch(uri: str, destination: Path, client: Any = None, cache: str | None = N
         if cache:
             _offer(cache, expected["sha256"], target)
         written.append(target)
+    if cache and written:
+        _record(cache, uri, [expected["sha256"] for name, expected in marker["files"].items() if _safe_target(destination, name)])
     return written
 
 

@@ -17,6 +17,7 @@ from kit import helm_template, wait_for
 from test_real_node import object_store, routed, store_client
 
 import realnode
+from inferentia_operator.core.holds import hold_label
 from inferentia_operator.fetch import upload
 
 pytestmark = pytest.mark.usefixtures("real_node")
@@ -53,10 +54,17 @@ def fetch_pod(name: str, namespace: str, uri: str, cache: str) -> dict:
     }  # fmt: skip
 
 
-def test_only_the_first_fetch_on_the_node_reads_the_store(real_node, real_namespace, tmp_path):
+NODE_CACHE_KINDS = (
+    "DaemonSet", "Service", "ServiceAccount", "Role", "RoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+)  # fmt: skip
+
+
+def test_only_the_first_fetch_on_the_node_reads_the_store(real_node, real_namespace, tmp_path, request):
     cluster, ns = real_node, real_namespace
     docs = helm_template(cluster, "--set", "nodeCache.enabled=true", "--set", f"nodeCache.maxBytes={CACHE_BYTES}", namespace=ns)
-    cache_docs = [d for d in docs if d["kind"] in ("DaemonSet", "Service") and d["metadata"]["name"].endswith("-node-cache")]
+    cache_docs = [d for d in docs if "-node-cache" in d["metadata"]["name"] and d["kind"] in NODE_CACHE_KINDS]
+    policies = [d for d in cache_docs if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    request.addfinalizer(lambda: [cluster.kubectl("delete", d["kind"], d["metadata"]["name"], check=False) for d in policies])
     # The one change from the chart's render: this cluster's real node carries a taint of its own,
     # and the DaemonSet controller places pods by the template, so the template names that node.
     [daemonset] = [d for d in cache_docs if d["kind"] == "DaemonSet"]
@@ -64,9 +72,7 @@ def test_only_the_first_fetch_on_the_node_reads_the_store(real_node, real_namesp
     template["nodeSelector"] = {realnode.REAL_NODE_LABEL: "true"}
     template["tolerations"].append({"key": realnode.REAL_NODE_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"})
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(cache_docs))
-    selector = ",".join(
-        f"{k}={v}" for k, v in cache_docs[0]["spec"]["selector"].get("matchLabels", cache_docs[0]["spec"]["selector"]).items()
-    )
+    selector = ",".join(f"{k}={v}" for k, v in daemonset["spec"]["selector"]["matchLabels"].items())
 
     def cache_pod() -> dict | None:
         pods = cluster.get("pods", "-n", ns, "-l", selector)["items"]
@@ -96,6 +102,8 @@ def test_only_the_first_fetch_on_the_node_reads_the_store(real_node, real_namesp
         return log
 
     run("first")
+    # The cache's pod now says it holds the artefact whole, which serving pods' scheduling prefers.
+    wait_for(lambda: hold_label(uri) in cache_pod()["metadata"]["labels"], 30, "the cache's pod labelled with the artefact")
     assert cache_metric(pod_url, "inferentia_node_cache_misses_total") == 1
     assert cache_metric(pod_url, "inferentia_node_cache_stored_total") == 1
     # The store's copy goes: the second fetch on this node can only be served by the cache.
@@ -126,7 +134,22 @@ def test_only_the_first_fetch_on_the_node_reads_the_store(real_node, real_namesp
     run("fifth", other_uri)
     assert cache_metric(pod_url, "inferentia_node_cache_files") == 1
     assert cache_metric(pod_url, "inferentia_node_cache_bytes") <= CACHE_BYTES
+    wait_for(
+        lambda: hold_label(uri) not in (labels := cache_pod()["metadata"]["labels"]) and hold_label(other_uri) in labels,
+        30, "the evicted artefact's label gone, the new one's there",
+    )  # fmt: skip
     upload(source, uri, client=store_client(cluster))
     misses = cache_metric(pod_url, "inferentia_node_cache_misses_total")
     run("sixth")
     assert cache_metric(pod_url, "inferentia_node_cache_misses_total") == misses + 1  # evicted: read from the store
+
+    # Its token may change only its own pod's holds labels (the chart's admission policy): as
+    # that pod's ServiceAccount, with the pod name its bound token carries.
+    account = f"system:serviceaccount:{ns}:inferentia-operator-node-cache"
+    as_cache = ("--as", account, "--as-user-extra", f"authentication.kubernetes.io/pod-name={pod}")
+    mine = cluster.kubectl("label", "pod", pod, "-n", ns, f"{hold_label('s3://x/y/')}=true", *as_cache, check=False)
+    assert mine.returncode == 0, mine.stderr
+    other = cluster.kubectl("label", "pod", pod, "-n", ns, "app.kubernetes.io/name=taken", "--overwrite", *as_cache, check=False)
+    assert other.returncode != 0 and "holds.inferentia.dev labels only" in other.stderr
+    elsewhere = cluster.kubectl("label", "pod", "first", "-n", ns, f"{hold_label('s3://x/y/')}=true", *as_cache, check=False)
+    assert elsewhere.returncode != 0 and "its own pod only" in elsewhere.stderr

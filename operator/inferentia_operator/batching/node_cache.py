@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import os
 import re
@@ -33,6 +34,8 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from inferentia_operator.core.holds import HOLD_KEY, HOLDS_PREFIX
+
 from .frontend import LimitedSite, until_signalled
 from .limits import DEFAULT_LIMITS
 
@@ -40,6 +43,12 @@ log = logging.getLogger(__name__)
 
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 MAX_OFFERS = 4  # offers written at once
+# Artefacts recorded as held whole (labels on the cache's pod; core/holds.py), each of at most
+# MAX_ARTEFACT_FILES files: the least recently recorded go first past it.
+MAX_ARTEFACTS = 32
+MAX_ARTEFACT_FILES = 1024
+MAX_RECORD_BYTES = 128 * 1024
+LABEL_PERIOD = 1.0  # seconds between patches of the pod's labels, at most
 # Open connections (any pod can reach a cache pod's address); one more is answered 503 and
 # closed. A node's serving pods open one each while they fetch.
 MAX_CONNECTIONS = 64
@@ -69,6 +78,22 @@ class NodeCache:
         self.stored = Counter("inferentia_node_cache_stored", "Offers stored.", registry=r)
         self.refused = Counter("inferentia_node_cache_refused", "Offers refused, by reason.", ["reason"], registry=r)
         self.damaged = Counter("inferentia_node_cache_damaged", "Held files found changed on disk, and dropped.", registry=r)
+        # Artefact key -> its files' SHA-256s, for those a fetch found whole here (PUT /artefacts).
+        self.artefacts: dict[str, frozenset[str]] = {}
+        self.changed = asyncio.Event()  # what it holds changed: the pod's labels follow
+        # The records outlive a restart of the container (they sit beside the files), and only
+        # while every file they name is still held.
+        self.records = directory / "artefacts.json"
+        try:
+            saved = json.loads(self.records.read_text())
+            for key, files in saved.items() if isinstance(saved, dict) else ():
+                if HOLD_KEY.match(key) and isinstance(files, list) and files and all(f in self.held for f in files):
+                    self.artefacts[key] = frozenset(files)
+        except (OSError, ValueError):
+            pass
+        Gauge("inferentia_node_cache_artefacts", "Artefacts held whole (labels on the pod).", registry=r).set_function(
+            lambda: len(self.artefacts)
+        )
         # sha -> the (size, mtime, inode) its bytes were last hashed at: unchanged, not hashed again.
         self.checked: dict[str, tuple[int, int, int]] = {}
 
@@ -82,7 +107,51 @@ class NodeCache:
         app.router.add_get("/metrics", self.scrape)
         app.router.add_get("/blobs/{sha}", self.get)
         app.router.add_put("/blobs/{sha}", self.put)
+        app.router.add_get("/artefacts", self.list_artefacts)
+        app.router.add_put("/artefacts/{key}", self.record_artefact)
         return app
+
+    def holds(self) -> dict[str, str]:
+        """The pod labels that say what this node holds whole (core/holds.py)."""
+        return {HOLDS_PREFIX + key: "true" for key in self.artefacts}
+
+    async def list_artefacts(self, _request: web.Request) -> web.Response:
+        return web.json_response({key: sorted(files) for key, files in self.artefacts.items()})
+
+    async def record_artefact(self, request: web.Request) -> web.Response:
+        """A fetch that has every file of an artefact checked says which: recorded (and labelled)
+        only while every one of them is held here. A pod can claim an artefact it did not fetch,
+        but only with files this cache holds, and what it buys is a scheduling preference: the
+        files themselves are still checked by every fetch against the marker."""
+        key = request.match_info["key"]
+        if not HOLD_KEY.match(key):
+            return web.json_response({"error": "an artefact is recorded under its key, 32 hexadecimal digits"}, status=404)
+        if (request.content_length or 0) > MAX_RECORD_BYTES:
+            return web.json_response({"error": f"a record is at most {MAX_RECORD_BYTES} bytes"}, status=413)
+        try:
+            files = json.loads(await request.content.read(MAX_RECORD_BYTES + 1))
+        except ValueError:
+            files = None
+        if (
+            not isinstance(files, list)
+            or not 0 < len(files) <= MAX_ARTEFACT_FILES
+            or not all(isinstance(f, str) and SHA256.match(f) for f in files)
+        ):
+            return web.json_response({"error": f"a record is a JSON list of 1 to {MAX_ARTEFACT_FILES} SHA-256s"}, status=400)
+        if missing := [f for f in files if f not in self.held]:
+            return web.json_response({"error": f"{len(missing)} of its files are not held here"}, status=409)
+        self.artefacts.pop(key, None)
+        self.artefacts[key] = frozenset(files)  # most recent last
+        while len(self.artefacts) > MAX_ARTEFACTS:
+            del self.artefacts[next(iter(self.artefacts))]
+        self._changed()
+        return web.json_response({"recorded": True}, status=201)
+
+    def _changed(self) -> None:
+        aside = self.records.with_suffix(".new")
+        aside.write_text(json.dumps({key: sorted(files) for key, files in self.artefacts.items()}))
+        aside.replace(self.records)
+        self.changed.set()
 
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
@@ -129,9 +198,16 @@ class NodeCache:
         for sha, _ in sorted(self.held.items(), key=lambda kv: kv[1][1]):
             if self.used + sum(self.offers.values()) + size <= self.max_bytes:
                 return
-            (self.blobs / sha).unlink(missing_ok=True)
-            del self.held[sha]
-            self.checked.pop(sha, None)
+            self._drop(sha)
+
+    def _drop(self, sha: str) -> None:
+        """A held file goes, and with it every artefact it was a part of."""
+        (self.blobs / sha).unlink(missing_ok=True)
+        self.held.pop(sha, None)
+        self.checked.pop(sha, None)
+        for key in [k for k, files in self.artefacts.items() if sha in files]:
+            del self.artefacts[key]
+            self._changed()
 
     async def put(self, request: web.Request) -> web.Response:
         sha = request.match_info["sha"]
@@ -153,8 +229,7 @@ class NodeCache:
             if intact:
                 return web.json_response({"held": True}, status=200)
             self.damaged.inc()
-            (self.blobs / sha).unlink(missing_ok=True)
-            del self.held[sha]
+            self._drop(sha)
         length = request.content_length
         if length is None:
             return self._refuse(411, "length", "an offer needs a Content-Length, to make room before reading it")
@@ -185,16 +260,62 @@ class NodeCache:
             aside.unlink(missing_ok=True)
 
 
+class PodLabels:
+    """Keeps the cache's own pod labelled with what it holds whole (``holds.inferentia.dev/<key>``,
+    core/holds.py), level-based: each pass reads the pod and patches only the difference, so a
+    restart (which forgets nothing: the records are on the emptyDir) or a lost patch mends
+    itself. Its ServiceAccount may patch pods in its own namespace, and the chart's admission
+    policy narrows that to this pod's own ``holds`` labels."""
+
+    def __init__(self, name: str, namespace: str) -> None:
+        import urllib3
+        from kubernetes import client, config  # loaded only where the cache labels its pod
+
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+        # What a read or a patch raises when the API refuses or cannot be reached.
+        self.errors = (client.exceptions.ApiException, urllib3.exceptions.HTTPError, OSError)
+        self.api = client.CoreV1Api()
+        self.name, self.namespace = name, namespace
+
+    def apply(self, desired: dict[str, str]) -> None:
+        pod = self.api.read_namespaced_pod(self.name, self.namespace, _request_timeout=10)
+        current = {k: v for k, v in ((pod.metadata and pod.metadata.labels) or {}).items() if k.startswith(HOLDS_PREFIX)}
+        if current == desired:
+            return
+        patch: dict[str, str | None] = {**{k: None for k in current if k not in desired}, **desired}
+        self.api.patch_namespaced_pod(self.name, self.namespace, {"metadata": {"labels": patch}}, _request_timeout=10)
+
+
+async def follow_holds(cache: NodeCache, labels: PodLabels) -> None:
+    """Every change to what the cache holds, onto its pod's labels, at most once a LABEL_PERIOD."""
+    cache.changed.set()  # the first pass mends whatever a previous run left
+    while True:
+        await cache.changed.wait()
+        cache.changed.clear()
+        try:
+            await asyncio.to_thread(labels.apply, cache.holds())
+        except labels.errors as exc:  # the labels are a preference: without them the cache serves on
+            log.warning("could not label the node cache's pod with what it holds: %s", exc)
+            cache.changed.set()
+        await asyncio.sleep(LABEL_PERIOD)
+
+
 def serve(directory: Path, max_bytes: int, port: int, host: str = "0.0.0.0") -> None:
     cache = NodeCache(directory, max_bytes)
+    # The chart gives the pod its own name and namespace (the downward API); elsewhere (a test, a
+    # cache run by hand) nothing is labelled.
+    pod, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
 
     async def run(stop: asyncio.Event) -> None:
         runner = web.AppRunner(cache.app(), access_log=None, keepalive_timeout=DEFAULT_LIMITS.header_timeout)
         await runner.setup()
         await LimitedSite(runner, host, port, MAX_CONNECTIONS, cache.refused.labels("connections").inc).start()
+        labelling = asyncio.create_task(follow_holds(cache, PodLabels(pod, namespace))) if pod and namespace else None
         try:
             await stop.wait()
         finally:
+            if labelling:
+                labelling.cancel()
             await runner.cleanup()
 
     until_signalled(run)

@@ -30,6 +30,7 @@ from .autoscaling import Prometheus, desired_replicas, scales_to_zero, target_in
 from .autoscaling import scaled_object as autoscaling_object
 from .catalogue import DRA_CONFIG_API_VERSION, DRA_DRIVER, DRA_GROUP_ATTRIBUTE, FAMILIES, GIB, INSTANCE_TYPE_LABEL, NEURON_TAINT_KEY
 from .findings import Finding
+from .holds import hold_label
 from .launcher import LAUNCHER
 from .names import (
     COMPILE_HASH_LABEL,
@@ -101,6 +102,8 @@ class Model:
     # The node-local artefact cache the serving pods' fetch asks first (the operator's
     # --node-cache-url); "" none.
     node_cache_url: str = ""
+    # Where the node cache's pods run, labelled with what each holds (core/holds.py); "" none.
+    node_cache_namespace: str = ""
 
 
 def stable_hash(value: Any, length: int = 10) -> str:
@@ -889,6 +892,28 @@ def _instance_type_affinity(model: Model) -> dict[str, Any]:
     return {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
 
 
+# Below the spread of a model's replicas over nodes (weight 100): a replica goes first where no
+# other of its model runs, then, among those, where the artefact is already on the node.
+ARTEFACT_AFFINITY_WEIGHT = 50
+
+
+def _artefact_affinity(model: Model) -> dict[str, Any]:
+    """With the node cache, a preference (never a requirement) for nodes whose cache pod is
+    labelled as holding this model's compiled artefact (core/holds.py): there the fetch reads
+    the node's disk, not the store. Nothing else changes in the template as caches fill and
+    empty, so nothing rolls."""
+    if not (model.node_cache_url and model.node_cache_namespace and model.spec.compile.image):
+        return {}
+    term = {
+        "topologyKey": "kubernetes.io/hostname",
+        "namespaces": [model.node_cache_namespace],
+        "labelSelector": {"matchExpressions": [{"key": hold_label(compiled_uri(model)), "operator": "Exists"}]},
+    }
+    return {
+        "podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": ARTEFACT_AFFINITY_WEIGHT, "podAffinityTerm": term}]}
+    }
+
+
 def serving_deployment(model: Model, replicas: int | None = None) -> dict[str, Any]:
     """The serving Deployment, with ``replicas`` (default: what the spec alone gives, for
     a model that autoscales minReplicas, as before its ScaledObject exists)."""
@@ -970,6 +995,7 @@ def serving_deployment(model: Model, replicas: int | None = None) -> dict[str, A
                     **({"resourceClaims": [{"name": CLAIM, "resourceClaimTemplateName": claim_template_name(model)}]} if dra else {}),
                     "affinity": {
                         **({} if dra else {"nodeAffinity": _instance_type_affinity(model)}),
+                        **_artefact_affinity(model),
                         "podAntiAffinity": {
                             "preferredDuringSchedulingIgnoredDuringExecution": [
                                 {

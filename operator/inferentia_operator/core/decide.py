@@ -57,7 +57,10 @@ class Parts(NamedTuple):
 
 def parts_of(model: Model, observed: Observed, settings: Settings) -> Parts:
     """Every part of a model's decision, each fed what the parts before it concluded."""
-    model = replace(model, scheduler_name=settings.scheduler_name, node_cache_url=settings.node_cache_url)
+    model = replace(
+        model, scheduler_name=settings.scheduler_name, node_cache_url=settings.node_cache_url,
+        node_cache_namespace=settings.node_cache_namespace,
+    )  # fmt: skip
     compiling = compile_part(model, observed, settings)
     scaling = scaling_part(model, observed, settings, has_artefact=compiling.compiled or observed.own("Deployment") is not None)
     zero = scale_to_zero_part(model, observed, scaling)

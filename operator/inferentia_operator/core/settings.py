@@ -28,6 +28,9 @@ class Settings:
     # --node-cache-url: the node-local artefact cache (the chart's nodeCache DaemonSet, behind a
     # Service that routes to the pod's own node); serving pods' fetch asks it first. "" none.
     node_cache_url: str = ""
+    # --node-cache-namespace: where the node cache's pods run (the operator's own namespace in the
+    # chart): serving pods prefer nodes whose cache pod is labelled as holding their artefact.
+    node_cache_namespace: str = ""
     # The key that proves which compile records and Jobs the operator made (core/proof.py);
     # `run` adds it once it has read the key Secret.
     prover: Prover = NO_PROVER
