@@ -262,6 +262,63 @@ def prepare_zero(cluster: localcluster.LocalCluster) -> None:
         apply_ready(cluster, doc, autoscaled=True)
 
 
+def store_client(cluster: localcluster.LocalCluster) -> Any:
+    import boto3
+
+    return boto3.client(
+        "s3", endpoint_url=cluster.object_store(), region_name="us-east-1", aws_access_key_id="local", aws_secret_access_key="local"
+    )
+
+
+PADDING = "benchmark-padding.bin"
+
+
+def pad_artefact(cluster: localcluster.LocalCluster, gib: float) -> None:
+    """The compiled artefact of the model that scales to zero, made ``gib`` GiB larger by a file
+    of random bytes (a real model's weights do not compress either), named in its completion
+    marker with its size and SHA-256 as the upload would name it; the server loads what it
+    loaded before and ignores it, and every fetch reads and checks it."""
+    import hashlib
+    import os
+
+    store = store_client(cluster)
+    keys = [o["Key"] for o in store.list_objects_v2(Bucket="bench-zero", Prefix="compiled/").get("Contents", [])]
+    [marker_key] = [k for k in keys if k.endswith("/_INFERENTIA_COMPLETE")]
+    prefix = marker_key.rsplit("/", 1)[0] + "/"
+    size = int(gib * (1 << 30))
+    with tempfile.NamedTemporaryFile() as padding:
+        digest, left = hashlib.sha256(), size
+        while left:
+            block = os.urandom(min(left, 1 << 24))
+            digest.update(block)
+            padding.write(block)
+            left -= len(block)
+        padding.flush()
+        store.upload_file(padding.name, "bench-zero", prefix + PADDING)
+    marker = json.loads(store.get_object(Bucket="bench-zero", Key=marker_key)["Body"].read())
+    marker["files"][PADDING] = {"size": size, "sha256": digest.hexdigest()}
+    store.put_object(Bucket="bench-zero", Key=marker_key, Body=json.dumps(marker, sort_keys=True).encode())
+
+
+def start_node_cache(cluster: localcluster.LocalCluster) -> str:
+    """The chart's node cache (nodeCache.enabled) on the real node, in the benchmark's namespace;
+    its Service's URL by cluster IP (the local cluster has no DNS) for the operator's
+    --node-cache-url."""
+    import subprocess
+
+    out = subprocess.run(
+        [str(localcluster.bin_dir() / "helm"), "template", "inferentia-operator", str(localcluster.HERE.parent / "charts" / "inferentia-operator"),
+         "--namespace", NAMESPACE, "--set", "image.repository=inferentia-operator", "--set", "nodeCache.enabled=true",
+         "--set", f"nodeCache.maxBytes={8 << 30}"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    docs = realnode.node_cache_on_real_node([d for d in yaml.safe_load_all(out) if d])
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    cluster.kubectl("rollout", "status", "-n", NAMESPACE, "daemonset/inferentia-operator-node-cache", "--timeout=180s")
+    ip = json.loads(cluster.kubectl("get", "service", "inferentia-operator-node-cache", "-n", NAMESPACE, "-o", "json"))["spec"]["clusterIP"]
+    return f"http://{ip}:8080"
+
+
 def measure_zero(cluster: localcluster.LocalCluster, cycles: int, gap: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The sparse profile against both models at once, then the warm path of the one that
     scales to zero; returns the rows of both tables."""
@@ -374,6 +431,44 @@ def measure_starts(cluster: localcluster.LocalCluster, starts: int) -> list[dict
     return out
 
 
+def patch_autoscaling(cluster: localcluster.LocalCluster, **fields: int) -> None:
+    patch = {"spec": {"autoscaling": fields}}
+    cluster.kubectl("patch", "inferentiamodel", ZERO_MODEL, "-n", NAMESPACE, "--type=merge", "-p", json.dumps(patch))
+
+
+def ready_pods(cluster: localcluster.LocalCluster) -> list[dict[str, Any]]:
+    pods = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", f"{MODEL}={ZERO_MODEL},{SERVING}", "-o", "json"))["items"]
+    return [
+        p for p in pods
+        if p["metadata"].get("deletionTimestamp") is None and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+    ]  # fmt: skip
+
+
+def measure_scale_up(cluster: localcluster.LocalCluster, rounds: int) -> list[dict[str, float]]:
+    """``rounds`` scale-ups of the warm model from 1 to 3 replicas, each new replica split by
+    phase from the moment its minimum is raised to 3 (the demand between 1 and max reaches KEDA
+    through Prometheus either way); then back to zero, as the starts need it."""
+    out = []
+    for i in range(rounds):
+        patch_autoscaling(cluster, minReplicas=1, maxReplicas=3)
+        until(lambda: len(ready_pods(cluster)) == 1, 300, f"{ZERO_MODEL} at one ready replica")
+        time.sleep(5)
+        warm = {p["metadata"]["name"] for p in ready_pods(cluster)}
+        sent = time.time()
+        patch_autoscaling(cluster, minReplicas=3, maxReplicas=3)
+        until(lambda: len(ready_pods(cluster)) == 3, 600, f"{ZERO_MODEL} at three ready replicas")
+        done = time.time()
+        for pod in ready_pods(cluster):
+            if pod["metadata"]["name"] not in warm:
+                ready = phases(pod, sent, done)
+                ready["total"] = ready["until the pod exists"] + ready["scheduled"] + ready["fetching"] + ready["loading"]
+                out.append(ready)
+        print(f"  scale-up {i}: 1 to 3 in {done - sent:.1f} s", file=sys.stderr, flush=True)
+        patch_autoscaling(cluster, minReplicas=0, maxReplicas=1)
+        until(lambda: at_zero(cluster, ZERO_MODEL), 600, f"{ZERO_MODEL} back to zero")
+    return out
+
+
 def set_scrape_interval(cluster: localcluster.LocalCluster, seconds: int) -> None:
     """Prometheus scrapes every ``seconds`` from now on (its configuration, reloaded on SIGHUP)."""
     import os
@@ -396,6 +491,22 @@ def start_table(ways: dict[str, list[dict[str, float]]], scrape: int) -> str:
     for way, rows in ways.items():
         total = statistics.median(r["total"] for r in rows)
         cells = " | ".join(f"{statistics.median(r[name] for r in rows):.0f} s" for name in PHASES)
+        lines.append(f"| {way} | {len(rows)} | {total:.1f} s ({total / base:.2f}x) | {cells} |")
+    return "\n".join(lines)
+
+
+SCALE_PHASES = PHASES[:4]
+
+
+def scale_table(ways: dict[str, list[dict[str, float]]]) -> str:
+    lines = [
+        f"| a new replica of a warm model, 1 to 3 | replicas | until ready p50 | {' | '.join(SCALE_PHASES)} (p50 each) |",
+        "|---|---|---|" + "---|" * len(SCALE_PHASES),
+    ]
+    base = statistics.median(r["total"] for r in next(iter(ways.values())))
+    for way, rows in ways.items():
+        total = statistics.median(r["total"] for r in rows)
+        cells = " | ".join(f"{statistics.median(r[name] for r in rows):.0f} s" for name in SCALE_PHASES)
         lines.append(f"| {way} | {len(rows)} | {total:.1f} s ({total / base:.2f}x) | {cells} |")
     return "\n".join(lines)
 
@@ -428,6 +539,13 @@ def main() -> int:
     )  # fmt: skip
     parser.add_argument("--starts", type=int, default=3, help="starts from zero of each way (--ways starts)")
     parser.add_argument("--scrape-seconds", type=int, default=30, help="Prometheus's scrape interval for --ways starts")
+    parser.add_argument(
+        "--artefact-gib", type=float, default=1.0,
+        help="--ways starts: the compiled artefact made this many GiB larger, so that its fetch shows (0: as compiled)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--scale-ups", type=int, default=2, help="--ways starts: scale-ups of the warm model from 1 to 3, with and without the node cache"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-autoscaling-") as tmp:
         cluster = localcluster.LocalCluster(Path(tmp) / "cluster", die_with_parent=True, real_node=True)
@@ -457,19 +575,37 @@ def main() -> int:
             zero: list[dict[str, Any]] = []
             warm: list[dict[str, Any]] = []
             starts: dict[str, list[dict[str, float]]] = {}
+            scale_ups: dict[str, list[dict[str, float]]] = {}
             if args.ways == "starts":
                 set_scrape_interval(cluster, args.scrape_seconds)
                 prepare_zero(cluster)
-                for way, flags in (
-                    ("KEDA polls Prometheus (--no-push-activation)", ("--no-push-activation",)),
-                    ("pushed by the holder", ()),
+                if args.artefact_gib:
+                    pad_artefact(cluster, args.artefact_gib)
+                cache_url, primed = "", False
+                for way, flags, cached in (
+                    ("KEDA polls Prometheus (--no-push-activation), the store", ("--no-push-activation",), False),
+                    ("pushed by the holder, the store", (), False),
+                    ("pushed by the holder, the node cache", (), True),
+                    ("KEDA polls Prometheus (--no-push-activation), the node cache", ("--no-push-activation",), True),
                 ):
+                    if cached and not cache_url:
+                        cache_url = start_node_cache(cluster)
+                    cache_flags = ("--node-cache-url", cache_url, "--node-cache-namespace", NAMESPACE) if cached else ()
                     operator.terminate()
                     operator.wait(15)
-                    operator = start_operator(*flags)
+                    operator = start_operator(*flags, *cache_flags)
                     print(f"{way}: {args.starts} starts from zero", file=sys.stderr, flush=True)
                     time.sleep(15)  # the operator's first reconcile rewrites the ScaledObject's triggers
+                    if cached and not primed:
+                        measure_starts(cluster, 1)  # the node's first fetch through the cache fills it: not counted
+                        primed = True
                     starts[way] = measure_starts(cluster, args.starts)
+                    if args.scale_ups and not cached and "the store" not in scale_ups and flags == ():
+                        print(f"the store: {args.scale_ups} scale-ups from 1 to 3", file=sys.stderr, flush=True)
+                        scale_ups["the store"] = measure_scale_up(cluster, args.scale_ups)
+                    if args.scale_ups and cached and "the node cache" not in scale_ups:
+                        print(f"the node cache: {args.scale_ups} scale-ups from 1 to 3", file=sys.stderr, flush=True)
+                        scale_ups["the node cache"] = measure_scale_up(cluster, args.scale_ups)
             for way, extra in (
                 ("fixed at peak", {"replicas": PEAK_REPLICAS}),
                 ("fixed at one", {"replicas": 1}),
@@ -490,10 +626,17 @@ def main() -> int:
     print(
         f"{time.strftime('%Y-%m-%d')}, python cluster/benchmark_autoscaling.py --peak-rps {args.peak_rps:g}"
         f" --zero-cycles {args.zero_cycles} --zero-gap {args.zero_gap:g} --ways {args.ways}"
-        + (f" --starts {args.starts} --scrape-seconds {args.scrape_seconds}" if starts else "")
+        + (
+            f" --starts {args.starts} --scrape-seconds {args.scrape_seconds} --artefact-gib {args.artefact_gib:g} --scale-ups {args.scale_ups}"
+            if starts
+            else ""
+        )
     )
     if starts:
         print(start_table(starts, args.scrape_seconds))
+    if scale_ups:
+        print()
+        print(scale_table(scale_ups))
     if rows:
         print(table(rows))
     if zero:

@@ -77,6 +77,30 @@ DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 REQUIRED_COMMANDS = ("ip", "iptables", "ip6tables", "mmdebstrap", RUNC, "mount", "umount")
 
 
+def pin_to_real_node(pod_spec: dict) -> dict:
+    """A DaemonSet's pod template, placed on the real node alone: the DaemonSet controller places
+    pods by the template, before admission, so a namespace's node selector cannot do it."""
+    pod_spec["nodeSelector"] = {REAL_NODE_LABEL: "true"}
+    pod_spec.setdefault("tolerations", []).append({"key": REAL_NODE_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"})
+    return pod_spec
+
+
+NODE_CACHE_KINDS = (
+    "DaemonSet", "Service", "ServiceAccount", "Role", "RoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+)  # fmt: skip
+
+
+def node_cache_on_real_node(chart_docs: list[dict]) -> list[dict]:
+    """The node cache's objects of a chart render (nodeCache.enabled), its DaemonSet pinned to
+    the real node: the one change from the chart's render, as this cluster's real node carries
+    a taint of its own."""
+    docs = [d for d in chart_docs if "-node-cache" in d["metadata"]["name"] and d["kind"] in NODE_CACHE_KINDS]
+    for d in docs:
+        if d["kind"] == "DaemonSet":
+            pin_to_real_node(d["spec"]["template"]["spec"])
+    return docs
+
+
 def unavailable_reason() -> str | None:
     """Why the real node cannot run on this machine, or None when it can."""
     if os.environ.get("INFERENTIA_REAL_NODE", "1") == "0":

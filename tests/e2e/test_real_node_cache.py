@@ -54,23 +54,13 @@ def fetch_pod(name: str, namespace: str, uri: str, cache: str) -> dict:
     }  # fmt: skip
 
 
-NODE_CACHE_KINDS = (
-    "DaemonSet", "Service", "ServiceAccount", "Role", "RoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
-)  # fmt: skip
-
-
 def test_only_the_first_fetch_on_the_node_reads_the_store(real_node, real_namespace, tmp_path, request):
     cluster, ns = real_node, real_namespace
     docs = helm_template(cluster, "--set", "nodeCache.enabled=true", "--set", f"nodeCache.maxBytes={CACHE_BYTES}", namespace=ns)
-    cache_docs = [d for d in docs if "-node-cache" in d["metadata"]["name"] and d["kind"] in NODE_CACHE_KINDS]
+    cache_docs = realnode.node_cache_on_real_node(docs)
     policies = [d for d in cache_docs if d["kind"].startswith("ValidatingAdmissionPolicy")]
     request.addfinalizer(lambda: [cluster.kubectl("delete", d["kind"], d["metadata"]["name"], check=False) for d in policies])
-    # The one change from the chart's render: this cluster's real node carries a taint of its own,
-    # and the DaemonSet controller places pods by the template, so the template names that node.
     [daemonset] = [d for d in cache_docs if d["kind"] == "DaemonSet"]
-    template = daemonset["spec"]["template"]["spec"]
-    template["nodeSelector"] = {realnode.REAL_NODE_LABEL: "true"}
-    template["tolerations"].append({"key": realnode.REAL_NODE_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"})
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(cache_docs))
     selector = ",".join(f"{k}={v}" for k, v in daemonset["spec"]["selector"]["matchLabels"].items())
 
