@@ -65,6 +65,13 @@ class FakeKube:
         self._check("apply", body["kind"], body["metadata"]["name"])
         return self._stored(body)
 
+    def apply_new(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """As Kube.apply_new: an apply whose resourceVersion no object has, so 409 where one exists."""
+        self._check("apply_new", body["kind"], body["metadata"]["name"])
+        if (body["kind"], body["metadata"]["name"]) in self.objects:
+            return None
+        return self._stored(body)
+
     def delete(self, kind: str, namespace: str, name: str) -> None:
         self._check("delete", kind, name)
         self.objects.pop((kind, name), None)
@@ -196,6 +203,22 @@ def test_the_actor_writes_each_child_and_records_refusals_and_conflicts_without_
     assert [(f.kind, f.code) for f in outcome.failures] == [("Job", 422)]
     plan = next(b for b in decision.apply if b["kind"] == "ConfigMap")
     assert ("ConfigMap", plan["metadata"]["name"]) in outcome.written  # the rest went ahead
+
+
+def test_a_new_models_children_are_created_without_a_read():
+    """The create-only apply's 409 is the check for a name taken by an object the watch cannot
+    see: a model whose names are free costs no GET (the read happens only on a 409)."""
+    kube = FakeKube()
+    model = stored_model()
+    cache = Cache()
+    cache.indexes = indexes(model)
+    observed = cache.observe((NS, "m"))
+    decision = decide(observed, "2026-11-24T00:00:00Z")
+    with ThreadPoolExecutor(1) as pool:
+        outcome = asyncio.run(act(pool, kube, observed, decision, DEFAULT_SETTINGS.prover))
+    assert not outcome.failures and not outcome.conflicts
+    assert {(k, n) for k, n in outcome.written} >= {("Deployment", "m"), ("Service", "m")}
+    assert [c for c in kube.calls if c[0] == "get"] == []
 
 
 # -- one decision per reconcile, and the triggers --------------------------------------------------
@@ -359,7 +382,7 @@ def test_a_write_that_may_pass_brings_the_model_back_after_a_growing_backoff_and
 
     asyncio.run(scenario())
     assert delays == [1.0, 2.0, 1.0]
-    assert [c for c in kube.calls if c[:2] == ("apply", "Service")], "the Service write was attempted"
+    assert [c for c in kube.calls if c[:2] == ("apply_new", "Service")], "the Service write was attempted"
 
 
 def test_resync_queues_every_model_only_while_this_replica_is_active():

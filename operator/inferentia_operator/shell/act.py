@@ -81,8 +81,15 @@ async def act(pool: Executor, kube: Kube, observed: Observed, decision: Decision
                             created = prove_job(kube, created, prover)
                         out.written[(kind, name)] = project(created)
                         return
-                # Not in the caches (or the create found the name taken): it may be an
-                # object the label-filtered watch cannot see. Never write over someone else's.
+                else:
+                    # Not in the caches: an apply that only creates, so that the usual case
+                    # (a new model) costs no read. It fails (409) where the name is taken
+                    # by an object the label-filtered watch cannot see: only then is it read,
+                    # and never written over if it is someone else's.
+                    created = kube.apply_new(body)
+                    if created is not None:
+                        out.written[(kind, name)] = project(created)
+                        return
                 if taken(kind, name):
                     return
             out.written[(kind, name)] = project(apply(kube, body, observed.live(kind, name)))
