@@ -46,7 +46,7 @@ def prometheus_config(kubeconfig: Path) -> dict[str, Any]:
     meta = "__meta_kubernetes_pod_"
     return {
         # Short, so that a start from zero waits little for the holder's count to be seen.
-        "global": {"scrape_interval": "2s", "evaluation_interval": "2s"},
+        "global": {"scrape_interval": f"{SCRAPE_SECONDS}s", "evaluation_interval": f"{SCRAPE_SECONDS}s"},
         "scrape_configs": [
             {
                 "job_name": "kubernetes-pods",
@@ -73,6 +73,42 @@ def prometheus_config(kubeconfig: Path) -> dict[str, Any]:
             }
         ],
     }
+
+
+# prometheus_config's scrape interval: short, so that the tests wait little for a scrape.
+SCRAPE_SECONDS = 2
+
+
+def set_scrape_interval(state: Path, prometheus_pid: int, prometheus_url: str, seconds: int) -> None:
+    """The running Prometheus scrapes every ``seconds`` from now on: its configuration file
+    rewritten and reloaded (SIGHUP, as Prometheus documents), until its API reports it."""
+    import signal
+    import urllib.request
+
+    path = state / "autoscaling" / "prometheus.yml"
+    config = yaml.safe_load(path.read_text())
+    config["global"] |= {"scrape_interval": f"{seconds}s", "evaluation_interval": f"{seconds}s"}
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    os.kill(prometheus_pid, signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while True:
+        with urllib.request.urlopen(f"{prometheus_url}/api/v1/status/config", timeout=5) as answer:
+            loaded = yaml.safe_load(json.loads(answer.read())["data"]["yaml"])
+        if loaded["global"]["scrape_interval"] in (f"{seconds}s", _prometheus_duration(seconds)):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Prometheus did not take the new scrape interval: {loaded['global']}")
+        time.sleep(0.2)
+
+
+def _prometheus_duration(seconds: int) -> str:
+    """How Prometheus prints a duration: 3600 s as 1h, 90 s as 1m30s."""
+    out = ""
+    for unit, size in (("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size:
+            out += f"{seconds // size}{unit}"
+            seconds %= size
+    return out or "0s"
 
 
 def make_keda_certs(pki: Path, sign) -> Path:

@@ -47,6 +47,7 @@ import yaml
 
 import localcluster
 import realnode
+from autoscaling import set_scrape_interval
 from images import STANDIN_IMAGE
 from samples import store_secret
 
@@ -469,19 +470,6 @@ def measure_scale_up(cluster: localcluster.LocalCluster, rounds: int) -> list[di
     return out
 
 
-def set_scrape_interval(cluster: localcluster.LocalCluster, seconds: int) -> None:
-    """Prometheus scrapes every ``seconds`` from now on (its configuration, reloaded on SIGHUP)."""
-    import os
-    import signal
-
-    path = cluster.state / "autoscaling" / "prometheus.yml"
-    config = yaml.safe_load(path.read_text())
-    config["global"] |= {"scrape_interval": f"{seconds}s", "evaluation_interval": f"{seconds}s"}
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    os.kill(cluster.recorded()["pids"]["prometheus"], signal.SIGHUP)
-    time.sleep(2)
-
-
 def start_table(ways: dict[str, list[dict[str, float]]], scrape: int) -> str:
     lines = [
         f"| start from zero, Prometheus scraping every {scrape} s | starts | total p50 | {' | '.join(PHASES)} (p50 each) |",
@@ -577,7 +565,7 @@ def main() -> int:
             starts: dict[str, list[dict[str, float]]] = {}
             scale_ups: dict[str, list[dict[str, float]]] = {}
             if args.ways == "starts":
-                set_scrape_interval(cluster, args.scrape_seconds)
+                set_scrape_interval(cluster.state, cluster.recorded()["pids"]["prometheus"], str(cluster.prometheus()), args.scrape_seconds)
                 prepare_zero(cluster)
                 if args.artefact_gib:
                     pad_artefact(cluster, args.artefact_gib)
