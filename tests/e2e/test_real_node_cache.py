@@ -3,7 +3,8 @@ DaemonSet's pod, reached through its Service's node-local route (internalTraffic
 kube-proxy on this node), and two artefact fetches in pods of the operator's image. Only the
 first reads the store; the second is served by the cache, every file checked against the
 artefact's marker. A copy changed on the node's disk is refused and replaced; a second artefact
-past the cache's size evicts the first."""
+past the cache's size evicts the first. And a model's own replica, with the operator told of
+the cache, starts from it once the store's copy is gone."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ RESTRICTED = {
 }  # fmt: skip
 
 
+# Room for a model's compiled artefact on the stand-ins (a few MB).
+MODEL_CACHE_BYTES = 64 << 20
 # Room for one of the test's artefacts (600,000 bytes each), not two: the second evicts the first.
 # (The chart's least, 1 MiB.)
 CACHE_BYTES = 1048576
@@ -54,9 +57,10 @@ def fetch_pod(name: str, namespace: str, uri: str, cache: str) -> dict:
     }  # fmt: skip
 
 
-def test_only_the_first_fetch_on_the_node_reads_the_store(real_node, real_namespace, tmp_path, request):
-    cluster, ns = real_node, real_namespace
-    docs = helm_template(cluster, "--set", "nodeCache.enabled=true", "--set", f"nodeCache.maxBytes={CACHE_BYTES}", namespace=ns)
+def start_node_cache(cluster, ns: str, max_bytes: int, request):
+    """The chart's node cache (nodeCache.enabled) in ``ns``, its DaemonSet's pod on the real node:
+    a function returning that pod, the pod's own URL, and the Service's node-local URL."""
+    docs = helm_template(cluster, "--set", "nodeCache.enabled=true", "--set", f"nodeCache.maxBytes={max_bytes}", namespace=ns)
     cache_docs = realnode.node_cache_on_real_node(docs)
     policies = [d for d in cache_docs if d["kind"].startswith("ValidatingAdmissionPolicy")]
     request.addfinalizer(lambda: [cluster.kubectl("delete", d["kind"], d["metadata"]["name"], check=False) for d in policies])
@@ -74,7 +78,12 @@ def test_only_the_first_fetch_on_the_node_reads_the_store(real_node, real_namesp
     service = cluster.get("service", "inferentia-operator-node-cache", "-n", ns)
     assert service["spec"]["internalTrafficPolicy"] == "Local"
     routed(service["spec"]["clusterIP"], 8080)
-    cache = f"http://{service['spec']['clusterIP']}:8080"
+    return cache_pod, pod_url, f"http://{service['spec']['clusterIP']}:8080"
+
+
+def test_only_the_first_fetch_on_the_node_reads_the_store(real_node, real_namespace, tmp_path, request):
+    cluster, ns = real_node, real_namespace
+    cache_pod, pod_url, cache = start_node_cache(cluster, ns, CACHE_BYTES, request)
 
     bucket = object_store(cluster, ns)
     source = tmp_path / "compiled"
@@ -143,3 +152,50 @@ def test_only_the_first_fetch_on_the_node_reads_the_store(real_node, real_namesp
     assert other.returncode != 0 and "holds.inferentia.dev labels only" in other.stderr
     elsewhere = cluster.kubectl("label", "pod", "first", "-n", ns, f"{hold_label('s3://x/y/')}=true", *as_cache, check=False)
     assert elsewhere.returncode != 0 and "its own pod only" in elsewhere.stderr
+
+
+def test_a_models_replica_reads_its_artefact_from_the_node_cache(real_node, real_namespace, operator, tmp_path, request):
+    """The whole path: the operator run with the chart's node cache (--node-cache-url,
+    --node-cache-namespace) gives a model's serving pods a fetch that asks the cache. The first
+    replica reads the store and fills the cache; with the store's artefact then deleted, the
+    next replica on the node starts from the cache alone, and the cache's pod carries the
+    artefact's label that the Deployment prefers."""
+    from kit import OperatorProcess
+    from test_real_node import apply, wait_ready
+    from test_real_zero import zero_spec
+
+    cluster, ns = real_node, real_namespace
+    cache_pod, pod_url, cache = start_node_cache(cluster, ns, MODEL_CACHE_BYTES, request)
+    spec = zero_spec(cluster, ns)
+    del spec["autoscaling"]
+    operator.stop()  # this test's operator knows of the cache; the session's, which does not, waits
+    cached = OperatorProcess(
+        operator.kubeconfig, tmp_path / "operator.log", peering="e2e-node-cache",
+        extra_args=("--node-cache-url", cache, "--node-cache-namespace", ns),
+    )  # fmt: skip
+    try:
+        cached.start()
+        apply(cluster, ns, "cached", spec)
+        wait_ready(cluster, ns, "cached", timeout=300)
+        model = cluster.get("inferentiamodel", "cached", "-n", ns)
+        uri = model["status"]["compiledUri"]
+        assert cache_metric(pod_url, "inferentia_node_cache_stored_total") >= 1
+        wait_for(lambda: hold_label(uri) in cache_pod()["metadata"]["labels"], 30, "the cache's pod labelled with the artefact")
+        deployment = cluster.get("deployment", "cached", "-n", ns)
+        [term] = deployment["spec"]["template"]["spec"]["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert term["podAffinityTerm"]["labelSelector"]["matchExpressions"][0]["key"] == hold_label(uri)
+        # The store's copy goes; a new replica can only start from the node's cache.
+        bucket, prefix = uri.removeprefix("s3://").split("/", 1)
+        store = store_client(cluster)
+        for key in [o["Key"] for o in store.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]:
+            if not key.endswith("_INFERENTIA_COMPLETE"):
+                store.delete_object(Bucket=bucket, Key=key)
+        hits = cache_metric(pod_url, "inferentia_node_cache_hits_total")
+        cluster.kubectl("delete", "pods", "-n", ns, "-l", "inferentia.dev/model=cached,app.kubernetes.io/component=serving", "--wait=false")
+        wait_for(
+            lambda: cache_metric(pod_url, "inferentia_node_cache_hits_total") > hits, 120, "the new replica's fetch served by the cache"
+        )
+        wait_ready(cluster, ns, "cached", timeout=180)
+    finally:
+        cached.stop()
+        operator.start()
