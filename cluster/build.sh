@@ -151,6 +151,15 @@ keda_crds() {
   stamp keda-crds "$v"
 }
 
+# LeaderWorkerSet's CRD, from the same module as its controller.
+lws_crds() {
+  local out="$bin/lws-crds" v="$LWS_VERSION"
+  [[ -d "$out" && "$(cat "$bin/.lws-crds.version" 2>/dev/null)" == "$v" ]] && return
+  rm -rf "$out"; mkdir -p "$out"
+  cp "$src/lws/config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml" "$out/"
+  stamp lws-crds "$v"
+}
+
 # build_local NAME DIR REQUIREMENT...: a command of this repository (cluster/node/NAME),
 # rebuilt when its source or requirements change.
 build_local() {
@@ -202,6 +211,9 @@ build_in_module keda github.com/kedacore/keda/v2 "$KEDA_VERSION" "" \
   "-X github.com/kedacore/keda/v2/version.Version=$KEDA_VERSION" \
   keda=./cmd/operator keda-adapter=./cmd/adapter
 keda_crds
+# LeaderWorkerSet: a replica of one leader and N-1 workers, created, placed and restarted as one.
+build_in_module lws sigs.k8s.io/lws "$LWS_VERSION" "" "" lws-controller=./cmd
+lws_crds
 # Only Kubernetes service discovery: the serving pods are found through the API server.
 build_in_module prometheus github.com/prometheus/prometheus "$PROMETHEUS_VERSION" "remove_all_sd,enable_kubernetes_sd" "" \
   prometheus=./cmd/prometheus

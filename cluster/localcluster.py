@@ -320,6 +320,7 @@ class LocalCluster:
                 self.real_node.network_up()
                 self._save(real_node=True)
             self._start_all(bins, pki, ports, pids, started + timeout)
+            self._start_leader_worker_sets(bins, pki, pids, started + timeout + 60)
             if self.real_node is not None:
                 self._start_real_node(bins, pki, pids, started + timeout + 120)
                 self._start_autoscaling(bins, pki, pids, started + timeout + 180)
@@ -481,6 +482,17 @@ class LocalCluster:
             self._save(autoscaling_skipped=reason)
             return
         engines.start(pids, deadline, _sign)
+
+    def _start_leader_worker_sets(self, bins: Path, pki: Path, pids: dict[str, int], deadline: float) -> None:
+        """LeaderWorkerSet's controller and webhooks (cluster/leaderworkerset.py), when built."""
+        import leaderworkerset
+
+        engine = leaderworkerset.LeaderWorkerSets(self.state, self.kubeconfig, bins, pki, self._start, self._wait, self._save)
+        reason = engine.available()
+        if reason:
+            self._save(leaderworkerset_skipped=reason)
+            return
+        engine.start(pids, deadline, _sign)
 
     def prometheus(self) -> str | None:
         """Prometheus's URL (with the real node and the autoscaling engines), for queries."""
