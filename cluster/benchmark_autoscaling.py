@@ -470,33 +470,25 @@ def measure_scale_up(cluster: localcluster.LocalCluster, rounds: int) -> list[di
     return out
 
 
-def start_table(ways: dict[str, list[dict[str, float]]], scrape: int) -> str:
-    lines = [
-        f"| start from zero, Prometheus scraping every {scrape} s | starts | total p50 | {' | '.join(PHASES)} (p50 each) |",
-        "|---|---|---|" + "---|" * len(PHASES),
-    ]
+def phase_table(heading: str, counted: str, total: str, names: tuple[str, ...], ways: dict[str, list[dict[str, float]]]) -> str:
+    """One row a way: how many were timed, the median total against the first way's, and each
+    phase's median."""
+    lines = [f"| {heading} | {counted} | {total} p50 | {' | '.join(names)} (p50 each) |", "|---|---|---|" + "---|" * len(names)]
     base = statistics.median(r["total"] for r in next(iter(ways.values())))
     for way, rows in ways.items():
-        total = statistics.median(r["total"] for r in rows)
-        cells = " | ".join(f"{statistics.median(r[name] for r in rows):.0f} s" for name in PHASES)
-        lines.append(f"| {way} | {len(rows)} | {total:.1f} s ({total / base:.2f}x) | {cells} |")
+        middle = statistics.median(r["total"] for r in rows)
+        cells = " | ".join(f"{statistics.median(r[name] for r in rows):.0f} s" for name in names)
+        lines.append(f"| {way} | {len(rows)} | {middle:.1f} s ({middle / base:.2f}x) | {cells} |")
     return "\n".join(lines)
 
 
-SCALE_PHASES = PHASES[:4]
+def start_table(ways: dict[str, list[dict[str, float]]], scrape: int) -> str:
+    return phase_table(f"start from zero, Prometheus scraping every {scrape} s", "starts", "total", PHASES, ways)
 
 
 def scale_table(ways: dict[str, list[dict[str, float]]]) -> str:
-    lines = [
-        f"| a new replica of a warm model, 1 to 3 | replicas | until ready p50 | {' | '.join(SCALE_PHASES)} (p50 each) |",
-        "|---|---|---|" + "---|" * len(SCALE_PHASES),
-    ]
-    base = statistics.median(r["total"] for r in next(iter(ways.values())))
-    for way, rows in ways.items():
-        total = statistics.median(r["total"] for r in rows)
-        cells = " | ".join(f"{statistics.median(r[name] for r in rows):.0f} s" for name in SCALE_PHASES)
-        lines.append(f"| {way} | {len(rows)} | {total:.1f} s ({total / base:.2f}x) | {cells} |")
-    return "\n".join(lines)
+    # A new replica answers nothing itself: its phases end when it is ready.
+    return phase_table("a new replica of a warm model, 1 to 3", "replicas", "until ready", PHASES[:4], ways)
 
 
 def zero_tables(rows: list[dict[str, Any]], warm: list[dict[str, Any]]) -> str:

@@ -477,20 +477,20 @@ class LocalCluster:
         import autoscaling
 
         engines = autoscaling.Autoscaling(self.state, self.kubeconfig, bins, pki, self._start, self._wait, self._save)
-        reason = engines.available()
-        if reason:
-            self._save(autoscaling_skipped=reason)
-            return
-        engines.start(pids, deadline, _sign)
+        self._start_engine(engines, "autoscaling_skipped", pids, deadline)
 
     def _start_leader_worker_sets(self, bins: Path, pki: Path, pids: dict[str, int], deadline: float) -> None:
         """LeaderWorkerSet's controller and webhooks (cluster/leaderworkerset.py), when built."""
         import leaderworkerset
 
         engine = leaderworkerset.LeaderWorkerSets(self.state, self.kubeconfig, bins, pki, self._start, self._wait, self._save)
+        self._start_engine(engine, "leaderworkerset_skipped", pids, deadline)
+
+    def _start_engine(self, engine, skipped: str, pids: dict[str, int], deadline: float) -> None:
+        """An engine users run beside the cluster, if it was built; else why not, recorded."""
         reason = engine.available()
         if reason:
-            self._save(leaderworkerset_skipped=reason)
+            self._save(**{skipped: reason})
             return
         engine.start(pids, deadline, _sign)
 
