@@ -76,9 +76,22 @@ def test_the_node_cache_only_when_asked_unprivileged_and_reached_on_the_pods_own
     pod = daemonset["spec"]["template"]["spec"]
     [container] = pod["containers"]
     assert container["args"][:2] == ["node-cache", "--dir=/cache"] and "--max-bytes=10737418240" in container["args"]
-    # No hostPath, no token, no privilege: its own emptyDir, a little larger than what it keeps.
+    # No hostPath, no privilege: its own emptyDir, a little larger than what it keeps.
     assert pod["volumes"] == [{"name": "cache", "emptyDir": {"sizeLimit": "11264Mi"}}]
-    assert pod["automountServiceAccountToken"] is False and pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    # Its token may do one thing: label its own pod with what it holds. Its own ServiceAccount,
+    # a Role of get and patch on pods here, and a policy narrowing that to its own pod's
+    # holds.inferentia.dev labels.
+    assert pod["automountServiceAccountToken"] is True and pod["serviceAccountName"] == "inferentia-operator-node-cache"
+    [role] = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "inferentia-operator-node-cache"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]
+    [policy] = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    assert policy["spec"]["matchConditions"][0]["expression"].endswith(
+        '"system:serviceaccount:inferentia-system:inferentia-operator-node-cache"'
+    )
+    assert [v["message"] for v in policy["spec"]["validations"]] == [
+        "the node cache may change its own pod only", "the node cache may change its pod's holds.inferentia.dev labels only",
+    ]  # fmt: skip
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     [service] = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].endswith("-node-cache")]
@@ -90,6 +103,7 @@ def test_the_node_cache_only_when_asked_unprivileged_and_reached_on_the_pods_own
     assert not operator_selector <= daemonset["spec"]["template"]["metadata"]["labels"].items()
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--node-cache-url=http://inferentia-operator-node-cache.inferentia-system.svc:8080" in args
+    assert "--node-cache-namespace=inferentia-system" in args
 
 
 def test_an_install_without_the_image_stops_with_a_message(cluster):
