@@ -258,3 +258,19 @@ def test_an_artefact_fetched_whole_is_recorded_and_goes_with_its_evicted_file(s3
     with urllib.request.urlopen(f"{cache.url}/artefacts", timeout=5) as r:
         assert json.loads(r.read()) == {}
     assert cache.metric("inferentia_node_cache_artefacts") == 0
+
+
+def test_a_record_is_read_whole_however_it_arrives(cache):
+    """A record that arrives in two parts is parsed whole (here refused, 409, for naming files
+    the cache does not hold), never cut at the first read of the socket."""
+    import socket
+
+    body = json.dumps([hashlib.sha256(str(i).encode()).hexdigest() for i in range(100)]).encode()
+    conn = socket.create_connection(("127.0.0.1", cache.port))
+    conn.settimeout(10)
+    conn.sendall(f"PUT /artefacts/{'a' * 32} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body[:100])
+    time.sleep(0.3)
+    conn.sendall(body[100:])
+    answer = conn.recv(64)
+    conn.close()
+    assert answer.startswith(b"HTTP/1.1 409"), answer

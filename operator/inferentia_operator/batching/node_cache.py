@@ -12,6 +12,9 @@ store. So only the first replica on a node reads the store.
   body is not read); a held copy whose bytes changed on disk is dropped and the offer stored
   in its place (``inferentia_node_cache_damaged_total``). 409 while another offer of it is being written, 413 above the whole cache, 411
   without a length (room is made before reading), 503 past ``MAX_OFFERS`` at once.
+- ``PUT /artefacts/<key>`` (a JSON list of SHA-256s, with a Content-Length): an artefact a fetch
+  found whole, recorded while every file of it is held (else 409), and labelled on the cache's
+  own pod (core/holds.py); ``GET /artefacts`` lists them.
 - Bounded by ``max_bytes``: the least recently used files go first to make room.
 - ``/metrics``: files, bytes, hits, misses, stored, refused offers, damaged copies; ``/healthz``.
 - At most ``MAX_CONNECTIONS`` open connections; one more is answered 503 and closed.
@@ -126,10 +129,12 @@ class NodeCache:
         key = request.match_info["key"]
         if not HOLD_KEY.match(key):
             return web.json_response({"error": "an artefact is recorded under its key, 32 hexadecimal digits"}, status=404)
-        if (request.content_length or 0) > MAX_RECORD_BYTES:
+        if request.content_length is None:
+            return web.json_response({"error": "a record needs a Content-Length"}, status=411)
+        if request.content_length > MAX_RECORD_BYTES:
             return web.json_response({"error": f"a record is at most {MAX_RECORD_BYTES} bytes"}, status=413)
         try:
-            files = json.loads(await request.content.read(MAX_RECORD_BYTES + 1))
+            files = json.loads(await request.read())  # the whole body, its length known and bounded
         except ValueError:
             files = None
         if (
