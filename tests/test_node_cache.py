@@ -274,3 +274,18 @@ def test_a_record_is_read_whole_however_it_arrives(cache):
     answer = conn.recv(64)
     conn.close()
     assert answer.startswith(b"HTTP/1.1 409"), answer
+
+
+def test_recording_what_is_recorded_already_writes_nothing(s3, cache, tmp_path):
+    """Every fetch records its artefact, hits included: a record the cache already has is
+    answered without rewriting its file or waking the pod labeller (no API call per replica)."""
+    source = tmp_path / "compiled"
+    source.mkdir()
+    (source / "model.pt").write_bytes(b"a" * 60)
+    upload(source, "s3://models/m/abc/")
+    fetch("s3://models/m/abc/", tmp_path / "one", cache=cache.url)
+    records = tmp_path / "cache" / "artefacts.json"
+    first = records.stat().st_ino, records.stat().st_mtime_ns
+    fetch("s3://models/m/abc/", tmp_path / "two", cache=cache.url)  # a hit, recorded again
+    assert (records.stat().st_ino, records.stat().st_mtime_ns) == first
+    assert cache.metric("inferentia_node_cache_hits_total") == 1

@@ -145,8 +145,14 @@ class NodeCache:
             return web.json_response({"error": f"a record is a JSON list of 1 to {MAX_ARTEFACT_FILES} SHA-256s"}, status=400)
         if missing := [f for f in files if f not in self.held]:
             return web.json_response({"error": f"{len(missing)} of its files are not held here"}, status=409)
+        recorded = frozenset(files)
+        if self.artefacts.get(key) == recorded:
+            # Every fetch records, hits included: the same record again only refreshes its place,
+            # with no write to disk and no wake of the pod labeller (no API call per replica).
+            self.artefacts[key] = self.artefacts.pop(key)
+            return web.json_response({"recorded": True}, status=200)
         self.artefacts.pop(key, None)
-        self.artefacts[key] = frozenset(files)  # most recent last
+        self.artefacts[key] = recorded  # most recent last
         while len(self.artefacts) > MAX_ARTEFACTS:
             del self.artefacts[next(iter(self.artefacts))]
         self._changed()
