@@ -681,6 +681,32 @@ def test_with_a_node_cache_a_replica_prefers_a_node_that_holds_its_artefact():
     assert term["labelSelector"]["matchExpressions"] == [{"key": hold_label(children.compiled_uri(m)), "operator": "Exists"}]
     [spread] = affinity["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert preferred["weight"] < spread["weight"]
-    # A model without a compile step fetches no artefact, so it has nothing to prefer.
-    plain = replace(model(), node_cache_url="http://c.inferentia-system.svc:8080", node_cache_namespace="inferentia-system")
+    # A model without a compile step, served from a path in its image, fetches nothing, so it has nothing to prefer.
+    in_image = model(**{"model.uri": "file:///models/resnet"})
+    plain = replace(in_image, node_cache_url="http://c.inferentia-system.svc:8080", node_cache_namespace="inferentia-system")
     assert "podAffinity" not in children.serving_deployment(plain)["spec"]["template"]["spec"]["affinity"]
+
+
+def test_with_a_node_cache_an_uncompiled_model_is_fetched_through_it_and_preferred_where_held():
+    """No compile step, a model in S3: the serving pod's fetch-model reads through the node's
+    cache (by the SHA-256s of the model's marker, when it has one), and its replicas prefer a
+    node whose cache holds the model, under the hash of the model's own URI."""
+    from dataclasses import replace
+
+    from inferentia_operator.core.holds import hold_label
+
+    m = model(**{"model.uri": "s3://models/resnet/"})
+    cached = replace(m, node_cache_url="http://c.inferentia-system.svc:8080", node_cache_namespace="inferentia-system")
+    pod = children.serving_deployment(cached)["spec"]["template"]["spec"]
+    [fetch] = pod["initContainers"]
+    assert fetch["name"] == "fetch-model"
+    assert {"name": "INFERENTIA_NODE_CACHE", "value": "http://c.inferentia-system.svc:8080"} in fetch["env"]
+    [preferred] = pod["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred["podAffinityTerm"]["labelSelector"]["matchExpressions"] == [
+        {"key": hold_label("s3://models/resnet/"), "operator": "Exists"}
+    ]
+    # The compile Job's fetch may run on a node with no cache (it needs no Neuron device): it
+    # reads the store, never waiting on a cache that is not there.
+    compiling = replace(model(**VLLM, **{"compile.image": "example.com/compile:1"}), node_cache_url="http://c:8080")
+    job_fetch = children.compile_job(compiling)["spec"]["template"]["spec"]["initContainers"][0]
+    assert job_fetch["name"] == "fetch-model" and "INFERENTIA_NODE_CACHE" not in {e["name"] for e in job_fetch["env"]}

@@ -138,3 +138,16 @@ def test_a_chunked_https_download_is_cut_off_at_the_cap(tmp_path, monkeypatch):
         assert not (tmp_path / "m" / "model.pt").exists()
     finally:
         server.shutdown()
+
+
+def test_a_marker_too_large_or_of_another_shape_is_refused_with_its_reason(s3, tmp_path, monkeypatch):
+    """The marker comes from the store: read to a bound, and checked for its shape, before use."""
+    from inferentia_operator import fetch as fetching
+
+    monkeypatch.setattr(fetching, "MAX_MARKER_BYTES", 64)
+    s3.put_object(Bucket="models", Key="big/_INFERENTIA_COMPLETE", Body=b"{" + b" " * 100 + b"}")
+    with pytest.raises(FetchError, match="more than 64 bytes"):
+        fetch("s3://models/big/", tmp_path / "a")
+    s3.put_object(Bucket="models", Key="odd/_INFERENTIA_COMPLETE", Body=b"[1, 2]")
+    with pytest.raises(FetchError, match="names no files"):
+        fetch_model("s3://models/odd/", tmp_path / "b")

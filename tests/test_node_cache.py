@@ -289,3 +289,64 @@ def test_recording_what_is_recorded_already_writes_nothing(s3, cache, tmp_path):
     fetch("s3://models/m/abc/", tmp_path / "two", cache=cache.url)  # a hit, recorded again
     assert (records.stat().st_ino, records.stat().st_mtime_ns) == first
     assert cache.metric("inferentia_node_cache_hits_total") == 1
+
+
+def test_a_model_with_a_marker_is_read_through_the_cache_and_checked(s3, cache, tmp_path):
+    """No compile step: a model uploaded by `inferentia-operator upload` (or indexed in place by
+    `inferentia-operator index`) has a marker naming each file's SHA-256, so its weights come from
+    the node's cache after the first replica on a node, each checked, like a compiled artefact.
+    A model without one is read from the store, as before."""
+    from inferentia_operator import cli
+    from inferentia_operator.core.holds import hold_key
+    from inferentia_operator.fetch import FetchError, fetch_model
+
+    s3.put_object(Bucket="models", Key="llama/config.json", Body=b"{}")
+    s3.put_object(Bucket="models", Key="llama/weights/model.safetensors", Body=b"w" * 30)
+    assert [p.name for p in fetch_model("s3://models/llama/", tmp_path / "plain", cache=cache.url)] == ["config.json", "model.safetensors"]
+    assert cache.metric("inferentia_node_cache_stored_total") == 0  # no marker: no hash known before reading, so no cache
+    assert cli.main(["index", "--at", "s3://models/llama/"]) == 0
+    first = fetch_model("s3://models/llama/", tmp_path / "one", cache=cache.url)
+    assert sorted(p.relative_to(tmp_path / "one").as_posix() for p in first) == ["config.json", "weights/model.safetensors"]
+    assert cache.metric("inferentia_node_cache_stored_total") == 2
+    with urllib.request.urlopen(f"{cache.url}/artefacts", timeout=5) as r:
+        assert hold_key("s3://models/llama/") in json.loads(r.read())
+    s3.delete_object(Bucket="models", Key="llama/weights/model.safetensors")  # only the cache has it now
+    again = fetch_model("s3://models/llama/", tmp_path / "two", cache=cache.url)
+    assert (tmp_path / "two" / "weights" / "model.safetensors").read_bytes() == b"w" * 30 and len(again) == 2
+    # Weights changed after indexing: refused, never served unchecked.
+    s3.put_object(Bucket="models", Key="llama/weights/model.safetensors", Body=b"v" * 30)
+    with pytest.raises(FetchError, match="does not match its completion marker"):
+        fetch_model("s3://models/llama/", tmp_path / "three")
+
+
+def test_a_cache_that_does_not_answer_is_asked_once_per_fetch_not_once_per_file(s3, tmp_path):
+    """With `internalTrafficPolicy: Local`, a node whose cache pod is gone drops the connection:
+    each ask would wait out the timeout, so after one that times out the rest of the fetch reads
+    the store alone (here a listener that accepts and never answers, counting its connections)."""
+    import socket
+    import threading
+
+    from inferentia_operator.fetch import fetch_model, index
+
+    for name in ("a.bin", "b.bin", "c.bin"):
+        s3.put_object(Bucket="models", Key=f"three/{name}", Body=name.encode() * 10)
+    index("s3://models/three/")
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                accepted.append(silent.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        got = fetch_model("s3://models/three/", tmp_path / "m", cache=f"http://127.0.0.1:{silent.getsockname()[1]}")
+    finally:
+        silent.close()
+    assert sorted(p.name for p in got) == ["a.bin", "b.bin", "c.bin"]
+    assert len(accepted) == 1

@@ -59,6 +59,7 @@ def in_code(reference: str) -> float:
         "MAX_NODES": manifests.MAX_NODES,
         "MAX_EXPANDED_NODES": manifests.MAX_EXPANDED_NODES,
         "MAX_HTTPS_BYTES": fetch.MAX_HTTPS_BYTES,
+        "MAX_MARKER_BYTES": fetch.MAX_MARKER_BYTES,
         "scaler.MAX_MESSAGE": scaler.MAX_MESSAGE,
         "scaler.MAX_STREAMS": scaler.MAX_STREAMS,
         "scaler.MAX_CALLS": scaler.MAX_CALLS,

@@ -423,6 +423,13 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("--to", dest="uri", required=True, help="the artefact's s3:// URI (status.compiledUri)")
     u.set_defaults(func=cmd_upload)
 
+    ix = sub.add_parser(
+        "index",
+        help="write a completion marker for a model already in S3 (each file hashed in place), so replicas read it through the node cache",
+    )
+    ix.add_argument("--at", dest="uri", required=True, help="the model's s3:// prefix (spec.model.uri)")
+    ix.set_defaults(func=cmd_index)
+
     r = sub.add_parser("run", help="run the operator against the current kubeconfig or in-cluster config")
     r.add_argument("-n", "--namespace", action="append", default=[], help="watch this namespace (repeatable); default: all")
     r.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL ('' to disable)")
@@ -462,6 +469,12 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     from .fetch import main as fetch_main
 
     return fetch_main(args.uri, args.destination, model=args.model)
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from .fetch import index_main
+
+    return index_main(args.uri)
 
 
 def cmd_upload(args: argparse.Namespace) -> int:

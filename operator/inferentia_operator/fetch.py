@@ -7,7 +7,9 @@ pods. Both run in the operator's own image, so the user's Neuron image needs no 
   only the files the marker names, each checked against its size and digest. An upload that
   stopped half-way has no marker, so nothing half-written is ever served.
 - ``fetch --model`` (the uncompiled model, for the compile program or the model server): every
-  object under an ``s3://`` prefix, or one ``https://`` file; no marker.
+  object under an ``s3://`` prefix, or one ``https://`` file; or, where the prefix has a marker
+  (``upload`` wrote the model, or ``index`` hashed it in place), exactly the files it names, each
+  checked and, on a serving pod, read through the node's cache.
 
 vLLM on Neuron reads NEURON_COMPILED_ARTIFACTS as a local directory, and so does every framework
 that loads a compiled model from a path; nothing in a serving image downloads an ``s3://`` URI.
@@ -23,6 +25,7 @@ import http.client
 import json
 import os
 import sys
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path, PurePosixPath
@@ -33,6 +36,8 @@ from .core.holds import hold_key
 MARKER = "_INFERENTIA_COMPLETE"
 # An https:// model larger than this is refused: a URL is for a small model, S3 for the rest.
 MAX_HTTPS_BYTES = 50 * 1024**3
+# A marker lists a file's name, size and SHA-256 in about 150 bytes: room for 100,000 files.
+MAX_MARKER_BYTES = 16 * 1024**2
 # The node's cache answers on this node or not at all: its Service routes only to the node's own
 # pod (internalTrafficPolicy: Local), and drops the connection where there is none.
 CACHE_TIMEOUT = 2.0
@@ -101,8 +106,17 @@ def _from_cache(cache: str, sha256: str, size: int, target: Path) -> bool:
                 left -= len(block)
                 out.write(block)
             return left == 1
-    except (OSError, ValueError, http.client.HTTPException):  # a miss (404), no cache, a broken answer: the store then
+    except urllib.error.HTTPError:  # a miss (404): the store then
         return False
+    except (OSError, ValueError) as exc:  # no answer: with no cache pod on this node, none will come
+        raise _CacheSilent from exc
+    except http.client.HTTPException:  # a broken answer: the store then
+        return False
+
+
+class _CacheSilent(Exception):
+    """The node's cache did not answer (refused, or timed out): the rest of the fetch reads the
+    store alone rather than wait out the timeout once per file."""
 
 
 def _offer(cache: str, sha256: str, path: Path) -> None:
@@ -139,24 +153,48 @@ def fetch(uri: str, destination: Path, client: Any = None, cache: str | None = N
     bucket, prefix = split_s3_uri(uri)
     prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
     client = _client(client)
-    try:
-        marker = json.loads(client.get_object(Bucket=bucket, Key=prefix + MARKER)["Body"].read())
-    except client.exceptions.NoSuchKey:
+    marker = _marker(client, bucket, prefix)
+    if marker is None:
         if _keys(client, bucket, prefix):
-            raise FetchError(f"{uri} has no completion marker ({MARKER}): its upload did not finish, so it is not served") from None
-        raise FetchError(f"no compiled artefact under {uri}: the compile Job has not written one there") from None
+            raise FetchError(f"{uri} has no completion marker ({MARKER}): its upload did not finish, so it is not served")
+        raise FetchError(f"no compiled artefact under {uri}: the compile Job has not written one there")
+    return _fetch_marked(uri, marker, destination, client, cache)
+
+
+def _marker(client: Any, bucket: str, prefix: str) -> dict[str, Any] | None:
+    """The completion marker under ``prefix``, read to at most MAX_MARKER_BYTES; None if absent."""
+    try:
+        body = client.get_object(Bucket=bucket, Key=prefix + MARKER)["Body"].read(MAX_MARKER_BYTES + 1)
+    except client.exceptions.NoSuchKey:
+        return None
+    if len(body) > MAX_MARKER_BYTES:
+        raise FetchError(f"s3://{bucket}/{prefix}{MARKER} is more than {MAX_MARKER_BYTES} bytes: not a marker this tool wrote")
+    marker = json.loads(body)
+    if not isinstance(marker, dict) or not isinstance(marker.get("files"), dict):
+        raise FetchError(f"s3://{bucket}/{prefix}{MARKER} is not a completion marker: it names no files")
+    return marker
+
+
+def _fetch_marked(uri: str, marker: dict[str, Any], destination: Path, client: Any, cache: str | None) -> list[Path]:
+    """The files ``marker`` names under ``uri``, each from the node's cache if it holds it, else
+    from the store (and offered to the cache), each checked against the marker's size and SHA-256."""
+    bucket, prefix = split_s3_uri(uri)
+    prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
     written: list[Path] = []
     for name, expected in sorted(marker["files"].items()):
         target = _safe_target(destination, name)
         if target is None:
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        if cache and _from_cache(cache, expected["sha256"], expected["size"], target) and _matches(target, expected):
-            written.append(target)
-            continue
+        try:
+            if cache and _from_cache(cache, expected["sha256"], expected["size"], target) and _matches(target, expected):
+                written.append(target)
+                continue
+        except _CacheSilent:
+            cache = None
         client.download_file(bucket, prefix + name, str(target))
         if not _matches(target, expected):
-            raise FetchError(f"{uri}{name} does not match its completion marker (size or SHA-256): refusing the artefact")
+            raise FetchError(f"{uri.rstrip('/')}/{name} does not match its completion marker (size or SHA-256): refusing it")
         if cache:
             _offer(cache, expected["sha256"], target)
         written.append(target)
@@ -165,8 +203,10 @@ def fetch(uri: str, destination: Path, client: Any = None, cache: str | None = N
     return written
 
 
-def fetch_model(uri: str, destination: Path, client: Any = None) -> list[Path]:
-    """The uncompiled model: every object under an s3:// prefix (or the one object it names), or one https:// file."""
+def fetch_model(uri: str, destination: Path, client: Any = None, cache: str | None = None) -> list[Path]:
+    """The uncompiled model: every object under an s3:// prefix (or the one object it names), or one
+    https:// file. A prefix with a completion marker (``upload`` or ``index`` wrote it) is fetched as
+    an artefact is: exactly the files it names, each checked, through the node's cache."""
     destination.mkdir(parents=True, exist_ok=True)
     if uri.startswith("https://"):
         name = PurePosixPath(urllib.parse.urlparse(uri).path).name or "model"
@@ -183,14 +223,11 @@ def fetch_model(uri: str, destination: Path, client: Any = None) -> list[Path]:
         return [target]
     bucket, prefix = split_s3_uri(uri)
     client = _client(client)
+    marker = _marker(client, bucket, prefix if not prefix or prefix.endswith("/") else prefix + "/")
+    if marker is not None:
+        return _fetch_marked(uri, marker, destination, client, cache)
     written: list[Path] = []
-    for key in _keys(client, bucket, prefix):
-        # Whole path segments only: s3://b/models/m is the object models/m or what lies under
-        # models/m/, never models/m-other/ (S3's own prefix match is by characters).
-        if not (key == prefix or prefix.endswith("/") or not prefix or key.startswith(prefix + "/")):
-            continue
-        # A prefix keeps the paths below it; a key that is the whole URI lands under its own name.
-        relative = key[len(prefix) :].lstrip("/") if key != prefix else PurePosixPath(key).name
+    for key, relative in _model_keys(client, bucket, prefix):
         landing = _safe_target(destination, relative)
         if landing is None:
             continue
@@ -200,6 +237,41 @@ def fetch_model(uri: str, destination: Path, client: Any = None) -> list[Path]:
     if not written:
         raise FetchError(f"no model under {uri}: nothing there to compile or serve")
     return written
+
+
+def _model_keys(client: Any, bucket: str, prefix: str) -> list[tuple[str, str]]:
+    """The keys of the model at ``prefix`` and where each lands, relative to the model's directory.
+    Whole path segments only: s3://b/models/m is the object models/m or what lies under models/m/,
+    never models/m-other/ (S3's own prefix match is by characters). A prefix keeps the paths below
+    it; a key that is the whole URI lands under its own name."""
+    found = []
+    for key in _keys(client, bucket, prefix):
+        if not (key == prefix or prefix.endswith("/") or not prefix or key.startswith(prefix + "/")):
+            continue
+        found.append((key, key[len(prefix) :].lstrip("/") if key != prefix else PurePosixPath(key).name))
+    return found
+
+
+def index(uri: str, client: Any = None) -> list[str]:
+    """A completion marker for a model already in the store, written in place: each object under
+    the ``uri`` prefix read once and hashed as it streams (nothing is kept on disk). With it, the
+    model's replicas read its files through the node's cache and check each one."""
+    bucket, prefix = split_s3_uri(uri)
+    prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+    client = _client(client)
+    listed: dict[str, dict[str, Any]] = {}
+    for key, name in _model_keys(client, bucket, prefix):
+        if name == MARKER or _safe_target(Path("."), name) is None:
+            continue
+        h, size = hashlib.sha256(), 0
+        for block in client.get_object(Bucket=bucket, Key=key)["Body"].iter_chunks(1 << 20):
+            h.update(block)
+            size += len(block)
+        listed[name] = {"size": size, "sha256": h.hexdigest()}
+    if not listed:
+        raise FetchError(f"no model under {uri}: nothing to index")
+    client.put_object(Bucket=bucket, Key=prefix + MARKER, Body=json.dumps({"files": listed}, sort_keys=True).encode())
+    return sorted(listed)
 
 
 def upload(source: Path, uri: str, client: Any = None) -> list[str]:
@@ -251,9 +323,14 @@ def _report(action: str, uri: str, run: Any) -> int:
 
 
 def main(uri: str, destination: str, model: bool = False) -> int:
+    cache = os.environ.get("INFERENTIA_NODE_CACHE")
     if model:
-        return _report("fetch", uri, lambda: fetch_model(uri, Path(destination)))
-    return _report("fetch", uri, lambda: fetch(uri, Path(destination), cache=os.environ.get("INFERENTIA_NODE_CACHE")))
+        return _report("fetch", uri, lambda: fetch_model(uri, Path(destination), cache=cache))
+    return _report("fetch", uri, lambda: fetch(uri, Path(destination), cache=cache))
+
+
+def index_main(uri: str) -> int:
+    return _report("index", uri, lambda: index(uri))
 
 
 def upload_main(source: str, uri: str) -> int:

@@ -833,7 +833,22 @@ def serving_init_containers(model: Model) -> list[dict[str, Any]]:
     """The compiled artefact, or (no compile step, the operator's server) the model, fetched first."""
     if model.spec.compile.image:
         return [fetch_container(model)]
-    return [fetch_model_container(model)] if serving_fetches_model(model) else []
+    if not serving_fetches_model(model):
+        return []
+    container = fetch_model_container(model)
+    if model.node_cache_url:
+        # Only on serving pods, which run where the node cache's DaemonSet does: a compile Job
+        # may run on any node. A model with a marker is read through it, each file checked.
+        container["env"].append({"name": "INFERENTIA_NODE_CACHE", "value": model.node_cache_url})
+    return [container]
+
+
+def fetched_uri(model: Model) -> str | None:
+    """What a serving pod fetches from the store (and so what the node cache may hold for it):
+    the compiled artefact, or the model itself when there is no compile step."""
+    if model.spec.compile.image:
+        return compiled_uri(model)
+    return model.spec.model.uri if serving_fetches_model(model) else None
 
 
 # The pod's claim on its Neuron devices, with allocation dra.
@@ -899,15 +914,16 @@ ARTEFACT_AFFINITY_WEIGHT = 50
 
 def _artefact_affinity(model: Model) -> dict[str, Any]:
     """With the node cache, a preference (never a requirement) for nodes whose cache pod is
-    labelled as holding this model's compiled artefact (core/holds.py): there the fetch reads
+    labelled as holding what this model's pods fetch (core/holds.py): there the fetch reads
     the node's disk, not the store. Nothing else changes in the template as caches fill and
     empty, so nothing rolls."""
-    if not (model.node_cache_url and model.node_cache_namespace and model.spec.compile.image):
+    uri = fetched_uri(model)
+    if not (model.node_cache_url and model.node_cache_namespace and uri):
         return {}
     term = {
         "topologyKey": "kubernetes.io/hostname",
         "namespaces": [model.node_cache_namespace],
-        "labelSelector": {"matchExpressions": [{"key": hold_label(compiled_uri(model)), "operator": "Exists"}]},
+        "labelSelector": {"matchExpressions": [{"key": hold_label(uri), "operator": "Exists"}]},
     }
     return {
         "podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": ARTEFACT_AFFINITY_WEIGHT, "podAffinityTerm": term}]}
