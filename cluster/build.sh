@@ -160,6 +160,18 @@ lws_crds() {
   stamp lws-crds "$v"
 }
 
+# The Gateway API Inference Extension's CRDs (InferencePool, and the InferenceObjective its
+# endpoint picker reads), from its Go module.
+inference_extension_crds() {
+  local out="$bin/inference-extension-crds" v="$INFERENCE_EXTENSION_VERSION" dir
+  [[ -d "$out" && "$(cat "$bin/.inference-extension-crds.version" 2>/dev/null)" == "$v" ]] && return
+  dir=$(go mod download -json "sigs.k8s.io/gateway-api-inference-extension@$v" | sed -n 's/.*"Dir": "\(.*\)",*/\1/p')
+  rm -rf "$out"; mkdir -p "$out"
+  cp "$dir/config/crd/bases/inference.networking.k8s.io_inferencepools.yaml" \
+     "$dir/config/crd/bases/inference.networking.x-k8s.io_inferenceobjectives.yaml" "$out/"
+  stamp inference-extension-crds "$v"
+}
+
 # build_local NAME DIR REQUIREMENT...: a command of this repository (cluster/node/NAME),
 # rebuilt when its source or requirements change.
 build_local() {
@@ -214,6 +226,7 @@ keda_crds
 # LeaderWorkerSet: a replica of one leader and N-1 workers, created, placed and restarted as one.
 build_in_module lws sigs.k8s.io/lws "$LWS_VERSION" "" "" lws-controller=./cmd
 lws_crds
+inference_extension_crds
 # Only Kubernetes service discovery: the serving pods are found through the API server.
 build_in_module prometheus github.com/prometheus/prometheus "$PROMETHEUS_VERSION" "remove_all_sd,enable_kubernetes_sd" "" \
   prometheus=./cmd/prometheus

@@ -70,6 +70,17 @@ CEL_CASES = {
         **{"compute.family": "inf2", "serving.runtime": "vllm", "model.architecture": "transformer", "autoscaling": {"maxReplicas": 2}}
     ),
     "autoscaling-zero": make_spec(**{"serving.batching": {"maxBatchSize": 2}, "autoscaling": {"minReplicas": 0, "maxReplicas": 2}}),
+    "routing-signal": make_spec(routing={"inferencePool": {}}),
+    "routing-ports": make_spec(
+        **{
+            "compute.family": "inf2",
+            "compute.inf": 6,
+            "processesPerReplica": 12,
+            "serving.runtime": "vllm",
+            "model.architecture": "transformer",
+            "routing": {"inferencePool": {}},
+        }
+    ),  # fmt: skip
     # AWS's Neuron DRA driver: not on inf1, whole devices only, connected ones only on Trainium.
     "dra-inf1": make_spec(**{"compute.allocation": "dra"}),
     "dra-cores": make_spec(
@@ -252,6 +263,22 @@ DIVERGENCE_CORPUS = [
     {"compile.image": "example.com/c:1", "serving.batching": {"maxBatchSize": 2}, "autoscaling": {"minReplicas": 0, "maxReplicas": 1}},
     {"autoscaling": {"maxReplicas": 2}},
     {"autoscaling": None},
+    # Routing: a pool needs the pods' queues, and at most 8 ports a pod.
+    {"routing": {"inferencePool": {}}},
+    {"serving.batching": {"maxBatchSize": 2}, "routing": {"inferencePool": {"failureMode": "FailOpen"}}},
+    {"serving.batching": {"maxBatchSize": 2}, "routing": {"inferencePool": {"failureMode": "Sometimes"}}},
+    {"routing": {}},
+    *[
+        {
+            "compute.family": "inf2",
+            "compute.inf": 6,
+            "processesPerReplica": n,
+            "serving.runtime": "vllm",
+            "model.architecture": "transformer",
+            "routing": {"inferencePool": {}},
+        }
+        for n in (6, 12)
+    ],  # fmt: skip
     {
         "compute.family": "inf2",
         "serving.runtime": "vllm",

@@ -280,3 +280,20 @@ def test_serving_pods_are_counted_by_the_first_step_they_have_not_passed():
         p(deleting=True),
     ]
     assert c.pod_counts(pods) == c.api.PodCounts(pending=1, fetching=1, loading=1, ready=2)
+
+
+def test_what_autoscaling_or_routing_meet_mid_rollout_is_written_at_once():
+    """The Autoscaling and Routing conditions are not the rollout's progress: a change of either
+    is written at once, even while a rollout's own steps are held (a model whose pods never
+    become ready would otherwise say nothing of its pool for up to MAX_HOLD_SECONDS)."""
+    from inferentia_operator.core import api
+
+    rolling = {"observedGeneration": 1, "conditions": stored([c.cond("Ready", "False", "RollingOut", "m")])}
+    for side in ("Routing", "Autoscaling"):
+        new = api.InferentiaModelStatus(
+            observed_generation=1,
+            conditions=[c.cond("Ready", "False", "RollingOut", "m"), c.cond(side, "False", "SomethingMissing", "m")],
+        )
+        assert c.hold_seconds(rolling, new, held_for=0) == 0, side
+        unchanged = {"observedGeneration": 1, "conditions": stored(new.conditions)}
+        assert c.hold_seconds(unchanged, new, held_for=10) > 0, side  # the same again: progress alone, held

@@ -88,3 +88,17 @@ def test_without_pushed_activation_the_scaled_object_reads_prometheus_alone():
     [(on_body,)], [(off_body,)] = [on.children], [off.children]
     assert [t["type"] for t in on_body["spec"]["triggers"]] == ["prometheus", "external-push"]
     assert [t["type"] for t in off_body["spec"]["triggers"]] == ["prometheus"]
+
+
+def test_a_holder_no_longer_needed_is_parked_whole_at_no_replica():
+    """Parked by a server-side apply that still names its selector and template: one of replicas
+    alone would remove them from the operator's apply, and the API server refuses a Deployment
+    without them (422). So with autoscaling and batching both gone too."""
+    zero = model_body(**ZERO)
+    holder = live(children.holder_deployment(built(zero)))
+    for plain in (model_body(**{"serving.batching": {"maxBatchSize": 4}}), model_body()):
+        part = scale_to_zero_part(built(plain), Observed(plain, others=[holder]), ScalingPart(replicas=1))
+        [parked] = part.to_write()
+        assert parked["metadata"]["name"] == "m-holder" and parked["spec"]["replicas"] == 0
+        assert parked["spec"]["selector"] == holder["spec"]["selector"]  # immutable: the same
+        assert parked["spec"]["template"]["spec"]["containers"]

@@ -56,13 +56,16 @@ def every_write() -> tuple[Any, Decision]:
     body = model_body(**{
         "compile.image": "example.com/compile:1", "compute.family": "trn2", "compute.inf": 1, "compute.allocation": "dra",
         "autoscaling": {"minReplicas": 0, "maxReplicas": 2}, "serving.batching": {"maxBatchSize": 4},
+        "routing": {"inferencePool": {}},
     })  # fmt: skip
     m = built(body)
     objects = rendered(m, Settings(prometheus=Prometheus(address="http://prometheus:9090")))
     record = children.compile_record(m, complete(children.compile_job(m)), Prover(b"k" * 32))
     # What decide() deletes: superseded plans, compile Jobs and claim templates, and the
-    # ScaledObject once autoscaling is turned off. Never a Deployment or a Service.
-    deletes = [(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] not in ("Deployment", "Service")]
+    # ScaledObject once autoscaling is turned off, the InferencePool once routing is. Never a
+    # Deployment, a Service, a ServiceAccount or a RoleBinding.
+    kept = ("Deployment", "Service", "ServiceAccount", "RoleBinding")
+    deletes = [(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] not in kept]
     return Observed(body), Decision(objects, deletes, None, None, record)
 
 

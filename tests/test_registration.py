@@ -27,6 +27,7 @@ def test_every_kind_is_cached_and_triggers_a_reconcile():
         "model_index": "inferentiamodels", "deployment_index": "deployments", "job_index": "jobs",
         "service_index": "services", "configmap_index": "configmaps", "pod_index": "pods",
         "scaledobject_index": "scaledobjects", "resourceclaimtemplate_index": "resourceclaimtemplates",
+        "inferencepool_index": "inferencepools", "serviceaccount_index": "serviceaccounts", "rolebinding_index": "rolebindings",
         # By artefact: the compile Jobs and records another model made, and the models of each artefact.
         "compile_job_index": "jobs", "compile_record_index": "configmaps", "compiled_uri_index": "inferentiamodels",
     }  # fmt: skip
@@ -40,6 +41,9 @@ def test_every_kind_is_cached_and_triggers_a_reconcile():
         "pods",
         "scaledobjects",
         "resourceclaimtemplates",
+        "inferencepools",
+        "serviceaccounts",
+        "rolebindings",
     }
 
 
@@ -48,6 +52,17 @@ def test_children_are_filtered_on_the_server():
     wiring.configure_watches(settings)
     selectors = {s.any_name: v for s, v in settings.watching.label_selectors.items()}
     assert selectors == dict.fromkeys(
-        ["deployments", "jobs", "services", "configmaps", "pods", "scaledobjects", "resourceclaimtemplates"],
+        [
+            "deployments",
+            "jobs",
+            "services",
+            "configmaps",
+            "pods",
+            "scaledobjects",
+            "resourceclaimtemplates",
+            "inferencepools",
+            "serviceaccounts",
+            "rolebindings",
+        ],  # fmt: skip
         "app.kubernetes.io/managed-by=inferentia-operator",
     )

@@ -21,6 +21,7 @@ from .core.cores import device_memory_per_process
 from .core.crd import crd_yaml
 from .core.decide import rendered
 from .core.names import ALLOCATIONS, DEFAULT_OPERATOR_IMAGE, DEVICE_PLUGIN
+from .core.routing import DEFAULT_EPP_IMAGE
 from .core.settings import DEFAULT_SETTINGS, Settings
 from .manifests import Loaded, ModelDocument, load_models
 
@@ -284,6 +285,16 @@ def _prometheus_arguments(p: argparse.ArgumentParser) -> None:
         help="where the node cache's pods run, each labelled with the artefacts it holds: serving pods prefer (never require) "
         "a node whose cache holds theirs (default: $POD_NAMESPACE, the operator's own; none without --node-cache-url)",
     )  # fmt: skip
+    p.add_argument(
+        "--endpoint-picker-image", default=DEFAULT_EPP_IMAGE, metavar="IMAGE",
+        help="the Gateway API Inference Extension's endpoint picker, run for models with spec.routing.inferencePool "
+        f"(default: {DEFAULT_EPP_IMAGE})",
+    )  # fmt: skip
+    p.add_argument(
+        "--endpoint-picker-role", default=Settings.endpoint_picker_role, metavar="CLUSTERROLE",
+        help="the ClusterRole each endpoint picker's RoleBinding grants (the chart's <release>-endpoint-picker: reads of pods and "
+        "InferencePools); the one role the operator may bind",
+    )  # fmt: skip
     d = Prometheus()
     p.add_argument(
         "--prometheus-address", default=d.address,
@@ -325,6 +336,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         operator_image=args.operator_image, prometheus=prometheus, allocation=args.allocation, scheduler_name=args.scheduler_name,
         push_activation=args.push_activation, node_cache_url=args.node_cache_url,
         node_cache_namespace=args.node_cache_namespace if args.node_cache_url else "",
+        endpoint_picker_image=args.endpoint_picker_image, endpoint_picker_role=args.endpoint_picker_role,
     )  # fmt: skip
 
 

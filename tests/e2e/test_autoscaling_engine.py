@@ -174,3 +174,54 @@ def test_the_install_guides_manifests_and_an_amp_scaled_object_are_what_the_api_
     [trigger] = json.loads(result.stdout)["spec"]["triggers"]
     assert trigger["authenticationRef"] == {"name": "keda-aws", "kind": "ClusterTriggerAuthentication"}
     assert trigger["metadata"]["awsRegion"] == "us-east-1"
+
+
+def test_without_the_inference_extension_the_model_says_so_and_gets_its_pool_once_installed(bare):
+    """spec.routing.inferencePool on a cluster without the Gateway API Inference Extension's
+    CRDs: the model's Routing condition says so and the model serves through its Service; once
+    the CRDs (the Extension's v1.1.0, from its Go module) are applied, the operator writes the
+    pool and then its endpoint picker, nothing restarted; turned off, the pool goes and the
+    picker is parked. No kubelet runs here, so the picker stays unavailable, and says so."""
+    c = bare
+    spec = make_spec(**{"serving.batching": {"maxBatchSize": 4}, "processesPerReplica": 2, "routing": {"inferencePool": {}}})
+    c.kubectl("apply", "-f", "-", input=json.dumps(make_model("routed", "default", spec)))
+
+    def model() -> dict:
+        return c.get("inferentiamodel", "routed")
+
+    def exists(kind: str, name: str) -> bool:
+        return c.kubectl("get", kind, name, check=False).returncode == 0
+
+    wait_for(
+        lambda: condition(model(), "Routing").get("reason") == "InferencePoolNotInstalled", 60, "Routing=False InferencePoolNotInstalled"
+    )
+    said = condition(model(), "Routing")
+    assert said["status"] == "False" and "install its CRDs" in said["message"] and "serves through its Service" in said["message"], said
+    assert condition(model(), "Stalled").get("status") == "False"
+    assert exists("deployment", "routed") and not exists("deployment", "routed-epp")  # serving goes on; no picker without a pool
+
+    c.kubectl("apply", "--server-side", "-f", str(c.bin_dir / "inference-extension-crds"))
+    c.kubectl("wait", "--for=condition=Established", "crd/inferencepools.inference.networking.k8s.io", "--timeout=60s")
+    wait_for(lambda: exists("inferencepool", "routed"), 60, "the InferencePool")
+    pool = c.get("inferencepool", "routed")
+    assert pool["spec"]["selector"] == {"matchLabels": {"inferentia.dev/model": "routed", "app.kubernetes.io/component": "serving"}}
+    assert pool["spec"]["targetPorts"] == [{"number": c.get("service", "routed")["spec"]["ports"][0]["port"]}]
+    assert pool["spec"]["endpointPickerRef"]["name"] == "routed-epp"
+    assert pool["metadata"]["ownerReferences"][0]["uid"] == model()["metadata"]["uid"]
+    for kind in ("deployment", "service", "serviceaccount", "rolebinding"):
+        wait_for(lambda kind=kind: exists(kind, "routed-epp"), 60, f"the endpoint picker's {kind}")
+    assert c.get("rolebinding", "routed-epp")["roleRef"]["name"] == "inferentia-operator-endpoint-picker"
+    try:
+        wait_for(
+            lambda: condition(model(), "Routing").get("reason") == "EndpointPickerUnavailable",
+            60,
+            "Routing=False EndpointPickerUnavailable",
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {condition(model(), 'Routing')}") from None
+
+    off = make_model("routed", "default", {k: v for k, v in spec.items() if k != "routing"})
+    c.kubectl("replace", "-f", "-", input=json.dumps(off))
+    wait_for(lambda: not exists("inferencepool", "routed"), 60, "the InferencePool to go")
+    wait_for(lambda: c.get("deployment", "routed-epp")["spec"]["replicas"] == 0, 60, "the picker parked")
+    assert not condition(model(), "Routing")

@@ -75,6 +75,25 @@ Superseded plan ConfigMaps and compile Jobs are deleted.
 - apiGroups: [resource.k8s.io]
   resources: [resourceclaimtemplates]
   verbs: [get, list, watch, create, patch, delete]
+# The InferencePools of models with spec.routing.inferencePool (the Gateway API Inference
+# Extension's), deleted when routing is turned off; and each endpoint picker's ServiceAccount
+# and RoleBinding, created once, never deleted (they go with the model).
+- apiGroups: [inference.networking.k8s.io]
+  resources: [inferencepools]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  verbs: [get, list, watch, create, patch]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [rolebindings]
+  verbs: [get, list, watch, create, patch]
+# A RoleBinding may grant only what its maker holds, or a role it may bind: the operator may
+# bind the endpoint picker's ClusterRole, and no other
+# (https://kubernetes.io/docs/reference/access-authn-authz/rbac/#restrictions-on-role-binding-creation-or-update).
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [clusterroles]
+  resourceNames: ['{{ include "inferentia-operator.fullname" . }}-endpoint-picker']
+  verbs: [bind]
 {{- end -}}
 
 {{/*

@@ -341,6 +341,20 @@ class Autoscaling(ApiModel):
     """With minReplicas 0: requests the holder keeps at once; more are answered 503 with Retry-After."""
 
 
+class InferencePoolOptions(ApiModel):
+    """The model's InferencePool (Gateway API Inference Extension, inference.networking.k8s.io/v1) and its endpoint picker."""
+
+    failure_mode: Literal["FailOpen", "FailClose"] = "FailClose"
+    """What a gateway does when the endpoint picker does not answer: FailClose drops the request, FailOpen sends it to an endpoint of the gateway's own choosing (the pool's endpointPickerRef.failureMode)."""
+
+
+class Routing(ApiModel):
+    """How requests reach the model's replicas, besides its Service."""
+
+    inference_pool: InferencePoolOptions | None = None
+    """Write an InferencePool that selects the model's serving pods, and the endpoint picker it names, which routes each request to the replica with the shortest queue by the pods' own request gauges. A gateway's HTTPRoute then names the pool. Needs the Extension's CRDs (status says when they are missing) and spec.serving.batching or the vLLM runtime, whose pods export the gauges."""
+
+
 class InferentiaModelSpec(ApiModel):
     """What to serve and on how much Neuron hardware."""
 
@@ -360,6 +374,8 @@ class InferentiaModelSpec(ApiModel):
     """The serving container."""
     rollout: Rollout = Rollout()
     """Rolling-update bounds of the serving Deployment."""
+    routing: Routing | None = None
+    """Routing by queue through the Gateway API Inference Extension (an InferencePool and its endpoint picker)."""
     service_account_name: Annotated[str | None, Field(max_length=253)] = None
     """The ServiceAccount of the compile Job and the serving pods, for cloud credentials (IRSA, EKS Pod Identity) to the model and artefact store. Default: the namespace's default ServiceAccount."""
     run_as_root: StrictBool = False

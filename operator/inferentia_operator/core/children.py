@@ -11,7 +11,7 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from inferentia_operator.programs import (
@@ -278,7 +278,7 @@ def selector_string(model: Model) -> str:
     return ",".join(f"{k}={v}" for k, v in selector(model).items())
 
 
-def _metadata(model: Model, name: str, component: str) -> dict[str, Any]:
+def child_metadata(model: Model, name: str, component: str) -> dict[str, Any]:
     return {
         "name": name,
         "namespace": model.namespace,
@@ -357,7 +357,7 @@ def plan_configmap(model: Model) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(model, plan_configmap_name(model), "plan"),
+        "metadata": child_metadata(model, plan_configmap_name(model), "plan"),
         "immutable": True,
         "data": data,
     }
@@ -564,7 +564,7 @@ def compile_job(model: Model) -> dict[str, Any] | None:
             "VLLM_CACHE_ROOT": COMPILED_DIR,
             "INFERENTIA_VLLM_ENGINE_ARGS": json.dumps(vllm_engine_args(model), sort_keys=True),
         }
-    metadata = _metadata(model, compile_job_name(model), "compile")
+    metadata = child_metadata(model, compile_job_name(model), "compile")
     metadata["labels"][COMPILE_HASH_LABEL] = compile_hash(model)
     # What was compiled, so that status can say which part of the key a new compile changed.
     metadata["annotations"] = {COMPILE_INPUTS_ANNOTATION: json.dumps(compile_inputs(model), sort_keys=True, separators=(",", ":"))}
@@ -895,7 +895,7 @@ def resource_claim_template(model: Model) -> dict[str, Any] | None:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
-        "metadata": _metadata(model, claim_template_name(model), "serving"),
+        "metadata": child_metadata(model, claim_template_name(model), "serving"),
         "spec": {"spec": _claim_spec(model)},
     }
 
@@ -975,7 +975,7 @@ def serving_deployment(model: Model, replicas: int | None = None) -> dict[str, A
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(model, model.name, "serving"),
+        "metadata": child_metadata(model, model.name, "serving"),
         "spec": {
             "replicas": desired_replicas(spec, scaled=False) if replicas is None else replicas,
             "selector": {"matchLabels": selector(model)},
@@ -1034,7 +1034,7 @@ def scaled_object(model: Model, prometheus: Prometheus, has_artefact: bool = Tru
     """The KEDA ScaledObject of a model with spec.autoscaling (:mod:`autoscaling`); with ``push``,
     a model that scales to zero also has its holder's external scaler as a push trigger."""
     return autoscaling_object(
-        model.spec, model.namespace, model.name, _metadata(model, model.name, "autoscaling"), prometheus, has_artefact,
+        model.spec, model.namespace, model.name, child_metadata(model, model.name, "autoscaling"), prometheus, has_artefact,
         push_address=holder_scaler_address(model) if push and scales_to_zero(model.spec) else None,
     )  # fmt: skip
 
@@ -1057,7 +1057,7 @@ def _service(model: Model, name: str, target: dict[str, str]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(model, name, "serving"),
+        "metadata": child_metadata(model, name, "serving"),
         "spec": {"selector": target, "ports": _service_ports(model)},
     }
 
@@ -1087,7 +1087,7 @@ def holder_service(model: Model) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(model, model.name + HOLDER_SUFFIX, "holder"),
+        "metadata": child_metadata(model, model.name + HOLDER_SUFFIX, "holder"),
         "spec": {
             "selector": holder_selector(model),
             "ports": [{"name": "scaler", "port": port, "targetPort": "scaler", "protocol": "TCP"}],
@@ -1107,14 +1107,16 @@ def replicas_service(model: Model) -> dict[str, Any]:
 
 
 def parked_holder(model: Model) -> dict[str, Any]:
-    """The holder of a model that no longer scales to zero, at no replica: only the fields
-    the operator applies change, the rest stays as the last holder had it."""
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _metadata(model, model.name + HOLDER_SUFFIX, "holder"),
-        "spec": {"replicas": 0},
-    }
+    """The holder of a model that no longer scales to zero, at no replica. Whole: a server-side
+    apply of replicas alone would remove the selector and template the operator applied before
+    (fields its apply no longer names), which a Deployment cannot be without (422). Built from
+    the model as it is now; at no replica, a changed template starts no pod."""
+    spec = model.spec
+    if spec.autoscaling is None or (spec.serving.batching is None and spec.autoscaling.target_in_flight is None):
+        spec = spec.model_copy(update={"autoscaling": api.Autoscaling(min_replicas=0, max_replicas=1, target_in_flight=1)})
+    body = holder_deployment(replace(model, spec=spec))
+    body["spec"]["replicas"] = 0
+    return body
 
 
 def holder_deployment(model: Model) -> dict[str, Any]:
@@ -1157,7 +1159,7 @@ def holder_deployment(model: Model) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(model, model.name + HOLDER_SUFFIX, "holder"),
+        "metadata": child_metadata(model, model.name + HOLDER_SUFFIX, "holder"),
         "spec": {
             "replicas": 1,
             "selector": {"matchLabels": holder_selector(model)},

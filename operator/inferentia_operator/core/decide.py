@@ -1,7 +1,7 @@
 """The reconcile's decision: from what the caches hold to what to write. Pure, no API client.
 
 ``decide(observed, now, settings)`` composes the parts (:mod:`parts`: compile, autoscaling,
-scale to zero, device claims, serving, clean-up), each a pure function of the model and what
+scale to zero, device claims, serving, routing, clean-up), each a pure function of the model and what
 was observed, and holds no feature logic of its own. It returns the children to apply, the
 objects to delete, and the basis of the model's status (from :mod:`status`), with the status
 and events that basis gives before any write. Where there are writes, the reconciler reports
@@ -27,6 +27,7 @@ from .parts import Part
 from .parts.cleanup import cleanup_part
 from .parts.compile import CompilePart, compile_part
 from .parts.device_claims import device_claims_part
+from .parts.routing import RoutingPart, routing_part
 from .parts.scale_to_zero import ScaleToZeroPart, scale_to_zero_part
 from .parts.scaling import ScalingPart, scaling_part
 from .parts.serving import ServingPart, serving_part
@@ -52,6 +53,7 @@ class Parts(NamedTuple):
     device_claims: Part
     scaling: ScalingPart
     scale_to_zero: ScaleToZeroPart
+    routing: RoutingPart
     cleanup: Part
 
 
@@ -65,7 +67,10 @@ def parts_of(model: Model, observed: Observed, settings: Settings) -> Parts:
     scaling = scaling_part(model, observed, settings, has_artefact=compiling.compiled or observed.own("Deployment") is not None)
     zero = scale_to_zero_part(model, observed, scaling)
     serving = serving_part(model, compiling.compiled, zero.replicas, zero.to_holder)
-    return Parts(serving, compiling, device_claims_part(model, observed), scaling, zero, cleanup_part(model, observed, settings))
+    return Parts(
+        serving, compiling, device_claims_part(model, observed), scaling, zero, routing_part(model, observed, settings),
+        cleanup_part(model, observed, settings),
+    )  # fmt: skip
 
 
 def decide(observed: Observed, now: str, settings: Settings = DEFAULT_SETTINGS) -> Decision:
@@ -84,7 +89,7 @@ def decide(observed: Observed, now: str, settings: Settings = DEFAULT_SETTINGS) 
     parts = parts_of(checked.model, observed, settings)
     to_apply, conflicts = writes(parts, observed, meta.uid, meta.name)
     assert parts.serving.facts is not None
-    basis = ReportBasis(True, "", parts.serving.facts, parts.compile.facts, parts.scaling.facts, conflicts)
+    basis = ReportBasis(True, "", parts.serving.facts, parts.compile.facts, parts.scaling.facts, conflicts, parts.routing.facts)
     deletes = [gone for part in parts for gone in part.delete]
     return Decision(to_apply, deletes, basis, status.report(observed, now, basis), parts.compile.record)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from .autoscaling import SCALED_OBJECT_KIND
 from .projection import project, project_pod
+from .routing import INFERENCE_POOL_KIND
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,12 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
     # KEDA's: watched once its CRD is served (kopf notices a CRD installed later, where the
     # operator may list CRDs); until then the operator runs autoscaled models at minReplicas.
     ChildKind(SCALED_OBJECT_KIND, "keda.sh", "v1alpha1", "scaledobjects"),
+    # The Gateway API Inference Extension's, for spec.routing.inferencePool: like KEDA's, watched
+    # once its CRD is served; until then the model serves through its Service alone.
+    ChildKind(INFERENCE_POOL_KIND, "inference.networking.k8s.io", "v1", "inferencepools"),
+    # The endpoint picker's identity and its one grant (core/routing.py): neither ever changes.
+    ChildKind("ServiceAccount", "", "v1", "serviceaccounts", written_once=True),
+    ChildKind("RoleBinding", "rbac.authorization.k8s.io", "v1", "rolebindings", written_once=True),
     # Not a child the operator writes: the pods of its Jobs and Deployments, which status reads.
     PODS := ChildKind("Pod", "", "v1", "pods", projection=project_pod),
 )

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from .autoscaling import NO_PROMETHEUS, Prometheus
 from .names import DEFAULT_OPERATOR_IMAGE, DEVICE_PLUGIN
 from .proof import NO_PROVER, Prover
+from .routing import DEFAULT_EPP_IMAGE
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,11 @@ class Settings:
     # --node-cache-namespace: where the node cache's pods run (the operator's own namespace in the
     # chart): serving pods prefer nodes whose cache pod is labelled as holding their artefact.
     node_cache_namespace: str = ""
+    # --endpoint-picker-image: the Gateway API Inference Extension's endpoint picker, which the
+    # models with spec.routing.inferencePool run; --endpoint-picker-role: the ClusterRole (the
+    # chart's) that each picker's RoleBinding grants, the one role the operator may bind.
+    endpoint_picker_image: str = DEFAULT_EPP_IMAGE
+    endpoint_picker_role: str = "inferentia-operator-endpoint-picker"
     # The key that proves which compile records and Jobs the operator made (core/proof.py);
     # `run` adds it once it has read the key Secret.
     prover: Prover = NO_PROVER

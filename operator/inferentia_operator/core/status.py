@@ -24,6 +24,7 @@ from .autoscaling import NOT_SERVED, SCALED_OBJECT_KIND, Engine, target_in_fligh
 from .autoscaling import condition as autoscaling_condition
 from .names import COMPONENT_LABEL, JOB_NAME_LABEL, PLAN_HASH_ANNOTATION
 from .objects import Obj
+from .routing import EPP_SUFFIX, INFERENCE_POOL_KIND, routing_child, routing_condition
 
 # Flux's kstatus reads only observedGeneration and the "abnormal-true" Reconciling and
 # Stalled conditions of a custom resource (anything else counts as Current), so they
@@ -45,9 +46,14 @@ WARNING_REASONS = {
     "ScaledObjectRefused",
     "ScaledObjectNotReady",
     "ScaledObjectConflict",
+    # The model cannot be routed by queue: it serves through its Service alone meanwhile.
+    "InferencePoolNotInstalled",
+    "RoutingRefused",
+    "RoutingConflict",
+    "EndpointPickerUnavailable",
 }
 # Progressing and Available restate Ready in finer steps; events for them would be noise.
-EVENT_TYPES = ("Validated", "Compiled", "Scheduled", "Ready", "Autoscaling")
+EVENT_TYPES = ("Validated", "Compiled", "Scheduled", "Ready", "Autoscaling", "Routing")
 # Normal events only where something happened that a person watching `kubectl describe`
 # would want told: the model became Ready (or stopped being), a compile Job finished.
 # The routine steps in between (validated, scheduled) are in the conditions.
@@ -548,6 +554,8 @@ IN_FLIGHT = {"Pending", "RollingOut"}
 # The longest a rollout's progress is held back: the Deployment's default progress
 # deadline, after which the Deployment itself says whether the rollout is stuck.
 MAX_HOLD_SECONDS = 600.0
+# Conditions of the engines beside the rollout: never held with its progress.
+SIDE_CONDITIONS = ("Autoscaling", "Routing")
 
 
 def hold_seconds(previous: Mapping[str, Any], new: api.InferentiaModelStatus, held_for: float) -> float:
@@ -565,6 +573,9 @@ def hold_seconds(previous: Mapping[str, Any], new: api.InferentiaModelStatus, he
         return 0.0
     if old_ready.get("reason") == "RollingOut" and previous.get("observedGeneration") != new.observed_generation:
         return 0.0  # a new generation mid-rollout: say it is seen
+    before = {c.get("type"): (c.get("status"), c.get("reason")) for c in previous.get("conditions") or ()}
+    if any(c.type in SIDE_CONDITIONS and before.get(c.type) != (c.status, c.reason) for c in new.conditions or ()):
+        return 0.0  # what autoscaling or routing met is no step of the rollout
     return max(0.0, MAX_HOLD_SECONDS - held_for)
 
 
@@ -636,6 +647,14 @@ class ScalingFacts:
 
 
 @dataclass(frozen=True)
+class RoutingFacts:
+    """What the routing part concluded (parts/routing.py), for a model with spec.routing.inferencePool."""
+
+    served: bool  # the cluster serves InferencePools (the Extension's CRDs are installed)
+    pool: str | None  # the model's InferencePool, once the caches hold it
+
+
+@dataclass(frozen=True)
 class ReportBasis:
     """What a decision concluded about a model, from which its status is reported: once
     before any write, and, where there were writes, once after them with what they found.
@@ -647,6 +666,7 @@ class ReportBasis:
     compile: CompileFacts | None  # None while the spec is invalid
     scaling: ScalingFacts | None  # None without spec.autoscaling
     conflicts: tuple[Conflict, ...] = ()  # children someone else holds, found before writing
+    routing: RoutingFacts | None = None  # None without spec.routing.inferencePool
 
 
 _Found = TypeVar("_Found", Conflict, WriteFailure)
@@ -655,6 +675,12 @@ _Found = TypeVar("_Found", Conflict, WriteFailure)
 def _split_scaling(found: Sequence[_Found]) -> tuple[list[_Found], list[_Found]]:
     """What concerns the ScaledObject, and the rest."""
     return [f for f in found if f.kind == SCALED_OBJECT_KIND], [f for f in found if f.kind != SCALED_OBJECT_KIND]
+
+
+def _split_routing(found: Sequence[_Found], model: str) -> tuple[list[_Found], list[_Found]]:
+    """What concerns the InferencePool and its endpoint picker, and the rest."""
+    mine = [f for f in found if routing_child(f.kind, f.name, model)]
+    return mine, [f for f in found if f not in mine]
 
 
 def report(
@@ -672,6 +698,9 @@ def report(
     # minReplicas meanwhile, so it never holds back Ready.
     scaling_found, other_found = _split_scaling(found)
     scaling_failures, other_failures = _split_scaling(failures)
+    # So is what routing meets: the model serves through its Service meanwhile.
+    routing_found, other_found = _split_routing(other_found, model.name or "")
+    routing_failures, other_failures = _split_routing(other_failures, model.name or "")
     new = conditions(
         valid=basis.valid, invalid_message=basis.message, compiled=compiled.condition if compiled else None, rollout=rollout,
         pods=observed.serving_pods, blocked=blocked_by(other_found, other_failures),
@@ -696,6 +725,19 @@ def report(
             target_in_flight=target_in_flight(scaling.spec), desired_replicas=serving.replicas, query=scaling.query,
             scaled_object=Obj(scaled_object).name if ours else None,
         )  # fmt: skip
+    if basis.routing is not None:
+        # The pool's write answered that the cluster serves no InferencePools: as not installed.
+        unserved = any((f.kind, f.code, f.message) == (INFERENCE_POOL_KIND, 404, NOT_SERVED) for f in routing_failures)
+        new.append(
+            routing_condition(
+                model.name or "",
+                served=basis.routing.served and not unserved,
+                conflict=str(routing_found[0]) if routing_found else None,
+                refused=str(routing_failures[0]) if routing_failures and not unserved else None,
+                picker=observed.live("Deployment", (model.name or "") + EPP_SUFFIX),
+                pool=basis.routing.pool,
+            )
+        )
     generation = model.generation or 1
     status = api.InferentiaModelStatus(
         observed_generation=generation,

@@ -21,7 +21,7 @@ from inferentia_operator.core.catalogue import FAMILIES
 from inferentia_operator.core.cel import CrossFieldRule
 from inferentia_operator.core.findings import Finding
 
-from . import advice, allocation, autoscaling, child_values, groups, memory, placement, programs, request, sizing
+from . import advice, allocation, autoscaling, child_values, groups, memory, placement, programs, request, routing, sizing
 from .identity import NAME, check_name, check_namespace
 from .memory import KV_FIT, STATIC_WEIGHTS_TOO_LARGE
 
@@ -36,6 +36,7 @@ CEL_RULES: list[CrossFieldRule] = [
     *memory.RULES,
     *child_values.RULES,
     *autoscaling.RULES,
+    *routing.RULES,
 ]
 
 # The order findings are printed in: the children's values first (a quantity that does not
@@ -49,6 +50,7 @@ _CHECKS = (
     *programs.CHECKS,
     *memory.CHECKS,
     *autoscaling.CHECKS,
+    *routing.CHECKS,
     *sizing.CHECKS,
     *advice.CHECKS,
 )

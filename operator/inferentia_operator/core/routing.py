@@ -1,0 +1,229 @@
+"""Routing by queue (spec.routing.inferencePool): the model's InferencePool of the Gateway API
+Inference Extension, and the endpoint picker it names. Pure, no API client.
+
+A gateway that implements the Extension sends each request for the pool to its endpoint picker
+over Envoy's ext_proc API, and the picker names the replica to take it, ranking the pool's
+endpoints by the queue each reports in its own metrics (the Extension's model server protocol:
+https://github.com/kubernetes-sigs/gateway-api-inference-extension/tree/main/docs/proposals/003-model-server-protocol).
+The pods already export those gauges: the batching front end as
+``inferentia_num_requests_waiting`` (TotalQueuedRequests), vLLM as ``vllm:num_requests_waiting``.
+
+The shapes follow the Extension's v1.1.0 release: the InferencePool API
+(``api/v1/inferencepool_types.go``) and its ``inferencepool`` Helm chart's endpoint picker
+(``config/charts/inferencepool/templates/epp-deployment.yaml``), whose flags are the picker's
+own (``cmd/epp/runner/runner.go``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from . import api, children
+from .autoscaling import FRONT_END_GAUGES, VLLM_GAUGES
+from .children import CONTAINER_SECURITY, Model, labels, non_root_pod_security
+from .names import COMPONENT_LABEL, MODEL_LABEL
+from .objects import Obj
+
+INFERENCE_POOL_KIND = "InferencePool"
+INFERENCE_POOL_API_VERSION = "inference.networking.k8s.io/v1"
+EPP_SUFFIX = "-epp"
+EPP_COMPONENT = "endpoint-picker"
+# The picker's ports (runserver.DefaultGrpcPort, DefaultGrpcHealthPort, DefaultMetricsPort).
+EPP_GRPC_PORT = 9002
+EPP_HEALTH_PORT = 9003
+EPP_METRICS_PORT = 9090
+# Its gRPC health service's name, as the Extension's chart probes it with one replica.
+EPP_HEALTH_SERVICE = "inference-extension"
+DEFAULT_EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.1.0"
+EPP_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
+
+
+def picker_name(model: Model) -> str:
+    return model.name + EPP_SUFFIX
+
+
+def picker_selector(model: Model) -> dict[str, str]:
+    return {MODEL_LABEL: model.name, COMPONENT_LABEL: EPP_COMPONENT}
+
+
+def target_ports(model: Model) -> list[int]:
+    """The pool's endpoints in a pod: the front end's port, or each vLLM process's own (the
+    picker scrapes each at its own port when there is more than one)."""
+    if model.plan.front_end is not None:
+        return [model.plan.front_end.port]
+    base = children.process_base_port(model)
+    return [base + i for i in range(model.plan.groups)]
+
+
+def _picker_config(model: Model) -> str:
+    """The picker's scheduling profile (an EndpointPickerConfig, as the chart's
+    default-plugins.yaml): the queue alone for the front end, which has no KV cache or prefix
+    cache to report; the chart's default three scorers for vLLM."""
+    scorers = (
+        ["queue-scorer"] if model.plan.front_end is not None else ["queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer"]
+    )
+    config = {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": [{"type": s} for s in scorers],
+        "schedulingProfiles": [{"name": "default", "plugins": [{"pluginRef": s} for s in scorers]}],
+    }
+    return json.dumps(config, separators=(",", ":"))
+
+
+def _picker_metrics(model: Model) -> list[str]:
+    if model.plan.front_end is not None:
+        # An empty metric turns it off (metrics_spec.go: "Allow empty strings to represent nil MetricSpecs").
+        return ["--total-queued-requests-metric", FRONT_END_GAUGES[0], "--kv-cache-usage-percentage-metric", "",
+                "--lora-info-metric", "", "--cache-info-metric", ""]  # fmt: skip
+    return ["--total-queued-requests-metric", VLLM_GAUGES[0]]
+
+
+def inference_pool(model: Model) -> dict[str, Any]:
+    options = model.spec.routing.inference_pool if model.spec.routing else None
+    assert options is not None
+    return {
+        "apiVersion": INFERENCE_POOL_API_VERSION,
+        "kind": INFERENCE_POOL_KIND,
+        "metadata": children.child_metadata(model, model.name, "serving"),
+        "spec": {
+            "selector": {"matchLabels": children.selector(model)},
+            "targetPorts": [{"number": p} for p in target_ports(model)],
+            "endpointPickerRef": {
+                "kind": "Service",
+                "name": picker_name(model),
+                "port": {"number": EPP_GRPC_PORT},
+                "failureMode": options.failure_mode,
+            },  # fmt: skip
+        },
+    }
+
+
+def picker_deployment(model: Model, image: str) -> dict[str, Any]:
+    grpc_probe = {"grpc": {"port": EPP_HEALTH_PORT, "service": EPP_HEALTH_SERVICE}}
+    container = {
+        "name": "epp",
+        "image": image,
+        "args": [
+            "--pool-name",
+            model.name,
+            "--pool-namespace",
+            model.namespace,
+            *_picker_metrics(model),
+            "--config-text",
+            _picker_config(model),
+            # Its /metrics without the TokenReview and SubjectAccessReview rights that checking
+            # callers would need cluster-wide; the Service does not expose that port.
+            "--metrics-endpoint-auth=false",
+            "--tracing=false",
+        ],  # fmt: skip
+        "env": [{"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
+        "ports": [
+            {"name": "grpc", "containerPort": EPP_GRPC_PORT, "protocol": "TCP"},
+            {"name": "grpc-health", "containerPort": EPP_HEALTH_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": EPP_METRICS_PORT, "protocol": "TCP"},
+        ],
+        "livenessProbe": {**grpc_probe, "initialDelaySeconds": 5, "periodSeconds": 10},
+        "readinessProbe": {**grpc_probe, "periodSeconds": 2},
+        "resources": EPP_RESOURCES,
+        "securityContext": CONTAINER_SECURITY,
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": children.child_metadata(model, picker_name(model), EPP_COMPONENT),
+        "spec": {
+            "replicas": 1,
+            # One active picker, as the Extension's chart runs it: Recreate, so an old one never
+            # outlives the new (its state is per replica).
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": picker_selector(model)},
+            "template": {
+                "metadata": {"labels": labels(model, EPP_COMPONENT)},
+                "spec": {
+                    "serviceAccountName": picker_name(model),
+                    "securityContext": non_root_pod_security(),
+                    "containers": [container],
+                },
+            },
+        },
+    }
+
+
+def parked_picker(model: Model, image: str) -> dict[str, Any]:
+    """The picker of a model whose routing was turned off, at no replica (the operator deletes
+    no Deployment); it goes with the model. Whole, as children.parked_holder says why."""
+    body = picker_deployment(model, image)
+    body["spec"]["replicas"] = 0
+    return body
+
+
+def picker_service(model: Model) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": children.child_metadata(model, picker_name(model), EPP_COMPONENT),
+        "spec": {
+            "selector": picker_selector(model),
+            "ports": [{"name": "grpc-ext-proc", "port": EPP_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "http2"}],
+        },
+    }
+
+
+def picker_service_account(model: Model) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": children.child_metadata(model, picker_name(model), EPP_COMPONENT)}
+
+
+def picker_role_binding(model: Model, cluster_role: str) -> dict[str, Any]:
+    """The picker's reads (pods and InferencePools in its namespace), granted by binding the
+    ClusterRole the chart installs for it: the operator may bind that one role and no other."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": children.child_metadata(model, picker_name(model), EPP_COMPONENT),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
+        "subjects": [{"kind": "ServiceAccount", "name": picker_name(model), "namespace": model.namespace}],
+    }
+
+
+def routing_child(kind: str, name: str, model: str) -> bool:
+    """Whether the child (kind, name) of ``model`` is its pool or part of its endpoint picker."""
+    return kind in (INFERENCE_POOL_KIND, "ServiceAccount", "RoleBinding") or (
+        kind in ("Deployment", "Service") and name == model + EPP_SUFFIX
+    )
+
+
+def routing_condition(
+    model: str, *, served: bool, conflict: str | None, refused: str | None, picker: dict[str, Any] | None, pool: str | None
+) -> api.Condition:
+    """The Routing condition of a model with spec.routing.inferencePool. It never holds back
+    Ready: the model's Service serves whatever becomes of the pool."""
+    meanwhile = "the model serves through its Service meanwhile"
+    if not served:
+        return api.Condition(
+            type="Routing", status="False", reason="InferencePoolNotInstalled",
+            message=f"this cluster does not serve the Gateway API Inference Extension's InferencePool ({INFERENCE_POOL_API_VERSION}); "
+            f"install its CRDs (docs/install.md) and the operator writes the pool within a resync; {meanwhile}",
+        )  # fmt: skip
+    if conflict is not None:
+        return api.Condition(type="Routing", status="False", reason="RoutingConflict", message=f"{conflict}; {meanwhile}")
+    if refused is not None:
+        return api.Condition(
+            type="Routing", status="False", reason="RoutingRefused", message=f"the API server refused {refused}; {meanwhile}"
+        )
+    available = Obj(picker).status.get("availableReplicas", 0)
+    if pool is None or picker is None:
+        return api.Condition(
+            type="Routing", status="Unknown", reason="Pending", message=f"InferencePool {model} and its endpoint picker are being written"
+        )
+    if isinstance(available, int) and available > 0:
+        return api.Condition(
+            type="Routing", status="True", reason="EndpointPickerAvailable",
+            message=f"InferencePool {model} selects the serving pods; its endpoint picker {model + EPP_SUFFIX} routes each request by queue",
+        )  # fmt: skip
+    return api.Condition(
+        type="Routing", status="False", reason="EndpointPickerUnavailable",
+        message=f"endpoint picker {model + EPP_SUFFIX} has no available replica; a gateway routing by InferencePool {model} "
+        f"cannot pick an endpoint ({meanwhile})",
+    )  # fmt: skip
