@@ -42,6 +42,9 @@ FAULTS = {
     "kubelet stopped for 60 s": "the node goes NotReady and the status says so; served again within 60 s of the kubelet's return",
     "API server down for 30 s": "serving goes on: no request fails",
     "object store unreachable while a new pod fetches": "the new pod retries and the status says why; nothing half-fetched is served",
+    "object store unreachable while a new pod fetches, node cache in place": (
+        "as without the cache: the marker is the store's, so the fetch waits for it; then the files come from the node"
+    ),
     "the operator's pod deleted (installed by Helm)": "serving goes on: no request fails, and nothing is created twice",
 }
 
@@ -329,21 +332,41 @@ def test_the_api_server_down_while_traffic_flows(served):
     assert row.failed == 0, row
 
 
-def test_the_object_store_unreachable_while_a_new_pod_fetches(real_node, real_namespace, tmp_path):
+@pytest.mark.parametrize("node_cache", [False, True], ids=["store", "node-cache"])
+def test_the_object_store_unreachable_while_a_new_pod_fetches(real_node, real_namespace, operator, tmp_path, request, node_cache):
     """A real network (compiled by the compile Job into the object store) scaled from one
     replica to two while pods cannot reach the store: the new pod's fetch fails and is
     retried, the status quotes the failure, and once the store is back the new pod serves
-    answers equal to the network's own, so nothing half-fetched was served."""
+    answers equal to the network's own, so nothing half-fetched was served. With the node cache
+    in place (the operator run with it, the first replica having filled it) the same holds: the
+    cache is never the authority, the store's marker is; once it is readable, the new pod's files
+    come from the node."""
+    from kit import OperatorProcess
     from test_real_node import close, expected_answers, torch_spec, upload_reference_models
+    from test_real_node_cache import MODEL_CACHE_BYTES, cache_metric, start_node_cache
 
     import realnode
 
     cluster, ns = real_node, real_namespace
+    fault = "object store unreachable while a new pod fetches" + (", node cache in place" if node_cache else "")
+    if node_cache:
+        _, pod_url, cache = start_node_cache(cluster, ns, MODEL_CACHE_BYTES, request)
+        operator.stop()  # this test's operator knows of the cache; the session's waits
+        cached = OperatorProcess(
+            operator.kubeconfig, tmp_path / "operator.log", peering="e2e-fault-cache",
+            extra_args=("--node-cache-url", cache, "--node-cache-namespace", ns),
+        )  # fmt: skip
+        request.addfinalizer(operator.start)
+        request.addfinalizer(cached.stop)
+        cached.start()
     bucket = upload_reference_models(cluster, ns, tmp_path)
     spec = torch_spec(bucket, "conv.pt", replicas=1)
     apply(cluster, ns, "faulted", spec)
     wait_all_ready(cluster, ns, timeout=400)
     [expected] = expected_answers(tmp_path, "conv.pt", [[1.0, 2.0]])
+    hits = cache_metric(pod_url, "inferentia_node_cache_hits_total") if node_cache else 0.0
+    if node_cache:
+        assert cache_metric(pod_url, "inferentia_node_cache_stored_total") >= 1  # the first replica filled it
     port = cluster.local.object_store().rsplit(":", 1)[1]
     chain = realnode.FORWARD_CHAIN + "-FAULT"
     block = ["INPUT", "-i", realnode.BRIDGE, "-p", "tcp", "--dport", port, "-j", chain]
@@ -379,9 +402,11 @@ def test_the_object_store_unreachable_while_a_new_pod_fetches(real_node, real_na
         subprocess.run(["iptables", "-D", *block], check=False, capture_output=True)
         subprocess.run(["iptables", "-F", chain], check=False)
         subprocess.run(["iptables", "-X", chain], check=False)
-    row = watch.row("object store unreachable while a new pod fetches", since, ended)
-    record(row, row.failed == 0 and any("fetch-artifacts failed" in s for s in row.status_said))
+    row = watch.row(fault, since, ended)
+    from_the_node = not node_cache or cache_metric(pod_url, "inferentia_node_cache_hits_total") > hits
+    record(row, row.failed == 0 and any("fetch-artifacts failed" in s for s in row.status_said) and from_the_node)
     assert row.failed == 0, row
+    assert from_the_node, "with the cache in place, the new pod's files came from the store, not the node"
     assert len(serving_pods(cluster, ns, "faulted")) == 2
     assert watch.direct[-1][1] == 2  # both pods, asked directly, answer as the network does
 
