@@ -70,7 +70,7 @@ CEL_CASES = {
         **{"compute.family": "inf2", "serving.runtime": "vllm", "model.architecture": "transformer", "autoscaling": {"maxReplicas": 2}}
     ),
     "autoscaling-zero": make_spec(**{"serving.batching": {"maxBatchSize": 2}, "autoscaling": {"minReplicas": 0, "maxReplicas": 2}}),
-    "routing-signal": make_spec(routing={"inferencePool": {}}),
+    "routing-api": make_spec(**{"serving.batching": {"maxBatchSize": 2}, "routing": {"inferencePool": {}}}),
     "routing-ports": make_spec(
         **{
             "compute.family": "inf2",
@@ -263,7 +263,7 @@ DIVERGENCE_CORPUS = [
     {"compile.image": "example.com/c:1", "serving.batching": {"maxBatchSize": 2}, "autoscaling": {"minReplicas": 0, "maxReplicas": 1}},
     {"autoscaling": {"maxReplicas": 2}},
     {"autoscaling": None},
-    # Routing: a pool needs the pods' queues, and at most 8 ports a pod.
+    # Routing: a pool needs an OpenAI-compatible server (vLLM), and at most 8 ports a pod.
     {"routing": {"inferencePool": {}}},
     {"serving.batching": {"maxBatchSize": 2}, "routing": {"inferencePool": {"failureMode": "FailOpen"}}},
     {"serving.batching": {"maxBatchSize": 2}, "routing": {"inferencePool": {"failureMode": "Sometimes"}}},

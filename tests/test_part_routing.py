@@ -12,7 +12,6 @@ from inferentia_operator.core.parts.routing import routing_part
 from inferentia_operator.core.settings import Settings
 from test_decide import SETTINGS, Observed, built, live, model_body
 
-FRONT_END = {"serving.batching": {"maxBatchSize": 4}, "routing": {"inferencePool": {}}}
 VLLM = {
     "model.uri": "s3://models/llama-3.1-8b/", "model.architecture": "transformer", "model.precision": "bf16",
     "compute.family": "inf2", "compute.inf": 1, "processesPerReplica": 2, "compile.buckets": [[1024]],
@@ -42,17 +41,16 @@ def test_without_routing_nothing_is_written():
     assert (part.children, part.delete) == ((), ())
 
 
-def test_a_pool_selects_the_serving_pods_at_the_front_ends_port_and_names_its_picker():
-    body = model_body(**FRONT_END)
+def test_a_pool_selects_the_serving_pods_and_names_its_picker():
+    body = model_body(**VLLM)
     m = built(body)
     objects = by_kind(routing_part(m, Observed(body), SETTINGS))
     assert set(objects) == {"InferencePool", "Deployment", "Service", "ServiceAccount", "RoleBinding"}
     pool = objects["InferencePool"]
     assert pool["apiVersion"] == "inference.networking.k8s.io/v1" and pool["metadata"]["name"] == "m"
     assert pool["spec"]["selector"] == {"matchLabels": children.selector(m)}
-    assert pool["spec"]["targetPorts"] == [{"number": m.plan.front_end.port}]
     assert pool["spec"]["endpointPickerRef"] == {
-        "kind": "Service", "name": "m-epp", "port": {"number": routing.EPP_GRPC_PORT}, "failureMode": "FailClose",
+        "kind": "Service", "name": "m-epp", "port": {"number": routing.EPP_GRPC_PORT}, "failureMode": "FailOpen",
     }  # fmt: skip
     # Every child is the model's: owned by it, with the standard labels.
     for child in objects.values():
@@ -62,11 +60,7 @@ def test_a_pool_selects_the_serving_pods_at_the_front_ends_port_and_names_its_pi
     assert picker["metadata"]["name"] == "m-epp"
     flags = args_of(picker)
     assert (flags["--pool-name"], flags["--pool-namespace"]) == ("m", "ns")
-    # The front end's gauges, under the names it exports them (batching/frontend.py); it has
-    # no KV cache, LoRA or prefix cache to report, so those metrics are turned off.
-    assert flags["--total-queued-requests-metric"] == "inferentia_num_requests_waiting"
-    assert flags["--kv-cache-usage-percentage-metric"] == "" and flags["--lora-info-metric"] == ""
-    assert "queue-scorer" in flags["--config-text"] and "kv-cache" not in flags["--config-text"]
+    assert "queue-scorer" in flags["--config-text"]
     pod = picker["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "m-epp"
     assert pod["containers"][0]["image"] == SETTINGS.endpoint_picker_image
@@ -95,7 +89,7 @@ def test_each_vllm_process_is_an_endpoint_scraped_at_its_own_port():
 
 
 def test_everything_is_held_while_the_cluster_serves_no_inference_pools():
-    body = model_body(**FRONT_END)
+    body = model_body(**VLLM)
     seen = Observed(body)
     part = routing_part(built(body), replace(seen, unserved=frozenset({"InferencePool"})), SETTINGS)
     assert part.to_write() == [] and len(part.children) == 5
@@ -105,9 +99,9 @@ def test_everything_is_held_while_the_cluster_serves_no_inference_pools():
 def test_routing_turned_off_deletes_the_pool_and_parks_the_picker():
     """The operator deletes no Deployment (its RBAC has no such right): the picker is parked at
     no replica, and goes with the model; the pool goes at once, so a gateway stops routing to it."""
-    on = model_body(**FRONT_END)
+    on = model_body(**VLLM)
     objects = by_kind(routing_part(built(on), Observed(on), SETTINGS))
-    off = model_body(**{"serving.batching": {"maxBatchSize": 4}})
+    off = model_body(**{k: v for k, v in VLLM.items() if k != "routing"})
     seen = Observed(off, others=[live(objects["InferencePool"]), live(objects["Deployment"])])
     part = routing_part(built(off), seen, SETTINGS)
     assert part.delete == (("InferencePool", "m"),)
@@ -118,7 +112,8 @@ def test_routing_turned_off_deletes_the_pool_and_parks_the_picker():
 @pytest.mark.parametrize(
     "spec,field",
     [
-        ({"routing": {"inferencePool": {}}}, "spec.routing.inferencePool"),  # no gauges to pick by
+        # The picker routes OpenAI requests only: the front end's JSON inputs it would refuse.
+        ({"serving.batching": {"maxBatchSize": 4}, "routing": {"inferencePool": {}}}, "spec.routing.inferencePool"),
         ({**VLLM, "compute.inf": 6, "processesPerReplica": 12}, "spec.routing.inferencePool"),  # 12 ports, a pool takes 8
     ],
 )

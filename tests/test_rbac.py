@@ -56,10 +56,14 @@ def every_write() -> tuple[Any, Decision]:
     body = model_body(**{
         "compile.image": "example.com/compile:1", "compute.family": "trn2", "compute.inf": 1, "compute.allocation": "dra",
         "autoscaling": {"minReplicas": 0, "maxReplicas": 2}, "serving.batching": {"maxBatchSize": 4},
-        "routing": {"inferencePool": {}},
     })  # fmt: skip
     m = built(body)
     objects = rendered(m, Settings(prometheus=Prometheus(address="http://prometheus:9090")))
+    # Routing by queue is for vLLM models: its pool and the picker's identity from one.
+    from test_part_routing import VLLM
+
+    routed = rendered(built(model_body(**VLLM)))
+    objects += [o for o in routed if o["kind"] in ("InferencePool", "ServiceAccount", "RoleBinding")]
     record = children.compile_record(m, complete(children.compile_job(m)), Prover(b"k" * 32))
     # What decide() deletes: superseded plans, compile Jobs and claim templates, and the
     # ScaledObject once autoscaling is turned off, the InferencePool once routing is. Never a

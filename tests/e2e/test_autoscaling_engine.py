@@ -183,7 +183,9 @@ def test_without_the_inference_extension_the_model_says_so_and_gets_its_pool_onc
     pool and then its endpoint picker, nothing restarted; turned off, the pool goes and the
     picker is parked. No kubelet runs here, so the picker stays unavailable, and says so."""
     c = bare
-    spec = make_spec(**{"serving.batching": {"maxBatchSize": 4}, "processesPerReplica": 2, "routing": {"inferencePool": {}}})
+    from test_part_routing import VLLM
+
+    spec = make_spec(**VLLM)
     c.kubectl("apply", "-f", "-", input=json.dumps(make_model("routed", "default", spec)))
 
     def model() -> dict:
@@ -205,7 +207,7 @@ def test_without_the_inference_extension_the_model_says_so_and_gets_its_pool_onc
     wait_for(lambda: exists("inferencepool", "routed"), 60, "the InferencePool")
     pool = c.get("inferencepool", "routed")
     assert pool["spec"]["selector"] == {"matchLabels": {"inferentia.dev/model": "routed", "app.kubernetes.io/component": "serving"}}
-    assert pool["spec"]["targetPorts"] == [{"number": c.get("service", "routed")["spec"]["ports"][0]["port"]}]
+    assert pool["spec"]["targetPorts"] == [{"number": 8000}, {"number": 8001}]  # each vLLM process's own port
     assert pool["spec"]["endpointPickerRef"]["name"] == "routed-epp"
     assert pool["metadata"]["ownerReferences"][0]["uid"] == model()["metadata"]["uid"]
     for kind in ("deployment", "service", "serviceaccount", "rolebinding"):

@@ -352,7 +352,7 @@ class Routing(ApiModel):
     """How requests reach the model's replicas, besides its Service."""
 
     inference_pool: InferencePoolOptions | None = None
-    """Write an InferencePool that selects the model's serving pods, and the endpoint picker it names, which routes each request to the replica with the shortest queue by the pods' own request gauges. A gateway's HTTPRoute then names the pool. Needs the Extension's CRDs (status says when they are missing) and spec.serving.batching or the vLLM runtime, whose pods export the gauges."""
+    """Write an InferencePool that selects the model's serving pods, and the endpoint picker it names, which routes each request to the vLLM process with the shortest queue by its own metrics. A gateway's HTTPRoute then names the pool. Needs the Extension's CRDs (status says when they are missing) and the vLLM runtime: the picker routes OpenAI completions and chat completions only."""
 
 
 class InferentiaModelSpec(ApiModel):

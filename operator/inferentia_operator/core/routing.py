@@ -2,11 +2,11 @@
 Inference Extension, and the endpoint picker it names. Pure, no API client.
 
 A gateway that implements the Extension sends each request for the pool to its endpoint picker
-over Envoy's ext_proc API, and the picker names the replica to take it, ranking the pool's
-endpoints by the queue each reports in its own metrics (the Extension's model server protocol:
-https://github.com/kubernetes-sigs/gateway-api-inference-extension/tree/main/docs/proposals/003-model-server-protocol).
-The pods already export those gauges: the batching front end as
-``inferentia_num_requests_waiting`` (TotalQueuedRequests), vLLM as ``vllm:num_requests_waiting``.
+over Envoy's ext_proc API, and the picker names the endpoint to take it, ranking the pool's
+endpoints by what each reports in its own metrics (the Extension's model server protocol:
+https://github.com/kubernetes-sigs/gateway-api-inference-extension/tree/main/docs/proposals/003-model-server-protocol),
+vLLM's ``vllm:num_requests_waiting`` first. It routes OpenAI-style requests only
+(rules/routing.py), so a pool is for vLLM models.
 
 The shapes follow the Extension's v1.1.0 release: the InferencePool API
 (``api/v1/inferencepool_types.go``) and its ``inferencepool`` Helm chart's endpoint picker
@@ -20,7 +20,7 @@ import json
 from typing import Any
 
 from . import api, children
-from .autoscaling import FRONT_END_GAUGES, VLLM_GAUGES
+from .autoscaling import VLLM_GAUGES
 from .children import CONTAINER_SECURITY, Model, labels, non_root_pod_security
 from .names import COMPONENT_LABEL, MODEL_LABEL
 from .objects import Obj
@@ -48,36 +48,28 @@ def picker_selector(model: Model) -> dict[str, str]:
 
 
 def target_ports(model: Model) -> list[int]:
-    """The pool's endpoints in a pod: the front end's port, or each vLLM process's own (the
-    picker scrapes each at its own port when there is more than one)."""
-    if model.plan.front_end is not None:
-        return [model.plan.front_end.port]
+    """The pool's endpoints in a pod: each vLLM process's own port (the picker scrapes each at
+    its own /metrics when a pool has more than one; its datastore, PodUpdateOrAddIfNotExist)."""
     base = children.process_base_port(model)
     return [base + i for i in range(model.plan.groups)]
 
 
-def _picker_config(model: Model) -> str:
-    """The picker's scheduling profile (an EndpointPickerConfig, as the chart's
-    default-plugins.yaml): the queue alone for the front end, which has no KV cache or prefix
-    cache to report; the chart's default three scorers for vLLM."""
-    scorers = (
-        ["queue-scorer"] if model.plan.front_end is not None else ["queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer"]
-    )
-    config = {
+# The picker's scheduling profile, as the Extension's chart configures it (default-plugins.yaml):
+# the queue, the KV cache's use and the prefix cache, each read from vLLM's own metrics.
+PICKER_CONFIG = json.dumps(
+    {
         "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
         "kind": "EndpointPickerConfig",
-        "plugins": [{"type": s} for s in scorers],
-        "schedulingProfiles": [{"name": "default", "plugins": [{"pluginRef": s} for s in scorers]}],
-    }
-    return json.dumps(config, separators=(",", ":"))
-
-
-def _picker_metrics(model: Model) -> list[str]:
-    if model.plan.front_end is not None:
-        # An empty metric turns it off (metrics_spec.go: "Allow empty strings to represent nil MetricSpecs").
-        return ["--total-queued-requests-metric", FRONT_END_GAUGES[0], "--kv-cache-usage-percentage-metric", "",
-                "--lora-info-metric", "", "--cache-info-metric", ""]  # fmt: skip
-    return ["--total-queued-requests-metric", VLLM_GAUGES[0]]
+        "plugins": [{"type": s} for s in ("queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer")],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [{"pluginRef": s} for s in ("queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer")],
+            }
+        ],
+    },
+    separators=(",", ":"),
+)
 
 
 def inference_pool(model: Model) -> dict[str, Any]:
@@ -110,9 +102,10 @@ def picker_deployment(model: Model, image: str) -> dict[str, Any]:
             model.name,
             "--pool-namespace",
             model.namespace,
-            *_picker_metrics(model),
+            "--total-queued-requests-metric",
+            VLLM_GAUGES[0],
             "--config-text",
-            _picker_config(model),
+            PICKER_CONFIG,
             # Its /metrics without the TokenReview and SubjectAccessReview rights that checking
             # callers would need cluster-wide; the Service does not expose that port.
             "--metrics-endpoint-auth=false",

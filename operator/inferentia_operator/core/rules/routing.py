@@ -1,4 +1,4 @@
-"""Routing (spec.routing.inferencePool): a pool whose endpoints the endpoint picker can rank."""
+"""Routing (spec.routing.inferencePool): a pool whose requests and endpoints the endpoint picker can handle."""
 
 from __future__ import annotations
 
@@ -7,16 +7,19 @@ from inferentia_operator.core.catalogue import Family
 from inferentia_operator.core.cel import CrossFieldRule
 from inferentia_operator.core.findings import Finding
 
-# The picker ranks endpoints by each one's queue, read from its metrics
-# (https://gateway-api-inference-extension.sigs.k8s.io/, model server protocol): only the
-# batching front end and vLLM export one.
+# The picker routes OpenAI-style requests only: it refuses (400) a body without "model"
+# ("model not found in request body") and one that is neither a completion ("prompt") nor a
+# chat completion ("messages"): gateway-api-inference-extension v1.1.0,
+# pkg/epp/requestcontrol/director.go and pkg/epp/util/request/body.go. vLLM's server takes
+# those; the batching front end's JSON inputs are neither, so a pool of its pods would refuse
+# every request.
 _VLLM = "(has(self.serving.runtime) && self.serving.runtime == 'vllm')"
-ROUTING_SIGNAL = CrossFieldRule(
+ROUTING_API = CrossFieldRule(
     "spec.routing.inferencePool",
     "spec",
-    "needs each replica's queue of requests, which only the batching front end and vLLM export; "
-    "valid specs also set spec.serving.batching, or spec.serving.runtime: vllm",
-    f"!has(self.routing) || !has(self.routing.inferencePool) || has(self.serving.batching) || {_VLLM}",
+    "needs an OpenAI-compatible server: the endpoint picker routes only completions and chat completions, which name "
+    "their model; valid specs set spec.serving.runtime: vllm",
+    f"!has(self.routing) || !has(self.routing.inferencePool) || {_VLLM}",
     (),
 )
 # inference.networking.k8s.io/v1 InferencePoolSpec.targetPorts: "MaxItems=8", each port a
@@ -38,12 +41,12 @@ def _check_routing(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
         return []
     vllm = spec.serving.runtime == "vllm"
     found = []
-    if spec.serving.batching is None and not vllm:
-        found.append(ROUTING_SIGNAL.finding())
+    if not vllm:
+        found.append(ROUTING_API.finding())
     if vllm and spec.processes_per_replica > MAX_POOL_PORTS:
         found.append(ROUTING_PORTS.finding(spec.processes_per_replica))
     return found
 
 
-RULES: list[CrossFieldRule] = [ROUTING_SIGNAL, ROUTING_PORTS]
+RULES: list[CrossFieldRule] = [ROUTING_API, ROUTING_PORTS]
 CHECKS = (_check_routing,)
