@@ -487,3 +487,34 @@ def test_the_nxd_inference_compile_step_fails_with_the_reason(tmp_path):
     unknown = run_nxdi_compile(tmp_path, NXDI_ENGINE, INFERENTIA_MODEL_PATH=str(other), NEURON_PLATFORM_TARGET_OVERRIDE="inf2")
     assert unknown.returncode == 1 and "model_type 'bert'" in unknown.stderr and "llama" in unknown.stderr
     assert not (tmp_path / "compiled" / "model.pt").exists()
+
+
+def test_the_vllm_standin_runs_max_num_seqs_at_once_and_counts_the_rest_as_waiting(monkeypatch):
+    """As vLLM's scheduler: past --max-num-seqs a request waits, and its /metrics says so
+    (vllm:num_requests_waiting), which the endpoint picker ranks replicas by."""
+    import threading
+
+    monkeypatch.syspath_prepend(str(STANDINS))
+    import neuron_standin
+
+    sequences = neuron_standin.Sequences(max_num_seqs=1)
+    release = threading.Event()
+
+    def request() -> None:
+        with sequences:
+            release.wait(10)
+
+    threads = [threading.Thread(target=request) for _ in range(3)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 5
+    while (sequences.running, sequences.waiting) != (1, 2) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (sequences.running, sequences.waiting) == (1, 2)
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert (sequences.running, sequences.waiting) == (0, 0)
+    unlimited = neuron_standin.Sequences(max_num_seqs=None)
+    with unlimited, unlimited:
+        assert (unlimited.running, unlimited.waiting) == (2, 0)

@@ -328,9 +328,39 @@ def nxd_inference_load(compiled: str) -> dict | None:
     return {**(app.traced_model or {}), "logical_nc_config": app.neuron_config.logical_nc_config}
 
 
-def serve(port: int, model: str, found: dict) -> None:
+class Sequences:
+    """vLLM's scheduler in one respect: at most ``max_num_seqs`` requests run at once, and the
+    rest wait their turn (vLLM's engine arguments: "--max-num-seqs: Maximum number of sequences
+    per iteration"). Its /metrics reports both, as vllm:num_requests_running and
+    vllm:num_requests_waiting, which the Gateway API Inference Extension's endpoint picker ranks
+    replicas by. No limit (None): every request runs at once, and none waits."""
+
+    def __init__(self, max_num_seqs: int | None) -> None:
+        self.slots = threading.BoundedSemaphore(max_num_seqs) if max_num_seqs else None
+        self.lock = threading.Lock()
+        self.running = 0
+        self.waiting = 0
+
+    def __enter__(self) -> Sequences:
+        with self.lock:
+            self.waiting += 1
+        if self.slots is not None:
+            self.slots.acquire()
+        with self.lock:
+            self.waiting -= 1
+            self.running += 1
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        with self.lock:
+            self.running -= 1
+        if self.slots is not None:
+            self.slots.release()
+
+
+def serve(port: int, model: str, found: dict, max_num_seqs: int | None = None) -> None:
     started = time.time()
-    running, lock = [0], threading.Lock()
+    sequences = Sequences(max_num_seqs)
 
     class Handler(BaseHTTPRequestHandler):
         def _json(self, code: int, body: dict | list) -> None:
@@ -346,15 +376,15 @@ def serve(port: int, model: str, found: dict) -> None:
                 self._json(200, {"status": "ok"})
             elif self.path == "/metrics":
                 # vLLM's scheduler gauges, as its /metrics writes them (vLLM docs, "Production
-                # Metrics"): requests being run, and requests waiting to be (none here: no queue).
+                # Metrics"): requests being run, and requests waiting to be (past --max-num-seqs).
                 label = json.dumps(model)
                 text = (
                     "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
                     "# TYPE vllm:num_requests_running gauge\n"
-                    f"vllm:num_requests_running{{model_name={label}}} {running[0]}\n"
+                    f"vllm:num_requests_running{{model_name={label}}} {sequences.running}\n"
                     "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
                     "# TYPE vllm:num_requests_waiting gauge\n"
-                    f"vllm:num_requests_waiting{{model_name={label}}} 0\n"
+                    f"vllm:num_requests_waiting{{model_name={label}}} {sequences.waiting}\n"
                 ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -367,13 +397,8 @@ def serve(port: int, model: str, found: dict) -> None:
                 self._json(404, {"error": "not found"})
 
         def do_POST(self):
-            with lock:
-                running[0] += 1
-            try:
+            with sequences:
                 self._post()
-            finally:
-                with lock:
-                    running[0] -= 1
 
         def _post(self):
             # A model's time per call, for the autoscaling tests (nothing the operator runs sets it).
@@ -441,7 +466,7 @@ def server_main(argv: list[str], prog: str) -> int:
         }  # fmt: skip
     elif prog == "vllm":
         found["runtime"] = NXD_INFERENCE
-    serve(args.port, args.model, found)
+    serve(args.port, args.model, found, args.max_num_seqs)
     return 0
 
 
