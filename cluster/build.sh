@@ -226,6 +226,9 @@ keda_crds
 # LeaderWorkerSet: a replica of one leader and N-1 workers, created, placed and restarted as one.
 build_in_module lws sigs.k8s.io/lws "$LWS_VERSION" "" "" lws-controller=./cmd
 lws_crds
+# The Gateway API Inference Extension: its endpoint picker (the ext_proc server a gateway asks)
+# and its CRDs.
+build_in_module inference-extension sigs.k8s.io/gateway-api-inference-extension "$INFERENCE_EXTENSION_VERSION" "" "" epp=./cmd/epp
 inference_extension_crds
 # Only Kubernetes service discovery: the serving pods are found through the API server.
 build_in_module prometheus github.com/prometheus/prometheus "$PROMETHEUS_VERSION" "remove_all_sd,enable_kubernetes_sd" "" \
