@@ -37,6 +37,10 @@ $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
+	# Envoy's ext_proc API (cluster/endpointpicker.py) in a directory of its own: the package
+	# also ships the top-level module cel (CEL's protos), which would shadow the CEL library
+	# the rule tests import.
+	$(BIN)/pip install --quiet --no-deps --target $(VENV)/xds-protos 'xds-protos==1.85.0'
 	touch $@
 
 venv: $(BIN)/.installed

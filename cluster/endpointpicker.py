@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,6 +61,12 @@ class EndpointPicker:
         """The endpoint ("ip:port") the picker chooses for a request with ``body``, or None when it
         answers without one (an immediate response: its refusal)."""
         import grpc
+
+        # Envoy's ext_proc stubs (the xds-protos package), installed apart by `make venv`, last on
+        # the path: the package also ships a top-level cel module that must not shadow CEL's.
+        stubs = str(Path(sys.prefix) / "xds-protos")
+        if stubs not in sys.path:
+            sys.path.append(stubs)
         from envoy.config.core.v3 import base_pb2
         from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
         from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc

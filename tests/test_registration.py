@@ -20,6 +20,14 @@ def test_no_handler_requires_a_finalizer_or_keeps_progress():
     assert r._changing._handlers == [] and r._spawning._handlers == []  # noqa: SLF001 - kopf has no public listing
 
 
+# Every kind the operator watches besides its models: its children and their pods, each
+# filtered on the server to the operator's own.
+CHILDREN = [
+    "deployments", "jobs", "services", "configmaps", "pods", "scaledobjects", "resourceclaimtemplates",
+    "inferencepools", "serviceaccounts", "rolebindings",
+]  # fmt: skip
+
+
 def test_every_kind_is_cached_and_triggers_a_reconcile():
     r = registry()
     indexed = {h.id: h.selector.any_name or h.selector.plural for h in r._indexing._handlers}  # noqa: SLF001
@@ -32,37 +40,11 @@ def test_every_kind_is_cached_and_triggers_a_reconcile():
         "compile_job_index": "jobs", "compile_record_index": "configmaps", "compiled_uri_index": "inferentiamodels",
     }  # fmt: skip
     watched = {h.selector.any_name or h.selector.plural for h in r._watching._handlers}  # noqa: SLF001
-    assert watched == {
-        "inferentiamodels",
-        "deployments",
-        "jobs",
-        "services",
-        "configmaps",
-        "pods",
-        "scaledobjects",
-        "resourceclaimtemplates",
-        "inferencepools",
-        "serviceaccounts",
-        "rolebindings",
-    }
+    assert watched == {"inferentiamodels", *CHILDREN}
 
 
 def test_children_are_filtered_on_the_server():
     settings = kopf.OperatorSettings()
     wiring.configure_watches(settings)
     selectors = {s.any_name: v for s, v in settings.watching.label_selectors.items()}
-    assert selectors == dict.fromkeys(
-        [
-            "deployments",
-            "jobs",
-            "services",
-            "configmaps",
-            "pods",
-            "scaledobjects",
-            "resourceclaimtemplates",
-            "inferencepools",
-            "serviceaccounts",
-            "rolebindings",
-        ],  # fmt: skip
-        "app.kubernetes.io/managed-by=inferentia-operator",
-    )
+    assert selectors == dict.fromkeys(CHILDREN, "app.kubernetes.io/managed-by=inferentia-operator")
