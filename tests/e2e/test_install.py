@@ -43,6 +43,8 @@ def test_default_render_is_cluster_wide_with_one_replica_that_passes_restricted(
         "ClusterKopfPeering//inferentia-operator",
         "ClusterRole//inferentia-operator",
         "ClusterRole//inferentia-operator-edit",
+        # What each model's endpoint picker reads, granted only where the operator binds it.
+        "ClusterRole//inferentia-operator-endpoint-picker",
         "ClusterRole//inferentia-operator-view",
         "ClusterRoleBinding//inferentia-operator",
         "Deployment/inferentia-system/inferentia-operator",
@@ -212,7 +214,12 @@ def test_the_prometheus_settings_reach_the_operator(cluster):
 
 def test_watch_namespaces_gives_roles_only_and_standby_a_second_replica(cluster):
     docs = helm_template(cluster, "--set", "watchNamespaces={team-a,team-b}", "--set", "standby=true")
-    assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering")]
+    # Nothing cluster-wide is granted: the endpoint picker's ClusterRole grants nothing until the
+    # operator binds it, by a RoleBinding, in a namespace it watches.
+    cluster_wide = [
+        f"{d['kind']}/{d['metadata']['name']}" for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering")
+    ]
+    assert cluster_wide == ["ClusterRole/inferentia-operator-endpoint-picker"]
     assert sorted(f"{d['kind']}/{d['metadata']['namespace']}" for d in docs if d["kind"] in ("Role", "RoleBinding", "KopfPeering")) == [
         "KopfPeering/team-a", "KopfPeering/team-b", "Role/inferentia-system", "Role/team-a", "Role/team-b",
         "RoleBinding/inferentia-system", "RoleBinding/team-a", "RoleBinding/team-b",
