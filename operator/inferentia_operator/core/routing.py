@@ -56,17 +56,13 @@ def target_ports(model: Model) -> list[int]:
 
 # The picker's scheduling profile, as the Extension's chart configures it (default-plugins.yaml):
 # the queue, the KV cache's use and the prefix cache, each read from vLLM's own metrics.
+PICKER_SCORERS = ("queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer")
 PICKER_CONFIG = json.dumps(
     {
         "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
         "kind": "EndpointPickerConfig",
-        "plugins": [{"type": s} for s in ("queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer")],
-        "schedulingProfiles": [
-            {
-                "name": "default",
-                "plugins": [{"pluginRef": s} for s in ("queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer")],
-            }
-        ],
+        "plugins": [{"type": s} for s in PICKER_SCORERS],
+        "schedulingProfiles": [{"name": "default", "plugins": [{"pluginRef": s} for s in PICKER_SCORERS]}],
     },
     separators=(",", ":"),
 )
