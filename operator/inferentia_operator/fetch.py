@@ -55,6 +55,12 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
     return bucket, prefix
 
 
+def split_s3_dir(uri: str) -> tuple[str, str]:
+    """As split_s3_uri, the prefix ending in "/": the directory an artefact or a marked model is in."""
+    bucket, prefix = split_s3_uri(uri)
+    return bucket, prefix if not prefix or prefix.endswith("/") else prefix + "/"
+
+
 def _client(client: Any) -> Any:
     if client is not None:
         return client
@@ -150,8 +156,7 @@ def fetch(uri: str, destination: Path, client: Any = None, cache: str | None = N
     """A compiled artefact: the files its completion marker names, each checked, into
     ``destination``; with ``cache`` (the node's cache, INFERENTIA_NODE_CACHE), each file is
     asked of it first by its SHA-256, and one read from the store is offered back."""
-    bucket, prefix = split_s3_uri(uri)
-    prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+    bucket, prefix = split_s3_dir(uri)
     client = _client(client)
     marker = _marker(client, bucket, prefix)
     if marker is None:
@@ -178,8 +183,7 @@ def _marker(client: Any, bucket: str, prefix: str) -> dict[str, Any] | None:
 def _fetch_marked(uri: str, marker: dict[str, Any], destination: Path, client: Any, cache: str | None) -> list[Path]:
     """The files ``marker`` names under ``uri``, each from the node's cache if it holds it, else
     from the store (and offered to the cache), each checked against the marker's size and SHA-256."""
-    bucket, prefix = split_s3_uri(uri)
-    prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+    bucket, prefix = split_s3_dir(uri)
     written: list[Path] = []
     for name, expected in sorted(marker["files"].items()):
         target = _safe_target(destination, name)
@@ -223,7 +227,7 @@ def fetch_model(uri: str, destination: Path, client: Any = None, cache: str | No
         return [target]
     bucket, prefix = split_s3_uri(uri)
     client = _client(client)
-    marker = _marker(client, bucket, prefix if not prefix or prefix.endswith("/") else prefix + "/")
+    marker = _marker(client, *split_s3_dir(uri))
     if marker is not None:
         return _fetch_marked(uri, marker, destination, client, cache)
     written: list[Path] = []
@@ -256,8 +260,7 @@ def index(uri: str, client: Any = None) -> list[str]:
     """A completion marker for a model already in the store, written in place: each object under
     the ``uri`` prefix read once and hashed as it streams (nothing is kept on disk). With it, the
     model's replicas read its files through the node's cache and check each one."""
-    bucket, prefix = split_s3_uri(uri)
-    prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+    bucket, prefix = split_s3_dir(uri)
     client = _client(client)
     listed: dict[str, dict[str, Any]] = {}
     for key, name in _model_keys(client, bucket, prefix):
@@ -276,8 +279,7 @@ def index(uri: str, client: Any = None) -> list[str]:
 
 def upload(source: Path, uri: str, client: Any = None) -> list[str]:
     """Every file under ``source`` to ``uri``, then the completion marker naming them, last."""
-    bucket, prefix = split_s3_uri(uri)
-    prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+    bucket, prefix = split_s3_dir(uri)
     files = sorted(p for p in source.rglob("*") if p.is_file())
     root = source.resolve()
     for path in files:
