@@ -4,17 +4,19 @@
 
 One load profile (idle, a ramp, a plateau, a burst, idle again), sent open-loop (each
 request at its scheduled time, whatever the answers before it, so a queue shows in the
-latency), against the same model three ways on the local cluster's real node: fixed at
+latency), against the same model four ways on the local cluster's real node: fixed at
 the peak's replicas, fixed at one replica, and with spec.autoscaling between them (KEDA
-and Prometheus, as in docs/autoscaling.md). The model is the Neuron stand-in behind the
-batching front end: 2 processes, batches of 2, 0.5 s a batch, so one replica answers about
-8 requests a second.
+and Prometheus, as in docs/autoscaling.md) twice: with headroom (a target of 3 requests in
+flight a replica, a 20 s scale-down window) and at the replica's own parallelism (4, 10 s).
+The model is the Neuron stand-in behind the batching front end: 2 processes, batches of 2,
+0.5 s a batch, so one replica answers about 8 requests a second.
 
 Printed, one row per way: replica-seconds (serving pods that existed, draining ones
 included, summed each second: the cost) and its ratio to fixed-at-peak, p50 and p99 latency
 of the answered requests, requests answered, 503 sheds (the front end refuses what it cannot
 answer within its budget), other failures, and for autoscaling the seconds from the start of
-the ramp until the peak's replicas were ready.
+the ramp until the peak's replicas were ready. A second table splits each way's
+replica-seconds by phase of the profile.
 
 Then scale to zero, on a sparse profile: one request every --zero-gap seconds, sent at the
 same moment to two vLLM-preset models compiled into the local object store
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -65,6 +68,10 @@ AUTOSCALING = {
     "scaleUpStabilizationSeconds": 0,
     "scaleDownStabilizationSeconds": 20,
 }
+# The same, at the replica's own parallelism (targetInFlight left out: 2 processes x batches of
+# 2, core/autoscaling.target_in_flight) and a shorter scale-down window: a replica that starts
+# in seconds needs less headroom, and a replica taken away too soon comes back in seconds.
+AT_PARALLELISM = {k: v for k, v in AUTOSCALING.items() if k != "targetInFlight"} | {"scaleDownStabilizationSeconds": 10}
 
 
 def spec(**extra: Any) -> dict[str, Any]:
@@ -175,7 +182,7 @@ def service_url(cluster: localcluster.LocalCluster, service: str, path: str) -> 
 
 def measure(cluster: localcluster.LocalCluster, way: str, extra: dict[str, Any], peak: float) -> dict[str, Any]:
     model: dict[str, Any] = {"apiVersion": "inferentia.dev/v1alpha1", "kind": "InferentiaModel"}
-    model["metadata"] = {"name": "bench-" + way.replace(" ", "-"), "namespace": NAMESPACE}
+    model["metadata"] = {"name": ("bench-" + "-".join(re.findall("[a-z0-9]+", way)))[:45].rstrip("-"), "namespace": NAMESPACE}
     name = apply_ready(cluster, {**model, "spec": spec(**extra)}, autoscaled="autoscaling" in extra)
     url = service_url(cluster, name, "/predict")
     sampler = Sampler(cluster)
@@ -186,12 +193,17 @@ def measure(cluster: localcluster.LocalCluster, way: str, extra: dict[str, Any],
     cluster.kubectl("delete", "inferentiamodel", name, "-n", NAMESPACE, "--wait=true", "--timeout=120s")
     end = started + sum(p[1] for p in PROFILE)
     replica_seconds = sampler.replica_seconds(name, started, end)
+    by_phase, at = [], started
+    for _, seconds, _, _ in PROFILE:
+        by_phase.append(sampler.replica_seconds(name, at, at + seconds))
+        at += seconds
     ramp_start = started + PROFILE[0][1]
     followed = next((t - ramp_start for t, _, ready in sampler.samples.get(name, []) if t >= ramp_start and ready >= PEAK_REPLICAS), None)
     answered = [latency for latency, outcome in results if outcome == 200]
     return {
         "way": way,
         "replica_seconds": replica_seconds,
+        "by_phase": by_phase,
         "p50_ms": percentile(answered, 50) * 1000,
         "p99_ms": percentile(answered, 99) * 1000,
         "answered": len(answered),
@@ -213,6 +225,17 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {r['way']} | {r['replica_seconds']:.0f} | {r['replica_seconds'] / base:.0%} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} "
             f"| {r['answered']} | {r['shed_503']} | {r['failed']} | {followed} |"
         )
+    return "\n".join(lines)
+
+
+def phase_seconds_table(rows: list[dict[str, Any]]) -> str:
+    """Where each way's replica-seconds went: one column a phase of the profile, each with its
+    length and its rate; the replicas a phase needs, and what the last phase pays for the burst
+    before it (the scale-down window, then each replica's drain), show there."""
+    heads = [f"{what} {seconds} s, {a * 100:g}{'' if a == b else f'-{b * 100:g}'}% of peak" for what, seconds, a, b in PROFILE]
+    lines = [f"| way | {' | '.join(heads)} |", "|---|" + "---|" * len(PROFILE)]
+    for r in rows:
+        lines.append(f"| {r['way']} | " + " | ".join(f"{v:.0f}" for v in r["by_phase"]) + " |")
     return "\n".join(lines)
 
 
@@ -514,7 +537,7 @@ def main() -> int:
     parser.add_argument("--zero-gap", type=float, default=60.0, help="seconds between the sparse profile's requests")
     parser.add_argument(
         "--ways", choices=("all", "fixed", "zero", "starts"), default="all",
-        help="fixed: the first three ways only; zero: scale to zero only; starts: starts from zero by phase, with and without "
+        help="fixed: the first four ways only; zero: scale to zero only; starts: starts from zero by phase, with and without "
         "the pushed activation, Prometheus scraping every --scrape-seconds",
     )  # fmt: skip
     parser.add_argument("--starts", type=int, default=3, help="starts from zero of each way (--ways starts)")
@@ -590,6 +613,7 @@ def main() -> int:
                 ("fixed at peak", {"replicas": PEAK_REPLICAS}),
                 ("fixed at one", {"replicas": 1}),
                 ("autoscaling", {"autoscaling": AUTOSCALING}),
+                ("autoscaling at the replica's parallelism", {"autoscaling": AT_PARALLELISM}),
             ):
                 if args.ways in ("zero", "starts"):
                     break
@@ -619,6 +643,8 @@ def main() -> int:
         print(scale_table(scale_ups))
     if rows:
         print(table(rows))
+        print()
+        print(phase_seconds_table(rows))
     if zero:
         print(zero_tables(zero, warm))
     return 0
