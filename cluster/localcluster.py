@@ -37,7 +37,7 @@ from pathlib import Path
 import yaml
 
 import realnode
-from inferentia_operator.core.catalogue import FAMILIES, NEURON_RESOURCE, NEURONCORE_RESOURCE
+from inferentia_operator.core.catalogue import EFA_DEVICES, EFA_RESOURCE, FAMILIES, NEURON_RESOURCE, NEURONCORE_RESOURCE
 from ports import free_port
 
 HERE = Path(__file__).resolve().parent
@@ -171,6 +171,9 @@ def fleet_nodes(fleet_file: Path = FLEET) -> list[dict]:
                 NEURON_RESOURCE: str(chips),
                 NEURONCORE_RESOURCE: str(chips * family.physical_cores_per_chip),
             }
+        if itype in EFA_DEVICES:
+            # As AWS's EFA device plugin advertises them, for replicas across nodes.
+            resources[EFA_RESOURCE] = str(EFA_DEVICES[itype])
         for i in range(int(group["count"])):
             name = f"{itype.replace('.', '-')}-{i}"
             nodes.append(

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from specs import DROP, make_spec
 
+_VLLM_TRN1 = {"serving.runtime": "vllm", "model.architecture": "transformer", "serving.batching": {"maxBatchSize": 4}}
+_TWO_TRN1_NODES = {"compute.family": "trn1", "compute.inf": 16, "compute.nodes": 2, **_VLLM_TRN1}
+
 # One invalid spec for every CEL rule, so each rule is seen refusing input on a real API server.
 CEL_CASES = {
     "fits-family": make_spec(**{"compute.inf": 17}),
@@ -81,6 +84,15 @@ CEL_CASES = {
             "routing": {"inferencePool": {}},
         }
     ),  # fmt: skip
+    # Replicas across nodes (spec.compute.nodes): trn1's whole 32xlarge nodes, one vLLM process each.
+    "nodes-family": make_spec(**{"compute.family": "inf2", "compute.inf": 12, "compute.nodes": 2, **_VLLM_TRN1}),
+    "nodes-whole": make_spec(**{"compute.family": "trn1", "compute.inf": 8, "compute.nodes": 2, **_VLLM_TRN1}),
+    "nodes-processes": make_spec(**{**_TWO_TRN1_NODES, "processesPerReplica": 2}),
+    "nodes-runtime": make_spec(**{"compute.family": "trn1", "compute.inf": 16, "compute.nodes": 2}),
+    "nodes-compile": make_spec(**{**_TWO_TRN1_NODES, "compile.image": "example.com/neuron:1"}),
+    "nodes-dra": make_spec(**{**_TWO_TRN1_NODES, "compute.allocation": "dra"}),
+    "nodes-zero": make_spec(**{**_TWO_TRN1_NODES, "autoscaling": {"minReplicas": 0, "maxReplicas": 2}}),
+    "nodes-routing": make_spec(**{**_TWO_TRN1_NODES, "routing": {"inferencePool": {}}}),
     # AWS's Neuron DRA driver: not on inf1, whole devices only, connected ones only on Trainium.
     "dra-inf1": make_spec(**{"compute.allocation": "dra"}),
     "dra-cores": make_spec(

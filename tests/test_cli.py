@@ -132,8 +132,8 @@ def test_plan_table_and_yaml():
     code, out, _ = run_cli("plan", str(SAMPLES / "bert-latency.yaml"))
     assert code == 0
     header, row = out.splitlines()
-    assert header.split()[:10] == ["NAMESPACE", "NAME", "REPLICAS", "FAMILY", "COMPILER", "CHIPS", "LNC", "CORES", "GROUPS", "NCG"]
-    assert row.split()[:10] == ["default", "bert-base", "1", "inf1", "neuron-cc", "4", "-", "16", "1", "16"]
+    assert header.split()[:11] == ["NAMESPACE", "NAME", "REPLICAS", "FAMILY", "COMPILER", "CHIPS", "NODES", "LNC", "CORES", "GROUPS", "NCG"]
+    assert row.split()[:11] == ["default", "bert-base", "1", "inf1", "neuron-cc", "4", "1", "-", "16", "1", "16"]
     code, out, _ = run_cli("plan", str(SAMPLES / "bert-latency.yaml"), "-o", "yaml")
     assert yaml.safe_load(out)[0]["buckets"] == [[64], [128], [256], [512]]
 
@@ -490,3 +490,16 @@ def test_plan_shows_data_parallel_over_tensor_parallel_with_each_processs_cores(
     code, out, _ = run_cli("plan", "manifests/samples/resnet50-throughput.yaml")
     header, row = out.splitlines()[:2]
     assert dict(zip(header.split(), row.split(), strict=True))["DPxTP"] == "-"  # inf1 pipelines, never shards
+
+
+def test_plan_shows_a_replica_across_nodes(tmp_path):
+    """A replica across two trn1.32xlarge: 16 chips and 32 cores a node, one tensor-parallel model of 64 ranks."""
+    import re
+
+    example = re.search(r"```yaml\n(.*?)```", (ROOT / "docs" / "multi-node.md").read_text(), re.S).group(1)
+    (tmp_path / "llama.yaml").write_text(example)
+    code, out, _ = run_cli("plan", str(tmp_path / "llama.yaml"))
+    assert code == 0
+    header, row = out.splitlines()[:2]
+    cells = dict(zip(header.split(), row.split(), strict=True))
+    assert (cells["CHIPS"], cells["NODES"], cells["CORES"], cells["DPxTP"]) == ("16", "2", "32", "1x64")

@@ -24,7 +24,7 @@ def test_no_handler_requires_a_finalizer_or_keeps_progress():
 # filtered on the server to the operator's own.
 CHILDREN = [
     "deployments", "jobs", "services", "configmaps", "pods", "scaledobjects", "resourceclaimtemplates",
-    "inferencepools", "serviceaccounts", "rolebindings",
+    "inferencepools", "serviceaccounts", "rolebindings", "leaderworkersets",
 ]  # fmt: skip
 
 
@@ -36,6 +36,7 @@ def test_every_kind_is_cached_and_triggers_a_reconcile():
         "service_index": "services", "configmap_index": "configmaps", "pod_index": "pods",
         "scaledobject_index": "scaledobjects", "resourceclaimtemplate_index": "resourceclaimtemplates",
         "inferencepool_index": "inferencepools", "serviceaccount_index": "serviceaccounts", "rolebinding_index": "rolebindings",
+        "leaderworkerset_index": "leaderworkersets",
         # By artefact: the compile Jobs and records another model made, and the models of each artefact.
         "compile_job_index": "jobs", "compile_record_index": "configmaps", "compiled_uri_index": "inferentiamodels",
     }  # fmt: skip

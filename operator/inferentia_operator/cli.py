@@ -108,6 +108,8 @@ def _table(records: list[dict[str, Any]]) -> str:
         ("FAMILY", lambda r: r["family"]),
         ("COMPILER", lambda r: r["compiler"]),
         ("CHIPS", lambda r: r.get("chips", "shared")),
+        # A replica across nodes: CHIPS, CORES and the groups are each node's, and TP spans them all.
+        ("NODES", lambda r: r.get("nodes", 1)),
         ("LNC", lambda r: r.get("lnc", "-")),
         ("CORES", lambda r: r["totalCores"]),
         ("GROUPS", lambda r: r["groups"]),

@@ -48,7 +48,7 @@ Superseded plan ConfigMaps and compile Jobs are deleted.
   verbs: [patch]
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [get, list, watch, create, patch, delete]
@@ -74,6 +74,11 @@ Superseded plan ConfigMaps and compile Jobs are deleted.
 # claims, and the DRA driver publishes the devices.
 - apiGroups: [resource.k8s.io]
   resources: [resourceclaimtemplates]
+  verbs: [get, list, watch, create, patch, delete]
+# The LeaderWorkerSets of models whose replicas span nodes (spec.compute.nodes), deleted when a
+# model's replicas go back to one node (its Deployment is then deleted the other way round).
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
   verbs: [get, list, watch, create, patch, delete]
 # The InferencePools of models with spec.routing.inferencePool (the Gateway API Inference
 # Extension's), deleted when routing is turned off; and each endpoint picker's ServiceAccount

@@ -34,6 +34,9 @@ INT32_MAX = 2**31 - 1  # Deployment replicas and ports are int32 in every child
 MAX_WEIGHTS = 10**15  # a thousand times the largest models: keeps the memory arithmetic in CEL's int64
 MAX_SHAPE = 2**20
 MAX_QUANTITY = 64
+# The most nodes one replica spans (512 NeuronCores of trn1.32xlarge): vLLM's launcher takes
+# any count; a bound keeps every field finite for CEL's cost estimate.
+MAX_NODES = 16
 
 
 def _quantity(value: Any) -> Any:
@@ -142,6 +145,8 @@ class Compute(ApiModel):
     """Host memory requested by each replica (a Kubernetes quantity)."""
     hugepages: Quantity | None = None
     """2 MiB hugepages (hugepages-2Mi) requested by each replica, a whole number of pages such as 256Mi. Default: none, as in AWS's Kubernetes examples for the Neuron Runtime 2.x; set it only for a runtime that does (the Neuron Runtime 1.x daemon wanted 256Mi per Inferentia chip). Nodes must reserve them, or the pods cannot be placed."""
+    nodes: Annotated[StrictInt, Field(ge=1, le=MAX_NODES)] = 1
+    """Nodes one replica spans, each taking inf chips (whole nodes): above 1, a replica is a LeaderWorkerSet group of one pod a node, running one tensor-parallel model over EFA (vLLM on NxD Inference, trn1 only). Default 1: one pod."""
     allocation: Literal["devicePlugin", "dra"] | None = None
     """How a replica gets its Neuron devices: devicePlugin (aws.amazon.com/neuron or neuroncore from the Neuron device plugin) or dra (a ResourceClaimTemplate for AWS's Neuron DRA driver, DeviceClass neuron.aws.com: whole devices, connected ones on trn, the LNC set per claim). A node runs one or the other. Default: the operator's --allocation (devicePlugin unless set)."""
 
@@ -475,7 +480,11 @@ class Plan(ApiModel):
     groups: int
     """NeuronCore Groups per replica, one per serving process."""
     tensor_parallel_size: int | None = None
-    """inf2, trn1, trn2, trn3: the group's cores run one model sharded across them, this many ways (= groupSize)."""
+    """inf2, trn1, trn2, trn3: the group's cores run one model sharded across them, this many ways (= groupSize, times nodes when a replica spans nodes)."""
+    nodes: int | None = None
+    """When a replica spans nodes: how many, one pod (and one group of groupSize ranks) on each."""
+    efa_devices: int | None = None
+    """When a replica spans nodes: the EFA devices (vpc.amazonaws.com/efa) each of its pods requests, the fewest any allowed instance type has."""
     visible_cores: list[str]
     """Each group's cores as NEURON_RT_VISIBLE_CORES takes them ("0-1", or "5" for one core): contiguous, disjoint, in order."""
     device_memory_per_group_bytes: int

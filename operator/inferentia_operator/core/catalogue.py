@@ -97,6 +97,8 @@ class Family:
     # With AWS's Neuron DRA driver: the connected-device groups a claim can be held to (see
     # DRA_DRIVER); () where the driver runs but publishes none; None where it does not run.
     dra_groups: tuple[int, ...] | None = None
+    # Whether a replica may span nodes (spec.compute.nodes above 1): see MULTI_NODE below.
+    multi_node: bool = False
 
     @property
     def default_lnc(self) -> int:
@@ -165,6 +167,7 @@ FAMILIES: dict[str, Family] = {
             allowed_chip_counts=(1, 4, 8, 16),
             tensor_parallel_sizes=(1, 2, 8, 16),
             tensor_parallel_multiple=32,
+            multi_node=True,
         ),
         Family(
             "trn2",
@@ -190,6 +193,33 @@ FAMILIES: dict[str, Family] = {
 }
 
 FAMILY_NAMES: tuple[str, ...] = tuple(FAMILIES)
+
+# Replicas that span nodes (spec.compute.nodes above 1): one pod a node, the ranks of one
+# tensor-parallel model split evenly between them, talking over EFA.
+# - What runs: vLLM on NxD Inference, as vLLM's multi-node launcher for Neuron starts it
+#   (vllm-project/vllm, examples/neuron/multi_node/launch_script.py and worker.py): rank 0
+#   serves the API, every other rank runs the engine's worker loop; each gets
+#   ENABLE_NEURON_MULTI_NODE, WORLD_SIZE (its processes), NEURON_RT_ROOT_COMM_ID (rank 0's
+#   address, port 63423), NEURON_LOCAL_TP and NEURON_RANK_ID, and
+#   --override-neuron-config {world_size, tp_degree and local_ranks_size (the node's ranks),
+#   start_rank_id (rank times the node's ranks)}, as NxD Inference's own multi-node example
+#   numbers them (aws-neuron/neuronx-distributed-inference, examples/multi_node.md: "ensure
+#   --start_rank_id is multiple of --local_ranks_size"). Its EFA environment is the launcher
+#   script's (multi_node_launcher.sh: FI_PROVIDER=efa, FI_EFA_USE_DEVICE_RDMA=1, FI_EFA_FORK_SAFE=1).
+# - Where: NxD Inference runs vLLM on inf2 and trn1 (Family.vllm); of those, only Trn1's
+#   32xlarge sizes have EFA: "EFA is currently not available on the smaller instances sizes
+#   and they cannot be used for running multi-node jobs"; trn1.32xlarge has 8 EFA devices,
+#   trn1n.32xlarge 16 (https://awsdocs-neuron.readthedocs-hosted.com/en/v2.29.1/frameworks/torch/torch-neuronx/setup-trn1-multi-node-execution.html).
+#   On trn2 and trn3 vLLM runs on the vLLM Neuron plugin, whose documentation describes no
+#   serving across nodes (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/index.html),
+#   and inf1 runs no vLLM: refused there until AWS documents it.
+# EFA devices come from AWS's EFA device plugin as vpc.amazonaws.com/efa
+# (https://docs.aws.amazon.com/eks/latest/userguide/device-management-efa.html).
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+EFA_DEVICES: dict[str, int] = {"trn1.32xlarge": 8, "trn1n.32xlarge": 16}
+MULTI_NODE_FAMILIES: tuple[str, ...] = tuple(f.name for f in FAMILIES.values() if f.multi_node)
+# Rank 0's root communicator port, as vLLM's launcher sets it (NEURON_RT_ROOT_COMM_ID_PORT).
+ROOT_COMM_PORT = 63423
 LNC_CHOICES: tuple[int, ...] = tuple(sorted({v for f in FAMILIES.values() for v in f.lnc_values}))
 
 # The bucketing application note bounds bucketed models per NeuronCore by

@@ -21,6 +21,7 @@ from inferentia_operator.programs import (
     NXDI_COMPILE_PROGRAM_VERSION,
     SERVE_PROGRAM,
     VLLM_COMPILE_PROGRAM,
+    VLLM_WORKER_PROGRAM,
 )
 from inferentia_operator.programs import source as program_source
 
@@ -28,7 +29,16 @@ from . import api
 from .api import InferentiaModelSpec, Plan
 from .autoscaling import Prometheus, desired_replicas, scales_to_zero, target_in_flight
 from .autoscaling import scaled_object as autoscaling_object
-from .catalogue import DRA_CONFIG_API_VERSION, DRA_DRIVER, DRA_GROUP_ATTRIBUTE, FAMILIES, GIB, INSTANCE_TYPE_LABEL, NEURON_TAINT_KEY
+from .catalogue import (
+    DRA_CONFIG_API_VERSION,
+    DRA_DRIVER,
+    DRA_GROUP_ATTRIBUTE,
+    FAMILIES,
+    GIB,
+    INSTANCE_TYPE_LABEL,
+    NEURON_TAINT_KEY,
+    ROOT_COMM_PORT,
+)
 from .findings import Finding
 from .holds import hold_label
 from .launcher import LAUNCHER
@@ -44,6 +54,7 @@ from .names import (
     PLAN_FILE,
     PLAN_HASH_ANNOTATION,
     PLAN_MOUNT,
+    WORKER_INDEX_LABEL,
 )
 from .objects import Obj
 from .proof import PROOF_ANNOTATION, Prover
@@ -164,7 +175,10 @@ def vllm_engine_args(model: Model) -> dict[str, Any]:
     """vLLM's engine arguments, as the serving pods' flags and the plugin's compile step give
     them: the model, tensor parallel over the group's (logical) cores, the largest bucket's
     last dimension as the sequence length, and serving.batching.maxBatchSize as the sequences."""
-    args: dict[str, Any] = {"model": model.spec.model.uri, "tensor_parallel_size": model.plan.tensor_parallel_size}
+    args: dict[str, Any] = {"model": model.spec.model.uri}
+    if not model.plan.nodes:
+        # Across nodes the degree is the override config's (multi_node_command), as vLLM's launcher gives it.
+        args["tensor_parallel_size"] = model.plan.tensor_parallel_size
     if model.plan.buckets:
         args["max_model_len"] = max(b[-1] for b in model.plan.buckets)
     if model.spec.serving.batching:
@@ -319,6 +333,8 @@ def _plan_files(model: Model) -> dict[str, str]:
         data[VLLM_COMPILE_PROGRAM] = program_source(VLLM_COMPILE_PROGRAM)
     if vllm_nxd(model) and model.spec.compile.image:
         data[NXDI_COMPILE_PROGRAM] = program_source(NXDI_COMPILE_PROGRAM)
+    if model.plan.nodes:
+        data[VLLM_WORKER_PROGRAM] = program_source(VLLM_WORKER_PROGRAM)
     return data
 
 
@@ -660,6 +676,8 @@ def _serving_env(model: Model) -> list[dict[str, str]]:
             env |= {"VLLM_CACHE_ROOT": COMPILED_DIR, **VLLM_PRECOMPILED_ENV}
     elif model.spec.serving.runtime == "vllm":
         env |= VLLM_ENV
+        if model.plan.nodes:
+            env |= multi_node_env(model)
         if model.spec.compile.image:
             # A local directory, as vLLM's Neuron loader reads it: the fetch init container filled it.
             env |= {"NEURON_COMPILED_ARTIFACTS": COMPILED_DIR, **VLLM_PRECOMPILED_ENV}
@@ -690,6 +708,46 @@ def vllm_args(model: Model) -> list[str]:
     flags = [part for name, value in vllm_engine_args(model).items() for part in (f"--{name.replace('_', '-')}", str(value))]
     server = " ".join(VLLM_SERVER)
     return ["/bin/sh", "-c", f'exec {server} --port "$PORT" "$@"', "vllm", *flags, *(model.spec.serving.args or [])]
+
+
+# Across nodes (spec.compute.nodes, catalogue.MULTI_NODE_FAMILIES for the sources): what vLLM's
+# multi-node launcher for Neuron sets in every rank's environment, and the EFA settings its
+# mpirun passes on.
+EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
+
+
+def multi_node_env(model: Model) -> dict[str, str]:
+    """The same on every pod of a group: the rank and the leader's address are each pod's own
+    (LeaderWorkerSet's LWS_WORKER_INDEX and LWS_LEADER_ADDRESS), read by multi_node_command."""
+    assert model.plan.nodes is not None
+    return {
+        "ENABLE_NEURON_MULTI_NODE": "true",
+        "WORLD_SIZE": str(model.plan.nodes),  # the launcher's: its processes, one a node
+        "NEURON_LOCAL_TP": str(model.plan.group_size),
+        **EFA_ENV,
+    }
+
+
+def multi_node_command(model: Model) -> list[str]:
+    """What each pod of a group runs, as vLLM's launcher runs each rank: its rank and the root
+    communicator from LeaderWorkerSet's environment, the override config with its first rank
+    (start_rank_id = rank times the node's ranks); rank 0 serves vLLM's OpenAI-compatible API
+    on $PORT, every other rank runs the worker program. The engine flags follow as "$@"."""
+    assert model.plan.nodes is not None and model.plan.tensor_parallel_size is not None
+    local = model.plan.group_size
+    config = json.dumps(
+        {"world_size": model.plan.tensor_parallel_size, "tp_degree": local, "local_ranks_size": local}, separators=(",", ":")
+    )
+    script = (
+        'rank="${LWS_WORKER_INDEX:?is set by LeaderWorkerSet on every pod of a group}"\n'
+        'export NEURON_RANK_ID="$rank" '
+        f'NEURON_RT_ROOT_COMM_ID="${{LWS_LEADER_ADDRESS:?is set by LeaderWorkerSet on every pod of a group}}:{ROOT_COMM_PORT}"\n'
+        f"config='{config[:-1]},\"start_rank_id\":'\"$((rank * {local}))\"'}}'\n"
+        f'if [ "$rank" = 0 ]; then exec {" ".join(VLLM_SERVER)} --port "$PORT" --override-neuron-config "$config" "$@"; fi\n'
+        f'exec python3 "${{INFERENTIA_PLAN_DIR:-{PLAN_MOUNT}}}/{VLLM_WORKER_PROGRAM}" --override-neuron-config "$config" "$@"\n'
+    )
+    flags = [part for name, value in vllm_engine_args(model).items() for part in (f"--{name.replace('_', '-')}", str(value))]
+    return ["/bin/sh", "-c", script, "vllm", *flags, *(model.spec.serving.args or [])]
 
 
 def _startup_probe(model: Model, check: dict[str, Any]) -> dict[str, Any]:
@@ -823,7 +881,7 @@ def serving_args(model: Model) -> list[str] | None:
     """What the launcher runs once per process: vLLM's server, the operator's model server, or
     serving.args; None when the image's own entry point runs once (no launcher)."""
     if model.spec.serving.runtime == "vllm":
-        return vllm_args(model)
+        return multi_node_command(model) if model.plan.nodes else vllm_args(model)
     if model.spec.serves_with_program:
         return ["python3", f"{PLAN_MOUNT}/{SERVE_PROGRAM}"]
     return model.spec.serving.args
@@ -1050,7 +1108,9 @@ def _service_ports(model: Model) -> list[dict[str, Any]]:
 def service(model: Model, to_holder: bool = False) -> dict[str, Any]:
     """The model's Service: its serving pods, or, while a model that scales to zero has no
     replica that answers, its holder (the same port names, so clients see no change)."""
-    return _service(model, model.name, holder_selector(model) if to_holder else selector(model))
+    # A group across nodes answers at its leader alone: its workers hold ranks, not the API.
+    serving = {**selector(model), WORKER_INDEX_LABEL: "0"} if model.plan.nodes else selector(model)
+    return _service(model, model.name, holder_selector(model) if to_holder else serving)
 
 
 def _service(model: Model, name: str, target: dict[str, str]) -> dict[str, Any]:

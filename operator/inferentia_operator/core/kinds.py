@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .autoscaling import SCALED_OBJECT_KIND
+from .names import GROUP_KIND
 from .projection import project, project_pod
 from .routing import INFERENCE_POOL_KIND
 
@@ -53,6 +54,9 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
     # The Gateway API Inference Extension's, for spec.routing.inferencePool: like KEDA's, watched
     # once its CRD is served; until then the model serves through its Service alone.
     ChildKind(INFERENCE_POOL_KIND, "inference.networking.k8s.io", "v1", "inferencepools"),
+    # LeaderWorkerSet's, for replicas that span nodes (core/leaderworkerset.py): like KEDA's,
+    # watched once its CRD is served.
+    ChildKind(GROUP_KIND, "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
     # The endpoint picker's identity and its one grant (core/routing.py): neither ever changes.
     ChildKind("ServiceAccount", "", "v1", "serviceaccounts", written_once=True),
     ChildKind("RoleBinding", "rbac.authorization.k8s.io", "v1", "rolebindings", written_once=True),

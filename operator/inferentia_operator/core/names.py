@@ -9,6 +9,11 @@ from .api import GROUP
 FIELD_MANAGER = "inferentia-operator"
 MODEL_LABEL = f"{GROUP}/model"
 COMPONENT_LABEL = "app.kubernetes.io/component"
+# A replica that spans nodes is a LeaderWorkerSet group (core/leaderworkerset.py); LWS's pod
+# webhook labels each pod of a group with its rank: "0" on the leader.
+GROUP_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+GROUP_KIND = "LeaderWorkerSet"
+WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 PLAN_HASH_ANNOTATION = f"{GROUP}/plan-hash"
 COMPILE_HASH_LABEL = f"{GROUP}/compile-hash"

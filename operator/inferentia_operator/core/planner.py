@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from .api import FrontEnd, InferentiaModelSpec, Plan, ResourceList
 from .catalogue import (
+    EFA_DEVICES,
+    EFA_RESOURCE,
     FAMILIES,
     HOSTS,
     HUGEPAGES_RESOURCE,
@@ -194,6 +196,16 @@ def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Pla
         if count >= chips and (wanted is None or name in wanted) and host_fits(name, millicpu, memory_bytes)
     ]
 
+    # A replica across nodes: one pod a node, each with the EFA devices every allowed type has
+    # (catalogue.EFA_DEVICES), so that the pod fits whichever of them it lands on.
+    nodes = spec.compute.nodes if spec.compute.nodes > 1 else None
+    efa = min((EFA_DEVICES.get(t, 0) for t in instance_types), default=0) if nodes else None
+    if efa:
+        # An extended resource: its limit equals its request.
+        resources = ResourceList(
+            requests={**resources.requests, EFA_RESOURCE: str(efa)}, limits={**resources.limits, EFA_RESOURCE: str(efa)}
+        )
+
     # A batching front end takes the serving port and the processes move up one; vLLM
     # batches sequences itself and gets none.
     batching = spec.serving.batching
@@ -217,7 +229,9 @@ def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Pla
         total_cores=total,
         group_size=size,
         groups=groups,
-        tensor_parallel_size=size if fam.neuronx else None,
+        tensor_parallel_size=size * (nodes or 1) if fam.neuronx else None,
+        nodes=nodes,
+        efa_devices=efa,
         visible_cores=visible,
         device_memory_per_group_bytes=seen,
         device_memory_share_per_group_bytes=size * fam.memory_per_core_bytes(lnc),

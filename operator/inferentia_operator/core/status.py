@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar
 from . import api
 from .autoscaling import NOT_SERVED, SCALED_OBJECT_KIND, Engine, target_in_flight
 from .autoscaling import condition as autoscaling_condition
-from .names import COMPONENT_LABEL, JOB_NAME_LABEL, PLAN_HASH_ANNOTATION
+from .names import COMPONENT_LABEL, GROUP_KIND, JOB_NAME_LABEL, PLAN_HASH_ANNOTATION, WORKER_INDEX_LABEL
 from .objects import Obj
 from .routing import EPP_SUFFIX, INFERENCE_POOL_KIND, routing_child, routing_condition
 
@@ -222,6 +222,28 @@ def rollout_of(deployment: Mapping[str, Any] | None, desired_replicas: int, plan
     )  # fmt: skip
 
 
+def rollout_of_groups(group: Mapping[str, Any] | None, desired_replicas: int, plan_hash: str | None) -> Rollout:
+    """The LeaderWorkerSet of a model whose replicas span nodes, read as the Deployment is: it
+    counts groups (status.replicas, readyReplicas, updatedReplicas), and a group is ready only
+    when every pod of it is. It reports no observedGeneration and no available count: its
+    ready groups are the available ones, and UpdateInProgress says whether a rollout is under way
+    (api/leaderworkerset/v1/leaderworkerset_types.go, LeaderWorkerSetStatus)."""
+    g = Obj(group)
+    if not g:
+        return Rollout(desired_replicas, False, False, 0, 0, 0, 0)
+    templates = g.spec.get("leaderWorkerTemplate")
+    template = Obj(templates.get("workerTemplate") if isinstance(templates, Mapping) else None)
+    current = plan_hash is not None and template.annotations.get(PLAN_HASH_ANNOTATION) == plan_hash
+    s = g.status
+    replicas, ready, updated = s.get("replicas", 0), s.get("readyReplicas", 0), s.get("updatedReplicas", 0)
+    rolled = current and g.spec.get("replicas") == desired_replicas and updated == desired_replicas and replicas == desired_replicas
+    return Rollout(
+        desired_replicas, current, rolled and ready == desired_replicas, replicas, ready, updated if current else 0, ready,
+        exists=True, available_condition=g.condition_true("Available"),
+        settled=rolled and not g.condition_true("UpdateInProgress"),
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where the serving pods stand with the scheduler."""
@@ -287,6 +309,19 @@ def blocked_by(conflicts: Sequence[Conflict], failures: Sequence[WriteFailure]) 
             permanent=all(f.permanent for f in failures),
         )
     return None
+
+
+def groups_unserved(observed: Observed, failures: Sequence[WriteFailure]) -> Blocked | None:
+    """A model whose replicas span nodes, on a cluster that serves no LeaderWorkerSets: said
+    until it does (the operator asks again every resync, as for KEDA's kinds)."""
+    refused = any((f.kind, f.code, f.message) == (GROUP_KIND, 404, NOT_SERVED) for f in failures)
+    if observed.served(GROUP_KIND) and not refused:
+        return None
+    message = (
+        "a replica across nodes (spec.compute.nodes) is a LeaderWorkerSet group, and this cluster serves no "
+        "LeaderWorkerSets: install LeaderWorkerSet (docs/install.md), or set compute.nodes to 1"
+    )
+    return Blocked("LeaderWorkerSetNotInstalled", message, permanent=False)
 
 
 def compile_failure(job_name: str | None, pods: Sequence[Mapping[str, Any]]) -> str:
@@ -511,6 +546,10 @@ def unready_because(pods: Sequence[Mapping[str, Any]]) -> str:
         if p.deleting or p.condition("Ready").get("status") == "True":
             continue
         name = p.metadata.get("name", "a pod")
+        rank = p.labels.get(WORKER_INDEX_LABEL)
+        if rank is not None:
+            # A pod of a group across nodes: which one of it (LeaderWorkerSet's label).
+            name += " (the leader of its group)" if rank == "0" else f" (worker {rank} of its group)"
         failures = [f for f in p.status.get("failures") or [] if f.get("message")]
         if failures:
             # A condition's message is one line: a log's last line says why it ended.
@@ -692,7 +731,10 @@ def report(
     previous = list(model.status.get("conditions") or ())
     serving, compiled, scaling = basis.serving, basis.compile, basis.scaling
     deployment, scaled_object = observed.own("Deployment"), observed.own(SCALED_OBJECT_KIND)
-    rollout = rollout_of(deployment, serving.replicas, serving.plan_hash)
+    if serving.plan is not None and serving.plan.nodes:
+        rollout = rollout_of_groups(observed.own(GROUP_KIND), serving.replicas, serving.plan_hash)
+    else:
+        rollout = rollout_of(deployment, serving.replicas, serving.plan_hash)
     found = list(dict.fromkeys([*basis.conflicts, *conflicts]))
     # What autoscaling meets is reported in its own condition: the model serves at
     # minReplicas meanwhile, so it never holds back Ready.
@@ -701,9 +743,12 @@ def report(
     # So is what routing meets: the model serves through its Service meanwhile.
     routing_found, other_found = _split_routing(other_found, model.name or "")
     routing_failures, other_failures = _split_routing(other_failures, model.name or "")
+    blocked = blocked_by(other_found, other_failures)
+    if serving.plan is not None and serving.plan.nodes and blocked is None:
+        blocked = groups_unserved(observed, other_failures)
     new = conditions(
         valid=basis.valid, invalid_message=basis.message, compiled=compiled.condition if compiled else None, rollout=rollout,
-        pods=observed.serving_pods, blocked=blocked_by(other_found, other_failures),
+        pods=observed.serving_pods, blocked=blocked,
     )  # fmt: skip
     scaling_status = None
     if scaling is not None:

@@ -1,7 +1,8 @@
 """Programs the operator ships into the user's Neuron framework image through the plan
 ConfigMap: the compile program (``neuron_compile.py``), the model server
 (``neuron_serve.py``), the vLLM Neuron plugin's compile step (``vllm_compile.py``) and vLLM on
-NxD Inference's compile step (``nxdi_compile.py``). They run with that image's Python, torch and Neuron framework, so they
+NxD Inference's compile step (``nxdi_compile.py``), and the worker ranks of vLLM across nodes
+(``vllm_worker.py``). They run with that image's Python, torch and Neuron framework, so they
 import nothing of this package (tests/test_programs.py checks it)."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ COMPILE_PROGRAM_VERSION = 1
 SERVE_PROGRAM = "neuron_serve.py"
 VLLM_COMPILE_PROGRAM = "vllm_compile.py"
 NXDI_COMPILE_PROGRAM = "nxdi_compile.py"
+VLLM_WORKER_PROGRAM = "vllm_worker.py"
 # Its compiled layout (NxD Inference's, with presharded weights), part of the compile key as above.
 NXDI_COMPILE_PROGRAM_VERSION = 1
 

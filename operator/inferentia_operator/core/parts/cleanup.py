@@ -4,9 +4,11 @@ less the newest that succeeded (kept for a rollback to reuse)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from inferentia_operator.core import children
 from inferentia_operator.core.children import Model
-from inferentia_operator.core.names import COMPILE_RECORD_COMPONENT, COMPONENT_LABEL
+from inferentia_operator.core.names import COMPILE_RECORD_COMPONENT, COMPONENT_LABEL, GROUP_KIND
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.settings import Settings
 from inferentia_operator.core.status import Observed, job_state
@@ -26,9 +28,11 @@ def cleanup_part(model: Model, observed: Observed, settings: Settings) -> Part:
 
 
 def _plan_configmaps_in_use(observed: Observed) -> set[str]:
-    """Plan ConfigMaps that a running pod, an unfinished Job or the Deployment of the
-    model still mounts (a finished pod or Job never reads its plan again)."""
-    templates = [Obj(observed.own("Deployment")).spec.get("template")]
+    """Plan ConfigMaps that a running pod, an unfinished Job or the Deployment (or
+    LeaderWorkerSet) of the model still mounts (a finished pod or Job never reads its plan again)."""
+    group = Obj(observed.own(GROUP_KIND)).spec.get("leaderWorkerTemplate")
+    group = group if isinstance(group, Mapping) else {}
+    templates = [Obj(observed.own("Deployment")).spec.get("template"), group.get("leaderTemplate"), group.get("workerTemplate")]
     templates += [Obj(j).spec.get("template") for j in observed.all("Job") if not job_state(j).finished]
     volumes = [v for t in templates for v in Obj(t).spec.get("volumes") or ()]
     running = [p for p in map(Obj, observed.pods) if p.status.get("phase") not in ("Succeeded", "Failed")]

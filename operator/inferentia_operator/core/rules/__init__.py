@@ -21,7 +21,7 @@ from inferentia_operator.core.catalogue import FAMILIES
 from inferentia_operator.core.cel import CrossFieldRule
 from inferentia_operator.core.findings import Finding
 
-from . import advice, allocation, autoscaling, child_values, groups, memory, placement, programs, request, routing, sizing
+from . import advice, allocation, autoscaling, child_values, groups, memory, nodes, placement, programs, request, routing, sizing
 from .identity import NAME, check_name, check_namespace
 from .memory import KV_FIT, STATIC_WEIGHTS_TOO_LARGE
 
@@ -37,6 +37,7 @@ CEL_RULES: list[CrossFieldRule] = [
     *child_values.RULES,
     *autoscaling.RULES,
     *routing.RULES,
+    *nodes.RULES,
 ]
 
 # The order findings are printed in: the children's values first (a quantity that does not
@@ -51,6 +52,7 @@ _CHECKS = (
     *memory.CHECKS,
     *autoscaling.CHECKS,
     *routing.CHECKS,
+    *nodes.CHECKS,
     *sizing.CHECKS,
     *advice.CHECKS,
 )

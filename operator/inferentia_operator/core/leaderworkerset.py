@@ -1,0 +1,63 @@
+"""A replica that spans nodes (spec.compute.nodes above 1) as a LeaderWorkerSet group: pure, no
+API client.
+
+LeaderWorkerSet (kubernetes-sigs/lws, ``leaderworkerset.x-k8s.io/v1``) creates, places,
+restarts and scales a leader pod and ``size - 1`` workers as one; its pod webhook gives each
+pod LWS_WORKER_INDEX (0 on the leader), LWS_LEADER_ADDRESS and LWS_GROUP_SIZE
+(api/leaderworkerset/v1/leaderworkerset_types.go), from which each rank finds its place
+(children.multi_node_command). Its scale subresource and ``status.readyReplicas`` count groups,
+so the model's replicas stay one number whatever a replica's size.
+
+The pods are the serving Deployment's pods, one a node: the leader's serves and is probed; a
+worker's runs the same container without the API's ports and probes, since it answers nothing
+until the leader's engine drives it. ``restartPolicy: RecreateGroupOnPodRestart``: the ranks of
+one model start together, so a worker lost takes its whole group with it, leader included.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from .children import Model, child_metadata, serving_deployment
+from .names import GROUP_API_VERSION, GROUP_KIND
+
+# What a worker's serving container does not have: it answers nothing itself.
+_LEADER_ONLY = ("ports", "readinessProbe", "livenessProbe", "startupProbe")
+
+
+def serving_group(model: Model, replicas: int | None = None) -> dict[str, Any]:
+    """The LeaderWorkerSet in place of the serving Deployment: ``replicas`` groups of
+    ``plan.nodes`` pods (default: what the spec alone gives, as for the Deployment)."""
+    assert model.plan.nodes is not None
+    deployment = serving_deployment(model, replicas)
+    leader = deployment["spec"]["template"]
+    worker = copy.deepcopy(leader)
+    serve = worker["spec"]["containers"][0]
+    for field in _LEADER_ONLY:
+        serve.pop(field, None)
+    # Groups are placed whole, one pod a node: each pod takes every chip of its node, so the
+    # Deployment's preference to spread replicas over nodes has nothing left to choose.
+    for template in (leader, worker):
+        template["spec"]["affinity"].pop("podAntiAffinity", None)
+    return {
+        "apiVersion": GROUP_API_VERSION,
+        "kind": GROUP_KIND,
+        "metadata": child_metadata(model, model.name, "serving"),
+        "spec": {
+            "replicas": deployment["spec"]["replicas"],
+            "leaderWorkerTemplate": {
+                "size": model.plan.nodes,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": leader,
+                "workerTemplate": worker,
+            },
+            "rolloutStrategy": {
+                "type": "RollingUpdate",
+                "rollingUpdateConfiguration": {
+                    "maxSurge": model.spec.rollout.max_surge,
+                    "maxUnavailable": model.spec.rollout.max_unavailable,
+                },
+            },
+        },
+    }

@@ -1,0 +1,120 @@
+"""Replicas that span nodes (spec.compute.nodes above 1): where AWS documents it, whole nodes,
+one vLLM process a node, and none of what a group of pods cannot have yet.
+
+catalogue.MULTI_NODE_FAMILIES has the sources: vLLM's multi-node launcher for Neuron runs vLLM
+on NxD Inference, and of the families where it runs only Trn1's 32xlarge sizes have EFA."""
+
+from __future__ import annotations
+
+from inferentia_operator.core.api import InferentiaModelSpec
+from inferentia_operator.core.catalogue import EFA_DEVICES, FAMILIES, MULTI_NODE_FAMILIES, Family
+from inferentia_operator.core.cel import CEL_FAMILY, CrossFieldRule, literal
+from inferentia_operator.core.findings import Finding, format_list
+
+_MULTI = "self.compute.nodes > 1"
+_VLLM = "(has(self.serving.runtime) && self.serving.runtime == 'vllm')"
+# A whole node's chips, for each family whose replicas may span nodes: what every instance type
+# of it with EFA has (trn1.32xlarge and trn1n.32xlarge: 16).
+NODE_CHIPS: dict[str, int] = {
+    name: max(chips for itype, chips in FAMILIES[name].instance_chips.items() if itype in EFA_DEVICES) for name in MULTI_NODE_FAMILIES
+}
+_VALID_FAMILIES = format_list(list(MULTI_NODE_FAMILIES))
+_NOT_YET = "cannot be used with nodes above 1 yet: "
+
+NODES_FAMILY = CrossFieldRule(
+    "spec.compute.nodes",
+    "spec",
+    "%d needs a family whose replicas can span nodes, and family is %s: vLLM serves across nodes on NxD Inference, "
+    f"over EFA, which only Trn1's 32xlarge instances have (trn2 and trn3 serve vLLM on the vLLM Neuron plugin, which "
+    f"documents no serving across nodes); valid values: {_VALID_FAMILIES}, or nodes 1",
+    f"!({_MULTI}) || {CEL_FAMILY} in {literal(list(MULTI_NODE_FAMILIES))}",
+    ("self.compute.nodes", CEL_FAMILY),
+)
+NODES_WHOLE = CrossFieldRule(
+    "spec.compute.inf",
+    "spec",
+    "%s a node: a replica that spans nodes takes whole nodes, every chip of each; valid value on %s: %d",
+    f"!({_MULTI}) || !({CEL_FAMILY} in {literal(NODE_CHIPS)}) || "
+    f"(has(self.compute.inf) && self.compute.inf == {literal(NODE_CHIPS)}[{CEL_FAMILY}])",
+    (
+        "has(self.compute.inf) ? string(self.compute.inf) + ' chips' : string(self.compute.cores) + ' cores'",
+        CEL_FAMILY,
+        f"{literal(NODE_CHIPS)}[{CEL_FAMILY}]",
+    ),
+)
+NODES_PROCESSES = CrossFieldRule(
+    "spec.processesPerReplica",
+    "spec",
+    "%d with nodes above 1: vLLM runs one serving process a node, each holding that node's ranks of the one model; valid value: 1",
+    f"!({_MULTI}) || self.processesPerReplica == 1",
+    ("self.processesPerReplica",),
+)
+NODES_RUNTIME = CrossFieldRule(
+    "spec.serving.runtime",
+    "spec",
+    "a replica that spans nodes runs vLLM's multi-node serving, whose leader serves and whose workers hold the other "
+    "ranks; valid value with nodes above 1: vllm",
+    f"!({_MULTI}) || {_VLLM}",
+    (),
+)
+NODES_COMPILE = CrossFieldRule(
+    "spec.compile.image",
+    "spec",
+    f"%s {_NOT_YET}each node compiles its own ranks at start (vLLM's launcher gives every rank its own start_rank_id); "
+    "leave compile.image unset",
+    f"!({_MULTI}) || !has(self.compile) || !has(self.compile.image)",
+    ("self.compile.image",),
+)
+NODES_DRA = CrossFieldRule(
+    "spec.compute.allocation",
+    "spec",
+    f"dra {_NOT_YET}the pods of a group take their devices from the device plugin; valid value with nodes above 1: devicePlugin",
+    f"!({_MULTI}) || !has(self.compute.allocation) || self.compute.allocation == 'devicePlugin'",
+    (),
+)
+NODES_ZERO = CrossFieldRule(
+    "spec.autoscaling.minReplicas",
+    "spec",
+    f"0 {_NOT_YET}the scale-to-zero holder stands in for one pod, not a group; valid values with nodes above 1: at least 1",
+    f"!({_MULTI}) || !has(self.autoscaling) || !has(self.autoscaling.minReplicas) || self.autoscaling.minReplicas > 0",
+    (),
+)
+NODES_ROUTING = CrossFieldRule(
+    "spec.routing.inferencePool",
+    "spec",
+    f"{_NOT_YET}a group serves from its leader alone, and an InferencePool selects every pod of the model; remove "
+    "routing or set nodes to 1",
+    f"!({_MULTI}) || !has(self.routing) || !has(self.routing.inferencePool)",
+    (),
+)
+
+
+def _check_nodes(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    """Each rule on its own, as the API server runs them: a spec may break several."""
+    if spec.compute.nodes == 1:
+        return []
+    found = []
+    if fam.name not in MULTI_NODE_FAMILIES:
+        found.append(NODES_FAMILY.finding(spec.compute.nodes, fam.name))
+    elif spec.compute.inf != NODE_CHIPS[fam.name]:
+        given = f"{spec.compute.cores} cores" if spec.compute.inf is None else f"{spec.compute.inf} chips"
+        found.append(NODES_WHOLE.finding(given, fam.name, NODE_CHIPS[fam.name]))
+    if spec.processes_per_replica != 1:
+        found.append(NODES_PROCESSES.finding(spec.processes_per_replica))
+    if spec.serving.runtime != "vllm":
+        found.append(NODES_RUNTIME.finding())
+    if spec.compile.image is not None:
+        found.append(NODES_COMPILE.finding(spec.compile.image))
+    if spec.compute.allocation == "dra":
+        found.append(NODES_DRA.finding())
+    if spec.autoscaling is not None and spec.autoscaling.min_replicas == 0:
+        found.append(NODES_ZERO.finding())
+    if spec.routing is not None and spec.routing.inference_pool is not None:
+        found.append(NODES_ROUTING.finding())
+    return found
+
+
+RULES: list[CrossFieldRule] = [
+    NODES_FAMILY, NODES_WHOLE, NODES_PROCESSES, NODES_RUNTIME, NODES_COMPILE, NODES_DRA, NODES_ZERO, NODES_ROUTING,
+]  # fmt: skip
+CHECKS = (_check_nodes,)

@@ -1,0 +1,95 @@
+"""A replica across two nodes (spec.compute.nodes: 2) on the kwok fleet, with LeaderWorkerSet's
+own controller and webhooks (cluster/leaderworkerset.py) and the operator under the chart's
+ClusterRole: one group placed on two Trn1 nodes with EFA, counted as one replica, scaled by
+whole groups through the model's scale subresource (as KEDA scales it), a lost worker bringing
+its group back, and the model back on one node as a Deployment. kwok runs no container: what
+the pods run is tests/test_multi_node.py's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kit import condition, wait_for
+
+from specs import make_model, make_spec
+
+GROUP = "leaderworkerset.sigs.k8s.io"
+TWO_NODES = {
+    "model.uri": "s3://models/llama-3.1-70b/", "model.architecture": "transformer", "model.precision": "bf16",
+    "compute.family": "trn1", "compute.inf": 16, "compute.nodes": 2, "compute.cpu": "8", "compute.memory": "64Gi",
+    "compile.buckets": [[4096]], "serving.runtime": "vllm", "serving.port": 8000, "serving.batching": {"maxBatchSize": 4},
+}  # fmt: skip
+
+
+@pytest.fixture
+def lws(cluster):
+    if cluster.kubectl("get", "crd", "leaderworkersets.leaderworkerset.x-k8s.io", check=False).returncode:
+        pytest.skip("no LeaderWorkerSet CRD on this cluster (the local cluster runs LWS's controller: cluster/leaderworkerset.py)")
+    return cluster
+
+
+def pods(cluster, namespace: str) -> list[dict]:
+    found = cluster.get("pods", "-n", namespace, "-l", f"{GROUP}/name=llm")["items"]
+    return [p for p in found if p["metadata"].get("deletionTimestamp") is None]
+
+
+def test_a_two_node_replica_is_one_group_placed_counted_scaled_and_recreated(lws, operator, namespace):
+    cluster = lws
+    spec = make_spec(**TWO_NODES)
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(make_model("llm", namespace, spec)))
+
+    def model() -> dict:
+        return cluster.get("inferentiamodel", "llm", "-n", namespace)
+
+    wait_for(lambda: condition(model(), "Ready").get("status") == "True", 120, "the model Ready as one group")
+    status = model()["status"]
+    assert (status["replicas"], status["readyReplicas"]) == (1, 1), status
+    assert status["plan"]["nodes"] == 2 and status["plan"]["tensorParallelSize"] == 64 and status["plan"]["efaDevices"] == 8
+    group = cluster.get("leaderworkerset", "llm", "-n", namespace)
+    assert group["spec"]["leaderWorkerTemplate"]["size"] == 2
+    assert not cluster.get("deployments", "-n", namespace)["items"]
+    # One pod a node, each with every chip of its node and its EFA devices, ranked by LWS's webhook.
+    members = sorted(pods(cluster, namespace), key=lambda p: p["metadata"]["labels"][f"{GROUP}/worker-index"])
+    assert [p["metadata"]["labels"][f"{GROUP}/worker-index"] for p in members] == ["0", "1"]
+    nodes = {p["spec"]["nodeName"] for p in members}
+    assert len(nodes) == 2, nodes
+    for p in members:
+        limits = p["spec"]["containers"][0]["resources"]["limits"]
+        assert (limits["aws.amazon.com/neuron"], limits["vpc.amazonaws.com/efa"]) == ("16", "8")
+        env = {e["name"]: e.get("value") for e in p["spec"]["containers"][0]["env"]}
+        assert env["LWS_LEADER_ADDRESS"].startswith(f"{members[0]['metadata']['name']}.llm.{namespace}")
+        assert (env["ENABLE_NEURON_MULTI_NODE"], env["WORLD_SIZE"]) == ("true", "2")
+    # Requests reach the leader only.
+    assert cluster.get("service", "llm", "-n", namespace)["spec"]["selector"][f"{GROUP}/worker-index"] == "0"
+
+    # Scaled by whole groups through the model's scale subresource, as KEDA's HPA scales it. The
+    # fleet has two nodes with EFA: the second group cannot be placed, and the status says so.
+    cluster.kubectl("scale", "inferentiamodel", "llm", "-n", namespace, "--replicas=2")
+    wait_for(lambda: cluster.get("leaderworkerset", "llm", "-n", namespace)["spec"]["replicas"] == 2, 60, "two groups asked of LWS")
+    wait_for(lambda: condition(model(), "Scheduled").get("reason") == "Unschedulable", 90, "the second group unschedulable")
+    status = model()["status"]
+    assert (status["replicas"], status["readyReplicas"]) == (2, 1), status
+    assert condition(model(), "Ready")["status"] == "False"
+    cluster.kubectl("scale", "inferentiamodel", "llm", "-n", namespace, "--replicas=1")
+    wait_for(lambda: condition(model(), "Ready").get("status") == "True" and len(pods(cluster, namespace)) == 2, 120, "back to one group")
+
+    # A worker lost: LWS makes its whole group again, leader included, and the model is Ready again.
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods(cluster, namespace)}
+    [leader] = [n for n in before if not n.endswith("-1")]
+    cluster.kubectl("delete", "pod", "llm-0-1", "-n", namespace, "--wait=false")
+
+    def recreated() -> bool:
+        now = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods(cluster, namespace)}
+        return leader in now and now[leader] != before[leader]
+
+    wait_for(recreated, 120, "the lost worker's whole group made again")
+    wait_for(lambda: condition(model(), "Ready").get("status") == "True", 120, "the model Ready again")
+
+    # Back on one node: a Deployment serves, and the group goes.
+    cluster.kubectl(
+        "patch", "inferentiamodel", "llm", "-n", namespace, "--type=merge", "-p", json.dumps({"spec": {"compute": {"nodes": 1}}})
+    )
+    wait_for(lambda: cluster.get("deployments", "-n", namespace)["items"], 60, "the Deployment")
+    wait_for(lambda: not cluster.get("leaderworkersets", "-n", namespace)["items"], 60, "the LeaderWorkerSet deleted")
+    wait_for(lambda: condition(model(), "Ready").get("status") == "True", 120, "Ready on one node")
