@@ -23,6 +23,10 @@ compile image:
   floor's cluster, the model created and then its children by the same client at once: the
   API server's and the watch's own latency at that rate, with no controller in between).
 
+Last, where the API server's work went: watch events it sent by kind (each counted once per
+watcher, so a watch's fan-out shows) with their bytes, and requests by verb and kind, from
+its own /metrics, per model while converging, the operator's run beside the floor's.
+
 Every figure is printed beside the goal it is measured against. The machine is shared
 and small, so times are ratios against the floor measured in the same run.
 """
@@ -34,6 +38,7 @@ import calendar
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -178,10 +183,11 @@ def floor(models: int, workdir: Path, rates: list[int], stream_seconds: int) -> 
     try:
         cluster.install_crds()
         kube = client(cluster)
-        cpu0, started = control_plane_cpu(cluster), time.monotonic()
+        served0, cpu0, started = served(cluster), control_plane_cpu(cluster), time.monotonic()
         create_all(kube, [o for i in range(models) for o in children_of(f"m-{i}")])
         done = wait_until(lambda: available_deployments(kube) >= models, timeout=models * 3 + 120)
         out: dict = {"seconds": done - started, "cpu": control_plane_cpu(cluster) - cpu0, "streams": {}}
+        out["served"] = difference(served(cluster), served0)
         for rate in rates:
             # The stream's floor: each model created, then at once its children by the same
             # client, as a controller with no reaction time and no logic would: create ->
@@ -257,6 +263,59 @@ def audited(cluster: localcluster.LocalCluster, since: float, until: float | Non
             continue
         out.append(e)
     return out
+
+
+def served(cluster: localcluster.LocalCluster) -> dict[str, float]:
+    """What the API server has sent and answered so far, from its own /metrics: watch events
+    sent to watchers (``events <resource>``, counted once per watcher, so a kind's fan-out shows)
+    and their bytes (``bytes <resource>``), and requests by verb and resource
+    (``<verb> <resource>``), everyone's."""
+    text = cluster.kubectl("get", "--raw", "/metrics")
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition("{")
+        if name not in ("apiserver_watch_events_total", "apiserver_watch_events_sizes_sum", "apiserver_request_total"):
+            continue
+        labels_text, _, value = rest.rpartition("} ")
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', labels_text))
+        what = labels.get("resource") or labels.get("kind") or "?"
+        if labels.get("subresource"):
+            what += "/" + labels["subresource"]
+        if name == "apiserver_request_total":
+            if labels.get("verb") == "WATCH":
+                continue  # a watch's events are counted above
+            key = f"{labels.get('verb', '?').lower()} {what}"
+        else:
+            key = ("events " if name == "apiserver_watch_events_total" else "bytes ") + what
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def difference(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) > 0}
+
+
+def attribution(op: dict[str, float], base: dict[str, float], n: int, top: int = 10) -> str:
+    """Where the operator's run made the API server work more than the floor's, per model:
+    the watch events it sent by kind with their bytes, then the requests by verb and kind,
+    each largest difference first."""
+
+    def per_model(d: dict[str, float], k: str) -> float:
+        return d.get(k, 0.0) / n
+
+    kinds = {k.split(" ", 1)[1] for k in (*op, *base) if k.startswith("events ")}
+    kinds_by = sorted(kinds, key=lambda r: -abs(per_model(op, "bytes " + r) - per_model(base, "bytes " + r)))
+    lines = ["| watch events sent, per model | operator | floor | kB, operator | kB, floor |", "|---|---|---|---|---|"]
+    for r in kinds_by[:top]:
+        e, b = "events " + r, "bytes " + r
+        lines.append(
+            f"| {r} | {per_model(op, e):.1f} | {per_model(base, e):.1f} | {per_model(op, b) / 1024:.1f} | {per_model(base, b) / 1024:.1f} |"
+        )
+    requests = {k for k in (*op, *base) if not k.startswith(("events ", "bytes "))}
+    by = sorted(requests, key=lambda k: -abs(per_model(op, k) - per_model(base, k)))
+    lines += ["", "| requests, per model | operator | floor |", "|---|---|---|"]
+    lines += [f"| {k} | {per_model(op, k):.2f} | {per_model(base, k):.2f} |" for k in by[:top]]
+    return "\n".join(lines)
 
 
 def split(requests: list[dict]) -> tuple[int, int]:
@@ -450,10 +509,11 @@ def with_operator(
         operator.start()
         wait_until(lambda: _answers(operator), timeout=60, interval=0.2)
         time.sleep(2)
-        cpu0, started, wall0 = control_plane_cpu(cluster), time.monotonic(), time.time()
+        served0, cpu0, started, wall0 = served(cluster), control_plane_cpu(cluster), time.monotonic(), time.time()
         create_all(kube, [model_body(f"m-{i}") for i in range(models)])
         done = wait_until(lambda: ready_models(kube) >= models, timeout=models * 3 + 120)
         out["seconds"], out["cpu"] = done - started, control_plane_cpu(cluster) - cpu0
+        out["served"] = difference(served(cluster), served0)
         operator.wait_idle()
         time.sleep(1)
         converging = audited(cluster, wall0 - 1, time.time())
@@ -573,6 +633,8 @@ def main() -> int:
         if args.profile:
             summarize(args.profile / f"stream-{rate}.txt")
     print("\nwrites per model while converging: " + ", ".join(f"{what} {k / n:.2f}" for what, k in op["writes_by_kind"].items()))
+    print("\nwhat the API server sent and answered while converging (its /metrics; the floor's up to its Deployments available):\n")
+    print(attribution(op["served"], base["served"], n))
     return 0
 
 
