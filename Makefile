@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 export INFERENTIA_CONTROLPLANE_BUILT := 1
 CRD    := crds/inferentia.dev_inferentiamodels.yaml
 
-.PHONY: help test test-faults test-kind kind-up kind-down unit e2e lint venv controlplane cluster-up cluster-down crd manifests demo benchmark benchmark-scale benchmark-cores benchmark-batching benchmark-autoscaling benchmark-cel docs clean
+.PHONY: help test test-faults test-kind kind-up kind-down unit e2e lint venv controlplane cluster-up cluster-down crd manifests demo benchmark benchmark-scale benchmark-cores benchmark-batching benchmark-autoscaling benchmark-routing benchmark-cel docs clean
 HELM    = $(shell bash cluster/build.sh --print)/helm
 CHART   := charts/inferentia-operator
 
@@ -27,6 +27,7 @@ help:
 	@echo "make benchmark-cores     whole chips against NeuronCores: what a mix of models needs, and what one fleet places"
 	@echo "make benchmark-batching  the batching front end: fixed windows against adaptive, steady and bursty, 3 runs (RUNS=1 for one)"
 	@echo "make benchmark-autoscaling [PEAK_RPS=16]  on the real node: fixed replicas against spec.autoscaling, one load profile (about 20 min)"
+	@echo "make benchmark-routing   on the real node: the endpoint picker's routing against the Service's random spread (about 8 min)"
 	@echo "make benchmark-cel      the CRD's CEL rules through three CEL libraries against validate's Python twins (docs/design.md, Validation)"
 	@echo "make lint          ruff (lint and format) and mypy, as configured in pyproject.toml (make test runs them too)"
 	@echo "make crd           regenerate $(CRD) (and the chart's copy) from the pydantic models"
@@ -99,6 +100,9 @@ benchmark-cores: venv controlplane
 PEAK_RPS ?= 16
 benchmark-autoscaling: venv controlplane
 	@$(BIN)/python -u cluster/benchmark_autoscaling.py --peak-rps $(PEAK_RPS)
+
+benchmark-routing: venv controlplane
+	@$(BIN)/python -u cluster/benchmark_routing.py
 
 benchmark-cel: venv
 	@$(BIN)/python cluster/benchmark_cel.py

@@ -409,6 +409,11 @@ def serve(port: int, model: str, found: dict, max_num_seqs: int | None = None) -
             except ValueError:
                 self._json(400, {"error": "body is not JSON"})
                 return
+            # And per generated token, for the routing benchmark: a completion's time grows with
+            # its max_tokens, as a decode does (nothing the operator runs sets it either).
+            per_token = float(os.environ.get("NEURON_STANDIN_TOKEN_SECONDS", "0"))
+            if per_token and isinstance(body, dict) and isinstance(body.get("max_tokens"), int):
+                time.sleep(per_token * max(0, min(body["max_tokens"], 4096)))
             if self.path == "/v1/completions" and isinstance(body, dict):
                 prompt = body.get("prompt", "")
                 self._json(
