@@ -127,6 +127,9 @@ def test_render_writes_a_leaderworkerset_in_place_of_the_deployment():
     # The leader serves and is probed; a worker only holds its ranks, so nothing probes it over HTTP.
     assert "readinessProbe" in leader["spec"]["containers"][0] and leader["spec"]["containers"][0]["ports"]
     assert "readinessProbe" not in worker["spec"]["containers"][0] and "ports" not in worker["spec"]["containers"][0]
+    # Prometheus scrapes the leader's vLLM, the one that serves.
+    assert leader["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    assert not any(k.startswith("prometheus.io/") for k in worker["metadata"]["annotations"])
     # The Service sends requests to leaders only.
     service = next(c for c in rendered(m, SETTINGS) if c["kind"] == "Service" and c["metadata"]["name"] == "m")
     assert service["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"

@@ -20,7 +20,7 @@ import copy
 from typing import Any
 
 from .children import Model, child_metadata, serving_deployment
-from .names import GROUP_API_VERSION, GROUP_KIND
+from .names import GROUP_API_VERSION, GROUP_KIND, PLAN_HASH_ANNOTATION
 
 # What a worker's serving container does not have: it answers nothing itself.
 _LEADER_ONLY = ("ports", "readinessProbe", "livenessProbe", "startupProbe")
@@ -36,6 +36,8 @@ def serving_group(model: Model, replicas: int | None = None) -> dict[str, Any]:
     serve = worker["spec"]["containers"][0]
     for field in _LEADER_ONLY:
         serve.pop(field, None)
+    # Nor does it serve /metrics: Prometheus scrapes leaders only.
+    worker["metadata"]["annotations"] = {PLAN_HASH_ANNOTATION: leader["metadata"]["annotations"][PLAN_HASH_ANNOTATION]}
     # Groups are placed whole, one pod a node: each pod takes every chip of its node, so the
     # Deployment's preference to spread replicas over nodes has nothing left to choose.
     for template in (leader, worker):
