@@ -33,11 +33,13 @@ NODES_FAMILY = CrossFieldRule(
 NODES_WHOLE = CrossFieldRule(
     "spec.compute.inf",
     "spec",
-    "%s a node: a replica that spans nodes takes whole nodes, every chip of each; valid value on %s: %d",
+    "%d %s a node: a replica that spans nodes takes whole nodes, every chip of each; valid value on %s: %d",
     f"!({_MULTI}) || !({CEL_FAMILY} in {literal(NODE_CHIPS)}) || "
     f"(has(self.compute.inf) && self.compute.inf == {literal(NODE_CHIPS)}[{CEL_FAMILY}])",
     (
-        "has(self.compute.inf) ? string(self.compute.inf) + ' chips' : string(self.compute.cores) + ' cores'",
+        # No string(): an int's text has no size bound the API server's cost estimate accepts.
+        "has(self.compute.inf) ? self.compute.inf : self.compute.cores",
+        "has(self.compute.inf) ? 'chips' : 'cores'",
         CEL_FAMILY,
         f"{literal(NODE_CHIPS)}[{CEL_FAMILY}]",
     ),
@@ -97,8 +99,8 @@ def _check_nodes(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     if fam.name not in MULTI_NODE_FAMILIES:
         found.append(NODES_FAMILY.finding(spec.compute.nodes, fam.name))
     elif spec.compute.inf != NODE_CHIPS[fam.name]:
-        given = f"{spec.compute.cores} cores" if spec.compute.inf is None else f"{spec.compute.inf} chips"
-        found.append(NODES_WHOLE.finding(given, fam.name, NODE_CHIPS[fam.name]))
+        given = (spec.compute.cores, "cores") if spec.compute.inf is None else (spec.compute.inf, "chips")
+        found.append(NODES_WHOLE.finding(*given, fam.name, NODE_CHIPS[fam.name]))
     if spec.processes_per_replica != 1:
         found.append(NODES_PROCESSES.finding(spec.processes_per_replica))
     if spec.serving.runtime != "vllm":
