@@ -93,6 +93,8 @@ CEL_CASES = {
     "nodes-dra": make_spec(**{**_TWO_TRN1_NODES, "compute.allocation": "dra"}),
     "nodes-zero": make_spec(**{**_TWO_TRN1_NODES, "autoscaling": {"minReplicas": 0, "maxReplicas": 2}}),
     "nodes-routing": make_spec(**{**_TWO_TRN1_NODES, "routing": {"inferencePool": {}}}),
+    "nodes-topology-key": make_spec(**{**_TWO_TRN1_NODES, "compute.topologyKey": "network node/layer"}),
+    "nodes-topology-alone": make_spec(**{"compute.topologyKey": "topology.k8s.aws/network-node-layer-3"}),
     # AWS's Neuron DRA driver: not on inf1, whole devices only, connected ones only on Trainium.
     "dra-inf1": make_spec(**{"compute.allocation": "dra"}),
     "dra-cores": make_spec(

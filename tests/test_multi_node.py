@@ -222,3 +222,26 @@ def test_without_leaderworkerset_the_status_says_to_install_it():
     conditions = {c.type: c for c in decide(seen, "t").report.status.conditions}
     assert conditions["Ready"].reason == "LeaderWorkerSetNotInstalled"
     assert "install LeaderWorkerSet" in conditions["Ready"].message and conditions["Stalled"].status == "False"
+
+
+def test_a_topology_key_keeps_each_group_on_one_part_of_the_network():
+    """EKS labels each node with its place in the network (topology.k8s.aws/network-node-layer-1
+    to -3, https://docs.aws.amazon.com/eks/latest/userguide/ml-workload-topology.html): every pod
+    of a group goes where its group's pods are, by its own group-key."""
+    key = "topology.k8s.aws/network-node-layer-3"
+    m = built(model_body(**TWO_NODES, **{"compute.topologyKey": key}))
+    template = lws_of(m)["spec"]["leaderWorkerTemplate"]
+    for pod in (template["leaderTemplate"], template["workerTemplate"]):
+        [term] = pod["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term == {
+            "labelSelector": {"matchLabels": {"leaderworkerset.sigs.k8s.io/name": "m"}},
+            "matchLabelKeys": ["leaderworkerset.sigs.k8s.io/group-key"], "topologyKey": key,
+        }  # fmt: skip
+    assert "podAffinity" not in lws_of(built(model_body(**TWO_NODES)))["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["affinity"]
+    assert any(
+        line.startswith("spec.compute.topologyKey: 'a b' is not a label key") for line in errors_of(**{"compute.topologyKey": "a b"})
+    )
+    assert any(
+        line.startswith("spec.compute.topologyKey: keeps the pods of a replica across nodes together, and nodes is 1")
+        for line in errors_of(**{"compute.nodes": 1, "compute.inf": 8, "compute.topologyKey": key})
+    )

@@ -93,3 +93,34 @@ def test_a_two_node_replica_is_one_group_placed_counted_scaled_and_recreated(lws
     wait_for(lambda: cluster.get("deployments", "-n", namespace)["items"], 60, "the Deployment")
     wait_for(lambda: not cluster.get("leaderworkersets", "-n", namespace)["items"], 60, "the LeaderWorkerSet deleted")
     wait_for(lambda: condition(model(), "Ready").get("status") == "True", 120, "Ready on one node")
+
+
+def test_a_topology_key_places_a_group_on_nodes_that_share_its_value(lws, operator, namespace):
+    """compute.topologyKey: the group's pods go only where their group's pods are, by the label's
+    value. The fleet's two Trn1 32xlarge nodes are given one value of EKS's layer-3 label, and
+    the group is placed across them; given two values, no group can be placed whole."""
+    cluster = lws
+    key = "topology.k8s.aws/network-node-layer-3"
+    trn1 = [n["metadata"]["name"] for n in cluster.get("nodes")["items"] if n["metadata"]["labels"].get("node.kubernetes.io/instance-type") in ("trn1.32xlarge", "trn1n.32xlarge")]  # fmt: skip
+    assert len(trn1) == 2, trn1
+    try:
+        for node in trn1:
+            cluster.kubectl("label", "node", node, f"{key}=nn-test-0", "--overwrite")
+        spec = make_spec(**TWO_NODES, **{"compute.topologyKey": key})
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(make_model("llm", namespace, spec)))
+
+        def model() -> dict:
+            return cluster.get("inferentiamodel", "llm", "-n", namespace)
+
+        wait_for(lambda: condition(model(), "Ready").get("status") == "True", 120, "the group placed in one part of the network")
+        assert {p["spec"]["nodeName"] for p in pods(cluster, namespace)} == set(trn1)
+
+        # Two parts of the network, one node each: the group's second pod has nowhere to go.
+        cluster.kubectl("label", "node", trn1[1], f"{key}=nn-test-1", "--overwrite")
+        cluster.kubectl("delete", "pod", "llm-0-1", "-n", namespace, "--wait=false")
+        wait_for(lambda: condition(model(), "Scheduled").get("reason") == "Unschedulable", 120, "the group unschedulable")
+        assert "affinity" in condition(model(), "Scheduled")["message"], condition(model(), "Scheduled")
+    finally:
+        cluster.kubectl("delete", "inferentiamodel", "llm", "-n", namespace, "--wait=true", check=False)
+        for node in trn1:
+            cluster.kubectl("label", "node", node, f"{key}-", check=False)

@@ -147,6 +147,8 @@ class Compute(ApiModel):
     """2 MiB hugepages (hugepages-2Mi) requested by each replica, a whole number of pages such as 256Mi. Default: none, as in AWS's Kubernetes examples for the Neuron Runtime 2.x; set it only for a runtime that does (the Neuron Runtime 1.x daemon wanted 256Mi per Inferentia chip). Nodes must reserve them, or the pods cannot be placed."""
     nodes: Annotated[StrictInt, Field(ge=1, le=MAX_NODES)] = 1
     """Nodes one replica spans, each taking inf chips (whole nodes): above 1, a replica is a LeaderWorkerSet group of one pod a node, running one tensor-parallel model over EFA (vLLM on NxD Inference, trn1 only). Default 1: one pod."""
+    topology_key: Annotated[str | None, Field(max_length=317)] = None
+    """With nodes above 1: a node label whose value names a part of the network, such as EKS's topology.k8s.aws/network-node-layer-3; every pod of a group is placed on nodes that share its value (groups may share one). Default: none, anywhere."""
     allocation: Literal["devicePlugin", "dra"] | None = None
     """How a replica gets its Neuron devices: devicePlugin (aws.amazon.com/neuron or neuroncore from the Neuron device plugin) or dra (a ResourceClaimTemplate for AWS's Neuron DRA driver, DeviceClass neuron.aws.com: whole devices, connected ones on trn, the LNC set per claim). A node runs one or the other. Default: the operator's --allocation (devicePlugin unless set)."""
 

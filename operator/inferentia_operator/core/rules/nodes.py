@@ -6,6 +6,9 @@ on NxD Inference, and of the families where it runs only Trn1's 32xlarge sizes h
 
 from __future__ import annotations
 
+import json
+import re
+
 from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.catalogue import EFA_DEVICES, FAMILIES, MULTI_NODE_FAMILIES, Family
 from inferentia_operator.core.cel import CEL_FAMILY, CrossFieldRule, literal
@@ -91,6 +94,36 @@ NODES_ROUTING = CrossFieldRule(
 )
 
 
+# A label key: an optional DNS subdomain prefix and "/", then a name of at most 63 characters
+# (https://kubernetes.io/docs/concepts/overview/working-with-objects/labels/#syntax-and-character-set).
+LABEL_KEY_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+NODES_TOPOLOGY_KEY = CrossFieldRule(
+    "spec.compute.topologyKey",
+    "spec",
+    "'%s' is not a label key; valid keys are a name of at most 63 letters, digits, '-', '_' and '.', optionally after a "
+    "DNS prefix and '/', such as topology.k8s.aws/network-node-layer-3",
+    f"!has(self.compute.topologyKey) || self.compute.topologyKey.matches({json.dumps(LABEL_KEY_PATTERN)})",
+    ("self.compute.topologyKey",),
+)
+NODES_TOPOLOGY_ALONE = CrossFieldRule(
+    "spec.compute.topologyKey",
+    "spec",
+    "keeps the pods of a replica across nodes together, and nodes is 1; set nodes above 1, or leave topologyKey unset",
+    f"!has(self.compute.topologyKey) || {_MULTI}",
+    (),
+)
+
+
+def _check_topology(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    key = spec.compute.topology_key
+    if key is None:
+        return []
+    found = [] if re.match(LABEL_KEY_PATTERN, key) else [NODES_TOPOLOGY_KEY.finding(key)]
+    if spec.compute.nodes == 1:
+        found.append(NODES_TOPOLOGY_ALONE.finding())
+    return found
+
+
 def _check_nodes(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     """Each rule on its own, as the API server runs them: a spec may break several."""
     if spec.compute.nodes == 1:
@@ -118,5 +151,6 @@ def _check_nodes(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
 
 RULES: list[CrossFieldRule] = [
     NODES_FAMILY, NODES_WHOLE, NODES_PROCESSES, NODES_RUNTIME, NODES_COMPILE, NODES_DRA, NODES_ZERO, NODES_ROUTING,
+    NODES_TOPOLOGY_KEY, NODES_TOPOLOGY_ALONE,
 ]  # fmt: skip
-CHECKS = (_check_nodes,)
+CHECKS = (_check_nodes, _check_topology)
