@@ -23,6 +23,10 @@ compile image:
   floor's cluster, the model created and then its children by the same client at once: the
   API server's and the watch's own latency at that rate, with no controller in between).
 
+``--memory`` runs instead only the operator, with Python's tracemalloc on
+(cluster/operator_memory.py), and prints the lines whose live objects hold its memory after
+converging and at the end: which caches grow.
+
 Last, where the API server's work went: watch events it sent by kind (each counted once per
 watcher, so a watch's fan-out shows) with their bytes, and requests by verb and kind, from
 its own /metrics, per model while converging, the operator's run beside the floor's.
@@ -39,6 +43,7 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -200,16 +205,18 @@ def floor(models: int, workdir: Path, rates: list[int], stream_seconds: int) -> 
 
 
 class Operator:
-    def __init__(self, cluster: localcluster.LocalCluster, log: Path):
-        self.cluster, self.log = cluster, log
+    def __init__(self, cluster: localcluster.LocalCluster, log: Path, memory_dump: Path | None = None):
+        self.cluster, self.log, self.memory_dump = cluster, log, memory_dump
         self.kubeconfig = cluster.user_kubeconfig(OPERATOR_USER, groups=("system:masters",))
         self.metrics_port = free_port()
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
+        program = [str(Path(__file__).parent / "operator_memory.py")] if self.memory_dump else ["-m", "inferentia_operator"]
+        dump = {"INFERENTIA_MEMORY_DUMP": str(self.memory_dump)} if self.memory_dump else {}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "inferentia_operator", "run", "--liveness", "", "--metrics-port", str(self.metrics_port)],
-            env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
+            [sys.executable, *program, "run", "--liveness", "", "--metrics-port", str(self.metrics_port)],
+            env={**os.environ, "KUBECONFIG": str(self.kubeconfig), **dump},
             stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
         )  # fmt: skip
 
@@ -217,6 +224,18 @@ class Operator:
         if self.proc:
             self.proc.kill()
             self.proc.wait()
+
+    def allocations(self) -> list[tuple[int, int, str]]:
+        """With --memory: the live allocations by line, largest first ("total" first of all)."""
+        assert self.proc is not None and self.memory_dump is not None
+        self.memory_dump.unlink(missing_ok=True)
+        self.proc.send_signal(signal.SIGUSR1)
+        wait_until(self.memory_dump.exists, timeout=300)
+        rows = []
+        for line in self.memory_dump.read_text().splitlines():
+            size, count, where = line.split(" ", 2)
+            rows.append((int(size), int(count), where))
+        return rows
 
     def metrics(self) -> dict[str, float]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
@@ -556,6 +575,59 @@ def with_operator(
         cluster.down()
 
 
+def memory_run(models: int, workdir: Path, rates: list[int], stream_seconds: int) -> dict:
+    """--memory: the operator with tracemalloc on (cluster/operator_memory.py), its live
+    allocations by line after converging on ``models`` and after the streams; no other figure,
+    since tracing slows the operator several times over."""
+    extra = sum(rates) * stream_seconds
+    cluster = localcluster.LocalCluster(workdir / "memory", fleet_file=fleet(workdir / "fleet.yaml", models + extra), die_with_parent=True)
+    cluster.up()
+    operator = Operator(cluster, workdir / "operator.log", memory_dump=workdir / "allocations.txt")
+    try:
+        cluster.install_crds()
+        kube = client(cluster)
+        operator.start()
+        wait_until(lambda: _answers(operator), timeout=120, interval=0.5)
+        create_all(kube, [model_body(f"m-{i}") for i in range(models)])
+        wait_until(lambda: ready_models(kube) >= models, timeout=models * 10 + 300)
+        operator.wait_idle(timeout=1800)
+        out = {"converged": operator.allocations(), "rss_mb": rss_mb(operator.proc.pid)}
+        for rate in rates:
+            stream(kube, rate, stream_seconds, prefix=f"s{rate}-")
+        wait_until(lambda: ready_models(kube) >= models + extra, timeout=extra * 10 + 300)
+        operator.wait_idle(timeout=1800)
+        out["end"], out["rss_mb_end"], out["models_end"] = operator.allocations(), rss_mb(operator.proc.pid), models + extra
+        return out
+    finally:
+        operator.stop()
+        cluster.down()
+
+
+def memory_table(run: dict, models: int, top: int = 15) -> str:
+    """The lines whose live objects hold the most at the end, beside what they held after converging."""
+
+    def by_site(rows: list[tuple[int, int, str]]) -> dict[str, tuple[int, int]]:
+        return {where: (size, count) for size, count, where in rows}
+
+    first, end = by_site(run["converged"]), by_site(run["end"])
+
+    def short(where: str) -> str:
+        for marker in ("site-packages/", "/operator/", "/lib/python3"):
+            if marker in where:
+                return where.split(marker, 1)[1] if marker != "/lib/python3" else "python3" + where.split(marker, 1)[1]
+        return where
+
+    lines = [
+        f"| allocated at | MB at {models:,} | MB at {run['models_end']:,} | objects at {run['models_end']:,} |",
+        "|---|---|---|---|",
+    ]
+    total0, total1 = first.get("total", (0, 0)), end.get("total", (0, 0))
+    lines.append(f"| all traced | {total0[0] / 2**20:.1f} | {total1[0] / 2**20:.1f} | {total1[1]:,} |")
+    for where, (size, count) in sorted(((w, v) for w, v in end.items() if w != "total"), key=lambda kv: -kv[1][0])[:top]:
+        lines.append(f"| `{short(where)}` | {first.get(where, (0, 0))[0] / 2**20:.1f} | {size / 2**20:.1f} | {count:,} |")
+    return "\n".join(lines)
+
+
 def _answers(operator: Operator) -> bool:
     try:
         operator.metrics()
@@ -571,10 +643,23 @@ def main() -> int:
     parser.add_argument("--stream-seconds", type=int, default=30)
     parser.add_argument("--rates", default="10,20")
     parser.add_argument("--profile", type=Path, help="write py-spy profiles of the operator during each stream here, and summarise them")
+    parser.add_argument(
+        "--memory", action="store_true",
+        help="instead: which lines' live objects hold the operator's memory, after converging and at the end (tracemalloc; no other figure)",
+    )  # fmt: skip
     args = parser.parse_args()
     rates = [int(r) for r in args.rates.split(",") if r]
     localcluster.bin_dir()
     n = args.models
+    if args.memory:
+        with tempfile.TemporaryDirectory() as tmp:
+            run = memory_run(n, Path(tmp), rates, args.stream_seconds)
+        print(
+            f"\nN = {n} models, then {run['models_end']:,} ({time.strftime('%Y-%m-%d')}, python cluster/benchmark_scale.py --models {n} --memory)"
+        )
+        print(f"operator RSS under tracemalloc: {run['rss_mb']:.0f} MB, then {run['rss_mb_end']:.0f} MB\n")
+        print(memory_table(run, n))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         base = floor(n, workdir, rates, args.stream_seconds)
