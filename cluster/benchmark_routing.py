@@ -1,13 +1,13 @@
 """Routing by queue against the Service's random spread, on the real node: p99 and the share of
 requests that queued, on the same uneven load.
 
-    make benchmark-routing       # or: python cluster/benchmark_routing.py --rate 8 --seconds 60
+    make benchmark-routing       # or: python cluster/benchmark_routing.py --rates 8,11 --seconds 60
 
 One vLLM model (the demo's, compiled into the local object store) of two replicas with
 spec.routing.inferencePool; each replica is the vLLM stand-in running --max-num-seqs 2 requests
 at once and queueing the rest (vllm:num_requests_waiting), and each completion takes 0.1 s per
 requested token. The load is uneven the way an LLM's is: most completions are short (1 token,
-0.1 s), one in ten is long (20 tokens, 2 s), sent open-loop at --rate a second (each request at
+0.1 s), one in ten is long (20 tokens, 2 s), sent open-loop at each of --rates a second (each request at
 its scheduled time, whatever the answers before it), the same seeded sequence both ways:
 
 - **the Service's random spread**: every request to the model's Service (kube-proxy picks a
@@ -18,9 +18,9 @@ its scheduled time, whatever the answers before it), the same seeded sequence bo
   The ask is counted in the latency: a gateway pays it too. No gateway data plane runs here
   (cluster/endpointpicker.py says why): this script is the part of one that routes.
 
-Printed, one row a way: requests answered, p50 and p99 latency, and the share that queued (a
-request queued when it took more than its own time plus 0.25 s), then the picker's p99
-against the random spread's.
+Printed, one row a way and rate: requests answered, p50 and p99 latency, p99 of the wait (the
+time beyond the request's own), and the share that queued (waited more than 0.25 s), then
+the picker's figures against the random spread's.
 """
 
 from __future__ import annotations
@@ -118,33 +118,39 @@ def run(plan: list[tuple[float, int]], route: Any) -> list[tuple[float, int, int
     return results
 
 
-def row(way: str, results: list[tuple[float, int, int | str]]) -> dict[str, Any]:
+def row(way: str, rate: float, results: list[tuple[float, int, int | str]]) -> dict[str, Any]:
     answered = [(latency, tokens) for latency, tokens, outcome in results if outcome == 200]
     latencies = sorted(latency for latency, _ in answered)
-    queued = sum(1 for latency, tokens in answered if latency > tokens * TOKEN_SECONDS + QUEUED_AFTER)
+    # What a request spent beyond its own time: the wait a routing decision can save.
+    waits = sorted(max(latency - tokens * TOKEN_SECONDS, 0.0) for latency, tokens in answered)
+    queued = sum(1 for wait in waits if wait > QUEUED_AFTER)
     return {
-        "way": way, "answered": len(answered), "failed": len(results) - len(answered),
+        "way": way, "rate": rate, "answered": len(answered), "failed": len(results) - len(answered),
         "p50": statistics.median(latencies), "p99": statistics.quantiles(latencies, n=100)[98],
-        "queued": queued / max(len(answered), 1),
+        "wait_p99": statistics.quantiles(waits, n=100)[98], "queued": queued / max(len(answered), 1),
     }  # fmt: skip
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| way | answered | failed | p50 ms | p99 ms | queued |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| requests/s | way | answered | failed | p50 ms | p99 ms | p99 wait ms | queued |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         lines.append(
-            f"| {r['way']} | {r['answered']} | {r['failed']} | {r['p50'] * 1000:.0f} | {r['p99'] * 1000:.0f} | {r['queued']:.1%} |"
+            f"| {r['rate']:g} | {r['way']} | {r['answered']} | {r['failed']} | {r['p50'] * 1000:.0f} | {r['p99'] * 1000:.0f} "
+            f"| {r['wait_p99'] * 1000:.0f} | {r['queued']:.1%} |"
         )
     return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rate", type=float, default=8.0, help="requests a second (two replicas hold about 13 at this mix)")
+    parser.add_argument("--rates", default="8,11", help="requests a second, one load each (two replicas hold about 13 at this mix)")
     parser.add_argument("--seconds", type=float, default=60.0, help="how long each way's load lasts")
     parser.add_argument("--seed", type=int, default=42, help="the seeded request sequence, the same both ways")
     args = parser.parse_args()
-    plan = schedule(args.rate, args.seconds, args.seed)
+    rates = [float(r) for r in args.rates.split(",") if r]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-routing-") as tmp:
         cluster = localcluster.LocalCluster(Path(tmp) / "cluster", die_with_parent=True, real_node=True)
@@ -187,10 +193,13 @@ def main() -> int:
                 chosen = picker.pick(body)
                 return "NoEndpoint" if chosen is None else post(f"http://{chosen}/v1/completions", body)
 
-            print(f"{len(plan)} requests over {args.seconds:g} s at {args.rate:g}/s, each way", file=sys.stderr, flush=True)
-            rows.append(row("the Service's random spread", run(plan, lambda body: post(service, body))))
-            time.sleep(5)  # every queue empty
-            rows.append(row("the endpoint picker, by queue", run(plan, picked)))
+            for rate in rates:
+                plan = schedule(rate, args.seconds, args.seed)
+                print(f"{len(plan)} requests over {args.seconds:g} s at {rate:g}/s, each way", file=sys.stderr, flush=True)
+                rows.append(row("the Service's random spread", rate, run(plan, lambda body: post(service, body))))
+                time.sleep(5)  # every queue empty
+                rows.append(row("the endpoint picker, by queue", rate, run(plan, picked)))
+                time.sleep(5)
         finally:
             if picker is not None:
                 picker.stop()
@@ -199,13 +208,14 @@ def main() -> int:
                 operator.wait(15)
             cluster.down()
     print(
-        f"{time.strftime('%Y-%m-%d')}, python cluster/benchmark_routing.py --rate {args.rate:g} --seconds {args.seconds:g} --seed {args.seed}"
+        f"{time.strftime('%Y-%m-%d')}, python cluster/benchmark_routing.py --rates {args.rates} --seconds {args.seconds:g} --seed {args.seed}"
     )
     print(table(rows))
-    base, routed = rows
-    print(
-        f"\nthe picker's p99 {routed['p99'] / base['p99']:.2f}x the random spread's; queued {routed['queued']:.1%} against {base['queued']:.1%}"
-    )
+    for base, routed in zip(rows[::2], rows[1::2], strict=True):
+        print(
+            f"\nat {base['rate']:g}/s: the picker's p99 {routed['p99'] / base['p99']:.2f}x the random spread's, its p99 wait "
+            f"{routed['wait_p99'] * 1000:.0f} against {base['wait_p99'] * 1000:.0f} ms; queued {routed['queued']:.1%} against {base['queued']:.1%}"
+        )
     return 0
 
 
