@@ -2,7 +2,8 @@
 own controller and webhooks (cluster/leaderworkerset.py) and the operator under the chart's
 ClusterRole: one group placed on two Trn1 nodes with EFA, counted as one replica, scaled by
 whole groups through the model's scale subresource (as KEDA scales it), a lost worker bringing
-its group back, and the model back on one node as a Deployment. kwok runs no container: what
+its group back, its pods kept in one part of the network by compute.topologyKey, and the model
+back on one node as a Deployment. kwok runs no container: what
 the pods run is tests/test_multi_node.py's."""
 
 from __future__ import annotations
@@ -86,41 +87,32 @@ def test_a_two_node_replica_is_one_group_placed_counted_scaled_and_recreated(lws
     wait_for(recreated, 120, "the lost worker's whole group made again")
     wait_for(lambda: condition(model(), "Ready").get("status") == "True", 120, "the model Ready again")
 
-    # Back on one node: a Deployment serves, and the group goes.
-    cluster.kubectl(
-        "patch", "inferentiamodel", "llm", "-n", namespace, "--type=merge", "-p", json.dumps({"spec": {"compute": {"nodes": 1}}})
-    )
-    wait_for(lambda: cluster.get("deployments", "-n", namespace)["items"], 60, "the Deployment")
-    wait_for(lambda: not cluster.get("leaderworkersets", "-n", namespace)["items"], 60, "the LeaderWorkerSet deleted")
-    wait_for(lambda: condition(model(), "Ready").get("status") == "True", 120, "Ready on one node")
-
-
-def test_a_topology_key_places_a_group_on_nodes_that_share_its_value(lws, operator, namespace):
-    """compute.topologyKey: the group's pods go only where their group's pods are, by the label's
-    value. The fleet's two Trn1 32xlarge nodes are given one value of EKS's layer-3 label, and
-    the group is placed across them; given two values, no group can be placed whole."""
-    cluster = lws
+    # compute.topologyKey: the group's pods only where their group's pods are, by the label's
+    # value. The two nodes share one value of EKS's layer-3 label: the group rolls out onto them.
     key = "topology.k8s.aws/network-node-layer-3"
-    trn1 = [n["metadata"]["name"] for n in cluster.get("nodes")["items"] if n["metadata"]["labels"].get("node.kubernetes.io/instance-type") in ("trn1.32xlarge", "trn1n.32xlarge")]  # fmt: skip
-    assert len(trn1) == 2, trn1
     try:
-        for node in trn1:
+        for node in nodes:
             cluster.kubectl("label", "node", node, f"{key}=nn-test-0", "--overwrite")
-        spec = make_spec(**TWO_NODES, **{"compute.topologyKey": key})
-        cluster.kubectl("apply", "-f", "-", input=json.dumps(make_model("llm", namespace, spec)))
-
-        def model() -> dict:
-            return cluster.get("inferentiamodel", "llm", "-n", namespace)
-
-        wait_for(lambda: condition(model(), "Ready").get("status") == "True", 120, "the group placed in one part of the network")
-        assert {p["spec"]["nodeName"] for p in pods(cluster, namespace)} == set(trn1)
-
-        # Two parts of the network, one node each: the group's second pod has nowhere to go.
-        cluster.kubectl("label", "node", trn1[1], f"{key}=nn-test-1", "--overwrite")
+        patch = {"spec": {"compute": {"topologyKey": key}}}
+        cluster.kubectl("patch", "inferentiamodel", "llm", "-n", namespace, "--type=merge", "-p", json.dumps(patch))
+        wait_for(
+            lambda: "podAffinity" in str(cluster.get("leaderworkerset", "llm", "-n", namespace)["spec"]), 60, "the affinity in the group"
+        )
+        wait_for(
+            lambda: condition(model(), "Ready").get("status") == "True" and len(pods(cluster, namespace)) == 2, 120, "placed by topology"
+        )
+        # Two values, one node each: a group made again cannot be placed whole.
+        cluster.kubectl("label", "node", sorted(nodes)[1], f"{key}=nn-test-1", "--overwrite")
         cluster.kubectl("delete", "pod", "llm-0-1", "-n", namespace, "--wait=false")
         wait_for(lambda: condition(model(), "Scheduled").get("reason") == "Unschedulable", 120, "the group unschedulable")
         assert "affinity" in condition(model(), "Scheduled")["message"], condition(model(), "Scheduled")
     finally:
-        cluster.kubectl("delete", "inferentiamodel", "llm", "-n", namespace, "--wait=true", check=False)
-        for node in trn1:
+        for node in nodes:
             cluster.kubectl("label", "node", node, f"{key}-", check=False)
+
+    # Back on one node: a Deployment serves, and the group goes.
+    patch = {"spec": {"compute": {"nodes": 1, "topologyKey": None}}}
+    cluster.kubectl("patch", "inferentiamodel", "llm", "-n", namespace, "--type=merge", "-p", json.dumps(patch))
+    wait_for(lambda: cluster.get("deployments", "-n", namespace)["items"], 60, "the Deployment")
+    wait_for(lambda: not cluster.get("leaderworkersets", "-n", namespace)["items"], 60, "the LeaderWorkerSet deleted")
+    wait_for(lambda: condition(model(), "Ready").get("status") == "True", 120, "Ready on one node")
