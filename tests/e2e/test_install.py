@@ -276,7 +276,7 @@ def prove_rbac(cluster, namespace, service_account, peering, tmp_path, model_nam
         op.stop()
     who = f"--as=system:serviceaccount:{namespace}:{service_account}"
     for verb, resource in [("get", "secrets"), ("list", "secrets"), ("patch", "nodes"), ("create", "pods"),
-                           ("delete", "deployments"), ("create", "clusterrolebindings"), ("delete", "inferentiamodels")]:  # fmt: skip
+                           ("delete", "services"), ("create", "clusterrolebindings"), ("delete", "inferentiamodels")]:  # fmt: skip
         answer = cluster.kubectl("auth", "can-i", verb, resource, "-A", who, check=False).stdout.strip()
         assert answer == "no", f"the operator may {verb} {resource}"
 
