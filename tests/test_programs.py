@@ -34,6 +34,7 @@ ALLOWED_IMPORTS = {
     "json",
     "math",
     "os",
+    "argparse",
     "re",
     "logging",
     "time",
@@ -54,11 +55,25 @@ ALLOWED_IMPORTS = {
 
 def test_the_programs_import_only_what_a_neuron_image_has():
     """They run with the user's image's Python, torch and Neuron framework, never with this package."""
-    for name in (programs.COMPILE_PROGRAM, programs.SERVE_PROGRAM, programs.VLLM_COMPILE_PROGRAM, programs.NXDI_COMPILE_PROGRAM):
+    for name in (
+        programs.COMPILE_PROGRAM, programs.SERVE_PROGRAM, programs.VLLM_COMPILE_PROGRAM, programs.NXDI_COMPILE_PROGRAM,
+        programs.VLLM_WORKER_PROGRAM,
+    ):  # fmt: skip
         tree = ast.parse(programs.source(name))
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         assert imported <= ALLOWED_IMPORTS, (name, imported - ALLOWED_IMPORTS)
+
+
+@pytest.mark.parametrize("rank", ["", "0", "one"])
+def test_the_worker_program_runs_only_as_a_worker_rank(tmp_path, rank):
+    """Rank 0 serves the API (children.multi_node_command): a worker started without a rank, or
+    as rank 0, says so and exits 2 before it builds an engine."""
+    program = tmp_path / programs.VLLM_WORKER_PROGRAM
+    program.write_text(programs.source(programs.VLLM_WORKER_PROGRAM))
+    env = {"PATH": "/usr/bin:/bin", **({"NEURON_RANK_ID": rank} if rank else {})}
+    done = subprocess.run([sys.executable, str(program), "--model", "m"], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "rank 0 serves the API" in done.stderr, done
 
 
 def torch_python() -> str:
