@@ -705,9 +705,14 @@ def vllm_args(model: Model) -> list[str]:
     NEURON_COMPILED_ARTIFACTS (NxD Inference) or VLLM_CACHE_ROOT (the plugin) makes it load
     the compiled model instead of compiling.
     sh -c receives the flags as separate arguments ("$@"), never as text to parse."""
-    flags = [part for name, value in vllm_engine_args(model).items() for part in (f"--{name.replace('_', '-')}", str(value))]
     server = " ".join(VLLM_SERVER)
-    return ["/bin/sh", "-c", f'exec {server} --port "$PORT" "$@"', "vllm", *flags, *(model.spec.serving.args or [])]
+    return ["/bin/sh", "-c", f'exec {server} --port "$PORT" "$@"', "vllm", *_vllm_flags(model)]
+
+
+def _vllm_flags(model: Model) -> list[str]:
+    """The engine arguments as vLLM's flags, then serving.args: each a separate argument."""
+    flags = [part for name, value in vllm_engine_args(model).items() for part in (f"--{name.replace('_', '-')}", str(value))]
+    return [*flags, *(model.spec.serving.args or [])]
 
 
 # Across nodes (spec.compute.nodes, catalogue.MULTI_NODE_FAMILIES for the sources): what vLLM's
@@ -746,8 +751,7 @@ def multi_node_command(model: Model) -> list[str]:
         f'if [ "$rank" = 0 ]; then exec {" ".join(VLLM_SERVER)} --port "$PORT" --override-neuron-config "$config" "$@"; fi\n'
         f'exec python3 "${{INFERENTIA_PLAN_DIR:-{PLAN_MOUNT}}}/{VLLM_WORKER_PROGRAM}" --override-neuron-config "$config" "$@"\n'
     )
-    flags = [part for name, value in vllm_engine_args(model).items() for part in (f"--{name.replace('_', '-')}", str(value))]
-    return ["/bin/sh", "-c", script, "vllm", *flags, *(model.spec.serving.args or [])]
+    return ["/bin/sh", "-c", script, "vllm", *_vllm_flags(model)]
 
 
 def _startup_probe(model: Model, check: dict[str, Any]) -> dict[str, Any]:
