@@ -592,6 +592,10 @@ def memory_run(models: int, workdir: Path, rates: list[int], stream_seconds: int
         wait_until(lambda: ready_models(kube) >= models, timeout=models * 10 + 300)
         operator.wait_idle(timeout=1800)
         out = {"converged": operator.allocations(), "rss_mb": rss_mb(operator.proc.pid)}
+        # Printed at once as well: tracing may make the streams' part long.
+        print(f"after converging on {models:,} models, RSS {out['rss_mb']:.0f} MB:", file=sys.stderr)
+        for size, count, where in out["converged"][:16]:
+            print(f"  {size / 2**20:7.1f} MB {count:9,} {where}", file=sys.stderr, flush=True)
         for rate in rates:
             stream(kube, rate, stream_seconds, prefix=f"s{rate}-")
         wait_until(lambda: ready_models(kube) >= models + extra, timeout=extra * 10 + 300)

@@ -23,7 +23,7 @@ def dump(_signum: int, _frame: FrameType | None) -> None:
     stats = snapshot.statistics("lineno")
     path = os.environ["INFERENTIA_MEMORY_DUMP"]
     with open(path + ".part", "w") as out:
-        out.write(f"total {sum(s.size for s in stats)} {sum(s.count for s in stats)}\n")
+        out.write(f"{sum(s.size for s in stats)} {sum(s.count for s in stats)} total\n")
         for s in stats[:TOP]:
             frame = s.traceback[0]
             out.write(f"{s.size} {s.count} {frame.filename}:{frame.lineno}\n")
