@@ -209,6 +209,9 @@ def test_an_lws_someone_else_owns_is_never_written():
     foreign["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "other", "controller": True}]
     decision = decide(Observed(body, others=[foreign]), "t")
     assert not [b for b in decision.apply if b["kind"] == "LeaderWorkerSet"]
+    # nor deleted when the model goes back to one node: clean-up takes only its own
+    single = model_body(**{**TWO_NODES, "compute.nodes": 1})
+    assert ("LeaderWorkerSet", "m") not in decide(Observed(single, others=[foreign]), "t").delete
     assert ("LeaderWorkerSet", "m") not in decision.delete
     assert status.Conflict("LeaderWorkerSet", "m", "controlled by ConfigMap x") in decision.basis.conflicts
 

@@ -1,6 +1,8 @@
 """Clean-up: what earlier plans left, once nothing uses it. A plan ConfigMap goes when no
 running pod, unfinished Job or the Deployment mounts it; compile Jobs of earlier plans go,
-less the newest that succeeded (kept for a rollback to reuse)."""
+less the newest that succeeded (kept for a rollback to reuse); and a model whose replicas
+changed shape (spec.compute.nodes to or from 1) loses its workload of the other shape, a
+Deployment or a LeaderWorkerSet (never someone else's object of that name)."""
 
 from __future__ import annotations
 
@@ -10,10 +12,11 @@ from inferentia_operator.core import children
 from inferentia_operator.core.children import Model
 from inferentia_operator.core.names import COMPILE_RECORD_COMPONENT, COMPONENT_LABEL, GROUP_KIND
 from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.ownership import foreign_owner
 from inferentia_operator.core.settings import Settings
 from inferentia_operator.core.status import Observed, job_state
 
-from . import Part
+from . import ChildRef, Part
 from .compile import newest_earlier_success
 
 
@@ -24,7 +27,14 @@ def cleanup_part(model: Model, observed: Observed, settings: Settings) -> Part:
     jobs = [("Job", name) for name in (Obj(j).name for j in observed.all("Job")) if name is not None and name not in keep]
     in_use = _plan_configmaps_in_use(observed) | {children.plan_configmap_name(model)}
     plans = [c for c in map(Obj, observed.all("ConfigMap")) if c.labels.get(COMPONENT_LABEL) != COMPILE_RECORD_COMPONENT]
-    return Part(delete=(*jobs, *(("ConfigMap", c.name) for c in plans if c.name is not None and c.name not in in_use)))
+    unused = [("ConfigMap", c.name) for c in plans if c.name is not None and c.name not in in_use]
+    return Part(delete=(*jobs, *unused, *_other_shape(model, observed)))
+
+
+def _other_shape(model: Model, observed: Observed) -> tuple[ChildRef, ...]:
+    other = "Deployment" if model.plan.nodes else GROUP_KIND
+    live = observed.own(other)
+    return ((other, model.name),) if live is not None and foreign_owner(live, model.uid, model.name) is None else ()
 
 
 def _plan_configmaps_in_use(observed: Observed) -> set[str]:
