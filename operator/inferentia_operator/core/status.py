@@ -187,26 +187,41 @@ class Rollout:
     settled: bool = False
 
 
+@dataclass(frozen=True)
+class _Counted:
+    """What a Deployment and a LeaderWorkerSet report alike: replicas (pods or groups) by step,
+    and whether the workload runs the current plan at the desired count, no older one left."""
+
+    current: bool
+    rolled: bool
+    replicas: int
+    ready: int
+    updated: int
+
+
+def _counted(workload: Obj, template: Obj, desired_replicas: int, plan_hash: str | None, caught_up: bool = True) -> _Counted:
+    current = plan_hash is not None and template.annotations.get(PLAN_HASH_ANNOTATION) == plan_hash
+    s = workload.status
+    replicas, ready, updated = s.get("replicas", 0), s.get("readyReplicas", 0), s.get("updatedReplicas", 0)
+    rolled = (
+        current
+        and caught_up
+        and workload.spec.get("replicas") == desired_replicas
+        and updated == desired_replicas
+        and replicas == desired_replicas  # no pod (or group) of an older plan is left
+    )
+    return _Counted(current, rolled, replicas, ready, updated if current else 0)
+
+
 def rollout_of(deployment: Mapping[str, Any] | None, desired_replicas: int, plan_hash: str | None) -> Rollout:
     d = Obj(deployment)
     if not d:
         return Rollout(desired_replicas, False, False, 0, 0, 0, 0)
-    template = Obj(d.spec.get("template"))
-    current = plan_hash is not None and template.annotations.get(PLAN_HASH_ANNOTATION) == plan_hash
-    s = d.status
-    replicas, ready = s.get("replicas", 0), s.get("readyReplicas", 0)
-    updated, available = s.get("updatedReplicas", 0), s.get("availableReplicas", 0)
-    rolled = (
-        current
-        and s.get("observedGeneration", 0) >= d.generation
-        and d.spec.get("replicas") == desired_replicas
-        and updated == desired_replicas
-        and replicas == desired_replicas  # no pod of an older plan is left
-    )
-    complete = rolled and available == desired_replicas
+    c = _counted(d, Obj(d.spec.get("template")), desired_replicas, plan_hash, d.status.get("observedGeneration", 0) >= d.generation)
+    available = d.status.get("availableReplicas", 0)
     # The Deployment controller's word that this ReplicaSet's rollout completed once: pods not
     # ready before that are a rollout's, not pods that stopped serving.
-    settled = rolled and d.condition("Progressing").get("reason") == "NewReplicaSetAvailable"
+    settled = c.rolled and d.condition("Progressing").get("reason") == "NewReplicaSetAvailable"
     # The ReplicaSet could not create pods (a Pod Security refusal, a quota, a missing
     # ServiceAccount): the Deployment controller restates it as ReplicaFailure.
     failure = d.condition("ReplicaFailure")
@@ -216,7 +231,7 @@ def rollout_of(deployment: Mapping[str, Any] | None, desired_replicas: int, plan
     progressing = d.condition("Progressing")
     stuck = (progressing.get("message") or "no reason given") if progressing.get("reason") == "ProgressDeadlineExceeded" else None
     return Rollout(
-        desired_replicas, current, complete, replicas, ready, updated if current else 0, available,
+        desired_replicas, c.current, c.rolled and available == desired_replicas, c.replicas, c.ready, c.updated, available,
         exists=True, available_condition=d.condition_true("Available"), failed_create=failed_create, stuck=stuck,
         settled=settled,
     )  # fmt: skip
@@ -232,15 +247,11 @@ def rollout_of_groups(group: Mapping[str, Any] | None, desired_replicas: int, pl
     if not g:
         return Rollout(desired_replicas, False, False, 0, 0, 0, 0)
     templates = g.spec.get("leaderWorkerTemplate")
-    template = Obj(templates.get("workerTemplate") if isinstance(templates, Mapping) else None)
-    current = plan_hash is not None and template.annotations.get(PLAN_HASH_ANNOTATION) == plan_hash
-    s = g.status
-    replicas, ready, updated = s.get("replicas", 0), s.get("readyReplicas", 0), s.get("updatedReplicas", 0)
-    rolled = current and g.spec.get("replicas") == desired_replicas and updated == desired_replicas and replicas == desired_replicas
+    c = _counted(g, Obj(templates.get("workerTemplate") if isinstance(templates, Mapping) else None), desired_replicas, plan_hash)
     return Rollout(
-        desired_replicas, current, rolled and ready == desired_replicas, replicas, ready, updated if current else 0, ready,
+        desired_replicas, c.current, c.rolled and c.ready == desired_replicas, c.replicas, c.ready, c.updated, c.ready,
         exists=True, available_condition=g.condition_true("Available"),
-        settled=rolled and not g.condition_true("UpdateInProgress"),
+        settled=c.rolled and not g.condition_true("UpdateInProgress"),
     )  # fmt: skip
 
 
