@@ -435,6 +435,18 @@ def stream(kube: Kube, rate: int, seconds: int, prefix: str, children_too: bool 
     return sorted(seen[n] - created[n] for n in created)
 
 
+def bucket_quantile(after: dict[str, float], before: dict[str, float], histogram: str, labels: str, q: float) -> float:
+    """The ``q`` quantile of what a Prometheus histogram observed between two scrapes, as the
+    upper bound of the bucket it falls in (as histogram_quantile would, without interpolating).
+    ``labels``: the series' labels before ``le``, e.g. 'lane="urgent",'."""
+    prefix = f"{histogram}_bucket{{{labels}le="
+    buckets = sorted(
+        (float(k[len(prefix) :].strip('"}')), after[k] - before.get(k, 0.0)) for k in after if k.startswith(prefix)
+    )  # fmt: skip
+    total = buckets[-1][1] if buckets else 0.0
+    return next((le for le, n in buckets if total and n >= q * total), 0.0)
+
+
 def percentile(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
@@ -556,9 +568,17 @@ def with_operator(
             profiler = start_profile(operator, profile, rate)
             depth = QueueDepth(operator)
             cpu_op0, cpu_cp0, t0 = cpu_seconds(operator.proc.pid), control_plane_cpu(cluster), time.monotonic()
-            other0, busy0 = other_components_cpu(cluster), machine_busy_seconds()
+            other0, busy0, metrics0 = other_components_cpu(cluster), machine_busy_seconds(), operator.metrics()
             latencies = stream(kube, rate, stream_seconds, prefix=f"s{rate}-")
-            wall = time.monotonic() - t0
+            wall, metrics1 = time.monotonic() - t0, operator.metrics()
+            # Where a new model's time went inside the operator: its wait in the queue's urgent
+            # lane, and how long reconciles took (every lane's).
+            out.setdefault("stream_inside", {})[rate] = (
+                bucket_quantile(metrics1, metrics0, "inferentia_operator_queue_wait_seconds", 'lane="urgent",', 0.5),
+                bucket_quantile(metrics1, metrics0, "inferentia_operator_queue_wait_seconds", 'lane="urgent",', 0.99),
+                bucket_quantile(metrics1, metrics0, "inferentia_operator_reconcile_duration_seconds", "", 0.5),
+                bucket_quantile(metrics1, metrics0, "inferentia_operator_reconcile_duration_seconds", "", 0.99),
+            )
             out["stream_load"][rate] = (
                 (cpu_seconds(operator.proc.pid) - cpu_op0) / wall,
                 (control_plane_cpu(cluster) - cpu_cp0) / wall,
@@ -718,6 +738,11 @@ def main() -> int:
             f"\nduring the stream at {rate}/s: operator {operator_cpu:.2f} CPUs, API server + etcd {control_plane:.2f} CPUs, "
             f"the cluster's other components {others:.2f} CPUs; the whole machine busy {machine:.2f} of {os.cpu_count()} CPUs; "
             f"work queue at most {depth:.0f} deep"
+        )
+        wait50, wait99, took50, took99 = op["stream_inside"][rate]
+        print(
+            f"  inside the operator (bucket bounds): a new model's wait in the queue p50 ≤ {wait50 * 1000:.0f} ms, "
+            f"p99 ≤ {wait99 * 1000:.0f} ms; a reconcile took p50 ≤ {took50 * 1000:.0f} ms, p99 ≤ {took99 * 1000:.0f} ms"
         )
         if args.profile:
             summarize(args.profile / f"stream-{rate}.txt")

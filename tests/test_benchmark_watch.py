@@ -49,3 +49,18 @@ def test_the_watcher_lists_again_and_resumes_after_the_server_closes_its_watch()
     restarts = follow_added(server.list, server.stream, "ns", seen.append, stop)
     assert seen == ["a", "b", "c"]  # b only from the list, each name once
     assert server.resumed_from == ["1", "7"] and restarts == 1
+
+
+def test_a_histograms_quantile_between_two_scrapes_is_the_bucket_it_falls_in():
+    from benchmark_scale import bucket_quantile
+
+    name = "inferentia_operator_queue_wait_seconds"
+
+    def scrape(counts):
+        return {f'{name}_bucket{{lane="urgent",le="{le}"}}': n for le, n in zip(("0.01", "0.1", "1.0", "+Inf"), counts, strict=True)}
+
+    before, after = scrape((5, 5, 5, 5)), scrape((95, 103, 105, 105))  # 100 new: 90 ≤ 10 ms, 8 ≤ 100 ms, 2 ≤ 1 s
+    assert bucket_quantile(after, before, name, 'lane="urgent",', 0.5) == 0.01
+    assert bucket_quantile(after, before, name, 'lane="urgent",', 0.95) == 0.1
+    assert bucket_quantile(after, before, name, 'lane="urgent",', 0.99) == 1.0
+    assert bucket_quantile(before, before, name, 'lane="urgent",', 0.99) == 0.0  # nothing observed

@@ -66,3 +66,18 @@ def test_backoff_doubles_per_failure_and_resets_on_success():
     assert [q.retry_delay("a") for _ in range(6)] == [1, 2, 4, 8, 10, 10]
     q.forget("a")
     assert q.retry_delay("a") == 1
+
+
+def test_each_key_reports_how_long_it_waited_since_it_was_first_queued_and_in_which_lane():
+    async def scenario():
+        waits: list[tuple[str, float]] = []
+        q = WorkQueue(observe_wait=lambda lane, seconds: waits.append((lane, seconds)))
+        q.add("old")
+        await asyncio.sleep(0.05)
+        q.add("old")  # coalesced: its wait still counts from the first add
+        q.add("new", urgent=True)
+        assert await q.get() == "new" and await q.get() == "old"
+        assert [lane for lane, _ in waits] == ["urgent", "normal"]
+        assert waits[0][1] < 0.05 <= waits[1][1]
+
+    run(scenario())

@@ -19,6 +19,13 @@ API_REQUESTS = Counter(
     "Requests the operator's reconciles sent to the Kubernetes API server (watches are kopf's and not counted).",
     ["verb", "resource", "code"],
 )
+QUEUE_WAIT_SECONDS = Histogram(
+    "inferentia_operator_queue_wait_seconds",
+    "Time a model waited in the work queue before a worker took it, by lane: urgent (created or "
+    "its spec changed) or normal (its children's or pods' status changed, or a resync).",
+    ["lane"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
 QUEUE_DEPTH = Gauge("inferentia_operator_queue_depth", "Models waiting for a reconcile.")
 MODELS = Gauge("inferentia_operator_models", "InferentiaModels by the status of their Ready condition.", ["ready"])
 

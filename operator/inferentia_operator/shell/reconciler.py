@@ -86,7 +86,7 @@ class Reconciler:
     @property
     def queue(self) -> WorkQueue[Key]:
         if self._queue is None:
-            self._queue = WorkQueue()
+            self._queue = WorkQueue(observe_wait=lambda lane, seconds: metrics.QUEUE_WAIT_SECONDS.labels(lane).observe(seconds))
         return self._queue
 
     # --- the loop ------------------------------------------------------------------------

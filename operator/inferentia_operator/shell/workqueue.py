@@ -15,15 +15,21 @@ Everything runs on the operator's event loop (kopf's), so no locks are needed.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
 
 class WorkQueue(Generic[K]):
-    def __init__(self, base_delay: float = 1.0, max_delay: float = 300.0):
+    def __init__(self, base_delay: float = 1.0, max_delay: float = 300.0, observe_wait: Callable[[str, float], None] | None = None):
+        """``observe_wait(lane, seconds)``: how long each key waited, from the moment it was
+        queued until a worker took it ("urgent" or "normal"), as client-go's
+        workqueue_queue_duration_seconds."""
+        self._observe_wait = observe_wait
+        self._since: dict[K, float] = {}
         self._urgent: deque[K] = deque()
         self._normal: deque[K] = deque()
         self._queued: set[K] = set()
@@ -46,6 +52,7 @@ class WorkQueue(Generic[K]):
                 self._urgent.append(key)
             return
         self._queued.add(key)
+        self._since[key] = time.monotonic()
         (self._urgent if urgent else self._normal).append(key)
         self._wakeup.set()
 
@@ -53,9 +60,13 @@ class WorkQueue(Generic[K]):
         while not (self._urgent or self._normal):
             self._wakeup.clear()
             await self._wakeup.wait()
+        lane = "urgent" if self._urgent else "normal"
         key = (self._urgent or self._normal).popleft()
         self._queued.discard(key)
         self._active.add(key)
+        since = self._since.pop(key, None)
+        if self._observe_wait is not None and since is not None:
+            self._observe_wait(lane, time.monotonic() - since)
         return key
 
     def done(self, key: K) -> None:
