@@ -31,7 +31,7 @@ from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.projection import Key, compile_uri, owner_key, pod_signature, project
 from inferentia_operator.core.settings import DEFAULT_SETTINGS, Settings
 
-from . import metrics
+from . import memory, metrics
 from .act import WRITES_PER_RECONCILE, Outcome, act
 from .cache import Cache
 from .kube import ApiError, Kube
@@ -82,6 +82,7 @@ class Reconciler:
         self._generations: dict[Key, int | None] = {}
         self._own_status: dict[Key, str | None] = {}
         self._held_since: dict[Key, float] = {}  # models whose status patch is held back (status.hold_seconds)
+        self._trimmer = memory.Trimmer()
 
     @property
     def queue(self) -> WorkQueue[Key]:
@@ -172,6 +173,9 @@ class Reconciler:
                 metrics.QUEUE_DEPTH.set(len(self.queue))
             metrics.RECONCILES.labels(result).inc()
             metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+            if self._trimmer.reconciled(queue_empty=len(self.queue) == 0):
+                # A burst has drained: its memory goes back to the system (shell/memory.py).
+                await asyncio.get_running_loop().run_in_executor(self._executor, memory.trim)
 
     async def resync(self) -> None:
         """Every ``resync_seconds``: every model reconciled against the caches (no reads, and

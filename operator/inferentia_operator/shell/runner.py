@@ -18,7 +18,7 @@ from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.proof import KEY_BYTES, Prover
 from inferentia_operator.core.settings import Settings
 
-from . import metrics, wiring
+from . import memory, metrics, wiring
 from .act import WRITES_PER_RECONCILE
 from .kube import ApiError, Kube, load_client
 from .reconciler import Reconciler
@@ -125,6 +125,7 @@ def run(options: RunOptions, settings: Settings) -> int:
         # highest live replica the active one and the others warm standbys.
         options = replace(options, priority=random.SystemRandom().randint(1, 2**31 - 1))
     logging.basicConfig(level=logging.DEBUG if options.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    memory.limit_arenas()  # before any API thread allocates (shell/memory.py)
     registry = kopf.OperatorRegistry()
     # One API client for the whole operator, with a connection for every write in flight.
     kube = functools.cache(lambda: Kube(load_client(pool_size=options.workers * WRITES_PER_RECONCILE)))
