@@ -81,3 +81,18 @@ def test_each_key_reports_how_long_it_waited_since_it_was_first_queued_and_in_wh
         assert waits[0][1] < 0.05 <= waits[1][1]
 
     run(scenario())
+
+
+def test_a_worker_of_the_urgent_lane_takes_a_new_model_while_the_others_have_a_backlog():
+    async def scenario():
+        q = WorkQueue()
+        for i in range(3):
+            q.add(f"status-{i}")
+        urgent_worker = asyncio.create_task(q.get(urgent_only=True))
+        await asyncio.sleep(0.01)
+        assert not urgent_worker.done()  # a backlog of status reconciles is not its work
+        q.add("new", urgent=True)
+        assert await asyncio.wait_for(urgent_worker, 1) == "new"
+        assert await q.get() == "status-0"  # the others' lane is as it was
+
+    run(scenario())

@@ -491,6 +491,7 @@ def test_the_operator_serves_prometheus_metrics(cluster, operator, namespace):
         "inferentia_operator_reconcile_duration_seconds_bucket",
         'inferentia_operator_reconciles_total{result="changed"}',
         "inferentia_operator_queue_depth",
+        'inferentia_operator_queue_wait_seconds_count{lane="urgent"} ',  # the model's creation
     ):
         assert name in text, [line for line in text.splitlines() if line.startswith(name.split("{")[0])]
     # The Deployment's server-side apply: 201 when it made it, 200 when it changed one.

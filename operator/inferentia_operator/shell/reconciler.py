@@ -73,9 +73,9 @@ class Reconciler:
         self.cache = Cache()
         self._queue: WorkQueue[Key] | None = None  # made on the operator's event loop, at start
         # The one pool of blocking API calls (the Kubernetes client is synchronous): each
-        # worker's reconcile has up to WRITES_PER_RECONCILE calls in flight in it, and the
-        # event loop never blocks on one.
-        self._executor = ThreadPoolExecutor(max_workers=workers * WRITES_PER_RECONCILE, thread_name_prefix="api")
+        # worker's reconcile (``workers``, and the one of the urgent lane) has up to
+        # WRITES_PER_RECONCILE calls in flight in it, and the event loop never blocks on one.
+        self._executor = ThreadPoolExecutor(max_workers=(workers + 1) * WRITES_PER_RECONCILE, thread_name_prefix="api")
         # Trigger state: what status last saw of each pod, each model's generation, and the
         # resourceVersion of the operator's own last status patch (its echo is not news).
         self._pods: dict[tuple[str, str], tuple[Any, ...]] = {}
@@ -154,9 +154,11 @@ class Reconciler:
             raise RetryLater(f"{len(outcome.failures)} writes refused for now")
         return "changed" if outcome.changed or patch is not None else "noop"
 
-    async def worker(self) -> None:
+    async def worker(self, urgent_only: bool = False) -> None:
+        """Reconciles queued models until cancelled; ``urgent_only``: only created models and
+        changed specs, so that one never waits while every worker patches others' status."""
         while True:
-            key = await self.queue.get()
+            key = await self.queue.get(urgent_only)
             started = time.monotonic()
             try:
                 result = await self.reconcile(key)

@@ -127,8 +127,9 @@ def run(options: RunOptions, settings: Settings) -> int:
     logging.basicConfig(level=logging.DEBUG if options.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     memory.limit_arenas()  # before any API thread allocates (shell/memory.py)
     registry = kopf.OperatorRegistry()
-    # One API client for the whole operator, with a connection for every write in flight.
-    kube = functools.cache(lambda: Kube(load_client(pool_size=options.workers * WRITES_PER_RECONCILE)))
+    # One API client for the whole operator, with a connection for every write in flight
+    # (the workers and the urgent lane's own worker).
+    kube = functools.cache(lambda: Kube(load_client(pool_size=(options.workers + 1) * WRITES_PER_RECONCILE)))
     namespaces = list(options.namespaces)
 
     def active() -> bool:

@@ -81,6 +81,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
     async def start_workers(memo: kopf.Memo, **_: Any) -> None:
         loop = asyncio.get_running_loop()
         tasks = [loop.create_task(reconciler.worker()) for _ in range(reconciler.workers)]
+        tasks.append(loop.create_task(reconciler.worker(urgent_only=True)))
         memo["reconcile_tasks"] = [*tasks, loop.create_task(reconciler.resync())]
 
     @kopf.on.cleanup(registry=registry)

@@ -6,7 +6,8 @@
   it is marked dirty and queued again when the worker is done.
 - Two lanes: a model that was created or whose spec changed goes ahead of reconciles
   triggered only by its children's status, so a new model never waits behind a queue
-  of others' no-op reconciles.
+  of others' no-op reconciles; and a worker that takes only the urgent lane
+  (``get(urgent_only=True)``) keeps one from waiting for a worker busy with those.
 - Failed keys come back after a per-key exponential backoff.
 
 Everything runs on the operator's event loop (kopf's), so no locks are needed.
@@ -56,8 +57,9 @@ class WorkQueue(Generic[K]):
         (self._urgent if urgent else self._normal).append(key)
         self._wakeup.set()
 
-    async def get(self) -> K:
-        while not (self._urgent or self._normal):
+    async def get(self, urgent_only: bool = False) -> K:
+        """The next key, urgent ones first; ``urgent_only``: wait for an urgent one."""
+        while not (self._urgent or (self._normal and not urgent_only)):
             self._wakeup.clear()
             await self._wakeup.wait()
         lane = "urgent" if self._urgent else "normal"
