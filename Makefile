@@ -50,11 +50,15 @@ controlplane:
 	@bash cluster/build.sh >/dev/null
 	@bash cluster/node-deps.sh
 
+# The tests that need no cluster first, on every core (a file to a worker: they are CPU-bound,
+# and a file's tests share its fixtures); then the end-to-end tests, one at a time, since they
+# share the local cluster. Both run whatever the first found; either failing fails the target.
 test: venv controlplane
-	$(BIN)/pytest
+	@rc=0; $(BIN)/pytest -m "not cluster" -n auto --dist loadfile || rc=$$?; \
+	  $(BIN)/pytest -m cluster || rc=$$?; exit $$rc
 
 unit: venv
-	$(BIN)/pytest -m "not cluster"
+	$(BIN)/pytest -m "not cluster" -n auto --dist loadfile
 
 e2e: venv controlplane
 	$(BIN)/pytest -m cluster

@@ -3,8 +3,14 @@
 import copy
 from typing import Any
 
+
 # An override that removes the key: make_spec(**{"compute.inf": DROP, "compute.cores": 1}).
-DROP = object()
+class _Drop:
+    def __repr__(self) -> str:
+        return "DROP"  # the same in every process: pytest-xdist's workers must collect the same test ids
+
+
+DROP = _Drop()
 
 BASE_SPEC: dict[str, Any] = {
     "model": {"uri": "s3://models/resnet50/", "framework": "pytorch"},
