@@ -25,7 +25,9 @@ compile image:
 
 ``--memory`` runs instead only the operator, with Python's tracemalloc on
 (cluster/operator_memory.py), and prints the lines whose live objects hold its memory after
-converging and at the end: which caches grow.
+converging and at the end: which caches grow; with the allocators beneath, pymalloc's arenas
+and glibc's heaps, and how much of each is in use (``--untraced`` for pymalloc's, which
+reports nothing while traced).
 
 Last, where the API server's work went: watch events it sent by kind (each counted once per
 watcher, so a watch's fan-out shows) with their bytes, and requests by verb and kind, from
@@ -221,15 +223,19 @@ def floor(models: int, workdir: Path, rates: list[int], stream_seconds: int) -> 
 
 
 class Operator:
-    def __init__(self, cluster: localcluster.LocalCluster, log: Path, memory_dump: Path | None = None):
-        self.cluster, self.log, self.memory_dump = cluster, log, memory_dump
+    def __init__(self, cluster: localcluster.LocalCluster, log: Path, memory_dump: Path | None = None, trace: bool = True):
+        self.cluster, self.log, self.memory_dump, self.trace = cluster, log, memory_dump, trace
         self.kubeconfig = cluster.user_kubeconfig(OPERATOR_USER, groups=("system:masters",))
         self.metrics_port = free_port()
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         program = [str(Path(__file__).parent / "operator_memory.py")] if self.memory_dump else ["-m", "inferentia_operator"]
-        dump = {"INFERENTIA_MEMORY_DUMP": str(self.memory_dump)} if self.memory_dump else {}
+        dump = (
+            {"INFERENTIA_MEMORY_DUMP": str(self.memory_dump), "INFERENTIA_MEMORY_TRACE": "1" if self.trace else "0"}
+            if self.memory_dump
+            else {}
+        )
         self.proc = subprocess.Popen(
             [sys.executable, *program, "run", "--liveness", "", "--metrics-port", str(self.metrics_port)],
             env={**os.environ, "KUBECONFIG": str(self.kubeconfig), **dump},
@@ -612,14 +618,14 @@ def with_operator(
         cluster.down()
 
 
-def memory_run(models: int, workdir: Path, rates: list[int], stream_seconds: int) -> dict:
+def memory_run(models: int, workdir: Path, rates: list[int], stream_seconds: int, trace: bool = True) -> dict:
     """--memory: the operator with tracemalloc on (cluster/operator_memory.py), its live
     allocations by line after converging on ``models`` and after the streams; no other figure,
     since tracing slows the operator several times over."""
     extra = sum(rates) * stream_seconds
     cluster = localcluster.LocalCluster(workdir / "memory", fleet_file=fleet(workdir / "fleet.yaml", models + extra), die_with_parent=True)
     cluster.up()
-    operator = Operator(cluster, workdir / "operator.log", memory_dump=workdir / "allocations.txt")
+    operator = Operator(cluster, workdir / "operator.log", memory_dump=workdir / "allocations.txt", trace=trace)
     try:
         cluster.install_crds()
         kube = client(cluster)
@@ -664,7 +670,16 @@ def memory_table(run: dict, models: int, top: int = 15) -> str:
     ]
     total0, total1 = first.get("total", (0, 0)), end.get("total", (0, 0))
     lines.append(f"| all traced | {total0[0] / 2**20:.1f} | {total1[0] / 2**20:.1f} | {total1[1]:,} |")
-    for where, (size, count) in sorted(((w, v) for w, v in end.items() if w != "total"), key=lambda kv: -kv[1][0])[:top]:
+    # The allocators beneath (operator_memory.py): size, and in use (or free) in the count's place.
+    for label, second in (("pymalloc arenas", "in use"), ("glibc heaps", "free"), ("glibc mmapped", "")):
+        key = next((w for w in end if w.startswith(f"[{label}")), None)
+        if key is not None:
+            (a0, b0), (a1, b1) = first.get(key, (0, 0)), end[key]
+            detail = f" ({second} {b0 / 2**20:.1f} / {b1 / 2**20:.1f})" if second else ""
+            lines.append(f"| {label}{detail} | {a0 / 2**20:.1f} | {a1 / 2**20:.1f} | |")
+    for where, (size, count) in sorted(
+        ((w, v) for w, v in end.items() if w != "total" and not w.startswith("[")), key=lambda kv: -kv[1][0]
+    )[:top]:
         lines.append(f"| `{short(where)}` | {first.get(where, (0, 0))[0] / 2**20:.1f} | {size / 2**20:.1f} | {count:,} |")
     return "\n".join(lines)
 
@@ -685,6 +700,10 @@ def main() -> int:
     parser.add_argument("--rates", default="10,20")
     parser.add_argument("--profile", type=Path, help="write py-spy profiles of the operator during each stream here, and summarise them")
     parser.add_argument(
+        "--untraced", action="store_true",
+        help="with --memory: no tracemalloc, only what pymalloc's arenas and glibc's heaps hold (pymalloc reports nothing while traced)",
+    )  # fmt: skip
+    parser.add_argument(
         "--memory", action="store_true",
         help="instead: which lines' live objects hold the operator's memory, after converging and at the end (tracemalloc; no other figure)",
     )  # fmt: skip
@@ -694,11 +713,12 @@ def main() -> int:
     n = args.models
     if args.memory:
         with tempfile.TemporaryDirectory() as tmp:
-            run = memory_run(n, Path(tmp), rates, args.stream_seconds)
+            run = memory_run(n, Path(tmp), rates, args.stream_seconds, trace=not args.untraced)
         print(
-            f"\nN = {n} models, then {run['models_end']:,} ({time.strftime('%Y-%m-%d')}, python cluster/benchmark_scale.py --models {n} --memory)"
+            f"\nN = {n} models, then {run['models_end']:,} ({time.strftime('%Y-%m-%d')}, "
+            f"python cluster/benchmark_scale.py --models {n} --memory{' --untraced' if args.untraced else ''})"
         )
-        print(f"operator RSS under tracemalloc: {run['rss_mb']:.0f} MB, then {run['rss_mb_end']:.0f} MB\n")
+        print(f"operator RSS{'' if args.untraced else ' under tracemalloc'}: {run['rss_mb']:.0f} MB, then {run['rss_mb_end']:.0f} MB\n")
         print(memory_table(run, n))
         return 0
     with tempfile.TemporaryDirectory() as tmp:
