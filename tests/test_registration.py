@@ -49,3 +49,16 @@ def test_children_are_filtered_on_the_server():
     wiring.configure_watches(settings)
     selectors = {s.any_name: v for s, v in settings.watching.label_selectors.items()}
     assert selectors == dict.fromkeys(CHILDREN, "app.kubernetes.io/managed-by=inferentia-operator")
+
+
+def test_kopf_builds_no_diff_base_of_the_objects_it_watches():
+    """kopf builds each watched object's diff base (a deep copy of the whole object) at every
+    event, for change handlers to diff against; with none registered, it is never read."""
+    settings = kopf.OperatorSettings()
+    wiring.configure_watches(settings)
+    storage = settings.persistence.diffbase_storage
+    body = kopf.Body({"metadata": {"name": "m", "annotations": {"a": "b"}}, "spec": {"big": list(range(1000))}})
+    assert storage.build(body=body) == {} and storage.fetch(body=body) is None
+    patch = kopf.Patch()
+    storage.store(body=body, patch=patch, essence=storage.build(body=body))
+    assert not patch  # and never writes one into an object
