@@ -223,8 +223,11 @@ def floor(models: int, workdir: Path, rates: list[int], stream_seconds: int) -> 
 
 
 class Operator:
-    def __init__(self, cluster: localcluster.LocalCluster, log: Path, memory_dump: Path | None = None, trace: bool = True):
+    def __init__(
+        self, cluster: localcluster.LocalCluster, log: Path, memory_dump: Path | None = None, trace: bool = True, workers: int | None = None
+    ):
         self.cluster, self.log, self.memory_dump, self.trace = cluster, log, memory_dump, trace
+        self.workers = workers  # the operator's --workers; None: its default
         self.kubeconfig = cluster.user_kubeconfig(OPERATOR_USER, groups=("system:masters",))
         self.metrics_port = free_port()
         self.proc: subprocess.Popen | None = None
@@ -237,7 +240,10 @@ class Operator:
             else {}
         )
         self.proc = subprocess.Popen(
-            [sys.executable, *program, "run", "--liveness", "", "--metrics-port", str(self.metrics_port)],
+            [
+                sys.executable, *program, "run", "--liveness", "", "--metrics-port", str(self.metrics_port),
+                *(["--workers", str(self.workers)] if self.workers else []),
+            ],
             env={**os.environ, "KUBECONFIG": str(self.kubeconfig), **dump},
             stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -547,14 +553,20 @@ def summarize(raw: Path, top: int = 12) -> None:
 
 
 def with_operator(
-    models: int, workdir: Path, rest_seconds: int, rates: list[int], stream_seconds: int, profile: Path | None = None
+    models: int,
+    workdir: Path,
+    rest_seconds: int,
+    rates: list[int],
+    stream_seconds: int,
+    profile: Path | None = None,
+    workers: int | None = None,
 ) -> dict:
     extra = sum(rates) * stream_seconds
     cluster = localcluster.LocalCluster(
         workdir / "operator", fleet_file=fleet(workdir / "fleet.yaml", models + extra), die_with_parent=True, audit_policy=AUDIT_POLICY
     )
     cluster.up()
-    operator = Operator(cluster, workdir / "operator.log")
+    operator = Operator(cluster, workdir / "operator.log", workers=workers)
     out: dict = {}
     try:
         cluster.install_crds()
@@ -698,6 +710,7 @@ def main() -> int:
     parser.add_argument("--rest-seconds", type=int, default=180)
     parser.add_argument("--stream-seconds", type=int, default=30)
     parser.add_argument("--rates", default="10,20")
+    parser.add_argument("--workers", type=int, help="the operator's --workers (default: its own default)")
     parser.add_argument("--profile", type=Path, help="write py-spy profiles of the operator during each stream here, and summarise them")
     parser.add_argument(
         "--untraced", action="store_true",
@@ -724,7 +737,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         base = floor(n, workdir, rates, args.stream_seconds)
-        op = with_operator(n, workdir, args.rest_seconds, rates, args.stream_seconds, args.profile)
+        op = with_operator(n, workdir, args.rest_seconds, rates, args.stream_seconds, args.profile, args.workers)
 
     def row(what, value, goal, ok):
         print(f"| {what} | {value} | {goal} | {'met' if ok else 'NOT met'} |")

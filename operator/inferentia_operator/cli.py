@@ -455,8 +455,8 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     r.add_argument("--resync-seconds", type=float, default=300.0, help="seconds between resyncs of every model against the caches")
     r.add_argument(
-        "--workers", type=int, default=4,
-        help="reconciles in flight at once (default 4: each waits on the API server, which answers a few at a time)",
+        "--workers", type=int, default=16,
+        help="reconciles in flight at once (default 16: each spends most of its time waiting for the API server's answers)",
     )  # fmt: skip
     r.add_argument("--metrics-port", type=int, default=8081, help="port of the Prometheus /metrics endpoint (0 to disable)")
     r.add_argument(

@@ -65,7 +65,7 @@ def test_default_render_is_cluster_wide_with_one_replica_that_passes_restricted(
         "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
     }  # fmt: skip
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
-    assert "--metrics-port=8081" in container["args"] and "--workers=4" in container["args"]
+    assert "--metrics-port=8081" in container["args"] and "--workers=16" in container["args"]
     assert f"--operator-image={DEFAULT_OPERATOR_IMAGE}" in container["args"]  # fetch, upload and the front end run it
     [service] = [d for d in docs if d["kind"] == "Service"]
     assert service["spec"]["ports"] == [{"name": "metrics", "port": 8081, "targetPort": "metrics", "protocol": "TCP"}]
