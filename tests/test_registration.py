@@ -62,3 +62,9 @@ def test_kopf_builds_no_diff_base_of_the_objects_it_watches():
     patch = kopf.Patch()
     storage.store(body=body, patch=patch, essence=storage.build(body=body))
     assert not patch  # and never writes one into an object
+
+
+def test_kopf_lists_in_pages_so_a_restart_never_decodes_every_object_at_once():
+    settings = kopf.OperatorSettings()
+    wiring.configure_watches(settings)
+    assert settings.watching.chunk_size == wiring.LIST_CHUNK and 0 < wiring.LIST_CHUNK <= 500

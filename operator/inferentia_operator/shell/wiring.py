@@ -15,6 +15,11 @@ from inferentia_operator.core.projection import Packed, compile_uri, owner_key, 
 from .reconciler import Reconciler
 
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={FIELD_MANAGER}"
+# kopf lists every kind before it watches it, at start and whenever a watch must start again.
+# Unchunked, the list of 1,000 models' pods is one answer of megabytes, decoded into Python
+# objects all at once; in pages of this many, kopf holds one page at a time
+# (settings.watching.chunk_size), at the cost of a request a page.
+LIST_CHUNK = 250
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -45,6 +50,7 @@ def configure_watches(settings: kopf.OperatorSettings) -> None:
     for child in CHILD_KINDS:
         settings.watching.label_selectors[child.group, child.version, child.plural] = MANAGED_SELECTOR
     settings.persistence.diffbase_storage = NoDiffBase()
+    settings.watching.chunk_size = LIST_CHUNK
 
 
 def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
