@@ -33,6 +33,14 @@ log = logging.getLogger(__name__)
 WRITES_PER_RECONCILE = 5
 
 
+def calls_in_flight(workers: int) -> int:
+    """The API calls the operator may have in flight at once: each of the ``workers`` and the
+    urgent lane's own worker (shell/reconciler.py) with WRITES_PER_RECONCILE each. The one
+    figure sizes both the thread pool the calls run in and the client's connection pool, so
+    that no call waits on a connection another figure forgot."""
+    return (workers + 1) * WRITES_PER_RECONCILE
+
+
 @dataclass
 class Outcome:
     """What the act step wrote and what it could not."""

@@ -32,7 +32,7 @@ from inferentia_operator.core.projection import Key, compile_uri, owner_key, pod
 from inferentia_operator.core.settings import DEFAULT_SETTINGS, Settings
 
 from . import memory, metrics
-from .act import WRITES_PER_RECONCILE, Outcome, act
+from .act import Outcome, act, calls_in_flight
 from .cache import Cache
 from .kube import ApiError, Kube
 from .workqueue import WorkQueue
@@ -72,10 +72,9 @@ class Reconciler:
         self.settings = settings
         self.cache = Cache()
         self._queue: WorkQueue[Key] | None = None  # made on the operator's event loop, at start
-        # The one pool of blocking API calls (the Kubernetes client is synchronous): each
-        # worker's reconcile (``workers``, and the one of the urgent lane) has up to
-        # WRITES_PER_RECONCILE calls in flight in it, and the event loop never blocks on one.
-        self._executor = ThreadPoolExecutor(max_workers=(workers + 1) * WRITES_PER_RECONCILE, thread_name_prefix="api")
+        # The one pool of blocking API calls (the Kubernetes client is synchronous), so that the
+        # event loop never blocks on one.
+        self._executor = ThreadPoolExecutor(max_workers=calls_in_flight(workers), thread_name_prefix="api")
         # Trigger state: what status last saw of each pod, each model's generation, and the
         # resourceVersion of the operator's own last status patch (its echo is not news).
         self._pods: dict[tuple[str, str], tuple[Any, ...]] = {}

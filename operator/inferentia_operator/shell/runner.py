@@ -19,7 +19,7 @@ from inferentia_operator.core.proof import KEY_BYTES, Prover
 from inferentia_operator.core.settings import Settings
 
 from . import memory, metrics, wiring
-from .act import WRITES_PER_RECONCILE
+from .act import calls_in_flight
 from .kube import ApiError, Kube, load_client
 from .reconciler import Reconciler
 
@@ -135,9 +135,8 @@ def run(options: RunOptions, settings: Settings) -> int:
     configure_logging(options.verbose)
     memory.limit_arenas()  # before any API thread allocates (shell/memory.py)
     registry = kopf.OperatorRegistry()
-    # One API client for the whole operator, with a connection for every write in flight
-    # (the workers and the urgent lane's own worker).
-    kube = functools.cache(lambda: Kube(load_client(pool_size=(options.workers + 1) * WRITES_PER_RECONCILE)))
+    # One API client for the whole operator, with a connection for every call in flight.
+    kube = functools.cache(lambda: Kube(load_client(pool_size=calls_in_flight(options.workers))))
     namespaces = list(options.namespaces)
 
     def active() -> bool:
