@@ -11,6 +11,11 @@ mark for good: 370 MB measured at 1,900 models where the live objects were 93 MB
 - once the work queue has drained after a burst, ``malloc_trim(0)``: free pages of every
   arena are given back (glibc 2.8 and later release whole free pages inside the heap too).
 
+Measured at 1,900 models (docs/benchmarks.md), trimming lowered the benchmark's end from 370
+to 309 MB. What it cannot reach is pymalloc's: Python's small objects live in 256 KiB arenas
+that go back to the system only when wholly empty, and the restart's burst (kopf hands every
+listed object to a worker at once) leaves them partly used.
+
 Elsewhere than glibc (musl, macOS) both are skipped: the memory is then the allocator's to manage.
 """
 
@@ -18,10 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
 import time
-
-log = logging.getLogger(__name__)
 
 ARENAS = 2
 M_ARENA_MAX = -8  # glibc's malloc.h
