@@ -16,9 +16,11 @@ from .reconciler import Reconciler
 
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={FIELD_MANAGER}"
 # kopf lists every kind before it watches it, at start and whenever a watch must start again.
-# Unchunked, the list of 1,000 models' pods is one answer of megabytes, decoded into Python
-# objects all at once; in pages of this many, kopf holds one page at a time
-# (settings.watching.chunk_size), at the cost of a request a page.
+# Unchunked, the list of 1,000 models' pods is one answer of megabytes, read and decoded in one
+# piece; in pages of this many (settings.watching.chunk_size) each answer is bounded, at the
+# cost of a request a page. It bounds the answer, not the process: kopf still hands every
+# listed object to a worker of its own, and the restart's RSS peak measured the same paged as
+# not (docs/benchmarks.md).
 LIST_CHUNK = 250
 
 
