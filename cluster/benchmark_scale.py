@@ -475,6 +475,20 @@ def bucket_quantile(after: dict[str, float], before: dict[str, float], histogram
     return next((le for le, n in buckets if total and n >= q * total), 0.0)
 
 
+def bucket_max(after: dict[str, float], before: dict[str, float], histogram: str, labels: str) -> float:
+    """The upper bound of the highest bucket that gained an observation between two scrapes."""
+    return bucket_quantile(after, before, histogram, labels, 1.0)
+
+
+def gc_paused(after: dict[str, float], before: dict[str, float]) -> tuple[float, float, float]:
+    """Between two scrapes: the operator's seconds in garbage collection (every generation),
+    its full collections, and the longest one's bucket bound."""
+    name = "inferentia_operator_gc_pause_seconds"
+    total = sum(v - before.get(k, 0.0) for k, v in after.items() if k.startswith(f"{name}_sum"))
+    full = after.get(f'{name}_count{{generation="2"}}', 0.0) - before.get(f'{name}_count{{generation="2"}}', 0.0)
+    return total, full, bucket_max(after, before, name, 'generation="2",')
+
+
 def percentile(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
@@ -613,6 +627,7 @@ def with_operator(
                 bucket_quantile(metrics1, metrics0, "inferentia_operator_queue_wait_seconds", 'lane="urgent",', 0.99),
                 bucket_quantile(metrics1, metrics0, "inferentia_operator_reconcile_duration_seconds", "", 0.5),
                 bucket_quantile(metrics1, metrics0, "inferentia_operator_reconcile_duration_seconds", "", 0.99),
+                *gc_paused(metrics1, metrics0),
             )
             out["stream_load"][rate] = (
                 (cpu_seconds(operator.proc.pid) - cpu_op0) / wall,
@@ -791,10 +806,11 @@ def main() -> int:
             f"the cluster's other components {others:.2f} CPUs; the whole machine busy {machine:.2f} of {os.cpu_count()} CPUs; "
             f"work queue at most {depth:.0f} deep"
         )
-        wait50, wait99, took50, took99 = op["stream_inside"][rate]
+        wait50, wait99, took50, took99, gc_seconds, gc_full, gc_longest = op["stream_inside"][rate]
         print(
             f"  inside the operator (bucket bounds): a new model's wait in the queue p50 ≤ {wait50 * 1000:.0f} ms, "
-            f"p99 ≤ {wait99 * 1000:.0f} ms; a reconcile took p50 ≤ {took50 * 1000:.0f} ms, p99 ≤ {took99 * 1000:.0f} ms"
+            f"p99 ≤ {wait99 * 1000:.0f} ms; a reconcile took p50 ≤ {took50 * 1000:.0f} ms, p99 ≤ {took99 * 1000:.0f} ms; "
+            f"garbage collection {gc_seconds:.2f} s in all, {gc_full:.0f} full collections, the longest ≤ {gc_longest * 1000:.0f} ms"
         )
         if args.profile:
             summarize(args.profile / f"stream-{rate}.txt")

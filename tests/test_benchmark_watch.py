@@ -64,3 +64,24 @@ def test_a_histograms_quantile_between_two_scrapes_is_the_bucket_it_falls_in():
     assert bucket_quantile(after, before, name, 'lane="urgent",', 0.95) == 0.1
     assert bucket_quantile(after, before, name, 'lane="urgent",', 0.99) == 1.0
     assert bucket_quantile(before, before, name, 'lane="urgent",', 0.99) == 0.0  # nothing observed
+
+
+def test_the_operators_garbage_collection_between_two_scrapes():
+    from benchmark_scale import gc_paused
+
+    name = "inferentia_operator_gc_pause_seconds"
+
+    def scrape(full, young_sum, full_sum, buckets):
+        out = {
+            f'{name}_count{{generation="2"}}': full,
+            f'{name}_sum{{generation="0"}}': young_sum,
+            f'{name}_sum{{generation="2"}}': full_sum,
+        }
+        out |= {f'{name}_bucket{{generation="2",le="{le}"}}': n for le, n in zip(("0.1", "0.5", "+Inf"), buckets, strict=True)}
+        return out
+
+    before = scrape(3, 1.0, 0.5, (3, 3, 3))
+    after = scrape(5, 1.5, 1.2, (4, 5, 5))  # two full collections: one ≤ 100 ms, one ≤ 500 ms
+    total, full, longest = gc_paused(after, before)
+    assert round(total, 6) == 1.2 and full == 2 and longest == 0.5
+    assert gc_paused(before, before) == (0.0, 0.0, 0.0)

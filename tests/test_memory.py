@@ -1,8 +1,11 @@
 """Giving memory back after a burst (shell/memory.py)."""
 
+import gc
 import time
 
-from inferentia_operator.shell import memory
+from prometheus_client import REGISTRY
+
+from inferentia_operator.shell import memory, metrics
 
 
 def test_a_trim_comes_only_once_the_queue_is_empty_after_enough_work_and_not_too_often():
@@ -31,3 +34,29 @@ def test_on_glibc_a_bursts_freed_heap_goes_back_to_the_system():
     assert memory.trim()
     assert rss_mb() < high - 80
     assert pinned
+
+
+def test_each_garbage_collection_is_timed_by_its_generation():
+    # A full collection stops every thread of the operator for as long as it walks the heap:
+    # at 1,000 models that is what a stream's p99 can hide, so the operator times each one.
+    seen: list[tuple[int, float]] = []
+    memory.time_collections(lambda generation, seconds: seen.append((generation, seconds)))
+    try:
+        gc.collect(2)
+        gc.collect(0)
+    finally:
+        memory.stop_timing_collections()
+    assert [g for g, _ in seen][-2:] == [2, 0]
+    assert all(0 <= s < 10 for _, s in seen)
+    gc.collect(2)
+    assert [g for g, _ in seen][-2:] == [2, 0]  # no longer timed
+
+
+def test_the_operator_exports_its_collections_pauses():
+    count = REGISTRY.get_sample_value("inferentia_operator_gc_pause_seconds_count", {"generation": "2"}) or 0
+    memory.time_collections(metrics.observe_gc_pause)
+    try:
+        gc.collect(2)
+    finally:
+        memory.stop_timing_collections()
+    assert REGISTRY.get_sample_value("inferentia_operator_gc_pause_seconds_count", {"generation": "2"}) == count + 1

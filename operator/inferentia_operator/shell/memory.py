@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import time
+from collections.abc import Callable
+from typing import Any
 
 ARENAS = 2
 M_ARENA_MAX = -8  # glibc's malloc.h
@@ -69,3 +72,27 @@ class Trimmer:
             return False
         self._since, self._last = 0, time.monotonic()
         return True
+
+
+_timing: list[Callable[[str, dict[str, Any]], None]] = []
+
+
+def time_collections(observe: Callable[[int, float], None]) -> None:
+    """Calls ``observe(generation, seconds)`` after each of Python's garbage collections
+    (gc.callbacks): the pause every thread of the operator waits through."""
+    stop_timing_collections()
+    started = [0.0]
+
+    def callback(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            observe(int(info["generation"]), time.perf_counter() - started[0])
+
+    gc.callbacks.append(callback)
+    _timing.append(callback)
+
+
+def stop_timing_collections() -> None:
+    while _timing:
+        gc.callbacks.remove(_timing.pop())

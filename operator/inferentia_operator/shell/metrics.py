@@ -27,7 +27,18 @@ QUEUE_WAIT_SECONDS = Histogram(
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 QUEUE_DEPTH = Gauge("inferentia_operator_queue_depth", "Models waiting for a reconcile.")
+GC_PAUSE_SECONDS = Histogram(
+    "inferentia_operator_gc_pause_seconds",
+    "Time each of Python's garbage collections took, by generation (0, 1, 2): while one runs, "
+    "no thread of the operator runs, so a full collection over a large heap delays every reconcile.",
+    ["generation"],
+    buckets=(0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
 MODELS = Gauge("inferentia_operator_models", "InferentiaModels by the status of their Ready condition.", ["ready"])
+
+
+def observe_gc_pause(generation: int, seconds: float) -> None:
+    GC_PAUSE_SECONDS.labels(str(generation)).observe(seconds)
 
 
 def serve(port: int, address: str = "0.0.0.0") -> None:
