@@ -12,7 +12,7 @@ mark for good: 370 MB measured at 1,900 models where the live objects were 93 MB
   arena are given back (glibc 2.8 and later release whole free pages inside the heap too).
 
 Measured at 1,900 models (docs/benchmarks.md), trimming lowered the benchmark's end from 370
-to 309 MB. What it cannot reach is pymalloc's: Python's small objects live in 256 KiB arenas
+to 309 MB. What it cannot reach is pymalloc's: Python's small objects live in 1 MiB arenas
 that go back to the system only when wholly empty, and the restart's burst (kopf hands every
 listed object to a worker at once) leaves them partly used.
 
