@@ -640,6 +640,7 @@ def with_operator(
             out["streams"][rate] = (percentile(latencies, 50), percentile(latencies, 99))
         operator.wait_idle()  # as after converging: the RSS of the operator at rest with every model
         out["rss_mb_end"] = rss_mb(operator.proc.pid)
+        out["frozen_end"] = operator.metrics().get("inferentia_operator_gc_frozen_objects", 0.0)
         return out
     finally:
         operator.stop()
@@ -814,6 +815,7 @@ def main() -> int:
         )
         if args.profile:
             summarize(args.profile / f"stream-{rate}.txt")
+    print(f"\nobjects frozen out of the collector's full collections at the end: {op['frozen_end']:,.0f}")
     print("\nwrites per model while converging: " + ", ".join(f"{what} {k / n:.2f}" for what, k in op["writes_by_kind"].items()))
     print("\nwhat the API server sent and answered while converging (its /metrics; the floor's up to its Deployments available):\n")
     print(attribution(op["served"], base["served"], n))

@@ -34,6 +34,10 @@ GC_PAUSE_SECONDS = Histogram(
     ["generation"],
     buckets=(0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
+GC_FROZEN_OBJECTS = Gauge(
+    "inferentia_operator_gc_frozen_objects",
+    "Objects moved out of the garbage collector's full collections when the work queue last drained after a burst (gc.freeze).",
+)
 MODELS = Gauge("inferentia_operator_models", "InferentiaModels by the status of their Ready condition.", ["ready"])
 
 

@@ -175,8 +175,10 @@ class Reconciler:
             metrics.RECONCILES.labels(result).inc()
             metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
             if self._trimmer.reconciled(queue_empty=len(self.queue) == 0):
-                # A burst has drained: its memory goes back to the system (shell/memory.py).
+                # A burst has drained: its memory goes back to the system, and what is alive
+                # leaves the collector's full collections (shell/memory.py).
                 await asyncio.get_running_loop().run_in_executor(self._executor, memory.trim)
+                memory.freeze_survivors()
 
     async def resync(self) -> None:
         """Every ``resync_seconds``: every model reconciled against the caches (no reads, and

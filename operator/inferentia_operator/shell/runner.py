@@ -134,6 +134,7 @@ def run(options: RunOptions, settings: Settings) -> int:
         options = replace(options, priority=random.SystemRandom().randint(1, 2**31 - 1))
     configure_logging(options.verbose)
     memory.limit_arenas()  # before any API thread allocates (shell/memory.py)
+    memory.tune_collector()
     memory.time_collections(metrics.observe_gc_pause)
     registry = kopf.OperatorRegistry()
     # One API client for the whole operator, with a connection for every call in flight.
