@@ -71,3 +71,10 @@ def test_kopf_is_told_to_list_in_bounded_pages():
     settings = kopf.OperatorSettings()
     wiring.configure_watches(settings)
     assert settings.watching.chunk_size == wiring.LIST_CHUNK and 0 < wiring.LIST_CHUNK <= 500
+
+
+def test_kopfs_per_object_workers_do_not_linger_with_their_last_body():
+    settings = kopf.OperatorSettings()
+    assert settings.queueing.idle_timeout == 5.0  # kopf's default, which the operator lowers
+    wiring.configure_watches(settings)
+    assert settings.queueing.idle_timeout == wiring.KOPF_WORKER_IDLE_SECONDS < 1

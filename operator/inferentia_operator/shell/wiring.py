@@ -22,6 +22,7 @@ MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={FIELD_MANAGER}"
 # listed object to a worker of its own, and the restart's RSS peak measured the same paged as
 # not (docs/benchmarks.md).
 LIST_CHUNK = 250
+KOPF_WORKER_IDLE_SECONDS = 0.5
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -53,6 +54,11 @@ def configure_watches(settings: kopf.OperatorSettings) -> None:
         settings.watching.label_selectors[child.group, child.version, child.plural] = MANAGED_SELECTOR
     settings.persistence.diffbase_storage = NoDiffBase()
     settings.watching.chunk_size = LIST_CHUNK
+    # kopf keeps a worker per object for this long after its last event, and the worker keeps
+    # that event's body: 5 s by default. The operator's handlers only index and enqueue, so a
+    # worker made again costs little, and one that lingers over a freeze of the collector
+    # (shell/memory.py) holds its body until the next thaw.
+    settings.queueing.idle_timeout = KOPF_WORKER_IDLE_SECONDS
 
 
 def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
