@@ -4,6 +4,7 @@ import gc
 import time
 import weakref
 
+import pytest
 from prometheus_client import REGISTRY
 
 from inferentia_operator.shell import memory, metrics
@@ -87,38 +88,34 @@ def test_what_survived_a_burst_leaves_the_full_collections():
         gc.unfreeze()
 
 
-def test_garbage_is_collected_before_it_could_be_frozen():
+class Cycle:
+    """An object that refers to itself: only a collection, never a reference count, frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+@pytest.fixture
+def thawed():
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+
+
+def test_garbage_is_collected_before_it_could_be_frozen(thawed):
     # Unreachable cycles waiting for a collection would otherwise be frozen for good: the
     # first run with freezing alone ended at 562 MB where 317 MB was usual.
-    class Node:
-        pass
+    alive = weakref.ref(Cycle())
+    memory.freeze_survivors()
+    assert alive() is None
 
-    gc.unfreeze()
-    cycle = Node()
-    cycle.me = cycle  # type: ignore[attr-defined]
+
+def test_what_died_frozen_in_a_cycle_is_collected_at_the_next_thaw(thawed):
+    cycle = Cycle()
     alive = weakref.ref(cycle)
+    memory.freeze_survivors()  # alive then: frozen
     del cycle
-    try:
-        memory.freeze_survivors()
-        assert alive() is None
-    finally:
-        gc.unfreeze()
-
-
-def test_what_died_frozen_in_a_cycle_is_collected_at_the_next_thaw():
-    class Node:
-        pass
-
-    gc.unfreeze()
-    cycle = Node()
-    cycle.me = cycle  # type: ignore[attr-defined]
-    alive = weakref.ref(cycle)
-    try:
-        memory.freeze_survivors()  # alive then: frozen
-        del cycle
-        memory.freeze_survivors()
-        assert alive() is not None  # unreachable, but no collection walks it
-        memory.freeze_survivors(thaw_after=0)
-        assert alive() is None
-    finally:
-        gc.unfreeze()
+    memory.freeze_survivors()
+    assert alive() is not None  # unreachable, but no collection walks it
+    memory.freeze_survivors(thaw_after=0)
+    assert alive() is None
