@@ -13,8 +13,8 @@ mark for good: 370 MB measured at 1,900 models where the live objects were 93 MB
 
 Measured at 1,900 models (docs/benchmarks.md), trimming lowered the benchmark's end from 370
 to 309 MB. What it cannot reach is pymalloc's: Python's small objects live in 1 MiB arenas
-that go back to the system only when wholly empty, and the restart's burst (kopf hands every
-listed object to a worker at once) leaves them partly used.
+that go back to the system only when wholly empty, and the restart's burst leaves them partly
+used (what in the burst does is not yet known: not the plan's programs, nor kopf's idle workers).
 
 Elsewhere than glibc (musl, macOS) both are skipped: the memory is then the allocator's to manage.
 
@@ -24,7 +24,8 @@ minute during a stream of 10 new models a second (docs/benchmarks.md). Two setti
 
 - young collections every ``YOUNG_THRESHOLD`` allocations, not CPython's 700, so that a watch
   event's parsed body, alive for the few milliseconds it waits in kopf's queues, dies before a
-  collection promotes it to the older generations, whose growth is what sets off a full one;
+  collection promotes it to the older generations, whose growth is what sets off a full one
+  (measured only together with the next);
 - when the queue drains after a burst, what is unreachable is collected and what is alive
   (the caches of every model) frozen (gc.freeze): later collections, that one's included,
   walk only what came since the last freeze. Frozen objects still die by reference count;
@@ -126,13 +127,14 @@ def time_collections(observe: Callable[[int, float], None]) -> None:
     """Calls ``observe(generation, seconds)`` after each of Python's garbage collections
     (gc.callbacks): the pause every thread of the operator waits through."""
     stop_timing_collections()
-    started = [0.0]
+    started = 0.0
 
     def callback(phase: str, info: dict[str, Any]) -> None:
+        nonlocal started
         if phase == "start":
-            started[0] = time.perf_counter()
+            started = time.perf_counter()
         else:
-            observe(int(info["generation"]), time.perf_counter() - started[0])
+            observe(int(info["generation"]), time.perf_counter() - started)
 
     gc.callbacks.append(callback)
     _timing.append(callback)
