@@ -104,8 +104,14 @@ def test_a_two_node_replica_is_one_group_placed_counted_scaled_and_recreated(lws
         # Two values, one node each: a group made again cannot be placed whole.
         cluster.kubectl("label", "node", sorted(nodes)[1], f"{key}=nn-test-1", "--overwrite")
         cluster.kubectl("delete", "pod", "llm-0-1", "-n", namespace, "--wait=false")
-        wait_for(lambda: condition(model(), "Scheduled").get("reason") == "Unschedulable", 120, "the group unschedulable")
-        assert "affinity" in condition(model(), "Scheduled")["message"], condition(model(), "Scheduled")
+
+        # One read for reason and message: while LWS makes the group again, the condition may
+        # pass through Pending ("no serving pod has been placed yet") between two reads.
+        def unschedulable_by_affinity() -> bool:
+            scheduled = condition(model(), "Scheduled")
+            return scheduled.get("reason") == "Unschedulable" and "affinity" in scheduled.get("message", "")
+
+        wait_for(unschedulable_by_affinity, 120, "the group unschedulable, for its affinity")
     finally:
         for node in nodes:
             cluster.kubectl("label", "node", node, f"{key}-", check=False)
