@@ -11,13 +11,13 @@ from inferentia_operator.shell import memory, metrics
 
 
 def test_a_trim_comes_only_once_the_queue_is_empty_after_enough_work_and_not_too_often():
-    trimmer = memory.Trimmer(after=3, interval=0.05)
+    settler = memory.Settler(after=3, interval=0.05)
     time.sleep(0.06)
-    assert [trimmer.reconciled(queue_empty=False) for _ in range(3)] == [False, False, False]  # still busy
-    assert trimmer.reconciled(queue_empty=True)  # drained after 4 reconciles
-    assert not any(trimmer.reconciled(queue_empty=True) for _ in range(5))  # too soon after the last
+    assert [settler.reconciled(queue_empty=False) for _ in range(3)] == [False, False, False]  # still busy
+    assert settler.reconciled(queue_empty=True)  # drained after 4 reconciles
+    assert not any(settler.reconciled(queue_empty=True) for _ in range(5))  # too soon after the last
     time.sleep(0.06)
-    assert trimmer.reconciled(queue_empty=True)
+    assert settler.reconciled(queue_empty=True)
 
 
 def rss_mb() -> int:
@@ -78,8 +78,9 @@ def test_what_survived_a_burst_leaves_the_full_collections():
     # collection walks only what came since (gc.freeze), and they still die by reference count.
     gc.unfreeze()
     survivors = [{"model": [i]} for i in range(50_000)]  # tracked: they hold a container
+    settler = memory.Settler()  # alive while the count is compared: it is frozen too
     try:
-        frozen = memory.freeze_survivors()
+        frozen = settler.freeze_survivors()
         assert frozen >= 50_000 and gc.get_freeze_count() == frozen
         assert not any(o is survivors[0] for o in gc.get_objects(generation=2))
         gauge = REGISTRY.get_sample_value("inferentia_operator_gc_frozen_objects")
@@ -106,16 +107,18 @@ def test_garbage_is_collected_before_it_could_be_frozen(thawed):
     # Unreachable cycles waiting for a collection would otherwise be frozen for good: the
     # first run with freezing alone ended at 562 MB where 317 MB was usual.
     alive = weakref.ref(Cycle())
-    memory.freeze_survivors()
+    memory.Settler().freeze_survivors()
     assert alive() is None
 
 
 def test_what_died_frozen_in_a_cycle_is_collected_at_the_next_thaw(thawed):
+    settler = memory.Settler(thaw_after=3600)
     cycle = Cycle()
     alive = weakref.ref(cycle)
-    memory.freeze_survivors()  # alive then: frozen
+    settler.freeze_survivors()  # alive then: frozen
     del cycle
-    memory.freeze_survivors()
+    settler.freeze_survivors()
     assert alive() is not None  # unreachable, but no collection walks it
-    memory.freeze_survivors(thaw_after=0)
+    settler.thaw_after = 0  # the thaw is due
+    settler.freeze_survivors()
     assert alive() is None

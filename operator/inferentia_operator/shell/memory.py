@@ -78,23 +78,6 @@ def trim() -> bool:
     return bool(_LIBC is not None and _LIBC.malloc_trim(0) == 1)
 
 
-class Trimmer:
-    """Decides when a drained queue is worth a trim: after enough work, and not too often."""
-
-    def __init__(self, after: int = TRIM_AFTER_RECONCILES, interval: float = TRIM_INTERVAL_SECONDS) -> None:
-        self.after, self.interval = after, interval
-        self._since = 0
-        self._last = time.monotonic()
-
-    def reconciled(self, queue_empty: bool) -> bool:
-        """Counts one reconcile; True when the caller should trim now."""
-        self._since += 1
-        if not queue_empty or self._since < self.after or time.monotonic() - self._last < self.interval:
-            return False
-        self._since, self._last = 0, time.monotonic()
-        return True
-
-
 def tune_collector() -> None:
     """Young collections less often (see the module's docstring); the older generations' own
     thresholds stay CPython's."""
@@ -102,22 +85,46 @@ def tune_collector() -> None:
     gc.set_threshold(YOUNG_THRESHOLD, middle, old)
 
 
-_last_thaw = [time.monotonic()]
+class Settler:
+    """What a drained queue does, and when: after enough work, and not too often, heap pages
+    go back to the system (``trim``) and what survived the burst is frozen (``freeze_survivors``),
+    with a thaw at most every ``thaw_after`` seconds. One object keeps all three clocks, so
+    that each reconciler (and each test) has its own."""
 
+    def __init__(
+        self,
+        after: int = TRIM_AFTER_RECONCILES,
+        interval: float = TRIM_INTERVAL_SECONDS,
+        thaw_after: float = THAW_SECONDS,
+    ) -> None:
+        self.after, self.interval, self.thaw_after = after, interval, thaw_after
+        self._since = 0
+        self._last_settle = self._last_thaw = time.monotonic()
 
-def freeze_survivors(thaw_after: float = THAW_SECONDS) -> int:
-    """After a burst has drained: the garbage collected, then what is alive leaves the full
-    collections. Once every ``thaw_after`` seconds the frozen objects are let back in first,
-    so that the one collection then walks everything: an object frozen while alive that
-    died in a reference cycle is held at most that long. Returns how many are frozen in all."""
-    if time.monotonic() - _last_thaw[0] >= thaw_after:
-        gc.unfreeze()
-        _last_thaw[0] = time.monotonic()
-    gc.collect()
-    gc.freeze()
-    frozen = gc.get_freeze_count()
-    metrics.GC_FROZEN_OBJECTS.set(frozen)
-    return frozen
+    def reconciled(self, queue_empty: bool) -> bool:
+        """Counts one reconcile; True when the caller should trim and freeze now."""
+        self._since += 1
+        if not queue_empty or self._since < self.after or time.monotonic() - self._last_settle < self.interval:
+            return False
+        self._since, self._last_settle = 0, time.monotonic()
+        return True
+
+    def freeze_survivors(self) -> int:
+        """After a burst has drained: the garbage collected, then what is alive leaves the full
+        collections. Once every ``thaw_after`` seconds the frozen objects are let back in first,
+        so that the one collection then walks everything: an object frozen while alive that
+        died in a reference cycle is held at most that long. Returns how many are frozen in all.
+
+        This runs on the event loop: a collection holds the GIL whichever thread runs it, so
+        moving it to the executor would stop the same threads for the same time."""
+        if time.monotonic() - self._last_thaw >= self.thaw_after:
+            gc.unfreeze()
+            self._last_thaw = time.monotonic()
+        gc.collect()
+        gc.freeze()
+        frozen = gc.get_freeze_count()
+        metrics.GC_FROZEN_OBJECTS.set(frozen)
+        return frozen
 
 
 _timing: list[Callable[[str, dict[str, Any]], None]] = []

@@ -81,7 +81,7 @@ class Reconciler:
         self._generations: dict[Key, int | None] = {}
         self._own_status: dict[Key, str | None] = {}
         self._held_since: dict[Key, float] = {}  # models whose status patch is held back (status.hold_seconds)
-        self._trimmer = memory.Trimmer()
+        self._settler = memory.Settler()
 
     @property
     def queue(self) -> WorkQueue[Key]:
@@ -174,11 +174,11 @@ class Reconciler:
                 metrics.QUEUE_DEPTH.set(len(self.queue))
             metrics.RECONCILES.labels(result).inc()
             metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
-            if self._trimmer.reconciled(queue_empty=len(self.queue) == 0):
+            if self._settler.reconciled(queue_empty=len(self.queue) == 0):
                 # A burst has drained: its memory goes back to the system, and what is alive
                 # leaves the collector's full collections (shell/memory.py).
                 await asyncio.get_running_loop().run_in_executor(self._executor, memory.trim)
-                memory.freeze_survivors()
+                self._settler.freeze_survivors()
 
     async def resync(self) -> None:
         """Every ``resync_seconds``: every model reconciled against the caches (no reads, and
