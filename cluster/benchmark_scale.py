@@ -475,18 +475,13 @@ def bucket_quantile(after: dict[str, float], before: dict[str, float], histogram
     return next((le for le, n in buckets if total and n >= q * total), 0.0)
 
 
-def bucket_max(after: dict[str, float], before: dict[str, float], histogram: str, labels: str) -> float:
-    """The upper bound of the highest bucket that gained an observation between two scrapes."""
-    return bucket_quantile(after, before, histogram, labels, 1.0)
-
-
 def gc_paused(after: dict[str, float], before: dict[str, float]) -> tuple[float, float, float]:
     """Between two scrapes: the operator's seconds in garbage collection (every generation),
-    its full collections, and the longest one's bucket bound."""
+    its full collections, and the longest one's bucket bound (the quantile 1.0)."""
     name = "inferentia_operator_gc_pause_seconds"
     total = sum(v - before.get(k, 0.0) for k, v in after.items() if k.startswith(f"{name}_sum"))
     full = after.get(f'{name}_count{{generation="2"}}', 0.0) - before.get(f'{name}_count{{generation="2"}}', 0.0)
-    return total, full, bucket_max(after, before, name, 'generation="2",')
+    return total, full, bucket_quantile(after, before, name, 'generation="2",', 1.0)
 
 
 def percentile(values: list[float], p: float) -> float:
