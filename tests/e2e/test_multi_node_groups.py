@@ -1,10 +1,10 @@
 """A replica across two nodes (spec.compute.nodes: 2) on the kwok fleet, with LeaderWorkerSet's
 own controller and webhooks (cluster/leaderworkerset.py) and the operator under the chart's
 ClusterRole: one group placed on two Trn1 nodes with EFA, counted as one replica, scaled by
-whole groups through the model's scale subresource (as KEDA scales it), a lost worker bringing
-its group back, its pods kept in one part of the network by compute.topologyKey, and the model
-back on one node as a Deployment. kwok runs no container: what
-the pods run is tests/test_multi_node.py's."""
+whole groups through the model's scale subresource (as KEDA scales it), a worker's restarted
+container bringing its group back, its pods kept in one part of the network by
+compute.topologyKey, and the model back on one node as a Deployment. kwok runs no container:
+what the pods run is tests/test_multi_node.py's."""
 
 from __future__ import annotations
 
@@ -33,6 +33,15 @@ def lws(cluster):
 def pods(cluster, namespace: str) -> list[dict]:
     found = cluster.get("pods", "-n", namespace, "-l", f"{GROUP}/name=llm")["items"]
     return [p for p in found if p["metadata"].get("deletionTimestamp") is None]
+
+
+def restart_container(cluster, namespace: str, pod: str) -> None:
+    """What a real kubelet reports when a worker's container dies and is started again: its
+    restartCount goes up. kwok runs no kubelet, so the test writes it. LWS makes the group again
+    on that, or on seeing the pod being deleted (pkg/controllers/pod_controller.go,
+    handleRestartPolicy, v0.8.0); a deleted kwok pod is gone too soon for LWS to see it going."""
+    patch = [{"op": "replace", "path": "/status/containerStatuses/0/restartCount", "value": 1}]
+    cluster.kubectl("patch", "pod", pod, "-n", namespace, "--subresource=status", "--type=json", "-p", json.dumps(patch))
 
 
 def test_a_two_node_replica_is_one_group_placed_counted_scaled_and_recreated(lws, operator, namespace):
@@ -75,10 +84,11 @@ def test_a_two_node_replica_is_one_group_placed_counted_scaled_and_recreated(lws
     cluster.kubectl("scale", "inferentiamodel", "llm", "-n", namespace, "--replicas=1")
     wait_for(lambda: condition(model(), "Ready").get("status") == "True" and len(pods(cluster, namespace)) == 2, 120, "back to one group")
 
-    # A worker lost: LWS makes its whole group again, leader included, and the model is Ready again.
+    # A worker's container restarted: LWS makes its whole group again, leader included, and the
+    # model is Ready again.
     before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods(cluster, namespace)}
     [leader] = [n for n in before if not n.endswith("-1")]
-    cluster.kubectl("delete", "pod", "llm-0-1", "-n", namespace, "--wait=false")
+    restart_container(cluster, namespace, "llm-0-1")
 
     def recreated() -> bool:
         now = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods(cluster, namespace)}
@@ -98,12 +108,20 @@ def test_a_two_node_replica_is_one_group_placed_counted_scaled_and_recreated(lws
         wait_for(
             lambda: "podAffinity" in str(cluster.get("leaderworkerset", "llm", "-n", namespace)["spec"]), 60, "the affinity in the group"
         )
-        wait_for(
-            lambda: condition(model(), "Ready").get("status") == "True" and len(pods(cluster, namespace)) == 2, 120, "placed by topology"
-        )
+
+        # The rollout is over when both pods of the group are the new template's, and Ready.
+        def placed_by_topology() -> bool:
+            members = pods(cluster, namespace)
+            return (
+                condition(model(), "Ready").get("status") == "True"
+                and len(members) == 2
+                and all("podAffinity" in str(p["spec"].get("affinity")) for p in members)
+            )
+
+        wait_for(placed_by_topology, 120, "placed by topology")
         # Two values, one node each: a group made again cannot be placed whole.
         cluster.kubectl("label", "node", sorted(nodes)[1], f"{key}=nn-test-1", "--overwrite")
-        cluster.kubectl("delete", "pod", "llm-0-1", "-n", namespace, "--wait=false")
+        restart_container(cluster, namespace, "llm-0-1")
 
         # One read for reason and message: while LWS makes the group again, the condition may
         # pass through Pending ("no serving pod has been placed yet") between two reads.
