@@ -3,8 +3,9 @@ own controller and webhooks (cluster/leaderworkerset.py) and the operator under 
 ClusterRole: one group placed on two Trn1 nodes with EFA, counted as one replica, scaled by
 whole groups through the model's scale subresource (as KEDA scales it), a worker's restarted
 container bringing its group back, its pods kept in one part of the network by
-compute.topologyKey, and the model back on one node as a Deployment. kwok runs no container:
-what the pods run is tests/test_multi_node.py's."""
+compute.topologyKey, and the model back on one node as a Deployment; then the real KEDA and
+Prometheus of cluster/autoscaling.py scaling such a model by whole groups. kwok runs no container: what the pods run is
+tests/test_multi_node.py's."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import json
 import pytest
 from kit import condition, wait_for
 
+from inferentia_operator.core.names import DEFAULT_OPERATOR_IMAGE
 from specs import make_model, make_spec
 
 GROUP = "leaderworkerset.sigs.k8s.io"
@@ -140,3 +142,98 @@ def test_a_two_node_replica_is_one_group_placed_counted_scaled_and_recreated(lws
     wait_for(lambda: cluster.get("deployments", "-n", namespace)["items"], 60, "the Deployment")
     wait_for(lambda: not cluster.get("leaderworkersets", "-n", namespace)["items"], 60, "the LeaderWorkerSet deleted")
     wait_for(lambda: condition(model(), "Ready").get("status") == "True", 120, "Ready on one node")
+
+
+# A stand-in for the leaders' vLLM gauges: kwok's pods serve nothing, so a pod on the real node
+# exports the series the ScaledObject's query reads, with the model's label, at the value the
+# test writes. vLLM's own names (https://docs.vllm.ai/en/latest/serving/metrics.html).
+EXPORTER = """
+import http.server, pathlib
+VALUE = pathlib.Path('/gauges/in-flight')
+class Gauges(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        value = VALUE.read_text() if VALUE.exists() else '0'
+        body = ('# TYPE vllm:num_requests_running gauge\\n'
+                'vllm:num_requests_running{inferentia_dev_model="llm"} ' + value + '\\n').encode()
+        self.send_response(200)
+        self.send_header('Content-Type', 'text/plain; version=0.0.4')
+        self.end_headers()
+        self.wfile.write(body)
+http.server.HTTPServer(('', 9400), Gauges).serve_forever()
+"""
+
+
+def in_flight_exporter(namespace: str) -> dict:
+    import realnode  # cluster/, on the path once kit is imported
+
+    spec = {
+        "containers": [{
+            "name": "gauges", "image": DEFAULT_OPERATOR_IMAGE, "imagePullPolicy": "IfNotPresent",
+            "command": ["python3", "-c", EXPORTER], "ports": [{"containerPort": 9400}],
+            "volumeMounts": [{"name": "gauges", "mountPath": "/gauges"}],
+            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}},
+        }],
+        "volumes": [{"name": "gauges", "emptyDir": {}}],
+        # The real node is a Neuron node too: its taint, as the real node's namespaces add it.
+        "tolerations": [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}],
+    }  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "gauges",
+            "namespace": namespace,
+            "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "9400", "prometheus.io/path": "/metrics"},
+        },
+        "spec": realnode.pin_to_real_node(spec),
+    }
+
+
+def test_keda_scales_a_two_node_model_by_whole_groups(lws, operator, namespace, autoscaling_engines):
+    # KEDA's HPA sets the model's replicas through its scale subresource; the operator turns
+    # them into LeaderWorkerSet groups. Its query reads the leaders' vLLM gauges, here exported
+    # by a pod of the test's (above): KEDA, its HPA and Prometheus are the real ones.
+    cluster = lws
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(in_flight_exporter(namespace)))
+    if cluster.kubectl("wait", "--for=condition=Ready", "pod/gauges", "-n", namespace, "--timeout=90s", check=False).returncode:
+        raise AssertionError(cluster.kubectl("describe", "pod", "gauges", "-n", namespace, check=False).stdout[-3000:])
+
+    def write_in_flight(value: int) -> None:
+        script = f"open('/gauges/in-flight', 'w').write('{value}')"
+        cluster.kubectl("exec", "-n", namespace, "gauges", "--", "python3", "-c", script)
+
+    write_in_flight(0)
+    autoscaling = {
+        "minReplicas": 1, "maxReplicas": 2, "windowSeconds": 0,
+        "scaleUpStabilizationSeconds": 0, "scaleDownStabilizationSeconds": 0,
+    }  # fmt: skip
+    spec = make_spec(**TWO_NODES, autoscaling=autoscaling)
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(make_model("llm", namespace, spec)))
+
+    def model() -> dict:
+        return cluster.get("inferentiamodel", "llm", "-n", namespace)
+
+    def groups() -> int:
+        return cluster.get("leaderworkerset", "llm", "-n", namespace)["spec"]["replicas"]
+
+    wait_for(lambda: condition(model(), "Ready").get("status") == "True", 180, "the model Ready as one group")
+    wait_for(lambda: condition(model(), "Autoscaling").get("reason") == "ScaledObjectReady", 120, "KEDA to take the ScaledObject")
+    [trigger] = cluster.get("scaledobject", "llm", "-n", namespace)["spec"]["triggers"]
+    threshold = int(trigger["metadata"]["threshold"])
+    assert threshold == 4  # one process, vLLM batches of 4: one group's parallelism
+    assert groups() == 1
+
+    # Twice one group's parallelism in flight: KEDA asks for two groups, the operator makes them.
+    write_in_flight(2 * threshold)
+    wait_for(lambda: groups() == 2, 180, "KEDA to scale the model to two groups")
+    assert model()["spec"]["replicas"] == 2
+    hpa = cluster.get("hpa", "-n", namespace)["items"]
+    assert [h["spec"]["scaleTargetRef"]["kind"] for h in hpa] == ["InferentiaModel"]
+    # The fleet has EFA nodes for one group only: the second is asked for, counted and not ready.
+    wait_for(lambda: model()["status"].get("replicas") == 2, 60, "two groups counted")
+    assert model()["status"]["readyReplicas"] == 1
+
+    # Nothing in flight: back to one group, which serves throughout.
+    write_in_flight(0)
+    wait_for(lambda: groups() == 1, 180, "KEDA to scale the model back to one group")
+    wait_for(lambda: condition(model(), "Ready").get("status") == "True", 120, "Ready as one group again")
