@@ -92,7 +92,6 @@ CEL_CASES = {
     "nodes-compile": make_spec(**{**_TWO_TRN1_NODES, "compile.image": "example.com/neuron:1"}),
     "nodes-dra": make_spec(**{**_TWO_TRN1_NODES, "compute.allocation": "dra"}),
     "nodes-zero": make_spec(**{**_TWO_TRN1_NODES, "autoscaling": {"minReplicas": 0, "maxReplicas": 2}}),
-    "nodes-routing": make_spec(**{**_TWO_TRN1_NODES, "routing": {"inferencePool": {}}}),
     "nodes-topology-key": make_spec(**{**_TWO_TRN1_NODES, "compute.topologyKey": "network node/layer"}),
     "nodes-topology-alone": make_spec(**{"compute.topologyKey": "topology.k8s.aws/network-node-layer-3"}),
     # AWS's Neuron DRA driver: not on inf1, whole devices only, connected ones only on Trainium.

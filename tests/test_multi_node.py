@@ -71,12 +71,26 @@ def test_a_replica_spans_whole_nodes():
             "spec.autoscaling.minReplicas",
             "valid values with nodes above 1: at least 1",
         ),
-        ({"routing": {"inferencePool": {}}}, "spec.routing.inferencePool", "cannot be used with nodes above 1"),
     ],
 )
 def test_what_a_multi_node_replica_cannot_have_yet_is_named(overrides, field, words):
     found = errors_of(**overrides)
     assert any(line.startswith(field + ":") and words in line for line in found), found
+
+
+def test_a_group_is_routed_to_by_its_leader_in_an_inference_pool():
+    """An InferencePool selects the pods that answer: a group's leader, as the Service does. Its
+    workers hold ranks and serve no API, so the picker neither scrapes nor picks them."""
+    from inferentia_operator.core.parts.routing import routing_part
+
+    body = model_body(**TWO_NODES, routing={"inferencePool": {}})
+    assert errors_of(routing={"inferencePool": {}}) == []
+    m = built(body)
+    [pool] = [c for c in routing_part(m, Observed(body), SETTINGS).children if c["kind"] == "InferencePool"]
+    assert pool["spec"]["selector"]["matchLabels"] == {**children.selector(m), "leaderworkerset.sigs.k8s.io/worker-index": "0"}
+    assert pool["spec"]["targetPorts"] == [{"number": 8000}]  # one vLLM a group, at the leader's serving port
+    service = next(c for c in rendered(m, SETTINGS) if c["kind"] == "Service" and c["metadata"]["name"] == "m")
+    assert service["spec"]["selector"] == pool["spec"]["selector"]["matchLabels"]
 
 
 def test_the_nodes_bound():

@@ -237,3 +237,21 @@ def test_keda_scales_a_two_node_model_by_whole_groups(lws, operator, namespace, 
     write_in_flight(0)
     wait_for(lambda: groups() == 1, 180, "KEDA to scale the model back to one group")
     wait_for(lambda: condition(model(), "Ready").get("status") == "True", 120, "Ready as one group again")
+
+
+def test_an_inference_pool_selects_each_groups_leader_alone(lws, operator, namespace):
+    # The Gateway API Inference Extension's CRDs (v1.1.0, from its Go module), as users install them.
+    cluster = lws
+    cluster.kubectl("apply", "--server-side", "-f", str(cluster.bin_dir / "inference-extension-crds"))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/inferencepools.inference.networking.k8s.io", "--timeout=60s")
+    spec = make_spec(**TWO_NODES, routing={"inferencePool": {}})
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(make_model("llm", namespace, spec)))
+    wait_for(lambda: condition(cluster.get("inferentiamodel", "llm", "-n", namespace), "Ready").get("status") == "True", 180, "Ready")
+    wait_for(lambda: cluster.kubectl("get", "inferencepool", "llm", "-n", namespace, check=False).returncode == 0, 60, "the InferencePool")
+    pool = cluster.get("inferencepool", "llm", "-n", namespace)
+    assert pool["spec"]["targetPorts"] == [{"number": 8000}]
+    # The API server's own selection by the pool's labels: of the group's two pods, its leader.
+    selector = ",".join(f"{k}={v}" for k, v in pool["spec"]["selector"]["matchLabels"].items())
+    picked = cluster.get("pods", "-n", namespace, "-l", selector)["items"]
+    assert [p["metadata"]["labels"][f"{GROUP}/worker-index"] for p in picked] == ["0"], picked
+    assert len(pods(cluster, namespace)) == 2

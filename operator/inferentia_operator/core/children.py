@@ -288,6 +288,12 @@ def selector(model: Model) -> dict[str, str]:
     return {MODEL_LABEL: model.name, COMPONENT_LABEL: "serving"}
 
 
+def answering_selector(model: Model) -> dict[str, str]:
+    """The pods that answer requests, for the Service and the InferencePool: every serving pod,
+    or of a group across nodes its leader alone, whose workers hold ranks and serve no API."""
+    return {**selector(model), WORKER_INDEX_LABEL: "0"} if model.plan.nodes else selector(model)
+
+
 def selector_string(model: Model) -> str:
     return ",".join(f"{k}={v}" for k, v in selector(model).items())
 
@@ -1112,9 +1118,7 @@ def _service_ports(model: Model) -> list[dict[str, Any]]:
 def service(model: Model, to_holder: bool = False) -> dict[str, Any]:
     """The model's Service: its serving pods, or, while a model that scales to zero has no
     replica that answers, its holder (the same port names, so clients see no change)."""
-    # A group across nodes answers at its leader alone: its workers hold ranks, not the API.
-    serving = {**selector(model), WORKER_INDEX_LABEL: "0"} if model.plan.nodes else selector(model)
-    return _service(model, model.name, holder_selector(model) if to_holder else serving)
+    return _service(model, model.name, holder_selector(model) if to_holder else answering_selector(model))
 
 
 def _service(model: Model, name: str, target: dict[str, str]) -> dict[str, Any]:

@@ -76,7 +76,7 @@ def inference_pool(model: Model) -> dict[str, Any]:
         "kind": INFERENCE_POOL_KIND,
         "metadata": children.child_metadata(model, model.name, "serving"),
         "spec": {
-            "selector": {"matchLabels": children.selector(model)},
+            "selector": {"matchLabels": children.answering_selector(model)},
             "targetPorts": [{"number": p} for p in target_ports(model)],
             "endpointPickerRef": {
                 "kind": "Service",

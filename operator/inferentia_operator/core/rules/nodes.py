@@ -84,14 +84,6 @@ NODES_ZERO = CrossFieldRule(
     f"!({_MULTI}) || !has(self.autoscaling) || !has(self.autoscaling.minReplicas) || self.autoscaling.minReplicas > 0",
     (),
 )
-NODES_ROUTING = CrossFieldRule(
-    "spec.routing.inferencePool",
-    "spec",
-    f"{_NOT_YET}a group serves from its leader alone, and an InferencePool selects every pod of the model; remove "
-    "routing or set nodes to 1",
-    f"!({_MULTI}) || !has(self.routing) || !has(self.routing.inferencePool)",
-    (),
-)
 
 
 # A label key: an optional DNS subdomain prefix and "/", then a name of at most 63 characters
@@ -144,13 +136,11 @@ def _check_nodes(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
         found.append(NODES_DRA.finding())
     if spec.autoscaling is not None and spec.autoscaling.min_replicas == 0:
         found.append(NODES_ZERO.finding())
-    if spec.routing is not None and spec.routing.inference_pool is not None:
-        found.append(NODES_ROUTING.finding())
     return found
 
 
 RULES: list[CrossFieldRule] = [
-    NODES_FAMILY, NODES_WHOLE, NODES_PROCESSES, NODES_RUNTIME, NODES_COMPILE, NODES_DRA, NODES_ZERO, NODES_ROUTING,
+    NODES_FAMILY, NODES_WHOLE, NODES_PROCESSES, NODES_RUNTIME, NODES_COMPILE, NODES_DRA, NODES_ZERO,
     NODES_TOPOLOGY_KEY, NODES_TOPOLOGY_ALONE,
 ]  # fmt: skip
 CHECKS = (_check_nodes, _check_topology)
