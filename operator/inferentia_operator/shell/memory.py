@@ -101,9 +101,15 @@ class Settler:
         self._since = 0
         self._last_settle = self._last_thaw = time.monotonic()
 
-    def reconciled(self, queue_empty: bool) -> bool:
-        """Counts one reconcile; True when the caller should trim and freeze now."""
+    def reconciled(self) -> None:
+        """Counts one reconcile."""
         self._since += 1
+
+    def due(self, queue_empty: bool) -> bool:
+        """True when the caller should trim and freeze now: the queue is empty after enough
+        reconciles, and the last settle is at least ``interval`` old. Asked after each
+        reconcile and every ``interval`` (Reconciler.settle_when_due), so that a burst's last
+        drain, if it came too soon after a settle mid-burst, is settled all the same."""
         if not queue_empty or self._since < self.after or time.monotonic() - self._last_settle < self.interval:
             return False
         self._since, self._last_settle = 0, time.monotonic()

@@ -81,7 +81,7 @@ class Reconciler:
         self._generations: dict[Key, int | None] = {}
         self._own_status: dict[Key, str | None] = {}
         self._held_since: dict[Key, float] = {}  # models whose status patch is held back (status.hold_seconds)
-        self._settler = memory.Settler()
+        self.settler = memory.Settler()  # when a drained queue gives memory back (shell/memory.py)
 
     @property
     def queue(self) -> WorkQueue[Key]:
@@ -174,11 +174,22 @@ class Reconciler:
                 metrics.QUEUE_DEPTH.set(len(self.queue))
             metrics.RECONCILES.labels(result).inc()
             metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
-            if self._settler.reconciled(queue_empty=len(self.queue) == 0):
-                # A burst has drained: its memory goes back to the system, and what is alive
-                # leaves the collector's full collections (shell/memory.py).
-                await asyncio.get_running_loop().run_in_executor(self._executor, memory.trim)
-                self._settler.freeze_survivors()
+            self.settler.reconciled()
+            if self.settler.due(queue_empty=len(self.queue) == 0):
+                await self.settle()
+
+    async def settle(self) -> None:
+        """A burst has drained: its memory goes back to the system, and what is alive leaves
+        the collector's full collections (shell/memory.py)."""
+        await asyncio.get_running_loop().run_in_executor(self._executor, memory.trim)
+        self.settler.freeze_survivors()
+
+    async def settle_when_due(self) -> None:
+        """Settles a drained queue that the last reconcile found not yet due."""
+        while True:
+            await asyncio.sleep(self.settler.interval)
+            if self.settler.due(queue_empty=len(self.queue) == 0):
+                await self.settle()
 
     async def resync(self) -> None:
         """Every ``resync_seconds``: every model reconciled against the caches (no reads, and

@@ -115,7 +115,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
         loop = asyncio.get_running_loop()
         tasks = [loop.create_task(reconciler.worker()) for _ in range(reconciler.workers)]
         tasks.append(loop.create_task(reconciler.worker(urgent_only=True)))
-        memo["reconcile_tasks"] = [*tasks, loop.create_task(reconciler.resync())]
+        memo["reconcile_tasks"] = [*tasks, loop.create_task(reconciler.resync()), loop.create_task(reconciler.settle_when_due())]
 
     @kopf.on.cleanup(registry=registry)
     async def stop_workers(memo: kopf.Memo, **_: Any) -> None:
