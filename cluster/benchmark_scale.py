@@ -594,10 +594,12 @@ def with_operator(
         out["reads"], out["writes"] = split(converging)
         out["writes_by_kind"] = writes_by_kind(converging)
         out["rss_mb"] = rss_mb(operator.proc.pid)
+        out["frozen"] = operator.metrics().get("inferentia_operator_gc_frozen_objects", 0.0)
 
         rest0 = time.time()
         time.sleep(rest_seconds)
         reads, writes = split(audited(cluster, rest0, time.time()))
+        out["rss_mb_rested"] = rss_mb(operator.proc.pid)
         out["rest_per_minute"] = (reads + writes) * 60 / rest_seconds
 
         operator.stop()
@@ -810,7 +812,13 @@ def main() -> int:
         )
         if args.profile:
             summarize(args.profile / f"stream-{rate}.txt")
-    print(f"\nobjects frozen out of the collector's full collections at the end: {op['frozen_end']:,.0f}")
+    print(
+        f"\nobjects frozen out of the collector's full collections after converging: {op['frozen']:,.0f};"
+        f" at the end: {op['frozen_end']:,.0f}"
+    )
+    print(
+        f"operator RSS after converging, then after the rest of {args.rest_seconds:.0f} s: {op['rss_mb']:.0f} MB, then {op['rss_mb_rested']:.0f} MB"
+    )
     print("\nwrites per model while converging: " + ", ".join(f"{what} {k / n:.2f}" for what, k in op["writes_by_kind"].items()))
     print("\nwhat the API server sent and answered while converging (its /metrics; the floor's up to its Deployments available):\n")
     print(attribution(op["served"], base["served"], n))
