@@ -57,23 +57,27 @@ def test_a_two_node_replica_is_one_group_placed_counted_scaled_and_recreated(lws
     wait_for(lambda: condition(model(), "Ready").get("status") == "True", 120, "the model Ready as one group")
     status = model()["status"]
     assert (status["replicas"], status["readyReplicas"]) == (1, 1), status
-    assert status["plan"]["nodes"] == 2 and status["plan"]["tensorParallelSize"] == 64 and status["plan"]["efaDevices"] == 8
+    assert status["plan"]["nodes"] == 2 and status["plan"]["tensorParallelSize"] == 64 and status["plan"]["efaDevices"] == 8, status
     group = cluster.get("leaderworkerset", "llm", "-n", namespace)
-    assert group["spec"]["leaderWorkerTemplate"]["size"] == 2
-    assert not cluster.get("deployments", "-n", namespace)["items"]
+    assert group["spec"]["leaderWorkerTemplate"]["size"] == 2, group["spec"]
+    deployments = cluster.get("deployments", "-n", namespace)["items"]
+    assert not deployments, [d["metadata"]["name"] for d in deployments]
     # One pod a node, each with every chip of its node and its EFA devices, ranked by LWS's webhook.
     members = sorted(pods(cluster, namespace), key=lambda p: p["metadata"]["labels"][f"{GROUP}/worker-index"])
-    assert [p["metadata"]["labels"][f"{GROUP}/worker-index"] for p in members] == ["0", "1"]
-    nodes = {p["spec"]["nodeName"] for p in members}
-    assert len(nodes) == 2, nodes
+    # What each pod was when read, for a failure to show (this step once failed unexplained).
+    seen = [(p["metadata"]["name"], p["metadata"]["labels"], p["spec"].get("nodeName"), p["status"].get("phase")) for p in members]
+    assert [p["metadata"]["labels"][f"{GROUP}/worker-index"] for p in members] == ["0", "1"], (seen, status)
+    nodes = {p["spec"].get("nodeName") for p in members}
+    assert len(nodes) == 2, seen
     for p in members:
         limits = p["spec"]["containers"][0]["resources"]["limits"]
-        assert (limits["aws.amazon.com/neuron"], limits["vpc.amazonaws.com/efa"]) == ("16", "8")
+        assert (limits["aws.amazon.com/neuron"], limits["vpc.amazonaws.com/efa"]) == ("16", "8"), limits
         env = {e["name"]: e.get("value") for e in p["spec"]["containers"][0]["env"]}
-        assert env["LWS_LEADER_ADDRESS"].startswith(f"{members[0]['metadata']['name']}.llm.{namespace}")
-        assert (env["ENABLE_NEURON_MULTI_NODE"], env["WORLD_SIZE"]) == ("true", "2")
+        assert env["LWS_LEADER_ADDRESS"].startswith(f"{members[0]['metadata']['name']}.llm.{namespace}"), (env, seen)
+        assert (env["ENABLE_NEURON_MULTI_NODE"], env["WORLD_SIZE"]) == ("true", "2"), env
     # Requests reach the leader only.
-    assert cluster.get("service", "llm", "-n", namespace)["spec"]["selector"][f"{GROUP}/worker-index"] == "0"
+    selector = cluster.get("service", "llm", "-n", namespace)["spec"]["selector"]
+    assert selector.get(f"{GROUP}/worker-index") == "0", selector
 
     # Scaled by whole groups through the model's scale subresource, as KEDA's HPA scales it. The
     # fleet has two nodes with EFA: the second group cannot be placed, and the status says so.
