@@ -76,13 +76,16 @@ def test_the_endpoint_picker_sends_each_request_to_the_replica_with_the_shorter_
 
     assert picker.wait_ready(body()) in endpoints
     for busy, idle in (endpoints, endpoints[::-1]):
-        threads = load(busy, 3)  # one running, two waiting
+        # One running, four waiting: 4 s a call, the queue stands about 16 s, long enough for
+        # the picks below on a busy machine (with two waiting it once emptied during them).
+        threads = load(busy, 5)
         wait_for(lambda busy=busy: waiting(busy) >= 2, 30, f"{busy} to report two waiting")
         # The picker reads each endpoint's metrics every 50 ms (--refresh-metrics-interval); a
         # tie it breaks at random, so one pick of the idle replica could be chance: five in a row.
         wait_for(lambda idle=idle: all(picker.pick(body()) == idle for _ in range(5)), 10, f"the picker to choose {idle}")
         assert waiting(busy) >= 1  # the queue still stands while the picks are counted
         picks = [picker.pick(body()) for _ in range(10)]
+        assert waiting(busy) >= 1, "the queue emptied while the picks were made: they tell nothing"
         assert picks == [idle] * 10, (busy, picks)
         for t in threads:
             t.join(60)
