@@ -161,9 +161,7 @@ def main() -> int:
                 print(f"needs the real node: {cluster.real_node_skipped}", file=sys.stderr)
                 return 1
             cluster.install_crds()
-            bins = localcluster.bin_dir()
-            cluster.kubectl("apply", "--server-side", "-f", str(bins / "inference-extension-crds"))
-            cluster.kubectl("wait", "--for=condition=Established", "crd/inferencepools.inference.networking.k8s.io", "--timeout=60s")
+            localcluster.install_inference_extension(cluster.kubectl)
             operator = subprocess.Popen(
                 [sys.executable, "-m", "inferentia_operator", "run", "--standalone", "--liveness", "", "--metrics-port", "0"],
                 env={"KUBECONFIG": str(cluster.kubeconfig), "PATH": "/usr/bin:/bin"},
@@ -183,7 +181,7 @@ def main() -> int:
             cluster.kubectl("wait", "-n", NAMESPACE, f"inferentiamodel/{MODEL}", "--for=condition=Ready", "--timeout=600s")
             svc = json.loads(cluster.kubectl("get", "service", MODEL, "-n", NAMESPACE, "-o", "json"))
             service = f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}/v1/completions"
-            picker = EndpointPicker(bins, cluster.kubeconfig, MODEL, NAMESPACE, Path(tmp) / "epp.log", PICKER_CONFIG)
+            picker = EndpointPicker(localcluster.bin_dir(), cluster.kubeconfig, MODEL, NAMESPACE, Path(tmp) / "epp.log", PICKER_CONFIG)
             picker.start()
             picker.wait_ready(completion(SHORT))
             post(service, completion(SHORT))  # both replicas warm

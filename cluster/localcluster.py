@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -196,6 +197,14 @@ def fleet_nodes(fleet_file: Path = FLEET) -> list[dict]:
                 }
             )
     return nodes
+
+
+def install_inference_extension(kubectl: Callable[..., object]) -> None:
+    """The Gateway API Inference Extension's CRDs (built from its Go module by build.sh), applied
+    as users install them with ``kubectl``, and waited for until the API server serves
+    InferencePools."""
+    kubectl("apply", "--server-side", "-f", str(bin_dir() / "inference-extension-crds"))
+    kubectl("wait", "--for=condition=Established", "crd/inferencepools.inference.networking.k8s.io", "--timeout=60s")
 
 
 class LocalCluster:

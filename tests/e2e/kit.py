@@ -53,6 +53,9 @@ class Cluster:
     def get(self, *args: str) -> dict:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 
+    def install_inference_extension(self) -> None:
+        localcluster.install_inference_extension(self.kubectl)
+
     def neuron_capacity(self, family: str | None = None, resource: str = "aws.amazon.com/neuron") -> list[int]:
         """Neuron chips (or, with ``resource``, NeuronCores) per node, of one family's instance types when ``family`` is given."""
         # The real node is tainted for the real-node tests alone: it is not fleet capacity.

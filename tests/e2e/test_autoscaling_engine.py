@@ -202,8 +202,7 @@ def test_without_the_inference_extension_the_model_says_so_and_gets_its_pool_onc
     assert condition(model(), "Stalled").get("status") == "False"
     assert exists("deployment", "routed") and not exists("deployment", "routed-epp")  # serving goes on; no picker without a pool
 
-    c.kubectl("apply", "--server-side", "-f", str(c.bin_dir / "inference-extension-crds"))
-    c.kubectl("wait", "--for=condition=Established", "crd/inferencepools.inference.networking.k8s.io", "--timeout=60s")
+    c.install_inference_extension()
     wait_for(lambda: exists("inferencepool", "routed"), 60, "the InferencePool")
     pool = c.get("inferencepool", "routed")
     assert pool["spec"]["selector"] == {"matchLabels": {"inferentia.dev/model": "routed", "app.kubernetes.io/component": "serving"}}

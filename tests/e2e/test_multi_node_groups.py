@@ -244,10 +244,8 @@ def test_keda_scales_a_two_node_model_by_whole_groups(lws, operator, namespace, 
 
 
 def test_an_inference_pool_selects_each_groups_leader_alone(lws, operator, namespace):
-    # The Gateway API Inference Extension's CRDs (v1.1.0, from its Go module), as users install them.
     cluster = lws
-    cluster.kubectl("apply", "--server-side", "-f", str(cluster.bin_dir / "inference-extension-crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/inferencepools.inference.networking.k8s.io", "--timeout=60s")
+    cluster.install_inference_extension()
     spec = make_spec(**TWO_NODES, routing={"inferencePool": {}})
     cluster.kubectl("apply", "-f", "-", input=json.dumps(make_model("llm", namespace, spec)))
     wait_for(lambda: condition(cluster.get("inferentiamodel", "llm", "-n", namespace), "Ready").get("status") == "True", 180, "Ready")

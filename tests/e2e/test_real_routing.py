@@ -49,8 +49,7 @@ def test_the_endpoint_picker_sends_each_request_to_the_replica_with_the_shorter_
     from test_real_zero import zero_spec
 
     cluster, ns = real_node, real_namespace
-    cluster.kubectl("apply", "--server-side", "-f", str(cluster.bin_dir / "inference-extension-crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/inferencepools.inference.networking.k8s.io", "--timeout=60s")
+    cluster.install_inference_extension()
     spec = zero_spec(cluster, ns)
     del spec["autoscaling"]
     spec["replicas"] = 2
