@@ -403,26 +403,33 @@ def test_resync_queues_every_model_only_while_this_replica_is_active():
     assert asyncio.run(scenario()) == (0, 2)
 
 
-def test_a_drained_queue_is_settled_by_the_loop_though_no_reconcile_follows(monkeypatch):
-    """The last reconcile of a burst may find the settle not yet due; the settle loop does it
-    once it is, so a burst's memory never waits for the next burst (shell/memory.py)."""
+def test_a_drained_queue_is_settled_by_the_settle_loop_alone_within_a_poll(monkeypatch):
+    """The worker only counts its reconciles; the settle loop alone decides, at most a poll
+    after the queue drains, so a burst's memory never waits for the next burst (shell/memory.py)."""
     from inferentia_operator.shell import memory
 
-    r = Reconciler(lambda: FakeKube(), workers=1, resync_seconds=300, is_active=lambda: True)
-    r.settler = memory.Settler(after=1, interval=0.05)
+    r = reconciler_with(FakeKube(), stored_model())
+    r.settler = memory.Settler(after=1, interval=0.0, poll=0.02)
     trims: list[int] = []
     monkeypatch.setattr(memory, "trim", lambda: trims.append(1) or True)
     frozen: list[int] = []
     monkeypatch.setattr(r.settler, "freeze_survivors", lambda: frozen.append(1) or 0)
-    r.settler.reconciled()  # a reconcile whose drain came too soon after the last settle
 
-    async def scenario() -> None:
-        task = asyncio.get_running_loop().create_task(r.settle_when_due())
+    async def scenario() -> tuple[list[int], list[int]]:
+        loop = asyncio.get_running_loop()
+        worker = loop.create_task(r.worker())
+        r.queue.add((NS, "m"))
+        while len(r.queue) or r.queue._active:  # noqa: SLF001 - until the worker is done with it
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        by_worker = (list(trims), list(frozen))
+        settling = loop.create_task(r.settle_when_due())
         await asyncio.sleep(0.3)
-        task.cancel()
+        worker.cancel(), settling.cancel()
+        return by_worker
 
-    asyncio.run(scenario())
-    assert (trims, frozen) == ([1], [1])
+    assert asyncio.run(scenario()) == ([], []), "the worker settled: the decision is the loop's alone"
+    assert (trims, frozen) == ([1], [1]), "the loop settles the drained queue once, and once only"
 
 
 def test_progress_within_a_rollout_is_held_back_and_the_model_comes_back_for_it(monkeypatch):

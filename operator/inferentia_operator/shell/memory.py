@@ -54,6 +54,8 @@ M_ARENA_MAX = -8  # glibc's malloc.h
 # Trim after at least this many reconciles since the last trim, and no more often than this.
 TRIM_AFTER_RECONCILES = 200
 TRIM_INTERVAL_SECONDS = 10.0
+# How often the settle loop asks whether a settle is due: a drained burst waits at most this.
+SETTLE_POLL_SECONDS = 1.0
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -89,15 +91,18 @@ class Settler:
     """What a drained queue does, and when: after enough work, and not too often, heap pages
     go back to the system (``trim``) and what survived the burst is frozen (``freeze_survivors``),
     with a thaw at most every ``thaw_after`` seconds. One object keeps all three clocks, so
-    that each reconciler (and each test) has its own."""
+    that each reconciler (and each test) has its own. The workers only count
+    (``reconciled``); the settle loop (Reconciler.settle_when_due) asks ``due`` every ``poll``
+    seconds, so the decision is made in one place."""
 
     def __init__(
         self,
         after: int = TRIM_AFTER_RECONCILES,
         interval: float = TRIM_INTERVAL_SECONDS,
         thaw_after: float = THAW_SECONDS,
+        poll: float = SETTLE_POLL_SECONDS,
     ) -> None:
-        self.after, self.interval, self.thaw_after = after, interval, thaw_after
+        self.after, self.interval, self.thaw_after, self.poll = after, interval, thaw_after, poll
         self._since = 0
         self._last_settle = self._last_thaw = time.monotonic()
 
@@ -107,9 +112,9 @@ class Settler:
 
     def due(self, queue_empty: bool) -> bool:
         """True when the caller should trim and freeze now: the queue is empty after enough
-        reconciles, and the last settle is at least ``interval`` old. Asked after each
-        reconcile and every ``interval`` (Reconciler.settle_when_due), so that a burst's last
-        drain, if it came too soon after a settle mid-burst, is settled all the same."""
+        reconciles, and the last settle is at least ``interval`` old. Asked every ``poll``
+        seconds, so that a burst's last drain, if it came too soon after a settle mid-burst,
+        is settled all the same once the interval has passed."""
         if not queue_empty or self._since < self.after or time.monotonic() - self._last_settle < self.interval:
             return False
         self._since, self._last_settle = 0, time.monotonic()

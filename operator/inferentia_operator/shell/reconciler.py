@@ -175,8 +175,6 @@ class Reconciler:
             metrics.RECONCILES.labels(result).inc()
             metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
             self.settler.reconciled()
-            if self.settler.due(queue_empty=len(self.queue) == 0):
-                await self.settle()
 
     async def settle(self) -> None:
         """A burst has drained: its memory goes back to the system, and what is alive leaves
@@ -185,9 +183,10 @@ class Reconciler:
         self.settler.freeze_survivors()
 
     async def settle_when_due(self) -> None:
-        """Settles a drained queue that the last reconcile found not yet due."""
+        """Settles the queue once it has drained and a settle is due (memory.Settler.due): the
+        one place that decides, at most a poll after the drain."""
         while True:
-            await asyncio.sleep(self.settler.interval)
+            await asyncio.sleep(self.settler.poll)
             if self.settler.due(queue_empty=len(self.queue) == 0):
                 await self.settle()
 
