@@ -126,12 +126,12 @@ def test_every_cel_rule_has_a_case():
 
 
 @pytest.mark.parametrize("case", sorted(CEL_CASES))
-def test_the_api_server_refuses_with_the_python_message(crd_installed, namespace, case):
+def test_the_api_server_refuses_with_the_python_message(crd_installed, refusals_namespace, case):
     spec = CEL_CASES[case]
     expected = [f for f in errors(parse_spec(spec)[1])]
     assert expected, "the case must be invalid"
     result = crd_installed.kubectl(
-        "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(make_model(f"bad-{case}", namespace, spec)), check=False
+        "apply", "-n", refusals_namespace, "-f", "-", input=yaml.safe_dump(make_model(f"bad-{case}", refusals_namespace, spec)), check=False
     )
     assert result.returncode != 0
     for finding in expected:
@@ -142,9 +142,9 @@ def test_the_api_server_refuses_with_the_python_message(crd_installed, namespace
 
 
 @pytest.mark.parametrize("name", ["a" * 46, "dotted.name"])
-def test_the_api_server_refuses_names_the_children_cannot_carry(crd_installed, namespace, name):
+def test_the_api_server_refuses_names_the_children_cannot_carry(crd_installed, refusals_namespace, name):
     [finding] = check_name(name)
-    result = crd_installed.kubectl("apply", "-f", "-", input=yaml.safe_dump(make_model(name, namespace)), check=False)
+    result = crd_installed.kubectl("apply", "-f", "-", input=yaml.safe_dump(make_model(name, refusals_namespace)), check=False)
     assert result.returncode != 0
     assert f"{finding.path}: Invalid value: {finding.message}" in result.stderr, result.stderr
 
@@ -246,10 +246,10 @@ def test_a_killed_test_run_takes_its_control_plane_with_it(cluster, tmp_path):
 
 
 @pytest.mark.parametrize("overrides", DIVERGENCE_CORPUS, ids=lambda o: repr(o)[:50])
-def test_validate_and_the_api_server_agree(crd_installed, namespace, overrides):
+def test_validate_and_the_api_server_agree(crd_installed, refusals_namespace, overrides):
     spec = make_spec(**overrides)
     refused_by_validate = bool(errors(parse_spec(spec)[1]))
-    body = make_model("corpus", namespace, spec)
+    body = make_model("corpus", refusals_namespace, spec)
     result = crd_installed.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(body), check=False)
     assert (result.returncode != 0) == refused_by_validate, (overrides, result.stderr, parse_spec(spec)[1])
 
@@ -292,8 +292,8 @@ YAML_FIELDS = {"compute.inf": ("compute", "inf"), "replicas": ("replicas",), "pr
 
 @pytest.mark.parametrize("field", list(YAML_FIELDS))
 @pytest.mark.parametrize("scalar", YAML_SCALARS)
-def test_validate_and_the_api_server_agree_on_yaml_as_written(crd_installed, namespace, field, scalar):
-    model = make_model("yaml-corpus", namespace)
+def test_validate_and_the_api_server_agree_on_yaml_as_written(crd_installed, refusals_namespace, field, scalar):
+    model = make_model("yaml-corpus", refusals_namespace)
     node = model["spec"]
     *parents, leaf = YAML_FIELDS[field]
     for key in parents:
