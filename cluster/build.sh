@@ -22,9 +22,9 @@ mkdir -p "$bin" "$src"
 
 # A toolchain download is impossible offline and a surprise elsewhere: use the Go
 # that is installed. Static binaries, no local paths baked in. No debug information compiled:
-# every binary is linked without it (-ldflags -w), and compiling it cost a sixth of a cold
-# build (helm v3 from empty build caches: 96 s without, 113 s with; 86 and 105 run the other
-# way round; 2026-11-26). Commands that take no -gcflags ignore it in GOFLAGS.
+# every binary is linked without it (-ldflags -w), and compiling it cost about a sixth of
+# helm v3's build from an empty build cache (96 s without, 113 s with; 86 and 105 run the other
+# way round; 2026-11-26; the whole build not measured both ways). Commands that take no -gcflags ignore it in GOFLAGS.
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-trimpath -gcflags=all=-dwarf=false"
 command -v go >/dev/null || { echo "build.sh: Go is required (https://go.dev/dl/)" >&2; exit 1; }
 
