@@ -46,9 +46,12 @@ $(BIN)/.installed: pyproject.toml
 
 venv: $(BIN)/.installed
 
-controlplane:
-	@bash cluster/build.sh >/dev/null
-	@bash cluster/node-deps.sh
+# The Go programs are compiled while the real node's Debian packages and its images' slow
+# parts (Debian bases, the operator's layer) are made beside them: the one is CPU-bound, the
+# others mostly wait on the network and the disk (docs/development.md).
+controlplane: venv
+	@rc=0; { bash cluster/node-deps.sh && $(BIN)/python cluster/images.py --parts >/dev/null; } & prep=$$!; \
+	  bash cluster/build.sh >/dev/null || rc=$$?; wait $$prep || rc=$$?; exit $$rc
 
 # The tests that need no cluster first, on every core (a file to a worker: they are CPU-bound,
 # and a file's tests share its fixtures); then the end-to-end tests, one at a time, since they

@@ -22,6 +22,7 @@ assembled here as OCI image layouts and imported into the node's containerd:
 - ``inferentia-pause:1``: the pod sandbox's process (cluster/node/pause).
 
     python cluster/images.py            # build what is missing, print the image archives
+    python cluster/images.py --parts    # only the parts that need no Go program (make controlplane, beside the Go build)
 """
 
 from __future__ import annotations
@@ -308,8 +309,25 @@ def prune(keep: list[Path]) -> list[Path]:
     return removed
 
 
+def parts() -> list[Path]:
+    """The cached parts that take long and need no Go program: the two Debian bases (about
+    110 s from an empty cache, mostly fetching and unpacking Debian's packages) and the
+    operator's layer, so that `make controlplane` makes them while the Go programs compile."""
+    _, pkey = python_layer()
+    return [base_rootfs(), base_rootfs(TORCH_PACKAGES), cache_dir() / f"layer-python-{pkey}.tar"]
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(HERE))
+    if sys.argv[1:] == ["--parts"]:
+        import realnode
+
+        reason = realnode.unavailable_reason()
+        for path in parts() if reason is None else []:
+            print(path)
+        if reason is not None:
+            log(f"no images made: the real node will not run here ({reason})")
+        sys.exit(0)
     from localcluster import bin_dir
 
     for path in build(bin_dir()):
