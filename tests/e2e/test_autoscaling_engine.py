@@ -43,6 +43,13 @@ def bare(cluster, tmp_path_factory):
         local.down()
 
 
+def turn_off(c, name: str, field: str, **also) -> None:
+    """Removes ``spec.<field>`` from the model (and sets what ``also`` says) in one write that
+    needs no resourceVersion."""
+    patch = {"spec": {field: None, **also}}
+    c.kubectl("patch", "inferentiamodel", name, "--type=merge", "-p", json.dumps(patch))
+
+
 def test_without_keda_the_model_says_so_runs_min_replicas_and_scales_once_keda_is_installed(bare):
     c = bare
     spec = make_spec(
@@ -111,9 +118,10 @@ def test_without_keda_the_model_says_so_runs_min_replicas_and_scales_once_keda_i
     wait_for(lambda: c.get("deployment", "scaled")["spec"]["replicas"] == 4, 60, "the Deployment at maxReplicas")
     assert model()["status"]["autoscaling"]["desiredReplicas"] == 4
 
-    # Autoscaling turned off: the ScaledObject goes, and the count is spec.replicas again.
-    off = make_model("scaled", "default", {k: v for k, v in spec.items() if k != "autoscaling"})
-    c.kubectl("replace", "-f", "-", input=json.dumps({**off, "spec": {**off["spec"], "replicas": 1}}))
+    # Autoscaling turned off: the ScaledObject goes, and the count is spec.replicas again. A merge
+    # patch, not `kubectl replace`: replace reads the model's resourceVersion and then writes,
+    # and a status the operator writes in between fails it with a Conflict.
+    turn_off(c, "scaled", "autoscaling", replicas=1)
     wait_for(lambda: c.kubectl("get", "scaledobject", "scaled", check=False).returncode != 0, 60, "the ScaledObject to go")
     wait_for(lambda: c.get("deployment", "scaled")["spec"]["replicas"] == 1, 60, "the Deployment at spec.replicas")
     assert not condition(model(), "Autoscaling") and "autoscaling" not in model()["status"]
@@ -221,8 +229,7 @@ def test_without_the_inference_extension_the_model_says_so_and_gets_its_pool_onc
     except AssertionError as exc:
         raise AssertionError(f"{exc}: {condition(model(), 'Routing')}") from None
 
-    off = make_model("routed", "default", {k: v for k, v in spec.items() if k != "routing"})
-    c.kubectl("replace", "-f", "-", input=json.dumps(off))
+    turn_off(c, "routed", "routing")
     wait_for(lambda: not exists("inferencepool", "routed"), 60, "the InferencePool to go")
     wait_for(lambda: c.get("deployment", "routed-epp")["spec"]["replicas"] == 0, 60, "the picker parked")
     assert not condition(model(), "Routing")
