@@ -188,8 +188,9 @@ def test_without_the_inference_extension_the_model_says_so_and_gets_its_pool_onc
     """spec.routing.inferencePool on a cluster without the Gateway API Inference Extension's
     CRDs: the model's Routing condition says so and the model serves through its Service; once
     the CRDs (the Extension's v1.1.0, from its Go module) are applied, the operator writes the
-    pool and then its endpoint picker, nothing restarted; turned off, the pool goes and the
-    picker is parked. No kubelet runs here, so the picker stays unavailable, and says so."""
+    pool and then its endpoint picker, nothing restarted; the condition follows the picker's
+    Deployment, unavailable while its pod cannot run and available once kwok's fleet runs it;
+    turned off, the pool goes and the picker is parked."""
     c = bare
     from test_part_routing import VLLM
 
@@ -210,6 +211,25 @@ def test_without_the_inference_extension_the_model_says_so_and_gets_its_pool_onc
     assert condition(model(), "Stalled").get("status") == "False"
     assert exists("deployment", "routed") and not exists("deployment", "routed-epp")  # serving goes on; no picker without a pool
 
+    # The fleet's kwok nodes would run the picker's pod, and make it Ready, within a second or
+    # two of its Deployment: cordoned, they hold it Pending, so that "unavailable" lasts.
+    nodes = [n["metadata"]["name"] for n in c.get("nodes")["items"]]
+    c.kubectl("cordon", *nodes)
+    try:
+        picker_held_pending(c, model, exists)
+    finally:
+        c.kubectl("uncordon", *nodes)
+    wait_for(lambda: condition(model(), "Routing").get("reason") == "EndpointPickerAvailable", 60, "Routing=True EndpointPickerAvailable")
+
+    turn_off(c, "routed", "routing")
+    wait_for(lambda: not exists("inferencepool", "routed"), 60, "the InferencePool to go")
+    wait_for(lambda: c.get("deployment", "routed-epp")["spec"]["replicas"] == 0, 60, "the picker parked")
+    assert not condition(model(), "Routing")
+
+
+def picker_held_pending(c, model, exists) -> None:
+    """Installs the Extension's CRDs and checks the pool and the picker the operator writes,
+    while no node can run the picker: the model says its picker is unavailable."""
     c.install_inference_extension()
     wait_for(lambda: exists("inferencepool", "routed"), 60, "the InferencePool")
     pool = c.get("inferencepool", "routed")
@@ -228,8 +248,3 @@ def test_without_the_inference_extension_the_model_says_so_and_gets_its_pool_onc
         )
     except AssertionError as exc:
         raise AssertionError(f"{exc}: {condition(model(), 'Routing')}") from None
-
-    turn_off(c, "routed", "routing")
-    wait_for(lambda: not exists("inferencepool", "routed"), 60, "the InferencePool to go")
-    wait_for(lambda: c.get("deployment", "routed-epp")["spec"]["replicas"] == 0, 60, "the picker parked")
-    assert not condition(model(), "Routing")
