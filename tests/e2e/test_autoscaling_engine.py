@@ -216,7 +216,24 @@ def test_without_the_inference_extension_the_model_says_so_and_gets_its_pool_onc
     nodes = [n["metadata"]["name"] for n in c.get("nodes")["items"]]
     c.kubectl("cordon", *nodes)
     try:
-        picker_held_pending(c, model, exists)
+        c.install_inference_extension()
+        wait_for(lambda: exists("inferencepool", "routed"), 60, "the InferencePool")
+        pool = c.get("inferencepool", "routed")
+        assert pool["spec"]["selector"] == {"matchLabels": {"inferentia.dev/model": "routed", "app.kubernetes.io/component": "serving"}}
+        assert pool["spec"]["targetPorts"] == [{"number": 8000}, {"number": 8001}]  # each vLLM process's own port
+        assert pool["spec"]["endpointPickerRef"]["name"] == "routed-epp"
+        assert pool["metadata"]["ownerReferences"][0]["uid"] == model()["metadata"]["uid"]
+        for kind in ("deployment", "service", "serviceaccount", "rolebinding"):
+            wait_for(lambda kind=kind: exists(kind, "routed-epp"), 60, f"the endpoint picker's {kind}")
+        assert c.get("rolebinding", "routed-epp")["roleRef"]["name"] == "inferentia-operator-endpoint-picker"
+        try:
+            wait_for(
+                lambda: condition(model(), "Routing").get("reason") == "EndpointPickerUnavailable",
+                60,
+                "Routing=False EndpointPickerUnavailable",
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {condition(model(), 'Routing')}") from None
     finally:
         c.kubectl("uncordon", *nodes)
     wait_for(lambda: condition(model(), "Routing").get("reason") == "EndpointPickerAvailable", 60, "Routing=True EndpointPickerAvailable")
@@ -225,26 +242,3 @@ def test_without_the_inference_extension_the_model_says_so_and_gets_its_pool_onc
     wait_for(lambda: not exists("inferencepool", "routed"), 60, "the InferencePool to go")
     wait_for(lambda: c.get("deployment", "routed-epp")["spec"]["replicas"] == 0, 60, "the picker parked")
     assert not condition(model(), "Routing")
-
-
-def picker_held_pending(c, model, exists) -> None:
-    """Installs the Extension's CRDs and checks the pool and the picker the operator writes,
-    while no node can run the picker: the model says its picker is unavailable."""
-    c.install_inference_extension()
-    wait_for(lambda: exists("inferencepool", "routed"), 60, "the InferencePool")
-    pool = c.get("inferencepool", "routed")
-    assert pool["spec"]["selector"] == {"matchLabels": {"inferentia.dev/model": "routed", "app.kubernetes.io/component": "serving"}}
-    assert pool["spec"]["targetPorts"] == [{"number": 8000}, {"number": 8001}]  # each vLLM process's own port
-    assert pool["spec"]["endpointPickerRef"]["name"] == "routed-epp"
-    assert pool["metadata"]["ownerReferences"][0]["uid"] == model()["metadata"]["uid"]
-    for kind in ("deployment", "service", "serviceaccount", "rolebinding"):
-        wait_for(lambda kind=kind: exists(kind, "routed-epp"), 60, f"the endpoint picker's {kind}")
-    assert c.get("rolebinding", "routed-epp")["roleRef"]["name"] == "inferentia-operator-endpoint-picker"
-    try:
-        wait_for(
-            lambda: condition(model(), "Routing").get("reason") == "EndpointPickerUnavailable",
-            60,
-            "Routing=False EndpointPickerUnavailable",
-        )
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}: {condition(model(), 'Routing')}") from None
