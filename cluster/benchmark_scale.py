@@ -59,10 +59,12 @@ from typing import Any
 import yaml
 
 import localcluster
+import runtime_venv
 from inferentia_operator.core import children
 from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.planner import plan
 from inferentia_operator.shell.kube import Kube
+from inferentia_operator.shell.transport import Transport
 from ports import free_port
 
 OPERATOR_USER = "benchmark-operator"
@@ -137,13 +139,9 @@ def rss_mb(pid: int) -> float:
 
 
 def client(cluster: localcluster.LocalCluster) -> Kube:
-    from kubernetes import client as k8s
-    from kubernetes import config
-
-    configuration = k8s.Configuration()
-    config.load_kube_config(str(cluster.kubeconfig), client_configuration=configuration)
-    configuration.connection_pool_maxsize = CLIENT_THREADS
-    return Kube(k8s.ApiClient(configuration))
+    """The operator's own client (shell/transport.py), with the cluster's admin kubeconfig."""
+    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)  # where kopf's kubeconfig login reads it
+    return Kube(Transport(pool_size=CLIENT_THREADS))
 
 
 def model_body(name: str) -> dict:
@@ -224,9 +222,19 @@ def floor(models: int, workdir: Path, rates: list[int], stream_seconds: int) -> 
 
 class Operator:
     def __init__(
-        self, cluster: localcluster.LocalCluster, log: Path, memory_dump: Path | None = None, trace: bool = True, workers: int | None = None
+        self,
+        cluster: localcluster.LocalCluster,
+        log: Path,
+        memory_dump: Path | None = None,
+        trace: bool = True,
+        workers: int | None = None,
+        python: Path | None = None,
+        standalone: bool = False,
     ):
+        self.standalone = standalone  # no peering object is left behind for the next operator to wait out
         self.cluster, self.log, self.memory_dump, self.trace = cluster, log, memory_dump, trace
+        # The runtime dependencies alone, as in the operator's image (cluster/runtime_venv.py).
+        self.python = python or runtime_venv.python()
         self.workers = workers  # the operator's --workers; None: its default
         self.kubeconfig = cluster.user_kubeconfig(OPERATOR_USER, groups=("system:masters",))
         self.metrics_port = free_port()
@@ -241,10 +249,10 @@ class Operator:
         )
         self.proc = subprocess.Popen(
             [
-                sys.executable, *program, "run", "--liveness", "", "--metrics-port", str(self.metrics_port),
-                *(["--workers", str(self.workers)] if self.workers else []),
+                str(self.python), *program, "run", "--liveness", "", "--metrics-port", str(self.metrics_port),
+                *(["--workers", str(self.workers)] if self.workers else []), *(["--standalone"] if self.standalone else []),
             ],
-            env={**os.environ, "KUBECONFIG": str(self.kubeconfig), **dump},
+            env={**runtime_venv.env(), "KUBECONFIG": str(self.kubeconfig), **dump},
             stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
         )  # fmt: skip
 
@@ -580,6 +588,15 @@ def with_operator(
     try:
         cluster.install_crds()
         kube = client(cluster)
+        # At start, idle with no model: the operator on its runtime dependencies (as in its image),
+        # and on the project's virtualenv, which also holds the tests' Kubernetes client.
+        for name, python in (("rss_mb_start_project_venv", Path(sys.executable)), ("rss_mb_start", operator.python)):
+            starting = Operator(cluster, workdir / f"{name}.log", python=python, standalone=True)
+            starting.start()
+            wait_until(lambda s=starting: _answers(s), timeout=60, interval=0.2)  # type: ignore[misc]
+            time.sleep(5)  # its watches listed (nothing to reconcile)
+            out[name] = rss_mb(starting.proc.pid)
+            starting.stop()
         operator.start()
         wait_until(lambda: _answers(operator), timeout=60, interval=0.2)
         time.sleep(2)
@@ -780,6 +797,10 @@ def main() -> int:
     )
     row("requests per minute at rest (peering excluded)", f"{op['rest_per_minute']:.1f}", "0", op["rest_per_minute"] == 0)
     total = n + sum(rates) * args.stream_seconds
+    print(
+        f"| (operator RSS at start with no model: {op['rss_mb_start']:.0f} MB on its runtime dependencies, as in its image; "
+        f"{op['rss_mb_start_project_venv']:.0f} MB on the project's virtualenv, with the Kubernetes client kopf loads) | | | |"
+    )
     row(
         f"operator RSS after converging on {n:,} / on {total:,} models (after the restart: {op['rss_mb_restart']:.0f} MB)",
         f"{op['rss_mb']:.0f} MB / {op['rss_mb_end']:.0f} MB",

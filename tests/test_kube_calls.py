@@ -12,13 +12,6 @@ class ScriptedResponse:
     def __init__(self, status, body=None):
         self.status, self.reason = status, "scripted"
         self.data = json.dumps(body or {}).encode()
-        self.headers = {}
-
-    def read(self):
-        return self.data
-
-    def getheaders(self):
-        return {}
 
 
 class ScriptedTransport:
@@ -27,10 +20,7 @@ class ScriptedTransport:
     def __init__(self, *statuses):
         self.statuses, self.calls = list(statuses), []
 
-    def param_serialize(self, method, url, **kwargs):
-        return (method, url)
-
-    def call_api(self, method, url):
+    def request(self, method, url, query=None, body=None, content_type=None):
         self.calls.append((method, url))
         status = self.statuses.pop(0)
         return ScriptedResponse(status, {"metadata": {"name": "x"}} if status < 300 else {"code": status})

@@ -32,7 +32,7 @@ class Recording(Kube):
     server would answer it in the scenario (``taken``: creates find the name taken)."""
 
     def __init__(self, taken: bool) -> None:
-        super().__init__(client=None)  # type: ignore[arg-type]
+        super().__init__(transport=None)  # type: ignore[arg-type]
         self.taken = taken
         self.sent: set[tuple[str, str]] = set()
 

@@ -240,7 +240,7 @@ def cmd_hold(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .shell.runner import RunOptions, run  # kopf and the Kubernetes client load only for this command
+    from .shell.runner import RunOptions, run  # kopf and the API client (shell/transport.py) load only for this command
 
     options = RunOptions(
         namespaces=tuple(args.namespace), liveness=args.liveness, peering=args.peering, standalone=args.standalone,

@@ -718,17 +718,15 @@ def test_a_namespace_user_cannot_forge_a_compile_cache_hit(cluster, operator, na
     assert cluster.get("configmap", children.compile_record_name(m), "-n", namespace)["data"]["job"] == "compile-forged"
 
 
-def test_a_create_only_apply_creates_what_is_missing_and_leaves_what_exists(cluster, namespace):
+def test_a_create_only_apply_creates_what_is_missing_and_leaves_what_exists(cluster, namespace, monkeypatch):
     """Kube.apply_new on this API server: an apply with resourceVersion "1" creates an absent
     object, is refused (409, nothing written) where one exists, and what it created belongs to
     the operator's apply, so a later apply that drops a field removes it."""
-    import kubernetes
-
     from inferentia_operator.shell.kube import Kube
+    from inferentia_operator.shell.transport import Transport
 
-    config = kubernetes.client.Configuration()
-    kubernetes.config.load_kube_config(config_file=str(cluster.kubeconfig), client_configuration=config)
-    kube = Kube(kubernetes.client.ApiClient(config))
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    kube = Kube(Transport())
     body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": namespace}, "data": {"a": "1", "b": "2"}}
     created = kube.apply_new(body)
     assert created is not None and created["data"] == {"a": "1", "b": "2"}

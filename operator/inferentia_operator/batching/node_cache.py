@@ -33,6 +33,8 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -280,21 +282,33 @@ class PodLabels:
 
     def __init__(self, name: str, namespace: str) -> None:
         import urllib3
-        from kubernetes import client, config  # loaded only where the cache labels its pod
 
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
+        from inferentia_operator.shell.transport import Transport  # loaded only where the cache labels its pod
+
+        self.transport = Transport(pool_size=1, read_timeout=10)
         # What a read or a patch raises when the API refuses or cannot be reached.
-        self.errors = (client.exceptions.ApiException, urllib3.exceptions.HTTPError, OSError)
-        self.api = client.CoreV1Api()
-        self.name, self.namespace = name, namespace
+        self.errors = (LabelRefused, urllib3.exceptions.HTTPError, OSError)
+        self.url = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
+
+    def _call(self, method: str, body: Any = None) -> dict[str, Any]:
+        content_type = "application/merge-patch+json" if body is not None else None
+        response = self.transport.request(method, self.url, body=body, content_type=content_type)
+        if response.status != 200:
+            raise LabelRefused(f"{method} {self.url}: {response.status} {response.reason}")
+        found = json.loads(response.data)
+        return found if isinstance(found, dict) else {}
 
     def apply(self, desired: dict[str, str]) -> None:
-        pod = self.api.read_namespaced_pod(self.name, self.namespace, _request_timeout=10)
-        current = {k: v for k, v in ((pod.metadata and pod.metadata.labels) or {}).items() if k.startswith(HOLDS_PREFIX)}
+        labels = self._call("GET").get("metadata", {}).get("labels") or {}
+        current = {k: v for k, v in labels.items() if k.startswith(HOLDS_PREFIX)}
         if current == desired:
             return
         patch: dict[str, str | None] = {**{k: None for k in current if k not in desired}, **desired}
-        self.api.patch_namespaced_pod(self.name, self.namespace, {"metadata": {"labels": patch}}, _request_timeout=10)
+        self._call("PATCH", {"metadata": {"labels": patch}})
+
+
+class LabelRefused(Exception):
+    """The API server answered the cache's read or patch of its own pod with an error."""
 
 
 async def follow_holds(cache: NodeCache, labels: PodLabels) -> None:

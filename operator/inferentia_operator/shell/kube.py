@@ -15,7 +15,6 @@ import json
 from typing import Any
 from urllib.parse import quote
 
-import kubernetes
 import urllib3
 
 from inferentia_operator.core import api
@@ -25,6 +24,7 @@ from inferentia_operator.core.names import FIELD_MANAGER
 from inferentia_operator.core.status import now
 
 from . import metrics
+from .transport import Transport
 
 # kind -> (API path prefix, plural): the children's from the table of child kinds, and the
 # few other kinds the operator calls.
@@ -55,15 +55,17 @@ class TransientError(ApiError):
     """The API server did not answer usefully now (sent once, never retried here); the same call may succeed later."""
 
 
-def _server_message(exc: kubernetes.client.ApiException) -> str:
+def _server_message(status: int, reason: str, data: bytes | None) -> str:
+    """The API server's Status message, else the HTTP reason."""
     try:
-        return json.loads(exc.body or b"{}").get("message") or str(exc.reason)
-    except (ValueError, AttributeError):
-        if exc.status == 404:
+        found = json.loads(data or b"{}")
+        return str(found.get("message") or reason) if isinstance(found, dict) else reason
+    except ValueError:
+        if status == 404:
             # A path of an API group the server does not serve at all gets its plain-text
             # "404 page not found", not a Status: the same answer as for an unserved resource.
             return NOT_SERVED
-        return str(exc.reason)
+        return reason
 
 
 def path(kind: str, namespace: str | None, name: str | None = None, subresource: str | None = None) -> str:
@@ -76,53 +78,36 @@ def path(kind: str, namespace: str | None, name: str | None = None, subresource:
     return out
 
 
-def load_client(pool_size: int = 4) -> kubernetes.client.ApiClient:
-    """In-cluster credentials inside a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config).
-    ``pool_size`` HTTP connections, one for each reconcile that may be in flight."""
-    config = kubernetes.client.Configuration()
-    try:
-        kubernetes.config.load_incluster_config(client_configuration=config)  # type: ignore[no-untyped-call]
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config(client_configuration=config)  # type: ignore[no-untyped-call]
-    config.connection_pool_maxsize = pool_size
-    return kubernetes.client.ApiClient(config)
-
-
 class Kube:
     """One call, one request: a failure that may pass is a :class:`TransientError` for the
     caller, and the work queue retries the whole reconcile after its backoff, so no reconcile
     blocks a worker thread sleeping between attempts."""
 
-    def __init__(self, client: kubernetes.client.ApiClient):
-        self.client = client
+    def __init__(self, transport: Transport):
+        self.transport = transport
 
     def _call(
         self, method: str, url: str, body: Any = None, query: list[tuple[str, str]] | None = None, content_type: str | None = None
     ) -> dict[str, Any] | None:
-        headers = {"Accept": "application/json"}
-        if content_type:
-            headers["Content-Type"] = content_type
         resource = url.split("?")[0].split("/")
         verb = {"GET": "get", "PATCH": "patch", "POST": "create", "DELETE": "delete", "PUT": "update"}[method]
         plural = next((p for _, p in RESOURCES.values() if p in resource), "other")
         try:
-            request = self.client.param_serialize(
-                method, url, query_params=query or [], header_params=headers, body=body, auth_settings=["BearerToken"]
-            )
-            response = self.client.call_api(*request)
-            response.read()  # type: ignore[no-untyped-call]
+            response = self.transport.request(method, url, query=query, body=body, content_type=content_type)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             metrics.API_REQUESTS.labels(verb, plural, "error").inc()
             raise TransientError(0, type(exc).__name__, f"{method} {url}: {exc}") from None
-        metrics.API_REQUESTS.labels(verb, plural, str(response.status)).inc()
-        if 200 <= response.status < 300:
+        status = response.status
+        metrics.API_REQUESTS.labels(verb, plural, str(status)).inc()
+        if 200 <= status < 300:
             found: dict[str, Any] | None = json.loads(response.data or b"null")
             return found
-        if response.status == 404 and method == "GET":
+        if status == 404 and method == "GET":
             return None
-        refused = kubernetes.client.ApiException(http_resp=response)
-        transient = refused.status in TRANSIENT and not (refused.status == 409 and method == "POST")
-        raise (TransientError if transient else ApiError)(refused.status, str(refused.reason), _server_message(refused))
+        # 401: the transport logs in again at the next call (a rotated token).
+        transient = (status in TRANSIENT or status == 401) and not (status == 409 and method == "POST")
+        reason = response.reason or ""
+        raise (TransientError if transient else ApiError)(status, reason, _server_message(status, reason, response.data))
 
     def _object(self, method: str, url: str, **kwargs: Any) -> dict[str, Any]:
         """A write, which the API server answers with the object written."""

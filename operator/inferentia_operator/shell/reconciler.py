@@ -72,7 +72,7 @@ class Reconciler:
         self.settings = settings
         self.cache = Cache()
         self._queue: WorkQueue[Key] | None = None  # made on the operator's event loop, at start
-        # The one pool of blocking API calls (the Kubernetes client is synchronous), so that the
+        # The one pool of blocking API calls (shell/transport.py is synchronous), so that the
         # event loop never blocks on one.
         self._executor = ThreadPoolExecutor(max_workers=calls_in_flight(workers), thread_name_prefix="api")
         # Trigger state: what status last saw of each pod, each model's generation, and the

@@ -20,8 +20,9 @@ from inferentia_operator.core.settings import Settings
 
 from . import memory, metrics, wiring
 from .act import calls_in_flight
-from .kube import ApiError, Kube, load_client
+from .kube import ApiError, Kube
 from .reconciler import Reconciler
+from .transport import Transport, login_info
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ def run(options: RunOptions, settings: Settings) -> int:
     memory.time_collections(metrics.observe_gc_pause)
     registry = kopf.OperatorRegistry()
     # One API client for the whole operator, with a connection for every call in flight.
-    kube = functools.cache(lambda: Kube(load_client(pool_size=calls_in_flight(options.workers))))
+    kube = functools.cache(lambda: Kube(Transport(pool_size=calls_in_flight(options.workers))))
     namespaces = list(options.namespaces)
 
     def active() -> bool:
@@ -175,9 +176,9 @@ def run(options: RunOptions, settings: Settings) -> int:
                     logger.info("created %s %s", body["kind"], body["metadata"])
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        # In a pod: the ServiceAccount token; elsewhere: the kubeconfig, as kubectl would.
-        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo | None:
+        # The same credentials as the operator's own calls (shell/transport.py).
+        return login_info(settings)
 
     kopf.run(
         registry=registry,

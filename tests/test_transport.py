@@ -1,0 +1,154 @@
+"""The operator's HTTP client of the API server (shell/transport.py), against a real HTTP
+server on loopback: the credentials kopf's logins read, the request as the API server
+receives it, a bounded wait, and a new login after the server refuses a token."""
+
+import http.server
+import json
+import subprocess
+import sys
+import threading
+import tomllib
+from pathlib import Path
+
+import kopf
+import pytest
+
+from inferentia_operator.shell.kube import Kube, TransientError
+from inferentia_operator.shell.transport import LoginFailed, Transport, credentials
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Recorder(http.server.BaseHTTPRequestHandler):
+    """Answers 401 to the tokens in ``refuse``, else the request back as JSON; ``hang`` never answers."""
+
+    refuse: set[str] = set()
+    seen: list[dict] = []
+    hang = threading.Event()
+
+    def _answer(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        request = {
+            "method": self.command, "path": self.path, "authorization": self.headers.get("Authorization"),
+            "contentType": self.headers.get("Content-Type"), "body": json.loads(body) if body else None,
+        }  # fmt: skip
+        self.seen.append(request)
+        if "/namespaces/hang/" in self.path:
+            self.hang.wait(10)
+            return
+        token = (request["authorization"] or "").removeprefix("Bearer ")
+        status, answer = (401, {"kind": "Status", "message": "Unauthorized"}) if token in self.refuse else (200, request)
+        data = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_PATCH = do_DELETE = _answer
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    Recorder.refuse, Recorder.seen = set(), []
+    Recorder.hang.clear()
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    Recorder.hang.set()
+    httpd.shutdown()
+
+
+def test_a_call_reaches_the_server_with_the_logins_token_body_and_query(server):
+    transport = Transport(lambda: kopf.ConnectionInfo(server=server, token="t1"))
+    body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ns"}}
+    echoed = Kube(transport).apply(body)
+    assert echoed["method"] == "PATCH" and echoed["authorization"] == "Bearer t1"
+    assert echoed["path"] == "/api/v1/namespaces/ns/configmaps/c?fieldManager=inferentia-operator&force=true"
+    assert echoed["contentType"] == "application/apply-patch+yaml" and echoed["body"] == body
+
+
+def test_a_refused_token_is_a_transient_error_and_the_next_call_logs_in_again(server):
+    """A ServiceAccount token rotates (the kubelet rewrites the file): after a 401 the next call
+    reads the credentials again, as kopf does for its watches."""
+    tokens = iter(["old", "new"])
+    logins = []
+
+    def login():
+        logins.append(next(tokens))
+        return kopf.ConnectionInfo(server=server, token=logins[-1])
+
+    Recorder.refuse = {"old"}
+    k = Kube(Transport(login))
+    with pytest.raises(TransientError) as refused:
+        k.get("ConfigMap", "ns", "c")
+    assert refused.value.code == 401
+    assert k.get("ConfigMap", "ns", "c")["authorization"] == "Bearer new"
+    assert logins == ["old", "new"]
+    assert [r["authorization"] for r in Recorder.seen] == ["Bearer old", "Bearer new"]
+
+
+def test_a_server_that_never_answers_fails_the_call_after_the_read_timeout(server):
+    k = Kube(Transport(lambda: kopf.ConnectionInfo(server=server, token="t"), read_timeout=0.5))
+    with pytest.raises(TransientError) as waited:
+        k.get("ConfigMap", "hang", "c")
+    assert waited.value.reason == "ReadTimeoutError"
+
+
+def test_no_credentials_is_a_transient_error_that_says_where_it_looked(monkeypatch, tmp_path):
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    with pytest.raises(TransientError) as failed:
+        Kube(Transport()).get("ConfigMap", "ns", "c")
+    assert "absent" in failed.value.message
+    monkeypatch.delenv("KUBECONFIG")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(LoginFailed, match="neither a ServiceAccount token"):
+        credentials()
+
+
+def test_a_kubeconfig_with_a_client_certificate_makes_a_tls_context(tmp_path, monkeypatch):
+    """The local control plane's kind of kubeconfig: a CA and a client certificate as files."""
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=t",
+         "-keyout", str(tmp_path / "k.pem"), "-out", str(tmp_path / "c.pem")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    config = {
+        "current-context": "c",
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+        "clusters": [{"name": "k", "cluster": {"server": "https://127.0.0.1:1", "certificate-authority": str(tmp_path / "c.pem")}}],
+        "users": [{"name": "u", "user": {"client-certificate": str(tmp_path / "c.pem"), "client-key": str(tmp_path / "k.pem")}}],
+    }
+    (tmp_path / "config").write_text(json.dumps(config))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "config"))
+    info = credentials()
+    assert info.server == "https://127.0.0.1:1"
+    # Nothing listens on port 1: the call fails, after a TLS context was made from the files.
+    with pytest.raises(TransientError) as failed:
+        Kube(Transport(credentials)).get("ConfigMap", "ns", "c")
+    assert failed.value.reason in ("MaxRetryError", "NewConnectionError", "ConnectionRefusedError"), failed.value
+
+
+def test_the_operator_runs_without_the_kubernetes_client_library():
+    """The operator's image installs the runtime dependencies alone, and the official client is
+    not one of them: every program of the package imports with it hidden (kopf would load it
+    whenever it is installed, and it is about a fifth of the operator's memory at start)."""
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert not [d for d in dependencies if d.startswith("kubernetes")], dependencies
+    code = (
+        "import sys\n"
+        "class Hidden:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'kubernetes': raise ImportError('hidden: ' + name)\n"
+        "sys.meta_path.insert(0, Hidden())\n"
+        "import inferentia_operator.cli, inferentia_operator.shell.runner, inferentia_operator.batching.node_cache\n"
+        "import kopf\n"
+        "kopf.OperatorRegistry()\n"
+        "print(sorted(n for n in sys.modules if n.split('.')[0] == 'kubernetes'))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
