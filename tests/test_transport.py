@@ -110,6 +110,23 @@ def test_no_credentials_is_a_transient_error_that_says_where_it_looked(monkeypat
         credentials()
 
 
+def test_in_a_pod_the_server_is_the_kubelets_address_of_the_kubernetes_service(monkeypatch):
+    """client-go's in-cluster rule: KUBERNETES_SERVICE_HOST and _PORT, which need no cluster DNS
+    (the local cluster runs none); kopf's own login names kubernetes.default.svc."""
+    from inferentia_operator.shell.transport import login_info
+
+    token = kopf.ConnectionInfo(server="https://kubernetes.default.svc", token="t", ca_path="/ca.crt")
+    monkeypatch.setattr(kopf, "login_with_service_account", lambda settings: token)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert login_info().server == "https://kubernetes.default.svc"
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    found = login_info()
+    assert (found.server, found.token, found.ca_path) == ("https://10.96.0.1:443", "t", "/ca.crt")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "fd00::1")
+    assert login_info().server == "https://[fd00::1]:443"
+
+
 def test_a_kubeconfig_with_a_client_certificate_makes_a_tls_context(tmp_path, monkeypatch):
     """The local control plane's kind of kubeconfig: a CA and a client certificate as files."""
     subprocess.run(

@@ -4,7 +4,8 @@ One login serves the operator's watches (kopf) and its calls (:class:`kube.Kube`
 ServiceAccount's token, elsewhere the kubeconfig's current context, as
 ``kopf.login_with_service_account`` and ``kopf.login_with_kubeconfig`` read them
 (https://kopf.readthedocs.io/en/stable/authentication/), and kopf's ``ConnectionInfo`` makes the
-TLS context and the Authorization header. The official client library is therefore not a
+TLS context and the Authorization header. In a pod the server is the one client-go's
+in-cluster configuration connects to (below). The official client library is therefore not a
 dependency: kopf loads it whenever it is installed, and with it (and the requests, oauthlib and
 websocket libraries it brings) the operator started about 11 MB larger (docs/benchmarks.md).
 
@@ -14,7 +15,9 @@ get-token``) and auth-provider refreshes. In a pod, where the operator runs, nei
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -42,7 +45,16 @@ def login_info(settings: kopf.OperatorSettings | None = None) -> kopf.Connection
     import kopf  # here, so that a program that only reads a model (the CLI) does not load it
 
     settings = settings or kopf.OperatorSettings()
-    return kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(settings=settings)
+    info = kopf.login_with_service_account(settings=settings)
+    if info is None:
+        return kopf.login_with_kubeconfig(settings=settings)
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    if host and port:
+        # kopf names the server https://kubernetes.default.svc, which needs the cluster's DNS; the
+        # kubelet gives every pod the Service's address as these variables, and client-go's
+        # rest.InClusterConfig connects there (https://kubernetes.io/docs/tasks/run-application/access-api-from-pod/).
+        info = dataclasses.replace(info, server=f"https://{f'[{host}]' if ':' in host else host}:{port}")
+    return info
 
 
 def credentials() -> kopf.ConnectionInfo:
