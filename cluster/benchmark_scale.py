@@ -430,11 +430,13 @@ def stream(kube: Kube, rate: int, seconds: int, prefix: str, children_too: bool 
     of 1,000 Deployments every few milliseconds would load the API server the operator
     shares two cores with, and be measured as the operator's delay."""
     from kubernetes import client as k8s
+    from kubernetes import config
     from kubernetes import watch as k8s_watch
 
     created: dict[str, float] = {}
     seen: dict[str, float] = {}
-    apps = k8s.AppsV1Api(kube.client)
+    # The official client's watch, with the same kubeconfig as ``kube`` (see client()).
+    apps = k8s.AppsV1Api(config.new_client_from_config(os.environ["KUBECONFIG"]))
     deployments, stop = k8s_watch.Watch(), threading.Event()
 
     def added(name: str) -> None:
