@@ -20,20 +20,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def python() -> Path:
-    """The runtime virtualenv's interpreter, made on first use."""
-    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    key = hashlib.sha256(" ".join([sys.version, *dependencies]).encode()).hexdigest()[:12]
+def venv(requirements: list[str], name: str) -> Path:
+    """The interpreter of a virtualenv holding ``requirements`` alone, made once: cached as
+    ``name`` under the project's cache directory, keyed by the requirements and this Python."""
+    key = hashlib.sha256(" ".join([sys.version, *requirements]).encode()).hexdigest()[:12]
     cache = Path(
         os.environ.get("INFERENTIA_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "inferentia-operator"
     )
-    venv = cache / f"runtime-deps-{key}"
-    interpreter = venv / "bin" / "python"
-    if not (venv / ".complete").exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        subprocess.run([str(interpreter), "-m", "pip", "install", "--quiet", *dependencies], check=True)
-        (venv / ".complete").write_text("\n".join(dependencies))
+    directory = cache / f"{name}-{key}"
+    interpreter = directory / "bin" / "python"
+    if not (directory / ".complete").exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(directory)], check=True)
+        result = subprocess.run([str(interpreter), "-m", "pip", "install", "--quiet", *requirements], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(requirements)} do not install together: {result.stderr[-2000:]}")
+        (directory / ".complete").write_text("\n".join(requirements))
     return interpreter
+
+
+def python() -> Path:
+    """The runtime virtualenv's interpreter: the operator's declared dependencies, made on first use."""
+    return venv(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"], "runtime-deps")
 
 
 def env() -> dict[str, str]:

@@ -8,8 +8,6 @@ the checkout, keyed by the bounds, so only a change of bounds downloads again.""
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
 import subprocess
 import sys
@@ -20,6 +18,7 @@ import pytest
 import yaml
 from kit import ROOT, OperatorProcess, wait_for
 
+import runtime_venv
 from specs import make_model
 
 
@@ -55,18 +54,9 @@ def test_every_import_of_the_package_is_a_declared_dependency():
 
 @pytest.fixture(scope="module")
 def lowest_venv() -> Path:
-    pins = lowest_pins()
-    key = hashlib.sha256(" ".join(pins).encode()).hexdigest()[:12]
-    cache = Path(
-        os.environ.get("INFERENTIA_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "inferentia-operator"
-    )
-    venv = cache / f"lowest-deps-{key}"
-    python = venv / "bin" / "python"
-    if not (venv / ".complete").exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        result = subprocess.run([str(python), "-m", "pip", "install", "--quiet", *pins], capture_output=True, text=True)
-        assert result.returncode == 0, f"the lowest declared versions do not install together: {result.stderr[-2000:]}"
-        (venv / ".complete").write_text(" ".join(pins))
+    # Cached outside the checkout, keyed by the bounds (cluster/runtime_venv.py).
+    python = runtime_venv.venv(lowest_pins(), "lowest-deps")
+    venv = python.parent.parent
     # This checkout's package on top, without letting pip move any pinned version.
     result = subprocess.run(
         [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall", str(ROOT)], capture_output=True, text=True
