@@ -595,7 +595,7 @@ def with_operator(
         for name, python in (("rss_mb_start_project_venv", Path(sys.executable)), ("rss_mb_start", operator.python)):
             starting = Operator(cluster, workdir / f"{name}.log", python=python, standalone=True)
             starting.start()
-            wait_until(lambda s=starting: _answers(s), timeout=60, interval=0.2)  # type: ignore[misc]
+            wait_until(lambda s=starting: _answers(s), timeout=60, interval=0.2)
             time.sleep(5)  # its watches listed (nothing to reconcile)
             out[name] = rss_mb(starting.proc.pid)
             starting.stop()

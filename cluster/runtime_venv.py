@@ -17,6 +17,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import images
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -24,10 +26,7 @@ def venv(requirements: list[str], name: str) -> Path:
     """The interpreter of a virtualenv holding ``requirements`` alone, made once: cached as
     ``name`` under the project's cache directory, keyed by the requirements and this Python."""
     key = hashlib.sha256(" ".join([sys.version, *requirements]).encode()).hexdigest()[:12]
-    cache = Path(
-        os.environ.get("INFERENTIA_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "inferentia-operator"
-    )
-    directory = cache / f"{name}-{key}"
+    directory = images.cache_dir().parent / f"{name}-{key}"
     interpreter = directory / "bin" / "python"
     if not (directory / ".complete").exists():
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(directory)], check=True)
