@@ -62,8 +62,8 @@ def credentials() -> kopf.ConnectionInfo:
     """:func:`login_info`, or :class:`LoginFailed` saying what was missing or unreadable."""
     try:
         info = login_info()
-    except Exception as exc:  # noqa: BLE001 - a kubeconfig can fail to read in many ways (a file, YAML, a key); each is the same refusal
-        raise LoginFailed(f"the kubeconfig could not be read: {type(exc).__name__}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - a token file or a kubeconfig can fail to read in many ways (a file, YAML, a key); each is the same refusal
+        raise LoginFailed(f"the credentials could not be read: {type(exc).__name__}: {exc}") from None
     if info is None:
         raise LoginFailed("neither a ServiceAccount token (in a pod) nor a kubeconfig (KUBECONFIG or ~/.kube/config) was found")
     return info
