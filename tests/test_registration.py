@@ -1,6 +1,8 @@
 """What the operator registers with kopf: indexes and event handlers only, so kopf never puts
 a finalizer on users' models or writes its own bookkeeping into them."""
 
+import json
+
 import kopf
 
 from inferentia_operator.shell import wiring
@@ -30,7 +32,7 @@ CHILDREN = [
 
 def test_every_kind_is_cached_and_triggers_a_reconcile():
     r = registry()
-    indexed = {h.id: h.selector.any_name or h.selector.plural for h in r._indexing._handlers}  # noqa: SLF001
+    indexed = {h.id: h.selector.any_name or h.selector.plural for h in r._indexing._handlers if not h.id.startswith("slim_")}  # noqa: SLF001
     assert indexed == {
         "model_index": "inferentiamodels", "deployment_index": "deployments", "job_index": "jobs",
         "service_index": "services", "configmap_index": "configmaps", "pod_index": "pods",
@@ -78,3 +80,94 @@ def test_kopfs_per_object_workers_do_not_linger_with_their_last_body():
     assert settings.queueing.idle_timeout == 5.0  # kopf's default, which the operator lowers
     wiring.configure_watches(settings)
     assert settings.queueing.idle_timeout == wiring.KOPF_WORKER_IDLE_SECONDS < 1
+
+
+def test_each_kind_is_slimmed_after_every_index_of_its_kind():
+    """kopf runs a kind's index handlers in the order registered (its IndexingRegistry keeps a
+    list); the object is cut down only after every index has projected it whole."""
+    r = registry()
+    handlers = r._indexing._handlers  # noqa: SLF001 - kopf has no public listing
+    for plural in {"inferentiamodels", *CHILDREN}:
+        of_kind = [h.id for h in handlers if (h.selector.any_name or h.selector.plural) == plural]
+        assert of_kind[-1] == f"slim_{plural}", (plural, of_kind)
+        assert all(i.endswith("_index") for i in of_kind[:-1])
+
+
+def _managed_fields(body):
+    return [{"manager": "inferentia-operator", "operation": "Apply", "fieldsV1": {"f:spec": json.loads(json.dumps(body.get("spec", {})))}}]
+
+
+def _delivered():
+    """What the watches deliver: every child the samples render, a compile record, a pod and
+    a model, each with the managedFields and status the API server adds."""
+    from pathlib import Path
+
+    from inferentia_operator.core import children
+    from inferentia_operator.core.decide import rendered
+    from inferentia_operator.core.proof import Prover
+    from inferentia_operator.manifests import load_models
+
+    samples = Path(__file__).resolve().parents[1] / "manifests" / "samples"
+    bodies = []
+    for doc in load_models([str(samples)]).models:
+        if doc.model is None:
+            continue
+        for child in rendered(doc.model):
+            bodies.append(child)
+            if child["kind"] == "Job":
+                bodies.append(children.compile_record(doc.model, child, Prover(b"k" * 32)))
+        meta = {"name": doc.key[1], "namespace": "ns", "generation": 3}
+        bodies.append(
+            {
+                "apiVersion": "inferentia.io/v1alpha1",
+                "kind": "InferentiaModel",
+                "metadata": meta,
+                "spec": {"inf": 1},
+                "status": {"phase": "Ready"},
+            }
+        )
+    bodies.append({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "ns", "labels": {"inferentia.io/model": "m"}, "deletionTimestamp": None},
+        "spec": {"nodeName": "n1", "containers": [{"name": "serve", "image": "i", "env": [{"name": "A", "value": "1"}] * 50}],
+                 "volumes": [{"name": "plan", "configMap": {"name": "m-plan-1"}}, {"name": "tmp", "emptyDir": {}}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
+                   "containerStatuses": [{"name": "serve", "state": {"terminated": {"exitCode": 0, "message": "neuron 97%"}}}]},
+    })  # fmt: skip
+    for i, body in enumerate(bodies):
+        body["metadata"] = {"namespace": "ns", "resourceVersion": str(100 + i), **body["metadata"], "managedFields": _managed_fields(body)}
+        body.setdefault("status", {"observedGeneration": 1, "conditions": [{"type": "Available", "status": "True"}]})
+    return bodies
+
+
+def _what_the_handlers_read(body):
+    from inferentia_operator.core.objects import Obj
+    from inferentia_operator.core.projection import compile_uri, owner_key, pod_signature
+
+    obj = Obj(body)
+    meta = body["metadata"]
+    pod = pod_signature(body) if body["kind"] == "Pod" else None
+    return (body["kind"], obj.key, owner_key(body), compile_uri(body), meta.get("generation"), obj.resource_version, pod)
+
+
+def test_slimming_keeps_what_the_watch_handlers_read_and_drops_the_rest():
+    """After the indexes, the object kopf holds is read only by the event handlers
+    (Reconciler.on_model, on_child, on_pod): what they read stays, the rest goes."""
+    r = registry()
+    slims = {h.id: h.fn for h in r._indexing._handlers if h.id.startswith("slim_")}  # noqa: SLF001
+    delivered = _delivered()
+    kinds = {b["kind"] for b in delivered}
+    assert {"Deployment", "Service", "ConfigMap", "Job", "Pod", "InferentiaModel"} <= kinds
+    before = [_what_the_handlers_read(b) for b in delivered]
+    size_before = len(json.dumps(delivered))
+    assert any(b[3] for b in before), "no compile Job or record among the samples' children"
+    import asyncio
+
+    for body in delivered:
+        plural = {"InferentiaModel": "inferentiamodels"}.get(body["kind"], body["kind"].lower() + "s")
+        asyncio.run(slims[f"slim_{plural}"](body=kopf.Body(body)))  # as kopf calls it: the view over the raw object
+    assert [_what_the_handlers_read(b) for b in delivered] == before
+    assert not any("managedFields" in b["metadata"] for b in delivered)
+    plain = [b for b in delivered if b["kind"] in ("Deployment", "Service", "InferentiaModel")]
+    assert plain and all(not b["spec"] and not b["status"] for b in plain)
+    assert len(json.dumps(delivered)) < size_before / 4

@@ -13,8 +13,9 @@ mark for good: 370 MB measured at 1,900 models where the live objects were 93 MB
 
 Measured at 1,900 models (docs/benchmarks.md), trimming lowered the benchmark's end from 370
 to 309 MB. What it cannot reach is pymalloc's: Python's small objects live in 1 MiB arenas
-that go back to the system only when wholly empty, and the restart's burst leaves them partly
-used (what in the burst does is not yet known: not the plan's programs, nor kopf's idle workers).
+that go back to the system only when wholly empty, and a burst leaves them partly used. The
+restart's burst was kopf holding every listed object until every kind was listed, which
+``wiring.slim`` now cuts down as each is indexed.
 
 Elsewhere than glibc (musl, macOS) both are skipped: the memory is then the allocator's to manage.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -18,9 +19,8 @@ MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={FIELD_MANAGER}"
 # kopf lists every kind before it watches it, at start and whenever a watch must start again.
 # Unchunked, the list of 1,000 models' pods is one answer of megabytes, read and decoded in one
 # piece; in pages of this many (settings.watching.chunk_size) each answer is bounded, at the
-# cost of a request a page. It bounds the answer, not the process: kopf still hands every
-# listed object to a worker of its own, and the restart's RSS peak measured the same paged as
-# not (docs/benchmarks.md).
+# cost of a request a page. It bounds the answer, not the process: kopf still holds every
+# listed object until every kind is listed (see slim).
 LIST_CHUNK = 250
 KOPF_WORKER_IDLE_SECONDS = 0.5
 
@@ -61,6 +61,40 @@ def configure_watches(settings: kopf.OperatorSettings) -> None:
     settings.queueing.idle_timeout = KOPF_WORKER_IDLE_SECONDS
 
 
+def slim(body: Mapping[str, Any]) -> None:
+    """Cuts a delivered object, in place, down to what the event handlers read of it
+    (Reconciler.on_model, on_child, on_pod): its metadata without managedFields; a compile
+    Job's or record's artefact URI (they are one an artefact, and kept whole); a pod's node,
+    plan volumes and status. The indexes have projected it whole by then (it runs last).
+
+    Why: kopf holds every listed object, in a worker of its own, until every kind has been
+    listed and indexed (the wait on ``operator_indexed`` in kopf/_core/reactor/processing.py).
+    A restart over 1,000 models so held every model, Deployment, Service and ConfigMap at once,
+    and the process kept that peak: 340 MB right after it, where converging had left 150 MB;
+    cut down, 186 MB (docs/benchmarks.md). ``body`` is kopf's view of the object, whose
+    fields are the parsed objects themselves, so clearing them frees what they held."""
+    meta = body.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    if compile_uri(body) is not None:
+        return
+    pod = body.get("kind") == "Pod"
+    for field, value in body.items():
+        if field in ("apiVersion", "kind", "metadata") or not isinstance(value, (dict, list)) or (pod and field == "status"):
+            continue
+        if pod and isinstance(value, dict):
+            volumes = [
+                {"configMap": v["configMap"]}
+                for v in value.get("volumes") or []
+                if isinstance(v, dict) and isinstance(v.get("configMap"), dict)
+            ]
+            kept = {"nodeName": value.get("nodeName"), "volumes": volumes}
+            value.clear()
+            value.update(kept)
+        else:
+            value.clear()
+
+
 def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
     """Registers the indexes (the caches), the triggers and the worker pool."""
     model: dict[str, Any] = dict(group=api.GROUP, version=api.VERSION, plural=api.PLURAL, registry=registry)
@@ -97,6 +131,14 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
 
     for child in CHILD_KINDS:
         child_index(child)
+
+    # Last of each kind's index handlers: kopf runs them in the order registered.
+    async def slim_handler(body: kopf.Body, **_: Any) -> None:
+        slim(body)
+
+    kopf.index(**model, id=f"slim_{api.PLURAL}")(slim_handler)
+    for child in CHILD_KINDS:
+        kopf.index(child.group, child.version, child.plural, registry=registry, id=f"slim_{child.plural}")(slim_handler)
 
     @kopf.on.event(**model, id="on_model")
     async def on_model(body: kopf.Body, type: str | None, **kwargs: Any) -> None:
