@@ -70,8 +70,8 @@ def slim(body: Mapping[str, Any]) -> None:
     Why: kopf holds every listed object, in a worker of its own, until every kind has been
     listed and indexed (the wait on ``operator_indexed`` in kopf/_core/reactor/processing.py).
     A restart over 1,000 models so held every model, Deployment, Service and ConfigMap at once,
-    and the process kept that peak: 340 MB right after it, where converging had left 150 MB;
-    cut down, 186 MB (docs/benchmarks.md). ``body`` is kopf's view of the object, whose
+    and the process kept that peak: 340 MB right after it, where converging had left 148 MB;
+    cut down, 190 MB (make benchmark-scale, docs/benchmarks.md). ``body`` is kopf's view of the object, whose
     fields are the parsed objects themselves, so clearing them frees what they held."""
     meta = body.get("metadata")
     if isinstance(meta, dict):
