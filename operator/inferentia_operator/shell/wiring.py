@@ -11,7 +11,7 @@ import kopf
 from inferentia_operator.core import api
 from inferentia_operator.core.kinds import CHILD_KINDS, ChildKind
 from inferentia_operator.core.names import FIELD_MANAGER, MANAGED_BY_LABEL
-from inferentia_operator.core.projection import Packed, compile_uri, owner_key, project, project_record
+from inferentia_operator.core.projection import Packed, compile_uri, owner_key, project, project_pod, project_record
 
 from .reconciler import Reconciler
 
@@ -71,8 +71,8 @@ def slim(body: Mapping[str, Any]) -> None:
     listed and indexed (the wait on ``operator_indexed`` in kopf/_core/reactor/processing.py).
     A restart over 1,000 models so held every model, Deployment, Service and ConfigMap at once,
     and the process kept that peak: 340 MB right after it, where converging had left 148 MB;
-    cut down, 190 MB (make benchmark-scale, docs/benchmarks.md). ``body`` is kopf's view of the object, whose
-    fields are the parsed objects themselves, so clearing them frees what they held."""
+    cut down, 190 MB (make benchmark-scale, docs/benchmarks.md). ``body`` is kopf's view of the
+    object, whose fields are the parsed objects themselves, so clearing them frees what they held."""
     meta = body.get("metadata")
     if isinstance(meta, dict):
         meta.pop("managedFields", None)
@@ -82,13 +82,8 @@ def slim(body: Mapping[str, Any]) -> None:
     for field, value in body.items():
         if field in ("apiVersion", "kind", "metadata") or not isinstance(value, (dict, list)) or (pod and field == "status"):
             continue
-        if pod and isinstance(value, dict):
-            volumes = [
-                {"configMap": v["configMap"]}
-                for v in value.get("volumes") or []
-                if isinstance(v, dict) and isinstance(v.get("configMap"), dict)
-            ]
-            kept = {"nodeName": value.get("nodeName"), "volumes": volumes}
+        if pod and field == "spec" and isinstance(value, dict):
+            kept = project_pod(body)["spec"]  # what pod_signature reads back, in the form it reads
             value.clear()
             value.update(kept)
         else:
