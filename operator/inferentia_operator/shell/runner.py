@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime
 import functools
 import logging
 import os
 import random
+import sys
+import weakref
+from collections.abc import AsyncGenerator, Coroutine
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import kopf
 
@@ -25,6 +29,7 @@ from .reconciler import Reconciler
 from .transport import Transport, login_info
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -180,7 +185,7 @@ def run(options: RunOptions, settings: Settings) -> int:
         # The same credentials as the operator's own calls (shell/transport.py).
         return login_info(settings)
 
-    kopf.run(
+    operator = kopf.operator(
         registry=registry,
         standalone=options.standalone,
         peering_name=None if options.standalone else options.peering,
@@ -189,4 +194,39 @@ def run(options: RunOptions, settings: Settings) -> int:
         clusterwide=not namespaces,
         namespaces=namespaces,
     )
+    # What kopf.run does, with the watch streams kopf leaves open closed in order on the way out.
+    try:
+        asyncio.run(closing_generators_outermost_first(operator))
+    except asyncio.CancelledError:
+        pass
     return 0
+
+
+async def closing_generators_outermost_first(coro: Coroutine[Any, Any, T]) -> T:
+    """Runs ``coro``, then closes the async generators it left open, oldest first.
+
+    kopf's watcher does not close its watch stream (an async generator holding kopf's
+    ``streaming_block`` and the continuous watch, themselves async generators) when it is
+    cancelled between two events. asyncio.run then closes every generator still open at
+    once (``loop.shutdown_asyncgens``), the held ones beside their holder, and the holder's
+    ``async with`` fails with "generator didn't stop after athrow()". A generator starts
+    before the ones it holds, so closing in the order they started closes each holder while
+    what it holds is still open, as an ``async with`` expects.
+    """
+    firstiter, finalizer = sys.get_asyncgen_hooks()
+    started: weakref.WeakKeyDictionary[AsyncGenerator[Any, Any], None] = weakref.WeakKeyDictionary()
+
+    def first_iteration(generator: AsyncGenerator[Any, Any]) -> None:
+        started[generator] = None  # a dict: kept in the order they started; gone once collected
+        if firstiter is not None:
+            firstiter(generator)  # asyncio's own hook: the loop still finalizes what is collected
+
+    sys.set_asyncgen_hooks(firstiter=first_iteration, finalizer=finalizer)
+    try:
+        return await coro
+    finally:
+        for generator in list(started):
+            try:
+                await generator.aclose()
+            except RuntimeError as exc:  # one still iterated by a task: asyncio.run closes it
+                log.debug("left for asyncio.run to close %r: %s", generator, exc)
