@@ -109,3 +109,25 @@ def test_what_the_coroutine_returns_or_raises_passes_through():
     assert asyncio.run(closing_generators_outermost_first(answer())) == 42
     with pytest.raises(ValueError, match="bad"):
         asyncio.run(closing_generators_outermost_first(fail()))
+
+
+def test_a_generator_that_fails_to_close_is_reported_as_asyncio_reports_it_and_the_rest_are_closed():
+    """What asyncio.run's own closing does with an error (the loop's exception handler), not a
+    traceback out of the operator's return, and the generators after it still closed."""
+    closed: list[str] = []
+    errors: list[dict[str, Any]] = []
+
+    async def failing() -> AsyncIterator[int]:
+        try:
+            yield 1
+        finally:
+            raise ValueError("cannot close")
+
+    async def operator() -> tuple[AsyncIterator[int], AsyncIterator[int]]:
+        first = failing()
+        await anext(first)
+        return first, await watcher_cancelled_between_events(closed, errors)  # both still referenced
+
+    asyncio.run(closing_generators_outermost_first(operator()))
+    assert [(type(e["exception"]), e["asyncgen"].__name__) for e in errors] == [(ValueError, "failing")]
+    assert closed == ["holder"]

@@ -228,5 +228,11 @@ async def closing_generators_outermost_first(coro: Coroutine[Any, Any, T]) -> T:
         for generator in list(started):
             try:
                 await generator.aclose()
-            except RuntimeError as exc:  # one still iterated by a task: asyncio.run closes it
-                log.debug("left for asyncio.run to close %r: %s", generator, exc)
+            except Exception as exc:  # noqa: BLE001 - whatever a generator raises: reported as asyncio.run reports it
+                asyncio.get_running_loop().call_exception_handler(
+                    {
+                        "message": f"an error occurred during closing of asynchronous generator {generator!r}",
+                        "exception": exc,
+                        "asyncgen": generator,
+                    }
+                )
