@@ -64,7 +64,7 @@ def configure_watches(settings: kopf.OperatorSettings) -> None:
 def slim(body: Mapping[str, Any]) -> None:
     """Cuts a delivered object, in place, down to what the event handlers read of it
     (Reconciler.on_model, on_child, on_pod): its metadata without managedFields; a compile
-    Job's or record's artefact URI (they are one an artefact, and kept whole); a pod's node,
+    Job's or record's artefact URI (each names one artefact, and is kept whole); a pod's node,
     plan volumes and status. The indexes have projected it whole by then (it runs last).
 
     Why: kopf holds every listed object, in a worker of its own, until every kind has been
