@@ -41,10 +41,15 @@ def project(body: Mapping[str, Any]) -> dict[str, Any]:
     return {**kept, "metadata": _metadata(body)}
 
 
+def project_pod_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """What status reads of a pod's spec: the node it runs on and the plan ConfigMaps it mounts."""
+    volumes = [{"configMap": {"name": v["configMap"]["name"]}} for v in spec.get("volumes") or [] if isinstance(v.get("configMap"), dict)]
+    return {"nodeName": spec.get("nodeName"), "volumes": volumes}
+
+
 def project_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     """A pod as status needs it: where it runs, whether it is placed and ready, which plan it mounts."""
     spec, status = Obj(body).spec, Obj(body).status
-    volumes = [{"configMap": {"name": v["configMap"]["name"]}} for v in spec.get("volumes") or [] if isinstance(v.get("configMap"), dict)]
     conds = [
         {k: c[k] for k in ("type", "status", "reason", "message") if k in c}
         for c in status.get("conditions") or []
@@ -52,7 +57,7 @@ def project_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     ]
     return {
         "metadata": _metadata(body),
-        "spec": {"nodeName": spec.get("nodeName"), "volumes": volumes},
+        "spec": project_pod_spec(spec),
         "status": {
             "phase": status.get("phase"),
             "conditions": conds,

@@ -11,7 +11,7 @@ import kopf
 from inferentia_operator.core import api
 from inferentia_operator.core.kinds import CHILD_KINDS, ChildKind
 from inferentia_operator.core.names import FIELD_MANAGER, MANAGED_BY_LABEL
-from inferentia_operator.core.projection import Packed, compile_uri, owner_key, project, project_pod, project_record
+from inferentia_operator.core.projection import Packed, compile_uri, owner_key, project, project_pod_spec, project_record
 
 from .reconciler import Reconciler
 
@@ -83,7 +83,7 @@ def slim(body: Mapping[str, Any]) -> None:
         if field in ("apiVersion", "kind", "metadata") or not isinstance(value, (dict, list)) or (pod and field == "status"):
             continue
         if pod and field == "spec" and isinstance(value, dict):
-            kept = project_pod(body)["spec"]  # what pod_signature reads back, in the form it reads
+            kept = project_pod_spec(value)  # what pod_signature reads back, in the form it reads
             value.clear()
             value.update(kept)
         else:
