@@ -37,6 +37,11 @@ def pods(cluster, namespace: str) -> list[dict]:
     return [p for p in found if p["metadata"].get("deletionTimestamp") is None]
 
 
+def counts(model: dict) -> tuple[int | None, int | None]:
+    status = model.get("status", {})
+    return status.get("replicas"), status.get("readyReplicas")
+
+
 def restart_container(cluster, namespace: str, pod: str) -> None:
     """What a real kubelet reports when a worker's container dies and is started again: its
     restartCount goes up. kwok runs no kubelet, so the test writes it. LWS makes the group again
@@ -84,8 +89,9 @@ def test_a_two_node_replica_is_one_group_placed_counted_scaled_and_recreated(lws
     cluster.kubectl("scale", "inferentiamodel", "llm", "-n", namespace, "--replicas=2")
     wait_for(lambda: cluster.get("leaderworkerset", "llm", "-n", namespace)["spec"]["replicas"] == 2, 60, "two groups asked of LWS")
     wait_for(lambda: condition(model(), "Scheduled").get("reason") == "Unschedulable", 90, "the second group unschedulable")
-    status = model()["status"]
-    assert (status["replicas"], status["readyReplicas"]) == (2, 1), status
+    # Scheduled is read from the pods, the counts from the LeaderWorkerSet's own status, which its
+    # controller moves on its own time: wait for the counts rather than read them once.
+    wait_for(lambda: counts(model()) == (2, 1), 60, "two groups counted, one ready")
     assert condition(model(), "Ready")["status"] == "False"
     cluster.kubectl("scale", "inferentiamodel", "llm", "-n", namespace, "--replicas=1")
     wait_for(lambda: condition(model(), "Ready").get("status") == "True" and len(pods(cluster, namespace)) == 2, 120, "back to one group")
