@@ -23,6 +23,11 @@ compile image:
   floor's cluster, the model created and then its children by the same client at once: the
   API server's and the watch's own latency at that rate, with no controller in between).
 
+``--creates K`` measures instead what creating a model's Service and Deployment costs the API
+server and etcd, by a plain POST (the operator's create, ``Kube.create``) and by a server-side
+apply (``Kube.apply``), in alternating rounds of K models on one control plane: the CPU from
+the first write until every Deployment of the round is available, less the idle rate.
+
 ``--memory`` runs instead only the operator, with Python's tracemalloc on
 (cluster/operator_memory.py), and prints the lines whose live objects hold its memory after
 converging and at the end: which caches grow; with the allocators beneath, pymalloc's arenas
@@ -46,6 +51,7 @@ import math
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -176,8 +182,12 @@ def wait_until(predicate, timeout: float, interval: float = 1.0) -> float:
     return time.monotonic()
 
 
-def available_deployments(kube: Kube) -> int:
-    return sum(1 for d in kube.list("Deployment", NAMESPACE, "") if (d.get("status") or {}).get("availableReplicas") == 1)
+def available_deployments(kube: Kube, prefix: str = "") -> int:
+    return sum(
+        1
+        for d in kube.list("Deployment", NAMESPACE, "")
+        if d["metadata"]["name"].startswith(prefix) and (d.get("status") or {}).get("availableReplicas") == 1
+    )
 
 
 def ready_models(kube: Kube) -> int:
@@ -663,6 +673,34 @@ def with_operator(
         cluster.down()
 
 
+def create_cost(per_round: int, rounds: int, workdir: Path) -> dict[str, list[tuple[float, float]]]:
+    """(CPU seconds, seconds to write) of each round, by how its children were created."""
+    cluster = localcluster.LocalCluster(
+        workdir / "creates", fleet_file=fleet(workdir / "creates-fleet.yaml", per_round * rounds), die_with_parent=True
+    )
+    cluster.up()
+    out: dict[str, list[tuple[float, float]]] = {"POST": [], "server-side apply": []}
+    try:
+        kube = client(cluster)
+        for r in range(rounds):
+            how = list(out)[r % 2]
+            prefix = f"r{r}-"
+            bodies = [o for i in range(per_round) for o in children_of(f"{prefix}{i}")[1:]]  # the Service, the Deployment
+            write = kube.create if how == "POST" else kube.apply
+            idle = idle_cpu_per_second(cluster)
+            cpu0, started = control_plane_cpu(cluster), time.monotonic()
+            with ThreadPoolExecutor(CLIENT_THREADS) as pool:
+                assert all(o is not None for o in pool.map(write, bodies)), "a name was taken"
+            wrote = time.monotonic()
+            wait_until(lambda p=prefix: available_deployments(kube, p) >= per_round, timeout=per_round + 120)
+            time.sleep(3)  # the controllers' last writes
+            out[how].append((control_plane_cpu(cluster) - cpu0 - idle * (time.monotonic() - started), wrote - started))
+            print(f"round {r + 1} of {rounds}, {how}: {out[how][-1][0]:.1f} s CPU, {out[how][-1][1]:.1f} s to write", flush=True)
+        return out
+    finally:
+        cluster.down()
+
+
 def memory_run(models: int, workdir: Path, rates: list[int], stream_seconds: int, trace: bool = True) -> dict:
     """--memory: the operator with tracemalloc on (cluster/operator_memory.py), its live
     allocations by line after converging on ``models`` and after the streams; no other figure,
@@ -753,10 +791,30 @@ def main() -> int:
         "--memory", action="store_true",
         help="instead: which lines' live objects hold the operator's memory, after converging and at the end (tracemalloc; no other figure)",
     )  # fmt: skip
+    parser.add_argument(
+        "--creates", type=int, metavar="K", help="instead: a Service and Deployment created by POST against by apply, in rounds of K models"
+    )
+    parser.add_argument("--rounds", type=int, default=8, help="with --creates: rounds, alternating, the first of each way a warm-up")
     args = parser.parse_args()
     rates = [int(r) for r in args.rates.split(",") if r]
     localcluster.bin_dir()
     n = args.models
+    if args.creates:
+        with tempfile.TemporaryDirectory() as tmp:
+            rounds = create_cost(args.creates, args.rounds, Path(tmp))
+        print(
+            f"\n{args.creates} models a round, {args.rounds} rounds ({time.strftime('%Y-%m-%d')}, "
+            f"python cluster/benchmark_scale.py --creates {args.creates} --rounds {args.rounds}); the first round of each way left out\n"
+        )
+        print("| created by | API server + etcd CPU a model | seconds to write a round |")
+        print("|---|---|---|")
+        for how, measured in rounds.items():
+            kept = measured[1:]
+            cpu = [c / args.creates * 1000 for c, _ in kept]
+            print(
+                f"| {how} | {statistics.mean(cpu):.1f} ms (rounds: {', '.join(f'{c:.1f}' for c in cpu)}) | {statistics.mean(w for _, w in kept):.1f} s |"
+            )
+        return 0
     if args.memory:
         with tempfile.TemporaryDirectory() as tmp:
             run = memory_run(n, Path(tmp), rates, args.stream_seconds, trace=not args.untraced)
