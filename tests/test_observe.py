@@ -3,8 +3,8 @@
 import sys
 
 from inferentia_operator.core import api
-from inferentia_operator.core.names import MODEL_LABEL
-from inferentia_operator.core.projection import Packed, owner_key, project, project_pod
+from inferentia_operator.core.names import FIELD_MANAGER, MODEL_LABEL
+from inferentia_operator.core.projection import OWN_UPDATE_ENTRY, Packed, owner_key, project, project_pod
 
 DEPLOYMENT = {
     "apiVersion": "apps/v1",
@@ -30,6 +30,24 @@ def test_a_projection_keeps_identity_spec_and_status_and_drops_managed_fields():
     assert kept["metadata"]["resourceVersion"] == "42"
     configmap = project({"kind": "ConfigMap", "metadata": {"name": "plan-abc"}, "data": {"plan.json": "{}"}, "immutable": True})
     assert "data" not in configmap and configmap["immutable"] is True
+
+
+def with_entries(*entries: dict) -> dict:
+    return {**DEPLOYMENT, "metadata": {**DEPLOYMENT["metadata"], "managedFields": [{"fieldsV1": {}, **e} for e in entries]}}
+
+
+def test_a_projection_says_where_the_operators_update_entry_is_and_nothing_else_of_managed_fields():
+    """A child the operator created with a POST has its fields under its Update entry: the
+    projection says at which index, and whether an Apply entry of its own is beside it."""
+    kubectl = {"manager": "kubectl", "operation": "Update"}
+    status = {"manager": FIELD_MANAGER, "operation": "Update", "subresource": "status"}
+    posted = {"manager": FIELD_MANAGER, "operation": "Update"}
+    applied = {"manager": FIELD_MANAGER, "operation": "Apply"}
+    assert OWN_UPDATE_ENTRY not in project(DEPLOYMENT)
+    assert OWN_UPDATE_ENTRY not in project(with_entries(kubectl, applied, status))
+    assert project(with_entries(kubectl, posted))[OWN_UPDATE_ENTRY] == {"index": 1, "besideApply": False}
+    assert project(with_entries(applied, status, posted))[OWN_UPDATE_ENTRY] == {"index": 2, "besideApply": True}
+    assert OWN_UPDATE_ENTRY not in project({**DEPLOYMENT, "metadata": {"name": "x", "managedFields": "not a list"}})
 
 
 def test_a_packed_projection_unpacks_to_the_same_value_and_is_smaller():

@@ -65,12 +65,10 @@ class FakeKube:
         self._check("apply", body["kind"], body["metadata"]["name"])
         return self._stored(body)
 
-    def apply_new(self, body: dict[str, Any]) -> dict[str, Any] | None:
-        """As Kube.apply_new: an apply whose resourceVersion no object has, so 409 where one exists."""
-        self._check("apply_new", body["kind"], body["metadata"]["name"])
-        if (body["kind"], body["metadata"]["name"]) in self.objects:
-            return None
-        return self._stored(body)
+    def make_own_fields_applied(self, kind: str, namespace: str, name: str, index: int, beside_apply: bool) -> dict[str, Any]:
+        self._check("make_own_fields_applied", kind, name)
+        self.calls.append(("entry", str(index), str(beside_apply)))
+        return self.objects[(kind, name)]
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
         self._check("delete", kind, name)
@@ -206,8 +204,8 @@ def test_the_actor_writes_each_child_and_records_refusals_and_conflicts_without_
 
 
 def test_a_new_models_children_are_created_without_a_read():
-    """The create-only apply's 409 is the check for a name taken by an object the watch cannot
-    see: a model whose names are free costs no GET (the read happens only on a 409)."""
+    """A create's 409 is the check for a name taken by an object the watch cannot see: a model
+    whose names are free costs no GET (the read happens only on a 409), and no apply."""
     kube = FakeKube()
     model = stored_model()
     cache = Cache()
@@ -218,7 +216,39 @@ def test_a_new_models_children_are_created_without_a_read():
         outcome = asyncio.run(act(pool, kube, observed, decision, DEFAULT_SETTINGS.prover))
     assert not outcome.failures and not outcome.conflicts
     assert {(k, n) for k, n in outcome.written} >= {("Deployment", "m"), ("Service", "m")}
-    assert [c for c in kube.calls if c[0] == "get"] == []
+    assert [c for c in kube.calls if c[0] in ("get", "apply")] == []
+
+
+def test_a_child_created_by_a_post_has_its_fields_made_the_applys_before_its_first_apply_only():
+    """The first apply to a child the operator POSTed makes the POST's fields the apply's first
+    (else an apply that drops a field would leave it); a child without that entry is applied alone."""
+    kube = FakeKube()
+    model = stored_model()
+    cache = Cache()
+    cache.indexes = indexes(model)
+    decision = decide(cache.observe((NS, "m")), "2026-11-24T00:00:00Z")
+    service = next(b for b in decision.apply if b["kind"] == "Service")
+    live = copy.deepcopy(service)
+    live["metadata"] |= {"uid": "u-s", "resourceVersion": "7", "managedFields": [{"manager": "inferentia-operator", "operation": "Update"}]}
+    live["spec"]["ports"] = [{**live["spec"]["ports"][0], "port": 1}]  # differs: to be applied
+    kube.objects[("Service", "m")] = live
+    cache.indexes = indexes(model, live)
+    observed = cache.observe((NS, "m"))
+    decision = decide(observed, "2026-11-24T00:00:00Z")
+    with ThreadPoolExecutor(1) as pool:
+        asyncio.run(act(pool, kube, observed, decision, DEFAULT_SETTINGS.prover))
+    service_calls = [c for c in kube.calls if c[1:] == ("Service", "m") or c[0] == "entry"]
+    assert service_calls == [("make_own_fields_applied", "Service", "m"), ("entry", "0", "False"), ("apply", "Service", "m")]
+
+    kube.calls.clear()
+    applied = kube.objects[("Service", "m")]
+    applied["metadata"]["managedFields"] = [{"manager": "inferentia-operator", "operation": "Apply"}]
+    applied["spec"]["ports"] = [{**applied["spec"]["ports"][0], "port": 2}]
+    cache.indexes = indexes(model, applied)
+    observed = cache.observe((NS, "m"))
+    with ThreadPoolExecutor(1) as pool:
+        asyncio.run(act(pool, kube, observed, decide(observed, "2026-11-24T00:00:00Z"), DEFAULT_SETTINGS.prover))
+    assert [c for c in kube.calls if c[1:] == ("Service", "m")] == [("apply", "Service", "m")]
 
 
 # -- one decision per reconcile, and the triggers --------------------------------------------------
@@ -382,7 +412,7 @@ def test_a_write_that_may_pass_brings_the_model_back_after_a_growing_backoff_and
 
     asyncio.run(scenario())
     assert delays == [1.0, 2.0, 1.0]
-    assert [c for c in kube.calls if c[:2] == ("apply_new", "Service")], "the Service write was attempted"
+    assert [c for c in kube.calls if c[:2] == ("create", "Service")], "the Service write was attempted"
 
 
 def test_resync_queues_every_model_only_while_this_replica_is_active():

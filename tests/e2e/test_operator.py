@@ -724,23 +724,51 @@ def test_a_namespace_user_cannot_forge_a_compile_cache_hit(cluster, operator, na
     assert cluster.get("configmap", children.compile_record_name(m), "-n", namespace)["data"]["job"] == "compile-forged"
 
 
-def test_a_create_only_apply_creates_what_is_missing_and_leaves_what_exists(cluster, namespace, monkeypatch):
-    """Kube.apply_new on this API server: an apply with resourceVersion "1" creates an absent
-    object, is refused (409, nothing written) where one exists, and what it created belongs to
-    the operator's apply, so a later apply that drops a field removes it."""
+def test_a_child_created_by_a_post_becomes_the_operators_apply_before_its_first_apply(cluster, namespace, monkeypatch):
+    """The operator creates a child with a plain POST (which costs the API server less than an
+    apply: docs/benchmarks.md), refused (409, nothing written) where the name is taken. The
+    POST's fields are the operator's Update's, which an apply does not take: an apply that drops
+    one leaves it (the control). So before its first apply the operator makes them its Apply's,
+    and an apply that drops a field removes it, on a ConfigMap as on a Service, whose cluster IP
+    the API server allocated and stays."""
+    from inferentia_operator.core.projection import OWN_UPDATE_ENTRY, project
+    from inferentia_operator.shell import act
     from inferentia_operator.shell.kube import Kube
     from inferentia_operator.shell.transport import Transport
 
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     kube = Kube(Transport())
-    body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": namespace}, "data": {"a": "1", "b": "2"}}
-    created = kube.apply_new(body)
-    assert created is not None and created["data"] == {"a": "1", "b": "2"}
-    someone = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "theirs", "namespace": namespace}, "data": {"x": "1"}}
+
+    def configmap(name: str, data: dict) -> dict:
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace}, "data": data}
+
+    someone = configmap("theirs", {"x": "1"})
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(someone))
     before = cluster.get("configmap", "theirs", "-n", namespace)
-    assert kube.apply_new({**someone, "data": {"x": "taken"}}) is None
+    assert kube.create({**someone, "data": {"x": "taken"}}) is None
     assert cluster.get("configmap", "theirs", "-n", namespace)["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
-    assert kube.apply_new(body) is None  # its own too: only a create
-    kube.apply({**body, "data": {"a": "1"}})
+
+    control = kube.create(configmap("control", {"a": "1", "b": "2"}))
+    assert control is not None
+    kube.apply(configmap("control", {"a": "1"}))
+    assert cluster.get("configmap", "control", "-n", namespace)["data"] == {"a": "1", "b": "2"}
+
+    created = kube.create(configmap("c", {"a": "1", "b": "2"}))
+    assert created is not None
+    act.apply(kube, configmap("c", {"a": "1"}), project(created))
     assert cluster.get("configmap", "c", "-n", namespace)["data"] == {"a": "1"}
+
+    def service(ports: list[dict]) -> dict:
+        return {
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": namespace},
+            "spec": {"selector": {"app": "s"}, "ports": ports},
+        }  # fmt: skip
+
+    two = [{"name": "a", "port": 80, "protocol": "TCP"}, {"name": "b", "port": 81, "protocol": "TCP"}]
+    created = kube.create(service(two))
+    assert created is not None
+    act.apply(kube, service(two[:1]), project(created))
+    live = cluster.get("service", "s", "-n", namespace)
+    assert [p["name"] for p in live["spec"]["ports"]] == ["a"] and live["spec"]["clusterIP"] == created["spec"]["clusterIP"]
+    # Its own fields are now its Apply's alone: a later apply finds nothing to make its own.
+    assert OWN_UPDATE_ENTRY in project(created) and OWN_UPDATE_ENTRY not in project(live)

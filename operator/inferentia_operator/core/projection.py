@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from inferentia_operator.core import api, children
-from inferentia_operator.core.names import COMPILE_RECORD_COMPONENT, COMPONENT_LABEL, MODEL_LABEL
+from inferentia_operator.core.names import COMPILE_RECORD_COMPONENT, COMPONENT_LABEL, FIELD_MANAGER, MODEL_LABEL
 from inferentia_operator.core.objects import Obj
 
 _METADATA_KEPT = (
@@ -30,14 +30,36 @@ def _metadata(body: Mapping[str, Any]) -> dict[str, Any]:
     return {k: meta[k] for k in _METADATA_KEPT if meta.get(k) is not None}
 
 
+# Where the operator's own Update entry is in an object's managedFields, when it has one: the
+# fields of a child it created with a POST. Before it first applies to that child, the operator
+# makes them its apply's (shell/act.py), and needs only this of the managedFields to do it.
+OWN_UPDATE_ENTRY = "ownUpdateEntry"
+
+
+def own_update_entry(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The index of the operator's Update entry (of the object itself, not a subresource) in its
+    managedFields, and whether the operator has an Apply entry beside it; None when it has none."""
+    entries = Obj(body).metadata.get("managedFields")
+    if not isinstance(entries, list):
+        return None
+    ours = [(i, e) for i, e in enumerate(entries) if isinstance(e, dict) and e.get("manager") == FIELD_MANAGER and not e.get("subresource")]
+    update = next((i for i, e in ours if e.get("operation") == "Update"), None)
+    if update is None:
+        return None
+    return {"index": update, "besideApply": any(e.get("operation") == "Apply" for _, e in ours)}
+
+
 def project(body: Mapping[str, Any]) -> dict[str, Any]:
-    """An object as the decision needs it: its identity, spec and status; no managedFields.
+    """An object as the decision needs it: its identity, spec and status; of its managedFields
+    only where the operator's Update entry is (OWN_UPDATE_ENTRY).
 
     A ConfigMap's data is left out too: plan ConfigMaps are immutable and named after
     their content, so the name says everything the decision needs."""
     kept = {k: body[k] for k in ("apiVersion", "kind", "spec", "status", "immutable") if k in body}
     if body.get("kind") != "ConfigMap" and "data" in body:
         kept["data"] = body["data"]
+    if (entry := own_update_entry(body)) is not None:
+        kept[OWN_UPDATE_ENTRY] = entry
     return {**kept, "metadata": _metadata(body)}
 
 

@@ -16,10 +16,9 @@ from typing import Any
 
 from inferentia_operator.core import children
 from inferentia_operator.core.decide import Decision
-from inferentia_operator.core.kinds import WRITTEN_ONCE
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.ownership import foreign_owner, is_compile_job_of_ours
-from inferentia_operator.core.projection import project, project_record
+from inferentia_operator.core.projection import OWN_UPDATE_ENTRY, project, project_record
 from inferentia_operator.core.proof import PROOF_ANNOTATION, Prover
 from inferentia_operator.core.status import Conflict, Observed, WriteFailure
 
@@ -80,24 +79,18 @@ async def act(pool: Executor, kube: Kube, observed: Observed, decision: Decision
         kind, name = body["kind"], body["metadata"]["name"]
         try:
             if observed.live(kind, name) is None:
-                if kind in WRITTEN_ONCE:
-                    # Named after their content and never updated: a plain create, which
-                    # the API server refuses (409) if the name is taken, needs no check first.
-                    created = kube.create(body)
-                    if created is not None:
-                        if kind == "Job":
-                            created = prove_job(kube, created, prover)
-                        out.written[(kind, name)] = project(created)
-                        return
-                else:
-                    # Not in the caches: an apply that only creates, so that the usual case
-                    # (a new model) costs no read. It fails (409) where the name is taken
-                    # by an object the label-filtered watch cannot see: only then is it read,
-                    # and never written over if it is someone else's.
-                    created = kube.apply_new(body)
-                    if created is not None:
-                        out.written[(kind, name)] = project(created)
-                        return
+                # Not in the caches: a plain create, so that the usual case (a new model) costs
+                # no read, and a POST, which costs the API server less than an apply
+                # (docs/benchmarks.md); its fields are made the apply's before a first apply
+                # (apply, below). It fails (409) where the name is taken by an object the
+                # label-filtered watch cannot see: only then is it read, and never written over
+                # if it is someone else's.
+                created = kube.create(body)
+                if created is not None:
+                    if kind == "Job":
+                        created = prove_job(kube, created, prover)
+                    out.written[(kind, name)] = project(created)
+                    return
                 if taken(kind, name):
                     return
             out.written[(kind, name)] = project(apply(kube, body, observed.live(kind, name)))
@@ -135,19 +128,22 @@ def prove_job(kube: Kube, job: dict[str, Any], prover: Prover) -> dict[str, Any]
 
 
 def apply(kube: Kube, body: dict[str, Any], live: dict[str, Any] | None) -> dict[str, Any]:
-    """Server-side apply; for a Service of ours whose ports someone edited by hand, the
-    ports are first replaced whole.
+    """Server-side apply; first, on a child the operator created with a POST, its fields made
+    the apply's (Kube.make_own_fields_applied), once; for a Service of ours whose ports someone
+    edited by hand, the ports are first replaced whole.
 
     Service ports are a list keyed by port and protocol: an entry someone else changed
     (``kubectl patch`` of a port) belongs to them, so applying the planned entry beside
     it makes two ports of one name, which the API server refuses (422, Duplicate value)
     on every apply after. Replacing the list takes the entries back."""
+    meta = body["metadata"]
+    if live is not None and isinstance(entry := live.get(OWN_UPDATE_ENTRY), dict):
+        kube.make_own_fields_applied(body["kind"], meta["namespace"], meta["name"], entry["index"], entry["besideApply"])
     try:
         return kube.apply(body)
     except ApiError as exc:
         if exc.code != 422 or body["kind"] != "Service" or live is None:
             raise
-        meta = body["metadata"]
         log.info("Service %s/%s: ports edited by someone else; replacing them with the planned ones", meta["namespace"], meta["name"])
         kube.replace_field("Service", meta["namespace"], meta["name"], "/spec/ports", body["spec"]["ports"])
         return kube.apply(body)

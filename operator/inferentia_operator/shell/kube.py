@@ -134,22 +134,21 @@ class Kube:
             content_type="application/apply-patch+yaml",
         )
 
-    def apply_new(self, body: dict[str, Any]) -> dict[str, Any] | None:
-        """Server-side apply that only creates: None when an object of that name exists (409),
-        whoever owns it, and nothing written. A resourceVersion in an apply is a precondition
-        on an existing object, and no object has "1" (an empty etcd store is at revision 1, and
-        every write moves it on); an object being created has none to meet, so the create goes
-        through (checked against the API server by tests/e2e; the Java Operator SDK creates
-        this way: https://github.com/fabric8io/kubernetes-client/discussions/5984). Unlike a
-        POST, the fields it writes are the apply's, so a later apply that drops one removes it."""
-        meta = body["metadata"]
-        conditional = {**body, "metadata": {**meta, "resourceVersion": "1"}}
-        try:
-            return self.apply(conditional)
-        except ApiError as exc:
-            if exc.code == 409:
-                return None
-            raise
+    def make_own_fields_applied(self, kind: str, namespace: str, name: str, index: int, beside_apply: bool) -> dict[str, Any]:
+        """Makes the fields of the operator's Update entry, at ``index`` of the object's
+        managedFields (those of its POST), its Apply's: the entry becomes its Apply entry, or,
+        beside one, goes (its fields are the apply's already, the defaults the API server filled
+        in aside, which come back if dropped). Without it, an apply that drops a field the POST
+        wrote leaves it (kubernetes/kubernetes#99003). kubectl does the same on an object it
+        once applied client-side: k8s.io/client-go/util/csaupgrade, UpgradeManagedFields. The
+        patch tests the entry first, so an entry moved since the cache saw it is left alone (422)."""
+        at = f"/metadata/managedFields/{index}"
+        ops: list[dict[str, Any]] = [
+            {"op": "test", "path": f"{at}/manager", "value": FIELD_MANAGER},
+            {"op": "test", "path": f"{at}/operation", "value": "Update"},
+            {"op": "remove", "path": at} if beside_apply else {"op": "replace", "path": f"{at}/operation", "value": "Apply"},
+        ]
+        return self._object("PATCH", path(kind, namespace, name), body=ops, content_type="application/json-patch+json")
 
     def replace_field(self, kind: str, namespace: str, name: str, pointer: str, value: Any) -> dict[str, Any]:
         """Replaces one field whole (a JSON patch), whoever owns its entries."""
