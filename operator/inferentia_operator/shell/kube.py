@@ -141,7 +141,8 @@ class Kube:
         in aside, which come back if dropped). Without it, an apply that drops a field the POST
         wrote leaves it (kubernetes/kubernetes#99003). kubectl does the same on an object it
         once applied client-side: k8s.io/client-go/util/csaupgrade, UpgradeManagedFields. The
-        patch tests the entry first, so an entry moved since the cache saw it is left alone (422)."""
+        patch tests the entry first, so an entry moved since the cache saw it is left alone: the
+        API server refuses the patch, and the write is reported and tried again."""
         at = f"/metadata/managedFields/{index}"
         ops: list[dict[str, Any]] = [
             {"op": "test", "path": f"{at}/manager", "value": FIELD_MANAGER},
