@@ -733,7 +733,7 @@ def test_a_child_created_by_a_post_becomes_the_operators_apply_before_its_first_
     the API server allocated and stays."""
     from inferentia_operator.core.projection import OWN_UPDATE_ENTRY, project
     from inferentia_operator.shell import act
-    from inferentia_operator.shell.kube import Kube
+    from inferentia_operator.shell.kube import ApiError, Kube
     from inferentia_operator.shell.transport import Transport
 
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
@@ -757,6 +757,11 @@ def test_a_child_created_by_a_post_becomes_the_operators_apply_before_its_first_
     assert created is not None
     act.apply(kube, configmap("c", {"a": "1"}), project(created))
     assert cluster.get("configmap", "c", "-n", namespace)["data"] == {"a": "1"}
+    # Told of an entry that is no longer there (the caches behind): refused, nothing written.
+    version = cluster.get("configmap", "c", "-n", namespace)["metadata"]["resourceVersion"]
+    with pytest.raises(ApiError):
+        kube.make_own_fields_applied("ConfigMap", namespace, "c", 0, False)
+    assert cluster.get("configmap", "c", "-n", namespace)["metadata"]["resourceVersion"] == version
 
     # Applied once already, as when a create met a child of its own the caches did not hold
     # yet: the Update entry sits beside the Apply entry, and goes.
