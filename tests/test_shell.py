@@ -251,6 +251,38 @@ def test_a_child_created_by_a_post_has_its_fields_made_the_applys_before_its_fir
     assert [c for c in kube.calls if c[1:] == ("Service", "m")] == [("apply", "Service", "m")]
 
 
+def test_a_post_that_meets_its_own_child_unseen_makes_its_fields_the_applys_at_once():
+    """A create's 409 on a child of the model's own that the caches do not hold yet (a restart
+    before the watch delivered it): the GET that checked its owner also says whether the POST's
+    fields are still the operator's Update entry, so the apply that follows takes them over in
+    the same reconcile, not a reconcile later."""
+    kube = FakeKube()
+    model = stored_model()
+    cache = Cache()
+    cache.indexes = indexes(model)
+    observed = cache.observe((NS, "m"))
+    decision = decide(observed, "2026-11-24T00:00:00Z")
+    service = next(b for b in decision.apply if b["kind"] == "Service")
+    unseen = copy.deepcopy(service)
+    unseen["metadata"] |= {
+        "uid": "u-s",
+        "resourceVersion": "7",
+        "managedFields": [{"manager": "inferentia-operator", "operation": "Update"}],
+    }
+    kube.objects[("Service", "m")] = unseen
+    with ThreadPoolExecutor(1) as pool:
+        outcome = asyncio.run(act(pool, kube, observed, decision, DEFAULT_SETTINGS.prover))
+    assert not outcome.failures and not outcome.conflicts
+    service_calls = [c for c in kube.calls if c[1:] == ("Service", "m") or c[0] == "entry"]
+    assert service_calls == [
+        ("create", "Service", "m"),
+        ("get", "Service", "m"),
+        ("make_own_fields_applied", "Service", "m"),
+        ("entry", "0", "False"),
+        ("apply", "Service", "m"),
+    ]
+
+
 # -- one decision per reconcile, and the triggers --------------------------------------------------
 
 

@@ -1,9 +1,10 @@
-"""The act step: server-side apply of the children that differ, and deletes of superseded plans.
+"""The act step: a create of each child the caches do not hold, a server-side apply of each
+that differs, and deletes of superseded plans.
 
 A write the API server refuses is recorded (it ends in the model's status) and the
-others still go ahead. Before creating a child the caches do not hold, the operator
-GETs it: its name may be taken by an object the label-filtered watch cannot see, and
-the operator never writes over someone else's. That GET is the only read of a reconcile.
+others still go ahead. A create refused as taken (409) is the only time a reconcile reads:
+the name may be held by an object the label-filtered watch cannot see, and the operator
+never writes over someone else's.
 """
 
 from __future__ import annotations
@@ -63,22 +64,29 @@ async def act(pool: Executor, kube: Kube, observed: Observed, decision: Decision
     model = Obj(observed.model)
     namespace = model.namespace or ""
 
-    def taken(kind: str, name: str) -> bool:
-        """Whether an object the model does not control has the name (recorded as a conflict)."""
+    def after_conflict(kind: str, name: str) -> tuple[bool, dict[str, Any] | None]:
+        """After a create's 409: whether the model may write the object that holds the name (one
+        it does not control is recorded as a conflict), and that object projected as the caches
+        would hold it, so that the apply that follows sees what the watch has not delivered yet:
+        the POST's Update entry among it, which is then made the apply's at once."""
         existing = kube.get(kind, namespace, name)
-        if existing is not None and kind == "Job" and is_compile_job_of_ours(existing):
+        if existing is None:
+            return True, None  # deleted since the 409: the apply creates it
+        if kind == "Job" and is_compile_job_of_ours(existing):
             # Another model with the same compile inputs created it a moment ago: this
             # model waits for it (the next reconcile sees it in the cache), never a conflict.
-            return True
-        owner = foreign_owner(existing, model.uid, model.name) if existing is not None else None
+            return False, None
+        owner = foreign_owner(existing, model.uid, model.name)
         if owner is not None:
             out.conflicts.append(Conflict(kind, name, owner))
-        return owner is not None
+            return False, None
+        return True, project(existing)
 
     def write(body: dict[str, Any]) -> None:
         kind, name = body["kind"], body["metadata"]["name"]
         try:
-            if observed.live(kind, name) is None:
+            live = observed.live(kind, name)
+            if live is None:
                 # Not in the caches: a plain create, so that the usual case (a new model) costs
                 # no read, and a POST, which costs the API server less than an apply
                 # (docs/benchmarks.md); its fields are made the apply's before a first apply
@@ -91,9 +99,10 @@ async def act(pool: Executor, kube: Kube, observed: Observed, decision: Decision
                         created = prove_job(kube, created, prover)
                     out.written[(kind, name)] = project(created)
                     return
-                if taken(kind, name):
+                ours, live = after_conflict(kind, name)
+                if not ours:
                     return
-            out.written[(kind, name)] = project(apply(kube, body, observed.live(kind, name)))
+            out.written[(kind, name)] = project(apply(kube, body, live))
         except ApiError as exc:
             out.failures.append(WriteFailure(kind, name, exc.code, exc.message))
 
