@@ -182,20 +182,46 @@ def test_a_delete_event_older_than_the_write_keeps_the_write():
 
 # -- the actor -----------------------------------------------------------------------------------
 
+NOW = "2026-11-24T00:00:00Z"
+
+
+def observed_holding(*objects: dict[str, Any]):
+    """Model m as the caches give it to a reconcile, when their watches hold ``objects``."""
+    cache = Cache()
+    cache.indexes = indexes(*objects)
+    return cache.observe((NS, "m"))
+
+
+def run_act(kube: FakeKube, observed, decision=None):
+    """One act step, of ``decision`` or of what ``observed`` decides."""
+    with ThreadPoolExecutor(1) as pool:
+        return asyncio.run(act(pool, kube, observed, decision or decide(observed, NOW), DEFAULT_SETTINGS.prover))
+
+
+def as_posted(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` as the API server holds it after the operator's POST: its fields the Update entry's."""
+    stored = copy.deepcopy(body)
+    stored["metadata"] |= {
+        "uid": "u-s",
+        "resourceVersion": "7",
+        "managedFields": [{"manager": "inferentia-operator", "operation": "Update"}],
+    }
+    return stored
+
+
+def service_calls(kube: FakeKube) -> list[tuple[str, str, str]]:
+    return [c for c in kube.calls if c[1:] == ("Service", "m") or c[0] == "entry"]
+
 
 def test_the_actor_writes_each_child_and_records_refusals_and_conflicts_without_stopping():
     kube = FakeKube()
-    model = stored_model(**{"compile.image": "example.com/neuron:1"})
     someone_elses = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "m", "namespace": NS, "labels": {}}}
     kube.objects[("Service", "m")] = someone_elses
-    cache = Cache()
-    cache.indexes = indexes(model)
-    observed = cache.observe((NS, "m"))
-    decision = decide(observed, "2026-11-24T00:00:00Z")
+    observed = observed_holding(stored_model(**{"compile.image": "example.com/neuron:1"}))
+    decision = decide(observed, NOW)
     job = next(b for b in decision.apply if b["kind"] == "Job")
     kube.refuse[("Job", job["metadata"]["name"])] = ApiError(422, "Invalid", "spec.template: invalid")
-    with ThreadPoolExecutor(1) as pool:
-        outcome = asyncio.run(act(pool, kube, observed, decision, DEFAULT_SETTINGS.prover))
+    outcome = run_act(kube, observed, decision)
     assert [(c.kind, c.name) for c in outcome.conflicts] == [("Service", "m")]
     assert kube.objects[("Service", "m")] is someone_elses  # never written over
     assert [(f.kind, f.code) for f in outcome.failures] == [("Job", 422)]
@@ -207,13 +233,7 @@ def test_a_new_models_children_are_created_without_a_read():
     """A create's 409 is the check for a name taken by an object the watch cannot see: a model
     whose names are free costs no GET (the read happens only on a 409), and no apply."""
     kube = FakeKube()
-    model = stored_model()
-    cache = Cache()
-    cache.indexes = indexes(model)
-    observed = cache.observe((NS, "m"))
-    decision = decide(observed, "2026-11-24T00:00:00Z")
-    with ThreadPoolExecutor(1) as pool:
-        outcome = asyncio.run(act(pool, kube, observed, decision, DEFAULT_SETTINGS.prover))
+    outcome = run_act(kube, observed_holding(stored_model()))
     assert not outcome.failures and not outcome.conflicts
     assert {(k, n) for k, n in outcome.written} >= {("Deployment", "m"), ("Service", "m")}
     assert [c for c in kube.calls if c[0] in ("get", "apply")] == []
@@ -224,31 +244,19 @@ def test_a_child_created_by_a_post_has_its_fields_made_the_applys_before_its_fir
     (else an apply that drops a field would leave it); a child without that entry is applied alone."""
     kube = FakeKube()
     model = stored_model()
-    cache = Cache()
-    cache.indexes = indexes(model)
-    decision = decide(cache.observe((NS, "m")), "2026-11-24T00:00:00Z")
-    service = next(b for b in decision.apply if b["kind"] == "Service")
-    live = copy.deepcopy(service)
-    live["metadata"] |= {"uid": "u-s", "resourceVersion": "7", "managedFields": [{"manager": "inferentia-operator", "operation": "Update"}]}
+    service = next(b for b in decide(observed_holding(model), NOW).apply if b["kind"] == "Service")
+    live = as_posted(service)
     live["spec"]["ports"] = [{**live["spec"]["ports"][0], "port": 1}]  # differs: to be applied
     kube.objects[("Service", "m")] = live
-    cache.indexes = indexes(model, live)
-    observed = cache.observe((NS, "m"))
-    decision = decide(observed, "2026-11-24T00:00:00Z")
-    with ThreadPoolExecutor(1) as pool:
-        asyncio.run(act(pool, kube, observed, decision, DEFAULT_SETTINGS.prover))
-    service_calls = [c for c in kube.calls if c[1:] == ("Service", "m") or c[0] == "entry"]
-    assert service_calls == [("make_own_fields_applied", "Service", "m"), ("entry", "0", "False"), ("apply", "Service", "m")]
+    run_act(kube, observed_holding(model, live))
+    assert service_calls(kube) == [("make_own_fields_applied", "Service", "m"), ("entry", "0", "False"), ("apply", "Service", "m")]
 
     kube.calls.clear()
     applied = kube.objects[("Service", "m")]
     applied["metadata"]["managedFields"] = [{"manager": "inferentia-operator", "operation": "Apply"}]
     applied["spec"]["ports"] = [{**applied["spec"]["ports"][0], "port": 2}]
-    cache.indexes = indexes(model, applied)
-    observed = cache.observe((NS, "m"))
-    with ThreadPoolExecutor(1) as pool:
-        asyncio.run(act(pool, kube, observed, decide(observed, "2026-11-24T00:00:00Z"), DEFAULT_SETTINGS.prover))
-    assert [c for c in kube.calls if c[1:] == ("Service", "m")] == [("apply", "Service", "m")]
+    run_act(kube, observed_holding(model, applied))
+    assert service_calls(kube) == [("apply", "Service", "m")]
 
 
 def test_a_post_that_meets_its_own_child_unseen_makes_its_fields_the_applys_at_once():
@@ -257,24 +265,12 @@ def test_a_post_that_meets_its_own_child_unseen_makes_its_fields_the_applys_at_o
     fields are still the operator's Update entry, so the apply that follows takes them over in
     the same reconcile, not a reconcile later."""
     kube = FakeKube()
-    model = stored_model()
-    cache = Cache()
-    cache.indexes = indexes(model)
-    observed = cache.observe((NS, "m"))
-    decision = decide(observed, "2026-11-24T00:00:00Z")
-    service = next(b for b in decision.apply if b["kind"] == "Service")
-    unseen = copy.deepcopy(service)
-    unseen["metadata"] |= {
-        "uid": "u-s",
-        "resourceVersion": "7",
-        "managedFields": [{"manager": "inferentia-operator", "operation": "Update"}],
-    }
-    kube.objects[("Service", "m")] = unseen
-    with ThreadPoolExecutor(1) as pool:
-        outcome = asyncio.run(act(pool, kube, observed, decision, DEFAULT_SETTINGS.prover))
+    observed = observed_holding(stored_model())
+    decision = decide(observed, NOW)
+    kube.objects[("Service", "m")] = as_posted(next(b for b in decision.apply if b["kind"] == "Service"))
+    outcome = run_act(kube, observed, decision)
     assert not outcome.failures and not outcome.conflicts
-    service_calls = [c for c in kube.calls if c[1:] == ("Service", "m") or c[0] == "entry"]
-    assert service_calls == [
+    assert service_calls(kube) == [
         ("create", "Service", "m"),
         ("get", "Service", "m"),
         ("make_own_fields_applied", "Service", "m"),
