@@ -85,3 +85,16 @@ def test_the_operators_garbage_collection_between_two_scrapes():
     total, full, longest = gc_paused(after, before)
     assert round(total, 6) == 1.2 and full == 2 and longest == 0.5
     assert gc_paused(before, before) == (0.0, 0.0, 0.0)
+
+
+def test_the_attribution_counts_every_clients_requests_beside_the_kinds():
+    """Every client's reads and writes a model, the controllers' with the operator's, so that a
+    run's control-plane CPU can be set beside the requests its API server answered."""
+    from benchmark_scale import attribution
+
+    op = {"post deployments": 200.0, "patch inferentiamodels/status": 100.0, "get pods": 50.0, "list pods": 50.0, "events pods": 9.0}
+    floor = {"post deployments": 200.0, "get pods": 30.0}
+    table = attribution(op, floor, 100)
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines()}
+    assert rows["every client's writes"] == "| every client's writes | 3.00 | 2.00 | 1.50x |"
+    assert rows["every client's reads"] == "| every client's reads | 1.00 | 0.30 | 3.33x |"
