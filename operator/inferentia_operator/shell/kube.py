@@ -1,12 +1,12 @@
 """The few Kubernetes API calls the operator makes, each one request.
 
 Every call the operator's reconciles make goes through here, so RBAC can grant exactly
-these (tests/test_rbac.py records them), and the metrics count them: server-side apply
-(patch) and create of the children, the compile Job's proof (patch), a get before creating
-a child its caches do not hold, delete of superseded plan ConfigMaps, compile Jobs and claim
-templates, patch of InferentiaModel status, create of events, and at start the proof key
-Secret (get, create). Reads of the children otherwise come from the watch caches (see
-:mod:`cache`).
+these (tests/test_rbac.py records them), and the metrics count them: create and server-side
+apply (patch) of the children, the JSON patch that makes a created child's fields the apply's,
+the compile Job's proof (patch), a get of a child whose create found its name taken (409),
+delete of superseded plan ConfigMaps, compile Jobs and claim templates, patch of
+InferentiaModel status, create of events, and at start the proof key Secret (get, create).
+Reads of the children otherwise come from the watch caches (see :mod:`cache`).
 """
 
 from __future__ import annotations

@@ -48,8 +48,9 @@ def configure_watches(settings: kopf.OperatorSettings) -> None:
 
     An object whose managed-by label someone removes leaves these watches: the API
     server sends a DELETED event for it. Its model is then reconciled, finds the child
-    missing from the cache, GETs it before writing, recognises it as its own by its
-    owner reference, and applies it again, which puts the labels back."""
+    missing from the cache, and creates it; the create's 409 makes it GET the object,
+    recognise it as its own by its owner reference, and apply it again, which puts the
+    labels back."""
     for child in CHILD_KINDS:
         settings.watching.label_selectors[child.group, child.version, child.plural] = MANAGED_SELECTOR
     settings.persistence.diffbase_storage = NoDiffBase()
