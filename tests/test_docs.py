@@ -314,3 +314,26 @@ def test_every_variable_the_operator_sets_in_a_pod_is_documented():
     assert len(names) > 20
     undocumented = sorted(n for n in names if f"`{n}`" not in page and not re.search(rf"\b{n}\b", page))
     assert not undocumented, undocumented
+
+
+def test_every_option_of_run_is_documented_with_its_real_default():
+    """Each of `inferentia-operator run`'s options is named in the docs, and a default a page
+    states for one, as `--option ARG` (default X), is the one the command has."""
+    import contextlib
+    import io
+
+    from inferentia_operator.cli import parser
+
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown), pytest.raises(SystemExit):
+        parser().parse_args(["run", "--help"])
+    options = set(re.findall(r"(--[a-z][a-z-]+)", shown.getvalue())) - {"--help"}
+    assert len(options) > 20
+    defaults = vars(parser().parse_args(["run"]))
+    text = "".join(page.read_text() for page in PAGES)
+    assert sorted(o for o in options if f"`{o}" not in text) == []
+    stated = re.findall(r"`(--[a-z-]+)(?: [A-Z]+)?`\s+\(default\s+`?([^`,;)\s]+)`?", text)
+    assert len(stated) >= 4, stated
+    for option, default in stated:
+        real = defaults[option[2:].replace("-", "_")]
+        assert default == (f"{real:g}" if isinstance(real, float) else str(real)), (option, default, real)
