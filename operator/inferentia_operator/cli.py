@@ -451,7 +451,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--standalone", action="store_true", help="no peering: act even if another replica is running")
     r.add_argument(
         "--priority", type=int, default=None,
-        help="peering priority: the live replica with the highest acts, the others stand by (default: random per start)",
+        help="peering priority: the live replica with the highest acts, the others stand by (default: the millisecond it "
+        "starts, so that a replica restarted after a crash outranks the one it replaces)",
     )  # fmt: skip
     r.add_argument("--resync-seconds", type=float, default=300.0, help="seconds between resyncs of every model against the caches")
     r.add_argument(

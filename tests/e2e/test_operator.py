@@ -270,20 +270,26 @@ def test_steady_state_writes_nothing(cluster, operator, namespace):
 
 @pytest.mark.faults
 def test_a_restart_mid_rollout_converges_without_duplicates(cluster, operator, namespace):
+    def peers() -> dict:
+        return cluster.get("clusterkopfpeering", operator.peering).get("status") or {}
+
     operator.stop()
     try:
+        earlier = set(peers())
         apply_model(cluster, namespace, "m", **{"compile.image": COMPILE_IMAGE})
         operator.start()
         wait_for(lambda: items(cluster, "jobs", namespace, "m"), 60, "the compile Job")
+        wait_for(lambda: set(peers()) - earlier, 30, "the operator's keep-alive in its peering object")
+        killed = {peer: entry for peer, entry in peers().items() if peer not in earlier}
         operator.kill()  # kill -9 mid-rollout: the Job exists, the Deployment may not
     finally:
-        # Above the killed replica's priority, which its keep-alive still holds: started with
-        # a random one below it, the new replica would stand by for up to the keep-alive's
-        # 60 s lifetime first (kopf's peering; docs/benchmarks.md), a wait this test is not about.
-        peers = (cluster.get("clusterkopfpeering", operator.peering).get("status") or {}).values()
-        highest = max((int(p["priority"]) for p in peers if isinstance(p, dict) and "priority" in p), default=0)
-        operator.start("--priority", str(highest + 1))
+        operator.start()
     wait_ready(cluster, namespace, "m")
+    # The killed replica's keep-alive stays live for its lifetime; the new one ranks above it
+    # (started later), so kopf never paused it to wait that lifetime out.
+    new = {peer: entry for peer, entry in peers().items() if peer not in earlier and peer not in killed}
+    assert len(killed) == 1 and len(new) == 1, (killed, new)
+    assert next(iter(new.values()))["priority"] > next(iter(killed.values()))["priority"], (killed, new)
     assert len(items(cluster, "jobs", namespace, "m")) == 1
     assert len(cluster.get("deployments", "-n", namespace)["items"]) == 1
     if cluster.local is not None:
