@@ -134,21 +134,17 @@ def peering_objects(name: str, namespaces: list[str]) -> list[dict[str, Any]]:
     return [{"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": name, "namespace": ns}} for ns in namespaces]
 
 
-# The largest integer every JSON reader holds exactly (2**53 - 1): kopf keeps each replica's
-# priority in its peering object's status, which any client may read.
-MAX_EXACT_JSON_INTEGER = 2**53 - 1
-
-
 def start_priority(now_ns: int) -> int:
     """A replica's peering priority when --priority is not given: the millisecond it started,
     with three random digits below it.
 
     kopf lets the live replica of the highest priority act, pauses every replica that shares
-    one, and keeps a replica that died without stopping (kill -9, an OOM kill, its node gone)
-    live until its keep-alive's lifetime (60 s) runs out. Ranked by start, the replica that
-    replaces it always ranks above it and acts at once; a random rank made it wait out that
-    minute half the time. The random digits keep two replicas started in the same millisecond
-    apart, as kopf needs."""
+    one, and keeps a replica that died without stopping (kill -9, its node gone) live until
+    its keep-alive's lifetime (60 s) runs out. Ranked by start, a replacement under another
+    peer id (a new pod, a process outside the cluster) ranks above it and acts at once; a
+    random rank made it wait out that minute half the time. The random digits keep two
+    replicas started in the same millisecond apart, as kopf needs. About 1.8e15: held exactly
+    by every JSON reader of the peering object's status (below 2**53)."""
     return now_ns // 1_000_000 * 1000 + random.SystemRandom().randrange(1000)
 
 
