@@ -109,6 +109,19 @@ def test_plan_configmap_holds_the_plan_and_each_process_environment():
     assert "launch.sh" in cm["data"]
 
 
+def test_a_plan_configmap_built_once_is_each_callers_own():
+    """A model builds its plan ConfigMap's content once (it is named by its hash in three
+    children); a body that a caller changes leaves the next body, and the name, as planned."""
+    m = model(**THROUGHPUT)
+    first = children.plan_configmap(m)
+    name = first["metadata"]["name"]
+    first["data"]["plan.json"] = "changed"
+    first["data"]["extra"] = "x"
+    again = children.plan_configmap(m)
+    assert again["data"] == children.plan_configmap(model(**THROUGHPUT))["data"] and "extra" not in again["data"]
+    assert again["metadata"]["name"] == name == children.plan_configmap_name(m)
+
+
 def test_compile_job_fetches_compiles_in_the_users_image_and_uploads_marker_last():
     """The compile Job's pod: the operator's image fetches the model, the user's image runs the
     operator's compile program from the plan, the operator's image uploads the artefact."""
@@ -416,7 +429,8 @@ def test_the_plan_configmap_name_follows_its_whole_content(monkeypatch):
     assert children.plan_configmap(m)["metadata"]["name"] == before
     assert children.plan_configmap_name(model(**{**THROUGHPUT, "replicas": 9})) == before  # same content
     monkeypatch.setattr(children, "LAUNCHER", children.LAUNCHER + "# a newer operator\n")
-    assert children.plan_configmap_name(m) != before  # an immutable ConfigMap is replaced, never edited
+    # A newer operator builds the model afresh: an immutable ConfigMap is replaced, never edited.
+    assert children.plan_configmap_name(model(**THROUGHPUT)) != before
 
 
 def test_serving_and_compile_pods_are_hardened_by_default():

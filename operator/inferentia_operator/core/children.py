@@ -7,6 +7,7 @@ can compare what it would apply with what is live before writing anything.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -115,6 +116,17 @@ class Model:
     node_cache_url: str = ""
     # Where the node cache's pods run, labelled with what each holds (core/holds.py); "" none.
     node_cache_namespace: str = ""
+
+    # The plan ConfigMap's content and name, built once a Model: the Deployment, the compile
+    # Job, the ConfigMap itself and the clean-up of superseded plans all name it, and its
+    # content carries the operator's programs (tens of kB to serialise and hash each time).
+    @functools.cached_property
+    def plan_files(self) -> Mapping[str, str]:
+        return _plan_files(self)
+
+    @functools.cached_property
+    def plan_files_hash(self) -> str:
+        return stable_hash(self.plan_files, 8)
 
 
 def stable_hash(value: Any, length: int = 10) -> str:
@@ -352,7 +364,7 @@ CONFIGMAP_DATA_LIMIT = 1024 * 1024 - 16 * 1024
 def plan_size_findings(model: Model) -> list[Finding]:
     """The plan ConfigMap must fit its object; a plan of 128 processes with long compiler
     arguments does not, and the API server would refuse it on every reconcile."""
-    size = sum(len(k) + len(v.encode()) for k, v in _plan_files(model).items())
+    size = sum(len(k) + len(v.encode()) for k, v in model.plan_files.items())
     if size <= CONFIGMAP_DATA_LIMIT:
         return []
     return [
@@ -367,7 +379,7 @@ def plan_size_findings(model: Model) -> list[Finding]:
 def plan_configmap_name(model: Model) -> str:
     # Named after its whole content, not only the plan: the ConfigMap is immutable, so an
     # operator upgrade that changes the launcher must make a new one, never edit the old.
-    return f"{model.name}-plan-{stable_hash(_plan_files(model), 8)}"
+    return f"{model.name}-plan-{model.plan_files_hash}"
 
 
 def plan_configmap(model: Model) -> dict[str, Any]:
@@ -375,7 +387,7 @@ def plan_configmap(model: Model) -> dict[str, Any]:
 
     Content-addressed and immutable: pods of the previous plan keep reading their own
     while a new plan compiles and rolls out."""
-    data = _plan_files(model)
+    data = dict(model.plan_files)  # the body's own, which its caller may change
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",

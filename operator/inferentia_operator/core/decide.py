@@ -57,12 +57,19 @@ class Parts(NamedTuple):
     cleanup: Part
 
 
+def placed(model: Model, settings: Settings) -> Model:
+    """The model with the operator's placement settings: the same object where they change
+    nothing, so that what it built once (its plan ConfigMap's content) is not built again."""
+    wanted = (settings.scheduler_name, settings.node_cache_url, settings.node_cache_namespace)
+    if (model.scheduler_name, model.node_cache_url, model.node_cache_namespace) == wanted:
+        return model
+    scheduler_name, node_cache_url, node_cache_namespace = wanted
+    return replace(model, scheduler_name=scheduler_name, node_cache_url=node_cache_url, node_cache_namespace=node_cache_namespace)
+
+
 def parts_of(model: Model, observed: Observed, settings: Settings) -> Parts:
     """Every part of a model's decision, each fed what the parts before it concluded."""
-    model = replace(
-        model, scheduler_name=settings.scheduler_name, node_cache_url=settings.node_cache_url,
-        node_cache_namespace=settings.node_cache_namespace,
-    )  # fmt: skip
+    model = placed(model, settings)
     compiling = compile_part(model, observed, settings)
     scaling = scaling_part(model, observed, settings, has_artefact=compiling.compiled or observed.own("Deployment") is not None)
     zero = scale_to_zero_part(model, observed, scaling)
