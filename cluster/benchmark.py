@@ -5,7 +5,9 @@
 - warm start of the local control plane (binaries cached) to every component ready;
   target: under 15 s;
 - time from `kubectl apply` of the samples to every model Ready, operator included;
-- the planner's throughput (plans per second), pure Python.
+- the planner's throughput (plans per second), pure Python;
+- the decision's: ``decide()`` of each sample as a new model (decisions per second), the
+  pure step of every reconcile.
 """
 
 from __future__ import annotations
@@ -95,17 +97,38 @@ def planner_rate(seconds: float = 2.0) -> float:
     return count / seconds
 
 
+def decide_rate(seconds: float = 2.0) -> float:
+    """decide() of every valid sample as the API server holds a new model (no child yet)."""
+    sys.path.insert(0, str(REPO / "operator"))
+    from inferentia_operator.core.decide import decide
+    from inferentia_operator.core.status import Observed
+
+    bodies = []
+    for i, path in enumerate(sorted((REPO / "manifests" / "samples").glob("*.yaml"))):
+        body = yaml.safe_load(path.read_text())
+        body["metadata"] |= {"namespace": "default", "uid": f"uid-{i}", "generation": 1, "resourceVersion": "1"}
+        bodies.append(Observed(body))
+    count, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        for observed in bodies:
+            decide(observed, "2026-11-27T00:00:00Z")
+        count += len(bodies)
+    return count / seconds
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument(
         "--planner-only", action="store_true",
-        help="only the planner: the best of --runs 2-second runs over this checkout's samples (to compare two checkouts in one session)",
+        help="only the planner and the decision: the best of --runs 2-second runs each over this checkout's samples "
+        "(to compare two checkouts in one session)",
     )  # fmt: skip
     args = parser.parse_args()
     runs = args.runs
     if args.planner_only:
         print(f"planner:                   {max(planner_rate() for _ in range(runs)):,.0f} plans/s (best of {runs})")
+        print(f"decide, a new model:       {max(decide_rate() for _ in range(runs)):,.0f} decisions/s (best of {runs})")
         return 0
     localcluster.bin_dir()  # build (or find) the binaries before timing anything
     starts = warm_starts(runs)
@@ -113,6 +136,7 @@ def main() -> int:
     print(f"control plane warm start:  {figures(starts)}  -> {verdict} the {WARM_START_TARGET_S:.0f}s target")
     print(f"samples apply -> Ready:    {samples_to_ready():.1f}s  ({samples_label()}, operator included)")
     print(f"planner:                   {planner_rate():,.0f} plans/s")
+    print(f"decide, a new model:       {decide_rate():,.0f} decisions/s")
     return 0
 
 
