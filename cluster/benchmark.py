@@ -98,7 +98,7 @@ def planner_rate(seconds: float = 2.0) -> float:
 
 
 def decide_rate(seconds: float = 2.0) -> float:
-    """decide() of every valid sample as the API server holds a new model (no child yet)."""
+    """decide() of every sample as the API server holds a new model (no child yet)."""
     sys.path.insert(0, str(REPO / "operator"))
     from inferentia_operator.core.decide import decide
     from inferentia_operator.core.status import Observed
