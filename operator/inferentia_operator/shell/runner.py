@@ -142,7 +142,7 @@ def start_priority(now_ns: int) -> int:
     one, and keeps a replica that died without stopping (kill -9, its node gone) live until
     its keep-alive's lifetime (60 s) runs out. Ranked by start, a replacement under another
     peer id (a new pod, a process outside the cluster) ranks above it and acts at once; a
-    random rank made it wait out that minute half the time. The random digits keep two
+    random rank would make it wait out that minute half the time. The random digits keep two
     replicas started in the same millisecond apart, as kopf needs. About 1.8e15: held exactly
     by every JSON reader of the peering object's status (below 2**53)."""
     return now_ns // 1_000_000 * 1000 + random.SystemRandom().randrange(1000)
