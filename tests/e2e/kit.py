@@ -103,15 +103,14 @@ class OperatorProcess:
         self.port = free_port()
         self.metrics_port = free_port()
 
-    def start(self, *args: str) -> None:
-        """Started with its usual arguments, and ``args`` for this start alone."""
+    def start(self) -> None:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [
                 self.python, "-m", "inferentia_operator", "run",
                 "--liveness", f"http://127.0.0.1:{self.port}/healthz", "--metrics-port", str(self.metrics_port),
                 "--resync-seconds", str(self.resync_seconds), "--peering", self.peering, "--key-namespace", self.key_namespace,
-                *self.extra_args, *args,
+                *self.extra_args,
             ],
             env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
             stdout=log, stderr=subprocess.STDOUT,
