@@ -452,7 +452,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--priority", type=int, default=None,
         help="peering priority: the live replica with the highest acts, the others stand by (default: the millisecond it "
-        "starts, so that a replica restarted after a crash outranks the one it replaces)",
+        "starts, so that a replacement outranks a replica that died without stopping)",
     )  # fmt: skip
     r.add_argument("--resync-seconds", type=float, default=300.0, help="seconds between resyncs of every model against the caches")
     r.add_argument(
