@@ -222,6 +222,8 @@ build_local neuron-device-plugin-standin "$here/node/deviceplugin" "k8s.io/kubel
 build_local neuron-dra-standin "$here/node/draplugin" "k8s.io/dynamic-resource-allocation@v0.${KUBERNETES_VERSION#v1.}" \
   "k8s.io/client-go@v0.${KUBERNETES_VERSION#v1.}" "k8s.io/api@v0.${KUBERNETES_VERSION#v1.}"
 build_local pause "$here/node/pause"
+# The cluster DNS: CoreDNS with its kubernetes plugin (cluster/node/coredns).
+build_local coredns "$here/node/coredns" "github.com/coredns/coredns@$COREDNS_VERSION"
 build_in_module keda github.com/kedacore/keda/v2 "$KEDA_VERSION" "" \
   "-X github.com/kedacore/keda/v2/version.Version=$KEDA_VERSION" \
   keda=./cmd/operator keda-adapter=./cmd/adapter

@@ -16,7 +16,8 @@ it copies from the kind module):
   containerd config names.
 
 What differs from kindest/node, and why: no CoreDNS (the kind cluster skips kubeadm's
-addon/coredns phase; nothing here looks names up, as on the local cluster), no crictl (not
+addon/coredns phase, as no registry serves its image; the tests that look names up run on the
+local cluster, which runs CoreDNS), no crictl (not
 served as a module here; only ``kind load docker-image`` uses it, ``make test-kind`` loads
 archives), and a bridge CNI config in the image instead of kindnetd (not served either; the
 cluster is one node, and kind is told to install no CNI). A user with Docker can use the

@@ -463,6 +463,7 @@ class LocalCluster:
             kubeconfigs[user] = self.state / f"kubeconfig-{user}"
             write_kubeconfig(kubeconfigs[user], pki, server, user=user)
         assert self.real_node is not None
+        self._start_cluster_dns(bins, pids, deadline)
         self.real_node.start(kubeconfigs, pki, pids, deadline)
         # The object store for compiled artefacts and model files, on the bridge's address so
         # that pods reach it: moto's S3 server (PyPI's moto[server]), in memory, no build.
@@ -483,6 +484,20 @@ class LocalCluster:
             if time.monotonic() > deadline:
                 raise ClusterError("the real node never advertised its Neuron devices: see logs/device-plugin.log")
             time.sleep(0.5)
+
+    def _start_cluster_dns(self, bins: Path, pids: dict[str, int], deadline: float) -> None:
+        """CoreDNS (cluster/node/coredns) on the bridge's address, port 53, the real node's
+        clusterDNS: it answers the cluster's names from the API server and nothing else, so no
+        look-up leaves the machine. Ready once its kubernetes plugin has synced."""
+        ready = free_port("127.0.0.1")
+        corefile = self.state / "Corefile"
+        corefile.write_text(
+            f"{realnode.CLUSTER_DOMAIN}:53 {{\n"
+            f"    bind {realnode.GATEWAY}\n    errors\n    ready 127.0.0.1:{ready}\n"
+            f"    kubernetes {realnode.CLUSTER_DOMAIN} {{\n        kubeconfig {self.kubeconfig}\n    }}\n}}\n"
+        )
+        self._start("cluster-dns", [str(bins / "coredns"), "-conf", str(corefile)], pids)
+        self._wait(f"http://127.0.0.1:{ready}/ready", deadline, "cluster-dns", pids)
 
     def _start_autoscaling(self, bins: Path, pki: Path, pids: dict[str, int], deadline: float) -> None:
         """Prometheus and KEDA (cluster/autoscaling.py), when they were built."""

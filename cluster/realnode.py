@@ -66,6 +66,7 @@ BRIDGE = "infbr0"
 POD_CIDR = "10.85.0.0/24"
 GATEWAY = "10.85.0.1"
 SERVICE_CIDR = "10.96.0.0/16"
+CLUSTER_DOMAIN = "cluster.local"
 FORWARD_CHAIN = "INFERENTIA-NODE"
 # Chains other programs of the node create: kube-proxy (KUBE-*), the CNI portmap plugin (CNI-*).
 OWNED_CHAIN_PREFIXES = ("KUBE-", "CNI-", FORWARD_CHAIN)
@@ -399,6 +400,10 @@ state = "{s / "state"}"
             "authorization": {"mode": "AlwaysAllow"},
             "failSwapOn": False,
             "resolvConf": "",
+            # The cluster DNS (LocalCluster's CoreDNS) on the bridge's address: pods resolve
+            # Services and a headless Service's pods by name (a LeaderWorkerSet's leader).
+            "clusterDNS": [GATEWAY],
+            "clusterDomain": CLUSTER_DOMAIN,
             # Imported images cannot be pulled again: never collect them, never evict for disk.
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,

@@ -3,8 +3,8 @@
 In a cluster, CoreDNS answers ``<service>.<namespace>.svc`` (and ``.svc.cluster.local``) with
 the Service's ClusterIP (Kubernetes, "DNS for Services and Pods",
 https://kubernetes.io/docs/concepts/services-networking/dns-pod-service/#services). The local
-cluster runs no DNS server: its pods find Services by the kubelet's variables. KEDA runs here as
-a process, and an ``external-push`` trigger names its scaler by such a name, so this program
+cluster's CoreDNS answers the real node's pods on the bridge's address. KEDA runs here as
+a process, whose look-ups follow this machine's own resolver, and an ``external-push`` trigger names its scaler by such a name, so this program
 keeps a hosts file of those names, from a watch of every Service, and KEDA runs in a mount
 namespace of its own with that file over /etc/hosts (cluster/autoscaling.py). The file is
 rewritten in place (same inode), since a bind mount follows the inode, not the path.

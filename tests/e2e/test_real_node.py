@@ -211,6 +211,52 @@ def test_pod_and_service_ranges_route_to_the_clusters_bridge_only(real_node):
     assert f"-A FORWARD -j {realnode.FORWARD_CHAIN}" in forward, forward
 
 
+RESOLVE = """
+import json, socket, sys
+found = {}
+for name in sys.argv[1:]:
+    try:
+        found[name] = socket.gethostbyname(name)
+    except OSError as exc:
+        found[name] = type(exc).__name__
+print(json.dumps(found))
+"""
+
+
+def test_a_pod_finds_a_service_and_a_headless_services_pod_by_name_and_nothing_outside(real_node, real_namespace):
+    """The cluster DNS (CoreDNS's kubernetes plugin): a Service's name gives its ClusterIP, and
+    <hostname>.<subdomain>.<namespace> a pod's address under its headless Service, as a
+    LeaderWorkerSet's workers reach their leader (LWS_LEADER_ADDRESS); a name outside the cluster
+    resolves to nothing, as no look-up leaves the machine."""
+    if real_node.local is None:
+        pytest.skip("the local cluster's DNS; a kind cluster runs its own")
+    ns = real_namespace
+    sleeper = {"name": "main", "image": STANDIN, "command": ["python3", "-c", "import time; time.sleep(600)"]}
+    manifests = [
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "peers", "namespace": ns},
+         "spec": {"clusterIP": "None", "selector": {"app": "peer"}, "publishNotReadyAddresses": True}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "leader", "namespace": ns, "labels": {"app": "peer"}},
+         "spec": {"hostname": "leader", "subdomain": "peers", "containers": [sleeper], "terminationGracePeriodSeconds": 1}},
+    ]  # fmt: skip
+    real_node.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests}))
+    wait_for(lambda: real_node.get("pod", "leader", "-n", ns)["status"].get("podIP"), 90, "the leader pod's address")
+    leader_ip = real_node.get("pod", "leader", "-n", ns)["status"]["podIP"]
+    names = ["leader.peers." + ns, "kubernetes.default", "example.com"]
+    asker = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "asker", "namespace": ns},
+             "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": STANDIN,
+                      "command": ["python3", "-c", RESOLVE, *names]}]}}  # fmt: skip
+    real_node.kubectl("apply", "-f", "-", input=json.dumps(asker))
+
+    def answered() -> dict | None:
+        if real_node.get("pod", "asker", "-n", ns)["status"].get("phase") not in ("Succeeded", "Failed"):
+            return None
+        return json.loads(real_node.kubectl("logs", "asker", "-n", ns).stdout)
+
+    found = wait_for(answered, 90, "the look-ups")
+    service_ip = real_node.get("service", "kubernetes", "-n", "default")["spec"]["clusterIP"]
+    assert found == {names[0]: leader_ip, names[1]: service_ip, names[2]: "gaierror"}, found
+
+
 def test_the_kind_node_has_no_route_off_the_machine(real_node):
     """On kind, the node's network is internal: the node has no default route, so neither it nor
     a pod (whose CNI masquerades nothing) can reach past this machine; and this machine reaches
