@@ -533,3 +533,73 @@ def test_the_vllm_standin_runs_max_num_seqs_at_once_and_counts_the_rest_as_waiti
     unlimited = neuron_standin.Sequences(max_num_seqs=None)
     with unlimited, unlimited:
         assert (unlimited.running, unlimited.waiting) == (2, 0)
+
+
+def test_a_two_node_group_serves_through_its_leader_only_once_its_worker_joined_and_dies_with_it(tmp_path):
+    """The operator's multi-node command (children.multi_node_command) run as LeaderWorkerSet
+    runs it, one process a node, on the vLLM and Neuron runtime stand-ins: the leader answers
+    nothing until the worker rank has joined its root communicator at LWS_LEADER_ADDRESS, each
+    completion is a step of both nodes, and a worker lost fails the next step and the leader
+    (vLLM's engine dies with its collectives)."""
+    from inferentia_operator.core import children
+    from test_decide import built, model_body
+    from test_multi_node import TWO_NODES
+
+    model = built(model_body(**TWO_NODES))
+    (tmp_path / programs.VLLM_WORKER_PROGRAM).write_text(programs.source(programs.VLLM_WORKER_PROGRAM))
+    port = free_port()
+
+    def rank(index: int) -> subprocess.Popen:
+        dev = tmp_path / f"dev{index}"
+        dev.mkdir()
+        for chip in range(16):  # a trn1.32xlarge: 16 devices of 2 NeuronCores
+            (dev / f"neuron{chip}").touch()
+        env = {
+            "PATH": "/usr/bin:/bin", "PYTHONPATH": str(STANDINS), "HOME": str(tmp_path), "PORT": str(port),
+            "NEURON_STANDIN_DEV_DIR": str(dev), "INFERENTIA_PLAN_DIR": str(tmp_path),
+            "VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference", **children.multi_node_env(model),
+            # What LeaderWorkerSet's pod webhook sets on each pod of the group.
+            "LWS_WORKER_INDEX": str(index), "LWS_LEADER_ADDRESS": "localhost", "LWS_GROUP_SIZE": "2",
+        }  # fmt: skip
+        return subprocess.Popen(children.multi_node_command(model), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def complete() -> tuple[int, dict]:
+        body = json.dumps({"prompt": "Trainium"}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, json.load(response)
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.load(exc)
+
+    def health() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                return True
+        except OSError:
+            return False
+
+    leader = rank(0)
+    worker = None
+    try:
+        time.sleep(2)
+        assert leader.poll() is None and not health(), "the leader serves before its worker joined"
+        worker = rank(1)
+        deadline = time.monotonic() + 30
+        while not health():
+            assert time.monotonic() < deadline and leader.poll() is None and worker.poll() is None, (leader, worker)
+            time.sleep(0.2)
+        code, answer = complete()
+        assert code == 200, answer
+        assert "[node 0 " in answer["choices"][0]["text"] and "cores 0-31] [node 1 " in answer["choices"][0]["text"], answer
+        worker.kill()
+        worker.wait()
+        code, answer = complete()
+        assert code == 500 and "node rank 1" in answer["error"], answer
+        assert leader.wait(timeout=10) == 1
+        assert "NRT:" in leader.communicate()[1]
+    finally:
+        for p in (leader, worker):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.communicate()

@@ -15,6 +15,11 @@ and as vLLM's ``python3 -m vllm.entrypoints.openai.api_server``):
   itself: its compile cache under ``$VLLM_CACHE_ROOT/neuron/compile_cache/<hash>/`` is used
   at warm-up, and a miss compiles the graph, or, with ``VLLM_NEURON_DISABLE_WARMUP_COMPILE=1``,
   raises RuntimeError;
+- across nodes (``ENABLE_NEURON_MULTI_NODE=true``, ``--override-neuron-config`` with its
+  layout): rank 0's vLLM server starts the root communicator at ``NEURON_RT_ROOT_COMM_ID`` and
+  answers nothing until every node's ranks have joined; each completion is then a step of every
+  node, and a node lost kills it (neuron_collectives; the other nodes run the operator's worker
+  program on ``vllm.engine``'s ``AsyncEngineArgs`` and ``AsyncLLMEngine``);
 - ``vllm.LLM``: vLLM's offline engine (``LLM(model=..., tensor_parallel_size=...,
   max_model_len=..., max_num_seqs=...)``); as the plugin, with ``VLLM_NEURON_CPU_COMPILE=1``,
   it only compiles, for ``NEURON_PLATFORM_TARGET_OVERRIDE``, into the same cache.
@@ -32,11 +37,14 @@ import json
 import os
 import re
 import signal
+import socket
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from neuron_collectives import CollectiveError, RootCommunicator, fatal, multi_node_config
 
 ARTEFACT = "model.neff.json"
 
@@ -260,13 +268,17 @@ def held_message(requested: str, cores: list[int], busy: list[int]) -> str:
     )
 
 
-def runtime_checks(tp: int | None) -> dict:
-    """What the Neuron runtime and vLLM check when a server starts; returns what it found."""
-    devices = sorted(glob.glob("/dev/neuron[0-9]*"), key=lambda d: int(d.removeprefix("/dev/neuron")))
+def runtime_checks(tp: int | None, local_ranks: int | None = None) -> dict:
+    """What the Neuron runtime and vLLM check when a server starts; returns what it found.
+    ``local_ranks``: across nodes, the ranks of this node (--override-neuron-config's
+    local_ranks_size), one a visible NeuronCore."""
+    # NEURON_STANDIN_DEV_DIR: where the tests outside a pod keep stand-in device files.
+    dev = os.environ.get("NEURON_STANDIN_DEV_DIR", "/dev")
+    devices = sorted(glob.glob(f"{dev}/neuron[0-9]*"), key=lambda d: int(d.removeprefix(f"{dev}/neuron")))
     if not devices:
         fail("NRT:nrt_init", "No neuron device available")
     per_device = int(os.environ.get("NEURON_STANDIN_CORES_PER_DEVICE", "2"))
-    mounted = [int(d.removeprefix("/dev/neuron")) * per_device + k for d in devices for k in range(per_device)]
+    mounted = [int(d.removeprefix(f"{dev}/neuron")) * per_device + k for d in devices for k in range(per_device)]
     visible = os.environ.get("NEURON_RT_VISIBLE_CORES")
     cores = expand(visible) if visible else mounted
     absent = [c for c in cores if c not in mounted]
@@ -301,6 +313,10 @@ def runtime_checks(tp: int | None) -> dict:
                 "NRT:nrt_init",
                 f"the compiled model is tensor parallel over {artefact['tp_degree']} NeuronCores, {len(cores)} visible ({visible})",
             )
+    if local_ranks is not None and local_ranks != len(cores):
+        fail(
+            "NRT:nrt_init", f"local_ranks_size {local_ranks} needs {local_ranks} NeuronCores on this node, {len(cores)} visible ({visible})"
+        )
     if tp is not None and tp != len(cores):
         fail("NRT:nrt_init", f"tensor parallel size {tp} needs {tp} NeuronCores, {len(cores)} visible ({visible})")
     busy = hold_cores(cores)
@@ -358,7 +374,7 @@ class Sequences:
             self.slots.release()
 
 
-def serve(port: int, model: str, found: dict, max_num_seqs: int | None = None) -> None:
+def serve(port: int, model: str, found: dict, max_num_seqs: int | None = None, group: RootCommunicator | None = None) -> None:
     started = time.time()
     sequences = Sequences(max_num_seqs)
 
@@ -392,7 +408,8 @@ def serve(port: int, model: str, found: dict, max_num_seqs: int | None = None) -
                 self.end_headers()
                 self.wfile.write(text)
             elif self.path == "/standin":
-                self._json(200, {**found, "pid": os.getpid(), "uptime": time.time() - started})
+                described = {"group": group.describe()} if group else {}
+                self._json(200, {**found, **described, "pid": os.getpid(), "uptime": time.time() - started})
             else:
                 self._json(404, {"error": "not found"})
 
@@ -416,12 +433,22 @@ def serve(port: int, model: str, found: dict, max_num_seqs: int | None = None) -
                 time.sleep(per_token * max(0, min(body["max_tokens"], 4096)))
             if self.path == "/v1/completions" and isinstance(body, dict):
                 prompt = body.get("prompt", "")
+                ran = f"[cores {found['cores']}]"
+                if group is not None:
+                    try:
+                        nodes = group.step()
+                    except CollectiveError as exc:
+                        # A rank lost fails the collectives, and vLLM's engine with them.
+                        self._json(500, {"error": f"engine dead: {exc}"})
+                        fatal(exc)
+                        os._exit(1)
+                    ran = " ".join(f"[node {n['node_rank']} {n['host']} cores {n['cores'][0]}-{n['cores'][-1]}]" for n in nodes)
                 self._json(
                     200,
                     {
                         "object": "text_completion",
                         "model": model,
-                        "choices": [{"index": 0, "text": f" [cores {found['cores']}] {prompt}", "finish_reason": "length"}],
+                        "choices": [{"index": 0, "text": f" {ran} {prompt}", "finish_reason": "length"}],
                     },
                 )
             elif self.path == "/" and isinstance(body, list):
@@ -451,11 +478,20 @@ def server_main(argv: list[str], prog: str) -> int:
     p.add_argument("--tensor-parallel-size", type=int)
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--max-num-seqs", type=int)
+    p.add_argument("--override-neuron-config", type=json.loads)
     args, _ = p.parse_known_args(argv)
     plugin = prog == "vllm" and plugin_mode()
     if plugin:
         os.environ.pop("NEURON_COMPILED_ARTIFACTS", None)  # NxD Inference's, which the plugin never reads
-    found = runtime_checks(args.tensor_parallel_size)
+    try:
+        layout = multi_node_config(args.override_neuron_config) if prog == "vllm" else None
+    except CollectiveError as exc:
+        fatal(exc)
+        return 1
+    if layout and layout["node_rank"] != 0:
+        fatal(CollectiveError(f"NEURON_RANK_ID is {layout['node_rank']}: rank 0 serves the API, the others run the worker"))
+        return 1
+    found = runtime_checks(args.tensor_parallel_size, layout["local_ranks_size"] if layout else None)
     if plugin:
         engine = {"model": args.model, "tensor_parallel_size": args.tensor_parallel_size,
                   "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs}  # fmt: skip
@@ -471,7 +507,15 @@ def server_main(argv: list[str], prog: str) -> int:
         }  # fmt: skip
     elif prog == "vllm":
         found["runtime"] = NXD_INFERENCE
-    serve(args.port, args.model, found, args.max_num_seqs)
+    group = None
+    if layout:
+        group = RootCommunicator(layout, {"host": socket.gethostname(), "cores": found["cores"]})
+        try:
+            group.gather()
+        except CollectiveError as exc:
+            fatal(exc)
+            return 1
+    serve(args.port, args.model, found, args.max_num_seqs, group)
     return 0
 
 
