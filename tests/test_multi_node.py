@@ -149,6 +149,18 @@ def test_render_writes_a_leaderworkerset_in_place_of_the_deployment():
     assert service["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
 
 
+def test_each_group_is_found_by_a_headless_service_of_its_own_not_the_models_service():
+    """LWS's shared headless Service takes the set's name, which the model's own Service already
+    has: LWS then creates none (CreateHeadlessServiceIfNotExists, v0.8.0) and LWS_LEADER_ADDRESS
+    resolves nowhere, as the real two-node test showed. With UniquePerReplica each group's leader
+    gets a headless Service named after itself (<model>-<group>), and the leader's address is
+    <model>-<group>.<model>-<group>.<namespace>."""
+    m = built(model_body(**TWO_NODES))
+    assert lws_of(m)["spec"]["networkConfig"] == {"subdomainPolicy": "UniquePerReplica"}
+    service = next(c for c in rendered(m, SETTINGS) if c["kind"] == "Service" and c["metadata"]["name"] == "m")
+    assert service["spec"].get("clusterIP") != "None"
+
+
 def test_each_pod_takes_its_rank_and_the_leaders_address_from_leaderworkerset():
     """Ranks from LWS_WORKER_INDEX and the root communicator at LWS_LEADER_ADDRESS, which LWS's
     pod webhook sets; the override config as vLLM's launcher builds it (start_rank_id = rank

@@ -79,6 +79,10 @@ def serving_group(model: Model, replicas: int | None = None) -> dict[str, Any]:
                 "leaderTemplate": leader,
                 "workerTemplate": worker,
             },
+            # A headless Service for each group, named after its leader (<model>-<group>): the
+            # shared one would take the set's name, which the model's Service has, and LWS then
+            # makes none, so LWS_LEADER_ADDRESS would resolve nowhere.
+            "networkConfig": {"subdomainPolicy": "UniquePerReplica"},
             "rolloutStrategy": {
                 "type": "RollingUpdate",
                 "rollingUpdateConfiguration": {
