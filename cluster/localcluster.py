@@ -273,6 +273,44 @@ class LocalCluster:
             self.real_node.device_plugin_mode(instance_type, pids, stop_process_groups)
         self._save(pids=pids)
 
+    def add_real_node(self, instance_type: str, timeout: float = 120.0) -> str:
+        """A second real node (realnode.RealNode, index 1) as ``instance_type``, for a test of
+        pods on two nodes; returns its name once it is Ready and advertises its devices.
+        remove_real_node (or down) stops it. It holds the serving image and the sandbox's only."""
+        assert self.real_node is not None, "no real node"
+        deadline = time.monotonic() + timeout
+        images = [p for p in self.real_node.images if p.name.startswith(("pause-", "standin-"))]
+        node = realnode.RealNode(self.state, bin_dir(), self._start, images, index=1)
+        pki = self.state / "pki"
+        issue_client_cert(pki, f"kubelet{node.suffix}", f"system:node:{node.name}", ("system:nodes",))
+        kubeconfig = self.state / f"kubeconfig-kubelet{node.suffix}"
+        write_kubeconfig(kubeconfig, pki, self.server(), user=f"kubelet{node.suffix}")
+        self._save(extra_real_nodes=[1])
+        pids = self.recorded()["pids"]
+        node.network_up()
+        node.start({"kubelet": kubeconfig}, pki, pids, deadline, instance_type)
+        kubectl = [str(bin_dir() / "kubectl"), "--kubeconfig", str(self.kubeconfig)]
+        chips = str(realnode.SHAPES[instance_type][0])
+        while True:
+            found = subprocess.run([*kubectl, "get", "node", node.name, "-o", "json"], capture_output=True, text=True)
+            if found.returncode == 0:
+                status = json.loads(found.stdout)["status"]
+                ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
+                if ready and status.get("allocatable", {}).get(NEURON_RESOURCE) == chips:
+                    return node.name
+            if time.monotonic() > deadline:
+                raise ClusterError(f"the second real node is not Ready with {chips} devices: see logs/kubelet{node.suffix}.log")
+            time.sleep(0.5)
+
+    def remove_real_node(self) -> None:
+        """Stops the second real node, removes everything it made, and deletes its Node."""
+        pids = dict(self.recorded().get("pids", {}))
+        node = realnode.RealNode(self.state, bin_dir(), self._start, [], index=1)
+        node.stop(stop_process_groups, pids)
+        kubectl = [str(bin_dir() / "kubectl"), "--kubeconfig", str(self.kubeconfig)]
+        subprocess.run([*kubectl, "delete", "node", node.name, "--ignore-not-found", "--wait=false"], capture_output=True)
+        self._save(pids={k: v for k, v in pids.items() if not k.endswith(node.suffix)}, extra_real_nodes=[])
+
     def etcd(self, method: str, body: dict) -> dict:
         """A call to etcd's v3 JSON gateway (``method`` such as "kv/put" or "kv/compaction")."""
         url = f"http://127.0.0.1:{self.ports()['etcd']}/v3/{method}"
@@ -552,6 +590,9 @@ class LocalCluster:
         """Stops every component and waits until none runs, and removes what the real node
         made (processes, mounts, cgroups, namespaces, links, routes, rules); safe to call twice."""
         pids = dict(self.recorded().get("pids", {}))
+        for index in self.recorded().get("extra_real_nodes", []):
+            realnode.RealNode(self.state, bin_dir(), self._start, [], index=index).stop(stop_process_groups, pids)
+            self._save(extra_real_nodes=[])
         if self.recorded().get("real_node") or self.real_node is not None:
             node = self.real_node or realnode.RealNode(self.state, bin_dir(), self._start, [])
             node.stop(stop_process_groups, pids)

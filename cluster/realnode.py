@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from inferentia_operator.core.catalogue import FAMILIES
+from inferentia_operator.core.catalogue import EFA_DEVICES, FAMILIES
 from ports import free_port
 
 NODE_NAME = "real-inf2"
@@ -40,7 +40,7 @@ INSTANCE_TYPE = "inf2.24xlarge"
 # of each instance type, as the operator's catalogue has them. trn2's are counted in logical
 # cores at its default LNC 2 (4 of a chip's 8 physical cores): how AWS's device plugin numbers
 # trn2 cores under LNC is not documented, so only the samples' LNC 2 is modelled.
-SHAPES = {"inf2.24xlarge": (6, 2), "inf1.6xlarge": (4, 4), "trn2.48xlarge": (16, 4)}
+SHAPES = {"inf2.24xlarge": (6, 2), "inf1.6xlarge": (4, 4), "trn2.48xlarge": (16, 4), "trn1.32xlarge": (16, 2)}
 CHIPS = SHAPES[INSTANCE_TYPE][0]
 # The node's shape in DRA mode (RealNode.dra_mode): Trainium2, whose DRA claims set their LNC.
 DRA_INSTANCE_TYPE = "trn2.48xlarge"
@@ -72,10 +72,12 @@ FORWARD_CHAIN = "INFERENTIA-NODE"
 OWNED_CHAIN_PREFIXES = ("KUBE-", "CNI-", FORWARD_CHAIN)
 CGROUP_ROOT = "inferentia-node"  # the kubelet's --cgroup-root: every pod cgroup is under it
 RUNC = "/usr/sbin/runc"
-# The kubelet's device manager listens here whatever its --root-dir (pluginapi.KubeletSocket),
-# so there is one real node per machine; stop() removes the directory again.
+# The kubelet's device manager listens here whatever its --root-dir (pluginapi.KubeletSocket):
+# another real node's kubelet (RealNode with index 1 and up) runs, with its containerd, in a
+# mount namespace of its own where its own directory is mounted over this one. stop() removes
+# the directory again.
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
-REQUIRED_COMMANDS = ("ip", "iptables", "ip6tables", "mmdebstrap", RUNC, "mount", "umount")
+REQUIRED_COMMANDS = ("ip", "iptables", "ip6tables", "mmdebstrap", RUNC, "mount", "umount", "unshare", "nsenter")
 
 
 def pin_to_real_node(pod_spec: dict) -> dict:
@@ -121,13 +123,39 @@ def run(*argv: str, check: bool = True, input: str | None = None) -> subprocess.
 
 
 class RealNode:
-    """The real node of one LocalCluster, whose state lives in ``state/node``."""
+    """A real node of one LocalCluster: the first (``index`` 0, state in ``state/node``) runs
+    from the cluster's start to its end, with kube-proxy for every node; another (index 1 and
+    up, state in ``state/node-<index + 1>``) is started and stopped by a test that needs a second
+    node (LocalCluster.add_real_node), on a bridge and pod range of its own
+    (10.85.<index>.0/24), routed to and from the first's."""
 
-    def __init__(self, state: Path, bins: Path, start_process, images: list[Path]):
-        self.state = state / "node"
+    def __init__(self, state: Path, bins: Path, start_process, images: list[Path], index: int = 0):
+        self.index = index
+        first = index == 0
+        self.state = state / ("node" if first else f"node-{index + 1}")
         self.bins = bins
         self._start_process = start_process  # LocalCluster._start: records pid and argv
         self.images = images
+        self.name = NODE_NAME if first else f"real-node-{index + 1}"
+        self.bridge = BRIDGE if first else f"infbr{index}"
+        self.pod_cidr = POD_CIDR if first else f"10.85.{index}.0/24"
+        self.gateway = GATEWAY if first else f"10.85.{index}.1"
+        self.cgroup_root = CGROUP_ROOT if first else f"{CGROUP_ROOT}-{index + 1}"
+        # The directory the kubelet's device manager uses, as this machine sees it.
+        self.plugin_dir = DEVICE_PLUGIN_DIR if first else self.state / "device-plugins"
+        self.suffix = "" if first else f"-{index + 1}"  # of its processes' names
+
+    def _forward_rules(self) -> list[list[str]]:
+        """Another node's FORWARD rules, inserted before the first's: its pods and the first's
+        reach each other; nothing from its bridge goes anywhere else."""
+        b = self.bridge
+        return [
+            ["-i", b, "-o", b, "-j", "ACCEPT"], ["-i", b, "-o", BRIDGE, "-j", "ACCEPT"], ["-i", BRIDGE, "-o", b, "-j", "ACCEPT"],
+        ]  # fmt: skip
+
+    def _drop_rules(self) -> list[list[str]]:
+        b = self.bridge
+        return [["-i", b, "-j", "DROP"], ["-o", b, "!", "-i", b, "!", "-s", self.gateway, "-j", "DROP"]]
 
     # -- network ----------------------------------------------------------------------------
     def network_up(self) -> None:
@@ -136,6 +164,15 @@ class RealNode:
         ranges can take the default route even while kube-proxy has not programmed its rules."""
         self.network_down()
         self.state.mkdir(parents=True, exist_ok=True)
+        if self.index:
+            run("ip", "link", "add", self.bridge, "type", "bridge")
+            run("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+            run("ip", "link", "set", self.bridge, "up")
+            for rule in self._forward_rules():
+                run("iptables", "-I", FORWARD_CHAIN, "1", *rule)
+            for rule in self._drop_rules():
+                run("iptables", "-A", FORWARD_CHAIN, *rule)
+            return
         run("ip", "link", "add", BRIDGE, "type", "bridge")
         run("ip", "addr", "add", f"{GATEWAY}/24", "dev", BRIDGE)
         run("ip", "link", "set", BRIDGE, "up")
@@ -167,6 +204,13 @@ class RealNode:
         path.write_text(value)
 
     def network_down(self) -> None:
+        if self.index:
+            for link in _links_with_master(self.bridge):
+                run("ip", "link", "del", link, check=False)
+            run("ip", "link", "del", self.bridge, check=False)
+            for rule in self._forward_rules() + self._drop_rules():
+                run("iptables", "-D", FORWARD_CHAIN, *rule, check=False)
+            return
         for link in _links_with_master(BRIDGE):
             run("ip", "link", "del", link, check=False)
         run("ip", "link", "del", BRIDGE, check=False)
@@ -181,19 +225,31 @@ class RealNode:
             saved.unlink()
 
     # -- processes --------------------------------------------------------------------------
-    def start(self, kubeconfigs: dict[str, Path], pki: Path, pids: dict[str, int], deadline: float) -> None:
-        """containerd, the images, the kubelet, the device plugin and kube-proxy; returns once
-        the node is Ready and advertises its Neuron devices."""
+    def start(
+        self, kubeconfigs: dict[str, Path], pki: Path, pids: dict[str, int], deadline: float, instance_type: str = INSTANCE_TYPE
+    ) -> None:
+        """containerd, the images, the kubelet, the device plugin and (on the first node)
+        kube-proxy, as ``instance_type``; returns once kube-proxy is ready (the caller waits for
+        the node to be Ready)."""
         for sub in ("containerd", "kubelet", "cni-conf", "cni-data", "dev"):
             (self.state / sub).mkdir(parents=True, exist_ok=True)
-        self._make_devices(CHIPS)
+        self._make_devices(SHAPES[instance_type][0], EFA_DEVICES.get(instance_type, 0))
         self._write_cni_config()
         sock = self.state / "containerd" / "containerd.sock"
         (self.state / "containerd.toml").write_text(self._containerd_config(sock))
         env_path = f"{self.bins}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
-        self._start_process(
-            "containerd", [str(self.bins / "containerd"), "--config", str(self.state / "containerd.toml")], pids, {"PATH": env_path}
-        )
+        containerd = [str(self.bins / "containerd"), "--config", str(self.state / "containerd.toml")]
+        if self.index:
+            # A mount namespace of its own, where its own device-plugin directory is mounted over
+            # the one the kubelet's device manager is fixed to; containerd runs there too, so it
+            # sees the volumes the kubelet mounts.
+            self.plugin_dir.mkdir(parents=True, exist_ok=True)
+            containerd = [
+                "unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
+                'mkdir -p "$1" && mount --bind "$2" "$1" && shift 2 && exec "$@"', "sh",
+                str(DEVICE_PLUGIN_DIR), str(self.plugin_dir), *containerd,
+            ]  # fmt: skip
+        self._start_process("containerd" + self.suffix, containerd, pids, {"PATH": env_path})
         _wait(lambda: sock.exists() and self.ctr("version", check=False).returncode == 0, deadline, "containerd")
         for image in self.images:
             self.ctr("images", "import", "--platform", "linux/amd64", str(image))
@@ -201,27 +257,30 @@ class RealNode:
         for line in self.ctr("images", "list", "-q").stdout.split():
             self.ctr("images", "label", line, "io.cri-containerd.pinned=pinned", check=False)
 
-        make_cgroups(CGROUP_ROOT)
+        make_cgroups(self.cgroup_root)
         kubelet_config = self.state / "kubelet-config.yaml"
         kubelet_config.write_text(yaml.safe_dump(self._kubelet_config(pki)))
+        in_namespace = ["nsenter", f"--mount=/proc/{pids['containerd' + self.suffix]}/ns/mnt", "--"] if self.index else []
         self._start_process(
-            "kubelet",
+            "kubelet" + self.suffix,
             [
-                str(self.bins / "kubelet"), "--config", str(kubelet_config),
+                *in_namespace, str(self.bins / "kubelet"), "--config", str(kubelet_config),
                 "--kubeconfig", str(kubeconfigs["kubelet"]), "--root-dir", str(self.state / "kubelet"),
                 "--cert-dir", str(self.state / "kubelet" / "pki"),
                 "--container-runtime-endpoint", f"unix://{sock}",
-                "--hostname-override", NODE_NAME, "--node-ip", GATEWAY,
-                "--node-labels", f"node.kubernetes.io/instance-type={INSTANCE_TYPE},{REAL_NODE_LABEL}=true",
+                "--hostname-override", self.name, "--node-ip", self.gateway,
+                "--node-labels", f"node.kubernetes.io/instance-type={instance_type},{REAL_NODE_LABEL}=true",
                 "--register-with-taints", f"aws.amazon.com/neuron=true:NoSchedule,{REAL_NODE_TAINT}",
                 "--v", "1",
             ],
             pids,
             {"PATH": env_path},
         )  # fmt: skip
-        plugin_dir = DEVICE_PLUGIN_DIR
+        plugin_dir = self.plugin_dir
         _wait(lambda: (plugin_dir / "kubelet.sock").exists(), deadline, "kubelet's device-plugin socket")
-        self._start_device_plugin(INSTANCE_TYPE, pids)
+        self._start_device_plugin(instance_type, pids)
+        if self.index:
+            return  # the first node's kube-proxy programs this machine for every node
         healthz_port, metrics_port = free_port("127.0.0.1"), free_port("127.0.0.1")
         self._start_process(
             "kube-proxy",
@@ -247,11 +306,12 @@ class RealNode:
     def _start_device_plugin(self, instance_type: str, pids: dict[str, int]) -> None:
         chips, cores_per_chip = SHAPES[instance_type]
         self._start_process(
-            "device-plugin",
+            "device-plugin" + self.suffix,
             [
-                str(self.bins / "neuron-device-plugin-standin"), "--plugin-dir", str(DEVICE_PLUGIN_DIR),
+                str(self.bins / "neuron-device-plugin-standin"), "--plugin-dir", str(self.plugin_dir),
                 "--dev-dir", str(self.state / "dev"), "--chips", str(chips), "--cores-per-chip", str(cores_per_chip),
                 "--lock-dir", str(self._lock_dir()), "--platform", instance_type.split(".")[0],
+                "--efa", str(EFA_DEVICES.get(instance_type, 0)),
             ],
             pids,
         )  # fmt: skip
@@ -269,8 +329,8 @@ class RealNode:
         stand-in registers again with that many chips and cores, and the device files follow.
         The caller relabels the node and waits for the kubelet to advertise the new capacity;
         no pod may hold a Neuron device meanwhile."""
-        stop_process_groups([pids["device-plugin"]])
-        self._make_devices(SHAPES[instance_type][0])
+        stop_process_groups([pids["device-plugin" + self.suffix]])
+        self._make_devices(SHAPES[instance_type][0], EFA_DEVICES.get(instance_type, 0))
         self._start_device_plugin(instance_type, pids)
 
     def dra_mode(self, kubeconfig: Path, pids: dict[str, int], stop_process_groups) -> None:
@@ -305,33 +365,36 @@ class RealNode:
         """Where containerd reads CDI specs (the DRA driver stand-in writes one per prepared claim)."""
         return self.state / "cdi"
 
-    def _make_devices(self, chips: int) -> None:
-        """Stand-in /dev/neuronN files: character devices with /dev/null's numbers, so that
-        runc can create them in a container as it creates a real Neuron device; none beyond ``chips``."""
+    def _make_devices(self, chips: int, efa: int = 0) -> None:
+        """Stand-in /dev/neuronN files (and EFA's /dev/infiniband/uverbsN): character devices
+        with /dev/null's numbers, so that runc can create them in a container as it creates a
+        real device; none beyond ``chips`` (and ``efa``)."""
         dev = self.state / "dev"
-        for chip in range(chips):
-            path = dev / f"neuron{chip}"
-            if not path.exists():
-                os.mknod(path, 0o666 | 0o020000, os.makedev(1, 3))
-        for path in dev.glob("neuron*"):
-            if int(path.name.removeprefix("neuron")) >= chips:
-                path.unlink()
+        (dev / "infiniband").mkdir(parents=True, exist_ok=True)
+        for prefix, count in (("neuron", chips), ("infiniband/uverbs", efa)):
+            for n in range(count):
+                path = dev / f"{prefix}{n}"
+                if not path.exists():
+                    os.mknod(path, 0o666 | 0o020000, os.makedev(1, 3))
+            for path in dev.glob(f"{prefix}*"):
+                if int(path.name.removeprefix(prefix.rpartition("/")[2])) >= count:
+                    path.unlink()
 
     def _write_cni_config(self) -> None:
         conf = {
             "cniVersion": "1.0.0",
-            "name": "inferentia-node",
+            "name": "inferentia-node" + self.suffix,
             "plugins": [
                 {
                     "type": "bridge",
-                    "bridge": BRIDGE,
+                    "bridge": self.bridge,
                     "isGateway": True,
                     # No masquerading: nothing a pod sends may leave the machine.
                     "ipMasq": False,
                     "hairpinMode": True,
                     "ipam": {
                         "type": "host-local",
-                        "ranges": [[{"subnet": POD_CIDR, "gateway": GATEWAY}]],
+                        "ranges": [[{"subnet": self.pod_cidr, "gateway": self.gateway}]],
                         "routes": [{"dst": "0.0.0.0/0"}],
                         "dataDir": str(self.state / "cni-data"),
                     },
@@ -376,6 +439,7 @@ state = "{s / "state"}"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
       BinaryName = "{RUNC}"
       SystemdCgroup = false
+      Root = "{s / "runc"}"
 """
 
     def _kubelet_config(self, pki: Path) -> dict:
@@ -385,9 +449,11 @@ state = "{s / "state"}"
             # This machine boots cgroup v1, which the kubelet refuses unless told otherwise.
             "failCgroupV1": False,
             "cgroupDriver": "cgroupfs",
-            "cgroupRoot": f"/{CGROUP_ROOT}",
-            "address": GATEWAY,
-            "port": free_port(GATEWAY),
+            "cgroupRoot": f"/{self.cgroup_root}",
+            "address": self.gateway,
+            "port": free_port(self.gateway),
+            # Its own, as a kubelet removes the log directories of pods it does not know.
+            "podLogsDir": "/var/log/pods" if self.index == 0 else str(self.state / "pod-logs"),
             "readOnlyPort": 0,
             "healthzPort": 0,
             "authentication": {
@@ -421,6 +487,9 @@ state = "{s / "state"}"
 
     def stop(self, stop_process_groups, pids: dict[str, int]) -> None:
         """Stops the node and removes everything it made; safe to call twice and after a crash."""
+        if self.index:
+            self._stop_another(stop_process_groups, pids)
+            return
         order = [n for n in ("kubelet", "kube-proxy", "device-plugin", "dra-plugin") if n in pids]
         stop_process_groups([pids[n] for n in order], 10.0)
         kill_cgroup_tree(CGROUP_ROOT)
@@ -441,6 +510,30 @@ state = "{s / "state"}"
             run(str(proxy), "--cleanup", check=False)
         self.network_down()
         subprocess.run(["rm", "-rf", str(self.state)], check=False)
+
+    def _stop_another(self, stop_process_groups, pids: dict[str, int]) -> None:
+        """Another node's stop: its processes, its containers (its shims are those in its mount
+        namespace; the first node's are left alone), its cgroups, bridge, rules and state."""
+        stop_process_groups([pids[n + self.suffix] for n in ("kubelet", "device-plugin") if n + self.suffix in pids], 10.0)
+        kill_cgroup_tree(self.cgroup_root)
+        containerd = pids.get("containerd" + self.suffix)
+        namespace = _mount_namespace(containerd) if containerd else None
+        if containerd:
+            stop_process_groups([containerd], 10.0)
+        shim = str(self.bins / "containerd-shim-runc-v2")
+        for pid in _pids_of_exe(shim):
+            if namespace is not None and _mount_namespace(pid) == namespace:
+                _kill(pid)
+        remove_cgroups(self.cgroup_root)
+        self.network_down()
+        subprocess.run(["rm", "-rf", str(self.state)], check=False)
+
+
+def _mount_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return None
 
 
 # -- clean-up helpers, shared with the test that checks nothing is left ----------------------
@@ -602,12 +695,14 @@ def _wait(predicate, deadline: float, what: str) -> None:
 def leftovers(state: Path, bins: Path) -> list[str]:
     """What a stopped node left behind on this machine; empty when ``stop()`` cleaned up."""
     found = []
-    if run("ip", "link", "show", BRIDGE, check=False).returncode == 0:
-        found.append(f"link {BRIDGE}")
+    # The first node's and any other's (RealNode with index 1 and up): infbr0, infbr1, ...
+    found += [f"link {line.split(': ')[1]}" for line in run("ip", "-o", "link", "show", check=False).stdout.splitlines()
+              if ": " in line and line.split(": ")[1].split("@")[0].startswith(BRIDGE[:-1])]  # fmt: skip
     found += [f"iptables {cmd} -t {table}: {chains}" for (cmd, table), chains in owned_iptables_chains().items()]
-    found += [f"route {line}" for line in run("ip", "route", "show", check=False).stdout.splitlines() if BRIDGE in line]
+    found += [f"route {line}" for line in run("ip", "route", "show", check=False).stdout.splitlines() if BRIDGE[:-1] in line]
     found += [f"mount {m}" for m in mounts_under(state)]
-    found += [f"cgroup {d}" for name in (CGROUP_ROOT, "k8s.io") for d in cgroup_dirs(name)]
+    cgroups = [CGROUP_ROOT, "k8s.io", *(p.name for top in cgroup_hierarchies() for p in top.glob(f"{CGROUP_ROOT}-*"))]
+    found += [f"cgroup {d}" for name in sorted(set(cgroups)) for d in cgroup_dirs(name)]
     ours = [
         str(bins / n)
         for n in ("containerd", "containerd-shim-runc-v2", "kubelet", "kube-proxy", "neuron-device-plugin-standin", "neuron-dra-standin")
@@ -615,6 +710,7 @@ def leftovers(state: Path, bins: Path) -> list[str]:
     found += [f"process {pid} ({exe})" for exe in ours for pid in _pids_of_exe(exe)]
     if DEVICE_PLUGIN_DIR.exists():
         found.append(f"directory {DEVICE_PLUGIN_DIR}")
+    found += [f"directory {d}" for d in sorted(state.glob("node-*")) if d.is_dir()]
     if (state / "node").exists():
         found.append(f"directory {state / 'node'}")
     return found

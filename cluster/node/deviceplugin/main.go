@@ -9,6 +9,10 @@
 // the container gets the granted /dev/neuronN devices and NEURON_RT_VISIBLE_CORES set to
 // those devices' absolute core ids (a pod granted /dev/neuron1 on a 2-core chip sees 2,3).
 //
+// With --efa N it also advertises vpc.amazonaws.com/efa, as AWS's EFA device plugin does on
+// instances with Elastic Fabric Adapters (https://docs.aws.amazon.com/eks/latest/userguide/node-efa.html):
+// a container granted EFA devices gets their /dev/infiniband/uverbsN files.
+//
 // The device files are stand-ins made by the local cluster (character devices with
 // /dev/null's numbers). The plugin prefers the highest-numbered free devices, so a pod
 // that assumes it got cores 0-1 fails here as it would on a real instance.
@@ -47,11 +51,14 @@ type plugin struct {
 	coresPerChip int
 	platform     string // the instance family, for the runtime stand-in (NEURON_STANDIN_PLATFORM)
 	perCore      bool   // aws.amazon.com/neuroncore: one device id per core
+	efa          int    // vpc.amazonaws.com/efa: this many EFA devices, and no Neuron device
 }
 
 func (p *plugin) ids() []string {
 	n := p.chips
-	if p.perCore {
+	if p.efa > 0 {
+		n = p.efa
+	} else if p.perCore {
 		n = p.chips * p.coresPerChip
 	}
 	ids := make([]string, n)
@@ -99,6 +106,20 @@ func (p *plugin) GetPreferredAllocation(_ context.Context, req *pluginapi.Prefer
 
 func (p *plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
 	resp := &pluginapi.AllocateResponse{}
+	if p.efa > 0 {
+		for _, c := range req.ContainerRequests {
+			var devices []*pluginapi.DeviceSpec
+			for _, id := range c.DevicesIds {
+				path := "/dev/infiniband/uverbs" + id
+				devices = append(devices, &pluginapi.DeviceSpec{
+					ContainerPath: path, HostPath: filepath.Join(p.devDir, "infiniband", filepath.Base(path)), Permissions: "rw",
+				})
+			}
+			log.Printf("%s: allocate %v", p.resource, c.DevicesIds)
+			resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerAllocateResponse{Devices: devices})
+		}
+		return resp, nil
+	}
 	for _, c := range req.ContainerRequests {
 		var cores []int
 		chips := map[int]bool{}
@@ -206,11 +227,15 @@ func main() {
 	coresPerChip := flag.Int("cores-per-chip", 2, "NeuronCores per device, as the device plugin counts them")
 	lockDir := flag.String("lock-dir", "", "a host directory for the runtime stand-in's core locks, mounted into every container granted Neuron devices")
 	platform := flag.String("platform", "inf2", "the instance family (inf1, inf2, trn1, trn2, trn3), as the hardware would tell the runtime")
+	efa := flag.Int("efa", 0, "EFA devices on this node (vpc.amazonaws.com/efa), as AWS's EFA device plugin advertises them; 0 for none")
 	flag.Parse()
 
 	plugins := []*plugin{
 		{resource: "aws.amazon.com/neuron", socket: filepath.Join(*pluginDir, "neuron-standin.sock")},
 		{resource: "aws.amazon.com/neuroncore", socket: filepath.Join(*pluginDir, "neuroncore-standin.sock"), perCore: true},
+	}
+	if *efa > 0 {
+		plugins = append(plugins, &plugin{resource: "vpc.amazonaws.com/efa", socket: filepath.Join(*pluginDir, "efa-standin.sock"), efa: *efa})
 	}
 	kubeletSock := filepath.Join(*pluginDir, "kubelet.sock")
 	var lastKubelet time.Time
