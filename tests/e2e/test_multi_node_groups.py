@@ -78,9 +78,17 @@ def test_a_two_node_replica_is_one_group_placed_counted_scaled_and_recreated(lws
         limits = p["spec"]["containers"][0]["resources"]["limits"]
         assert (limits["aws.amazon.com/neuron"], limits["vpc.amazonaws.com/efa"]) == ("16", "8"), limits
         env = {e["name"]: e.get("value") for e in p["spec"]["containers"][0]["env"]}
-        assert env["LWS_LEADER_ADDRESS"].startswith(f"{members[0]['metadata']['name']}.llm.{namespace}"), (env, seen)
+        # Under the group's own headless Service, named after its leader (UniquePerReplica).
+        leader = members[0]["metadata"]["name"]
+        assert env["LWS_LEADER_ADDRESS"] == f"{leader}.{leader}.{namespace}", (env, seen)
         assert (env["ENABLE_NEURON_MULTI_NODE"], env["WORLD_SIZE"]) == ("true", "2"), env
-    # Requests reach the leader only.
+    headless = wait_for(
+        lambda: cluster.kubectl("get", "service", leader, "-n", namespace, "-o", "json", check=False).stdout,
+        30,
+        "the group's headless Service",
+    )
+    assert json.loads(headless)["spec"]["clusterIP"] == "None"
+    # Requests reach the leader only, through the model's own Service.
     selector = cluster.get("service", "llm", "-n", namespace)["spec"]["selector"]
     assert selector.get(f"{GROUP}/worker-index") == "0", selector
 
