@@ -30,6 +30,9 @@ import time
 JOIN_SECONDS = float(os.environ.get("NEURON_STANDIN_JOIN_SECONDS", "600"))
 
 
+HELLO_SECONDS = 30
+
+
 class CollectiveError(RuntimeError):
     pass
 
@@ -89,9 +92,14 @@ class RootCommunicator:
                     raise CollectiveError(
                         f"{len(self.peers) + 1} of {self.layout['nodes']} nodes joined the root communicator in {JOIN_SECONDS:.0f} s"
                     ) from None
-                conn.settimeout(None)
+                conn.settimeout(HELLO_SECONDS)  # a peer that connects and says nothing holds no one up
                 reader = conn.makefile("rb")
-                hello = _receive(reader)
+                try:
+                    hello = _receive(reader)
+                except (OSError, ValueError, CollectiveError):
+                    conn.close()
+                    continue
+                conn.settimeout(None)
                 if hello.get("world_size") != self.layout["world_size"] or hello.get("local_ranks_size") != self.layout["local_ranks_size"]:
                     _send(
                         conn,
