@@ -326,8 +326,7 @@ def pad_artefact(cluster: localcluster.LocalCluster, gib: float) -> None:
 
 def start_node_cache(cluster: localcluster.LocalCluster) -> str:
     """The chart's node cache (nodeCache.enabled) on the real node, in the benchmark's namespace;
-    its Service's URL by cluster IP (the local cluster has no DNS) for the operator's
-    --node-cache-url."""
+    its Service's URL by cluster IP for the operator's --node-cache-url."""
     import subprocess
 
     out = subprocess.run(

@@ -11,8 +11,9 @@ cluster/fleet.yaml Ready and runs pods through their lifecycle.
 
 With ``real_node=True`` (``make cluster-up``, ``make demo`` and the e2e suite's cluster) it
 also starts one real node (cluster/realnode.py): a kubelet with containerd, runc, a CNI
-bridge, kube-proxy and a Neuron device-plugin stand-in, where pods really run. That needs
-root; without it the cluster starts without the node and says why
+bridge, kube-proxy and a Neuron device-plugin stand-in, where pods really run, with CoreDNS
+as their cluster DNS; :meth:`LocalCluster.add_real_node` starts a second such node for a test.
+That needs root; without it the cluster starts without the node and says why
 (:attr:`LocalCluster.real_node_skipped`).
 
 Tests use :class:`LocalCluster` directly (see tests/e2e/conftest.py).

@@ -1,5 +1,6 @@
-"""One real node beside the simulated fleet: a kubelet with containerd, runc, a CNI bridge,
-kube-proxy and a Neuron device-plugin stand-in, on this machine.
+"""Real nodes beside the simulated fleet: a kubelet with containerd, runc, a CNI bridge,
+kube-proxy and a Neuron device-plugin stand-in, on this machine. One runs for the cluster's
+life; a test of pods on two nodes starts a second (RealNode with index 1) and stops it again.
 
 Pods that must really run (the serving pods, the compile Job, the operator under Helm)
 land here; the kwok fleet stays for scale and capacity. The node needs root (it creates a
