@@ -290,18 +290,8 @@ class LocalCluster:
         pids = self.recorded()["pids"]
         node.network_up()
         node.start({"kubelet": kubeconfig}, pki, pids, deadline, instance_type)
-        kubectl = [str(bin_dir() / "kubectl"), "--kubeconfig", str(self.kubeconfig)]
-        chips = str(realnode.SHAPES[instance_type][0])
-        while True:
-            found = subprocess.run([*kubectl, "get", "node", node.name, "-o", "json"], capture_output=True, text=True)
-            if found.returncode == 0:
-                status = json.loads(found.stdout)["status"]
-                ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
-                if ready and status.get("allocatable", {}).get(NEURON_RESOURCE) == chips:
-                    return node.name
-            if time.monotonic() > deadline:
-                raise ClusterError(f"the second real node is not Ready with {chips} devices: see logs/kubelet{node.suffix}.log")
-            time.sleep(0.5)
+        self._wait_for_node(node, realnode.SHAPES[instance_type][0], deadline)
+        return node.name
 
     def remove_real_node(self) -> None:
         """Stops the second real node, removes everything it made, and deletes its Node."""
@@ -510,18 +500,23 @@ class LocalCluster:
         self._start("object-store", [sys.executable, "-m", "moto.server", "-H", realnode.GATEWAY, "-p", str(store)], pids)
         self._wait(f"http://{realnode.GATEWAY}:{store}/moto-api/", deadline, "object-store", pids)
         self._save(object_store=f"http://{realnode.GATEWAY}:{store}")
-        kubectl = [str(bins / "kubectl"), "--kubeconfig", str(self.kubeconfig)]
-        node = f"node/{realnode.NODE_NAME}"
-        while subprocess.run([*kubectl, "get", node], capture_output=True).returncode:
+        self._wait_for_node(self.real_node, realnode.CHIPS, deadline)
+
+    def _wait_for_node(self, node: realnode.RealNode, chips: int, deadline: float) -> None:
+        """Until ``node`` is registered, Ready, and advertises ``chips`` Neuron devices."""
+        kubectl = [str(bin_dir() / "kubectl"), "--kubeconfig", str(self.kubeconfig)]
+        while True:
+            found = subprocess.run([*kubectl, "get", "node", node.name, "-o", "json"], capture_output=True, text=True)
+            if found.returncode == 0:
+                status = json.loads(found.stdout)["status"]
+                ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
+                if ready and status.get("allocatable", {}).get(NEURON_RESOURCE) == str(chips):
+                    return
             if time.monotonic() > deadline:
-                raise ClusterError("the real node never registered: see logs/kubelet.log")
-            time.sleep(0.5)
-        remaining = f"{max(1, int(deadline - time.monotonic()))}s"
-        _run_or_fail([*kubectl, "wait", "--for=condition=Ready", node, f"--timeout={remaining}"])
-        jsonpath = "jsonpath={.status.allocatable.aws\\.amazon\\.com/neuron}"
-        while subprocess.run([*kubectl, "get", node, "-o", jsonpath], capture_output=True, text=True).stdout != str(realnode.CHIPS):
-            if time.monotonic() > deadline:
-                raise ClusterError("the real node never advertised its Neuron devices: see logs/device-plugin.log")
+                raise ClusterError(
+                    f"node {node.name} is not Ready with {chips} Neuron devices: see logs/kubelet{node.suffix}.log "
+                    f"and logs/device-plugin{node.suffix}.log"
+                )
             time.sleep(0.5)
 
     def _start_cluster_dns(self, bins: Path, pids: dict[str, int], deadline: float) -> None:
