@@ -521,3 +521,49 @@ def test_a_dra_model_applies_its_claim_template_and_deletes_one_no_pod_template_
     assert ("ResourceClaimTemplate", template["metadata"]["name"]) not in decide(o, NOW).delete
     o = Observed(after, deployment=rolled_out(children.serving_deployment(new)), claim_templates=[live(template)])
     assert ("ResourceClaimTemplate", template["metadata"]["name"]) in decide(o, NOW).delete
+
+
+def test_a_model_reconciled_again_over_the_same_inputs_is_checked_and_planned_once(monkeypatch):
+    """A model is reconciled at its create, at its rollout's events and at every resync, over
+    one spec: it is checked and planned (its plan ConfigMap's content built, serialised and
+    hashed) once for the same inputs, and again whenever one that changes the result differs."""
+    import copy
+
+    from inferentia_operator.core import model as checking
+
+    planned = []
+    planner = checking.plan
+    monkeypatch.setattr(checking, "plan", lambda spec, **kw: planned.append(spec) or planner(spec, **kw))
+
+    def body(**overrides):
+        out = model_body(**{"compile.extraArgs": ["--opt-level", "2"], **overrides})
+        out["metadata"].update(name="memo", namespace="ns-memo", uid="uid-memo")
+        return out
+
+    first = decide(Observed(body()), NOW)
+    again = decide(Observed(copy.deepcopy(body())), NOW)
+    assert len(planned) == 1
+    assert again.apply == first.apply and [o["kind"] for o in first.apply] == ["ConfigMap", "Service", "Deployment"]
+
+    other_uid = body()
+    other_uid["metadata"]["uid"] = "uid-other"
+    decide(Observed(other_uid), NOW)
+    assert len(planned) == 2 and decide(Observed(body()), NOW).apply == first.apply and len(planned) == 2
+
+    smaller = decide(Observed(body(**{"compute.cpu": "1"})), NOW)
+    assert len(planned) == 3
+    deployment = next(o for o in smaller.apply if o["kind"] == "Deployment")
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "1"
+
+    # The operator's settings are inputs too: its image, and where it places pods.
+    placed = decision.decide(Observed(body()), NOW, Settings(prover=PROVER, scheduler_name="my-scheduler"))
+    imaged = decision.decide(Observed(body()), NOW, Settings(prover=PROVER, operator_image="example.com/op:2"))
+    assert len(planned) == 5
+    assert next(o for o in placed.apply if o["kind"] == "Deployment")["spec"]["template"]["spec"]["schedulerName"] == "my-scheduler"
+    assert "example.com/op:2" in str(imaged.apply) and "example.com/op:2" not in str(first.apply)
+
+    # A spec that JSON would not give back as it is (a tuple) is checked afresh, never taken
+    # for the list it prints as.
+    tupled = body()
+    tupled["spec"]["compile"]["extraArgs"] = ("--opt-level", "2")
+    assert decide(Observed(tupled), NOW).apply == first.apply and len(planned) == 6

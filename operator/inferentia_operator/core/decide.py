@@ -12,6 +12,8 @@ a child's name is never written (NameConflict).
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
@@ -20,7 +22,7 @@ from . import api, status
 from .children import Model
 from .drift import applied
 from .kinds import WRITTEN_ONCE
-from .model import check_model
+from .model import CheckedModel, check_model
 from .objects import Obj
 from .ownership import foreign_owner
 from .parts import Part
@@ -67,6 +69,39 @@ def placed(model: Model, settings: Settings) -> Model:
     return replace(model, scheduler_name=scheduler_name, node_cache_url=node_cache_url, node_cache_namespace=node_cache_namespace)
 
 
+# A model is reconciled many times over one spec: at its create, at each step of its rollout,
+# at every resync. Checking and planning it (the spec parsed, the rules, the plan, and its plan
+# ConfigMap's content built, serialised and hashed) was a quarter of the operator's busy CPU
+# during a stream of 20 creates a second (py-spy, `cluster/benchmark_scale.py --profile`), and
+# the same inputs always give the same model, so the latest are kept.
+RECENT_MODELS = 256
+
+
+def checked_model(meta: Obj, spec: Any, settings: Settings) -> CheckedModel:
+    """The model checked, planned and placed with the operator's settings, made once for the
+    same inputs. Kept under the spec's JSON only where JSON gives the spec back exactly (the
+    API server's always does), so that no other spec is ever taken for it."""
+    name, namespace, uid = meta.name, meta.namespace, meta.uid or ""
+    try:
+        text = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+        exact = json.loads(text) == spec and isinstance(name, str) and isinstance(namespace, str | None)
+    except (TypeError, ValueError, RecursionError):
+        exact = False
+    return _recent_model(name, namespace, uid, text, settings) if exact else _check_and_place(name, namespace, uid, spec, settings)
+
+
+@functools.lru_cache(maxsize=RECENT_MODELS)
+def _recent_model(name: str, namespace: str | None, uid: str, spec_json: str, settings: Settings) -> CheckedModel:
+    return _check_and_place(name, namespace, uid, json.loads(spec_json), settings)
+
+
+def _check_and_place(name: Any, namespace: Any, uid: str, spec: Any, settings: Settings) -> CheckedModel:
+    found = check_model(name, namespace, spec, uid=uid, operator_image=settings.operator_image, allocation=settings.allocation)
+    if found.model is None or (model := placed(found.model, settings)) is found.model:
+        return found
+    return replace(found, model=model)
+
+
 def parts_of(model: Model, observed: Observed, settings: Settings) -> Parts:
     """Every part of a model's decision, each fed what the parts before it concluded."""
     model = placed(model, settings)
@@ -84,10 +119,7 @@ def decide(observed: Observed, now: str, settings: Settings = DEFAULT_SETTINGS) 
     meta = Obj(observed.model)
     if meta.deleting:
         return Decision([], [], None, None)  # going: the garbage collector removes the children
-    checked = check_model(
-        meta.name, meta.namespace, observed.model.get("spec"), uid=meta.uid or "",
-        operator_image=settings.operator_image, allocation=settings.allocation,
-    )  # fmt: skip
+    checked = checked_model(meta, observed.model.get("spec"), settings)
     if checked.model is None:
         # Invalid (a cluster without the CRD's CEL rules, or a rule CEL cannot express):
         # report it, and leave every child exactly as it is.
