@@ -39,7 +39,8 @@ class Load:
             except urllib.error.HTTPError as exc:
                 self.results.append((time.monotonic(), exc.code))
             except OSError as exc:
-                self.results.append((time.monotonic(), type(exc).__name__))
+                # The reason too (refused, reset, timed out): which step of a pod's going failed.
+                self.results.append((time.monotonic(), f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"))
             n += 1
 
     def __enter__(self) -> Load:
