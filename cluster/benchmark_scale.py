@@ -223,8 +223,17 @@ def floor(models: int, workdir: Path, rates: list[int], stream_seconds: int) -> 
             # The stream's floor: each model created, then at once its children by the same
             # client, as a controller with no reaction time and no logic would: create ->
             # Deployment is then only the API server's and the watch's own latency, at this rate.
+            cpu0, other0, busy0, t0 = control_plane_cpu(cluster), other_components_cpu(cluster), machine_busy_seconds(), time.monotonic()
             latencies = stream(kube, rate, stream_seconds, prefix=f"s{rate}-", children_too=True)
+            wall = time.monotonic() - t0
             out["streams"][rate] = (percentile(latencies, 50), percentile(latencies, 99))
+            # The machine the floor left over at this rate: what the operator's run has to fit
+            # its own CPU and its extra writes into.
+            out.setdefault("stream_load", {})[rate] = (
+                (control_plane_cpu(cluster) - cpu0) / wall,
+                (other_components_cpu(cluster) - other0) / wall,
+                (machine_busy_seconds() - busy0) / wall,
+            )
         return out
     finally:
         cluster.down()
@@ -665,6 +674,13 @@ def with_operator(
                 bucket_quantile(metrics1, metrics0, "inferentia_operator_reconcile_duration_seconds", "", 0.99),
                 *gc_paused(metrics1, metrics0),
             )
+            # How many reconciles the stream's models cost, by result: each model's own (its
+            # create, its children's and pods' events, coalesced) and any resync's in between.
+            out.setdefault("stream_reconciles", {})[rate] = {
+                result: metrics1.get(f'inferentia_operator_reconciles_total{{result="{result}"}}', 0.0)
+                - metrics0.get(f'inferentia_operator_reconciles_total{{result="{result}"}}', 0.0)
+                for result in ("noop", "changed", "failed")
+            }
             out["stream_load"][rate] = (
                 (cpu_seconds(operator.proc.pid) - cpu_op0) / wall,
                 (control_plane_cpu(cluster) - cpu_cp0) / wall,
@@ -895,11 +911,21 @@ def main() -> int:
             f"the cluster's other components {others:.2f} CPUs; the whole machine busy {machine:.2f} of {os.cpu_count()} CPUs; "
             f"work queue at most {depth:.0f} deep"
         )
+        floor_control_plane, floor_others, floor_machine = base["stream_load"][rate]
+        print(
+            f"  the floor's stream at {rate}/s: API server + etcd {floor_control_plane:.2f} CPUs, the cluster's other components "
+            f"{floor_others:.2f} CPUs; the whole machine busy {floor_machine:.2f} of {os.cpu_count()} CPUs"
+        )
         wait50, wait99, took50, took99, gc_seconds, gc_full, gc_longest = op["stream_inside"][rate]
         print(
             f"  inside the operator (bucket bounds): a new model's wait in the queue p50 ≤ {wait50 * 1000:.0f} ms, "
             f"p99 ≤ {wait99 * 1000:.0f} ms; a reconcile took p50 ≤ {took50 * 1000:.0f} ms, p99 ≤ {took99 * 1000:.0f} ms; "
             f"garbage collection {gc_seconds:.2f} s in all, {gc_full:.0f} full collections, the longest ≤ {gc_longest * 1000:.0f} ms"
+        )
+        streamed = rate * args.stream_seconds
+        print(
+            "  reconciles a streamed model: "
+            + ", ".join(f"{result} {count / streamed:.2f}" for result, count in op["stream_reconciles"][rate].items())
         )
         if args.profile:
             summarize(args.profile / f"stream-{rate}.txt")
