@@ -674,8 +674,9 @@ def with_operator(
                 bucket_quantile(metrics1, metrics0, "inferentia_operator_reconcile_duration_seconds", "", 0.99),
                 *gc_paused(metrics1, metrics0),
             )
-            # How many reconciles the stream's models cost, by result: each model's own (its
-            # create, its children's and pods' events, coalesced) and any resync's in between.
+            # The reconciles that finished during the stream, by result: the streamed models' (their
+            # creates, their children's and pods' events, coalesced) and any resync's in between.
+            # A model's last ones come once its pods are up, which may be after the stream.
             out.setdefault("stream_reconciles", {})[rate] = {
                 result: metrics1.get(f'inferentia_operator_reconciles_total{{result="{result}"}}', 0.0)
                 - metrics0.get(f'inferentia_operator_reconciles_total{{result="{result}"}}', 0.0)
@@ -924,7 +925,7 @@ def main() -> int:
         )
         streamed = rate * args.stream_seconds
         print(
-            "  reconciles a streamed model: "
+            "  reconciles during the stream, per model streamed (a model's later ones, its Ready among them, may fall after it): "
             + ", ".join(f"{result} {count / streamed:.2f}" for result, count in op["stream_reconciles"][rate].items())
         )
         if args.profile:
