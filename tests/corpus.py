@@ -91,6 +91,12 @@ CEL_CASES = {
     "nodes-runtime": make_spec(**{"compute.family": "trn1", "compute.inf": 16, "compute.nodes": 2}),
     "nodes-compile": make_spec(**{**_TWO_TRN1_NODES, "compile.image": "example.com/neuron:1"}),
     "nodes-dra": make_spec(**{**_TWO_TRN1_NODES, "compute.allocation": "dra"}),
+    "nodes-image": make_spec(
+        **{
+            **_TWO_TRN1_NODES,
+            "serving.image": "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.16.0-neuronx-py312-sdk2.31.0-ubuntu24.04",
+        }
+    ),  # fmt: skip
     "nodes-zero": make_spec(**{**_TWO_TRN1_NODES, "autoscaling": {"minReplicas": 0, "maxReplicas": 2}}),
     "nodes-topology-key": make_spec(**{**_TWO_TRN1_NODES, "compute.topologyKey": "network node/layer"}),
     "nodes-topology-alone": make_spec(**{"compute.topologyKey": "topology.k8s.aws/network-node-layer-3"}),

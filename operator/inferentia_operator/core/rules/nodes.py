@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 
+from inferentia_operator.core import neuron_images
 from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.catalogue import EFA_DEVICES, FAMILIES, MULTI_NODE_FAMILIES, Family
 from inferentia_operator.core.cel import CEL_FAMILY, CrossFieldRule, literal
@@ -85,6 +86,25 @@ NODES_ZERO = CrossFieldRule(
     (),
 )
 
+# What serves across nodes is vLLM's V0 Neuron worker (ENABLE_NEURON_MULTI_NODE, NEURON_RANK_ID,
+# --override-neuron-config), which vLLM removed (vllm-project/vllm PR #21159, first absent from
+# 0.10.2); vllm-neuron, in AWS's vLLM images from 0.11.0, starts a world of one. Among AWS's own
+# vLLM images (neuron_images, which says where each image's versions come from) only those with
+# V0 serve a group, so another of them is refused naming the ones that can; an image of another
+# name is the user's to know.
+_VLLM_REPO = f"{neuron_images.REGISTRY}{neuron_images.VLLM_REPOSITORY}:"
+_V0_IMAGES = neuron_images.multi_node_images()
+NODES_IMAGE = CrossFieldRule(
+    "spec.serving.image",
+    "spec",
+    "%s cannot serve a replica across nodes: its vLLM has no V0 Neuron worker (vLLM removed it in 0.10.2, and "
+    "vllm-neuron's worker starts a world of one), which vLLM's multi-node serving on Neuron needs; valid values with "
+    f"nodes above 1: {', '.join(_V0_IMAGES)}",
+    f"!({_MULTI}) || !has(self.serving.image) || !self.serving.image.startsWith({json.dumps(_VLLM_REPO)}) || "
+    f"self.serving.image in {literal(_V0_IMAGES)}",
+    ("self.serving.image",),
+)
+
 
 # A label key: an optional DNS subdomain prefix and "/", then a name of at most 63 characters
 # (https://kubernetes.io/docs/concepts/overview/working-with-objects/labels/#syntax-and-character-set).
@@ -136,11 +156,14 @@ def _check_nodes(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
         found.append(NODES_DRA.finding())
     if spec.autoscaling is not None and spec.autoscaling.min_replicas == 0:
         found.append(NODES_ZERO.finding())
+    image = spec.serving.image
+    if image and image.startswith(_VLLM_REPO) and image not in _V0_IMAGES:
+        found.append(NODES_IMAGE.finding(image))
     return found
 
 
 RULES: list[CrossFieldRule] = [
     NODES_FAMILY, NODES_WHOLE, NODES_PROCESSES, NODES_RUNTIME, NODES_COMPILE, NODES_DRA, NODES_ZERO,
-    NODES_TOPOLOGY_KEY, NODES_TOPOLOGY_ALONE,
+    NODES_TOPOLOGY_KEY, NODES_TOPOLOGY_ALONE, NODES_IMAGE,
 ]  # fmt: skip
 CHECKS = (_check_nodes, _check_topology)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from inferentia_operator.core import neuron_images
 from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.catalogue import Family
 from inferentia_operator.core.cel import (
@@ -165,10 +166,57 @@ def _check_neuron_cc_options(spec: InferentiaModelSpec, fam: Family) -> list[Fin
     ]
 
 
+def _check_images(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    """What AWS publishes of the images (neuron_images) against what the paths need. Warnings:
+    an image of another name, or a tag not catalogued, may carry anything."""
+    found = []
+    compile_image, serving_image = spec.compile.image, spec.serving.image
+    sdk = neuron_images.sdk_of(compile_image)
+    if spec.compiles_with_program and fam.neuronx and sdk is not None and sdk < neuron_images.CPU_BACKEND_SDK:
+        found.append(
+            Finding(
+                "spec.compile.image",
+                f"{compile_image} is of Neuron {'.'.join(map(str, sdk))}, whose torch-neuronx cannot trace without a Neuron "
+                "device (torch_neuronx.trace's cpu_backend came with Neuron 2.21), and the compile Job runs on a node without "
+                "one, so it fails; use an image of Neuron 2.21 or later",
+                "warning",
+            )
+        )
+    compiled, served = neuron_images.lookup(compile_image), neuron_images.lookup(serving_image)
+    if compiled and served and compile_image != serving_image:
+        differ = [
+            f"{name} {compiled.compile_key_versions[name]} against {version}"
+            for name, version in served.compile_key_versions.items()
+            if version and compiled.compile_key_versions[name] and compiled.compile_key_versions[name] != version
+        ]
+        if differ:
+            # A NEFF is its compiler's: the plugin's cache key hashes these versions (its
+            # Compilation Cache page), and NxD Inference and torch-neuronx load what that compiler made.
+            found.append(
+                Finding(
+                    "spec.compile.image",
+                    f"compiles with other Neuron versions than serving.image runs ({'; '.join(differ)}), so the serving pods "
+                    "miss every compiled graph and stop at start; use the same image for both",
+                    "warning",
+                )
+            )
+    for field, versions in (("spec.compile.image", compiled), ("spec.serving.image", served)):
+        if spec.serving.runtime == "vllm" and fam.neuronx and versions and versions.vllm_serving and fam.name not in versions.families:
+            found.append(
+                Finding(
+                    field,
+                    f"{versions.image} carries vLLM for {', '.join(versions.families)}, not {fam.name}; use AWS's vLLM image "
+                    f"for {fam.name}",
+                    "warning",
+                )
+            )
+    return found
+
+
 RULES: list[CrossFieldRule] = [
     VLLM_FAMILY,
     TENSORFLOW_COMPILE,
     COMPILE_STORE,
     FP32_CNN_BATCH,
 ]
-CHECKS = (_check_runtime, _check_programs, _check_neuron_cc_options, _check_cnn_batch)
+CHECKS = (_check_runtime, _check_programs, _check_neuron_cc_options, _check_cnn_batch, _check_images)
