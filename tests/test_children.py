@@ -273,8 +273,10 @@ def test_the_vllm_preset_runs_one_tensor_parallel_server_per_group():
     assert container["command"] == ["/bin/sh", "/etc/inferentia/launch.sh"]
     assert container["args"] == [
         "/bin/sh", "-c", 'exec python3 -m vllm.entrypoints.openai.api_server --port "$PORT" "$@"', "vllm",
-        "--model", "s3://models/llama-3.1-8b/", "--tensor-parallel-size", "4",
+        "--model", children.MODEL_DIR, "--served-model-name", "s3://models/llama-3.1-8b/", "--tensor-parallel-size", "4",
         "--max-model-len", "4096", "--max-num-seqs", "8",
+        # vLLM on NxD Inference: the KV cache as the compiled model has it (children.vllm_engine_args).
+        "--no-enable-prefix-caching", "--num-gpu-blocks-override", "8",
         "--block-size", "32",
     ]  # fmt: skip
     env = {e["name"]: e["value"] for e in container["env"]}
@@ -283,8 +285,10 @@ def test_the_vllm_preset_runs_one_tensor_parallel_server_per_group():
     # miss there ends the server instead of compiling in the serving pod.
     assert env["NEURON_COMPILED_ARTIFACTS"] == children.COMPILED_DIR
     assert env["VLLM_NEURON_DISABLE_WARMUP_COMPILE"] == "1"
-    [fetch] = children.serving_deployment(m)["spec"]["template"]["spec"]["initContainers"]
+    # The compiled model, and the store's model (vLLM reads no object store without the Run:ai streamer).
+    [fetch, fetch_model] = children.serving_deployment(m)["spec"]["template"]["spec"]["initContainers"]
     assert fetch["args"] == ["fetch", "--from", children.compiled_uri(m), "--to", children.COMPILED_DIR]
+    assert fetch_model["args"] == ["fetch", "--model", "--from", "s3://models/llama-3.1-8b/", "--to", children.MODEL_DIR]
     assert {"name": "compiled", "mountPath": children.COMPILED_DIR, "readOnly": True} in container["volumeMounts"]
     assert container["startupProbe"]["httpGet"] == {"path": "/health", "port": "serve-0"}
     assert container["startupProbe"]["failureThreshold"] * container["startupProbe"]["periodSeconds"] >= 600
@@ -306,7 +310,9 @@ def test_on_trn2_and_trn3_vllm_runs_on_the_neuron_plugin_from_the_cache_its_comp
     # The plugin locks its cache's entries: the fetched cache is writable for the server.
     # Writable (no readOnly: the API server drops a false one).
     assert {"name": "compiled", "mountPath": children.COMPILED_DIR} in container["volumeMounts"]
-    assert container["args"][4:8] == ["--model", "s3://models/llama-3.1-8b/", "--tensor-parallel-size", "4"]
+    assert container["args"][4:10] == [
+        "--model", children.MODEL_DIR, "--served-model-name", "s3://models/llama-3.1-8b/", "--tensor-parallel-size", "4",
+    ]  # fmt: skip
     job = children.compile_job(m)
     compile_step = job["spec"]["template"]["spec"]["initContainers"][-1]
     assert compile_step["command"] == ["python3", "/etc/inferentia/vllm_compile.py"]
@@ -317,9 +323,10 @@ def test_on_trn2_and_trn3_vllm_runs_on_the_neuron_plugin_from_the_cache_its_comp
         children.COMPILED_DIR,
     )
     engine = json.loads(jenv["INFERENTIA_VLLM_ENGINE_ARGS"])
-    assert engine == {"model": "s3://models/llama-3.1-8b/", "tensor_parallel_size": 4, "max_model_len": 4096, "max_num_seqs": 8}
+    assert engine == {"model": children.MODEL_DIR, "served_model_name": "s3://models/llama-3.1-8b/", "tensor_parallel_size": 4,
+                      "max_model_len": 4096, "max_num_seqs": 8}  # fmt: skip
     # The same engine as the serving flags: the graphs the server warms up are those compiled.
-    flags = container["args"][4:12]
+    flags = container["args"][4:14]
     assert dict(zip(flags[::2], flags[1::2], strict=True)) == {f"--{k.replace('_', '-')}": str(v) for k, v in engine.items()}
     assert "vllm_compile.py" in children.plan_configmap(m)["data"]
     assert children.compile_inputs(m)["engineArgs"] == engine
@@ -347,8 +354,10 @@ def test_on_inf2_and_trn1_vllm_is_compiled_by_the_operators_nxd_inference_progra
     assert "VLLM_NEURON_CPU_COMPILE" not in jenv  # the plugin's, which NxD Inference never reads
     engine = json.loads(jenv["INFERENTIA_VLLM_ENGINE_ARGS"])
     # The engine the serving flags start: the compiled model is the one vLLM would have compiled.
-    flags = container["args"][4:12]
-    assert dict(zip(flags[::2], flags[1::2], strict=True)) == {f"--{k.replace('_', '-')}": str(v) for k, v in engine.items()}
+    assert engine["enable_prefix_caching"] is False and "--no-enable-prefix-caching" in container["args"]
+    flags = [a for a in container["args"][4:-2] if a != "--no-enable-prefix-caching"]  # less serving.args
+    valued = {f"--{k.replace('_', '-')}": str(v) for k, v in engine.items() if k != "enable_prefix_caching"}
+    assert dict(zip(flags[::2], flags[1::2], strict=True)) == valued
     # The store's model is fetched for the program, which reads a local checkpoint.
     assert [c["name"] for c in job["spec"]["template"]["spec"]["initContainers"]] == ["fetch-model", "compile"]
     assert jenv["INFERENTIA_MODEL_PATH"] == children.MODEL_DIR
@@ -362,9 +371,12 @@ def test_on_inf2_and_trn1_vllm_is_compiled_by_the_operators_nxd_inference_progra
 def test_the_vllm_preset_without_a_compile_job_loads_the_model_uri():
     m = model(**{**VLLM, "serving.args": None, "serving.batching": None, "compile.buckets": None, "processesPerReplica": 1})
     [container] = children.serving_deployment(m)["spec"]["template"]["spec"]["containers"]
-    assert container["args"][4:] == ["--model", "s3://models/llama-3.1-8b/", "--tensor-parallel-size", "12"]
+    assert container["args"][4:] == [
+        "--model", children.MODEL_DIR, "--served-model-name", "s3://models/llama-3.1-8b/", "--tensor-parallel-size", "12",
+    ]  # fmt: skip
     assert "NEURON_COMPILED_ARTIFACTS" not in {e["name"] for e in container["env"]}
-    assert "initContainers" not in children.serving_deployment(m)["spec"]["template"]["spec"]
+    [fetch_model] = children.serving_deployment(m)["spec"]["template"]["spec"]["initContainers"]
+    assert fetch_model["args"][-1] == children.MODEL_DIR
 
 
 def test_the_compile_key_holds_what_invalidates_an_artefact_and_nothing_else():
@@ -405,8 +417,9 @@ def test_the_vllm_command_passes_user_text_as_arguments_not_shell(tmp_path):
     result = subprocess.run(
         script_args, env={"PATH": f"{tmp_path}:/usr/bin:/bin", "PORT": "8001"}, cwd=tmp_path, capture_output=True, text=True
     )
-    assert result.stdout.splitlines()[:6] == [
-        "-m", "vllm.entrypoints.openai.api_server", "--port", "8001", "--model", "s3://x/$(touch pwned);y",
+    assert result.stdout.splitlines()[:8] == [
+        "-m", "vllm.entrypoints.openai.api_server", "--port", "8001", "--model", children.MODEL_DIR,
+        "--served-model-name", "s3://x/$(touch pwned);y",
     ]  # fmt: skip
     assert not (tmp_path / "pwned").exists()
 
@@ -669,10 +682,10 @@ def test_with_a_node_cache_the_artefact_fetch_asks_it_first():
     from dataclasses import replace
 
     m = model(**VLLM, **{"compile.image": "example.com/compile:1"})
-    [fetch] = children.serving_deployment(m)["spec"]["template"]["spec"]["initContainers"]
+    [fetch, _] = children.serving_deployment(m)["spec"]["template"]["spec"]["initContainers"]
     assert "INFERENTIA_NODE_CACHE" not in {e["name"] for e in fetch["env"]}
     cached = replace(m, node_cache_url="http://inferentia-operator-node-cache.inferentia-system.svc:8080")
-    [fetch] = children.serving_deployment(cached)["spec"]["template"]["spec"]["initContainers"]
+    [fetch, _] = children.serving_deployment(cached)["spec"]["template"]["spec"]["initContainers"]
     assert {"name": "INFERENTIA_NODE_CACHE", "value": "http://inferentia-operator-node-cache.inferentia-system.svc:8080"} in fetch["env"]
 
 

@@ -186,7 +186,7 @@ def test_each_pod_takes_its_rank_and_the_leaders_address_from_leaderworkerset():
             assert out[:4] == ["python3", "-m", "vllm.entrypoints.openai.api_server", "--port"]
         else:
             assert out[:2] == ["python3", "/plan/vllm_worker.py"]
-        assert "--tensor-parallel-size" not in out and out[out.index("--model") + 1] == "s3://models/llama-3.1-70b/"
+        assert "--tensor-parallel-size" not in out and out[out.index("--served-model-name") + 1] == "s3://models/llama-3.1-70b/"
 
 
 def test_the_status_counts_groups_and_a_group_with_a_lost_worker_is_not_ready():

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from inferentia_operator import programs
+from inferentia_operator.core import neuron_images
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = ROOT / "operator" / "inferentia_operator" / "programs"
@@ -190,6 +191,68 @@ def test_an_inf2_model_is_traced_per_bucket_and_answers_as_the_network_does(tmp_
         server.communicate()
 
 
+def distributions(where: Path, **versions: str) -> str:
+    """A directory of dist-info entries, as an image's site-packages holds them, for
+    importlib.metadata: the package versions a stand-in then behaves as (torch_neuronx="2.1.2.2.3.2")."""
+    for name, version in versions.items():
+        info = where / f"{name}-{version}.dist-info"
+        info.mkdir(parents=True, exist_ok=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n")
+    return str(where)
+
+
+TRACE_WITHOUT_DEVICE = """
+import json, sys, torch, torch_neuronx
+model = torch.nn.Linear(4, 2).eval()
+example = torch.zeros(1, 4)
+for kwargs in json.loads(sys.argv[1]):
+    try:
+        torch_neuronx.trace(model, example, **kwargs)
+    except Exception as exc:
+        print(f"{type(exc).__name__}: {exc}")
+    else:
+        print("traced")
+"""
+
+
+def trace_without_device(tmp_path: Path, calls: list[dict], *site: str, **env: str) -> list[str]:
+    """What each torch_neuronx.trace call (its keyword arguments) gives in one process on a node without a device."""
+    (tmp_path / "no-dev").mkdir(exist_ok=True)
+    done = subprocess.run(
+        [torch_python(), "-c", TRACE_WITHOUT_DEVICE, json.dumps(calls)],
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join([*site, str(STANDINS)]), "NEURON_STANDIN_DEV_DIR": str(tmp_path / "no-dev"), **env},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()
+
+
+def test_torch_neuronx_traces_without_a_device_only_on_its_cpu_backend_for_a_target(tmp_path):
+    """As the trace API reference documents it: without a device, tracing needs cpu_backend=True
+    with --target (or the target set before the import); torch-neuronx before Neuron 2.21 has no
+    cpu_backend at all."""
+    target = {"compiler_args": ["--target", "inf2"]}
+    on_device, on_cpu, no_target = trace_without_device(tmp_path, [target, {**target, "cpu_backend": True}, {"cpu_backend": True}])
+    assert "num_devices > 0" in on_device and on_cpu == "traced" and "please supply compiler argument target" in no_target
+    assert trace_without_device(tmp_path, [{"cpu_backend": True}], NEURON_PLATFORM_TARGET_OVERRIDE="inf2") == ["traced"]
+    old = distributions(tmp_path / "site", torch_neuronx="2.1.2.2.3.2")  # Neuron 2.20's
+    [refused] = trace_without_device(tmp_path, [{**target, "cpu_backend": True}], old)
+    assert "unexpected keyword argument 'cpu_backend'" in refused
+
+
+def test_an_inf2_model_compiles_in_a_job_without_a_neuron_device(tmp_path, models):
+    """The compile Job runs on an ordinary node: the program traces on torch-neuronx's CPU backend,
+    and refuses an image whose torch-neuronx cannot, naming the release that can."""
+    (tmp_path / "no-dev").mkdir()
+    compiled = compile_model(tmp_path, INF2_PLAN, models / "conv.pt", NEURON_STANDIN_DEV_DIR=str(tmp_path / "no-dev"))
+    assert compiled.returncode == 0, compiled.stderr
+    old = compile_model(
+        tmp_path, INF2_PLAN, models / "conv.pt", NEURON_STANDIN_DEV_DIR=str(tmp_path / "no-dev"),
+        PYTHONPATH=f"{distributions(tmp_path / 'site', torch_neuronx='2.1.2.2.3.2')}:{STANDINS}",
+    )  # fmt: skip
+    assert old.returncode == 1 and "torch-neuronx 2.1.2.2.3.2" in old.stderr and "Neuron 2.21" in old.stderr, old.stderr
+
+
 def test_a_models_failure_on_an_input_is_a_500_and_the_server_goes_on(tmp_path, models):
     """An id beyond the embedding's table makes the model itself raise: the client is told so,
     and the next request is served (the thread once died, leaving the client an empty reply)."""
@@ -242,7 +305,7 @@ def test_how_much_of_the_model_runs_on_neuron_goes_into_the_manifest_and_the_ter
 
 
 def test_a_neuron_cc_flag_is_refused_by_the_neuronx_compile_as_the_compiler_would(tmp_path, models):
-    plan = {**INF2_PLAN, "compilerArgs": ["--neuroncore-pipeline-cores", "2"]}
+    plan = {**INF2_PLAN, "compilerArgs": ["--target", "inf2", "--neuroncore-pipeline-cores", "2"]}
     result = compile_model(tmp_path, plan, models / "conv.pt")
     assert result.returncode != 0
     assert "neuronx-cc failed: ERROR [NCC_EARG000] unrecognized arguments: --neuroncore-pipeline-cores" in result.stderr
@@ -373,10 +436,22 @@ def test_the_model_server_stops_on_sigterm_and_exits_0(tmp_path, models):
 # --- the vLLM Neuron plugin's compile step (trn2, trn3) ------------------------------------------
 
 
-def plugin_env(tmp_path: Path, cache: Path, **extra: str) -> dict[str, str]:
+def image_site(where: Path, image: str) -> str:
+    """A site directory with the packages AWS's ``image`` carries (neuron_images), for the stand-ins."""
+    versions = neuron_images.CATALOGUE[image].distributions
+    return distributions(where, **{name.replace("-", "_"): version for name, version in versions.items()})
+
+
+VLLM_IMAGE = "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:"
+PLUGIN_IMAGE = VLLM_IMAGE + "0.24.0.1.1.0-neuronx-py313-sdk2.32.0-ubuntu24.04"
+NXDI_IMAGE = VLLM_IMAGE + "0.16.0-neuronx-py312-sdk2.31.0-ubuntu24.04"
+V0_IMAGE = VLLM_IMAGE + "0.9.1-neuronx-py311-sdk2.26.1-ubuntu22.04"
+
+
+def plugin_env(tmp_path: Path, cache: Path, image: str = PLUGIN_IMAGE, **extra: str) -> dict[str, str]:
     return {
-        "PATH": "/usr/bin:/bin", "PYTHONPATH": str(STANDINS), "HOME": str(tmp_path), "VLLM_CACHE_ROOT": str(cache),
-        "NEURON_LOGICAL_NC_CONFIG": "2", **extra,
+        "PATH": "/usr/bin:/bin", "PYTHONPATH": f"{image_site(tmp_path / 'site', image)}:{STANDINS}", "HOME": str(tmp_path),
+        "VLLM_CACHE_ROOT": str(cache), "NEURON_LOGICAL_NC_CONFIG": "2", **extra,
     }  # fmt: skip
 
 
@@ -396,6 +471,7 @@ def test_the_plugin_compile_step_fills_the_cache_a_server_then_starts_from_witho
     assert len(entries) == 2 and "2 cache entries" in done.stdout
     # The serving side of the same contract, in the stand-in the real node's pods run.
     monkeypatch.syspath_prepend(str(STANDINS))
+    monkeypatch.syspath_prepend(image_site(tmp_path / "site", PLUGIN_IMAGE))
     import neuron_standin
 
     for k, v in plugin_env(tmp_path, cache).items():
@@ -403,11 +479,15 @@ def test_the_plugin_compile_step_fills_the_cache_a_server_then_starts_from_witho
     engine = {**ENGINE, "max_num_seqs": None}
     assert neuron_standin.plugin_warm_up(engine, "trn2", may_compile=False) == (entries, False)
     # A graph the compile step did not make (another sequence length) is a miss, fatal when warm-up may not compile.
-    with pytest.raises(RuntimeError, match="compile cache miss for the prefill graph .* VLLM_NEURON_DISABLE_WARMUP_COMPILE=1"):
+    with pytest.raises(RuntimeError, match="VLLM_NEURON_DISABLE_WARMUP_COMPILE: local compile cache miss .*the prefill graph"):
         neuron_standin.plugin_warm_up({**engine, "max_model_len": 512}, "trn2", may_compile=False)
     # Compiled for trn2, the cache has nothing for trn3.
-    with pytest.raises(RuntimeError, match="compile cache miss"):
+    with pytest.raises(RuntimeError, match="local compile cache miss"):
         neuron_standin.plugin_warm_up(engine, "trn3", may_compile=False)
+    # Served by an image of other compiler versions (Neuron 2.31's plugin): the key hashes them, so every graph misses.
+    monkeypatch.syspath_prepend(image_site(tmp_path / "site-2.31", VLLM_IMAGE + "0.21.0.1.0.0-neuronx-py313-sdk2.31.0-ubuntu24.04"))
+    with pytest.raises(RuntimeError, match="local compile cache miss .*'neuronx-cc': '2.26.6360.0'"):
+        neuron_standin.plugin_warm_up(engine, "trn2", may_compile=False)
 
 
 def test_the_plugin_compile_step_fails_with_the_plugins_reason(tmp_path):
@@ -424,7 +504,8 @@ def test_the_plugin_compile_step_fails_with_the_plugins_reason(tmp_path):
 
 # -- vLLM on NxD Inference (inf2, trn1): the operator's compile program ----------------------------
 
-NXDI_ENGINE = {"model": "meta-llama/Llama-3.1-8B-Instruct", "tensor_parallel_size": 2, "max_model_len": 4096, "max_num_seqs": 8}
+NXDI_ENGINE = {"model": "meta-llama/Llama-3.1-8B-Instruct", "tensor_parallel_size": 2, "max_model_len": 4096, "max_num_seqs": 8,
+               "enable_prefix_caching": False, "num_gpu_blocks_override": 8}  # fmt: skip
 
 
 def tiny_checkpoint(where: Path, model_type: str = "llama") -> Path:
@@ -444,8 +525,9 @@ def tiny_checkpoint(where: Path, model_type: str = "llama") -> Path:
 
 def run_nxdi_compile(tmp_path: Path, engine: dict, **extra: str) -> subprocess.CompletedProcess:
     env = {
-        "PATH": "/usr/bin:/bin", "PYTHONPATH": str(STANDINS), "HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf"),
-        "INFERENTIA_VLLM_ENGINE_ARGS": json.dumps(engine), "INFERENTIA_COMPILED_MODEL_DIR": str(tmp_path / "compiled"), **extra,
+        "PATH": "/usr/bin:/bin", "PYTHONPATH": f"{image_site(tmp_path / 'site', NXDI_IMAGE)}:{STANDINS}", "HOME": str(tmp_path),
+        "HF_HOME": str(tmp_path / "hf"), "INFERENTIA_VLLM_ENGINE_ARGS": json.dumps(engine),
+        "INFERENTIA_COMPILED_MODEL_DIR": str(tmp_path / "compiled"), **extra,
     }  # fmt: skip
     return subprocess.run([sys.executable, str(PROGRAMS / programs.NXDI_COMPILE_PROGRAM)], env=env, capture_output=True, text=True)
 
@@ -476,6 +558,33 @@ def test_the_nxd_inference_compile_step_writes_what_vllms_loader_loads_without_c
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "inf2")
     app.load(str(compiled))
     assert app.is_loaded_to_neuron and app.neuron_config.tp_degree == 2
+
+
+def test_a_compiled_nxd_inference_model_is_the_one_vllm_neuron_would_build_and_another_engine_is_refused(tmp_path, monkeypatch):
+    """vllm-neuron loads a compiled model as it is, with the KV layout taken from vLLM's own cache
+    settings: the compile must be the NeuronConfig its loader builds from the server's flags
+    (paged-attention blocks included), and the stand-in server refuses one compiled for another engine."""
+    checkpoint = tiny_checkpoint(tmp_path / "model")
+    done = run_nxdi_compile(tmp_path, NXDI_ENGINE, INFERENTIA_MODEL_PATH=str(checkpoint), NEURON_PLATFORM_TARGET_OVERRIDE="inf2")
+    assert done.returncode == 0, done.stderr
+    compiled = json.loads((tmp_path / "compiled" / "neuron_config.json").read_text())["neuron_config"]
+    monkeypatch.syspath_prepend(str(STANDINS))
+    monkeypatch.syspath_prepend(image_site(tmp_path / "site", NXDI_IMAGE))
+    import neuron_standin
+
+    flags = ["--model", str(checkpoint), "--tensor-parallel-size", "2", "--max-model-len", "4096", "--max-num-seqs", "8",
+             "--no-enable-prefix-caching", "--num-gpu-blocks-override", "8"]  # fmt: skip
+    parser = neuron_standin.vllm_parser(neuron_standin.VLLM_NEURON_NXDI)
+    expected = neuron_standin.nxdi_neuron_config(parser.parse_args(flags), neuron_standin.VLLM_NEURON_NXDI)
+    assert {k: compiled[k] for k in expected} == expected
+    assert (expected["pa_num_blocks"], expected["pa_block_size"], expected["is_block_kv_layout"]) == (9, 4096, False)
+    neuron_standin.check_compiled_config(compiled, expected)  # the same engine: served
+    other = neuron_standin.nxdi_neuron_config(parser.parse_args([*flags[:-3], "--num-gpu-blocks-override", "8"]), "vllm-neuron")
+    with pytest.raises(SystemExit):  # prefix caching left on: another KV layout than the one compiled
+        neuron_standin.check_compiled_config(compiled, other)
+    with pytest.raises(SystemExit) as refused:  # --override-neuron-config is V0's: vLLM 0.16 has no such flag
+        parser.parse_args([*flags, "--override-neuron-config", "{}"])
+    assert refused.value.code == 2
 
 
 def test_the_nxd_inference_compile_step_downloads_a_hub_model_with_the_token(tmp_path):
@@ -555,7 +664,7 @@ def test_a_two_node_group_serves_through_its_leader_only_once_its_worker_joined_
         for chip in range(16):  # a trn1.32xlarge: 16 devices of 2 NeuronCores
             (dev / f"neuron{chip}").touch()
         env = {
-            "PATH": "/usr/bin:/bin", "PYTHONPATH": str(STANDINS), "HOME": str(tmp_path), "PORT": str(port),
+            "PATH": "/usr/bin:/bin", "PYTHONPATH": f"{image_site(tmp_path / 'site', V0_IMAGE)}:{STANDINS}", "HOME": str(tmp_path), "PORT": str(port),
             "NEURON_STANDIN_DEV_DIR": str(dev), "INFERENTIA_PLAN_DIR": str(tmp_path),
             "VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference", **children.multi_node_env(model),
             # What LeaderWorkerSet's pod webhook sets on each pod of the group.

@@ -45,6 +45,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from neuron_collectives import CollectiveError, RootCommunicator, fatal, multi_node_config
+from standin_versions import VLLM_NEURON_NXDI, VLLM_NEURON_PLUGIN, VLLM_V0, compiler_versions, installed, vllm_serving
 
 ARTEFACT = "model.neff.json"
 
@@ -72,58 +73,88 @@ def expand(cores: str) -> list[int]:
 # trn3 targets", https://awsdocs-neuron.readthedocs-hosted.com/en/latest/release-notes/components/compiler.html).
 NEURONX_TARGETS = {"inf2", "trn1", "trn2", "trn3"}
 LNC_TARGETS = {"trn2", "trn3"}  # "LNC applies only to Trn2 and Trn3 instances"
-# Flags that only one of the two compilers takes, from their usage lines: neuron-cc (inf1)
-# pipelines a model with --neuroncore-pipeline-cores
-# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/compiler/neuron-cc/command-line-reference.html);
-# neuronx-cc (inf2, trn1, trn2, trn3) takes --target, --logical-nc-config (-lnc), --model-type and
-# --auto-cast/--auto-cast-type, which neuron-cc does not
+# Each compiler's documented flags (compiler_parser): neuron-cc's CLI reference
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/compiler/neuron-cc/command-line-reference.html)
+# and neuronx-cc's
 # (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/compiler/neuronx-cc/api-reference-guide/neuron-compiler-cli-reference-guide.html).
-NEURON_CC_ONLY = ("--neuroncore-pipeline-cores",)
-NEURONX_CC_ONLY = ("--target", "--lnc", "--logical-nc-config", "--auto-cast", "--auto-cast-type", "--model-type")
+# A flag of the other compiler (--target for neuron-cc, --neuroncore-pipeline-cores for
+# neuronx-cc) is unknown to it, like any other.
 
 
 class CompilerRefused(Exception):
     """What the compiler prints when it refuses its arguments (exit status 1)."""
 
 
+def compiler_parser(prog: str) -> argparse.ArgumentParser:
+    """The compiler's documented flags, and no others: an undocumented one is refused, as the
+    real compilers' argument parsers refuse it. neuronx-cc: "neuronx-cc compile <model_files>
+    --framework --target [--model-type] [--auto-cast] [--auto-cast-type] [--distribution-strategy]
+    [--logical-nc-config, or -lnc] [--optlevel, or -O] [--enable-mixed-precision-accumulation]
+    [--enable-saturate-infinity] [--enable-fast-context-switch] [--enable-fast-loading-neuron-binaries]
+    [--logfile] [--output]" (the CLI reference above); ``--lnc`` as NCC_EARG001's page and NxD
+    Inference's own compile flags spell it
+    (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/compiler/error-codes/EARG001.html).
+    neuron-cc: "neuron-cc compile <file names> --framework --io-config [--neuroncore-pipeline-cores]
+    [--enable-saturate-infinity] [--enable-fast-loading-neuron-binaries] [--enable-fast-context-switch]
+    [--fp32-cast] [--fast-math] [--output]" and its CLI reference's other options (--static-weights,
+    --dynamic-batch-size) and the batching tech note's CNN flags (--batching_en,
+    --rematerialization_en, --spill_dis, --sb_size, --enable-replication)."""
+    p = argparse.ArgumentParser(prog=prog, add_help=False)
+    p.add_argument("model", nargs="*")
+    p.add_argument("--framework")
+    p.add_argument("--output", default=ARTEFACT)
+    p.add_argument("--verbose")
+    for flag in ("--enable-saturate-infinity", "--enable-fast-context-switch", "--enable-fast-loading-neuron-binaries"):
+        p.add_argument(flag, action="store_true")
+    if prog == "neuronx-cc":
+        p.add_argument("--target")
+        p.add_argument("--lnc", "--logical-nc-config", "-lnc", dest="lnc", type=int)
+        p.add_argument("--model-type")
+        p.add_argument("--auto-cast")
+        p.add_argument("--auto-cast-type")
+        p.add_argument("--distribution-strategy")
+        p.add_argument("--optlevel", "-O", type=int, choices=(1, 2, 3))
+        p.add_argument("--enable-mixed-precision-accumulation", action="store_true")
+        p.add_argument("--logfile")
+    else:
+        p.add_argument("--io-config")
+        p.add_argument("--neuroncore-pipeline-cores", "--num-neuroncores", dest="neuroncore_pipeline_cores", type=int)
+        p.add_argument("--fp32-cast")
+        p.add_argument("--fast-math")
+        p.add_argument("--static-weights", action="store_true")
+        p.add_argument("--dynamic-batch-size", action="store_true")
+        for flag in ("--batching_en", "--rematerialization_en", "--spill_dis"):
+            p.add_argument(flag, action="store_true")
+        p.add_argument("--sb_size", type=int)
+        p.add_argument("--enable-replication")
+    return p
+
+
 def check_compiler_args(prog: str, argv: list[str]) -> dict:
     """What the compiler would be asked to build, or CompilerRefused with its message."""
-    p = argparse.ArgumentParser(prog=prog, add_help=False)
-    p.add_argument("model", nargs="?")
-    p.add_argument("--target")
-    p.add_argument("--lnc", "--logical-nc-config", dest="lnc", type=int)
-    p.add_argument("--output", default=ARTEFACT)
-    p.add_argument("--tensor-parallel-size", type=int, default=1)
-    p.add_argument("--neuroncore-pipeline-cores", type=int)
-    try:
-        args, _ = p.parse_known_args(argv)
-    except SystemExit:
-        raise CompilerRefused(f"{prog}: error: cannot parse the arguments {argv}") from None
-    flags = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
-    target = args.target or ("inf1" if prog == "neuron-cc" else "trn1")
+    p = compiler_parser(prog)
+    args, unknown = p.parse_known_args(argv)
+    if unknown:
+        code = "ERROR [NCC_EARG000] " if prog == "neuronx-cc" else f"{prog}: error: "
+        raise CompilerRefused(f"{code}unrecognized arguments: {' '.join(unknown)}")
+    target = getattr(args, "target", None) or ("inf1" if prog == "neuron-cc" else "trn1")
     if prog == "neuronx-cc":
-        if foreign := sorted(flags.intersection(NEURON_CC_ONLY)):
-            raise CompilerRefused(f"ERROR [NCC_EARG000] unrecognized arguments: {' '.join(foreign)}")
         if target not in NEURONX_TARGETS:
             raise CompilerRefused(f"ERROR [NCC_EARG000] --target {target} is not supported by neuronx-cc")
         if args.lnc not in (None, 1, 2) or (args.lnc == 2 and target not in LNC_TARGETS):
             # LNC=2 exists only on Trainium2 and Trainium3 (compiler error NCC_EARG001).
             raise CompilerRefused(f"ERROR [NCC_EARG001] --lnc {args.lnc} is not supported for target {target}")
     else:
-        if foreign := sorted(flags.intersection(NEURONX_CC_ONLY)):
-            raise CompilerRefused(f"neuron-cc: error: unrecognized arguments: {' '.join(foreign)}")
-        if target != "inf1":
-            raise CompilerRefused(f"neuron-cc: error: inf1 is the only target, not {target}")
         if args.neuroncore_pipeline_cores is not None and not 1 <= args.neuroncore_pipeline_cores <= 64:
             raise CompilerRefused(f"neuron-cc: error: --neuroncore-pipeline-cores {args.neuroncore_pipeline_cores} is out of range 1-64")
+    lnc = getattr(args, "lnc", None)
     return {
         "compiler": prog,
         "target": target,
-        "lnc": args.lnc or (2 if target in LNC_TARGETS else 1),
-        "tensorParallelSize": args.tensor_parallel_size,
-        "pipelineCores": args.neuroncore_pipeline_cores or 1,
+        "lnc": lnc or (2 if target in LNC_TARGETS else 1),
+        "pipelineCores": getattr(args, "neuroncore_pipeline_cores", None) or 1,
         "flags": argv,
-        "model": args.model,
+        "model": args.model[0] if args.model else None,
         "output": args.output,
     }
 
@@ -156,8 +187,8 @@ GRAPH = "graph.neff.json"
 
 
 def plugin_mode() -> bool:
-    """vLLM on the plugin: NxD Inference runs only when VLLM_NEURON_FRAMEWORK selects it."""
-    return os.environ.get("VLLM_NEURON_FRAMEWORK") != NXD_INFERENCE
+    """vLLM on the vLLM Neuron plugin (Trn2, Trn3): the installed vllm-neuron decides (standin_versions)."""
+    return vllm_serving() == VLLM_NEURON_PLUGIN
 
 
 def plugin_cache() -> Path:
@@ -167,13 +198,15 @@ def plugin_cache() -> Path:
 
 def plugin_graphs(engine: dict, target: str) -> dict[str, dict]:
     """The graphs the plugin's warm-up compiles for an engine, by cache key. The real key hashes the
-    FX graph, the input shapes, the framework and compiler versions, the compiler arguments and the
-    target into 32 hex digits; here the model's name stands for its graph, and there is one prefill
-    graph at the sequence length and one decode graph at the sequences."""
+    FX graph, the input shapes, "torch_neuronx version, neuronxcc version, NKI version", the
+    compiler arguments and the target into 32 hex digits (the Compilation Cache page above), so an
+    image with other compiler versions than the compile Job's misses every graph; here the model's
+    name stands for its graph, and there is one prefill graph at the sequence length and one
+    decode graph at the sequences."""
     lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
     common = {
         "model": engine["model"], "tensorParallelSize": engine.get("tensor_parallel_size") or 1, "target": target, "lnc": lnc,
-        "compilerArgs": os.environ.get("NEURON_CC_FLAGS", ""),
+        "compilerArgs": os.environ.get("NEURON_CC_FLAGS", ""), "versions": compiler_versions(),
     }  # fmt: skip
     graphs = {
         "prefill": {**common, "phase": "prefill", "tokens": engine.get("max_model_len") or 2048},
@@ -194,9 +227,11 @@ def plugin_warm_up(engine: dict, target: str, may_compile: bool) -> tuple[list[s
         if (entry / GRAPH).is_file():
             continue
         if not may_compile:
+            # The plugin's own words (a miss "raises RuntimeError", the Compilation Cache page),
+            # then which graph, where, and for which compiler versions.
             raise RuntimeError(
-                f"compile cache miss for the {graph['phase']} graph (key {key}) in {cache} with "
-                "VLLM_NEURON_DISABLE_WARMUP_COMPILE=1: all graphs must be pre-compiled"
+                f"VLLM_NEURON_DISABLE_WARMUP_COMPILE: local compile cache miss for key {key}. All graphs must be pre-compiled "
+                f"when warmup compilation is disabled. (the {graph['phase']} graph, in {cache}, for {graph['versions']})"
             )
         entry.mkdir(parents=True, exist_ok=True)
         (entry / GRAPH).write_text(json.dumps({**graph, "compiler": "neuronx-cc"}, indent=2))
@@ -341,7 +376,7 @@ def nxd_inference_load(compiled: str) -> dict | None:
         print(f"WARNING Exception: {exc}", file=sys.stderr, flush=True)
         print(f"WARNING Unable to find precompiled artifacts from {compiled}. Recompiling...", file=sys.stderr, flush=True)
         return None
-    return {**(app.traced_model or {}), "logical_nc_config": app.neuron_config.logical_nc_config}
+    return {**(app.traced_model or {}), "logical_nc_config": app.neuron_config.logical_nc_config, "neuron_config": vars(app.neuron_config)}
 
 
 class Sequences:
@@ -471,20 +506,106 @@ def serve(port: int, model: str, found: dict, max_num_seqs: int | None = None, g
     server.server_close()
 
 
-def server_main(argv: list[str], prog: str) -> int:
-    p = argparse.ArgumentParser(prog=prog)
-    p.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8080")))
-    p.add_argument("--model", default=os.environ.get("INFERENTIA_MODEL_URI", "model"))
-    p.add_argument("--tensor-parallel-size", type=int)
+def vllm_parser(serving: str) -> argparse.ArgumentParser:
+    """vLLM's server flags that this stand-in implements, as the release's own parser takes them:
+    vLLM's OpenAI server parses with ``parse_args`` (FlexibleArgumentParser), so an unknown flag
+    exits 2 with "unrecognized arguments" (vllm/entrypoints/openai/api_server.py, vllm/utils).
+    --override-neuron-config exists only with the V0 Neuron worker (vllm/engine/arg_utils.py up
+    to 0.10.1.1); from 0.10.2 Neuron overrides go through --additional-config. --block-size takes
+    vLLM's BlockSize choices."""
+    p = argparse.ArgumentParser(prog="api_server.py")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model", default="facebook/opt-125m")
+    p.add_argument("--served-model-name", nargs="+")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int)
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--max-num-seqs", type=int)
-    p.add_argument("--override-neuron-config", type=json.loads)
-    args, _ = p.parse_known_args(argv)
-    plugin = prog == "vllm" and plugin_mode()
+    p.add_argument("--block-size", type=int, choices=(1, 8, 16, 32, 64, 128))
+    p.add_argument("--num-gpu-blocks-override", type=int)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--load-format", default="auto")
+    p.add_argument("--dtype", default="auto")
+    if serving == VLLM_V0:
+        p.add_argument("--device", default="auto")
+        p.add_argument("--override-neuron-config", type=json.loads)
+    else:
+        p.add_argument("--additional-config", type=json.loads)
+    return p
+
+
+def checkpoint_dtype(model: str) -> str:
+    """The model's dtype as vLLM's "auto" takes it: its config.json's torch_dtype (a Hub id's is
+    not read here: the stand-in downloads nothing)."""
+    config = Path(model) / "config.json"
+    return str(json.loads(config.read_text()).get("torch_dtype") or "float32") if config.is_file() else "bfloat16"
+
+
+def nxdi_neuron_config(args: argparse.Namespace, serving: str) -> dict:
+    """The NeuronConfig vLLM's loader builds for NxD Inference from the server's engine arguments,
+    which a compiled model must have been compiled with.
+
+    V1, vllm-neuron (vllm_neuron/worker/neuronx_distributed_model_loader.py,
+    ``_get_default_neuron_config``, after the platform's ``check_and_update_config``): batch_size
+    is max_num_seqs (32 when unset); seq_len and max_context_length max_model_len; prefix caching
+    on unless turned off, and without it block_size becomes max_model_len ("Neuron requires
+    block_size = max_model_len when blockwise KV cache is disabled"); num_gpu_blocks_override gets
+    one more block for the null block; pa_num_blocks is that override, else
+    ``ceil(max_model_len // block_size) * max_num_seqs``. V0 (the NxD Inference vLLM guide's
+    "Feature Configuration"): the same shape without the paged-attention settings."""
+    seqs = args.max_num_seqs or 32
+    length = args.max_model_len or 2048
+    config = {
+        "tp_degree": args.tensor_parallel_size or 1, "ctx_batch_size": 1, "batch_size": seqs, "max_context_length": length,
+        "seq_len": length, "enable_bucketing": True, "quantized": False, "padding_side": "right",
+    }  # fmt: skip
+    if serving == VLLM_V0:
+        return {**config, "is_continuous_batching": True}
+    prefix = args.enable_prefix_caching is not False
+    block = (args.block_size or 16) if prefix else length
+    blocks = args.num_gpu_blocks_override + 1 if args.num_gpu_blocks_override is not None else (length // block) * seqs
+    return {
+        **config, "is_continuous_batching": seqs > 1, "torch_dtype": checkpoint_dtype(args.model),
+        "on_device_sampling_config": {"dynamic": True, "deterministic": False},
+        "pa_num_blocks": blocks, "pa_block_size": block, "is_block_kv_layout": prefix, "is_prefix_caching": prefix,
+    }  # fmt: skip
+
+
+def check_compiled_config(compiled: dict, expected: dict) -> None:
+    """A compiled model is loaded as it is: "any differing model configurations passed in to the
+    vllm API will not trigger re-compilation" (the vLLM user guide for NxD Inference), and the
+    model runner takes its KV-cache layout from vLLM's cache settings, not from the compiled
+    model, so a compiled model that differs serves wrong or fails at its first request. The
+    stand-in refuses it at start, naming the setting."""
+    differ = {k: (compiled.get(k), v) for k, v in expected.items() if compiled.get(k) != v}
+    if differ:
+        said = "; ".join(f"{k} compiled {c!r}, the server's engine {e!r}" for k, (c, e) in sorted(differ.items()))
+        fail("vllm", f"the model in NEURON_COMPILED_ARTIFACTS was compiled for another engine: {said}")
+
+
+def vllm_main(argv: list[str]) -> int:
+    """vLLM's OpenAI-compatible server, as the image's installed vLLM would run it."""
+    serving = vllm_serving()
+    if serving is None:
+        fail("vllm", "this image's vLLM has no Neuron platform (no V0 Neuron worker, no vllm-neuron)")
+    args = vllm_parser(serving).parse_args(argv)
+    if serving == VLLM_V0 and os.environ.get("VLLM_NEURON_FRAMEWORK", NXD_INFERENCE) != NXD_INFERENCE:
+        # vLLM 0.9's Neuron platform reads VLLM_NEURON_FRAMEWORK; AWS's images carry NxD Inference.
+        fail("vllm", f"VLLM_NEURON_FRAMEWORK={os.environ['VLLM_NEURON_FRAMEWORK']}: that framework is not installed in this image")
+    if args.model.startswith(("s3://", "gs://")) and installed("runai-model-streamer") is None:
+        # vLLM reads object-store models only through the Run:ai streamer (vllm/config: "To load a
+        # model from S3, 'load_format' must be 'runai_streamer'"), which AWS's Neuron images do not carry.
+        fail("vllm", f"cannot load {args.model}: To load a model from S3, 'load_format' must be 'runai_streamer', "
+                     "and runai-model-streamer is not installed")  # fmt: skip
+    plugin = serving == VLLM_NEURON_PLUGIN
     if plugin:
         os.environ.pop("NEURON_COMPILED_ARTIFACTS", None)  # NxD Inference's, which the plugin never reads
+    if serving == VLLM_NEURON_NXDI and args.num_gpu_blocks_override is None:
+        fail("vllm", "num_gpu_blocks_override is required, at least ceil(max_model_len // block_size) * max_num_seqs, "
+                     "to avoid an out-of-bounds error (the vLLM user guide for NxD Inference, known issues)")  # fmt: skip
     try:
-        layout = multi_node_config(args.override_neuron_config) if prog == "vllm" else None
+        # Only V0's worker reads the multi-node layout; vllm-neuron's starts a world of one.
+        layout = multi_node_config(args.override_neuron_config) if serving == VLLM_V0 else None
     except CollectiveError as exc:
         fatal(exc)
         return 1
@@ -492,6 +613,9 @@ def server_main(argv: list[str], prog: str) -> int:
         fatal(CollectiveError(f"NEURON_RANK_ID is {layout['node_rank']}: rank 0 serves the API, the others run the worker"))
         return 1
     found = runtime_checks(args.tensor_parallel_size, layout["local_ranks_size"] if layout else None)
+    if found["artefact"] and not layout:
+        check_compiled_config(found["artefact"]["neuron_config"], nxdi_neuron_config(args, serving))
+    model = (args.served_model_name or [args.model])[0]
     if plugin:
         engine = {"model": args.model, "tensor_parallel_size": args.tensor_parallel_size,
                   "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs}  # fmt: skip
@@ -505,8 +629,9 @@ def server_main(argv: list[str], prog: str) -> int:
             "runtime": "vllm-neuron-plugin", "target": target, "cacheKeys": keys, "compiledAtStart": compiled,
             "loaded": "compiled-at-load" if compiled else "compile-cache",
         }  # fmt: skip
-    elif prog == "vllm":
+    else:
         found["runtime"] = NXD_INFERENCE
+    found["vllm"] = {"version": installed("vllm"), "serving": serving}
     group = None
     if layout:
         group = RootCommunicator(layout, {"host": socket.gethostname(), "cores": found["cores"]})
@@ -515,7 +640,21 @@ def server_main(argv: list[str], prog: str) -> int:
         except CollectiveError as exc:
             fatal(exc)
             return 1
-    serve(args.port, args.model, found, args.max_num_seqs, group)
+    serve(args.port, model, found, args.max_num_seqs, group)
+    return 0
+
+
+def server_main(argv: list[str], prog: str) -> int:
+    if prog == "vllm":
+        return vllm_main(argv)
+    # neuron-serve: a plain model server on the Neuron runtime (not an AWS program), for the
+    # tests' custom-runtime models; its model and port come from the operator's environment.
+    p = argparse.ArgumentParser(prog=prog)
+    p.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8080")))
+    p.add_argument("--model", default=os.environ.get("INFERENTIA_MODEL_URI", "model"))
+    args = p.parse_args(argv)
+    found = runtime_checks(None)
+    serve(args.port, args.model, found)
     return 0
 
 

@@ -188,6 +188,10 @@ def vllm_engine_args(model: Model) -> dict[str, Any]:
     them: the model, tensor parallel over the group's (logical) cores, the largest bucket's
     last dimension as the sequence length, and serving.batching.maxBatchSize as the sequences."""
     args: dict[str, Any] = {"model": model.spec.model.uri}
+    if _remote_model(model):
+        # Fetched into the pod first (serving_fetches_model, compile_fetches_model), and served
+        # under its URI, which clients name.
+        args = {"model": MODEL_DIR, "served_model_name": model.spec.model.uri}
     if not model.plan.nodes:
         # Across nodes the degree is the override config's (multi_node_command), as vLLM's launcher gives it.
         args["tensor_parallel_size"] = model.plan.tensor_parallel_size
@@ -195,6 +199,18 @@ def vllm_engine_args(model: Model) -> dict[str, Any]:
         args["max_model_len"] = max(b[-1] for b in model.plan.buckets)
     if model.spec.serving.batching:
         args["max_num_seqs"] = model.spec.serving.batching.max_batch_size
+    if vllm_nxd(model) and "max_model_len" in args and "max_num_seqs" in args:
+        # vLLM on NxD Inference, as its guide's known issues ask: "Users are required to provide a
+        # num_gpu_blocks_override arg, which should be at least ceil(max_model_len // block_size) *
+        # max_num_seqs ... to avoid a potential OOB error"; without prefix caching vllm-neuron's
+        # platform makes block_size max_model_len, so that is max_num_seqs
+        # (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/developer_guides/vllm-user-guide-v1.html;
+        # vllm-project/vllm-neuron, vllm_neuron/platform.py). Prefix caching stays off: its KV
+        # layout would have to be compiled in, and the guide's known issues say it "generates
+        # incorrect outputs" at batch size 1. The compile program builds the same NeuronConfig
+        # from these arguments (nxdi_compile.py).
+        args["enable_prefix_caching"] = False
+        args["num_gpu_blocks_override"] = args["max_num_seqs"]
     return args
 
 
@@ -448,12 +464,22 @@ def _remote_model(model: Model) -> bool:
 def compile_fetches_model(model: Model) -> bool:
     """The compile program reads a remote model: the compile Job fetches it first. (NxD
     Inference reads a local checkpoint too; a Hugging Face id its program downloads itself.)"""
-    return bool(model.spec.compile.image) and (model.spec.compiles_with_program or vllm_nxd(model)) and _remote_model(model)
+    return (
+        bool(model.spec.compile.image)
+        and (model.spec.compiles_with_program or model.spec.serving.runtime == "vllm")
+        and _remote_model(model)
+    )
 
 
 def serving_fetches_model(model: Model) -> bool:
-    """No compile step, and the operator's server traces a remote model at start: the serving pod fetches it."""
-    return model.spec.serves_with_program and not model.spec.compile.image and _remote_model(model)
+    """The serving pod fetches a remote model first: for vLLM always (it reads an object store
+    only through the Run:ai streamer, "To load a model from S3, 'load_format' must be
+    'runai_streamer'" (vllm/config), which AWS's Neuron images do not carry, and a compiled model
+    still needs the checkpoint's configuration and tokenizer); for the operator's server when it
+    traces the model at start (no compile step)."""
+    if not _remote_model(model):
+        return False
+    return model.spec.serving.runtime == "vllm" or (model.spec.serves_with_program and not model.spec.compile.image)
 
 
 def model_path(model: Model) -> str:
@@ -578,22 +604,23 @@ def compile_job(model: Model) -> dict[str, Any] | None:
         "INFERENTIA_PLAN_FILE": PLAN_FILE,
     }
     command = ["python3", f"{PLAN_MOUNT}/{COMPILE_PROGRAM}"]
+    if model.plan.compiler == "neuronx-cc":
+        # No Neuron device in the Job: torch-neuronx traces on the CPU (cpu_backend=True, the
+        # program's docstring) for the target set before it is imported, as optimum-neuron does
+        # (huggingface/optimum-neuron PR #961); NxD Inference and the plugin read it too.
+        env["NEURON_PLATFORM_TARGET_OVERRIDE"] = model.plan.family
     if vllm_nxd(model):
         # vLLM on NxD Inference: its compiled model, through NxD Inference's own API, for the
         # family's target (the Job has no device to detect it from), into the directory the
         # upload step uploads and the serving pods' NEURON_COMPILED_ARTIFACTS names.
         command = ["python3", f"{PLAN_MOUNT}/{NXDI_COMPILE_PROGRAM}"]
-        env |= {
-            "NEURON_PLATFORM_TARGET_OVERRIDE": model.plan.family,
-            "INFERENTIA_VLLM_ENGINE_ARGS": json.dumps(vllm_engine_args(model), sort_keys=True),
-        }
+        env["INFERENTIA_VLLM_ENGINE_ARGS"] = json.dumps(vllm_engine_args(model), sort_keys=True)
     if vllm_plugin(model):
         # The plugin's own compile at warm-up, on the CPU for the family's target, into the
         # directory the upload step uploads.
         command = ["python3", f"{PLAN_MOUNT}/{VLLM_COMPILE_PROGRAM}"]
         env |= {
             **VLLM_PLUGIN_COMPILE_ENV,
-            "NEURON_PLATFORM_TARGET_OVERRIDE": model.plan.family,
             "NEURON_LOGICAL_NC_CONFIG": str(model.plan.lnc),
             "VLLM_CACHE_ROOT": COMPILED_DIR,
             "INFERENTIA_VLLM_ENGINE_ARGS": json.dumps(vllm_engine_args(model), sort_keys=True),
@@ -728,8 +755,12 @@ def vllm_args(model: Model) -> list[str]:
 
 
 def _vllm_flags(model: Model) -> list[str]:
-    """The engine arguments as vLLM's flags, then serving.args: each a separate argument."""
-    flags = [part for name, value in vllm_engine_args(model).items() for part in (f"--{name.replace('_', '-')}", str(value))]
+    """The engine arguments as vLLM's flags, then serving.args: each a separate argument. A
+    boolean is vLLM's --x or --no-x (its BooleanOptionalAction flags)."""
+    flags = []
+    for name, value in vllm_engine_args(model).items():
+        flag = f"--{name.replace('_', '-')}"
+        flags += ([flag] if value else [f"--no-{flag[2:]}"]) if isinstance(value, bool) else [flag, str(value)]
     return [*flags, *(model.spec.serving.args or [])]
 
 
@@ -912,7 +943,7 @@ def serving_args(model: Model) -> list[str] | None:
 def serving_init_containers(model: Model) -> list[dict[str, Any]]:
     """The compiled artefact, or (no compile step, the operator's server) the model, fetched first."""
     if model.spec.compile.image:
-        return [fetch_container(model)]
+        return [fetch_container(model), *([fetch_model_container(model)] if serving_fetches_model(model) else [])]
     if not serving_fetches_model(model):
         return []
     container = fetch_model_container(model)

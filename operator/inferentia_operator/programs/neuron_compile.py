@@ -5,8 +5,16 @@ one artefact per input-shape bucket, and saves each with ``torch.jit.save``:
 
 - inf1: ``torch_neuron.trace(model, example_inputs, compiler_args=..., dynamic_batch_size=...)``
   (neuron-cc; https://awsdocs-neuron.readthedocs-hosted.com/en/latest/frameworks/torch/torch-neuron/api-compilation-python-api.html);
-- inf2, trn1, trn2: ``torch_neuronx.trace(func, example_inputs, compiler_args=...)``
+- inf2, trn1, trn2: ``torch_neuronx.trace(func, example_inputs, compiler_args=..., cpu_backend=True)``
   (neuronx-cc; https://awsdocs-neuron.readthedocs-hosted.com/en/latest/frameworks/torch/torch-neuronx/api-reference-guide/inference/api-torch-neuronx-trace.html).
+  The compile Job has no Neuron device, and without one torch-neuronx's default tracing fails
+  ("a Neuron device is currently required for torch 2.x compilation", aws-neuron/aws-neuron-sdk#910).
+  ``cpu_backend=True`` traces "completely on CPU" and "needs to be used with the compiler_args
+  option to set the --target flag" (the page above), which the plan's arguments carry; the
+  operator also sets ``NEURON_PLATFORM_TARGET_OVERRIDE`` in the Job, before anything is imported,
+  as optimum-neuron does to compile on a CPU instance (huggingface/optimum-neuron PR #961).
+  ``cpu_backend`` came with Neuron 2.21: an image with an older torch-neuronx is refused with the
+  reason.
 
 Both return a ScriptModule that ``torch.jit.save`` writes and ``torch.jit.load`` reads back once
 the framework is imported. The example inputs are zeros of shape ``[compile.batchSize, *bucket]``
@@ -150,8 +158,16 @@ def report_placement(found: dict[str, Any]) -> None:
 def trace(framework: Any, family: str, model: Any, example: Any, plan: dict[str, Any]) -> Any:
     args = list(plan["compilerArgs"])
     if family == "inf1":
+        # neuron-cc compiles on any machine ("Compilation can be done on any EC2 machine").
         return framework.trace(model, example, compiler_args=args, dynamic_batch_size=bool(plan.get("dynamicBatchSize")))
-    return framework.trace(model, example, compiler_args=args)
+    if "cpu_backend" not in inspect.signature(framework.trace).parameters:
+        version = getattr(framework, "__version__", "unknown")
+        raise CompileError(
+            f"torch-neuronx {version} in this image cannot trace without a Neuron device (its trace has no cpu_backend, "
+            "which came with Neuron 2.21), and the compile Job runs on a node without one; use an image of Neuron 2.21 "
+            "or later, for example public.ecr.aws/neuron/pytorch-inference-neuronx:2.9.0-neuronx-py312-sdk2.31.1-ubuntu24.04"
+        )
+    return framework.trace(model, example, compiler_args=args, cpu_backend=True)
 
 
 def compile_all(plan: dict[str, Any], model_path: Path, out: Path) -> dict[str, Any]:

@@ -9,12 +9,19 @@ This program makes that compiled model, on an ordinary node, with NxD Inference'
 
 - the model class NxD Inference registers for the checkpoint's ``model_type``
   (``neuronx_distributed_inference.utils.constants.MODEL_TYPES``, as vLLM's loader picks it);
-- the NeuronConfig vLLM derives from its engine arguments (the same guide, "Feature
-  Configuration": ``tp_degree`` from ``tensor_parallel_size``, ``batch_size`` from
-  ``max_num_seqs``, ``seq_len`` and ``max_context_length`` from ``max_model_len``,
-  ``ctx_batch_size=1``, bucketing, continuous batching, right padding), plus
-  ``save_sharded_checkpoint=True``, so that the weights are sharded once here into
-  ``weights/`` and the serving pods load them without the checkpoint
+- the NeuronConfig vLLM's loader in this image would build from the serving pods' engine
+  arguments, setting for setting, since a compiled model is loaded as it is ("any differing model
+  configurations passed in to the vllm API will not trigger re-compilation", the guide above):
+  on vllm-neuron (vLLM's V1 engine) its ``_get_default_neuron_config``
+  (vllm-project/vllm-neuron, vllm_neuron/worker/neuronx_distributed_model_loader.py), including
+  the paged KV cache's ``pa_num_blocks`` and ``pa_block_size`` as its platform sets them; on
+  vLLM's V0 Neuron worker the guide's "Feature Configuration" (``tp_degree`` from
+  ``tensor_parallel_size``, ``batch_size`` from ``max_num_seqs``, ``seq_len`` and
+  ``max_context_length`` from ``max_model_len``, ``ctx_batch_size=1``, bucketing, continuous
+  batching, right padding). Which one is the image's installed packages' to say
+  (``importlib.metadata``), as it is for the server. Plus ``save_sharded_checkpoint=True``, so
+  that the weights are sharded once here into ``weights/`` and the serving pods load them
+  without the checkpoint
   (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/developer_guides/weights-sharding-guide.html);
 - ``load_pretrained_config`` on the checkpoint, then the application's ``compile(path)``
   (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/developer_guides/onboarding-models.html).
@@ -39,23 +46,38 @@ with a message on stderr otherwise.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
-# vLLM's own values for the settings it does not take from its engine arguments.
-VLLM_NEURON_CONFIG = {
-    "ctx_batch_size": 1,
-    "enable_bucketing": True,
-    "is_continuous_batching": True,
-    "quantized": False,
-    "padding_side": "right",
-}
 # The shape must be stated: vLLM's defaults for these are its own and change between releases,
 # and a compiled model that differs from the server's engine is served as compiled.
 REQUIRED = ("model", "tensor_parallel_size", "max_model_len", "max_num_seqs")
+V0, V1 = "vLLM's V0 Neuron worker", "vllm-neuron"
+
+
+def installed(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def vllm_loader() -> str:
+    """Whose loader serves this image's vLLM on NxD Inference: vllm-neuron below 0.21 (0.21 on is
+    the Trn2/Trn3 plugin, which has no NxD Inference), else vLLM's own V0 worker up to 0.10.1.1
+    (removed by vllm-project/vllm PR #21159)."""
+    vllm, plugin = installed("vllm"), installed("vllm-neuron")
+    release = [int(x) for x in re.findall(r"\d+", (plugin or vllm or "").split("+")[0])]
+    if plugin is not None and release < [0, 21]:
+        return V1
+    if plugin is None and vllm is not None and release < [0, 10, 2]:
+        return V0
+    raise ValueError(f"this image has no vLLM on NxD Inference (vllm {vllm}, vllm-neuron {plugin}); use AWS's vLLM image for inf2 and trn1")
 
 
 def engine_args() -> dict[str, Any]:
@@ -81,15 +103,35 @@ def checkpoint(args: dict[str, Any]) -> Path:
     return Path(snapshot_download(repo_id=model))
 
 
-def neuron_config(args: dict[str, Any]) -> dict[str, Any]:
+def checkpoint_dtype(source: Path) -> str:
+    """vLLM's dtype "auto": the checkpoint's own half type, float32 taken down to bfloat16."""
+    dtype = json.loads((source / "config.json").read_text()).get("torch_dtype")
+    return dtype if dtype in ("bfloat16", "float16") else "bfloat16"
+
+
+def neuron_config(args: dict[str, Any], loader: str, dtype: str) -> dict[str, Any]:
+    """What ``loader`` builds for the server's engine arguments (the module's docstring)."""
+    seqs, length = int(args["max_num_seqs"]), int(args["max_model_len"])
+    config: dict[str, Any] = {
+        "tp_degree": int(args["tensor_parallel_size"]), "ctx_batch_size": 1, "batch_size": seqs, "max_context_length": length,
+        "seq_len": length, "enable_bucketing": True, "quantized": False, "padding_side": "right", "save_sharded_checkpoint": True,
+    }  # fmt: skip
+    if loader == V0:
+        return {**config, "is_continuous_batching": True}
+    # vllm-neuron's platform: without prefix caching, block_size = max_model_len ("Neuron requires
+    # block_size = max_model_len when blockwise KV cache is disabled"), and one block more than
+    # num_gpu_blocks_override for the null block; its loader then takes pa_num_blocks from it.
+    prefix = args.get("enable_prefix_caching") is not False
+    block = int(args.get("block_size") or 16) if prefix else length
+    override = args.get("num_gpu_blocks_override")
+    from neuronx_distributed_inference.models.config import OnDeviceSamplingConfig
+
     return {
-        **VLLM_NEURON_CONFIG,
-        "tp_degree": int(args["tensor_parallel_size"]),
-        "batch_size": int(args["max_num_seqs"]),
-        "max_context_length": int(args["max_model_len"]),
-        "seq_len": int(args["max_model_len"]),
-        "save_sharded_checkpoint": True,
-    }
+        **config, "is_continuous_batching": seqs > 1, "torch_dtype": dtype,
+        "on_device_sampling_config": OnDeviceSamplingConfig(dynamic=True, deterministic=False),
+        "pa_num_blocks": int(override) + 1 if override is not None else (length // block) * seqs, "pa_block_size": block,
+        "is_block_kv_layout": prefix, "is_prefix_caching": prefix,
+    }  # fmt: skip
 
 
 def main() -> int:
@@ -106,9 +148,8 @@ def main() -> int:
             known = ", ".join(sorted(t for t, v in MODEL_TYPES.items() if "causal-lm" in v))
             raise ValueError(f"NxD Inference has no causal-lm model for model_type {model_type!r}; it has {known}")
         model_cls = tasks["causal-lm"]
-        config = model_cls.get_config_cls()(
-            model_cls.get_neuron_config_cls()(**neuron_config(args)), load_config=load_pretrained_config(str(source))
-        )
+        settings = neuron_config(args, vllm_loader(), checkpoint_dtype(source))
+        config = model_cls.get_config_cls()(model_cls.get_neuron_config_cls()(**settings), load_config=load_pretrained_config(str(source)))
         model_cls(str(source), config).compile(str(out))
     except Exception as exc:  # noqa: BLE001 - every failure ends the Job with its reason
         print(f"NxD Inference compile failed: {type(exc).__name__}: {exc}", file=sys.stderr)

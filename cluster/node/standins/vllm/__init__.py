@@ -1,6 +1,16 @@
-"""Stand-in for vLLM's package: its offline engine ``LLM``, as far as compiling goes (neuron_standin.llm)."""
+"""Stand-in for vLLM's package: its offline engine ``LLM``, as far as compiling goes (neuron_standin.llm).
+
+An image without vLLM has no ``vllm`` to import: the stand-in's files are in every stand-in
+image, and the image's installed vllm distribution (importlib.metadata) says whether vLLM is there."""
+
+from standin_versions import installed
+
+if installed("vllm") is None:
+    raise ModuleNotFoundError("No module named 'vllm'", name="vllm")
 
 from neuron_standin import llm
+
+__version__ = installed("vllm")
 
 
 class LLM:

@@ -11,6 +11,14 @@ from typing import Any
 CONFIG_FILE = "neuron_config.json"
 
 
+class OnDeviceSamplingConfig:
+    """Sampling on the device (NxD Inference's models/config.py; vllm-neuron's loader passes
+    ``OnDeviceSamplingConfig(dynamic=True, deterministic=False)``)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.__dict__.update(kwargs)
+
+
 class NeuronConfig:
     """Neuron-specific settings. The defaults are the library's for the settings vLLM passes."""
 
@@ -32,6 +40,9 @@ class NeuronConfig:
         self.local_ranks_size = int(kwargs.pop("local_ranks_size", self.tp_degree))
         self.logical_nc_config = int(kwargs.pop("logical_nc_config", os.environ.get("NEURON_LOGICAL_NC_CONFIG", 1)))
         self.skip_warmup = bool(kwargs.pop("skip_warmup", False))
+        sampling = kwargs.pop("on_device_sampling_config", None)
+        # Saved in neuron_config.json as its fields, as NxD Inference writes it.
+        self.on_device_sampling_config = vars(sampling) if isinstance(sampling, OnDeviceSamplingConfig) else sampling
         # Every other documented setting is kept as given.
         for key, value in kwargs.items():
             setattr(self, key, value)
