@@ -15,7 +15,11 @@ assembled here as OCI image layouts and imported into the node's containerd:
   torch-neuronx, torch-neuron, vLLM, NxD Inference and the Hub client (cluster/node/standins),
   for the images AWS publishes with the real ones (pytorch-inference-neuronx,
   pytorch-inference-neuron, pytorch-inference-vllm-neuronx): the operator's compile programs
-  and model server run in it;
+  and model server run in it. The same archive holds, for each image of AWS's that
+  inferentia_operator.core.neuron_images catalogues, ``neuron-torch-standin:<short>-<tag>``
+  (``standin_image()``): the same layers and one more, the ``.dist-info`` metadata of the
+  Python distributions AWS lists for that tag, so that a stand-in reading
+  ``importlib.metadata.version("vllm")`` behaves as that tag's package would;
 - ``neuron-standin:0.1.0``: the operator's image plus the Neuron stand-ins
   (cluster/node/standins): the compilers, the runtime/server, vLLM's entry point and NxD
   Inference;
@@ -31,6 +35,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -38,6 +43,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from inferentia_operator.core import neuron_images
 from inferentia_operator.core.names import DEFAULT_OPERATOR_IMAGE
 
 HERE = Path(__file__).resolve().parent
@@ -53,6 +59,10 @@ BASE_PACKAGES = "python3,ca-certificates"
 # GB of CUDA); 1.13 is also the PyTorch that torch-neuron (inf1) last supported.
 TORCH_PACKAGES = "python3,ca-certificates,python3-torch"
 TORCH_STANDIN_IMAGE = "neuron-torch-standin:0.1.0"
+# What a tag may hold ("A tag name must be valid ASCII and may contain lowercase and uppercase
+# letters, digits, underscores, periods and hyphens ... may not start with a period or a hyphen
+# and may contain a maximum of 128 characters", https://docs.docker.com/reference/cli/docker/image/tag/).
+TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
 
 def cache_dir() -> Path:
@@ -159,6 +169,41 @@ def standin_layer() -> tuple[bytes, str]:
         return tar_dir(root), key
 
 
+def write_distributions(site: Path, distributions: dict[str, str]) -> None:
+    """One ``<name>-<version>.dist-info/METADATA`` under ``site`` per distribution, as an
+    installed wheel leaves it, so that ``importlib.metadata.version(name)`` finds ``version``."""
+    for name, version in distributions.items():
+        # The wheel's escaping of the name (PEP 427, PEP 503): importlib.metadata takes the text
+        # before the first "-" of a .dist-info folder as the name, so a dash must not stay in it.
+        escaped = re.sub(r"[-_.]+", "_", name).lower()
+        info = site / f"{escaped}-{version}.dist-info"
+        info.mkdir(parents=True, exist_ok=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+def distributions_layer(distributions: dict[str, str]) -> bytes:
+    """A layer of only the metadata of ``distributions``, where Debian's python3 looks."""
+    with tempfile.TemporaryDirectory() as tmp:
+        write_distributions(Path(tmp) / SITE, distributions)
+        return tar_dir(Path(tmp))
+
+
+def standin_image(image: str) -> str:
+    """The local stand-in of AWS's ``image``: ``neuron-torch-standin:<short>-<tag>``, where
+    ``<short>`` is its repository's name without ``pytorch-inference-``."""
+    versions = neuron_images.lookup(image)
+    if versions is None:
+        raise ValueError(f"{image} is not in inferentia_operator.core.neuron_images.CATALOGUE: no stand-in image carries its versions")
+    tag = f"{versions.repository.removeprefix('pytorch-inference-')}-{versions.tag}"
+    assert TAG.fullmatch(tag), f"{tag!r} (for {image}) is no valid image tag"
+    return f"{TORCH_STANDIN_IMAGE.rpartition(':')[0]}:{tag}"
+
+
+def catalogue_variants() -> dict[str, dict[str, str]]:
+    """Each catalogued AWS image's stand-in name, and the distributions it carries."""
+    return {standin_image(image): versions.distributions for image, versions in neuron_images.CATALOGUE.items()}
+
+
 # The instructions the Dockerfile's final stage may use, and what each becomes here. Any
 # other instruction fails the build, so the Dockerfile cannot grow a step this recipe skips.
 KNOWN_INSTRUCTIONS = {"FROM", "RUN", "ENV", "USER", "ENTRYPOINT", "CMD"}
@@ -201,26 +246,49 @@ def dockerfile_config(path: Path = REPO / "Dockerfile") -> dict:
 
 def write_oci(out: Path, name: str, layers: list[bytes], config: dict) -> None:
     """An OCI image layout in a tar, which ``ctr images import`` reads, named ``name``."""
+    write_oci_images(out, [(name, layers, config)])
+
+
+def write_oci_images(out: Path, images: list[tuple[str, list[bytes], dict]]) -> None:
+    """One OCI image layout in a tar holding every image of ``images`` (name, layers, config):
+    one manifest per name in its index, each blob once. ``ctr images import`` imports every
+    manifest of the index that carries a name."""
     blobs: dict[str, bytes] = {}
+    # Images share layers as the same bytes objects: hash each object once, not once per image
+    # (the torch base is several hundred MB). Each entry holds its object, so no id is reused.
+    by_object: dict[int, tuple[bytes, dict]] = {}
 
     def blob(data: bytes, media_type: str) -> dict:
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
         blobs[digest] = data
         return {"mediaType": media_type, "digest": digest, "size": len(data)}
 
-    layer_descs = [blob(layer, "application/vnd.oci.image.layer.v1.tar") for layer in layers]
-    image_config = {
-        "architecture": "amd64",
-        "os": "linux",
-        "config": config,
-        "rootfs": {"type": "layers", "diff_ids": [d["digest"] for d in layer_descs]},
-    }
-    config_desc = blob(json.dumps(image_config).encode(), "application/vnd.oci.image.config.v1+json")
-    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json", "config": config_desc, "layers": layer_descs}
-    manifest_desc = blob(json.dumps(manifest).encode(), "application/vnd.oci.image.manifest.v1+json")
-    full = name if "/" in name.split(":")[0] else f"docker.io/library/{name}"
-    manifest_desc["annotations"] = {"io.containerd.image.name": full, "org.opencontainers.image.ref.name": name.split(":")[-1]}
-    index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [manifest_desc]}
+    def layer(data: bytes) -> dict:
+        if id(data) not in by_object:
+            by_object[id(data)] = data, blob(data, "application/vnd.oci.image.layer.v1.tar")
+        return by_object[id(data)][1]
+
+    manifests = []
+    for name, layers, config in images:
+        layer_descs = [layer(data) for data in layers]
+        image_config = {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": config,
+            "rootfs": {"type": "layers", "diff_ids": [d["digest"] for d in layer_descs]},
+        }
+        config_desc = blob(json.dumps(image_config).encode(), "application/vnd.oci.image.config.v1+json")
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": config_desc,
+            "layers": layer_descs,
+        }
+        manifest_desc = blob(json.dumps(manifest).encode(), "application/vnd.oci.image.manifest.v1+json")
+        full = name if "/" in name.split(":")[0] else f"docker.io/library/{name}"
+        manifest_desc["annotations"] = {"io.containerd.image.name": full, "org.opencontainers.image.ref.name": name.split(":")[-1]}
+        manifests.append(manifest_desc)
+    index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": manifests}
     tmp = out.with_suffix(".partial")
     with tarfile.open(tmp, "w") as tar:
 
@@ -258,12 +326,20 @@ def build(bins: Path) -> list[Path]:
     images.append(standin)
     torch_base = base_rootfs(TORCH_PACKAGES)
     tkey = torch_base.stem.rsplit("-", 1)[-1]
-    torch_standin = cache_dir() / f"torch-standin-{tkey}-{skey}.oci.tar"
+    variants = catalogue_variants()
+    vkey = hashlib.sha256(json.dumps(variants, sort_keys=True).encode()).hexdigest()[:8]
+    torch_standin = cache_dir() / f"torch-standin-{tkey}-{skey}-{vkey}.oci.tar"
     if not torch_standin.exists():
-        log(f"{TORCH_STANDIN_IMAGE}: assembling")
+        log(f"{TORCH_STANDIN_IMAGE} and {len(variants)} variants, one per catalogued AWS image: assembling")
         # Like AWS's framework images: python3 with torch and the Neuron framework, and an entry
         # point the operator never relies on (it gives every container its command).
-        write_oci(torch_standin, TORCH_STANDIN_IMAGE, [torch_base.read_bytes(), standins], {"Env": config["Env"], "Cmd": ["python3"]})
+        torch_config = {"Env": config["Env"], "Cmd": ["python3"]}
+        torch_layers = [torch_base.read_bytes(), standins]
+        write_oci_images(
+            torch_standin,
+            [(TORCH_STANDIN_IMAGE, torch_layers, torch_config)]
+            + [(name, [*torch_layers, distributions_layer(distributions)], torch_config) for name, distributions in variants.items()],
+        )
     images.append(torch_standin)
     pause = pause_image(bins, PAUSE_IMAGE, cache_dir())
     images.append(pause)

@@ -3,10 +3,13 @@ samples test and `make demo`.
 
 What differs from a sample as written, and why (run_here changes these fields and no other):
 - metadata.namespace: one whose pods go to the real node;
-- spec.serving.image and spec.compile.image: ``neuron-torch-standin`` (Debian's CPU-only
-  PyTorch with the torch-neuronx, torch-neuron and vLLM stand-ins) for AWS's
-  pytorch-inference-neuron, -neuronx and -vllm-neuronx images; the operator gives every
-  container its command, so their entry points never run;
+- spec.serving.image and spec.compile.image: for each of AWS's pytorch-inference-neuron,
+  -neuronx and -vllm-neuronx images, its own ``neuron-torch-standin:<short>-<tag>``
+  (cluster/images.py, ``standin_image``): Debian's CPU-only PyTorch with the torch-neuronx,
+  torch-neuron and vLLM stand-ins, and the package versions AWS lists for that tag
+  (inferentia_operator.core.neuron_images), which the stand-ins read as the real packages'
+  are read; an image that catalogue lacks is refused. The operator gives every container its
+  command, so their entry points never run;
 - spec.compute.cpu and memory, and spec.compile.cpu and memory: this machine has 2 CPUs and
   a few GiB to spare, where the samples ask for what the real model needs on EKS (the unit
   test tests/test_samples_fit.py holds the samples' own sizes to the model's needs);
@@ -30,7 +33,10 @@ import copy
 from pathlib import Path
 from typing import Any
 
-TORCH_IMAGE = "neuron-torch-standin:0.1.0"
+from images import TORCH_STANDIN_IMAGE, standin_image
+
+# The stand-in that carries no AWS image's versions (the e2e tests' own specs name it).
+TORCH_IMAGE = TORCH_STANDIN_IMAGE
 AWS_IMAGES = (
     "public.ecr.aws/neuron/pytorch-inference-neuron:",
     "public.ecr.aws/neuron/pytorch-inference-neuronx:",
@@ -86,7 +92,7 @@ def run_here(doc: dict[str, Any], namespace: str) -> dict[str, Any]:
         if image:
             if not image.startswith(AWS_IMAGES):
                 raise ValueError(f"{image} is not an image AWS's Neuron DLC list names")
-            spec[part]["image"] = TORCH_IMAGE
+            spec[part]["image"] = standin_image(image)
     spec["compute"] |= {"cpu": "100m", "memory": "1536Mi" if spec.get("processesPerReplica", 1) > 1 else "1Gi"}
     if spec.get("compile", {}).get("image"):
         spec["compile"] |= {"cpu": "200m", "memory": "1Gi"}

@@ -17,9 +17,14 @@ from kit import condition, wait_for
 from test_real_faults import _is_shell, pids_in_pod
 from test_real_node import apply, cluster_ip_request, reshape, standin_spec
 
+from images import standin_image
+
 pytestmark = pytest.mark.usefixtures("operator")
 
 TRN1 = "trn1.32xlarge"
+# The stand-in of AWS's vLLM image whose vLLM serves one model across nodes: only vLLM's V0
+# Neuron worker does (cluster/images.py).
+VLLM_V0_IMAGE = standin_image("public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.9.1-neuronx-py311-sdk2.26.1-ubuntu22.04")
 
 
 @pytest.fixture
@@ -76,7 +81,8 @@ def test_a_two_node_group_answers_through_its_leader_and_a_killed_worker_brings_
         assert allocatable.get("vpc.amazonaws.com/efa") == "8", (node, allocatable)
     spec = standin_spec(**{
         "model.uri": "TinyLlama/TinyLlama-1.1B-Chat-v1.0", "compute.family": "trn1", "compute.inf": 16, "compute.nodes": 2,
-        "compute.instanceTypes": [TRN1], "serving.runtime": "vllm", "serving.batching": {"maxBatchSize": 4},
+        "compute.instanceTypes": [TRN1], "serving.image": VLLM_V0_IMAGE, "serving.runtime": "vllm",
+        "serving.batching": {"maxBatchSize": 4},
     })  # fmt: skip
     spec["serving"].pop("args")
     apply(cluster, real_namespace, "llm", spec)

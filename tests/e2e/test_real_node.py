@@ -14,11 +14,19 @@ import pytest
 import yaml
 from kit import LOCAL_IMAGE, ready_now, wait_for
 
+from images import standin_image
 from specs import DROP, make_model, make_spec
 
 pytestmark = pytest.mark.usefixtures("operator")
 
 STANDIN = "neuron-standin:0.1.0"
+# The stand-in of AWS's vLLM image for each family (cluster/images.py): the vLLM stand-in is
+# the vLLM its image's package versions say (in an image without them, STANDIN, none at all).
+# On inf2 and trn1, vLLM's V1 engine through the vllm-neuron plugin on NxD Inference; on trn2
+# and trn3, the vLLM Neuron plugin.
+VLLM_NXDI_IMAGE = standin_image("public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.16.0-neuronx-py312-sdk2.31.0-ubuntu24.04")
+VLLM_PLUGIN_IMAGE = standin_image("public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.24.0.1.1.0-neuronx-py313-sdk2.32.0-ubuntu24.04")
+VLLM_IMAGES = {"inf2": VLLM_NXDI_IMAGE, "trn1": VLLM_NXDI_IMAGE, "trn2": VLLM_PLUGIN_IMAGE, "trn3": VLLM_PLUGIN_IMAGE}
 
 
 STANDIN_SPEC = {
@@ -182,7 +190,7 @@ def test_each_process_gets_its_share_of_the_grant_and_the_users_env_wins(real_no
 def test_a_vllm_model_runs_as_non_root_with_somewhere_to_write(real_node, real_namespace):
     """Defects: the vLLM preset pinned cores, and gave a non-root process no writable HOME or
     HF_HOME, so vLLM's downloads and caches fail."""
-    spec = standin_spec(**{"serving.runtime": "vllm", "serving.args": None})
+    spec = standin_spec(**{"serving.image": VLLM_IMAGES["inf2"], "serving.runtime": "vllm", "serving.args": None})
     spec["serving"].pop("args")
     apply(real_node, real_namespace, "vllm", spec)
     wait_ready(real_node, real_namespace, "vllm")
@@ -300,20 +308,20 @@ def object_store(cluster, namespace: str) -> str:
 
 def compiled_vllm_spec(bucket: str, **overrides) -> dict:
     """The vLLM preset on the stand-ins, compiled by its compile Job into ``bucket``: on inf2 the
-    operator's NxD Inference program, in the stand-in of AWS's vLLM image, reading the model
-    from the stand-in Hub."""
-    from samples import TORCH_IMAGE
-
+    operator's NxD Inference program, in the stand-in of AWS's vLLM image for the family,
+    reading the model from the stand-in Hub."""
+    image = VLLM_IMAGES[overrides.get("compute.family", "inf2")]
     spec = standin_spec(
         **{
             "model.uri": "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
-            "compile.image": TORCH_IMAGE,
+            "compile.image": image,
             "compile.outputUri": f"s3://{bucket}/compiled/",
             "compile.storageSecret": "store",
             "compile.buckets": [[256]],  # vLLM's --max-model-len
             # The stand-in compiler is tiny, and the real node has 2 CPUs.
             "compile.cpu": "200m",
             "compile.memory": "512Mi",
+            "serving.image": image,
             "serving.runtime": "vllm",
             "serving.batching": {"maxBatchSize": 4},  # vLLM's --max-num-seqs
             **overrides,
@@ -647,8 +655,15 @@ def test_hugepages_a_model_asks_for_and_no_node_has_end_in_its_status(real_node,
 # -- a real PyTorch model, end to end ------------------------------------------------------------
 
 # Debian's CPU-only PyTorch with the torch-neuronx and torch-neuron stand-ins, standing in for
-# AWS's pytorch-inference-neuronx and pytorch-inference-neuron images (cluster/images.py).
-TORCH_IMAGE = "neuron-torch-standin:0.1.0"
+# AWS's pytorch-inference-neuronx and pytorch-inference-neuron images, for each family
+# (cluster/images.py): each carries its image's package versions, which the stand-ins read.
+TORCH_NEURONX_IMAGE = standin_image("public.ecr.aws/neuron/pytorch-inference-neuronx:2.9.0-neuronx-py312-sdk2.31.1-ubuntu24.04")
+TORCH_IMAGES = {
+    "inf1": standin_image("public.ecr.aws/neuron/pytorch-inference-neuron:1.13.1-neuron-py310-sdk2.18.2-ubuntu20.04"),
+    "inf2": TORCH_NEURONX_IMAGE,
+    "trn1": TORCH_NEURONX_IMAGE,
+    "trn2": TORCH_NEURONX_IMAGE,
+}
 REFERENCE = Path(__file__).resolve().parents[1] / "models" / "reference.py"
 TORCH_PYTHON = "/usr/bin/python3"  # Debian's python3 with python3-torch (cluster/node-deps.sh)
 
@@ -664,13 +679,15 @@ def upload_reference_models(cluster, namespace: str, tmp_path: Path) -> str:
 
 
 def torch_spec(bucket: str, model: str, **overrides) -> dict:
-    """An inf2 model of one chip and two processes, compiled and served in the torch image."""
+    """An inf2 model of one chip and two processes, compiled and served in the stand-in of AWS's
+    torch image for the family."""
+    image = TORCH_IMAGES[overrides.get("compute.family", "inf2")]
     base = {
         "model": {"uri": f"s3://{bucket}/{model.removesuffix('.pt')}/model.pt", "framework": "pytorch"},
         "compute": {"family": "inf2", "inf": 1, "instanceTypes": ["inf2.24xlarge"], "cpu": "300m", "memory": "1536Mi"},
         "processesPerReplica": 2,
-        "compile": {"image": TORCH_IMAGE, "storageSecret": "store", "buckets": [[8], [16]], "batchSize": 4, "cpu": "300m", "memory": "1Gi"},
-        "serving": {"image": TORCH_IMAGE, "batching": {"maxBatchSize": 4, "maxLatencyMs": 10000}},
+        "compile": {"image": image, "storageSecret": "store", "buckets": [[8], [16]], "batchSize": 4, "cpu": "300m", "memory": "1Gi"},
+        "serving": {"image": image, "batching": {"maxBatchSize": 4, "maxLatencyMs": 10000}},
     }
     return make_spec(base, **overrides)
 
