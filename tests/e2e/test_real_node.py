@@ -190,7 +190,9 @@ def test_each_process_gets_its_share_of_the_grant_and_the_users_env_wins(real_no
 def test_a_vllm_model_runs_as_non_root_with_somewhere_to_write(real_node, real_namespace):
     """Defects: the vLLM preset pinned cores, and gave a non-root process no writable HOME or
     HF_HOME, so vLLM's downloads and caches fail."""
-    spec = standin_spec(**{"serving.image": VLLM_IMAGES["inf2"], "serving.runtime": "vllm", "serving.args": None})
+    # A Hub id: vLLM reads no object store without the Run:ai streamer, and a store model would be fetched first.
+    spec = standin_spec(**{"serving.image": VLLM_IMAGES["inf2"], "serving.runtime": "vllm", "serving.args": None,
+                           "model.uri": "TinyLlama/TinyLlama-1.1B-Chat-v1.0"})  # fmt: skip
     spec["serving"].pop("args")
     apply(real_node, real_namespace, "vllm", spec)
     wait_ready(real_node, real_namespace, "vllm")

@@ -45,7 +45,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from neuron_collectives import CollectiveError, RootCommunicator, fatal, multi_node_config
-from standin_versions import VLLM_NEURON_NXDI, VLLM_NEURON_PLUGIN, VLLM_V0, compiler_versions, installed, vllm_serving
+from standin_versions import VLLM_NEURON_PLUGIN, VLLM_V0, compiler_versions, installed, vllm_serving
 
 ARTEFACT = "model.neff.json"
 
@@ -600,9 +600,6 @@ def vllm_main(argv: list[str]) -> int:
     plugin = serving == VLLM_NEURON_PLUGIN
     if plugin:
         os.environ.pop("NEURON_COMPILED_ARTIFACTS", None)  # NxD Inference's, which the plugin never reads
-    if serving == VLLM_NEURON_NXDI and args.num_gpu_blocks_override is None:
-        fail("vllm", "num_gpu_blocks_override is required, at least ceil(max_model_len // block_size) * max_num_seqs, "
-                     "to avoid an out-of-bounds error (the vLLM user guide for NxD Inference, known issues)")  # fmt: skip
     try:
         # Only V0's worker reads the multi-node layout; vllm-neuron's starts a world of one.
         layout = multi_node_config(args.override_neuron_config) if serving == VLLM_V0 else None
