@@ -737,3 +737,14 @@ def test_with_a_node_cache_an_uncompiled_model_is_fetched_through_it_and_preferr
     compiling = replace(model(**VLLM, **{"compile.image": "example.com/compile:1"}), node_cache_url="http://c:8080")
     job_fetch = children.compile_job(compiling)["spec"]["template"]["spec"]["initContainers"][0]
     assert job_fetch["name"] == "fetch-model" and "INFERENTIA_NODE_CACHE" not in {e["name"] for e in job_fetch["env"]}
+
+
+@pytest.mark.parametrize(("family", "target"), [("inf2", "inf2"), ("trn1", "trn1"), ("inf1", None)])
+def test_a_torch_neuronx_compile_job_names_its_target_for_tracing_without_a_device(family, target):
+    """The Job's node has no Neuron device: torch-neuronx traces on its CPU backend for the target
+    set before the import (neuron_compile.py); neuron-cc (inf1) compiles on any machine."""
+    m = model(**{"compute.family": family, "compute.inf": 1, "compile.image": "example.com/compile:1", "compile.buckets": [[8]]})
+    compile_step = children.compile_job(m)["spec"]["template"]["spec"]["initContainers"][-1]
+    env = {e["name"]: e["value"] for e in compile_step["env"]}
+    assert env.get("NEURON_PLATFORM_TARGET_OVERRIDE") == target
+    assert compile_step["command"] == ["python3", "/etc/inferentia/neuron_compile.py"]

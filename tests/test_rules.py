@@ -555,3 +555,56 @@ def test_vllm_on_nxd_inference_compiled_ahead_must_state_its_shape(family):
         "number of sequences, and the spec leaves compile.buckets (the largest is --max-model-len) or "
         "serving.batching.maxBatchSize (--max-num-seqs) unset, so the compile Job fails; set both"
     ) in findings_of(spec)
+
+
+# -- AWS's images, by what their tags carry (core/neuron_images.py) ---------------------------
+
+VLLM_REPO = "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:"
+NEURONX_REPO = "public.ecr.aws/neuron/pytorch-inference-neuronx:"
+
+
+def test_a_replica_across_nodes_is_refused_on_an_image_without_vllms_v0_worker():
+    """vllm-neuron (AWS's vLLM images from 0.11.0) serves one node: the message names the images that can."""
+    from corpus import _TWO_TRN1_NODES
+
+    image = VLLM_REPO + "0.16.0-neuronx-py312-sdk2.31.0-ubuntu24.04"
+    [line] = [x for x in error_lines(make_spec(**{**_TWO_TRN1_NODES, "serving.image": image})) if "serving.image" in x]
+    assert line.startswith(f"spec.serving.image: {image} cannot serve a replica across nodes: its vLLM has no V0 Neuron worker")
+    assert VLLM_REPO + "0.9.1-neuronx-py311-sdk2.26.1-ubuntu22.04" in line
+    v0 = make_spec(**{**_TWO_TRN1_NODES, "serving.image": VLLM_REPO + "0.9.1-neuronx-py311-sdk2.26.1-ubuntu22.04"})
+    assert not [x for x in error_lines(v0) if "serving.image" in x]
+    # An image of another name is the user's to know.
+    assert not [x for x in error_lines(make_spec(**{**_TWO_TRN1_NODES, "serving.image": "example.com/vllm:1"})) if "serving.image" in x]
+
+
+def test_a_torch_neuronx_compile_image_older_than_neuron_2_21_is_warned_of():
+    """The compile Job has no device, and torch_neuronx.trace traces on the CPU only from Neuron 2.21 (cpu_backend)."""
+    old = NEURONX_REPO + "2.1.2-neuronx-py310-sdk2.20.2-ubuntu20.04"
+    spec = make_spec(**{"compute.family": "inf2", "compile.image": old, "compile.buckets": [[8]], "serving.image": old})
+    assert any(f.startswith(f"warning: spec.compile.image: {old} is of Neuron 2.20.2") and "cpu_backend" in f for f in findings_of(spec))
+    new = NEURONX_REPO + "2.9.0-neuronx-py312-sdk2.31.1-ubuntu24.04"
+    spec = make_spec(**{"compute.family": "inf2", "compile.image": new, "compile.buckets": [[8]], "serving.image": new})
+    assert not [f for f in findings_of(spec) if "spec.compile.image" in f]
+
+
+def test_compile_and_serving_images_of_other_compiler_versions_are_warned_of():
+    """The plugin's compile cache key hashes torch-neuronx, neuronx-cc and NKI: another set misses every graph."""
+    spec = make_spec(**{
+        "compute.family": "trn2", "compute.inf": 1, "serving.runtime": "vllm", "compile.buckets": [[2048]],
+        "serving.batching": {"maxBatchSize": 4}, "model.uri": "s3://models/llama/",
+        "compile.image": VLLM_REPO + "0.21.0.1.0.0-neuronx-py313-sdk2.31.0-ubuntu24.04",
+        "serving.image": VLLM_REPO + "0.24.0.1.1.0-neuronx-py313-sdk2.32.0-ubuntu24.04",
+    })  # fmt: skip
+    [line] = [f for f in findings_of(spec) if "other Neuron versions" in f]
+    assert "neuronx-cc 2.26.6360.0 against 2.27.5334.0" in line and line.startswith("warning: spec.compile.image:")
+
+
+def test_vllm_on_trn2_in_an_nxd_inference_image_is_warned_of():
+    """vLLM on trn2 and trn3 runs on the vLLM Neuron plugin, which AWS's NxD Inference images lack."""
+    nxdi = VLLM_REPO + "0.16.0-neuronx-py312-sdk2.31.0-ubuntu24.04"
+    spec = make_spec(**{"compute.family": "trn2", "compute.inf": 1, "serving.runtime": "vllm", "serving.image": nxdi})
+    [line] = [f for f in findings_of(spec) if "spec.serving.image" in f]
+    assert line.startswith(f"warning: spec.serving.image: {nxdi} carries vLLM 0.16.0 on NxD Inference") and "plugin" in line
+    plugin = VLLM_REPO + "0.24.0.1.1.0-neuronx-py313-sdk2.32.0-ubuntu24.04"
+    spec = make_spec(**{"compute.family": "inf2", "serving.runtime": "vllm", "serving.image": plugin})
+    assert any(f.startswith(f"warning: spec.serving.image: {plugin} carries vLLM for trn2, trn3, not inf2") for f in findings_of(spec))

@@ -312,6 +312,12 @@ def is_aws_neuron_image(image: str | None) -> bool:
     return bool(image) and str(image).startswith(REGISTRY)
 
 
+def newest(serving: str) -> str:
+    """The catalogued vLLM image of the newest Neuron release whose vLLM is served by ``serving``."""
+    found = [v for v in CATALOGUE.values() if v.vllm_serving == serving]
+    return max(found, key=lambda v: tuple(int(x) for x in v.sdk.split("."))).image
+
+
 def multi_node_images() -> list[str]:
     """The catalogued images whose vLLM serves one model across nodes, newest first."""
     return sorted((v.image for v in CATALOGUE.values() if v.serves_across_nodes), reverse=True)

@@ -201,7 +201,21 @@ def _check_images(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
                 )
             )
     for field, versions in (("spec.compile.image", compiled), ("spec.serving.image", served)):
-        if spec.serving.runtime == "vllm" and fam.neuronx and versions and versions.vllm_serving and fam.name not in versions.families:
+        if spec.serving.runtime != "vllm" or not fam.neuronx or not versions or not versions.vllm_serving:
+            continue
+        if fam.vllm == "vllm-neuron-plugin" and versions.vllm_serving != neuron_images.VLLM_NEURON_PLUGIN:
+            # The operator runs the vLLM Neuron plugin on trn2 and trn3 (its CPU compile in the
+            # Job, its compile cache in the pods), which AWS's NxD Inference images do not carry.
+            found.append(
+                Finding(
+                    field,
+                    f"{versions.image} carries vLLM {versions.vllm} on NxD Inference, and vLLM on {fam.name} runs on the vLLM "
+                    "Neuron plugin (its CPU compile and compile cache), which that image lacks; use AWS's vLLM Neuron plugin "
+                    f"image, for example {neuron_images.newest(neuron_images.VLLM_NEURON_PLUGIN)}",
+                    "warning",
+                )
+            )
+        elif fam.name not in versions.families:
             found.append(
                 Finding(
                     field,

@@ -1,0 +1,94 @@
+"""The stand-ins refuse what the real programs refuse (docs/development.md, "Stand-ins and the
+interfaces they keep"): an undocumented flag, a V0 interface on a V1 image, a path chosen by an
+environment variable the real package never reads. Each runs as the real node's pods run it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from inferentia_operator.core import neuron_images
+
+ROOT = Path(__file__).resolve().parent.parent
+STANDINS = ROOT / "cluster" / "node" / "standins"
+PROGRAMS = ROOT / "operator" / "inferentia_operator" / "programs"
+VLLM_REPO = "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:"
+V0 = VLLM_REPO + "0.9.1-neuronx-py311-sdk2.26.1-ubuntu22.04"
+NXDI = VLLM_REPO + "0.16.0-neuronx-py312-sdk2.31.0-ubuntu24.04"
+PLUGIN = VLLM_REPO + "0.24.0.1.1.0-neuronx-py313-sdk2.32.0-ubuntu24.04"
+
+
+def site(where: Path, image: str | None) -> str:
+    """PYTHONPATH for an image: its packages' dist-info (as the stand-in images carry them), then the stand-ins."""
+    if image is None:
+        return str(STANDINS)
+    for name, version in neuron_images.CATALOGUE[image].distributions.items():
+        info = where / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir(parents=True, exist_ok=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    return f"{where}:{STANDINS}"
+
+
+def run(tmp_path: Path, image: str | None, *argv: str, **env: str) -> subprocess.CompletedProcess:
+    environment = {"PATH": "/usr/bin:/bin", "PYTHONPATH": site(tmp_path / "site", image), "HOME": str(tmp_path), **env}
+    return subprocess.run([sys.executable, *argv], env=environment, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("image", [V0, NXDI, PLUGIN])
+def test_vllms_server_refuses_an_undocumented_flag_as_its_argument_parser_does(tmp_path, image):
+    done = run(tmp_path, image, "-m", "vllm.entrypoints.openai.api_server", "--model", "m", "--no-such-flag", "1")
+    assert done.returncode == 2 and "unrecognized arguments: --no-such-flag 1" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(("image", "flag"), [(NXDI, "--override-neuron-config"), (PLUGIN, "--override-neuron-config"),
+                                             (V0, "--additional-config")])  # fmt: skip
+def test_each_vllm_release_takes_its_own_neuron_override_flag_only(tmp_path, image, flag):
+    """--override-neuron-config is V0's (vLLM up to 0.10.1.1); --additional-config replaced it."""
+    done = run(tmp_path, image, "-m", "vllm.entrypoints.openai.api_server", "--model", "m", flag, "{}")
+    assert done.returncode == 2 and f"unrecognized arguments: {flag}" in done.stderr, done.stderr
+
+
+def test_an_image_without_vllm_has_no_vllm_to_import(tmp_path):
+    done = run(tmp_path, None, "-m", "vllm.entrypoints.openai.api_server", "--model", "m")
+    assert done.returncode == 1 and "No module named 'vllm'" in done.stderr, done.stderr
+
+
+def test_the_multi_node_worker_is_refused_on_a_v1_image(tmp_path):
+    """vllm-neuron has no --override-neuron-config and no V0 driver_worker: the operator's worker
+    program stops at its arguments, as it would on AWS's 0.11.0 and later images."""
+    (tmp_path / "vllm_worker.py").write_text((PROGRAMS / "vllm_worker.py").read_text())
+    argv = (str(tmp_path / "vllm_worker.py"), "--model", "m", "--override-neuron-config", "{}")
+    done = run(tmp_path, NXDI, *argv, NEURON_RANK_ID="1")
+    assert done.returncode == 2 and "unrecognized arguments: --override-neuron-config" in done.stderr, done.stderr
+
+
+def test_the_serving_path_is_the_installed_packages_not_vllm_neuron_framework(tmp_path):
+    """VLLM_NEURON_FRAMEWORK is read by vLLM's V0 worker only; on the plugin's image it chooses nothing."""
+    probe = "import neuron_standin as s; print(s.vllm_serving(), s.plugin_mode())"
+    framework = {"VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference"}
+    assert run(tmp_path / "a", PLUGIN, "-c", probe, **framework).stdout.split() == ["vllm-neuron-plugin", "True"]
+    assert run(tmp_path / "b", NXDI, "-c", probe).stdout.split() == ["vllm-neuron", "False"]
+    assert run(tmp_path / "c", V0, "-c", probe).stdout.split() == ["vllm-v0", "False"]
+
+
+def test_vllm_reads_no_object_store_without_the_run_ai_streamer(tmp_path):
+    done = run(tmp_path, NXDI, "-m", "vllm.entrypoints.openai.api_server", "--model", "s3://models/llama/")
+    assert done.returncode == 1 and "'load_format' must be 'runai_streamer'" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("prog", "flags", "refused"),
+    [
+        ("neuronx-cc", ["--target", "inf2", "--no-such-flag"], "--no-such-flag"),
+        ("neuronx-cc", ["--target", "inf2", "--neuroncore-pipeline-cores", "2"], "--neuroncore-pipeline-cores"),  # neuron-cc's
+        ("neuron-cc", ["--no-such-flag"], "--no-such-flag"),
+        ("neuron-cc", ["--target", "inf2"], "--target"),  # neuronx-cc's
+    ],
+)
+def test_the_compilers_refuse_an_undocumented_flag(tmp_path, prog, flags, refused):
+    script = f"import sys, neuron_standin; sys.exit(neuron_standin.compiler(['compile', *{flags!r}], {prog!r}))"
+    done = run(tmp_path, None, "-c", script)
+    assert done.returncode == 1 and f"unrecognized arguments: {refused}" in done.stderr, done.stderr
