@@ -20,7 +20,9 @@ VLLM_COMPILE_PROGRAM = "vllm_compile.py"
 NXDI_COMPILE_PROGRAM = "nxdi_compile.py"
 VLLM_WORKER_PROGRAM = "vllm_worker.py"
 # Its compiled layout (NxD Inference's, with presharded weights), part of the compile key as above.
-NXDI_COMPILE_PROGRAM_VERSION = 1
+# 2: the NeuronConfig is vllm-neuron's loader's (paged-attention blocks, on-device sampling, dtype),
+# which a model compiled by version 1 lacks.
+NXDI_COMPILE_PROGRAM_VERSION = 2
 
 
 @cache
