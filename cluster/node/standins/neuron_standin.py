@@ -9,10 +9,11 @@ and as vLLM's ``python3 -m vllm.entrypoints.openai.api_server``):
 - ``neuron-serve`` and the vLLM entry point: an HTTP server with vLLM's OpenAI-compatible
   ``/v1/completions`` and ``/health``. At start it checks what the Neuron runtime and vLLM
   would check, and exits non-zero with the kind of message they give when a check fails.
-  vLLM runs on NxD Inference when ``VLLM_NEURON_FRAMEWORK=neuronx-distributed-inference``:
-  its loader loads the compiled model in ``NEURON_COMPILED_ARTIFACTS`` with the NxD Inference
-  stand-in, and compiles at start when that fails, as vLLM's does. Else it runs as the vLLM Neuron plugin, which registers
-  itself: its compile cache under ``$VLLM_CACHE_ROOT/neuron/compile_cache/<hash>/`` is used
+  What serves vLLM is what the image's installed packages say (standin_versions): vLLM's V0
+  Neuron worker or vllm-neuron run on NxD Inference: the loader loads the compiled model in
+  ``NEURON_COMPILED_ARTIFACTS`` with the NxD Inference stand-in (refusing one compiled for
+  another engine, nxdi_neuron_config), and compiles at start when that fails, as vLLM's does.
+  vllm-neuron 0.21 and later is the vLLM Neuron plugin, which registers itself: its compile cache under ``$VLLM_CACHE_ROOT/neuron/compile_cache/<hash>/`` is used
   at warm-up, and a miss compiles the graph, or, with ``VLLM_NEURON_DISABLE_WARMUP_COMPILE=1``,
   raises RuntimeError;
 - across nodes (``ENABLE_NEURON_MULTI_NODE=true``, ``--override-neuron-config`` with its
@@ -71,7 +72,8 @@ def expand(cores: str) -> list[int]:
 
 # trn3: the compiler's release notes name it a target (Neuron 2.31: "the default for trn2 and
 # trn3 targets", https://awsdocs-neuron.readthedocs-hosted.com/en/latest/release-notes/components/compiler.html).
-NEURONX_TARGETS = {"inf2", "trn1", "trn2", "trn3"}
+# The CLI reference lists "inf2, trn1, trn1n, trn2".
+NEURONX_TARGETS = {"inf2", "trn1", "trn1n", "trn2", "trn3"}
 LNC_TARGETS = {"trn2", "trn3"}  # "LNC applies only to Trn2 and Trn3 instances"
 # Each compiler's documented flags (compiler_parser): neuron-cc's CLI reference
 # (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/compiler/neuron-cc/command-line-reference.html)
@@ -538,7 +540,10 @@ def checkpoint_dtype(model: str) -> str:
     """The model's dtype as vLLM's "auto" takes it: its config.json's torch_dtype (a Hub id's is
     not read here: the stand-in downloads nothing)."""
     config = Path(model) / "config.json"
-    return str(json.loads(config.read_text()).get("torch_dtype") or "float32") if config.is_file() else "bfloat16"
+    dtype = json.loads(config.read_text()).get("torch_dtype") if config.is_file() else None
+    # vLLM's "auto" keeps a half type and takes float32 down to the platform's first supported dtype, bfloat16
+    # ("Downcast for float32 models", vllm/config/model.py, _resolve_auto_dtype, vLLM 0.11.0).
+    return dtype if dtype in ("bfloat16", "float16") else "bfloat16"
 
 
 def nxdi_neuron_config(args: argparse.Namespace, serving: str) -> dict:

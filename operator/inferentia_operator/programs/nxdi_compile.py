@@ -104,7 +104,8 @@ def checkpoint(args: dict[str, Any]) -> Path:
 
 
 def checkpoint_dtype(source: Path) -> str:
-    """vLLM's dtype "auto": the checkpoint's own half type, float32 taken down to bfloat16."""
+    """vLLM's dtype "auto": the checkpoint's own half type, float32 taken down to the platform's first supported
+    dtype, bfloat16 ("Downcast for float32 models", vllm/config/model.py, _resolve_auto_dtype, vLLM 0.11.0)."""
     dtype = json.loads((source / "config.json").read_text()).get("torch_dtype")
     return dtype if dtype in ("bfloat16", "float16") else "bfloat16"
 
