@@ -91,6 +91,7 @@ CEL_CASES = {
     "nodes-runtime": make_spec(**{"compute.family": "trn1", "compute.inf": 16, "compute.nodes": 2}),
     "nodes-compile": make_spec(**{**_TWO_TRN1_NODES, "compile.image": "example.com/neuron:1"}),
     "nodes-dra": make_spec(**{**_TWO_TRN1_NODES, "compute.allocation": "dra"}),
+    "nodes-memory": make_spec(**{**_TWO_TRN1_NODES, "model.weights": 1_000_000_000_000, "model.precision": "bf16"}),
     "nodes-image": make_spec(
         **{
             **_TWO_TRN1_NODES,

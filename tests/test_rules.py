@@ -608,3 +608,40 @@ def test_vllm_on_trn2_in_an_nxd_inference_image_is_warned_of():
     plugin = VLLM_REPO + "0.24.0.1.1.0-neuronx-py313-sdk2.32.0-ubuntu24.04"
     spec = make_spec(**{"compute.family": "inf2", "serving.runtime": "vllm", "serving.image": plugin})
     assert any(f.startswith(f"warning: spec.serving.image: {plugin} carries vLLM for trn2, trn3, not inf2") for f in findings_of(spec))
+
+
+# -- Bigger than a node: a replica across nodes holds its model in every node's device memory --
+
+LLAMA_405B = {
+    "model.weights": 405_000_000_000, "model.precision": "bf16", "model.architecture": "transformer",
+    "model.layers": 126, "model.kvHeads": 8, "model.headDim": 128, "compile.buckets": [[4096]],
+    "serving.runtime": "vllm", "serving.batching": {"maxBatchSize": 8}, "compute.family": "trn1", "compute.inf": 16,
+}  # fmt: skip
+
+
+def test_a_model_bigger_than_a_node_is_accepted_across_the_nodes_it_needs():
+    """810 GB of bf16 weights: two trn1.32xlarge hold 1,024 GiB between them, one holds 512."""
+    assert error_lines(make_spec(**{**LLAMA_405B, "compute.nodes": 2})) == []
+    one = findings_of(make_spec(**LLAMA_405B))
+    assert any(f.startswith("spec.compute.inf: 405000000000 bf16 weights") for f in one), one
+    assert (
+        "warning: spec.compute.nodes: the model fits no trn1 node, and fits across 2 trn1.32xlarge nodes: set nodes 2 with "
+        "inf 16 and the vllm runtime (docs/multi-node.md)"
+    ) in one
+
+
+def test_a_model_too_big_for_its_nodes_is_refused_naming_the_fewest_that_hold_it():
+    weights = {**LLAMA_405B, "model.weights": 1_000_000_000_000, "compute.nodes": 2}  # 2 TB of bf16 weights
+    [line] = error_lines(make_spec(**weights))
+    assert line == (
+        "spec.compute.nodes: 1000000000000 bf16 weights and the Neuron runtime's reserve need 1869 GiB of device memory across "
+        "the replica's 64 NeuronCores, and 2 nodes hold 1024 GiB; valid values are at least 4 nodes"
+    )
+    # With the KV cache (no CEL twin): 4,096 tokens of 24 sequences no longer fit two nodes, and fit three.
+    kv = {**LLAMA_405B, "compute.nodes": 2, "serving.batching": {"maxBatchSize": 24}}
+    [line] = error_lines(make_spec(**kv))
+    assert line.startswith("spec.compute.nodes: 405000000000 bf16 weights, a KV cache of") and line.endswith("at least 3 nodes")
+    # 128 sequences: each core already holds one KV head, so more nodes add as much cache as memory.
+    [line] = error_lines(make_spec(**{**kv, "serving.batching": {"maxBatchSize": 128}}))
+    assert line.endswith("no number of nodes up to 16 holds it; valid values are fewer sequences (serving.batching.maxBatchSize) "
+                         "or a shorter sequence length (compile.buckets)")  # fmt: skip

@@ -143,8 +143,10 @@ def memory_needed(spec: InferentiaModelSpec, family: Family, group: int, with_kv
     return weights + (kv or 0) + runtime_reserve_bytes(lnc_of(spec, family), group)
 
 
-def smallest_fitting_group(spec: InferentiaModelSpec, family: Family, with_kv: bool) -> int:
-    """The fewest cores a group needs for the model to fit (possibly more than any instance has)."""
+def smallest_fitting_group(spec: InferentiaModelSpec, family: Family, with_kv: bool, most: int | None = None) -> int:
+    """The fewest cores a group needs for the model to fit (possibly more than any instance has).
+    ``most``: where the search with the KV cache stops, the family's largest instance unless given
+    (a replica across nodes searches its nodes' cores)."""
     lnc = lnc_of(spec, family)
     weights = weights_bytes(spec) or 0
     per_core = family.memory_per_core_bytes(lnc) - lnc * RUNTIME_RESERVE_PER_PHYSICAL_CORE
@@ -152,7 +154,7 @@ def smallest_fitting_group(spec: InferentiaModelSpec, family: Family, with_kv: b
     if with_kv:
         # Past the family's largest instance nothing fits; the KV cache of replicated heads
         # grows with the group, so the search must stop somewhere.
-        most = family.cores_per_chip(lnc) * family.max_chips
+        most = most or family.cores_per_chip(lnc) * family.max_chips
         while group <= most and (memory_needed(spec, family, group) or 0) > group_memory_bytes(family, lnc, group):
             group += 1
     return group
@@ -161,14 +163,20 @@ def smallest_fitting_group(spec: InferentiaModelSpec, family: Family, with_kv: b
 def device_memory_per_process(spec: InferentiaModelSpec, family: Family, group: int) -> dict[str, int | None]:
     """What one process's cores hold, and what its model needs there: the weights, the KV
     cache and the runtime's reserve, as the device-memory rule counts them (inf2, trn1,
-    trn2, trn3; None where unknown)."""
-    lnc = lnc_of(spec, family)
+    trn2, trn3; None where unknown). A replica across nodes is one model over every node's
+    cores, one process a node: each holds its node's share of what the whole model needs."""
+    lnc, nodes = lnc_of(spec, family), spec.compute.nodes
+    world = group * nodes
+
+    def share(size: int | None) -> int | None:
+        return None if size is None else -(-size // nodes)
+
     out: dict[str, int | None] = {"availableBytes": group_memory_bytes(family, lnc, group)}
     if family.neuronx:
         out |= {
-            "weightsBytes": weights_bytes(spec),
-            "kvCacheBytes": kv_cache_bytes(spec, family, group),
-            "runtimeReserveBytes": runtime_reserve_bytes(lnc, group),
-            "neededBytes": memory_needed(spec, family, group),
+            "weightsBytes": share(weights_bytes(spec)),
+            "kvCacheBytes": share(kv_cache_bytes(spec, family, world)),
+            "runtimeReserveBytes": share(runtime_reserve_bytes(lnc, world)),
+            "neededBytes": share(memory_needed(spec, family, world)),
         }
     return out

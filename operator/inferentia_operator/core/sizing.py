@@ -83,10 +83,17 @@ def compile_memory(spec: InferentiaModelSpec, fam: Family) -> str:
 
 
 def replica_memory_bytes(spec: InferentiaModelSpec, fam: Family, groups: int) -> int | None:
-    """Host memory one replica needs: each process's compile, or each process's copy of the weights."""
+    """Host memory one pod of a replica needs: each process's compile, or each process's copy of
+    the weights. A replica across nodes has one pod a node, which shards and loads only its own
+    ranks' weights (NxD Inference's start_rank_id and local_ranks_size): the node's share of the
+    weights, once. (Twice the whole weights, as a compile of the whole model takes, would exceed
+    the host memory of any node whose device memory the model outgrows: a trn1.32xlarge has 512
+    GiB of each.)"""
     weights = weights_bytes(spec)
     if weights is None:
         return None
+    if spec.compute.nodes > 1:
+        return -(-weights // spec.compute.nodes)
     return groups * (compile_memory_bytes(spec, fam) if compiles_in_pod(spec) else weights)
 
 

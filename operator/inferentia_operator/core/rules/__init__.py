@@ -23,7 +23,7 @@ from inferentia_operator.core.findings import Finding
 
 from . import advice, allocation, autoscaling, child_values, groups, memory, nodes, placement, programs, request, routing, sizing
 from .identity import NAME, check_name, check_namespace
-from .memory import KV_FIT, STATIC_WEIGHTS_TOO_LARGE
+from .memory import KV_FIT, NODES_KV_FIT, STATIC_WEIGHTS_TOO_LARGE
 
 # In this order in the CRD: each node's rules keep their order across releases.
 CEL_RULES: list[CrossFieldRule] = [
@@ -64,4 +64,4 @@ def check_spec(spec: InferentiaModelSpec) -> list[Finding]:
     return [finding for check in _CHECKS for finding in check(spec, family)]
 
 
-__all__ = ["CEL_RULES", "KV_FIT", "NAME", "STATIC_WEIGHTS_TOO_LARGE", "check_name", "check_namespace", "check_spec"]
+__all__ = ["CEL_RULES", "KV_FIT", "NAME", "NODES_KV_FIT", "STATIC_WEIGHTS_TOO_LARGE", "check_name", "check_namespace", "check_spec"]

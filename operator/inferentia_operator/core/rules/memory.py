@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from inferentia_operator.core.api import InferentiaModelSpec
-from inferentia_operator.core.catalogue import GIB, Family, bucket_budget_per_core
+from inferentia_operator.core.api import MAX_NODES, InferentiaModelSpec
+from inferentia_operator.core.catalogue import GIB, MULTI_NODE_FAMILIES, Family, bucket_budget_per_core
 from inferentia_operator.core.cel import (
     CEL_BUCKET_LIMIT,
     CEL_BUDGET,
@@ -102,9 +102,10 @@ _PER_CHIP = f"({CEL_PHYSICAL_CORES}[{CEL_FAMILY}] / {CEL_LNC})"
 _NEED_GIB = f"(({_W} + {_RESERVE} + {GIB} - 1) / {GIB})"
 _CORES_WORD = f"({CEL_GROUP} == 1 ? 'NeuronCore' : 'NeuronCores')"
 _PROCESSES_WORD = f"({CEL_PROCESSES} == 1 ? 'process' : 'processes')"
-_MEMORY_FITS = (
-    f"!has({CEL_WEIGHTS}) || {CEL_FAMILY} in {literal(NEURON_CC_FAMILIES)} || !({CEL_FITS} && {CEL_DIVIDES}) || {_W} + {_RESERVE} <= {_HAS}"
-)
+_NODES = "self.compute.nodes"
+# Checked for one node here; a replica across nodes is checked over all of them (NODES_MEMORY).
+_CHECKED = f"!has({CEL_WEIGHTS}) || {CEL_FAMILY} in {literal(NEURON_CC_FAMILIES)} || !({CEL_FITS} && {CEL_DIVIDES})"
+_MEMORY_FITS = f"{_CHECKED} || {_NODES} > 1 || {_W} + {_RESERVE} <= {_HAS}"
 MEMORY_NEEDS = (
     "%d %s weights and the Neuron runtime's reserve need %d GiB of device memory a process, and a process has %d GiB on its %d %s; "
 )
@@ -133,6 +134,28 @@ WEIGHTS_FIT = {
     "cores": _weights_fit("cores", f"({_MIN_GROUP} * {CEL_PROCESSES})", CEL_MAX_CORES),
 }
 
+# A replica across nodes is one tensor-parallel model over every node's cores (rules/nodes.py):
+# its weights are sharded over all of them, and every core keeps the runtime's reserve, so the
+# device memory it has is every node's. The valid values name the fewest nodes that hold it.
+NODES_MEMORY_NEEDS = (
+    "%d %s weights and the Neuron runtime's reserve need %d GiB of device memory across the replica's %d NeuronCores, "
+    "and %d nodes hold %d GiB; "
+)
+NODES_AT_LEAST = "valid values are at least %d nodes"
+NODES_MEMORY = CrossFieldRule(
+    "spec.compute.nodes",
+    "spec",
+    NODES_MEMORY_NEEDS + NODES_AT_LEAST,
+    f"{_CHECKED} || {_NODES} == 1 || {_W} + {_RESERVE} * {_NODES} <= {_HAS} * {_NODES}",
+    (CEL_WEIGHTS, "self.model.precision", f"(({_W} + {_RESERVE} * {_NODES} + {GIB} - 1) / {GIB})", f"({CEL_GROUP} * {_NODES})",
+     _NODES, f"({_HAS} * {_NODES} / {GIB})", f"(({_MIN_GROUP} + {CEL_GROUP} - 1) / {CEL_GROUP})"),
+)  # fmt: skip
+# With the KV cache: no CEL twin, as KV_FIT.
+NODES_KV_FIT = (
+    "%d %s weights, a KV cache of %d GiB (%d layers, %d KV heads of dimension %d, %d tokens, %d sequences) and the "
+    "Neuron runtime's reserve need %d GiB of device memory across the replica's %d NeuronCores, and %d nodes hold %d GiB; " + NODES_AT_LEAST
+)
+
 
 # With the KV cache: no CEL twin, since the sequence length is the largest bucket's last
 # dimension, a maximum over a list of lists that the API server's cost estimator cannot
@@ -145,8 +168,62 @@ KV_FIT = {request: KV_NEEDS + valid for request, valid in AT_LEAST.items()}
 KV_UNKNOWN = "only the weights were checked against the device memory: vLLM also holds a KV cache; set %s to check that it fits too"
 
 
+def _check_nodes_memory_fit(spec: InferentiaModelSpec, fam: Family, lnc: int, group: int) -> list[Finding]:
+    """A replica across nodes: the weights, then the KV cache where known, against every node's device memory."""
+    m, nodes = spec.model, spec.compute.nodes
+    world = group * nodes
+    has = group_memory_bytes(fam, lnc, world)
+
+    def fewest(with_kv: bool) -> int:
+        return -(-smallest_fitting_group(spec, fam, with_kv, most=group * MAX_NODES) // group)
+
+    weights_only = memory_needed(spec, fam, world, with_kv=False) or 0
+    if weights_only > has:
+        return [NODES_MEMORY.finding(m.weights, m.precision, -(-weights_only // GIB), world, nodes, has // GIB, fewest(False))]
+    kv = kv_cache_bytes(spec, fam, world)
+    need = weights_only + (kv or 0)
+    if kv is None or need <= has:
+        return []
+    seqs = sequences(spec)
+    assert seqs is not None and m.layers and m.kv_heads and m.head_dim
+    least = fewest(True)
+    text = NODES_KV_FIT % (
+        m.weights, m.precision, -(-kv // GIB), m.layers, m.kv_heads, m.head_dim, *seqs, -(-need // GIB), world, nodes,
+        has // GIB, least,
+    )  # fmt: skip
+    if least > MAX_NODES:
+        # The KV heads are replicated once there are more cores than heads, so more nodes add as
+        # much cache as memory: only fewer tokens or sequences fit.
+        text = text.removesuffix(NODES_AT_LEAST % least) + (
+            f"no number of nodes up to {MAX_NODES} holds it; valid values are fewer sequences (serving.batching.maxBatchSize) "
+            "or a shorter sequence length (compile.buckets)"
+        )
+    return [Finding("spec.compute.nodes", text)]
+
+
 def _check_memory_fit(spec: InferentiaModelSpec, fam: Family, lnc: int, group: int) -> list[Finding]:
     """The weights, then the KV cache where it is known, against a process's device memory."""
+    if spec.compute.nodes > 1:
+        return _check_nodes_memory_fit(spec, fam, lnc, group)
+    found = _check_one_node_memory_fit(spec, fam, lnc, group)
+    node_cores = fam.cores_per_chip(lnc) * fam.max_chips
+    if found and fam.name in MULTI_NODE_FAMILIES and spec.processes_per_replica == 1:
+        with_kv = kv_cache_bytes(spec, fam, group) is not None  # the KV cache too, where it is known
+        needed = smallest_fitting_group(spec, fam, with_kv, most=node_cores * MAX_NODES)
+        if needed > node_cores and needed <= node_cores * MAX_NODES:
+            nodes = -(-needed // node_cores)
+            found.append(
+                Finding(
+                    "spec.compute.nodes",
+                    f"the model fits no {fam.name} node, and fits across {nodes} {fam.largest_instance[0]} nodes: set nodes "
+                    f"{nodes} with inf {fam.max_chips} and the vllm runtime (docs/multi-node.md)",
+                    "warning",
+                )
+            )
+    return found
+
+
+def _check_one_node_memory_fit(spec: InferentiaModelSpec, fam: Family, lnc: int, group: int) -> list[Finding]:
     has = group_memory_bytes(fam, lnc, group)
     weights_only = memory_needed(spec, fam, group, with_kv=False) or 0
     p, m = spec.processes_per_replica, spec.model
@@ -240,5 +317,6 @@ RULES: list[CrossFieldRule] = [
     BUCKET_DUPLICATE,
     BUCKET_BOUND,
     *WEIGHTS_FIT.values(),
+    NODES_MEMORY,
 ]
 CHECKS = (_check_bucket_shapes, _check_weights)
