@@ -373,6 +373,7 @@ def test_the_vllm_preset_without_a_compile_job_loads_the_model_uri():
     [container] = children.serving_deployment(m)["spec"]["template"]["spec"]["containers"]
     assert container["args"][4:] == [
         "--model", children.MODEL_DIR, "--served-model-name", "s3://models/llama-3.1-8b/", "--tensor-parallel-size", "12",
+        "--no-enable-prefix-caching",
     ]  # fmt: skip
     assert "NEURON_COMPILED_ARTIFACTS" not in {e["name"] for e in container["env"]}
     [fetch_model] = children.serving_deployment(m)["spec"]["template"]["spec"]["initContainers"]
@@ -748,3 +749,16 @@ def test_a_torch_neuronx_compile_job_names_its_target_for_tracing_without_a_devi
     env = {e["name"]: e["value"] for e in compile_step["env"]}
     assert env.get("NEURON_PLATFORM_TARGET_OVERRIDE") == target
     assert compile_step["command"] == ["python3", "/etc/inferentia/neuron_compile.py"]
+
+
+def test_vllm_on_nxd_inference_turns_prefix_caching_off_and_sizes_its_blocks_only_where_vllm_takes_it():
+    """vllm-neuron asserts a block size when prefix caching is on; vLLM's V0 worker asserts its own block count."""
+    bare = model(**{**VLLM, "serving.args": None, "serving.batching": None, "compile.buckets": None, "processesPerReplica": 1})
+    engine = children.vllm_engine_args(bare)
+    assert engine["enable_prefix_caching"] is False and "num_gpu_blocks_override" not in engine
+    v1 = children.vllm_engine_args(model(**VLLM))
+    assert v1["num_gpu_blocks_override"] == 8
+    v0 = model(
+        **{**VLLM, "serving.image": "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.9.1-neuronx-py311-sdk2.26.1-ubuntu22.04"}
+    )
+    assert "num_gpu_blocks_override" not in children.vllm_engine_args(v0)

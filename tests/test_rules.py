@@ -645,3 +645,24 @@ def test_a_model_too_big_for_its_nodes_is_refused_naming_the_fewest_that_hold_it
     [line] = error_lines(make_spec(**{**kv, "serving.batching": {"maxBatchSize": 128}}))
     assert line.endswith("no number of nodes up to 16 holds it; valid values are fewer sequences (serving.batching.maxBatchSize) "
                          "or a shorter sequence length (compile.buckets)")  # fmt: skip
+
+
+def test_a_digest_pinned_vllm_image_is_not_judged_by_a_tag_it_does_not_have():
+    from corpus import _TWO_TRN1_NODES
+
+    image = VLLM_REPO + "0.9.1-neuronx-py311-sdk2.26.1-ubuntu22.04@sha256:" + "0" * 64
+    assert not [x for x in error_lines(make_spec(**{**_TWO_TRN1_NODES, "serving.image": image})) if "serving.image" in x]
+
+
+def test_serving_flags_that_change_a_compiled_nxd_inference_model_are_warned_of():
+    """vllm-neuron loads a compiled model as it is: a flag that changes what its loader builds serves another model."""
+    base = {**LLAMA_8B, "compile.buckets": [[4096]], "compile.image": VLLM_REPO + "0.16.0-neuronx-py312-sdk2.31.0-ubuntu24.04",
+            "serving.image": VLLM_REPO + "0.16.0-neuronx-py312-sdk2.31.0-ubuntu24.04", "model.uri": "s3://models/llama/"}  # fmt: skip
+    assert not [f for f in findings_of(make_spec(**{**base, "serving.args": ["--served-model-name", "llama"]})) if "serving" in f]
+    [line] = [
+        f for f in findings_of(make_spec(**{**base, "serving.args": ["--enable-prefix-caching", "--max-num-seqs=4"]})) if "serving" in f
+    ]
+    assert line.startswith("warning: spec.serving.args: --enable-prefix-caching, --max-num-seqs change the model vLLM on NxD Inference")
+    env = [{"name": "DISABLE_NEURON_CUSTOM_SCHEDULER", "value": "1"}]
+    [line] = [f for f in findings_of(make_spec(**{**base, "serving.env": env})) if "serving" in f]
+    assert line.startswith("warning: spec.serving.env: DISABLE_NEURON_CUSTOM_SCHEDULER change the model")

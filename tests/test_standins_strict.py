@@ -92,3 +92,16 @@ def test_the_compilers_refuse_an_undocumented_flag(tmp_path, prog, flags, refuse
     script = f"import sys, neuron_standin; sys.exit(neuron_standin.compiler(['compile', *{flags!r}], {prog!r}))"
     done = run(tmp_path, None, "-c", script)
     assert done.returncode == 1 and f"unrecognized arguments: {refused}" in done.stderr, done.stderr
+
+
+def test_vllm_neuron_asserts_a_block_size_with_prefix_caching_on(tmp_path):
+    """vLLM turns prefix caching on by default; vllm-neuron's platform then needs --block-size."""
+    done = run(tmp_path, NXDI, "-m", "vllm.entrypoints.openai.api_server", "--model", "m", "--max-num-seqs", "4")
+    assert done.returncode == 1 and "When prefix caching is enabled, block_size must be set" in done.stderr, done.stderr
+
+
+def test_vllms_v0_worker_asserts_its_own_block_count(tmp_path):
+    """vLLM's V0 Neuron worker keeps max_num_seqs + 1 blocks and asserts it (vllm/worker/neuron_worker.py)."""
+    argv = ("-m", "vllm.entrypoints.openai.api_server", "--model", "m", "--max-num-seqs", "4", "--num-gpu-blocks-override", "4")
+    done = run(tmp_path, V0, *argv)
+    assert done.returncode == 1 and "num_gpu_blocks == max_num_seqs + 1" in done.stderr, done.stderr

@@ -46,7 +46,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from neuron_collectives import CollectiveError, RootCommunicator, fatal, multi_node_config
-from standin_versions import VLLM_NEURON_PLUGIN, VLLM_V0, compiler_versions, installed, vllm_serving
+from standin_versions import VLLM_NEURON_NXDI, VLLM_NEURON_PLUGIN, VLLM_V0, compiler_versions, installed, vllm_serving
 
 ARTEFACT = "model.neff.json"
 
@@ -540,7 +540,8 @@ def checkpoint_dtype(model: str) -> str:
     """The model's dtype as vLLM's "auto" takes it: its config.json's torch_dtype (a Hub id's is
     not read here: the stand-in downloads nothing)."""
     config = Path(model) / "config.json"
-    dtype = json.loads(config.read_text()).get("torch_dtype") if config.is_file() else None
+    found = json.loads(config.read_text()) if config.is_file() else {}
+    dtype = found.get("dtype") or found.get("torch_dtype")  # transformers 4.56 and later write "dtype"
     # vLLM's "auto" keeps a half type and takes float32 down to the platform's first supported dtype, bfloat16
     # ("Downcast for float32 models", vllm/config/model.py, _resolve_auto_dtype, vLLM 0.11.0).
     return dtype if dtype in ("bfloat16", "float16") else "bfloat16"
@@ -564,14 +565,16 @@ def nxdi_neuron_config(args: argparse.Namespace, serving: str) -> dict:
         "tp_degree": args.tensor_parallel_size or 1, "ctx_batch_size": 1, "batch_size": seqs, "max_context_length": length,
         "seq_len": length, "enable_bucketing": True, "quantized": False, "padding_side": "right",
     }  # fmt: skip
+    # Both loaders pass vLLM's dtype and sample on the device (vLLM 0.9.2's V0 loader,
+    # vllm/model_executor/model_loader/neuronx_distributed.py, and vllm-neuron's).
+    config |= {"torch_dtype": checkpoint_dtype(args.model), "on_device_sampling_config": {"dynamic": True, "deterministic": False}}
     if serving == VLLM_V0:
         return {**config, "is_continuous_batching": True}
     prefix = args.enable_prefix_caching is not False
     block = (args.block_size or 16) if prefix else length
     blocks = args.num_gpu_blocks_override + 1 if args.num_gpu_blocks_override is not None else (length // block) * seqs
     return {
-        **config, "is_continuous_batching": seqs > 1, "torch_dtype": checkpoint_dtype(args.model),
-        "on_device_sampling_config": {"dynamic": True, "deterministic": False},
+        **config, "is_continuous_batching": seqs > 1,
         "pa_num_blocks": blocks, "pa_block_size": block, "is_block_kv_layout": prefix, "is_prefix_caching": prefix,
     }  # fmt: skip
 
@@ -602,6 +605,14 @@ def vllm_main(argv: list[str]) -> int:
         # model from S3, 'load_format' must be 'runai_streamer'"), which AWS's Neuron images do not carry.
         fail("vllm", f"cannot load {args.model}: To load a model from S3, 'load_format' must be 'runai_streamer', "
                      "and runai-model-streamer is not installed")  # fmt: skip
+    if serving == VLLM_NEURON_NXDI and args.enable_prefix_caching is not False and args.block_size is None:
+        # vLLM turns prefix caching on by default, and vllm-neuron's platform then asserts a block size
+        # (vllm_neuron/platform.py, check_and_update_config).
+        fail("vllm", "AssertionError: When prefix caching is enabled, block_size must be set")
+    if serving == VLLM_V0 and args.num_gpu_blocks_override is not None and args.num_gpu_blocks_override != (args.max_num_seqs or 256) + 1:
+        # vLLM's V0 Neuron worker keeps one block a sequence and one more, and asserts it
+        # (vllm/worker/neuron_worker.py, initialize_cache, 0.9.2 to 0.10.1.1).
+        fail("vllm", "AssertionError: num_gpu_blocks == max_num_seqs + 1 (--num-gpu-blocks-override on vLLM's V0 Neuron worker)")
     plugin = serving == VLLM_NEURON_PLUGIN
     if plugin:
         os.environ.pop("NEURON_COMPILED_ARTIFACTS", None)  # NxD Inference's, which the plugin never reads

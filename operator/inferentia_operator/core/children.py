@@ -26,7 +26,7 @@ from inferentia_operator.programs import (
 )
 from inferentia_operator.programs import source as program_source
 
-from . import api
+from . import api, neuron_images
 from .api import InferentiaModelSpec, Plan
 from .autoscaling import Prometheus, desired_replicas, scales_to_zero, target_in_flight
 from .autoscaling import scaled_object as autoscaling_object
@@ -199,7 +199,7 @@ def vllm_engine_args(model: Model) -> dict[str, Any]:
         args["max_model_len"] = max(b[-1] for b in model.plan.buckets)
     if model.spec.serving.batching:
         args["max_num_seqs"] = model.spec.serving.batching.max_batch_size
-    if vllm_nxd(model) and "max_model_len" in args and "max_num_seqs" in args:
+    if vllm_nxd(model):
         # vLLM on NxD Inference, as its guide's known issues ask: "Users are required to provide a
         # num_gpu_blocks_override arg, which should be at least ceil(max_model_len // block_size) *
         # max_num_seqs ... to avoid a potential OOB error"; without prefix caching vllm-neuron's
@@ -209,8 +209,15 @@ def vllm_engine_args(model: Model) -> dict[str, Any]:
         # layout would have to be compiled in, and the guide's known issues say it "generates
         # incorrect outputs" at batch size 1. The compile program builds the same NeuronConfig
         # from these arguments (nxdi_compile.py).
+        # Off whatever else is set: on, vllm-neuron's platform asserts "When prefix caching is
+        # enabled, block_size must be set". vLLM's V0 worker asserts num_gpu_blocks ==
+        # max_num_seqs + 1 (vllm/worker/neuron_worker.py, 0.9.2 to 0.10.1.1), so no override there.
         args["enable_prefix_caching"] = False
-        args["num_gpu_blocks_override"] = args["max_num_seqs"]
+        # Across nodes the worker is V0's whatever the image (rules/nodes.py, NODES_IMAGE).
+        image = neuron_images.lookup(model.spec.serving.image)
+        v0 = bool(model.plan.nodes) or (image is not None and image.vllm_serving == neuron_images.VLLM_V0)
+        if "max_num_seqs" in args and "max_model_len" in args and not v0:
+            args["num_gpu_blocks_override"] = args["max_num_seqs"]
     return args
 
 

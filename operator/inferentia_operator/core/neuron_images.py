@@ -95,201 +95,63 @@ class ImageVersions:
         return {name: version for name, version in found.items() if version}
 
 
-def _vllm(tag: str, sdk: str, serving: str, vllm: str, neuronx_cc: str, torch_neuronx: str | None, nxdi: str | None,
-          *, vllm_neuron: str | None = None, nki: str | None = None, lite: str | None = None,
-          families: tuple[str, ...] = ("inf2", "trn1", "trn2", "trn3")) -> ImageVersions:  # fmt: skip
-    return ImageVersions(
-        VLLM_REPOSITORY, tag, sdk, families, torch_neuronx=torch_neuronx, neuronx_cc=neuronx_cc, nki=nki,
-        libtorch_neuronx_lite=lite, vllm=vllm, vllm_serving=serving, vllm_neuron=vllm_neuron, nxd_inference=nxdi,
-    )  # fmt: skip
-
-
 _V0_FAMILIES = ("inf2", "trn1", "trn2")  # the 0.7.2 and 0.9.1 images' "trn1, trn2, inf2"
 _PLUGIN_FAMILIES = ("trn2", "trn3")  # the plugin's images list Trn2 and Trn3 only
+_ALL = ("inf2", "trn1", "trn2", "trn3")
+
+# pytorch-inference-vllm-neuronx: tag, Neuron release, what serves vLLM, vLLM, neuronx-cc,
+# torch-neuronx, NxD Inference, vllm-neuron, NKI, libtorch-neuronx-lite, families.
+_VLLM_TAGS = [
+    # AWS's V0 fork, aws-neuron/upstreaming-to-vllm (branches neuron-2.24-vllm-v0.7.2, 2.25.0, 2.26.x).
+    ("0.7.2-neuronx-py310-sdk2.24.0-ubuntu22.04", "2.24.0", VLLM_V0, "0.7.2", "2.19.8089.0", "2.7.0.2.8.6734", "0.4.7422", None, None, None, _V0_FAMILIES),
+    ("0.7.2-neuronx-py310-sdk2.24.1-ubuntu22.04", "2.24.1", VLLM_V0, "0.7.2", "2.19.8089.0", "2.7.0.2.8.6734", "0.4.7422", None, None, None, _V0_FAMILIES),
+    ("0.9.1-neuronx-py310-sdk2.25.0-ubuntu22.04", "2.25.0", VLLM_V0, "0.9.1", "2.20.9961.0", "2.7.0.2.9.9357", "0.5.9230", None, None, None, _V0_FAMILIES),
+    ("0.9.1-neuronx-py311-sdk2.26.0-ubuntu22.04", "2.26.0", VLLM_V0, "0.9.1", "2.21.18209.0", "2.8.0.2.10.13553", "0.6.10598", None, None, None, _V0_FAMILIES),
+    ("0.9.1-neuronx-py311-sdk2.26.1-ubuntu22.04", "2.26.1", VLLM_V0, "0.9.1", "2.21.33363.0", "2.8.0.2.10.16998", "0.6.10598", None, None, None, _V0_FAMILIES),
+    # vllm-neuron on NxD Inference, vLLM's V1 engine.
+    ("0.11.0-neuronx-py312-sdk2.27.0-ubuntu24.04", "2.27.0", VLLM_NEURON_NXDI, "0.11.0", "2.22.12471.0", "2.8.0.2.10.16998", "0.7.14366", "0.2.1", None, None, _ALL),
+    ("0.11.0-neuronx-py312-sdk2.27.1-ubuntu24.04", "2.27.1", VLLM_NEURON_NXDI, "0.11.0", "2.22.12471.0", "2.8.0.2.11.19912", "0.7.15063", "0.2.2", None, None, _ALL),
+    ("0.13.0-neuronx-py312-sdk2.27.1-ubuntu24.04", "2.27.1", VLLM_NEURON_NXDI, "0.13.0", "2.23.6484.0", "2.9.0.2.12.22436", "0.8.16251", "0.4.1", "0.2.0", None, _ALL),
+    ("0.13.0-neuronx-py312-sdk2.28.0-ubuntu24.04", "2.28.0", VLLM_NEURON_NXDI, "0.13.0", "2.23.6484.0", "2.9.0.2.12.22436", "0.8.16251", "0.4.1", "0.2.0", None, _ALL),
+    ("0.16.0-neuronx-py312-sdk2.29.0-ubuntu24.04", "2.29.0", VLLM_NEURON_NXDI, "0.16.0", "2.24.5133.0", "2.9.0.2.13.24727", "0.9.17334", "0.5.0", "0.3.0", None, _ALL),
+    ("0.16.0-neuronx-py312-sdk2.29.1-ubuntu24.04", "2.29.1", VLLM_NEURON_NXDI, "0.16.0", "2.24.8799.0", "2.9.0.2.13.26312", "0.9.17334", "0.5.0", "0.3.0", None, _ALL),
+    ("0.16.0-neuronx-py312-sdk2.30.0-ubuntu24.04", "2.30.0", VLLM_NEURON_NXDI, "0.16.0", "2.25.3371.0", "2.9.0.2.14.27725", "0.10.17970", "0.5.1", "0.4.0", None, _ALL),
+    ("0.16.0-neuronx-py312-sdk2.31.0-ubuntu24.04", "2.31.0", VLLM_NEURON_NXDI, "0.16.0", "2.26.6360.0", "2.9.0.2.15.32035", "0.10.18399", "0.5.3", "0.5.0", None, _ALL),
+    ("0.16.0-neuronx-py312-sdk2.31.1-ubuntu24.04", "2.31.1", VLLM_NEURON_NXDI, "0.16.0", "2.26.6360.0", "2.9.0.2.15.32035", "0.10.18399", "0.5.3", "0.5.0", None, _ALL),
+    # The vLLM Neuron plugin for Trn2 and Trn3: no torch-neuronx, no NxD Inference.
+    ("0.21.0.1.0.0-neuronx-py313-sdk2.31.0-ubuntu24.04", "2.31.0", VLLM_NEURON_PLUGIN, "0.21.0", "2.26.6360.0", None, None, "0.21.0.1.0.0", "0.5.0", "2.11.0.1.0.696", _PLUGIN_FAMILIES),
+    ("0.21.0.1.0.0-neuronx-py313-sdk2.31.1-ubuntu24.04", "2.31.1", VLLM_NEURON_PLUGIN, "0.21.0", "2.26.6360.0", None, None, "0.21.0.1.0.0", "0.5.0", "2.11.0.1.0.696", _PLUGIN_FAMILIES),
+    ("0.24.0.1.1.0-neuronx-py313-sdk2.32.0-ubuntu24.04", "2.32.0", VLLM_NEURON_PLUGIN, "0.24.0", "2.27.5334.0", None, None, "0.24.0.1.1.0", "0.6.0", "2.11.0.1.0.1284", _PLUGIN_FAMILIES),
+    # Neuron 2.33's plugin, 0.29.0.1.2.0 (the 2.33.0 release notes above). The tag is the one the
+    # trn2 sample names; the DLC repository's README (to 2.32.0) does not list it yet, so only the
+    # versions the release notes give are here, and newest() never recommends it.
+    ("0.29.0.1.2.0-neuronx-py314-sdk2.33.0-ubuntu26.04", "2.33.0", VLLM_NEURON_PLUGIN, "0.29.0", None, None, None, "0.29.0.1.2.0", None, None, _PLUGIN_FAMILIES),
+]  # fmt: skip
+# pytorch-inference-neuronx: tag, Neuron release, torch-neuronx, neuronx-cc, NxD Inference, NKI, families.
+_NEURONX_TAGS = [
+    ("1.13.1-neuronx-py310-sdk2.20.2-ubuntu20.04", "2.20.2", "1.13.1.1.16.0", "2.15.143.0", None, None, ("inf2", "trn1")),
+    ("2.1.2-neuronx-py310-sdk2.20.2-ubuntu20.04", "2.20.2", "2.1.2.2.3.2", "2.15.143.0", None, None, ("inf2", "trn1")),
+    ("2.5.1-neuronx-py310-sdk2.22.0-ubuntu22.04", "2.22.0", "2.5.1.2.6.0", "2.17.194.0", "0.2.0", None, ("inf2", "trn1", "trn2")),
+    ("2.8.0-neuronx-py311-sdk2.26.1-ubuntu22.04", "2.26.1", "2.8.0.2.10.16998", "2.21.33363.0", "0.6.10598", None, ("inf2", "trn1", "trn2")),
+    ("2.9.0-neuronx-py312-sdk2.31.1-ubuntu24.04", "2.31.1", "2.9.0.2.15.32035", "2.26.6360.0", "0.10.18399", "0.5.0", _ALL),
+]  # fmt: skip
+# pytorch-inference-neuron (inf1), frozen: AWS no longer supports torch-neuron; no check reads its versions.
+_NEURON_TAGS = ["1.13.1-neuron-py310-sdk2.18.2-ubuntu20.04", "1.13.1-neuron-py310-sdk2.20.2-ubuntu20.04"]
 
 
-def _neuronx(tag: str, sdk: str, torch_neuronx: str, neuronx_cc: str, nxdi: str | None = None, nki: str | None = None,
-             families: tuple[str, ...] = ("inf2", "trn1", "trn2", "trn3")) -> ImageVersions:  # fmt: skip
-    return ImageVersions(NEURONX_REPOSITORY, tag, sdk, families, torch_neuronx=torch_neuronx, neuronx_cc=neuronx_cc, nki=nki,
-                         nxd_inference=nxdi)  # fmt: skip
+def _catalogue() -> dict[str, ImageVersions]:
+    images = [
+        ImageVersions(VLLM_REPOSITORY, tag, sdk, families, torch_neuronx=torch_neuronx, neuronx_cc=cc, nki=nki,
+                      libtorch_neuronx_lite=lite, vllm=vllm, vllm_serving=serving, vllm_neuron=plugin, nxd_inference=nxdi)
+        for tag, sdk, serving, vllm, cc, torch_neuronx, nxdi, plugin, nki, lite, families in _VLLM_TAGS
+    ] + [
+        ImageVersions(NEURONX_REPOSITORY, tag, sdk, families, torch_neuronx=torch_neuronx, neuronx_cc=cc, nki=nki, nxd_inference=nxdi)
+        for tag, sdk, torch_neuronx, cc, nxdi, nki, families in _NEURONX_TAGS
+    ] + [ImageVersions(NEURON_REPOSITORY, tag, tag.split("-sdk")[1].split("-")[0], ("inf1",)) for tag in _NEURON_TAGS]  # fmt: skip
+    return {v.image: v for v in images}
 
 
-CATALOGUE: dict[str, ImageVersions] = {
-    v.image: v
-    for v in (
-        # torch-neuron (inf1), frozen: AWS no longer supports it; its versions matter to no check.
-        ImageVersions(NEURON_REPOSITORY, "1.13.1-neuron-py310-sdk2.18.2-ubuntu20.04", "2.18.2", ("inf1",)),
-        ImageVersions(NEURON_REPOSITORY, "1.13.1-neuron-py310-sdk2.20.2-ubuntu20.04", "2.20.2", ("inf1",)),
-        # torch-neuronx. torch_neuronx.trace's cpu_backend (tracing without a device) came with Neuron 2.21.
-        _neuronx("2.1.2-neuronx-py310-sdk2.20.2-ubuntu20.04", "2.20.2", "2.1.2.2.3.2", "2.15.143.0", families=("inf2", "trn1")),
-        _neuronx(
-            "2.5.1-neuronx-py310-sdk2.22.0-ubuntu22.04", "2.22.0", "2.5.1.2.6.0", "2.17.194.0", "0.2.0", families=("inf2", "trn1", "trn2")
-        ),  # fmt: skip
-        _neuronx(
-            "2.8.0-neuronx-py311-sdk2.26.1-ubuntu22.04",
-            "2.26.1",
-            "2.8.0.2.10.16998",
-            "2.21.33363.0",
-            "0.6.10598",
-            families=("inf2", "trn1", "trn2"),
-        ),  # fmt: skip
-        _neuronx("2.9.0-neuronx-py312-sdk2.31.1-ubuntu24.04", "2.31.1", "2.9.0.2.15.32035", "2.26.6360.0", "0.10.18399", "0.5.0"),
-        # AWS's V0 fork, upstreaming-to-vllm (branches neuron-2.24-vllm-v0.7.2 and 2.25/2.26).
-        _vllm(
-            "0.7.2-neuronx-py310-sdk2.24.0-ubuntu22.04",
-            "2.24.0",
-            VLLM_V0,
-            "0.7.2",
-            "2.19.8089.0",
-            "2.7.0.2.8.6734",
-            "0.4.7422",
-            families=_V0_FAMILIES,
-        ),  # fmt: skip
-        _vllm(
-            "0.7.2-neuronx-py310-sdk2.24.1-ubuntu22.04",
-            "2.24.1",
-            VLLM_V0,
-            "0.7.2",
-            "2.19.8089.0",
-            "2.7.0.2.8.6734",
-            "0.4.7422",
-            families=_V0_FAMILIES,
-        ),  # fmt: skip
-        _vllm(
-            "0.9.1-neuronx-py310-sdk2.25.0-ubuntu22.04",
-            "2.25.0",
-            VLLM_V0,
-            "0.9.1",
-            "2.20.9961.0",
-            "2.7.0.2.9.9357",
-            "0.5.9230",
-            families=_V0_FAMILIES,
-        ),  # fmt: skip
-        _vllm(
-            "0.9.1-neuronx-py311-sdk2.26.0-ubuntu22.04",
-            "2.26.0",
-            VLLM_V0,
-            "0.9.1",
-            "2.21.18209.0",
-            "2.8.0.2.10.13553",
-            "0.6.10598",
-            families=_V0_FAMILIES,
-        ),  # fmt: skip
-        _vllm(
-            "0.9.1-neuronx-py311-sdk2.26.1-ubuntu22.04",
-            "2.26.1",
-            VLLM_V0,
-            "0.9.1",
-            "2.21.33363.0",
-            "2.8.0.2.10.16998",
-            "0.6.10598",
-            families=_V0_FAMILIES,
-        ),  # fmt: skip
-        # vllm-neuron on NxD Inference, vLLM's V1 engine.
-        _vllm(
-            "0.11.0-neuronx-py312-sdk2.27.0-ubuntu24.04",
-            "2.27.0",
-            VLLM_NEURON_NXDI,
-            "0.11.0",
-            "2.22.12471.0",
-            "2.8.0.2.10.16998",
-            "0.7.14366",
-            vllm_neuron="0.2.1",
-        ),  # fmt: skip
-        _vllm(
-            "0.11.0-neuronx-py312-sdk2.27.1-ubuntu24.04",
-            "2.27.1",
-            VLLM_NEURON_NXDI,
-            "0.11.0",
-            "2.22.12471.0",
-            "2.8.0.2.11.19912",
-            "0.7.15063",
-            vllm_neuron="0.2.2",
-        ),  # fmt: skip
-        _vllm(
-            "0.13.0-neuronx-py312-sdk2.28.0-ubuntu24.04",
-            "2.28.0",
-            VLLM_NEURON_NXDI,
-            "0.13.0",
-            "2.23.6484.0",
-            "2.9.0.2.12.22436",
-            "0.8.16251",
-            vllm_neuron="0.4.1",
-            nki="0.2.0",
-        ),  # fmt: skip
-        _vllm(
-            "0.16.0-neuronx-py312-sdk2.29.0-ubuntu24.04",
-            "2.29.0",
-            VLLM_NEURON_NXDI,
-            "0.16.0",
-            "2.24.5133.0",
-            "2.9.0.2.13.24727",
-            "0.9.17334",
-            vllm_neuron="0.5.0",
-            nki="0.3.0",
-        ),  # fmt: skip
-        _vllm(
-            "0.16.0-neuronx-py312-sdk2.30.0-ubuntu24.04",
-            "2.30.0",
-            VLLM_NEURON_NXDI,
-            "0.16.0",
-            "2.25.3371.0",
-            "2.9.0.2.14.27725",
-            "0.10.17970",
-            vllm_neuron="0.5.1",
-            nki="0.4.0",
-        ),  # fmt: skip
-        _vllm(
-            "0.16.0-neuronx-py312-sdk2.31.0-ubuntu24.04",
-            "2.31.0",
-            VLLM_NEURON_NXDI,
-            "0.16.0",
-            "2.26.6360.0",
-            "2.9.0.2.15.32035",
-            "0.10.18399",
-            vllm_neuron="0.5.3",
-            nki="0.5.0",
-        ),  # fmt: skip
-        # The vLLM Neuron plugin for Trn2 and Trn3: no torch-neuronx, no NxD Inference.
-        _vllm(
-            "0.21.0.1.0.0-neuronx-py313-sdk2.31.0-ubuntu24.04",
-            "2.31.0",
-            VLLM_NEURON_PLUGIN,
-            "0.21.0",
-            "2.26.6360.0",
-            None,
-            None,
-            vllm_neuron="0.21.0.1.0.0",
-            nki="0.5.0",
-            lite="2.11.0.1.0.696",
-            families=_PLUGIN_FAMILIES,
-        ),  # fmt: skip
-        _vllm(
-            "0.24.0.1.1.0-neuronx-py313-sdk2.32.0-ubuntu24.04",
-            "2.32.0",
-            VLLM_NEURON_PLUGIN,
-            "0.24.0",
-            "2.27.5334.0",
-            None,
-            None,
-            vllm_neuron="0.24.0.1.1.0",
-            nki="0.6.0",
-            lite="2.11.0.1.0.1284",
-            families=_PLUGIN_FAMILIES,
-        ),  # fmt: skip
-        # Neuron 2.33's plugin, 0.29.0.1.2.0 (the 2.33.0 release notes above); the compiler
-        # versions of this image are not in the sources above, so they are left unknown.
-        ImageVersions(
-            VLLM_REPOSITORY,
-            "0.29.0.1.2.0-neuronx-py314-sdk2.33.0-ubuntu26.04",
-            "2.33.0",
-            _PLUGIN_FAMILIES,
-            vllm="0.29.0",
-            vllm_serving=VLLM_NEURON_PLUGIN,
-            vllm_neuron="0.29.0.1.2.0",
-        ),  # fmt: skip
-    )
-}
+CATALOGUE: dict[str, ImageVersions] = _catalogue()
 
 
 # Neuron's first release whose torch_neuronx.trace takes cpu_backend (its release notes: the trace
@@ -313,8 +175,9 @@ def is_aws_neuron_image(image: str | None) -> bool:
 
 
 def newest(serving: str) -> str:
-    """The catalogued vLLM image of the newest Neuron release whose vLLM is served by ``serving``."""
-    found = [v for v in CATALOGUE.values() if v.vllm_serving == serving]
+    """The catalogued vLLM image of the newest Neuron release whose vLLM is served by ``serving``,
+    among those whose compiler versions the sources give."""
+    found = [v for v in CATALOGUE.values() if v.vllm_serving == serving and v.neuronx_cc]
     return max(found, key=lambda v: tuple(int(x) for x in v.sdk.split("."))).image
 
 

@@ -13,8 +13,8 @@ one artefact per input-shape bucket, and saves each with ``torch.jit.save``:
   option to set the --target flag" (the page above), which the plan's arguments carry; the
   operator also sets ``NEURON_PLATFORM_TARGET_OVERRIDE`` in the Job, before anything is imported,
   as optimum-neuron does to compile on a CPU instance (huggingface/optimum-neuron PR #961).
-  ``cpu_backend`` came with Neuron 2.21: an image with an older torch-neuronx is refused with the
-  reason.
+  ``cpu_backend`` came with Neuron 2.21: an image with an older torch-neuronx for torch 2.x is
+  refused with the reason; torch-neuronx for torch 1.13 traces without a device as it is.
 
 Both return a ScriptModule that ``torch.jit.save`` writes and ``torch.jit.load`` reads back once
 the framework is imported. The example inputs are zeros of shape ``[compile.batchSize, *bucket]``
@@ -161,7 +161,11 @@ def trace(framework: Any, family: str, model: Any, example: Any, plan: dict[str,
         # neuron-cc compiles on any machine ("Compilation can be done on any EC2 machine").
         return framework.trace(model, example, compiler_args=args, dynamic_batch_size=bool(plan.get("dynamicBatchSize")))
     if "cpu_backend" not in inspect.signature(framework.trace).parameters:
-        version = getattr(framework, "__version__", "unknown")
+        version = str(getattr(framework, "__version__", "unknown"))
+        if version.startswith("1."):
+            # "By default, torch_neuronx.trace() supports compilation on non-Neuron devices for
+            # torch 1.13. However, a Neuron device is currently required for torch 2.x" (AWS, aws-neuron-sdk#910).
+            return framework.trace(model, example, compiler_args=args)
         raise CompileError(
             f"torch-neuronx {version} in this image cannot trace without a Neuron device (its trace has no cpu_backend, "
             "which came with Neuron 2.21), and the compile Job runs on a node without one; use an image of Neuron 2.21 "

@@ -106,7 +106,8 @@ def checkpoint(args: dict[str, Any]) -> Path:
 def checkpoint_dtype(source: Path) -> str:
     """vLLM's dtype "auto": the checkpoint's own half type, float32 taken down to the platform's first supported
     dtype, bfloat16 ("Downcast for float32 models", vllm/config/model.py, _resolve_auto_dtype, vLLM 0.11.0)."""
-    dtype = json.loads((source / "config.json").read_text()).get("torch_dtype")
+    config = json.loads((source / "config.json").read_text())
+    dtype = config.get("dtype") or config.get("torch_dtype")  # transformers 4.56 and later write "dtype"
     return dtype if dtype in ("bfloat16", "float16") else "bfloat16"
 
 
@@ -117,6 +118,14 @@ def neuron_config(args: dict[str, Any], loader: str, dtype: str) -> dict[str, An
         "tp_degree": int(args["tensor_parallel_size"]), "ctx_batch_size": 1, "batch_size": seqs, "max_context_length": length,
         "seq_len": length, "enable_bucketing": True, "quantized": False, "padding_side": "right", "save_sharded_checkpoint": True,
     }  # fmt: skip
+    from neuronx_distributed_inference.models.config import OnDeviceSamplingConfig
+
+    # Both loaders sample on the device and pass vLLM's dtype: vLLM 0.9.2's V0 loader
+    # (vllm/model_executor/model_loader/neuronx_distributed.py, _get_default_neuron_config) and
+    # AWS's fork of it set torch_dtype and OnDeviceSamplingConfig(dynamic=True, deterministic=False)
+    # as vllm-neuron does; without them NxD Inference would take the checkpoint's dtype, and AWS's
+    # fork samples only on the device.
+    config |= {"torch_dtype": dtype, "on_device_sampling_config": OnDeviceSamplingConfig(dynamic=True, deterministic=False)}
     if loader == V0:
         return {**config, "is_continuous_batching": True}
     # vllm-neuron's platform: without prefix caching, block_size = max_model_len ("Neuron requires
@@ -125,11 +134,8 @@ def neuron_config(args: dict[str, Any], loader: str, dtype: str) -> dict[str, An
     prefix = args.get("enable_prefix_caching") is not False
     block = int(args.get("block_size") or 16) if prefix else length
     override = args.get("num_gpu_blocks_override")
-    from neuronx_distributed_inference.models.config import OnDeviceSamplingConfig
-
     return {
-        **config, "is_continuous_batching": seqs > 1, "torch_dtype": dtype,
-        "on_device_sampling_config": OnDeviceSamplingConfig(dynamic=True, deterministic=False),
+        **config, "is_continuous_batching": seqs > 1,
         "pa_num_blocks": int(override) + 1 if override is not None else (length // block) * seqs, "pa_block_size": block,
         "is_block_kv_layout": prefix, "is_prefix_caching": prefix,
     }  # fmt: skip

@@ -12,7 +12,9 @@ Where it traces, as the real one does:
   raises the message that PR quotes. ``cpu_backend`` came with Neuron 2.21 (its release notes:
   the trace API page "updated ... with support for CPU compilation"): a torch-neuronx of an
   earlier release (its Neuron part below 2.4.0, e.g. 2.1.2.2.3.2 of Neuron 2.20) has no such
-  keyword, and passing it is a TypeError.
+  keyword, and passing it is a TypeError. torch-neuronx for torch 1.13 traces on any machine: "By
+  default, torch_neuronx.trace() supports compilation on non-Neuron devices for torch 1.13"
+  (aws-neuron/aws-neuron-sdk#910).
 
 The installed version is the image's (``importlib.metadata``), as the real package's is; an
 image that carries no metadata for it counts as the newest.
@@ -55,6 +57,12 @@ def _has_cpu_backend(version: str) -> bool:
     return len(parts) < 6 or tuple(parts[3:6]) >= (2, 4, 0)
 
 
+def _traces_anywhere(version: str) -> bool:
+    """torch-neuronx for torch 1.13 (1.13.1.1.16.0 of Neuron 2.20): no device needed."""
+    parts = re.findall(r"\d+", version.split("+")[0])
+    return len(parts) >= 6 and int(parts[0]) < 2
+
+
 def _device_present() -> bool:
     # NEURON_STANDIN_DEV_DIR: where the tests outside a pod keep stand-in device files.
     return bool(glob.glob(f"{os.environ.get('NEURON_STANDIN_DEV_DIR', '/dev')}/neuron[0-9]*"))
@@ -74,7 +82,7 @@ def _trace(func: Any, example_inputs: Any, compiler_args: str | list[str] | None
     if cpu_backend:
         if not (_target(compiler_args) or _TARGET_AT_IMPORT):
             raise RuntimeError(NO_TARGET)
-    elif not _device_present():
+    elif not _device_present() and not _traces_anywhere(__version__):
         raise RuntimeError(NO_DEVICE)
     return neuron_torch_standin.trace("neuronx-cc", _OP, func, example_inputs, compiler_args)
 

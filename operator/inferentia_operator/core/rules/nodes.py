@@ -101,7 +101,7 @@ NODES_IMAGE = CrossFieldRule(
     "vllm-neuron's worker starts a world of one), which vLLM's multi-node serving on Neuron needs; valid values with "
     f"nodes above 1: {', '.join(_V0_IMAGES)}",
     f"!({_MULTI}) || !has(self.serving.image) || !self.serving.image.startsWith({json.dumps(_VLLM_REPO)}) || "
-    f"self.serving.image in {literal(_V0_IMAGES)}",
+    f"self.serving.image.contains('@') || self.serving.image in {literal(_V0_IMAGES)}",
     ("self.serving.image",),
 )
 
@@ -157,7 +157,8 @@ def _check_nodes(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     if spec.autoscaling is not None and spec.autoscaling.min_replicas == 0:
         found.append(NODES_ZERO.finding())
     image = spec.serving.image
-    if image and image.startswith(_VLLM_REPO) and image not in _V0_IMAGES:
+    # A digest names no tag the catalogue knows: the image is the user's to know.
+    if image and image.startswith(_VLLM_REPO) and "@" not in image and image not in _V0_IMAGES:
         found.append(NODES_IMAGE.finding(image))
     return found
 

@@ -29,23 +29,59 @@ VLLM_FAMILY = CrossFieldRule(
 )
 
 
+# What changes the model vLLM on NxD Inference builds (the NeuronConfig of vllm-neuron's loader,
+# nxdi_compile.py): its flags, and the variable that turns chunked prefill on
+# (DISABLE_NEURON_CUSTOM_SCHEDULER, the vLLM user guide for NxD Inference, known issues).
+NXDI_SHAPE_FLAGS = (
+    "--tensor-parallel-size", "-tp", "--max-model-len", "--max-num-seqs", "--dtype", "--block-size", "--enable-prefix-caching",
+    "--num-gpu-blocks-override", "--enable-chunked-prefill", "--max-num-batched-tokens", "--additional-config",
+    "--override-neuron-config", "--speculative-config",
+)  # fmt: skip
+NXDI_SHAPE_ENV = ("DISABLE_NEURON_CUSTOM_SCHEDULER", "NEURON_ON_DEVICE_SAMPLING_DISABLED")
+
+
+def _check_compiled_shape(spec: InferentiaModelSpec) -> list[Finding]:
+    """A compiled NxD Inference model is loaded as it is ("any differing model configurations passed
+    in to the vllm API will not trigger re-compilation"): serving.args or serving.env that change
+    what the loader builds serve a model compiled for another engine."""
+    given = [a.split("=", 1)[0] for a in spec.serving.args or [] if a.startswith("-")]
+    flags = sorted(
+        {a for a in given if a in NXDI_SHAPE_FLAGS or a.removeprefix("--no-") in {f.removeprefix("--") for f in NXDI_SHAPE_FLAGS}}
+    )
+    env = sorted({e.name for e in spec.serving.env or [] if e.name in NXDI_SHAPE_ENV})
+    if not flags and not env:
+        return []
+    what = ", ".join([*flags, *env])
+    return [
+        Finding(
+            "spec.serving.args" if flags else "spec.serving.env",
+            f"{what} change the model vLLM on NxD Inference builds, and the compile Job compiles the model the spec plans "
+            "(compile.buckets, serving.batching, the group's cores), which vLLM then loads as it is; set the shape in the "
+            "spec, or leave compile.image unset to compile at start",
+            "warning",
+        )
+    ]
+
+
 def _check_runtime(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     if spec.serving.runtime == "vllm" and not fam.neuronx:
         return [VLLM_FAMILY.finding(fam.name, fam.name)]
-    if spec.serving.runtime == "vllm" and fam.vllm == "nxd-inference" and spec.compile.image is not None:
-        if not spec.compile.buckets or not spec.serving.batching:
-            # The operator's NxD Inference program compiles vLLM's model for the server's engine
-            # arguments; vLLM's own defaults for these two are its release's, not the operator's.
-            return [
-                Finding(
-                    "spec.compile.buckets",
-                    f"vLLM on NxD Inference ({fam.name}) is compiled ahead for one sequence length and number of sequences, "
-                    "and the spec leaves compile.buckets (the largest is --max-model-len) or "
-                    "serving.batching.maxBatchSize (--max-num-seqs) unset, so the compile Job fails; set both",
-                    "warning",
-                )
-            ]
-    return []
+    if spec.serving.runtime != "vllm" or fam.vllm != "nxd-inference" or spec.compile.image is None:
+        return []
+    found = _check_compiled_shape(spec)
+    if not spec.compile.buckets or not spec.serving.batching:
+        # The operator's NxD Inference program compiles vLLM's model for the server's engine
+        # arguments; vLLM's own defaults for these two are its release's, not the operator's.
+        found.append(
+            Finding(
+                "spec.compile.buckets",
+                f"vLLM on NxD Inference ({fam.name}) is compiled ahead for one sequence length and number of sequences, "
+                "and the spec leaves compile.buckets (the largest is --max-model-len) or "
+                "serving.batching.maxBatchSize (--max-num-seqs) unset, so the compile Job fails; set both",
+                "warning",
+            )
+        )
+    return found
 
 
 # A compile step traces the model with the operator's compile program, which uses the PyTorch

@@ -28,8 +28,9 @@ class NeuronConfig:
         self.ctx_batch_size = int(kwargs.pop("ctx_batch_size", self.batch_size))
         self.seq_len = int(kwargs.pop("seq_len", 128))
         self.max_context_length = int(kwargs.pop("max_context_length", self.seq_len))
-        self.torch_dtype = kwargs.pop("torch_dtype", "bfloat16")
+        # Given, torch_dtype wins over the checkpoint's (load_pretrained_config reads this flag).
         self.overrides_torch_dtype = "torch_dtype" in kwargs or kwargs.pop("overrides_torch_dtype", False)
+        self.torch_dtype = kwargs.pop("torch_dtype", "bfloat16")
         self.enable_bucketing = bool(kwargs.pop("enable_bucketing", False))
         self.is_continuous_batching = bool(kwargs.pop("is_continuous_batching", False))
         self.padding_side = kwargs.pop("padding_side", "right")
