@@ -208,7 +208,9 @@ def _check_images(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     found = []
     compile_image, serving_image = spec.compile.image, spec.serving.image
     sdk = neuron_images.sdk_of(compile_image)
-    if spec.compiles_with_program and fam.neuronx and sdk is not None and sdk < neuron_images.CPU_BACKEND_SDK:
+    # torch-neuronx for torch 1.13 (the tag's first part) traces on any machine (aws-neuron-sdk#910).
+    torch_2 = not str(compile_image).rpartition(":")[2].startswith("1.")
+    if spec.compiles_with_program and fam.neuronx and torch_2 and sdk is not None and sdk < neuron_images.CPU_BACKEND_SDK:
         found.append(
             Finding(
                 "spec.compile.image",
