@@ -666,3 +666,21 @@ def test_serving_flags_that_change_a_compiled_nxd_inference_model_are_warned_of(
     env = [{"name": "DISABLE_NEURON_CUSTOM_SCHEDULER", "value": "1"}]
     [line] = [f for f in findings_of(make_spec(**{**base, "serving.env": env})) if "serving" in f]
     assert line.startswith("warning: spec.serving.env: DISABLE_NEURON_CUSTOM_SCHEDULER change the model")
+
+
+@pytest.mark.parametrize(
+    ("family", "inf", "itype"),
+    [("trn2", 1, "trn2.3xlarge"), ("trn2", 16, "trn2u.48xlarge"), ("trn2", 4, "trn2.48xlarge"), ("trn3", 4, "trn3e.24xlarge")],
+)
+def test_every_instance_type_aws_documents_is_accepted(family, inf, itype):
+    """trn2.3xlarge, the UltraServer's trn2u.48xlarge and trn3's Gen2 server trn3e.24xlarge were refused as unknown."""
+    spec = make_spec(**{"compute.family": family, "compute.inf": inf, "compute.instanceTypes": [itype]})
+    assert error_lines(spec) == []
+
+
+def test_an_instance_type_too_small_for_the_request_is_refused_by_its_chips():
+    lines = error_lines(make_spec(**{"compute.family": "trn2", "compute.inf": 4, "compute.instanceTypes": ["trn2.3xlarge"]}))
+    assert lines == [
+        "spec.compute.instanceTypes: none of the listed instance types has 4 chips; trn2 types with at least 4 chips: "
+        "trn2.48xlarge, trn2u.48xlarge"
+    ]

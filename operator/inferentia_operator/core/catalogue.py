@@ -10,8 +10,12 @@ Sources (public AWS Neuron documentation):
   768 vCPUs and 8,192 GiB of host memory in all, so 192 vCPUs and 2,048 GiB a server; the
   Neuron driver's platform table names that server trn3.48xlarge
   (https://github.com/aws-neuron/aws-neuron-driver/blob/master/v4/neuron_dhal_v4.c). A Gen2
-  UltraServer's servers hold 4 chips each, and AWS publishes no instance type name for them;
-  list such a type in spec.compute.instanceTypes once it does, after adding it here;
+  UltraServer is 36 servers of 4 chips with 2,304 vCPUs and 27,648 GiB in all, so 64 vCPUs and
+  768 GiB a server, which the same table and AWS's Neuron Helm chart (aws-neuron/neuron-helm-charts,
+  values.yaml) name trn3e.24xlarge;
+- trn2.3xlarge's host (12 vCPUs, 128 GiB) is EC2's DescribeInstanceTypes as another project
+  quotes it, not an AWS page: the Trn2 architecture page lists trn2.48xlarge and trn2u.48xlarge
+  only; EKS's VPC CNI gives it 30 pods (aws/amazon-vpc-cni-k8s, misc/eni-max-pods.txt);
 - compilers: ``neuron-cc`` is the Inf1 compiler
   (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/compiler/neuron-cc/command-line-reference.html),
   ``neuronx-cc`` the compiler of Inf2, Trn1, Trn2 and Trn3
@@ -175,7 +179,12 @@ FAMILIES: dict[str, Family] = {
             memory_per_chip_bytes=96 * GIB,
             vllm="vllm-neuron-plugin",
             dra_groups=DRA_TRAINIUM_GROUPS,
-            instance_chips={"trn2.48xlarge": 16},
+            # trn2.3xlarge (one chip) and the UltraServer's trn2u.48xlarge (16, as trn2.48xlarge): the
+            # Trn2 architecture page (trn2u.48xlarge beside trn2.48xlarge in its instance table) and
+            # AWS's Neuron Helm chart, whose device plugin and DRA driver name trn2.3xlarge,
+            # trn2.48xlarge and trn2u.48xlarge (aws-neuron/neuron-helm-charts, values.yaml). The
+            # first listed of the largest is the one messages name.
+            instance_chips={"trn2.3xlarge": 1, "trn2.48xlarge": 16, "trn2u.48xlarge": 16},
             compiler="neuronx-cc",
             lnc_values=(2, 1),  # LNC=2 is Trainium2's default
         ),
@@ -185,7 +194,9 @@ FAMILIES: dict[str, Family] = {
             memory_per_chip_bytes=144 * GIB,
             vllm="vllm-neuron-plugin",
             dra_groups=DRA_TRAINIUM_GROUPS,
-            instance_chips={"trn3.48xlarge": 16},
+            # trn3e.24xlarge: a Gen2 UltraServer's server of 4 chips, as the Neuron driver's platform
+            # table and AWS's Neuron Helm chart name it (the module's docstring).
+            instance_chips={"trn3e.24xlarge": 4, "trn3.48xlarge": 16},
             compiler="neuronx-cc",
             lnc_values=(2, 1),  # as on Trainium2 (the Trainium3 architecture page)
         ),
@@ -282,9 +293,12 @@ HOSTS: dict[str, Host] = {
     "trn1.32xlarge": Host(128, 512, 247),
     "trn1n.32xlarge": Host(128, 512, 247),
     "trn2.48xlarge": Host(192, 2048, 737),
+    "trn2u.48xlarge": Host(192, 2048, 737),  # the same server in an UltraServer (the Trn2 architecture page)
+    "trn2.3xlarge": Host(12, 128, 30),
     # The Gen1 UltraServer's server (see the module's docstring). EKS publishes no max pods
     # for trn3 yet: trn2.48xlarge's 737, the largest, reserves the most memory.
     "trn3.48xlarge": Host(192, 2048, 737),
+    "trn3e.24xlarge": Host(64, 768, 737),  # a Gen2 UltraServer's server, as trn3.48xlarge's max pods
 }
 
 
