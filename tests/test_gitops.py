@@ -7,6 +7,7 @@ import yaml
 from lupa import lua51
 
 from inferentia_operator.core.api import PENDING_STATUS
+from inferentia_operator.core.status import STALLED_REASONS
 
 ROOT = Path(__file__).resolve().parent.parent
 GITOPS = ROOT / "manifests" / "gitops"
@@ -29,12 +30,16 @@ def health(obj: dict) -> tuple[str, str]:
 
 
 def model(generation=2, observed=2, ready=None):
+    """A model's status with its Ready condition, and Stalled as the operator sets it (status.STALLED_REASONS)."""
     status = {"observedGeneration": observed}
     if ready:
+        stalled = ready[1] in STALLED_REASONS
         status["conditions"] = [
             {"type": "Validated", "status": "True", "reason": "Valid", "message": ""},
             {"type": "Ready", "status": ready[0], "reason": ready[1], "message": ready[2]},
-        ]
+            {"type": "Stalled", "status": "True" if stalled else "False", "reason": ready[1] if stalled else "NotStalled",
+             "message": ready[2] if stalled else ""},
+        ]  # fmt: skip
     return {"metadata": {"name": "m", "generation": generation}, "status": status}
 
 
@@ -57,6 +62,12 @@ def model(generation=2, observed=2, ready=None):
 )
 def test_argocd_health(obj, expected):
     assert health(obj) == expected
+
+
+@pytest.mark.parametrize("reason", sorted(STALLED_REASONS))
+def test_argocd_marks_degraded_every_failure_kstatus_calls_stalled(reason):
+    """One source of truth: FailedCreate, NameConflict and CompileJobUnverified stayed Progressing for ever."""
+    assert health(model(ready=("False", reason, f"{reason}: someone must act"))) == ("Degraded", f"{reason}: someone must act")
 
 
 def test_the_argocd_cm_patch_carries_the_same_script():

@@ -1,8 +1,9 @@
 -- Argo CD health check for inferentia.dev/InferentiaModel.
--- Healthy: Ready=True for the current generation. Degraded: the spec is invalid, the
--- compile failed or the rollout passed its progress deadline (someone must act).
--- Progressing: everything else, including waiting for Neuron capacity, which a cluster
--- autoscaler may still bring.
+-- Healthy: Ready=True for the current generation. Degraded: Stalled=True, the operator's
+-- word that retrying cannot help and someone must act (an invalid spec, a failed compile, a
+-- child it cannot create or does not own, a rollout past its deadline): the same condition
+-- Flux's kstatus reads, so both agree. Progressing: everything else, including waiting for
+-- Neuron capacity, which a cluster autoscaler may still bring.
 local hs = {status = "Progressing", message = "Waiting for the operator to report status"}
 if obj.status == nil then
   return hs
@@ -12,15 +13,21 @@ if obj.metadata.generation ~= nil and obj.status.observedGeneration ~= obj.metad
   return hs
 end
 if obj.status.conditions ~= nil then
+  local ready = nil
   for _, condition in ipairs(obj.status.conditions) do
-    if condition.type == "Ready" then
+    if condition.type == "Stalled" and condition.status == "True" then
+      hs.status = "Degraded"
       hs.message = condition.message or ""
-      if condition.status == "True" then
-        hs.status = "Healthy"
-      elseif condition.reason == "InvalidSpec" or condition.reason == "CompileFailed" or condition.reason == "ProgressDeadlineExceeded" then
-        hs.status = "Degraded"
-      end
       return hs
+    end
+    if condition.type == "Ready" then
+      ready = condition
+    end
+  end
+  if ready ~= nil then
+    hs.message = ready.message or ""
+    if ready.status == "True" then
+      hs.status = "Healthy"
     end
   end
 end
