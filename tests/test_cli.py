@@ -503,3 +503,18 @@ def test_plan_shows_a_replica_across_nodes(tmp_path):
     header, row = out.splitlines()[:2]
     cells = dict(zip(header.split(), row.split(), strict=True))
     assert (cells["CHIPS"], cells["NODES"], cells["CORES"], cells["DPxTP"]) == ("16", "2", "32", "1x64")
+
+
+def test_plan_prints_the_wait_timeout_a_model_sizes_for_itself():
+    """kubectl wait's --timeout, as the README and the chart's NOTES use it: the compile Job's
+    deadline (compile.timeoutSeconds) and the serving pods' start-up budget, the longest of the models."""
+    import json as json_
+
+    code, out, _ = run_cli("plan", "-o", "wait-timeout", "manifests/samples/llama-inf2-vllm.yaml")
+    _, planned, _ = run_cli("plan", "-o", "json", "manifests/samples/llama-inf2-vllm.yaml")
+    [record] = json_.loads(planned)
+    assert code == 0 and out == f"{6 * 3600 + record['sizes']['startupSeconds']}s\n"
+    code, both, _ = run_cli("plan", "-o", "wait-timeout", "manifests/samples/llama-inf2-vllm.yaml", "manifests/samples/gpt2-inf2.yaml")
+    assert code == 0 and both == out  # the longer of the two
+    flux = (ROOT / "manifests" / "gitops" / "flux-helmrelease.yaml").read_text()
+    assert f"timeout: {out.strip()}" in flux  # the example shows what the command prints for the sample

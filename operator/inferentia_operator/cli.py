@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from .batching.limits import DEFAULT_LIMITS, MIB, Limits
+from .core.api import InferentiaModelSpec, Plan
 from .core.autoscaling import Prometheus, target_in_flight
 from .core.catalogue import FAMILIES, GIB
 from .core.children import plan_document
@@ -140,9 +141,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(records, indent=2))
     elif args.output == "yaml":
         print(yaml.safe_dump(records, sort_keys=False), end="")
+    elif args.output == "wait-timeout":
+        # The longest of the models, for one `kubectl wait` over all of them.
+        waits = [ready_within_seconds(doc.model.spec, doc.model.plan) for doc in loaded.models if doc.valid]
+        if waits:
+            print(f"{max(waits)}s")
     elif records:
         print(_table(records))
     return _exit_code(loaded)
+
+
+def ready_within_seconds(spec: InferentiaModelSpec, plan: Plan) -> int:
+    """How long a model may take to become Ready by its own budgets: the compile Job's deadline
+    (compile.timeoutSeconds) when it compiles ahead, then a serving pod's start-up budget
+    (status.plan.sizes.startupSeconds), which includes a compile at start."""
+    return (spec.compile.timeout_seconds if spec.compile.image else 0) + plan.sizes.startup_seconds
 
 
 # render has no cluster to ask for the model's uid; the owner references carry this one.
@@ -357,7 +370,11 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="print the NeuronCore plan of each InferentiaModel")
     p.add_argument("paths", nargs="*", metavar="PATH")
     _allocation_argument(p)
-    p.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    p.add_argument(
+        "-o", "--output", choices=["table", "json", "yaml", "wait-timeout"], default="table",
+        help="wait-timeout: how long the models may take to become Ready by their own budgets (the longest), as kubectl "
+        "wait's --timeout takes it",
+    )  # fmt: skip
     p.set_defaults(func=cmd_plan)
 
     r = sub.add_parser(
