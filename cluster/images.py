@@ -189,19 +189,27 @@ def distributions_layer(distributions: dict[str, str]) -> bytes:
 
 
 def standin_image(image: str) -> str:
-    """The local stand-in of AWS's ``image``: ``neuron-torch-standin:<short>-<tag>``, where
-    ``<short>`` is its repository's name without ``pytorch-inference-``."""
+    """The local stand-in of AWS's ``image``: ``<base>:<short>-<tag>``, where ``<short>`` is its
+    repository's name without ``pytorch-inference-``. AWS's vLLM images stand on the light
+    ``neuron-standin`` (vLLM, NxD Inference and the compilers' stand-ins need no torch), which
+    every real node holds, the second one too; the framework images on ``neuron-torch-standin``."""
     versions = neuron_images.lookup(image)
     if versions is None:
         raise ValueError(f"{image} is not in inferentia_operator.core.neuron_images.CATALOGUE: no stand-in image carries its versions")
     tag = f"{versions.repository.removeprefix('pytorch-inference-')}-{versions.tag}"
     assert TAG.fullmatch(tag), f"{tag!r} (for {image}) is no valid image tag"
-    return f"{TORCH_STANDIN_IMAGE.rpartition(':')[0]}:{tag}"
+    base = STANDIN_IMAGE if versions.repository == neuron_images.VLLM_REPOSITORY else TORCH_STANDIN_IMAGE
+    return f"{base.rpartition(':')[0]}:{tag}"
 
 
-def catalogue_variants() -> dict[str, dict[str, str]]:
-    """Each catalogued AWS image's stand-in name, and the distributions it carries."""
-    return {standin_image(image): versions.distributions for image, versions in neuron_images.CATALOGUE.items()}
+def catalogue_variants(base: str) -> dict[str, dict[str, str]]:
+    """Each catalogued AWS image that stands on ``base``: its stand-in name, and the distributions it carries."""
+    names = {image: standin_image(image) for image in neuron_images.CATALOGUE}
+    return {
+        names[image]: versions.distributions
+        for image, versions in neuron_images.CATALOGUE.items()
+        if names[image].startswith(base.rpartition(":")[0] + ":")
+    }
 
 
 # The instructions the Dockerfile's final stage may use, and what each becomes here. Any
@@ -318,15 +326,22 @@ def build(bins: Path) -> list[Path]:
         log(f"{OPERATOR_IMAGE}: assembling")
         write_oci(operator, OPERATOR_IMAGE, [base, python], config)
     images.append(operator)
-    standin = cache_dir() / f"standin-{bkey}-{pkey}-{skey}.oci.tar"
+    light = catalogue_variants(STANDIN_IMAGE)
+    lkey = hashlib.sha256(json.dumps(light, sort_keys=True).encode()).hexdigest()[:8]
+    standin = cache_dir() / f"standin-{bkey}-{pkey}-{skey}-{lkey}.oci.tar"
     if not standin.exists():
-        log(f"{STANDIN_IMAGE}: assembling")
+        log(f"{STANDIN_IMAGE} and {len(light)} variants, one per catalogued AWS vLLM image: assembling")
         # The stand-ins run as whatever user the pod says; no entry point of their own.
-        write_oci(standin, STANDIN_IMAGE, [base, python, standins], {"Env": config["Env"]})
+        layers, standin_config = [base, python, standins], {"Env": config["Env"]}
+        write_oci_images(
+            standin,
+            [(STANDIN_IMAGE, layers, standin_config)]
+            + [(name, [*layers, distributions_layer(distributions)], standin_config) for name, distributions in light.items()],
+        )
     images.append(standin)
     torch_base = base_rootfs(TORCH_PACKAGES)
     tkey = torch_base.stem.rsplit("-", 1)[-1]
-    variants = catalogue_variants()
+    variants = catalogue_variants(TORCH_STANDIN_IMAGE)
     vkey = hashlib.sha256(json.dumps(variants, sort_keys=True).encode()).hexdigest()[:8]
     torch_standin = cache_dir() / f"torch-standin-{tkey}-{skey}-{vkey}.oci.tar"
     if not torch_standin.exists():

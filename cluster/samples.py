@@ -4,9 +4,11 @@ samples test and `make demo`.
 What differs from a sample as written, and why (run_here changes these fields and no other):
 - metadata.namespace: one whose pods go to the real node;
 - spec.serving.image and spec.compile.image: for each of AWS's pytorch-inference-neuron,
-  -neuronx and -vllm-neuronx images, its own ``neuron-torch-standin:<short>-<tag>``
-  (cluster/images.py, ``standin_image``): Debian's CPU-only PyTorch with the torch-neuronx,
-  torch-neuron and vLLM stand-ins, and the package versions AWS lists for that tag
+  -neuronx and -vllm-neuronx images, its own stand-in (cluster/images.py, ``standin_image``):
+  ``neuron-torch-standin:<short>-<tag>`` (Debian's CPU-only PyTorch with the torch-neuronx and
+  torch-neuron stand-ins) for the framework images, ``neuron-standin:<short>-<tag>`` (the vLLM,
+  NxD Inference and compiler stand-ins, no torch) for the vLLM images, each with the package
+  versions AWS lists for that tag
   (inferentia_operator.core.neuron_images), which the stand-ins read as the real packages'
   are read; an image that catalogue lacks is refused. The operator gives every container its
   command, so their entry points never run;

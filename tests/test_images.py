@@ -40,10 +40,14 @@ def test_the_written_distributions_are_what_importlib_metadata_reads(tmp_path):
 
 def test_each_catalogued_image_has_a_stand_in_named_after_its_repository_and_tag():
     image = "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.9.1-neuronx-py310-sdk2.25.0-ubuntu22.04"
-    assert images.standin_image(image) == "neuron-torch-standin:vllm-neuronx-0.9.1-neuronx-py310-sdk2.25.0-ubuntu22.04"
-    variants = images.catalogue_variants()
-    assert len(variants) == len(neuron_images.CATALOGUE)  # no two tags share a stand-in
-    assert images.TORCH_STANDIN_IMAGE not in variants
+    # vLLM's images stand on the light stand-in every real node holds; the framework images on torch's.
+    assert images.standin_image(image) == "neuron-standin:vllm-neuronx-0.9.1-neuronx-py310-sdk2.25.0-ubuntu22.04"
+    neuronx = "public.ecr.aws/neuron/pytorch-inference-neuronx:2.9.0-neuronx-py312-sdk2.31.1-ubuntu24.04"
+    assert images.standin_image(neuronx) == "neuron-torch-standin:neuronx-2.9.0-neuronx-py312-sdk2.31.1-ubuntu24.04"
+    light, torch = images.catalogue_variants(images.STANDIN_IMAGE), images.catalogue_variants(images.TORCH_STANDIN_IMAGE)
+    variants = light | torch
+    assert len(light) + len(torch) == len(variants) == len(neuron_images.CATALOGUE)  # no two tags share a stand-in
+    assert images.TORCH_STANDIN_IMAGE not in variants and images.STANDIN_IMAGE not in variants
     for image, versions in neuron_images.CATALOGUE.items():
         assert variants[images.standin_image(image)] == versions.distributions
 
