@@ -613,7 +613,8 @@ def test_a_dra_replica_claims_its_devices_from_a_template_and_requests_no_device
         "name": "neurons",
         "exactly": {
             "deviceClassName": "neuron.aws.com", "allocationMode": "ExactCount", "count": 4,
-            "selectors": [{"cel": {"expression": "device.attributes['neuron.aws.com'].instanceType in ['trn2.48xlarge']"}}],
+            # Every trn2 type with the chips: the UltraServer's trn2u.48xlarge too.
+            "selectors": [{"cel": {"expression": "device.attributes['neuron.aws.com'].instanceType in ['trn2.48xlarge', 'trn2u.48xlarge']"}}],
         },
     }  # fmt: skip
     assert devices["constraints"] == [{"requests": ["neurons"], "matchAttribute": "resource.aws.com/devicegroup4_id"}]

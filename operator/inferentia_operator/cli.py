@@ -143,7 +143,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(records, sort_keys=False), end="")
     elif args.output == "wait-timeout":
         # The longest of the models, for one `kubectl wait` over all of them.
-        waits = [ready_within_seconds(doc.model.spec, doc.model.plan) for doc in loaded.models if doc.valid]
+        waits = [ready_within_seconds(doc.model.spec, doc.model.plan) for doc in loaded.models if doc.model is not None and doc.valid]
         if waits:
             print(f"{max(waits)}s")
     elif records:
