@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import images
 from inferentia_operator import programs
 from inferentia_operator.core import neuron_images
 
@@ -192,12 +193,9 @@ def test_an_inf2_model_is_traced_per_bucket_and_answers_as_the_network_does(tmp_
 
 
 def distributions(where: Path, **versions: str) -> str:
-    """A directory of dist-info entries, as an image's site-packages holds them, for
-    importlib.metadata: the package versions a stand-in then behaves as (torch_neuronx="2.1.2.2.3.2")."""
-    for name, version in versions.items():
-        info = where / f"{name}-{version}.dist-info"
-        info.mkdir(parents=True, exist_ok=True)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n")
+    """A directory of dist-info entries, as the stand-in images carry them (images.write_distributions):
+    the package versions a stand-in then behaves as (torch_neuronx="2.1.2.2.3.2")."""
+    images.write_distributions(where, versions)
     return str(where)
 
 
@@ -438,8 +436,8 @@ def test_the_model_server_stops_on_sigterm_and_exits_0(tmp_path, models):
 
 def image_site(where: Path, image: str) -> str:
     """A site directory with the packages AWS's ``image`` carries (neuron_images), for the stand-ins."""
-    versions = neuron_images.CATALOGUE[image].distributions
-    return distributions(where, **{name.replace("-", "_"): version for name, version in versions.items()})
+    images.write_distributions(where, neuron_images.CATALOGUE[image].distributions)
+    return str(where)
 
 
 VLLM_IMAGE = "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import images
 from inferentia_operator.core import neuron_images
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,10 +26,7 @@ def site(where: Path, image: str | None) -> str:
     """PYTHONPATH for an image: its packages' dist-info (as the stand-in images carry them), then the stand-ins."""
     if image is None:
         return str(STANDINS)
-    for name, version in neuron_images.CATALOGUE[image].distributions.items():
-        info = where / f"{name.replace('-', '_')}-{version}.dist-info"
-        info.mkdir(parents=True, exist_ok=True)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    images.write_distributions(where, neuron_images.CATALOGUE[image].distributions)
     return f"{where}:{STANDINS}"
 
 
