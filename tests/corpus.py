@@ -128,7 +128,29 @@ CEL_CASES = {
     "fp32-cnn-inf2-ok-but-lnc": make_spec(
         **{"compute.family": "inf2", "compute.lnc": 2, "model.architecture": "cnn", "model.precision": "fp32", "compile.batchSize": 2}
     ),
+    "disruption-budget": make_spec(disruptionBudget={"maxUnavailable": "101%"}),
 }
+
+# What a pod's placement may not hold (rules/scheduling.py), in each placement a model has.
+_BAD_PLACEMENTS = {
+    "exists-value": {"tolerations": [{"key": "a", "operator": "Exists", "value": "x"}]},
+    "keyless": {"tolerations": [{"operator": "Equal", "value": "x"}]},
+    "seconds": {"tolerations": [{"key": "a", "effect": "NoSchedule", "tolerationSeconds": 30}]},
+    "requirement": {
+        "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 1, "preference": {"matchExpressions": [{"key": "gen", "operator": "Exists", "values": ["x"]}]}}]}}
+    },
+    "priority": {"priorityClassName": "High"},
+}  # fmt: skip
+_PLACED = {
+    "placement": lambda p: make_spec(placement=p),
+    "compile-placement": lambda p: make_spec(**{"compile.image": "example.com/neuron:1", "compile.placement": p}),
+    "holder-placement": lambda p: make_spec(
+        **{"compile.image": "example.com/neuron:1", "serving.batching": {"maxBatchSize": 2},
+           "autoscaling": {"minReplicas": 0, "maxReplicas": 2, "holderPlacement": p}}
+    ),
+}  # fmt: skip
+CEL_CASES |= {f"{where}-{what}": spec(bad) for where, spec in _PLACED.items() for what, bad in _BAD_PLACEMENTS.items()}
 
 
 SECRET = {"secretKeyRef": {"name": "hf", "key": "token"}}

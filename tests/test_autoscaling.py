@@ -196,7 +196,7 @@ def test_without_a_prometheus_address_nothing_is_written_and_the_model_says_so()
 def test_the_scaled_object_is_written_and_the_deployment_holds_the_minimum_until_it_exists():
     body = model_body(replicas=4, **scaled_spec())
     d = decide(Observed(body, prometheus=PROMETHEUS), NOW)
-    assert [o["kind"] for o in d.apply] == ["ConfigMap", "Service", "Deployment", "ScaledObject"]
+    assert [o["kind"] for o in d.apply] == ["ConfigMap", "Service", "Deployment", "PodDisruptionBudget", "ScaledObject"]
     assert next(o for o in d.apply if o["kind"] == "Deployment")["spec"]["replicas"] == 2
 
 

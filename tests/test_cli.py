@@ -254,6 +254,7 @@ def test_render_prints_what_the_operator_applies_for_every_sample():
             children.plan_configmap(m),
             children.service(m),
             children.serving_deployment(m),
+            children.disruption_budget(m),
             *filter(None, [children.compile_job(m)]),
         ]
     assert objects == expected

@@ -9,7 +9,7 @@ from inferentia_operator.core import decide as decision
 from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.autoscaling import Prometheus
 from inferentia_operator.core.children import Model
-from inferentia_operator.core.planner import plan
+from inferentia_operator.core.planner import InvalidSpec, plan
 from inferentia_operator.core.proof import PROOF_ANNOTATION, Prover
 from inferentia_operator.core.settings import Settings
 from inferentia_operator.core.status import Conflict, WriteFailure, status_document, status_patch
@@ -36,7 +36,14 @@ def Observed(
     model, *, deployment=None, service=None, scaled_object=None, configmaps=(), jobs=(), claim_templates=(), others=(),
     pods=(), scaled_objects_served=True, prometheus: Prometheus | None = None, **views,
 ) -> Seen:  # fmt: skip
-    """The observed state as these tests write it: the model's main objects by name, the rest in lists."""
+    """The observed state as these tests write it: the model's main objects by name, the rest in
+    lists. A model whose Deployment is there has its PodDisruptionBudget too (written with its
+    Service), unless ``others`` names one."""
+    if deployment is not None and not any(o.get("kind") == "PodDisruptionBudget" for o in others):
+        try:
+            others = [*others, live(children.disruption_budget(built(model)))]
+        except InvalidSpec:
+            pass  # an invalid spec plans nothing: its budget is whatever was written before
     objects = [deployment, service, scaled_object, *configmaps, *jobs, *claim_templates, *others]
     by_kind = status.Observed.of(model, *objects).children
     unserved = frozenset() if scaled_objects_served else frozenset({"ScaledObject"})
@@ -98,7 +105,7 @@ def conds(decision):
 def test_a_new_model_applies_its_children_and_holds_the_deployment_for_the_compile():
     body = model_body(**{"compile.image": "example.com/compile:1"})
     d = decide(Observed(body), NOW)
-    assert kinds(d.apply) == ["ConfigMap", "Service", "Job"]  # no Deployment before the compile
+    assert kinds(d.apply) == ["ConfigMap", "Service", "PodDisruptionBudget", "Job"]  # no Deployment before the compile
     assert d.delete == []
     c = conds(d)
     assert (c["Compiled"]["status"], c["Compiled"]["reason"]) == ("False", "Compiling")
@@ -353,7 +360,7 @@ def test_a_completed_compile_of_another_model_is_a_cache_hit_and_gets_recorded()
     body = model_body(**COMPILED)
     m, theirs = built(body), complete(children.compile_job(other_model()))
     d = decide(Observed(body, compile_jobs=by_uri(theirs)), NOW)
-    assert kinds(d.apply) == ["ConfigMap", "Service", "Deployment"]  # no Job of its own
+    assert kinds(d.apply) == ["ConfigMap", "Service", "Deployment", "PodDisruptionBudget"]  # no Job of its own
     c = conds(d)["Compiled"]
     assert (c["status"], c["reason"]) == ("True", "CacheHit")
     assert children.compile_hash(m) in c["message"] and theirs["metadata"]["name"] in c["message"] and "model other" in c["message"]
@@ -459,7 +466,7 @@ def test_another_models_compile_in_progress_is_waited_for_not_run_again_nor_a_co
     body = model_body(**COMPILED)
     theirs = live(children.compile_job(other_model()))
     d = decide(Observed(body, compile_jobs=by_uri(theirs)), NOW)
-    assert kinds(d.apply) == ["ConfigMap", "Service"] and d.record is None
+    assert kinds(d.apply) == ["ConfigMap", "Service", "PodDisruptionBudget"] and d.record is None
     c = conds(d)
     assert (c["Compiled"]["reason"], c["Stalled"]["status"]) == ("Compiling", "False")
     assert "of model other" in c["Compiled"]["message"]
@@ -512,7 +519,7 @@ def test_a_dra_model_applies_its_claim_template_and_deletes_one_no_pod_template_
     m = built(body)
     template = children.resource_claim_template(m)
     d = decide(Observed(body), NOW)
-    assert kinds(d.apply) == ["ConfigMap", "Service", "Deployment", "ResourceClaimTemplate"]
+    assert kinds(d.apply) == ["ConfigMap", "Service", "Deployment", "PodDisruptionBudget", "ResourceClaimTemplate"]
     # An edit to one device: a new template; the old one goes once the Deployment names the new.
     after = model_body(generation=2, **{"compute.family": "trn2", "compute.inf": 1, "compute.allocation": "dra"})
     new = built(after)
@@ -543,7 +550,7 @@ def test_a_model_reconciled_again_over_the_same_inputs_is_checked_and_planned_on
     first = decide(Observed(body()), NOW)
     again = decide(Observed(copy.deepcopy(body())), NOW)
     assert len(planned) == 1
-    assert again.apply == first.apply and [o["kind"] for o in first.apply] == ["ConfigMap", "Service", "Deployment"]
+    assert again.apply == first.apply and [o["kind"] for o in first.apply] == ["ConfigMap", "Service", "Deployment", "PodDisruptionBudget"]
 
     other_uid = body()
     other_uid["metadata"]["uid"] = "uid-other"

@@ -9,12 +9,13 @@ from test_decide import built, model_body
 def test_every_child_is_named_and_the_deployment_waits_for_the_compile():
     m = built(model_body(replicas=2))
     part = serving_part(m, compiled=False, replicas=2, to_holder=False)
-    assert [c["kind"] for c in part.children] == ["ConfigMap", "Service", "Deployment"]
-    assert [c["kind"] for c in part.to_write()] == ["ConfigMap", "Service"]
+    assert [c["kind"] for c in part.children] == ["ConfigMap", "Service", "Deployment", "PodDisruptionBudget"]
+    assert [c["kind"] for c in part.to_write()] == ["ConfigMap", "Service", "PodDisruptionBudget"]
     assert [c["kind"] for c in serving_part(m, compiled=True, replicas=2, to_holder=False).to_write()] == [
         "ConfigMap",
         "Service",
         "Deployment",
+        "PodDisruptionBudget",
     ]
 
 

@@ -359,6 +359,42 @@ def test_a_compile_job_writes_the_artefact_the_serving_pods_fetch_and_load(real_
     assert "Compiled" == next(c for c in status["conditions"] if c["type"] == "Compiled")["reason"]
 
 
+def test_a_model_runs_on_a_node_tainted_for_it_and_compiles_where_its_selector_says(real_node, real_namespace):
+    """A Neuron node group with a taint of its own (dedicated=llm:NoSchedule, as Karpenter
+    NodePools carry) runs a model that tolerates it, and the compile Job goes where its own
+    node selector says: while no node carries the label, the model says within a minute that
+    its compile pod has no node, and compiles once one does."""
+    import realnode
+
+    node, pool = realnode.NODE_NAME, "inferentia.dev/test-compile-pool"
+    dedicated = {"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}
+    bucket = object_store(real_node, real_namespace)
+    real_node.kubectl("taint", "node", node, "dedicated=llm:NoSchedule", "--overwrite")
+    try:
+        spec = compiled_vllm_spec(bucket, placement={"tolerations": [dedicated]})
+        spec["compile"]["placement"] = {"nodeSelector": {pool: "cpu"}, "tolerations": [dedicated]}
+        apply(real_node, real_namespace, "placed", spec)
+
+        def compiled_reason() -> str:
+            found = (real_node.get("inferentiamodel", "placed", "-n", real_namespace).get("status") or {}).get("conditions") or []
+            return next((c["reason"] for c in found if c["type"] == "Compiled"), "")
+
+        wait_for(lambda: compiled_reason() == "Unschedulable", 60, "the compile pod's want of a node in the model's status")
+        assert "has a pod no node can take" in compiled_status(real_node, real_namespace, "placed")[1]["message"]
+        real_node.kubectl("label", "node", node, f"{pool}=cpu", "--overwrite")
+        wait_ready(real_node, real_namespace, "placed", timeout=200)
+        [compile_pod] = real_node.get("pods", "-n", real_namespace, "-l", "app.kubernetes.io/component=compile")["items"]
+        assert compile_pod["spec"]["nodeSelector"][pool] == "cpu" and compile_pod["spec"]["nodeName"] == node
+        [pod] = serving_pods(real_node, real_namespace, "placed")
+        # On the tainted node, which it tolerates beside the Neuron taint.
+        assert pod["spec"]["nodeName"] == node and dedicated in pod["spec"]["tolerations"]
+        taints = real_node.get("node", node)["spec"]["taints"]
+        assert {"key": "dedicated", "value": "llm", "effect": "NoSchedule"} in taints
+    finally:
+        real_node.kubectl("taint", "node", node, "dedicated=llm:NoSchedule-", check=False)
+        real_node.kubectl("label", "node", node, f"{pool}-", check=False)
+
+
 def compile_jobs(cluster, namespace: str) -> list[str]:
     return sorted(j["metadata"]["name"] for j in cluster.get("jobs", "-n", namespace, "-l", "app.kubernetes.io/component=compile")["items"])
 

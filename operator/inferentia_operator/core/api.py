@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt
-from pydantic.alias_generators import to_camel
+from pydantic import BeforeValidator, Field, StrictBool, StrictInt
 
+from .apimodel import ApiModel
 from .catalogue import FAMILY_NAMES
+from .placement import Placement
 
 GROUP = "inferentia.dev"
 VERSION = "v1alpha1"
@@ -90,18 +91,6 @@ IntOrPercent = Annotated[
     Field(json_schema_extra=_int_or_string(16)),
 ]
 Arg = Annotated[str, Field(max_length=MAX_STRING)]
-
-
-class ApiModel(BaseModel):
-    """Base for every API object: camelCase on the wire, unknown fields refused."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        use_attribute_docstrings=True,
-        frozen=True,
-    )
 
 
 class ModelSource(ApiModel):
@@ -205,6 +194,8 @@ class CompileOptions(ApiModel):
     """How long a compile may run, retries included, before it fails with Compiled=False (the Job's activeDeadlineSeconds)."""
     storage_secret: Annotated[str | None, Field(max_length=253)] = None
     """A Secret in the model's namespace whose keys become the environment of the compile Job and of the serving pods' artefact fetch: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, and AWS_ENDPOINT_URL for an S3-compatible store. Without it, credentials come from serviceAccountName (IRSA, EKS Pod Identity)."""
+    placement: Placement | None = None
+    """Where the compile Job runs: the PodSpec's nodeSelector, tolerations, affinity, topologySpreadConstraints and priorityClassName. It needs no Neuron device, so a CPU node group with the host memory the plan asks for (status.plan.sizes.compileMemory) can compile. The Neuron taint is not tolerated unless listed here."""
 
 
 class KeySelector(ApiModel):
@@ -316,6 +307,15 @@ class Rollout(ApiModel):
     """Replicas that may be unavailable during a rollout (a number or a percentage)."""
 
 
+class DisruptionBudget(ApiModel):
+    """The model's PodDisruptionBudget: how many replicas voluntary disruptions (a node drained
+    for an upgrade, Karpenter's consolidation) may take at once. Pods that are not ready may
+    always be evicted (unhealthyPodEvictionPolicy AlwaysAllow), so a broken model never blocks a drain."""
+
+    max_unavailable: IntOrPercent = 1
+    """Replicas that may be unavailable at once (a number or a percentage); 0 lets no drain take a replica. A replica that spans nodes counts once, with all its pods."""
+
+
 # The HorizontalPodAutoscaler's bound on a stabilization window (autoscaling/v2
 # HPAScalingRules.stabilizationWindowSeconds: "must be greater than or equal to zero and
 # less than or equal to 3600 (one hour)").
@@ -346,6 +346,8 @@ class Autoscaling(ApiModel):
     """With minReplicas 0: how long the holder keeps a request that arrives at zero replicas waiting for one to start, before it answers 503 with Retry-After."""
     max_held_requests: Annotated[StrictInt, Field(ge=1, le=MAX_HELD)] = 1024
     """With minReplicas 0: requests the holder keeps at once; more are answered 503 with Retry-After."""
+    holder_placement: Placement | None = None
+    """With minReplicas 0: where the holder runs (it needs no Neuron device: a CPU node group keeps no Neuron node up while the model is at zero). The PodSpec's nodeSelector, tolerations, affinity, topologySpreadConstraints and priorityClassName."""
 
 
 class InferencePoolOptions(ApiModel):
@@ -381,6 +383,10 @@ class InferentiaModelSpec(ApiModel):
     """The serving container."""
     rollout: Rollout = Rollout()
     """Rolling-update bounds of the serving Deployment."""
+    placement: Placement | None = None
+    """Where the serving pods run: the PodSpec's nodeSelector, tolerations, affinity, topologySpreadConstraints and priorityClassName, combined with what Neuron needs (the operator tolerates the aws.amazon.com/neuron taint and requires the planned instance types): your tolerations are added, each of your required node terms holds together with the instance types, and your other terms and preferences are added to the operator's."""
+    disruption_budget: DisruptionBudget = DisruptionBudget()
+    """The model's PodDisruptionBudget, over its serving pods (the groups' pods too, when a replica spans nodes)."""
     routing: Routing | None = None
     """Routing by queue through the Gateway API Inference Extension (an InferencePool and its endpoint picker)."""
     service_account_name: Annotated[str | None, Field(max_length=253)] = None

@@ -50,6 +50,8 @@ from .names import (
     COMPONENT_LABEL,
     DEFAULT_OPERATOR_IMAGE,
     FIELD_MANAGER,
+    GROUP_KEY_LABEL,
+    GROUP_SET_LABEL,
     MANAGED_BY_LABEL,
     MODEL_LABEL,
     PLAN_FILE,
@@ -58,6 +60,7 @@ from .names import (
     WORKER_INDEX_LABEL,
 )
 from .objects import Obj
+from .placement import pod_placement
 from .proof import PROOF_ANNOTATION, Prover
 from .sizing import FETCHED_SCHEMES
 
@@ -677,6 +680,9 @@ def compile_job(model: Model) -> dict[str, Any] | None:
                     "restartPolicy": "Never",
                     "automountServiceAccountToken": False,
                     **_service_account(model),
+                    # The model's own placement for compiles alone: no Neuron device, so no
+                    # Neuron toleration unless it lists one.
+                    **pod_placement(model.spec.compile.placement),
                     "securityContext": pod_security(model),
                     "initContainers": [*([fetch_model_container(model)] if compile_fetches_model(model) else []), compile_step],
                     "containers": [upload_container(model)],
@@ -1048,9 +1054,53 @@ def _artefact_affinity(model: Model) -> dict[str, Any]:
     }
 
 
-def serving_deployment(model: Model, replicas: int | None = None) -> dict[str, Any]:
+def together(name: str, topology_key: str) -> dict[str, Any]:
+    """Every pod of a group on nodes that share the value of ``topology_key``: a required pod
+    affinity to the pods of its own group, which matchLabelKeys picks by the placed pod's own
+    group-key label (Kubernetes 1.33 and later; the group's first pod matches its own term, so
+    it may go anywhere: https://kubernetes.io/docs/concepts/scheduling-eviction/assign-pod-node/#matchlabelkeys).
+    Not LWS's exclusive-topology annotation, which would also keep every other group out of
+    the domain: a network node's instances may hold several groups."""
+    return {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "labelSelector": {"matchLabels": {GROUP_SET_LABEL: name}},
+                "matchLabelKeys": [GROUP_KEY_LABEL],
+                "topologyKey": topology_key,
+            }
+        ]
+    }
+
+
+# Neuron nodes carry this taint (AWS's EKS node groups and Karpenter NodePools for Neuron);
+# serving pods tolerate it, whatever else the model's placement says.
+NEURON_TOLERATION = {"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+
+
+def serving_affinity(model: Model, grouped: bool = False) -> dict[str, Any]:
+    """The operator's own affinity for serving pods: nodes of the planned instance types (with
+    dra, the claim says it), nodes that hold the artefact, and, for a Deployment's replicas,
+    a node each. ``grouped``: the pods of a LeaderWorkerSet's groups, which take a node each
+    by their chips, and keep a group within its topology domain (core/leaderworkerset.py)."""
+    affinity: dict[str, Any] = {
+        **({} if model.plan.allocation == "dra" else {"nodeAffinity": _instance_type_affinity(model)}),
+        **_artefact_affinity(model),
+    }
+    if grouped:
+        if model.spec.compute.topology_key:
+            # Groups are placed whole, one pod a node: each pod takes every chip of its node, so
+            # the Deployment's preference to spread replicas over nodes has nothing left to choose.
+            affinity["podAffinity"] = together(model.name, model.spec.compute.topology_key)
+        return affinity
+    term = {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": selector(model)}}
+    affinity["podAntiAffinity"] = {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]}
+    return affinity
+
+
+def serving_deployment(model: Model, replicas: int | None = None, grouped: bool = False) -> dict[str, Any]:
     """The serving Deployment, with ``replicas`` (default: what the spec alone gives, for
-    a model that autoscales minReplicas, as before its ScaledObject exists)."""
+    a model that autoscales minReplicas, as before its ScaledObject exists); ``grouped``: its
+    template is for a LeaderWorkerSet's groups (core/leaderworkerset.py)."""
     plan, spec = model.plan, model.spec
     dra = plan.allocation == "dra"  # devices from a resource claim, not the device plugin
     base = process_base_port(model)
@@ -1125,25 +1175,31 @@ def serving_deployment(model: Model, replicas: int | None = None) -> dict[str, A
                         *([_artefact_volume(model)] if spec.compile.image else []),
                         *([_model_volume(model)] if serving_fetches_model(model) else []),
                     ],
-                    "tolerations": [{"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
                     **({"resourceClaims": [{"name": CLAIM, "resourceClaimTemplateName": claim_template_name(model)}]} if dra else {}),
-                    "affinity": {
-                        **({} if dra else {"nodeAffinity": _instance_type_affinity(model)}),
-                        **_artefact_affinity(model),
-                        "podAntiAffinity": {
-                            "preferredDuringSchedulingIgnoredDuringExecution": [
-                                {
-                                    "weight": 100,
-                                    "podAffinityTerm": {
-                                        "topologyKey": "kubernetes.io/hostname",
-                                        "labelSelector": {"matchLabels": selector(model)},
-                                    },
-                                }
-                            ]
-                        },
-                    },
+                    **pod_placement(model.spec.placement, tolerations=(NEURON_TOLERATION,), affinity=serving_affinity(model, grouped)),
                 },
             },
+        },
+    }
+
+
+def disruption_budget(model: Model) -> dict[str, Any]:
+    """The model's PodDisruptionBudget over its serving pods. A replica that spans nodes is a
+    group of ``nodes`` pods that LeaderWorkerSet recreates whole when one goes: the budget
+    counts pods, so a whole number of replicas is that many groups' pods, and a group whose
+    pod was evicted counts as unavailable until it is back. Pods that are not ready may always
+    be evicted (AlwaysAllow: https://kubernetes.io/docs/tasks/run-application/configure-pdb/#unhealthy-pod-eviction-policy),
+    so a model that does not serve never blocks a node's drain."""
+    most = model.spec.disruption_budget.max_unavailable
+    nodes = model.plan.nodes or 1
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": child_metadata(model, model.name, "serving"),
+        "spec": {
+            "maxUnavailable": most * nodes if isinstance(most, int) else most,
+            "selector": {"matchLabels": selector(model)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }
 
@@ -1294,6 +1350,7 @@ def holder_deployment(model: Model) -> dict[str, Any]:
                     # The operator's own image: non-root whatever the model's runAsRoot says.
                     "securityContext": non_root_pod_security(),
                     "containers": [container],
+                    **pod_placement(a.holder_placement),
                 },
             },
         },

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from . import api
+from .apimodel import ApiModel
 from .rules import CEL_RULES
 
 _DROP = {"title", "additionalProperties"}
@@ -56,7 +57,7 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _schema_of(model: type[api.ApiModel]) -> dict[str, Any]:
+def _schema_of(model: type[ApiModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     return _structural(raw, raw.pop("$defs", {}))
 

@@ -57,6 +57,8 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
     # LeaderWorkerSet's, for replicas that span nodes (core/leaderworkerset.py): like KEDA's,
     # watched once its CRD is served.
     ChildKind(GROUP_KIND, "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
+    # The serving pods' disruption budget (children.disruption_budget).
+    ChildKind("PodDisruptionBudget", "policy", "v1", "poddisruptionbudgets"),
     # The endpoint picker's identity and its one grant (core/routing.py): neither ever changes.
     ChildKind("ServiceAccount", "", "v1", "serviceaccounts", written_once=True),
     ChildKind("RoleBinding", "rbac.authorization.k8s.io", "v1", "rolebindings", written_once=True),

@@ -26,34 +26,11 @@ from .names import GROUP_API_VERSION, GROUP_KIND, PLAN_HASH_ANNOTATION
 _LEADER_ONLY = ("ports", "readinessProbe", "livenessProbe", "startupProbe")
 
 
-# LWS's labels on every pod of a group: the LeaderWorkerSet's name, and a key of the group.
-_SET_LABEL = "leaderworkerset.sigs.k8s.io/name"
-_GROUP_LABEL = "leaderworkerset.sigs.k8s.io/group-key"
-
-
-def _together(name: str, topology_key: str) -> dict[str, Any]:
-    """Every pod of a group on nodes that share the value of ``topology_key``: a required pod
-    affinity to the pods of its own group, which matchLabelKeys picks by the placed pod's own
-    group-key label (Kubernetes 1.33 and later; the group's first pod matches its own term, so
-    it may go anywhere: https://kubernetes.io/docs/concepts/scheduling-eviction/assign-pod-node/#matchlabelkeys).
-    Not LWS's exclusive-topology annotation, which would also keep every other group out of
-    the domain: a network node's instances may hold several groups."""
-    return {
-        "requiredDuringSchedulingIgnoredDuringExecution": [
-            {
-                "labelSelector": {"matchLabels": {_SET_LABEL: name}},
-                "matchLabelKeys": [_GROUP_LABEL],
-                "topologyKey": topology_key,
-            }
-        ]
-    }
-
-
 def serving_group(model: Model, replicas: int | None = None) -> dict[str, Any]:
     """The LeaderWorkerSet in place of the serving Deployment: ``replicas`` groups of
     ``plan.nodes`` pods (default: what the spec alone gives, as for the Deployment)."""
     assert model.plan.nodes is not None
-    deployment = serving_deployment(model, replicas)
+    deployment = serving_deployment(model, replicas, grouped=True)
     leader = deployment["spec"]["template"]
     worker = copy.deepcopy(leader)
     serve = worker["spec"]["containers"][0]
@@ -61,12 +38,6 @@ def serving_group(model: Model, replicas: int | None = None) -> dict[str, Any]:
         serve.pop(field, None)
     # Nor does it serve /metrics: Prometheus scrapes leaders only.
     worker["metadata"]["annotations"] = {PLAN_HASH_ANNOTATION: leader["metadata"]["annotations"][PLAN_HASH_ANNOTATION]}
-    # Groups are placed whole, one pod a node: each pod takes every chip of its node, so the
-    # Deployment's preference to spread replicas over nodes has nothing left to choose.
-    for template in (leader, worker):
-        template["spec"]["affinity"].pop("podAntiAffinity", None)
-        if model.spec.compute.topology_key:
-            template["spec"]["affinity"]["podAffinity"] = _together(model.name, model.spec.compute.topology_key)
     return {
         "apiVersion": GROUP_API_VERSION,
         "kind": GROUP_KIND,

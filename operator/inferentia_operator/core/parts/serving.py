@@ -1,6 +1,6 @@
-"""Serving: the plan ConfigMap, the model's Service and its Deployment (a LeaderWorkerSet when
+"""Serving: the plan ConfigMap, the model's Service, its Deployment (a LeaderWorkerSet when
 a replica spans nodes), which waits for the compiled artefact (until then the previous one
-keeps serving)."""
+keeps serving), and the PodDisruptionBudget over its pods."""
 
 from __future__ import annotations
 
@@ -26,4 +26,5 @@ def serving_part(model: Model, compiled: bool, replicas: int, to_holder: bool) -
     workload = serving_group(model, replicas) if model.plan.nodes else children.serving_deployment(model, replicas)
     facts = ServingFacts(replicas, children.plan_hash(model.plan), model.plan, children.selector_string(model))
     held = frozenset() if compiled else frozenset({ref(workload)})
-    return ServingPart((children.plan_configmap(model), children.service(model, to_holder), workload), held, facts=facts)
+    made = (children.plan_configmap(model), children.service(model, to_holder), workload, children.disruption_budget(model))
+    return ServingPart(made, held, facts=facts)

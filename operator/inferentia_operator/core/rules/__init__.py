@@ -21,7 +21,21 @@ from inferentia_operator.core.catalogue import FAMILIES
 from inferentia_operator.core.cel import CrossFieldRule
 from inferentia_operator.core.findings import Finding
 
-from . import advice, allocation, autoscaling, child_values, groups, memory, nodes, placement, programs, request, routing, sizing
+from . import (
+    advice,
+    allocation,
+    autoscaling,
+    child_values,
+    groups,
+    memory,
+    nodes,
+    placement,
+    programs,
+    request,
+    routing,
+    scheduling,
+    sizing,
+)
 from .identity import NAME, check_name, check_namespace
 from .memory import KV_FIT, NODES_KV_FIT, STATIC_WEIGHTS_TOO_LARGE
 
@@ -38,6 +52,7 @@ CEL_RULES: list[CrossFieldRule] = [
     *autoscaling.RULES,
     *routing.RULES,
     *nodes.RULES,
+    *scheduling.RULES,
 ]
 
 # The order findings are printed in: the children's values first (a quantity that does not
@@ -53,6 +68,7 @@ _CHECKS = (
     *autoscaling.CHECKS,
     *routing.CHECKS,
     *nodes.CHECKS,
+    *scheduling.CHECKS,
     *sizing.CHECKS,
     *advice.CHECKS,
 )

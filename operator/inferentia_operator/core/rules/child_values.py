@@ -197,7 +197,7 @@ def _env_from_ok(s: EnvFromSource) -> bool:
     )
 
 
-def _object_name_rule(path: str, node: str, field: str, kind: str) -> CrossFieldRule:
+def object_name_rule(path: str, node: str, field: str, kind: str) -> CrossFieldRule:
     return CrossFieldRule(
         path,
         node,
@@ -209,8 +209,8 @@ def _object_name_rule(path: str, node: str, field: str, kind: str) -> CrossField
 
 
 OBJECT_NAMES = {
-    "storageSecret": _object_name_rule("spec.compile.storageSecret", "spec.compile", "storageSecret", "Secret"),
-    "serviceAccountName": _object_name_rule("spec.serviceAccountName", "spec", "serviceAccountName", "ServiceAccount"),
+    "storageSecret": object_name_rule("spec.compile.storageSecret", "spec.compile", "storageSecret", "Secret"),
+    "serviceAccountName": object_name_rule("spec.serviceAccountName", "spec", "serviceAccountName", "ServiceAccount"),
 }
 
 
@@ -254,23 +254,23 @@ IMAGE = {
 }
 # Rolling-update bounds, as the Deployment takes them: a count or a percentage, never
 # negative, maxUnavailable at most 100%, and not both zero (the rollout could never move).
-_INT_OR_PERCENT = r"^(0|[1-9][0-9]{0,8})%?$"
+INT_OR_PERCENT = r"^(0|[1-9][0-9]{0,8})%?$"
 
 
-def _bound_rule(field: str, most: str) -> CrossFieldRule:
+def bound_rule(field: str, most: str, node: str = "spec.rollout") -> CrossFieldRule:
     value = f"string(self.{field})"
     percent_ok = f"!{value}.endsWith('%') || int({value}.replace('%', '')) <= {most}" if most else "true"
     # The percent signs travel as arguments: the template is also a CEL format() string.
     return CrossFieldRule(
-        f"spec.rollout.{field}",
-        "spec.rollout",
+        f"{node}.{field}",
+        node,
         "'%s' is not valid; valid values are a whole number or a percentage%s, for example 1 or %s",
-        f"!has(self.{field}) || ({value}.matches({json.dumps(_INT_OR_PERCENT)}) && ({percent_ok}))",
+        f"!has(self.{field}) || ({value}.matches({json.dumps(INT_OR_PERCENT)}) && ({percent_ok}))",
         (value, literal(f" up to {most}%" if most else ""), literal("25%")),
     )
 
 
-ROLLOUT_VALUE = {"maxSurge": _bound_rule("maxSurge", ""), "maxUnavailable": _bound_rule("maxUnavailable", "100")}
+ROLLOUT_VALUE = {"maxSurge": bound_rule("maxSurge", ""), "maxUnavailable": bound_rule("maxUnavailable", "100")}
 
 
 ROLLOUT_MOVES = CrossFieldRule(
@@ -324,7 +324,7 @@ def _check_child_values(spec: InferentiaModelSpec, fam: Family) -> list[Finding]
     bounds = {"maxSurge": spec.rollout.max_surge, "maxUnavailable": spec.rollout.max_unavailable}
     for key, bound in bounds.items():
         text = str(bound)
-        if not re.match(_INT_OR_PERCENT, text) or (key == "maxUnavailable" and text.endswith("%") and int(text[:-1]) > 100):
+        if not re.match(INT_OR_PERCENT, text) or (key == "maxUnavailable" and text.endswith("%") and int(text[:-1]) > 100):
             found.append(ROLLOUT_VALUE[key].finding(text, " up to 100%" if key == "maxUnavailable" else "", "25%"))
     if all(str(v) in ("0", "0%") for v in bounds.values()):
         found.append(ROLLOUT_MOVES.finding())

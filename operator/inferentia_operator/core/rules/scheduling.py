@@ -1,0 +1,134 @@
+"""Placement the API server would refuse in a pod, refused on the model instead: a pod template
+it refuses leaves the model's Deployment or Job unwritten, or their pods uncreated. The rules
+are the PodSpec's own (Kubernetes' ValidateTolerations and node selector validation,
+https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/#scheduling), for
+each placement a model has: its serving pods', its compile Job's and its holder's."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+
+from inferentia_operator.core.api import InferentiaModelSpec
+from inferentia_operator.core.catalogue import Family
+from inferentia_operator.core.cel import CrossFieldRule
+from inferentia_operator.core.findings import Finding
+from inferentia_operator.core.placement import NodeSelectorRequirement, NodeSelectorTerm, Placement
+
+from .child_values import INT_OR_PERCENT, SUBDOMAIN_PATTERN, bound_rule, object_name_rule
+
+# Each placement's schema node, and how to reach it from a parsed spec.
+PLACEMENTS: dict[str, Callable[[InferentiaModelSpec], Placement | None]] = {
+    "spec.placement": lambda s: s.placement,
+    "spec.compile.placement": lambda s: s.compile.placement,
+    "spec.autoscaling.holderPlacement": lambda s: s.autoscaling.holder_placement if s.autoscaling else None,
+}
+
+_EXISTS_WITH_VALUE = "(has(t.operator) && t.operator == 'Exists' && has(t.value) && t.value != '')"
+_KEYLESS_EQUAL = "((!has(t.key) || t.key == '') && (!has(t.operator) || t.operator == 'Equal'))"
+_SECONDS_NOT_NO_EXECUTE = "(has(t.tolerationSeconds) && (!has(t.effect) || t.effect != 'NoExecute'))"
+_INTEGER = r"^-?[0-9]+$"
+# A node selector requirement's values fit its operator (core/v1 NodeSelectorRequirement).
+_REQUIREMENT_OK = (
+    "(e.operator in ['In', 'NotIn'] ? has(e.values) && size(e.values) > 0"
+    " : e.operator in ['Exists', 'DoesNotExist'] ? !has(e.values) || size(e.values) == 0"
+    f" : has(e.values) && size(e.values) == 1 && e.values[0].matches({json.dumps(_INTEGER)}))"
+)
+_NODE = "self.affinity.nodeAffinity"
+_REQUIRED_TERMS = f"(has({_NODE}.requiredDuringSchedulingIgnoredDuringExecution) ? {_NODE}.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms : [])"
+_PREFERRED_TERMS = f"(has({_NODE}.preferredDuringSchedulingIgnoredDuringExecution) ? {_NODE}.preferredDuringSchedulingIgnoredDuringExecution.map(p, p.preference) : [])"
+_TERMS = f"({_REQUIRED_TERMS} + {_PREFERRED_TERMS})"
+_BAD_TERM = f"has(term.matchExpressions) && term.matchExpressions.exists(e, !{_REQUIREMENT_OK})"
+_HAS_NODE_AFFINITY = "has(self.affinity) && has(self.affinity.nodeAffinity)"
+
+
+def _rules(node: str) -> dict[str, CrossFieldRule]:
+    bad_requirement = f"{_TERMS}.filter(term, {_BAD_TERM})[0].matchExpressions.filter(e, !{_REQUIREMENT_OK})[0]"
+    return {
+        "exists-value": CrossFieldRule(
+            f"{node}.tolerations",
+            node,
+            "a toleration with operator Exists has value '%s'; valid values are none: Exists tolerates every value of its key",
+            f"!has(self.tolerations) || !self.tolerations.exists(t, {_EXISTS_WITH_VALUE})",
+            (f"self.tolerations.filter(t, {_EXISTS_WITH_VALUE})[0].value",),
+        ),
+        "keyless": CrossFieldRule(
+            f"{node}.tolerations",
+            node,
+            "a toleration without a key has operator Equal; valid values are Exists, which tolerates every taint",
+            f"!has(self.tolerations) || !self.tolerations.exists(t, {_KEYLESS_EQUAL})",
+            (),
+        ),
+        "seconds": CrossFieldRule(
+            f"{node}.tolerations",
+            node,
+            "a toleration with tolerationSeconds has effect '%s'; valid values are NoExecute",
+            f"!has(self.tolerations) || !self.tolerations.exists(t, {_SECONDS_NOT_NO_EXECUTE})",
+            (f"self.tolerations.filter(t, {_SECONDS_NOT_NO_EXECUTE}).map(t, has(t.effect) ? t.effect : '')[0]",),
+        ),
+        "requirement": CrossFieldRule(
+            f"{node}.affinity.nodeAffinity",
+            node,
+            "node requirement '%s' with operator %s has the wrong values; valid values are at least one for In and NotIn, "
+            "none for Exists and DoesNotExist, and one whole number for Gt and Lt",
+            f"!({_HAS_NODE_AFFINITY}) || !{_TERMS}.exists(term, {_BAD_TERM})",
+            (f"{bad_requirement}.key", f"{bad_requirement}.operator"),
+        ),
+        "priority": object_name_rule(f"{node}.priorityClassName", node, "priorityClassName", "PriorityClass"),
+    }
+
+
+RULES_BY_NODE = {node: _rules(node) for node in PLACEMENTS}
+DISRUPTION_VALUE = bound_rule("maxUnavailable", "100", node="spec.disruptionBudget")
+
+
+def _requirement_ok(e: NodeSelectorRequirement) -> bool:
+    values = e.values or []
+    if e.operator in ("In", "NotIn"):
+        return bool(values)
+    if e.operator in ("Exists", "DoesNotExist"):
+        return not values
+    return len(values) == 1 and bool(re.match(_INTEGER, values[0]))
+
+
+def _terms(p: Placement) -> Iterator[NodeSelectorTerm]:
+    node = p.affinity.node_affinity if p.affinity else None
+    if node is None:
+        return
+    if node.required_during_scheduling_ignored_during_execution:
+        yield from node.required_during_scheduling_ignored_during_execution.node_selector_terms
+    yield from (t.preference for t in node.preferred_during_scheduling_ignored_during_execution or ())
+
+
+def _check_placement(node: str, p: Placement) -> list[Finding]:
+    rules, found = RULES_BY_NODE[node], []
+    tolerations = p.tolerations or []
+    if with_value := [t for t in tolerations if t.operator == "Exists" and t.value]:
+        found.append(rules["exists-value"].finding(with_value[0].value))
+    if any(not t.key and t.operator in (None, "Equal") for t in tolerations):
+        found.append(rules["keyless"].finding())
+    if timed := [t for t in tolerations if t.toleration_seconds is not None and t.effect != "NoExecute"]:
+        found.append(rules["seconds"].finding(timed[0].effect or ""))
+    bad = [e for term in _terms(p) for e in term.match_expressions or () if not _requirement_ok(e)]
+    if bad:
+        found.append(rules["requirement"].finding(bad[0].key, bad[0].operator))
+    if p.priority_class_name is not None and not re.match(SUBDOMAIN_PATTERN, p.priority_class_name):
+        found.append(rules["priority"].finding(p.priority_class_name))
+    return found
+
+
+def _check_scheduling(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    found = []
+    for node, of in PLACEMENTS.items():
+        placement = of(spec)
+        if placement is not None:
+            found += _check_placement(node, placement)
+    text = str(spec.disruption_budget.max_unavailable)
+    if not re.match(INT_OR_PERCENT, text) or (text.endswith("%") and int(text[:-1]) > 100):
+        found.append(DISRUPTION_VALUE.finding(text, " up to 100%", "25%"))
+    return found
+
+
+RULES: list[CrossFieldRule] = [*(rule for rules in RULES_BY_NODE.values() for rule in rules.values()), DISRUPTION_VALUE]
+CHECKS = (_check_scheduling,)
