@@ -92,3 +92,50 @@ def test_a_report_that_is_not_a_share_is_ignored():
         part = compile_part(m, Observed(body, jobs=[job], pods=[compile_pod(job, message)]), SETTINGS)
         assert part.compiled and part.facts.on_neuron is None, message
         assert "neuronPlacementPercent" not in part.record["data"]
+
+
+def test_a_compile_job_whose_pod_cannot_be_created_says_why_and_stalls():
+    """Seen on the local cluster: a model whose serviceAccountName did not exist said
+    Compiling while the Job's event said FailedCreate. The Job controller's event is the one
+    place Kubernetes says it; status quotes it, for this Job (its uid) only."""
+    from inferentia_operator.core import status
+
+    body = model_body(**COMPILED)
+    m = built(body)
+    job = live(children.compile_job(m))
+    said = 'pods "c-abc" is forbidden: error looking up service account ns/does-not-exist: serviceaccount "does-not-exist" not found'
+    event = {"reason": "FailedCreate", "message": said, "uid": job["metadata"]["uid"]}
+    part = compile_part(m, Observed(body, jobs=[job], job_events={job["metadata"]["name"]: [event]}), SETTINGS)
+    condition = part.facts.condition
+    assert (condition.status, condition.reason) == ("False", "FailedCreate")
+    assert condition.message == f"Job {job['metadata']['name']} cannot create its pod: {said}"
+    conditions = {c.type: c for c in status.conditions(valid=True, invalid_message="", compiled=condition,
+                                                       rollout=status.rollout_of(None, 1, None), pods=[])}  # fmt: skip
+    assert (conditions["Ready"].reason, conditions["Stalled"].status, conditions["Progressing"].status) == ("FailedCreate", "True", "False")
+    # An event of an earlier Job of that name (another uid), or a Job that has its pod: nothing to say.
+    stale = {**event, "uid": "uid-of-a-deleted-job"}
+    assert (
+        compile_part(m, Observed(body, jobs=[job], job_events={job["metadata"]["name"]: [stale]}), SETTINGS).facts.condition.reason
+        == "Compiling"
+    )
+
+
+def test_a_compile_pod_no_node_can_take_says_so_and_waits_for_capacity():
+    from inferentia_operator.core import status
+    from inferentia_operator.core.projection import project_pod
+
+    body = model_body(**COMPILED)
+    m = built(body)
+    job = live(children.compile_job(m))
+    said = "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."
+    pod = project_pod({
+        "metadata": {"name": "p", "namespace": "ns", "labels": {"batch.kubernetes.io/job-name": job["metadata"]["name"]}},
+        "spec": {},
+        "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": said}]},
+    })  # fmt: skip
+    condition = compile_part(m, Observed(body, jobs=[job], pods=[pod]), SETTINGS).facts.condition
+    assert (condition.reason, condition.message) == ("Unschedulable", f"Job {job['metadata']['name']} has a pod no node can take: {said}")
+    conditions = {c.type: c for c in status.conditions(valid=True, invalid_message="", compiled=condition,
+                                                       rollout=status.rollout_of(None, 1, None), pods=[])}  # fmt: skip
+    assert (conditions["Ready"].reason, conditions["Progressing"].reason, conditions["Stalled"].status) == (
+        "Unschedulable", "WaitingForCapacity", "False")  # fmt: skip

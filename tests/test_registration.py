@@ -26,7 +26,7 @@ def test_no_handler_requires_a_finalizer_or_keeps_progress():
 # filtered on the server to the operator's own.
 CHILDREN = [
     "deployments", "jobs", "services", "configmaps", "pods", "scaledobjects", "resourceclaimtemplates",
-    "inferencepools", "serviceaccounts", "rolebindings", "leaderworkersets",
+    "inferencepools", "serviceaccounts", "rolebindings", "leaderworkersets", "poddisruptionbudgets",
 ]  # fmt: skip
 
 
@@ -38,12 +38,14 @@ def test_every_kind_is_cached_and_triggers_a_reconcile():
         "service_index": "services", "configmap_index": "configmaps", "pod_index": "pods",
         "scaledobject_index": "scaledobjects", "resourceclaimtemplate_index": "resourceclaimtemplates",
         "inferencepool_index": "inferencepools", "serviceaccount_index": "serviceaccounts", "rolebinding_index": "rolebindings",
-        "leaderworkerset_index": "leaderworkersets",
+        "leaderworkerset_index": "leaderworkersets", "poddisruptionbudget_index": "poddisruptionbudgets",
+        # The Job controller's FailedCreate events, by Job: why a compile Job has no pod.
+        "job_event_index": "events",
         # By artefact: the compile Jobs and records another model made, and the models of each artefact.
         "compile_job_index": "jobs", "compile_record_index": "configmaps", "compiled_uri_index": "inferentiamodels",
     }  # fmt: skip
     watched = {h.selector.any_name or h.selector.plural for h in r._watching._handlers}  # noqa: SLF001
-    assert watched == {"inferentiamodels", *CHILDREN}
+    assert watched == {"inferentiamodels", *CHILDREN, "events"}
 
 
 def test_children_are_filtered_on_the_server():
@@ -51,6 +53,9 @@ def test_children_are_filtered_on_the_server():
     wiring.configure_watches(settings)
     selectors = {s.any_name: v for s, v in settings.watching.label_selectors.items()}
     assert selectors == dict.fromkeys(CHILDREN, "app.kubernetes.io/managed-by=inferentia-operator")
+    # Of events, only the Job controller's FailedCreate of Jobs: the API server filters them.
+    fields = {s.any_name: v for s, v in settings.watching.field_selectors.items()}
+    assert fields == {"events": "involvedObject.kind=Job,reason=FailedCreate"}
 
 
 def test_kopf_builds_no_diff_base_of_the_objects_it_watches():

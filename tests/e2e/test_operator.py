@@ -401,6 +401,20 @@ def test_a_failed_compile_is_reported_and_the_previous_deployment_keeps_serving(
     assert any(e["reason"] == "CompileFailed" for e in warnings)
 
 
+def test_a_compile_job_whose_pod_cannot_be_created_says_why_within_a_minute(cluster, operator, namespace):
+    """Seen here before: a model whose serviceAccountName did not exist said Compiling until the
+    Job's six-hour deadline, while the Job controller's event said FailedCreate. The event is
+    the one place Kubernetes says it; the model's status now quotes it, and Stalled says so."""
+    apply_model(cluster, namespace, "m", serviceAccountName="does-not-exist", **{"compile.image": COMPILE_IMAGE})
+    body = wait_condition(cluster, namespace, "m", "Compiled", "False", "FailedCreate", timeout=60)
+    message = condition(body, "Compiled")["message"]
+    assert "cannot create its pod" in message and 'serviceaccount "does-not-exist" not found' in message, message
+    assert (condition(body, "Ready")["reason"], condition(body, "Stalled")["status"]) == ("FailedCreate", "True")
+    # Its PodDisruptionBudget is there from the start, over the serving pods.
+    [pdb] = items(cluster, "poddisruptionbudgets", namespace, "m")
+    assert pdb["spec"]["maxUnavailable"] == 1 and pdb["spec"]["selector"]["matchLabels"]["inferentia.dev/model"] == "m"
+
+
 @pytest.mark.parametrize("sample", ["llama-inf2-vllm.yaml", "trn2-lnc2.yaml"])
 def test_neuron_2x_samples_reach_ready_with_the_planned_command(cluster, operator, namespace, sample):
     """The vLLM preset on inf2, and on trn2 with logical cores, on the simulated fleet."""

@@ -61,9 +61,11 @@ Superseded plan ConfigMaps and compile Jobs are deleted.
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch]
+# Events: the models' own are posted; the Job controller's FailedCreate events, the one place
+# Kubernetes says a compile Job's pod cannot be made, are watched (filtered on the server).
 - apiGroups: [""]
   resources: [events]
-  verbs: [create]
+  verbs: [create, list, watch]
 # The ScaledObjects of models with spec.autoscaling; deleted when autoscaling is turned off.
 - apiGroups: [keda.sh]
   resources: [scaledobjects]
@@ -74,6 +76,10 @@ Superseded plan ConfigMaps and compile Jobs are deleted.
 # claims, and the DRA driver publishes the devices.
 - apiGroups: [resource.k8s.io]
   resources: [resourceclaimtemplates]
+  verbs: [get, list, watch, create, patch, delete]
+# Each model's PodDisruptionBudget over its serving pods, applied and deleted with the model.
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
   verbs: [get, list, watch, create, patch, delete]
 # The LeaderWorkerSets of models whose replicas span nodes (spec.compute.nodes), deleted when a
 # model's replicas go back to one node (its Deployment is then deleted the other way round).

@@ -179,3 +179,19 @@ def compile_uri(body: Mapping[str, Any]) -> str | None:
     if body.get("kind") == "Job" and component == "compile":
         return children.job_output_uri(body)
     return None
+
+
+# The Job controller's events a compile Job's status quotes (shell/wiring.py watches these alone).
+JOB_EVENT_REASON = "FailedCreate"
+JOB_EVENT_SELECTOR = f"involvedObject.kind=Job,reason={JOB_EVENT_REASON}"
+
+
+def project_job_event(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A FailedCreate event of a Job as status quotes it: its reason, the end of its message
+    and the uid of the Job it is about (a Job of the same name made again is another Job).
+    Anyone who may create events in a namespace can write one: it only ever adds words to the
+    status of that namespace's models, and its size is bounded here."""
+    involved = body.get("involvedObject")
+    if not isinstance(involved, Mapping) or involved.get("kind") != "Job" or body.get("reason") != JOB_EVENT_REASON:
+        return None
+    return {"reason": JOB_EVENT_REASON, "message": str(body.get("message") or "")[-400:], "uid": str(involved.get("uid") or "")}

@@ -116,6 +116,9 @@ class Observed:
     # Kinds the API server lately answered it does not serve (KEDA's, before KEDA is
     # installed): nothing is written for them until the operator asks again.
     unserved: frozenset[str] = frozenset()
+    # The Job controller's FailedCreate events, by the name of the Job in the model's namespace
+    # (each {"reason", "message", "uid"}): the one place Kubernetes says a Job's pod cannot be made.
+    job_events: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, model: dict[str, Any], *objects: dict[str, Any] | None, **rest: Any) -> Observed:
@@ -347,6 +350,33 @@ def compile_failure(job_name: str | None, pods: Sequence[Mapping[str, Any]]) -> 
     return said[-1] if said else ""
 
 
+# How much of an event's or a scheduler's message status quotes.
+EVENT_MESSAGE_CHARS = 400
+
+
+def compile_pod_trouble(
+    job_name: str | None, job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, Any]] = ()
+) -> tuple[str, str] | None:
+    """Why a running compile Job's pod is not running, as (reason, message), or None: its pod
+    cannot be created (the Job controller's FailedCreate event, the one place Kubernetes says so:
+    a missing ServiceAccount, a quota, an admission webhook), or it cannot be scheduled (the
+    scheduler's PodScheduled condition). A Job that has pods and created them says nothing."""
+    if job is None or job_state(job).finished:
+        return None
+    mine = [p for p in map(Obj, pods) if p.labels.get(JOB_NAME_LABEL) == job_name and not p.deleting]
+    uid = Obj(job).uid
+    if not mine:
+        said = [e for e in events if e.get("reason") == "FailedCreate" and (not uid or e.get("uid") == uid)]
+        if said:
+            return "FailedCreate", str(said[-1].get("message") or "")[-EVENT_MESSAGE_CHARS:]
+        return None
+    for p in mine:
+        placed = p.condition("PodScheduled")
+        if placed.get("status") == "False" and placed.get("reason") == "Unschedulable":
+            return "Unschedulable", str(placed.get("message") or "")[-EVENT_MESSAGE_CHARS:]
+    return None
+
+
 def neuron_share_reported(job_name: str | None, pods: Sequence[Mapping[str, Any]]) -> float | None:
     """The share of the model's operators that runs on Neuron, as the compile program of the
     Job's pod reported it (programs/neuron_compile.py: one JSON line in the compile step's
@@ -403,13 +433,15 @@ def compiled_condition(
     compiled_by: str = "",
     hit: Mapping[str, str] | None = None,
     unverified: bool = False,
+    trouble: tuple[str, str] | None = None,
 ) -> api.Condition:
     """The Compiled condition. ``changed``: the compile inputs that differ from the last
     successful compile's, named in the message while a new compile runs; ``failure``: what the
     failed compile step said; ``compiled_by``: the model whose Job compiles this key, when it
     is another model's; ``hit``: the record of a finished compile of this key (job, model,
     completed), when the model starts from it and runs no Job; ``unverified``: the Job under
-    the key's name carries no proof that the operator made it (core/proof.py)."""
+    the key's name carries no proof that the operator made it (core/proof.py); ``trouble``: why
+    the running Job's pod is not running (:func:`compile_pod_trouble`)."""
     if not job_required:
         return cond("Compiled", "True", "CompiledAtLoad", "no compile image: the serving pods compile at load time with the planned flags")
     if hit is not None:
@@ -437,6 +469,10 @@ def compiled_condition(
     if state.phase == "Failed":
         said = f"; {failure}" if failure else ""
         return cond("Compiled", "False", "CompileFailed", f"Job {job_name}{whose} failed: {state.why or 'no reason given'}{said}")
+    if trouble is not None:
+        reason, said = trouble
+        what = "cannot create its pod" if reason == "FailedCreate" else "has a pod no node can take"
+        return cond("Compiled", "False", reason, f"Job {job_name}{whose} {what}: {said or 'no reason given'}")
     why = f" ({', '.join(changed)} changed since the last compile)" if changed else ""
     return cond("Compiled", "False", "Compiling", f"Job {job_name}{whose} is compiling key {key} for the new plan{why}")
 
@@ -520,6 +556,14 @@ def _progress(
         return (
             cond("Progressing", "False", compiled.reason, compiled.message + "; the previous Deployment keeps serving"),
             cond("Ready", "False", compiled.reason, compiled.message),
+        )
+    if compiled.reason == "FailedCreate":
+        # Nothing changes until someone mends what refuses the pod (the Job controller retries).
+        return cond("Progressing", "False", "FailedCreate", compiled.message), cond("Ready", "False", "FailedCreate", compiled.message)
+    if compiled.reason == "Unschedulable":
+        # A cluster autoscaler may yet add a node that takes it.
+        return cond("Progressing", "True", "WaitingForCapacity", compiled.message), cond(
+            "Ready", "False", "Unschedulable", compiled.message
         )
     if compiled.status != "True":
         return cond("Progressing", "True", "Compiling", compiled.message), cond("Ready", "False", "Compiling", compiled.message)

@@ -148,14 +148,22 @@ class Cache:
             return None
 
         kinds = [k for k in CHILD_KINDS if k is not PODS]
+        children = {k.kind: self._resolve(key, k.kind, self._cached(k.index, key)) for k in kinds}
         return Observed(
             model=model,
-            children={k.kind: self._resolve(key, k.kind, self._cached(k.index, key)) for k in kinds},
+            children=children,
             pods=self._cached(PODS.index, key),
             compile_records=self._compile_view("compile_record_index", key[0], records=True),
             compile_jobs=self._compile_view("compile_job_index", key[0], records=False),
             unserved=frozenset(k.kind for k in kinds if not self.served(k.kind)),
+            job_events=self._job_events(key[0], children.get("Job", [])),
         )
+
+    def _job_events(self, namespace: str, jobs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+        """The FailedCreate events of the model's own Jobs."""
+        store = (self.indexes or {}).get("job_event_index") or {}
+        names = [name for name in (Obj(j).name for j in jobs) if name is not None]
+        return {name: list(found) for name in names if (found := store.get((namespace, name)))}
 
     def _compile_view(self, index: str, namespace: str, records: bool) -> ByUri:
         assert self.indexes is not None

@@ -81,6 +81,8 @@ class Reconciler:
         self._generations: dict[Key, int | None] = {}
         self._own_status: dict[Key, str | None] = {}
         self._held_since: dict[Key, float] = {}  # models whose status patch is held back (status.hold_seconds)
+        # The model of each of the operator's Jobs, by (namespace, Job name): whom a Job's event concerns.
+        self._job_models: dict[tuple[str, str], Key] = {}
         self.settler = memory.Settler()  # when a drained queue gives memory back (shell/memory.py)
 
     @property
@@ -240,6 +242,11 @@ class Reconciler:
     def on_child(self, body: Mapping[str, Any], event_type: str | None, kwargs: Mapping[str, Any]) -> None:
         self.cache.capture(kwargs)
         key = owner_key(body)
+        if body.get("kind") == "Job" and (job := Obj(body).key) is not None:
+            if event_type == "DELETED" or key is None:
+                self._job_models.pop(job, None)
+            else:
+                self._job_models[job] = key
         if key is not None and event_type == "DELETED":
             self.cache.deleted(key, body)
         if key is not None and self.cache.has_model(key):
@@ -266,5 +273,16 @@ class Reconciler:
                 return  # nothing status reports has changed
             self._pods[name] = signature
         key = owner_key(body)
+        if key is not None and self.cache.has_model(key):
+            self.queue.add_after(key, SETTLE_SECONDS)
+
+    def on_job_event(self, body: Mapping[str, Any], event_type: str | None, kwargs: Mapping[str, Any]) -> None:
+        """A Job's FailedCreate event: its model, if the Job is one of the operator's, reports it."""
+        self.cache.capture(kwargs)
+        involved = body.get("involvedObject")
+        namespace = Obj(body).namespace
+        if event_type == "DELETED" or not isinstance(involved, Mapping) or not namespace:
+            return
+        key = self._job_models.get((namespace, str(involved.get("name"))))
         if key is not None and self.cache.has_model(key):
             self.queue.add_after(key, SETTLE_SECONDS)

@@ -11,7 +11,16 @@ import kopf
 from inferentia_operator.core import api
 from inferentia_operator.core.kinds import CHILD_KINDS, ChildKind
 from inferentia_operator.core.names import FIELD_MANAGER, MANAGED_BY_LABEL
-from inferentia_operator.core.projection import Packed, compile_uri, owner_key, project, project_pod_spec, project_record
+from inferentia_operator.core.projection import (
+    JOB_EVENT_SELECTOR,
+    Packed,
+    compile_uri,
+    owner_key,
+    project,
+    project_job_event,
+    project_pod_spec,
+    project_record,
+)
 
 from .reconciler import Reconciler
 
@@ -53,6 +62,8 @@ def configure_watches(settings: kopf.OperatorSettings) -> None:
     labels back."""
     for child in CHILD_KINDS:
         settings.watching.label_selectors[child.group, child.version, child.plural] = MANAGED_SELECTOR
+    # Of events, the Job controller's FailedCreate alone (reconciler.on_job_event).
+    settings.watching.field_selectors["", "v1", "events"] = JOB_EVENT_SELECTOR
     settings.persistence.diffbase_storage = NoDiffBase()
     settings.watching.chunk_size = LIST_CHUNK
     # kopf keeps a worker per object for this long after its last event, and the worker keeps
@@ -117,6 +128,17 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
     async def compile_record_index(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
         uri = compile_uri(body)
         return {(namespace, uri): Packed(project_record(body))} if uri else None
+
+    # The FailedCreate events of Jobs, by (namespace, Job name): why a compile Job has no pod.
+    @kopf.index("", "v1", "events", registry=registry, id="job_event_index")
+    async def job_event_index(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+        said = project_job_event(body)
+        involved = body.get("involvedObject") or {}
+        return {(namespace, involved.get("name")): said} if said is not None and namespace else None
+
+    @kopf.on.event("", "v1", "events", registry=registry, id="on_job_event")
+    async def on_job_event(body: kopf.Body, type: str | None, **kwargs: Any) -> None:
+        reconciler.on_job_event(body, type, kwargs)
 
     def child_index(child: ChildKind) -> None:
         async def index(body: kopf.Body, **_: Any) -> dict[Any, Any] | None:

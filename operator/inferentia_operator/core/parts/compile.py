@@ -77,7 +77,8 @@ def compile_part(model: Model, observed: Observed, settings: Settings) -> Compil
 
     if ours:
         failure = status.compile_failure(name, observed.pods)
-        condition = status.compiled_condition(True, name, live, uri, changed, failure, key=key)
+        trouble = status.compile_pod_trouble(name, live, observed.pods, observed.job_events.get(name or "", ()))
+        condition = status.compiled_condition(True, name, live, uri, changed, failure, key=key, trouble=trouble)
         return CompilePart((body,), facts=facts(condition), record=record)
     hit = _record_data(known) if known is not None else record["data"] if record is not None else None
     if hit is not None:
