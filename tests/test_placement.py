@@ -161,10 +161,10 @@ def errors_of(**overrides) -> list[str]:
          "spec.placement.tolerations: a toleration with tolerationSeconds has effect 'NoSchedule'; valid values are NoExecute"),
         ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
             "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In"}]}]}}}},
-         "spec.placement.affinity.nodeAffinity: node requirement 'zone' with operator In has the wrong values"),
+         "spec.placement.affinity.nodeAffinity: a node requirement has values that do not fit its operator"),
         ({"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": {
             "matchExpressions": [{"key": "gen", "operator": "Gt", "values": ["new"]}]}}]}}},
-         "spec.placement.affinity.nodeAffinity: node requirement 'gen' with operator Gt has the wrong values"),
+         "spec.placement.affinity.nodeAffinity: a node requirement has values that do not fit its operator"),
         ({"priorityClassName": "High_Priority"}, "spec.placement.priorityClassName: 'High_Priority' is not a valid PriorityClass name"),
     ],
 )  # fmt: skip

@@ -36,15 +36,18 @@ _REQUIREMENT_OK = (
     f" : has(e.values) && size(e.values) == 1 && e.values[0].matches({json.dumps(_INTEGER)}))"
 )
 _NODE = "self.affinity.nodeAffinity"
-_REQUIRED_TERMS = f"(has({_NODE}.requiredDuringSchedulingIgnoredDuringExecution) ? {_NODE}.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms : [])"
-_PREFERRED_TERMS = f"(has({_NODE}.preferredDuringSchedulingIgnoredDuringExecution) ? {_NODE}.preferredDuringSchedulingIgnoredDuringExecution.map(p, p.preference) : [])"
-_TERMS = f"({_REQUIRED_TERMS} + {_PREFERRED_TERMS})"
-_BAD_TERM = f"has(term.matchExpressions) && term.matchExpressions.exists(e, !{_REQUIREMENT_OK})"
 _HAS_NODE_AFFINITY = "has(self.affinity) && has(self.affinity.nodeAffinity)"
+# Required terms and preferred ones are checked apart: the API server's CEL types each schema
+# node on its own, and will not add a list of one to a list of the other.
+_REQUIRED = f"{_NODE}.requiredDuringSchedulingIgnoredDuringExecution"
+_PREFERRED = f"{_NODE}.preferredDuringSchedulingIgnoredDuringExecution"
+_BAD_TERM = f"has(term.matchExpressions) && term.matchExpressions.exists(e, !{_REQUIREMENT_OK})"
+_BAD_PREFERENCE = f"has(p.preference.matchExpressions) && p.preference.matchExpressions.exists(e, !{_REQUIREMENT_OK})"
+_BAD_REQUIRED = f"(has({_REQUIRED}) && {_REQUIRED}.nodeSelectorTerms.exists(term, {_BAD_TERM}))"
+_BAD_PREFERRED = f"(has({_PREFERRED}) && {_PREFERRED}.exists(p, {_BAD_PREFERENCE}))"
 
 
 def _rules(node: str) -> dict[str, CrossFieldRule]:
-    bad_requirement = f"{_TERMS}.filter(term, {_BAD_TERM})[0].matchExpressions.filter(e, !{_REQUIREMENT_OK})[0]"
     return {
         "exists-value": CrossFieldRule(
             f"{node}.tolerations",
@@ -70,10 +73,12 @@ def _rules(node: str) -> dict[str, CrossFieldRule]:
         "requirement": CrossFieldRule(
             f"{node}.affinity.nodeAffinity",
             node,
-            "node requirement '%s' with operator %s has the wrong values; valid values are at least one for In and NotIn, "
+            # No argument names the requirement: finding it again costs the API server's estimator
+            # more than a message may (over 100 times its budget); the rule alone fits.
+            "a node requirement has values that do not fit its operator; valid values are at least one for In and NotIn, "
             "none for Exists and DoesNotExist, and one whole number for Gt and Lt",
-            f"!({_HAS_NODE_AFFINITY}) || !{_TERMS}.exists(term, {_BAD_TERM})",
-            (f"{bad_requirement}.key", f"{bad_requirement}.operator"),
+            f"!({_HAS_NODE_AFFINITY}) || !({_BAD_REQUIRED} || {_BAD_PREFERRED})",
+            (),
         ),
         "priority": object_name_rule(f"{node}.priorityClassName", node, "priorityClassName", "PriorityClass"),
     }
@@ -112,7 +117,7 @@ def _check_placement(node: str, p: Placement) -> list[Finding]:
         found.append(rules["seconds"].finding(timed[0].effect or ""))
     bad = [e for term in _terms(p) for e in term.match_expressions or () if not _requirement_ok(e)]
     if bad:
-        found.append(rules["requirement"].finding(bad[0].key, bad[0].operator))
+        found.append(rules["requirement"].finding())
     if p.priority_class_name is not None and not re.match(SUBDOMAIN_PATTERN, p.priority_class_name):
         found.append(rules["priority"].finding(p.priority_class_name))
     return found
