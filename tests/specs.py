@@ -14,7 +14,7 @@ DROP = _Drop()
 
 BASE_SPEC: dict[str, Any] = {
     "model": {"uri": "s3://models/resnet50/", "framework": "pytorch"},
-    "compute": {"inf": 1},
+    "compute": {"inf": 1, "family": "inf1"},
     # The input shape: the operator's compile program and model server trace with it.
     "compile": {"buckets": [[3, 224, 224]]},
     "serving": {"image": "example.com/serve:1"},

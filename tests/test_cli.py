@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from inferentia_operator import manifests
 from inferentia_operator.cli import main
 from inferentia_operator.core.crd import crd_yaml
-from specs import make_model, make_spec
+from specs import DROP, make_model, make_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "manifests" / "samples"
@@ -38,12 +38,29 @@ def run_cli(*args, stdin=""):
 def test_valid_samples_pass():
     code, out, _ = run_cli("validate", *sorted(str(p) for p in SAMPLES.glob("*.yaml")))
     assert code == 0
+    # Pods of more than one device need the Neuron scheduler extension's scheduler, which the
+    # operator is told of and validate is not, unless given --scheduler-name.
+    extension = "warning: spec.compute: each pod asks the Neuron device plugin for 4 aws.amazon.com/neuron, which needs AWS's"
+    assert out.splitlines()[1].startswith(f"default/bert-base: {extension}")
+    assert out.splitlines()[-1].startswith(f"default/llama-70b-trn2: {extension}")
+    code, out, _ = run_cli("validate", "--scheduler-name", "my-scheduler", *sorted(str(p) for p in SAMPLES.glob("*.yaml")))
+    assert code == 0
     assert out.splitlines() == [
         "default/bert-base: ok", "default/distilbert: ok", "default/gpt2: ok", "default/llama-8b: ok", "default/resnet50: ok",
         # Its shape, its sequence length and its sequences at once are all in the sample: the
         # KV cache is checked too, and nothing is left to warn of.
         "default/llama-70b-trn2: ok",
     ]  # fmt: skip
+
+
+def test_a_model_without_a_family_is_named_and_planned_for_inf1():
+    code, out, _ = run_cli("validate", "-", stdin=yaml.safe_dump(make_model("nameless", spec=make_spec(**{"compute.family": DROP}))))
+    assert code == 0
+    assert out.splitlines() == [
+        "default/nameless: ok",
+        "default/nameless: warning: spec.compute.family: not set, so the model is planned for inf1, the default; valid values are "
+        "inf1, inf2, trn1, trn2, trn3: name the family of the nodes it is to run on",
+    ]
 
 
 def test_invalid_samples_fail_with_field_paths():
@@ -240,7 +257,6 @@ def test_arbitrary_text_never_crashes(text):
 def test_render_prints_what_the_operator_applies_for_every_sample():
     from inferentia_operator.cli import PLACEHOLDER_UID
     from inferentia_operator.core import children
-    from inferentia_operator.core.planner import plan
     from inferentia_operator.manifests import load_models
 
     paths = sorted(str(p) for p in SAMPLES.glob("*.yaml"))
@@ -249,7 +265,8 @@ def test_render_prints_what_the_operator_applies_for_every_sample():
     objects = json.loads(out)
     expected = []
     for doc in load_models(paths).models:
-        m = children.Model(doc.name, doc.namespace, PLACEHOLDER_UID, doc.spec, plan(doc.spec))
+        # The plan as checked, with its warnings (the scheduler extension's, with no --scheduler-name).
+        m = children.Model(doc.name, doc.namespace, PLACEHOLDER_UID, doc.spec, doc.model.plan)
         expected += [
             children.plan_configmap(m),
             children.service(m),

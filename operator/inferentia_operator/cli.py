@@ -36,8 +36,8 @@ def _report(doc: ModelDocument, out: Any) -> None:
         print(f"{doc.key}: {finding}", file=out)
 
 
-def _load(paths: list[str], allocation: str = DEVICE_PLUGIN) -> Loaded:
-    loaded = load_models(paths, allocation)
+def _load(paths: list[str], allocation: str = DEVICE_PLUGIN, scheduler_name: str | None = None) -> Loaded:
+    loaded = load_models(paths, allocation, scheduler_name)
     for note in loaded.skipped:
         print(f"note: {note}", file=sys.stderr)
     for problem in loaded.problems:
@@ -54,7 +54,7 @@ def _exit_code(loaded: Loaded) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    loaded = _load(args.paths, args.allocation)
+    loaded = _load(args.paths, args.allocation, args.scheduler_name)
     for doc in loaded.models:
         _report(doc, sys.stdout)
     return _exit_code(loaded)
@@ -129,7 +129,7 @@ def _table(records: list[dict[str, Any]]) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    loaded = _load(args.paths, args.allocation)
+    loaded = _load(args.paths, args.allocation, args.scheduler_name)
     records = []
     for doc in loaded.models:
         if doc.valid:
@@ -185,7 +185,7 @@ _ReviewDumper.add_representer(
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    loaded = _load(args.paths, args.allocation)
+    loaded = _load(args.paths, args.allocation, args.scheduler_name)
     objects = []
     settings = settings_from(args)
     for doc in loaded.models:
@@ -365,11 +365,13 @@ def parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate", help="check InferentiaModel manifests (files, directories, - for stdin)")
     v.add_argument("paths", nargs="*", metavar="PATH", help="YAML or JSON files, directories, or - (default: stdin)")
     _allocation_argument(v)
+    _scheduler_argument(v)
     v.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("plan", help="print the NeuronCore plan of each InferentiaModel")
     p.add_argument("paths", nargs="*", metavar="PATH")
     _allocation_argument(p)
+    _scheduler_argument(p)
     p.add_argument(
         "-o", "--output", choices=["table", "json", "yaml", "wait-timeout"], default="table",
         help="wait-timeout: how long the models may take to become Ready by their own budgets (the longest), as kubectl "
@@ -513,6 +515,14 @@ def cmd_upload(args: argparse.Namespace) -> int:
     from .fetch import upload_main
 
     return upload_main(args.source, args.uri)
+
+
+def _scheduler_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--scheduler-name", default=None, metavar="NAME",
+        help="the serving pods' scheduler, as the operator's --scheduler-name (the chart's schedulerName) names it: without "
+        "one, a pod that takes more than one Neuron device or core from the device plugin is warned of",
+    )  # fmt: skip
 
 
 def _allocation_argument(p: argparse.ArgumentParser) -> None:

@@ -64,13 +64,15 @@ class ModelDocument:
         return self.model is not None and not errors(self.findings)
 
 
-def check_document(body: dict[str, Any], source: str = "", allocation: str = DEVICE_PLUGIN) -> ModelDocument:
+def check_document(
+    body: dict[str, Any], source: str = "", allocation: str = DEVICE_PLUGIN, scheduler_name: str | None = None
+) -> ModelDocument:
     metadata: dict[str, Any] = body["metadata"] if isinstance(body.get("metadata"), dict) else {}
     name, namespace = metadata.get("name"), metadata.get("namespace") or "default"
     doc = ModelDocument(source, str(name) if name else "<unnamed>", str(namespace), body)
     if body.get("apiVersion") != api.API_VERSION:
         doc.findings.append(Finding("apiVersion", f"{shown(body.get('apiVersion'))} is not served; valid values are {api.API_VERSION}"))
-    checked = check_model(name, metadata.get("namespace"), body.get("spec"), allocation=allocation)
+    checked = check_model(name, metadata.get("namespace"), body.get("spec"), allocation=allocation, scheduler_name=scheduler_name)
     doc.findings += checked.findings
     doc.spec, doc.model = checked.spec, checked.model
     return doc
@@ -282,7 +284,7 @@ class Loaded:
     skipped: list[str] = field(default_factory=list)
 
 
-def load_models(paths: list[str], allocation: str = DEVICE_PLUGIN) -> Loaded:
+def load_models(paths: list[str], allocation: str = DEVICE_PLUGIN, scheduler_name: str | None = None) -> Loaded:
     """Every InferentiaModel in the paths (stdin when none), checked (``allocation``: the
     operator's default for spec.compute.allocation). Unreadable files are recorded and the
     rest still read, so one bad file does not hide the others' results."""
@@ -302,7 +304,7 @@ def load_models(paths: list[str], allocation: str = DEVICE_PLUGIN) -> Loaded:
                 if isinstance(text, ManifestError):
                     raise text
                 models = [
-                    check_document(as_the_api_server_receives(b), source, allocation)
+                    check_document(as_the_api_server_receives(b), source, allocation, scheduler_name)
                     for d in _documents(source, text)
                     for b in _objects(d)
                     if _is_model(b)

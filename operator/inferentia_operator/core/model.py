@@ -16,6 +16,7 @@ from .names import DEFAULT_OPERATOR_IMAGE, DEVICE_PLUGIN
 from .parsing import parse_spec
 from .planner import plan
 from .rules import check_name, check_namespace
+from .rules.scheduling import check_family_named, check_scheduler
 
 
 @dataclass(frozen=True)
@@ -39,12 +40,16 @@ def check_model(
     uid: str = "",
     operator_image: str = DEFAULT_OPERATOR_IMAGE,
     allocation: str = DEVICE_PLUGIN,
+    scheduler_name: str | None = None,
 ) -> CheckedModel:
     """Checks and plans one model. ``namespace`` None means the default namespace;
     ``allocation``: the operator's default for spec.compute.allocation, which the rules and
-    the plan then see as if the model had said it."""
+    the plan then see as if the model had said it; ``scheduler_name``: the serving pods'
+    scheduler (None where unknown), for the warning of :func:`rules.scheduling.check_scheduler`."""
     findings = check_name(name) + check_namespace(namespace)
     spec, spec_findings = parse_spec(with_allocation(raw_spec, allocation))
+    if spec is not None and not errors(spec_findings):
+        spec_findings = [*spec_findings, *check_family_named(raw_spec), *check_scheduler(spec, scheduler_name)]
     findings += spec_findings
     if spec is None or errors(findings):
         return CheckedModel(spec, findings, None)

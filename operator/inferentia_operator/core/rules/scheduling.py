@@ -11,9 +11,9 @@ import re
 from collections.abc import Callable, Iterator
 
 from inferentia_operator.core.api import InferentiaModelSpec
-from inferentia_operator.core.catalogue import Family
+from inferentia_operator.core.catalogue import FAMILY_NAMES, NEURON_RESOURCE, NEURONCORE_RESOURCE, Family
 from inferentia_operator.core.cel import CrossFieldRule
-from inferentia_operator.core.findings import Finding
+from inferentia_operator.core.findings import Finding, format_list
 from inferentia_operator.core.placement import NodeSelectorRequirement, NodeSelectorTerm, Placement
 
 from .child_values import INT_OR_PERCENT, SUBDOMAIN_PATTERN, bound_rule, object_name_rule
@@ -137,3 +137,43 @@ def _check_scheduling(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
 
 RULES: list[CrossFieldRule] = [*(rule for rules in RULES_BY_NODE.values() for rule in rules.values()), DISRUPTION_VALUE]
 CHECKS = (_check_scheduling,)
+
+
+# AWS: "The scheduler extension is required for scheduling Pods that request more than one Neuron
+# core or device resource. It finds sets of directly connected devices"
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/deploy/infrastructure/scheduler.html);
+# on EKS it runs beside a second scheduler that pods name (k8s-multiple-scheduler.html).
+def check_scheduler(spec: InferentiaModelSpec, scheduler_name: str | None) -> list[Finding]:
+    """A warning where a pod takes more than one device or core from the device plugin and no
+    scheduler is named for it (``scheduler_name``: the operator's; None where unknown, as for
+    validate without --scheduler-name)."""
+    c = spec.compute
+    if c.allocation == "dra" or scheduler_name:
+        return []
+    count, resource = (c.cores, NEURONCORE_RESOURCE) if c.inf is None else (c.inf, NEURON_RESOURCE)
+    if count is None or count <= 1:
+        return []
+    return [
+        Finding(
+            "spec.compute",
+            f"each pod asks the Neuron device plugin for {count} {resource}, which needs AWS's Neuron scheduler extension "
+            "to get devices that are connected; run it and name its scheduler in the chart's schedulerName (the operator's "
+            "--scheduler-name; my-scheduler on EKS), or set allocation: dra",
+            "warning",
+        )
+    ]
+
+
+def check_family_named(raw_spec: object) -> list[Finding]:
+    """A warning where spec.compute.family is left out: the model is then planned for inf1."""
+    compute = raw_spec.get("compute") if isinstance(raw_spec, dict) else None
+    if not isinstance(compute, dict) or "family" in compute:
+        return []
+    return [
+        Finding(
+            "spec.compute.family",
+            f"not set, so the model is planned for inf1, the default; valid values are {format_list(list(FAMILY_NAMES))}: "
+            "name the family of the nodes it is to run on",
+            "warning",
+        )
+    ]
