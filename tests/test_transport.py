@@ -4,6 +4,7 @@ receives it, a bounded wait, and a new login after the server refuses a token.""
 
 import http.server
 import json
+import os
 import ssl
 import subprocess
 import sys
@@ -181,3 +182,62 @@ def test_the_operator_runs_without_the_kubernetes_client_library():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+def exec_kubeconfig(tmp_path: Path, server: str) -> Path:
+    """A kubeconfig whose user is an exec credential plugin (client.authentication.k8s.io/v1,
+    as aws eks get-token is): a program that prints a new token each time it runs."""
+    plugin = tmp_path / "get-token.py"
+    plugin.write_text(
+        "import json, pathlib\n"
+        f"runs = pathlib.Path({str(tmp_path / 'runs')!r})\n"
+        "n = int(runs.read_text()) + 1 if runs.exists() else 1\n"
+        "runs.write_text(str(n))\n"
+        "print(json.dumps({'apiVersion': 'client.authentication.k8s.io/v1', 'kind': 'ExecCredential',\n"
+        "                  'status': {'token': f'exec-token-{n}'}}))\n"
+    )
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "eks"}}],
+        "clusters": [{"name": "k", "cluster": {"server": server}}],
+        "users": [{"name": "eks", "user": {"exec": {
+            "apiVersion": "client.authentication.k8s.io/v1", "command": sys.executable, "args": [str(plugin)],
+            "interactiveMode": "Never"}}}],
+    }  # fmt: skip
+    (tmp_path / "config").write_text(json.dumps(config))
+    return tmp_path / "config"
+
+
+def test_a_kubeconfig_whose_user_is_an_exec_plugin_logs_in_with_its_token_and_runs_it_again_after_a_401(server, tmp_path, monkeypatch):
+    """An EKS kubeconfig authenticates with an exec plugin (aws eks get-token), whose tokens
+    expire: the official client's loader runs it, and a refused token makes the next call run it again."""
+    monkeypatch.setenv("KUBECONFIG", str(exec_kubeconfig(tmp_path, server)))
+    k = Kube(Transport(credentials))
+    assert k.get("ConfigMap", "ns", "c")["authorization"] == "Bearer exec-token-1"
+    Recorder.refuse = {"exec-token-1"}  # expired
+    with pytest.raises(TransientError):
+        k.get("ConfigMap", "ns", "c")
+    assert k.get("ConfigMap", "ns", "c")["authorization"] == "Bearer exec-token-2"
+    assert (tmp_path / "runs").read_text() == "2"
+
+
+def test_without_the_kubeconfig_extra_an_exec_plugin_user_is_refused_with_what_to_install(server, tmp_path):
+    """The operator's image has no kubernetes library: kopf's own reader runs no plugin, and the
+    login says so rather than calling the API server with no credentials."""
+    config = exec_kubeconfig(tmp_path, server)
+    code = (
+        "import sys\n"
+        "class Hidden:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'kubernetes': raise ImportError('hidden: ' + name)\n"
+        "sys.meta_path.insert(0, Hidden())\n"
+        "from inferentia_operator.shell.transport import LoginFailed, credentials\n"
+        "try:\n"
+        "    credentials()\n"
+        "except LoginFailed as exc:\n"
+        "    print(exc)\n"
+    )
+    env = {**os.environ, "KUBECONFIG": str(config)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert "install 'inferentia-operator[kubeconfig]'" in result.stdout, result.stdout + result.stderr
+    assert not (tmp_path / "runs").exists()

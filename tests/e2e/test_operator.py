@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import json
 import re
+import sys
 import time
 
 import pytest
@@ -377,6 +378,47 @@ def test_an_operator_restricted_to_namespaces_serves_only_those(cluster, operato
         scoped.stop()
         operator.start()
         cluster.kubectl("delete", "namespace", other, "--wait=false", check=False)
+
+
+def test_the_operator_logs_in_through_a_kubeconfig_whose_user_is_an_exec_plugin(cluster, operator, namespace, tmp_path):
+    """An EKS kubeconfig's user runs aws eks get-token; here the plugin gets a ServiceAccount's
+    token from the TokenRequest API (kubectl create token) and prints it as an ExecCredential, as
+    aws eks get-token prints its token. The operator, run out of a pod on that kubeconfig, serves a
+    model, and the API server's audit log shows its writes made as that ServiceAccount."""
+    if cluster.local is None:
+        pytest.skip("needs the local control plane's audit log")
+    account = "exec-operator"
+    cluster.kubectl("create", "serviceaccount", account, "-n", namespace)
+    user = f"system:serviceaccount:{namespace}:{account}"
+    bind_user_to_operator_role(cluster, user, f"e2e-exec-{namespace}")
+    plugin = tmp_path / "get-token.py"
+    plugin.write_text(
+        "import json, subprocess\n"
+        f"token = subprocess.run([{cluster.tool('kubectl')!r}, '--kubeconfig', {str(cluster.kubeconfig)!r}, 'create', 'token',\n"
+        f"                        {account!r}, '-n', {namespace!r}, '--duration=10m'], capture_output=True, text=True, check=True).stdout.strip()\n"
+        "print(json.dumps({'apiVersion': 'client.authentication.k8s.io/v1', 'kind': 'ExecCredential', 'status': {'token': token}}))\n"
+    )
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])
+    entry = next(c for c in admin["clusters"] if c["name"] == context["context"]["cluster"])
+    exec_user = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": sys.executable, "args": [str(plugin)],
+                          "interactiveMode": "Never"}}  # fmt: skip
+    config = tmp_path / "exec-kubeconfig"
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "clusters": [entry], "users": [{"name": "eks", "user": exec_user}],
+        "contexts": [{"name": "eks", "context": {"cluster": entry["name"], "user": "eks"}}], "current-context": "eks",
+    }))  # fmt: skip
+    operator.stop()  # one operator at a time on the cluster's models
+    exec_operator = OperatorProcess(config, tmp_path / "exec-operator.log", peering=operator.peering)
+    try:
+        exec_operator.start()
+        apply_model(cluster, namespace, "m")
+        wait_ready(cluster, namespace, "m")
+        writes = [e for e in cluster.local.writes_by(user) if e["objectRef"].get("namespace") == namespace]
+        assert {e["objectRef"]["resource"] for e in writes} >= {"deployments", "inferentiamodels"}, exec_operator.log()[-2000:]
+    finally:
+        exec_operator.stop()
+        operator.start()
 
 
 FAILING_COMPILER = "fail.invalid/neuron-compile:always"  # the test fleet fails these (cluster/kwok-test-stages.yaml)

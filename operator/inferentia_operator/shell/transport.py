@@ -1,17 +1,20 @@
-"""HTTPS to the API server, with the credentials kopf's own logins read.
+"""HTTPS to the API server, with the credentials kubectl would use.
 
-One login serves the operator's watches (kopf) and its calls (:class:`kube.Kube`): in a pod the
-ServiceAccount's token, elsewhere the kubeconfig's current context, as
-``kopf.login_with_service_account`` and ``kopf.login_with_kubeconfig`` read them
-(https://kopf.readthedocs.io/en/stable/authentication/), and kopf's ``ConnectionInfo`` makes the
-TLS context and the Authorization header. In a pod the server is the one client-go's
-in-cluster configuration connects to (below). The official client library is therefore not a
-dependency: kopf loads it whenever it is installed, and with it (and the requests, oauthlib and
-websocket libraries it brings) the operator started 8 MB larger: 70 against 62 MB, idle with
-no model (make benchmark-scale of 2026-11-26, docs/benchmarks.md).
+One login serves the operator's watches (kopf) and its calls (:class:`kube.Kube`). In a pod it
+is the ServiceAccount's token, as ``kopf.login_with_service_account`` reads it, and the server is
+the one client-go's in-cluster configuration connects to (below). Out of a pod it is the
+kubeconfig's current context, read by the official client's configuration loader
+(``kubernetes.config``, as ``kopf.login_via_client`` uses it), which runs exec credential plugins
+(an EKS kubeconfig's ``aws eks get-token``) and auth providers as kubectl does; a token that
+expires is fetched again at the first 401 (:class:`Transport` and kopf both log in again then).
 
-What the kubeconfig logins leave out, as kopf's do: exec credential plugins (``aws eks
-get-token``) and auth-provider refreshes. In a pod, where the operator runs, neither is used.
+That loader comes with the ``kubernetes`` library, the ``kubeconfig`` extra (``pip install
+'inferentia-operator[kubeconfig]'``), which the operator's image leaves out: kopf imports the
+library whenever it is installed, and with it (and the requests, oauthlib and websocket
+libraries it brings) the operator started 8 MB larger, 70 against 62 MB idle (make
+benchmark-scale of 2026-11-26, docs/benchmarks.md), for a login a pod never uses. Without it,
+kopf's own kubeconfig reader is used, which runs no plugin: a context whose user gives nothing
+else is refused with what to install.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def login_info(settings: kopf.OperatorSettings | None = None) -> kopf.Connection
     settings = settings or kopf.OperatorSettings()
     info = kopf.login_with_service_account(settings=settings)
     if info is None:
-        return kopf.login_with_kubeconfig(settings=settings)
+        return kubeconfig_login(settings)
     host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
     if host and port:
         # kopf names the server https://kubernetes.default.svc, which needs the cluster's DNS; the
@@ -58,14 +61,70 @@ def login_info(settings: kopf.OperatorSettings | None = None) -> kopf.Connection
     return info
 
 
+def kubeconfig_paths() -> list[str]:
+    """The kubeconfig files kubectl reads: KUBECONFIG's list, else ~/.kube/config."""
+    listed = os.environ.get("KUBECONFIG", "")
+    return [p for p in listed.split(os.pathsep) if p] if listed else [os.path.expanduser("~/.kube/config")]
+
+
+def kubeconfig_login(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo | None:
+    """The kubeconfig's current context, or None when there is no kubeconfig."""
+    import kopf
+
+    if not any(os.path.exists(p) for p in kubeconfig_paths()):
+        return None
+    try:
+        import kubernetes.config  # noqa: F401 - only whether the kubeconfig extra is installed
+    except ImportError:
+        info = kopf.login_with_kubeconfig(settings=settings)
+        if info is not None and not (info.token or info.certificate_path or info.certificate_data or info.username):
+            raise LoginFailed(
+                "the kubeconfig's user gives no token, client certificate or password that can be read without running a "
+                "program (an exec credential plugin such as aws eks get-token, or an auth provider): install "
+                "'inferentia-operator[kubeconfig]', whose kubernetes library runs it as kubectl does"
+            ) from None
+        return info
+    return _client_login(settings, kubeconfig_paths())
+
+
+def _client_login(settings: kopf.OperatorSettings, paths: list[str]) -> kopf.ConnectionInfo:
+    """The official client's kubeconfig loader, as ``kopf.login_via_client`` uses it, with the
+    files named (the library reads KUBECONFIG once, when it is first imported) and the file
+    never written back (persist_config: it would store an auth provider's refreshed token)."""
+    import kopf
+    from kubernetes import client, config
+
+    loaded = client.Configuration()
+    config.load_kube_config(config_file=os.pathsep.join(paths), client_configuration=loaded, persist_config=False)
+    # An exec plugin's or an auth provider's token, or the context's own: where the library keeps
+    # it moved in its release 36.0.1 (kopf reads both places too).
+    header = loaded.get_api_key_with_prefix("BearerToken") or loaded.get_api_key_with_prefix("authorization")
+    scheme, _, token = header.partition(" ") if header and " " in header else (None, None, header)
+    return kopf.ConnectionInfo(
+        server=loaded.host,
+        ca_path=loaded.ssl_ca_cert,  # inline data is written to a temporary file by the loader
+        insecure=not loaded.verify_ssl,
+        username=loaded.username or None,
+        password=loaded.password or None,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=loaded.cert_file,
+        private_key_path=loaded.key_file,
+        proxy_url=loaded.proxy or None,
+        trust_env=settings.networking.trust_env,
+    )
+
+
 def credentials() -> kopf.ConnectionInfo:
     """:func:`login_info`, or :class:`LoginFailed` saying what was missing or unreadable."""
     try:
         info = login_info()
+    except LoginFailed:
+        raise
     except Exception as exc:  # noqa: BLE001 - a token file or a kubeconfig can fail to read in many ways (a file, YAML, a key); each is the same refusal
         raise LoginFailed(f"the credentials could not be read: {type(exc).__name__}: {exc}") from None
     if info is None:
-        raise LoginFailed("neither a ServiceAccount token (in a pod) nor a kubeconfig (KUBECONFIG or ~/.kube/config) was found")
+        raise LoginFailed(f"neither a ServiceAccount token (in a pod) nor a kubeconfig ({', '.join(kubeconfig_paths())}) was found")
     return info
 
 
