@@ -96,10 +96,7 @@ def _recent_model(name: str, namespace: str | None, uid: str, spec_json: str, se
 
 
 def _check_and_place(name: Any, namespace: Any, uid: str, spec: Any, settings: Settings) -> CheckedModel:
-    found = check_model(
-        name, namespace, spec, uid=uid, operator_image=settings.operator_image, allocation=settings.allocation,
-        scheduler_name=settings.scheduler_name,
-    )  # fmt: skip
+    found = check_model(name, namespace, spec, uid=uid, operator_image=settings.operator_image, allocation=settings.allocation)
     if found.model is None or (model := placed(found.model, settings)) is found.model:
         return found
     return replace(found, model=model)

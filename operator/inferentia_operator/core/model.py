@@ -49,12 +49,14 @@ def check_model(
     findings = check_name(name) + check_namespace(namespace)
     spec, spec_findings = parse_spec(with_allocation(raw_spec, allocation))
     if spec is not None and not errors(spec_findings):
-        spec_findings = [*spec_findings, *check_family_named(raw_spec), *check_scheduler(spec, scheduler_name)]
+        spec_findings = [*spec_findings, *check_family_named(raw_spec)]
     findings += spec_findings
     if spec is None or errors(findings):
         return CheckedModel(spec, findings, None)
     planned = Model(name, namespace or "default", uid, spec, plan(spec, checked=spec_findings), operator_image)
-    findings += plan_size_findings(planned)
+    # Not in the plan's warnings: they are in the plan the pods mount, and a change of the
+    # operator's scheduler would then roll every model's pods.
+    findings += check_scheduler(spec, scheduler_name) + plan_size_findings(planned)
     return CheckedModel(spec, findings, None if errors(findings) else planned)
 
 
