@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 import realnode
+from inferentia_operator.core.children import scrape_relabelings
 from ports import free_port
 
 KEDA_NAMESPACE = "keda"
@@ -42,17 +43,30 @@ APISERVICE = "v1beta1.external.metrics.k8s.io"
 
 
 def prometheus_config(kubeconfig: Path) -> dict[str, Any]:
-    """Scrape every pod annotated prometheus.io/scrape, at prometheus.io/port and prometheus.io/path."""
+    """Scrape the models' pods at every port their inferentia.dev/metrics-port annotation names
+    (children.scrape_relabelings: each vLLM process's), and every other pod annotated
+    prometheus.io/scrape at prometheus.io/port and prometheus.io/path, as Prometheus's example does."""
     meta = "__meta_kubernetes_pod_"
+    labels = [
+        {"action": "labelmap", "regex": f"{meta}label_(.+)"},
+        {"source_labels": ["__meta_kubernetes_namespace"], "action": "replace", "target_label": "namespace"},
+        {"source_labels": [f"{meta}name"], "action": "replace", "target_label": "pod"},
+    ]
     return {
         # Short, so that a start from zero waits little for the holder's count to be seen.
         "global": {"scrape_interval": f"{SCRAPE_SECONDS}s", "evaluation_interval": f"{SCRAPE_SECONDS}s"},
         "scrape_configs": [
             {
+                "job_name": "inferentia-models",
+                "kubernetes_sd_configs": [{"role": "pod", "kubeconfig_file": str(kubeconfig)}],
+                "relabel_configs": [*scrape_relabelings(meta), *labels],
+            },
+            {
                 "job_name": "kubernetes-pods",
                 "kubernetes_sd_configs": [{"role": "pod", "kubeconfig_file": str(kubeconfig)}],
                 "relabel_configs": [
                     {"source_labels": [f"{meta}annotation_prometheus_io_scrape"], "action": "keep", "regex": "true"},
+                    {"source_labels": [f"{meta}annotationpresent_inferentia_dev_metrics_port"], "action": "drop", "regex": "true"},
                     {
                         "source_labels": [f"{meta}annotation_prometheus_io_path"],
                         "action": "replace",
@@ -66,11 +80,9 @@ def prometheus_config(kubeconfig: Path) -> dict[str, Any]:
                         "replacement": "$1:$2",
                         "target_label": "__address__",
                     },
-                    {"action": "labelmap", "regex": f"{meta}label_(.+)"},
-                    {"source_labels": ["__meta_kubernetes_namespace"], "action": "replace", "target_label": "namespace"},
-                    {"source_labels": [f"{meta}name"], "action": "replace", "target_label": "pod"},
+                    *labels,
                 ],
-            }
+            },
         ],
     }
 

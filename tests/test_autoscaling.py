@@ -372,3 +372,58 @@ def test_at_zero_the_model_is_ready_and_says_it_is_scaled_to_zero():
     o.own("Deployment")["status"] |= {"observedGeneration": 1, "replicas": 0, "updatedReplicas": 0, "readyReplicas": 0}
     ready = next(c for c in status_document(decide(o, NOW).report.status)["conditions"] if c["type"] == "Ready")
     assert (ready["status"], ready["reason"]) == ("True", "ScaledToZero")
+
+
+@pytest.mark.parametrize("processes", [1, 2, 8])
+def test_every_vllm_process_is_scraped_and_the_target_is_what_they_carry_together(processes):
+    """The ScaledObject's target is the whole replica's parallelism (processes x maxBatchSize):
+    the query must count every process's requests, so Prometheus must scrape every process's
+    port (each vLLM process serves its own /metrics), and the endpoint picker must see each.
+    Relabelled as Prometheus does (one target per declared port, keep rules anchored at both
+    ends, joined with ';'): a replica whose every process is full reads exactly its target."""
+    import re
+
+    from inferentia_operator.core import routing
+    from inferentia_operator.core.autoscaling import in_flight_query, target_in_flight
+    from inferentia_operator.core.children import Model
+    from inferentia_operator.core.planner import plan
+
+    spec = InferentiaModelSpec.model_validate(make_spec(**{
+        "compute.family": "inf2", "compute.inf": 4, "processesPerReplica": processes, "serving.runtime": "vllm",
+        "model.architecture": "transformer", "serving.batching": {"maxBatchSize": 4}, "autoscaling": {"maxReplicas": 3},
+    }))  # fmt: skip
+    m = Model("llm", "ns", "uid", spec, plan(spec))
+    template = children.serving_deployment(m)["spec"]["template"]
+    meta = {
+        f"__meta_kubernetes_pod_annotation_{re.sub('[^a-zA-Z0-9_]', '_', k)}": v for k, v in template["metadata"]["annotations"].items()
+    }
+    ports = [p for c in template["spec"]["containers"] for p in c.get("ports", [])]
+    kept = []
+    for port in ports:
+        labels = {**meta, "__meta_kubernetes_pod_container_port_name": port["name"]}
+        rules = [r for r in children.scrape_relabelings() if r["action"] == "keep"]
+        if all(re.fullmatch(r["regex"], ";".join(labels.get(s, "") for s in r["source_labels"])) for r in rules):
+            kept.append(port["containerPort"])
+    assert kept == routing.target_ports(m) and len(kept) == processes
+    # Each process full (maxBatchSize sequences running): the query's sum over every kept target.
+    in_flight = sum(4 for _ in kept)
+    assert in_flight == target_in_flight(spec) == processes * 4
+    # The query selects the model's gauges by namespace and model alone: no port or process is left out.
+    query = in_flight_query(spec, "ns", "llm", Prometheus("http://p"))
+    assert "serve" not in query and "port" not in query
+
+
+def test_the_documented_scrape_job_keeps_what_the_code_keeps():
+    """docs/install/prometheus-scrape-job.yaml (shown in docs/autoscaling.md) relabels as the
+    local cluster's Prometheus does: children.scrape_relabelings, then the query's labels."""
+    from pathlib import Path
+
+    import yaml
+
+    from inferentia_operator.core.children import scrape_relabelings
+
+    [job] = yaml.safe_load((Path(__file__).resolve().parent.parent / "docs" / "install" / "prometheus-scrape-job.yaml").read_text())
+    rules = job["relabel_configs"]
+    assert rules[: len(scrape_relabelings())] == scrape_relabelings()
+    targets = {r.get("target_label") for r in rules}
+    assert {"namespace", "pod"} <= targets and {"action": "labelmap", "regex": "__meta_kubernetes_pod_label_(.+)"} in rules

@@ -584,7 +584,8 @@ def test_pods_with_request_gauges_say_where_prometheus_scrapes_them():
     # The port's name too, for the chart's PodMonitor: the front end's, not the processes' behind it.
     assert annotations["inferentia.dev/metrics-port"] == "batch"
     vllm = children.serving_deployment(model(**VLLM))["spec"]["template"]["metadata"]["annotations"]
-    assert (vllm["prometheus.io/port"], vllm["inferentia.dev/metrics-port"]) == ("8000", "serve-0")
+    # Every process's port (serve-<i>); the prometheus.io port, for a Prometheus that scrapes one, the first.
+    assert (vllm["prometheus.io/port"], vllm["inferentia.dev/metrics-port"]) == ("8000", "serve")
     plain = children.serving_deployment(model(**THROUGHPUT))["spec"]["template"]["metadata"]["annotations"]
     assert not any(k.startswith("prometheus.io/") for k in plain)  # nothing there exports them
 

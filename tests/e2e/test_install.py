@@ -143,16 +143,20 @@ def test_a_pod_monitor_only_when_asked_keeping_the_ports_that_serve_the_gauges(c
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
 
     def scraped(pod_template: dict) -> set[str]:
+        """The ports kept: service discovery's pod role makes a target of each declared port."""
         annotations = pod_template["metadata"].get("annotations", {})
         meta = {f"__meta_kubernetes_pod_annotation_{re.sub('[^a-zA-Z0-9_]', '_', k)}": v for k, v in annotations.items()}
         names = {p["name"] for c in pod_template["spec"]["containers"] for p in c.get("ports", [])}
         kept = set()
         for endpoint in monitor["spec"]["podMetricsEndpoints"]:
-            if endpoint["port"] not in names:
-                continue
-            keep = [r for r in endpoint["relabelings"] if r.get("action") == "keep"]
-            if all(re.fullmatch(r["regex"], ";".join(meta.get(label, "") for label in r["sourceLabels"])) for r in keep):
-                kept.add(endpoint["port"])
+            for name in names:
+                if endpoint.get("port") not in (None, name):
+                    continue
+                labels = {**meta, "__meta_kubernetes_pod_container_port_name": name}
+                keep = [r for r in endpoint["relabelings"] if r.get("action") == "keep"]
+                sep = lambda r: r.get("separator", ";")  # noqa: E731 - Prometheus's default
+                if all(re.fullmatch(r["regex"], sep(r).join(labels.get(label, "") for label in r["sourceLabels"])) for r in keep):
+                    kept.add(name)
         return kept
 
     batched = children.serving_deployment(model(**{**THROUGHPUT, "serving.batching": {"maxBatchSize": 4}}))
@@ -162,7 +166,10 @@ def test_a_pod_monitor_only_when_asked_keeping_the_ports_that_serve_the_gauges(c
         pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
         assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     assert scraped(batched["spec"]["template"]) == {"batch"}  # not the model processes behind it
-    assert scraped(vllm["spec"]["template"]) == {"serve-0"}
+    # Every vLLM process of the pod (three here): each serves its own /metrics, and the target is the replica's.
+    assert scraped(vllm["spec"]["template"]) == {"serve-0", "serve-1", "serve-2"}
+    relabeled = next(r for r in monitor["spec"]["podMetricsEndpoints"][0]["relabelings"] if r.get("action") == "keep")
+    assert relabeled["regex"] == children.SCRAPED_PORTS  # the chart's and the code's, one rule
     assert scraped(plain["spec"]["template"]) == set()  # the model server exports no gauges
     # The labels the ScaledObjects' queries read.
     relabel = {r["targetLabel"]: r["sourceLabels"] for r in monitor["spec"]["podMetricsEndpoints"][0]["relabelings"] if "targetLabel" in r}

@@ -917,21 +917,48 @@ def batcher_container(model: Model) -> dict[str, Any]:
 
 
 def scrape_annotations(model: Model) -> dict[str, str]:
-    """Where Prometheus finds the pod's request gauges (the prometheus.io annotations that
-    Prometheus's example Kubernetes configuration relabels on): the batching front end's
-    inferentia_num_requests_waiting and _running, or vLLM's vllm:num_requests_waiting and
-    _running from its first process (each vLLM process serves its own /metrics)."""
+    """Where Prometheus finds the pod's request gauges: the batching front end's
+    inferentia_num_requests_waiting and _running on its one port, or vLLM's
+    vllm:num_requests_waiting and _running on every process's port (each vLLM process serves
+    its own /metrics, and the ScaledObject's target is the whole replica's). The
+    prometheus.io annotations, which Prometheus's example Kubernetes configuration relabels
+    on, name one port, the first; the metrics-port annotation names them all (SCRAPED_PORTS)."""
     if model.plan.front_end is not None:  # batching_front_end(m)
         return _scraped_at(model.plan.front_end.port, "batch")
     if model.spec.serving.runtime == "vllm":
-        return _scraped_at(process_base_port(model), "serve-0")
+        return _scraped_at(process_base_port(model), EVERY_PROCESS)
     return {}
 
 
-# The name of the container port that serves /metrics: a prometheus-operator PodMonitor
-# selects endpoints by port name, and keeps the one this annotation names (the chart's
-# PodMonitor), since the model processes behind a front end listen on serve-i too.
+# Which container ports serve the pod's /metrics, by name: the batching front end's "batch"
+# (the model processes behind it listen on serve-<i> too), the holder's first port, or with
+# EVERY_PROCESS each vLLM process's serve-<i>.
 METRICS_PORT_ANNOTATION = "inferentia.dev/metrics-port"
+EVERY_PROCESS = "serve"
+# What Prometheus keeps of a pod's per-port targets (kubernetes_sd's pod role makes one for
+# each declared port): "<metrics-port annotation>;<container port name>" must match it, as the
+# chart's PodMonitor and docs/autoscaling.md's scrape configuration relabel. RE2 has no
+# back-reference, so the pairs are listed: the annotation's single names, and serve for all.
+SCRAPED_PORTS = "batch;batch|serve-0;serve-0|serve;serve-[0-9]+"
+
+
+def scrape_relabelings(meta: str = "__meta_kubernetes_pod_") -> list[dict[str, Any]]:
+    """The relabelling that keeps the ports a pod's metrics-port annotation names, as Prometheus's
+    relabel_configs (the local cluster's Prometheus and docs/autoscaling.md take it)."""
+    return [
+        {"source_labels": [f"{meta}annotation_prometheus_io_scrape"], "action": "keep", "regex": "true"},
+        {
+            "source_labels": [f"{meta}annotation_inferentia_dev_metrics_port", f"{meta}container_port_name"],
+            "action": "keep",
+            "regex": SCRAPED_PORTS,
+        },
+        {
+            "source_labels": [f"{meta}annotation_prometheus_io_path"],
+            "action": "replace",
+            "target_label": "__metrics_path__",
+            "regex": "(.+)",
+        },
+    ]
 
 
 def _scraped_at(port: int, port_name: str) -> dict[str, str]:
