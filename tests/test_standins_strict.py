@@ -103,3 +103,24 @@ def test_vllms_v0_worker_asserts_its_own_block_count(tmp_path):
     argv = ("-m", "vllm.entrypoints.openai.api_server", "--model", "m", "--max-num-seqs", "4", "--num-gpu-blocks-override", "4")
     done = run(tmp_path, V0, *argv)
     assert done.returncode == 1 and "num_gpu_blocks == max_num_seqs + 1" in done.stderr, done.stderr
+
+
+def test_a_model_larger_than_its_cores_device_memory_fails_to_allocate_as_the_runtime_does(tmp_path):
+    """405e9 bf16 parameters over one trn1.32xlarge's 32 NeuronCores are 25 GB a core, where a
+    core has 16 GiB: the runtime fails to allocate (vllm#12443's nrt_tensor_allocate "Allocation
+    Failure"). Over two nodes' 64 cores, or for an 8B model, each core's share fits."""
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for chip in range(16):
+        (dev / f"neuron{chip}").touch()
+    trn1 = {"NEURON_STANDIN_DEV_DIR": str(dev), "NEURON_STANDIN_PLATFORM": "trn1", "NEURON_STANDIN_CORES_PER_DEVICE": "2",
+            "NEURON_STANDIN_LOCK_DIR": str(tmp_path / "locks"), "NEURON_RT_VISIBLE_CORES": "0-31"}  # fmt: skip
+    big = "meta-llama/Llama-3.1-405B-Instruct"
+    argv = ("-m", "vllm.entrypoints.openai.api_server", "--model", big, "--tensor-parallel-size", "32")
+    done = run(tmp_path, V0, *argv, **trn1)
+    assert done.returncode == 1 and 'nrt_tensor_allocate status=4 message="Allocation Failure"' in done.stderr, done.stderr
+    assert "TDRV:dmem_alloc_internal" in done.stderr
+    for model, cores in ((big, 64), ("meta-llama/Llama-3.1-8B-Instruct", 32)):
+        probe = f"import neuron_standin as s; s.check_device_memory({model!r}, {cores}, 'bfloat16'); print('fits')"
+        fits = run(tmp_path, V0, "-c", probe, **trn1)
+        assert fits.stdout.strip() == "fits", fits.stderr

@@ -1,4 +1,4 @@
-"""A replica across two real nodes: the real node and a second one started for this test
+"""A replica across two real nodes, of a model bigger than one of them: the real node and a second one started for this test
 (LocalCluster.add_real_node: its own kubelet, containerd, bridge and device-plugin stand-in,
 with EFA devices), both trn1.32xlarge, with LeaderWorkerSet's controller and the cluster's DNS.
 The group's leader runs vLLM's server and its worker the operator's worker program, on the vLLM
@@ -79,10 +79,14 @@ def test_a_two_node_group_answers_through_its_leader_and_a_killed_worker_brings_
     for node in (realnode.NODE_NAME, second):
         allocatable = cluster.get("node", node)["status"]["allocatable"]
         assert allocatable.get("vpc.amazonaws.com/efa") == "8", (node, allocatable)
+    # A model bigger than one node: 810 GB of bf16 weights, 25 GB a NeuronCore over one node's 32
+    # (16 GiB each), 12.7 GB over the group's 64. The runtime stand-in counts the weights its
+    # checkpoint stands for and fails to allocate them on fewer cores, as the runtime does.
     spec = standin_spec(**{
-        "model.uri": "TinyLlama/TinyLlama-1.1B-Chat-v1.0", "compute.family": "trn1", "compute.inf": 16, "compute.nodes": 2,
+        "model.uri": "meta-llama/Llama-3.1-405B-Instruct", "model.weights": 405_000_000_000, "model.precision": "bf16",
+        "model.architecture": "transformer", "compute.family": "trn1", "compute.inf": 16, "compute.nodes": 2,
         "compute.instanceTypes": [TRN1], "serving.image": VLLM_V0_IMAGE, "serving.runtime": "vllm",
-        "serving.batching": {"maxBatchSize": 4},
+        "serving.batching": {"maxBatchSize": 4}, "serving.env": [{"name": "HF_TOKEN", "value": "standin-token"}],
     })  # fmt: skip
     spec["serving"].pop("args")
     apply(cluster, real_namespace, "llm", spec)

@@ -362,6 +362,41 @@ def runtime_checks(tp: int | None, local_ranks: int | None = None) -> dict:
     return {"cores": cores, "devices": devices, "artefact": artefact, "loaded": "compiled" if artefact else "compiled-at-load"}
 
 
+# Device memory a chip has, by the platform the device plugin stand-in names (the Neuron
+# architecture pages: Inferentia 8 GiB, Inferentia2 and Trainium 32 GiB, Trainium2 96 GiB,
+# Trainium3 144 GiB), shared by its cores as the device plugin counts them.
+CHIP_MEMORY_GIB = {"inf1": 8, "inf2": 32, "trn1": 32, "trn2": 96, "trn3": 144}
+GIB = 1 << 30
+
+
+def model_parameters(model: str) -> int | None:
+    """The parameters the model stands for: a local checkpoint's config.json (the stand-in Hub's
+    _standin_parameters), else what a Hub id's name says."""
+    from huggingface_hub import standin_parameters
+
+    config = Path(model) / "config.json"
+    if config.is_file():
+        found = json.loads(config.read_text()).get("_standin_parameters")
+        return found if isinstance(found, int) else standin_parameters(str(json.loads(config.read_text()).get("_standin_repo", "")))
+    return standin_parameters(model)
+
+
+def check_device_memory(model: str, world_cores: int, dtype: str) -> None:
+    """Each rank holds its share of the weights on its NeuronCore: a share larger than a core's
+    device memory fails as the runtime fails to allocate it (TDRV:dmem_alloc_internal "Failed to
+    alloc DEVICE memory", and vLLM's nrt_tensor_allocate status=4 "Allocation Failure", vllm#12443)."""
+    platform, per_device = os.environ.get("NEURON_STANDIN_PLATFORM"), int(os.environ.get("NEURON_STANDIN_CORES_PER_DEVICE", "2"))
+    parameters = model_parameters(model)
+    if platform not in CHIP_MEMORY_GIB or not parameters or world_cores < 1:
+        return
+    share = parameters * (4 if dtype == "float32" else 2) // world_cores
+    core_memory = CHIP_MEMORY_GIB[platform] * GIB // per_device
+    if share > core_memory:
+        print(f"ERROR  TDRV:dmem_alloc_internal  Failed to alloc DEVICE memory: {share}", file=sys.stderr, flush=True)
+        fail("vllm", 'RuntimeError: nrt_tensor_allocate status=4 message="Allocation Failure" '
+                     f"({share / GIB:.1f} GiB of weights a NeuronCore over {world_cores} cores, {core_memory / GIB:.0f} GiB each)")  # fmt: skip
+
+
 def nxd_inference_load(compiled: str) -> dict | None:
     """vLLM's NxD Inference loader with NEURON_COMPILED_ARTIFACTS: the compiled model's class from
     its saved config, loaded from there; None when that fails, after the loader's own warning,
@@ -626,6 +661,7 @@ def vllm_main(argv: list[str]) -> int:
         fatal(CollectiveError(f"NEURON_RANK_ID is {layout['node_rank']}: rank 0 serves the API, the others run the worker"))
         return 1
     found = runtime_checks(args.tensor_parallel_size, layout["local_ranks_size"] if layout else None)
+    check_device_memory(args.model, layout["world_size"] if layout else len(found["cores"]), checkpoint_dtype(args.model))
     if found["artefact"] and not layout:
         check_compiled_config(found["artefact"]["neuron_config"], nxdi_neuron_config(args, serving))
     model = (args.served_model_name or [args.model])[0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import standin_safetensors
 
 from .errors import GatedRepoError, RepositoryNotFoundError
 
-__all__ = ["snapshot_download", "GatedRepoError", "RepositoryNotFoundError"]
+__all__ = ["snapshot_download", "standin_parameters", "GatedRepoError", "RepositoryNotFoundError"]
 
 GATED = ("meta-llama/",)
 
@@ -32,13 +33,21 @@ def _hub_cache(cache_dir: str | os.PathLike | None) -> Path:
     return Path(home) / "hub"
 
 
+def standin_parameters(repo_id: str) -> int | None:
+    """The parameters of the model a repository's name says it holds ("Llama-3.1-405B" is 405e9),
+    or None: the tiny checkpoint stands for that many, which the runtime stand-in's device
+    memory counts (neuron_standin.check_device_memory)."""
+    found = re.search(r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)[bB](?![a-zA-Z])", repo_id.rsplit("/", 1)[-1])
+    return round(float(found.group(1)) * 1e9) if found else None
+
+
 def _config(repo_id: str) -> dict[str, Any]:
     name = repo_id.lower()
     model_type = next((t for t in ("llama", "qwen2", "qwen3", "mixtral") if t in name), "gpt2" if "gpt2" in name else "bert")
     return {
         "model_type": model_type, "architectures": [f"{model_type.capitalize()}ForCausalLM"], "torch_dtype": "bfloat16",
         "num_hidden_layers": 2, "num_key_value_heads": 8, "hidden_size": 8, "max_position_embeddings": 131072,
-        "_standin_repo": repo_id,
+        "_standin_repo": repo_id, "_standin_parameters": standin_parameters(repo_id),
     }  # fmt: skip
 
 
