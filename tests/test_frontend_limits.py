@@ -396,3 +396,11 @@ def test_the_documented_limits_are_the_defaults():
         "--body-budget-mib": DEFAULT_LIMITS.body_budget / MIB,
         "--process-timeout-s": DEFAULT_LIMITS.process_timeout,
     }
+
+
+def test_the_listen_backlog_holds_as_many_connections_as_the_cap_admits(front_end):
+    """asyncio listens with a backlog of 100 unless told otherwise; with a cap of 1,024, 400
+    clients connecting at once saw some of their connections reset (seen in a fresh clone's
+    make test). The listening socket's backlog (ss's Send-Q of a LISTEN socket) is the cap."""
+    listening = subprocess.run(["ss", "-Hltn", f"sport = :{front_end.port}"], capture_output=True, text=True, check=True).stdout.split()
+    assert listening[0] == "LISTEN" and int(listening[2]) == MAX_CONNECTIONS, listening
