@@ -95,7 +95,7 @@ def _client_login(settings: kopf.OperatorSettings, paths: list[str]) -> kopf.Con
     from kubernetes import client, config
 
     loaded = client.Configuration()
-    config.load_kube_config(config_file=os.pathsep.join(paths), client_configuration=loaded, persist_config=False)
+    config.load_kube_config(config_file=os.pathsep.join(paths), client_configuration=loaded, persist_config=False)  # type: ignore[no-untyped-call]
     # An exec plugin's or an auth provider's token, or the context's own: where the library keeps
     # it moved in its release 36.0.1 (kopf reads both places too).
     header = loaded.get_api_key_with_prefix("BearerToken") or loaded.get_api_key_with_prefix("authorization")
