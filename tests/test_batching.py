@@ -171,6 +171,70 @@ def test_buckets_are_batched_apart():
     assert sorted(tuple(r.bucket for r in a.requests) for a in actions) == [((64,), (64,)), ((128,), (128,))]
 
 
+# --- a model that paused: shedding, probing, serving again -------------------------------------
+
+
+def paused(processes=2):
+    """Trained fast, then every process ran one batch of 3 s (a pause of the model): each
+    estimate leaves no request within the budget of 100 ms."""
+    d = trained(Dispatcher(processes=processes, max_batch=4, max_latency=0.100))
+    for p in range(processes):
+        d.inflight[p] += 1
+        d.done(p, 4, 3.0)
+    return d
+
+
+def test_after_a_pause_a_probe_is_sent_and_a_fast_answer_serves_again():
+    """Seen: after one batch slower than the budget, every request got 503 for as long as the
+    test ran (40 s), since nothing was sent and nothing learnt. Now a stale process is probed."""
+    d = paused()
+    assert d.shedding
+    probe = request(10.0)
+    assert d.arrive(probe) is None  # admitted as a probe, whatever the estimate says
+    [sent], _ = d.decide(10.0)
+    assert isinstance(sent, Dispatch) and sent.requests == [probe] and probe.probe
+    # One probe at a time: meanwhile the estimate still refuses.
+    assert isinstance(d.arrive(request(10.01)), Reject)
+    d.done(sent.process, 1, 0.012, probe=True)  # back: faster than it was estimated
+    assert not d.shedding and d.models[sent.process](1) == pytest.approx(0.012)
+    assert d.arrive(request(10.02)) is None
+    [batch], _ = d.decide(10.02)
+    assert batch.process == sent.process and not batch.requests[0].probe
+    # The other process is probed in its turn, PROBE_INTERVAL after the first probe.
+    assert d.arrive(request(10.0 + Dispatcher.PROBE_INTERVAL)).__class__ is not Reject
+    [second], _ = d.decide(10.0 + Dispatcher.PROBE_INTERVAL)
+    assert second.process != sent.process and second.requests[0].probe
+
+
+def test_a_probe_that_is_still_slow_keeps_the_process_stale_and_probes_again_later():
+    d = paused(processes=1)
+    d.arrive(request(5.0))
+    [sent], _ = d.decide(5.0)
+    d.done(0, 1, 2.0, probe=True)
+    assert d.shedding
+    assert isinstance(d.arrive(request(5.1)), Reject)  # before the next probe is due
+    assert d.arrive(request(5.0 + Dispatcher.PROBE_INTERVAL)) is None
+
+
+def test_a_replica_out_of_its_service_probes_itself_with_the_last_request_it_admitted():
+    """While shedding, /readyz fails and the Service sends nothing: the dispatcher sends the last
+    request it admitted again, answered to nobody, and learns that its model is back."""
+    d = trained(Dispatcher(processes=1, max_batch=4, max_latency=0.100))
+    d.arrive(request(0.0))
+    [first], _ = d.decide(0.0)
+    d.done(0, 1, 3.0)  # the model paused under it
+    assert d.shedding
+    actions, _ = d.decide(3.0)
+    [probe] = actions
+    assert probe.requests[0].probe and probe.requests[0].payload == {"x": 0.0} and probe.requests[0].id != first.requests[0].id
+    d.done(0, 1, 2.5, probe=True)  # still paused
+    actions, wake = d.decide(3.1)
+    assert actions == [] and wake == pytest.approx(3.0 + Dispatcher.PROBE_INTERVAL)
+    [again], _ = d.decide(wake)
+    d.done(0, 1, 0.011, probe=True)
+    assert not d.shedding and again.requests[0].probe
+
+
 # --- padding ------------------------------------------------------------------------------
 
 
@@ -324,6 +388,88 @@ def test_readyz_waits_for_every_model_process():
         try:
             async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/readyz") as r:
                 assert r.status == 503 and json.loads(await r.text())["processes"]
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(scenario())
+
+
+def test_a_model_that_pauses_is_shed_then_served_again_within_two_seconds_of_its_return():
+    """A model process that stops answering for two seconds (a GC pause, a runtime hiccup) under
+    traffic: its slow batches leave no request within the budget, the front end sheds (503, and
+    /readyz fails so the Service routes around it), probes, and serves again once the model answers."""
+    gate = asyncio.Event()
+    gate.set()
+
+    async def model(request: web.Request) -> web.Response:
+        inputs = await request.json()
+        await gate.wait()
+        await asyncio.sleep(0.005)
+        return web.json_response(inputs)
+
+    async def healthz(_request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def scenario():
+        app = web.Application()
+        app.router.add_post("/", model)
+        app.router.add_get("/healthz", healthz)
+        model_port, port = free_port(), free_port()
+        runners = [await start(app, model_port)]
+        front = FrontEnd([f"http://127.0.0.1:{model_port}"], 4, 0.2)
+        runners.append(await start(front.app(), port))
+        seen: list[tuple[float, int]] = []
+        ready: list[tuple[float, int]] = []
+        stop = asyncio.Event()
+
+        async def client(session: aiohttp.ClientSession) -> None:
+            while not stop.is_set():
+                async with session.post(f"http://127.0.0.1:{port}/", json=[1]) as r:
+                    seen.append((time.monotonic(), r.status))
+                await asyncio.sleep(0.02)
+
+        async def readiness(session: aiohttp.ClientSession) -> None:
+            while not stop.is_set():
+                async with session.get(f"http://127.0.0.1:{port}/readyz") as r:
+                    ready.append((time.monotonic(), r.status))
+                await asyncio.sleep(0.05)
+
+        try:
+            async with aiohttp.ClientSession() as session:
+                tasks = [asyncio.create_task(client(session)) for _ in range(4)] + [asyncio.create_task(readiness(session))]
+                await asyncio.sleep(0.1)
+                gate.clear()  # the pause: its batch takes 2 s, ten times the budget
+                await asyncio.sleep(2.0)
+                gate.set()
+                back = time.monotonic()
+                await asyncio.sleep(3.0)
+                stop.set()
+                await asyncio.gather(*tasks)
+        finally:
+            for r in runners:
+                await r.cleanup()
+        return back, seen, ready
+
+    back, seen, ready = asyncio.run(scenario())
+    after = [(t - back, status) for t, status in seen if t > back]
+    assert any(status == 503 for _, status in after), "the slow batches made it shed"
+    # Served again, and from then on, within two seconds of the model's return.
+    first_served = next((t for t, status in after if status == 200 and all(s == 200 for u, s in after if u >= t)), None)
+    assert first_served is not None and first_served < 2.0, after
+    assert ready[-1][1] == 200, ready
+
+
+def test_readyz_fails_while_the_front_end_sheds_everything():
+    """While no process is estimated to answer in time, nothing is admitted: the replica says it
+    is not ready, so that the Service sends its clients to replicas that can answer."""
+
+    async def scenario():
+        front = FrontEnd([f"http://127.0.0.1:{free_port()}"], 4, 0.1, dispatcher=paused(processes=1))
+        port = free_port()
+        runner = await start(front.app(), port)
+        try:
+            async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/readyz") as r:
+                assert r.status == 503 and "shedding" in json.loads(await r.text())
         finally:
             await runner.cleanup()
 

@@ -18,6 +18,18 @@ The budget is kept on top of the window: a request that cannot finish within
 ``max_latency`` is answered 503 at once, never queued past it, and never sent in a batch
 that would finish late. Each process runs one batch at a time (a NeuronCore Group
 executes one model invocation at once), and work goes to the least-loaded free process.
+
+The estimate is learnt only from batches that finish, so a process that once ran slow (a
+pause, a hiccup of the runtime) would be estimated slow for ever, and sent nothing to learn
+otherwise. So a process whose estimate leaves no request within the budget is *stale*: it
+gets no batch but a *probe*, one request alone, at most one at a time and one every
+``PROBE_INTERVAL``, which is sent whatever the estimate says. A probe that finishes faster
+than the estimate shows the process is back: what was learnt before it is forgotten. While
+every process is stale nothing is admitted (``shedding``, which the front end's readiness
+reports), and the probe is the last request admitted of any bucket, sent again by the
+dispatcher itself and answered to nobody: a replica that left its Service still learns
+that its model is back. The states: serving (some process fits the budget), shedding (none
+does; probes every PROBE_INTERVAL), and recovering (a probe came back in time; serving again).
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ class Request:
     bucket: tuple[int, ...] | None  # the padded shape, None without buckets
     payload: Any
     id: int = field(default_factory=itertools.count().__next__)
+    probe: bool = False  # sent alone to a stale process, whatever the estimate says (module docstring)
 
 
 @dataclass(frozen=True)
@@ -74,6 +87,11 @@ class LatencyModel:
 
     def __call__(self, n: int) -> float:
         return self.fixed + self.per_item * n
+
+    def forget(self) -> None:
+        """Nothing learnt: what was measured describes a process that is no longer so."""
+        self.samples.clear()
+        self.fixed = self.per_item = 0.0
 
 
 def replay(arrivals: Sequence[float], processes: int, max_batch: int, latency: Callable[[int], float], window: float) -> list[float]:
@@ -121,6 +139,9 @@ class Dispatcher:
     # 2 ms on this project's test machine, so about 9 microseconds per request.
     HISTORY = 1024
     RETUNE_EVERY = 256
+    # How often a stale process is probed: a model that answers again is served again within
+    # about this long of its first answer (plus the probe's own call).
+    PROBE_INTERVAL = 0.25
 
     def __init__(self, processes: int, max_batch: int, max_latency: float, inflight_per_process: int = 1):
         self.max_batch = max_batch
@@ -132,6 +153,21 @@ class Dispatcher:
         self.window = 0.0  # dispatch at once until there is history to tune on
         self._arrivals: deque[float] = deque(maxlen=self.HISTORY)
         self._since_tuned = 0
+        self._probing = False  # a probe is waiting for a process or in flight
+        self._pending_probe: Request | None = None  # the probe, until a process is free for it
+        self._next_probe = float("-inf")
+        self._last_admitted: Request | None = None  # what a probe sends when no client does
+
+    @property
+    def shedding(self) -> bool:
+        """No process's estimate leaves a lone request within the budget: nothing is admitted."""
+        return all(self._stale(p) for p in range(len(self.inflight)))
+
+    def _stale(self, process: int) -> bool:
+        return self.models[process](1) > self.max_latency
+
+    def _probe_due(self, now: float) -> bool:
+        return not self._probing and now >= self._next_probe and any(self._stale(p) for p in range(len(self.inflight)))
 
     # --- inputs --------------------------------------------------------------------------
 
@@ -150,14 +186,28 @@ class Dispatcher:
         model = self._best_model()
         # Whole batches ahead of it run in parallel on the processes; then its own.
         expected = (batches_ahead // processes) * model(self.max_batch) + model(min(ahead % self.max_batch + 1, self.max_batch))
-        if expected > self.max_latency:
+        if self._probe_due(request.arrived):
+            # A stale process learns only from what it is sent: this request goes to it alone.
+            self._start_probe(request)
+        elif expected > self.max_latency:
             return Reject(request, retry_after=max(0.001, expected - self.max_latency))
-        queue.append(request)
+        else:
+            queue.append(request)
+        self._last_admitted = request
         return None
 
-    def done(self, process: int, n: int, seconds: float) -> None:
+    def _start_probe(self, request: Request) -> None:
+        request.probe, self._probing, self._pending_probe = True, True, request
+        self._next_probe = request.arrived + self.PROBE_INTERVAL
+
+    def done(self, process: int, n: int, seconds: float, probe: bool = False) -> None:
         self.inflight[process] -= 1
-        self.models[process].observe(n, seconds)
+        model = self.models[process]
+        if probe:
+            self._probing = False
+            if seconds < model(n):
+                model.forget()  # back, faster than it was estimated: what was learnt before is past
+        model.observe(n, seconds)
 
     def tune(self) -> None:
         """Sets the window to the candidate whose replay of the recent arrivals had the lowest
@@ -184,10 +234,25 @@ class Dispatcher:
         (None: only on the next arrival or completion)."""
         actions: list[Dispatch | Reject] = []
         wake: float | None = None
+        if self._last_admitted is not None and self.shedding and self._probe_due(now):
+            # No client sends anything while the replica is out of its Service: the dispatcher
+            # probes with the last request it admitted, answered to nobody.
+            last = self._last_admitted
+            self._start_probe(Request(now, last.bucket, last.payload))
+        probe_to = [p for p in range(len(self.inflight)) if self.inflight[p] < self.capacity]
+        if self._pending_probe is not None and probe_to:
+            # Alone, to the stalest free process, whatever its estimate says.
+            process = max(probe_to, key=lambda p: self.models[p](1))
+            self.inflight[process] += 1
+            actions.append(Dispatch(process, [self._pending_probe]))
+            self._pending_probe = None
+        elif self._last_admitted is not None and self.shedding and not self._probing:
+            wake = self._next_probe
         # The bucket whose oldest request has waited longest goes first.
         for queue in sorted(self.queues.values(), key=lambda q: q[0].arrived if q else float("inf")):
             while queue:
-                free = [p for p in range(len(self.inflight)) if self.inflight[p] < self.capacity]
+                # A stale process gets probes only: a batch sent there would be refused as late.
+                free = [p for p in range(len(self.inflight)) if self.inflight[p] < self.capacity and not self._stale(p)]
                 if not free:
                     break
                 process = min(free, key=lambda p: (self.inflight[p], self.models[p](self.max_batch)))
@@ -216,4 +281,4 @@ class Dispatcher:
 
     @property
     def queued(self) -> int:
-        return sum(len(q) for q in self.queues.values())
+        return sum(len(q) for q in self.queues.values()) + (self._pending_probe is not None)

@@ -199,6 +199,10 @@ class FrontEnd:
         stalled = stall(self.budget, self.dispatcher.max_latency)
         if stalled is not None:
             return web.json_response(stalled, status=503)
+        if self.dispatcher.shedding:
+            # Nothing would be admitted: the replica leaves its Service until a probe shows its
+            # model answers in time again (batching/dispatch.py).
+            return web.json_response({"shedding": "no model process is estimated to answer within the latency budget"}, status=503)
 
         async def answers(url: str) -> bool:
             try:
@@ -258,7 +262,7 @@ class FrontEnd:
         finally:
             self.metrics.inflight.labels(str(batch.process)).dec()
             self._sent.difference_update(r.id for r in batch.requests)
-            self.dispatcher.done(batch.process, n, self.clock() - sent)
+            self.dispatcher.done(batch.process, n, self.clock() - sent, probe=batch.requests[0].probe)
             self._decide()
 
     async def _call(self, process: int, requests: list[Request]) -> None:
