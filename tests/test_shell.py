@@ -147,6 +147,20 @@ def test_resource_versions_are_compared_as_numbers_not_text():
     assert cache.observe((NS, "m")).own("Service")["metadata"]["resourceVersion"] == "10"
 
 
+def test_a_deleted_model_is_not_kept_alive_by_its_own_status_patch():
+    """Seen in make test: a model's namespace was deleted while a reconcile of it was in flight;
+    the DELETED event cleared the overlay, then the reconcile's status patch put the model back
+    in it, and the operator kept creating its children in a namespace that no longer existed
+    (404 at every retry, for as long as it ran). Only the watch makes a model exist: what the
+    operator wrote of it is laid over a model the index holds, never in place of one."""
+    cache = Cache()
+    cache.indexes = indexes(stored_model())
+    cache.remember((NS, "m"), {(api.KIND, "m"): project(with_rv(stored_model(), 60))})
+    assert cache.observe((NS, "m")) is not None
+    cache.indexes = indexes()  # the model is deleted: the watch dropped it from the index
+    assert cache.observe((NS, "m")) is None
+
+
 def test_a_delete_is_seen_before_the_watch_says_so_and_let_go_after():
     from inferentia_operator.shell.cache import GONE
 

@@ -142,7 +142,13 @@ class Cache:
         return list(by_name.values())
 
     def observe(self, key: Key) -> Observed | None:
-        models = self._resolve(key, api.KIND, self._cached("model_index", key))
+        cached = self._cached("model_index", key)
+        if not cached:
+            # Deleted (or not yet seen): only the watch makes a model exist. A status patch that
+            # landed after the model's delete event would otherwise keep it alive in the overlay.
+            self._written.pop(key, None)
+            return None
+        models = self._resolve(key, api.KIND, cached)
         model = next((m for m in models if Obj(m).name == key[1]), None)
         if model is None:
             return None
