@@ -21,6 +21,17 @@ from inferentia_operator.shell.transport import LoginFailed, Transport, credenti
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# A Python program's first lines that make the kubernetes library impossible to import, as in
+# the operator's image, which does not install it.
+HIDE_KUBERNETES = (
+    "import sys\n"
+    "class Hidden:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name.split('.')[0] == 'kubernetes': raise ImportError('hidden: ' + name)\n"
+    "sys.meta_path.insert(0, Hidden())\n"
+)
+
+
 class Recorder(http.server.BaseHTTPRequestHandler):
     """Answers 401 to the tokens in ``refuse``, else the request back as JSON; ``hang`` never answers."""
 
@@ -170,12 +181,7 @@ def test_the_operator_runs_without_the_kubernetes_client_library():
     dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     assert not [d for d in dependencies if d.startswith("kubernetes")], dependencies
     code = (
-        "import sys\n"
-        "class Hidden:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] == 'kubernetes': raise ImportError('hidden: ' + name)\n"
-        "sys.meta_path.insert(0, Hidden())\n"
-        "import inferentia_operator.cli, inferentia_operator.shell.runner, inferentia_operator.batching.node_cache\n"
+        HIDE_KUBERNETES + "import inferentia_operator.cli, inferentia_operator.shell.runner, inferentia_operator.batching.node_cache\n"
         "import kopf\n"
         "kopf.OperatorRegistry()\n"
         "print(sorted(n for n in sys.modules if n.split('.')[0] == 'kubernetes'))\n"
@@ -226,12 +232,7 @@ def test_without_the_kubeconfig_extra_an_exec_plugin_user_is_refused_with_what_t
     login says so rather than calling the API server with no credentials."""
     config = exec_kubeconfig(tmp_path, server)
     code = (
-        "import sys\n"
-        "class Hidden:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] == 'kubernetes': raise ImportError('hidden: ' + name)\n"
-        "sys.meta_path.insert(0, Hidden())\n"
-        "from inferentia_operator.shell.transport import LoginFailed, credentials\n"
+        HIDE_KUBERNETES + "from inferentia_operator.shell.transport import LoginFailed, credentials\n"
         "try:\n"
         "    credentials()\n"
         "except LoginFailed as exc:\n"
