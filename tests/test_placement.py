@@ -129,9 +129,16 @@ def test_a_group_across_nodes_keeps_the_models_terms_beside_its_own():
         ({}, 1),
         ({"disruptionBudget": {"maxUnavailable": "50%"}}, "50%"),
         ({"disruptionBudget": {"maxUnavailable": 0}}, 0),
-        # A group of two nodes is two pods a replica.
+        # A group of two nodes: one eviction takes its whole group, whose other pod then counts
+        # as unavailable, so a replica is one pod of the budget, never two (two groups could go).
         ({"compute.family": "trn1", "compute.inf": 16, "compute.nodes": 2, "serving.runtime": "vllm",
-          "model.architecture": "transformer", "serving.batching": {"maxBatchSize": 4}}, 2),
+          "model.architecture": "transformer", "serving.batching": {"maxBatchSize": 4}}, 1),
+        # A percentage of groups, rounded up, not of pods.
+        ({"compute.family": "trn1", "compute.inf": 16, "compute.nodes": 2, "serving.runtime": "vllm", "replicas": 3,
+          "model.architecture": "transformer", "serving.batching": {"maxBatchSize": 4},
+          "disruptionBudget": {"maxUnavailable": "50%"}}, 2),
+        # A count written as text is a count: a PodDisruptionBudget takes text only as a percentage.
+        ({"disruptionBudget": {"maxUnavailable": "2"}}, 2),
     ],
 )  # fmt: skip
 def test_every_model_has_a_disruption_budget_over_its_serving_pods(overrides, wanted):

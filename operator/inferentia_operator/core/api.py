@@ -77,7 +77,9 @@ def _int_or_string(max_length: int) -> Any:
 def _int_or_text(value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ValueError("a whole number or a percentage such as 25% is needed")
-    return value
+    # "2" passes the CRD's pattern, but a Deployment's or a PodDisruptionBudget's int-or-string
+    # takes a string only as a percentage: the children get the number.
+    return int(value) if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 9 else value
 
 
 Quantity = Annotated[

@@ -1117,7 +1117,7 @@ def serving_affinity(model: Model, grouped: bool = False) -> dict[str, Any]:
         if model.spec.compute.topology_key:
             # Groups are placed whole, one pod a node: each pod takes every chip of its node, so
             # the Deployment's preference to spread replicas over nodes has nothing left to choose.
-            affinity["podAffinity"] = together(model.name, model.spec.compute.topology_key)
+            affinity["podAffinity"] = {**affinity.get("podAffinity", {}), **together(model.name, model.spec.compute.topology_key)}
         return affinity
     term = {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": selector(model)}}
     affinity["podAntiAffinity"] = {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]}
@@ -1210,21 +1210,26 @@ def serving_deployment(model: Model, replicas: int | None = None, grouped: bool 
     }
 
 
-def disruption_budget(model: Model) -> dict[str, Any]:
-    """The model's PodDisruptionBudget over its serving pods. A replica that spans nodes is a
-    group of ``nodes`` pods that LeaderWorkerSet recreates whole when one goes: the budget
-    counts pods, so a whole number of replicas is that many groups' pods, and a group whose
-    pod was evicted counts as unavailable until it is back. Pods that are not ready may always
+def disruption_budget(model: Model, replicas: int | None = None) -> dict[str, Any]:
+    """The model's PodDisruptionBudget over its serving pods. Pods that are not ready may always
     be evicted (AlwaysAllow: https://kubernetes.io/docs/tasks/run-application/configure-pdb/#unhealthy-pod-eviction-policy),
-    so a model that does not serve never blocks a node's drain."""
+    so a model that does not serve never blocks a node's drain.
+
+    The budget counts pods. A replica that spans nodes is a group that LeaderWorkerSet makes
+    again whole when one of its pods goes, and its other pods then count as unavailable until
+    it is back: so a whole number of replicas is that many pods (each eviction takes its whole
+    group), and a percentage is taken of the ``replicas`` groups (default: what the spec alone
+    gives) and rounded up, as Kubernetes rounds a maxUnavailable percentage."""
     most = model.spec.disruption_budget.max_unavailable
-    nodes = model.plan.nodes or 1
+    if model.plan.nodes and isinstance(most, str):
+        groups = desired_replicas(model.spec, scaled=False) if replicas is None else replicas
+        most = math.ceil(int(most.rstrip("%")) * groups / 100)
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": child_metadata(model, model.name, "serving"),
         "spec": {
-            "maxUnavailable": most * nodes if isinstance(most, int) else most,
+            "maxUnavailable": most,
             "selector": {"matchLabels": selector(model)},
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },

@@ -26,5 +26,5 @@ def serving_part(model: Model, compiled: bool, replicas: int, to_holder: bool) -
     workload = serving_group(model, replicas) if model.plan.nodes else children.serving_deployment(model, replicas)
     facts = ServingFacts(replicas, children.plan_hash(model.plan), model.plan, children.selector_string(model))
     held = frozenset() if compiled else frozenset({ref(workload)})
-    made = (children.plan_configmap(model), children.service(model, to_holder), workload, children.disruption_budget(model))
+    made = (children.plan_configmap(model), children.service(model, to_holder), workload, children.disruption_budget(model, replicas))
     return ServingPart(made, held, facts=facts)
