@@ -216,6 +216,28 @@ def test_a_probe_that_is_still_slow_keeps_the_process_stale_and_probes_again_lat
     assert d.arrive(request(5.0 + Dispatcher.PROBE_INTERVAL)) is None
 
 
+def test_a_probe_the_process_never_answered_is_no_sign_that_it_is_back():
+    """A process that is not listening fails a call at once: that says nothing of its speed."""
+    d = paused(processes=1)
+    d.arrive(request(5.0))
+    d.decide(5.0)
+    d.done(0, 1, 0.001, probe=True, answered=False)
+    assert d.shedding
+
+
+def test_while_shedding_what_waits_is_refused_not_stranded():
+    """Requests queued before every process went stale are refused at once, with a retry after
+    the next probe, never left queued past their budget."""
+    d = trained(Dispatcher(processes=1, max_batch=1, max_latency=0.100))
+    for _ in range(3):
+        d.arrive(request(0.0))
+    [sent], _ = d.decide(0.0)
+    d.done(0, 1, 3.0)  # paused under its first batch: now stale, two requests still queued
+    actions, _ = d.decide(3.0)
+    refused = [a for a in actions if isinstance(a, Reject)]
+    assert len(refused) == 2 and d.queued <= 1  # at most the probe the dispatcher made itself
+
+
 def test_a_replica_out_of_its_service_probes_itself_with_the_last_request_it_admitted():
     """While shedding, /readyz fails and the Service sends nothing: the dispatcher sends the last
     request it admitted again, answered to nobody, and learns that its model is back."""

@@ -200,14 +200,17 @@ class Dispatcher:
         request.probe, self._probing, self._pending_probe = True, True, request
         self._next_probe = request.arrived + self.PROBE_INTERVAL
 
-    def done(self, process: int, n: int, seconds: float, probe: bool = False) -> None:
+    def done(self, process: int, n: int, seconds: float, probe: bool = False, answered: bool = True) -> None:
+        """A batch came back after ``seconds``; ``answered``: the process answered it (a process
+        that is not listening fails at once, which says nothing of how fast it runs)."""
         self.inflight[process] -= 1
         model = self.models[process]
         if probe:
             self._probing = False
-            if seconds < model(n):
+            if answered and seconds < model(n):
                 model.forget()  # back, faster than it was estimated: what was learnt before is past
-        model.observe(n, seconds)
+        if answered:
+            model.observe(n, seconds)
 
     def tune(self) -> None:
         """Sets the window to the candidate whose replay of the recent arrivals had the lowest
@@ -248,6 +251,12 @@ class Dispatcher:
             self._pending_probe = None
         elif self._last_admitted is not None and self.shedding and not self._probing:
             wake = self._next_probe
+        if self.shedding:
+            # No process is estimated to answer in time: what waits is refused now, not left
+            # queued past its budget until a probe comes back.
+            for queue in self.queues.values():
+                actions.extend(Reject(r, retry_after=self.PROBE_INTERVAL) for r in queue)
+            self.queues = {}
         # The bucket whose oldest request has waited longest goes first.
         for queue in sorted(self.queues.values(), key=lambda q: q[0].arrived if q else float("inf")):
             while queue:

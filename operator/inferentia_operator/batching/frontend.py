@@ -253,8 +253,9 @@ class FrontEnd:
         self._sent.update(r.id for r in batch.requests)
         for r in batch.requests:
             self.metrics.queue_wait.observe(sent - r.arrived)
+        answered = False
         try:
-            await self._call(batch.process, batch.requests)
+            answered = await self._call(batch.process, batch.requests)
         except Exception as exc:  # noqa: BLE001 - whatever went wrong, each request of the batch is answered
             log.warning("batch of %d to process %d failed in the front end: %s: %s", n, batch.process, type(exc).__name__, exc)
             for r in batch.requests:
@@ -262,10 +263,10 @@ class FrontEnd:
         finally:
             self.metrics.inflight.labels(str(batch.process)).dec()
             self._sent.difference_update(r.id for r in batch.requests)
-            self.dispatcher.done(batch.process, n, self.clock() - sent, probe=batch.requests[0].probe)
+            self.dispatcher.done(batch.process, n, self.clock() - sent, probe=batch.requests[0].probe, answered=answered)
             self._decide()
 
-    async def _call(self, process: int, requests: list[Request]) -> None:
+    async def _call(self, process: int, requests: list[Request]) -> bool:
         """Sends ``requests`` to ``process`` as one batch and answers each. A batch the process
         refuses with a 4xx holds an input it will not take: it is split in halves, each sent
         again, so that each request is answered alone or refused alone (at most 2n - 1 calls
@@ -285,29 +286,29 @@ class FrontEnd:
             log.warning("batch of %d not sent: process %d is not listening: %s", n, process, exc)
             for r in requests:
                 self._resolve(r, self._refuse(503, {"error": "the model process is not running; retry"}, retry_after=1))
-            return
+            return False
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             self._failed(process, requests, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
-            return
+            return False
         if 400 <= status < 500:
             if n > 1:
-                await self._call(process, requests[: n // 2])
-                await self._call(process, requests[n // 2 :])
-            else:
-                self._resolve(requests[0], self._refuse(status, _model_refusal(status, body)))
-            return
+                first = await self._call(process, requests[: n // 2])
+                return await self._call(process, requests[n // 2 :]) and first
+            self._resolve(requests[0], self._refuse(status, _model_refusal(status, body)))
+            return True  # the model answered, and judged the input
         if status != 200:
             self._failed(process, requests, f"the model process answered {status}")
-            return
+            return False
         try:
             outputs = json.loads(body)
         except ValueError:
             outputs = None
         if not isinstance(outputs, list) or len(outputs) != n:
             self._failed(process, requests, f"the model process answered {type(outputs).__name__}, not a list of {n}")
-            return
+            return False
         for r, out in zip(requests, outputs, strict=True):
             self._resolve(r, out)
+        return True
 
     def _failed(self, process: int, requests: list[Request], why: str) -> None:
         log.warning("batch of %d to process %d failed: %s", len(requests), process, why)
