@@ -472,7 +472,13 @@ def compiled_condition(
     if trouble is not None:
         reason, said = trouble
         what = "cannot create its pod" if reason == "FailedCreate" else "has a pod no node can take"
-        return cond("Compiled", "False", reason, f"Job {job_name}{whose} {what}: {said or 'no reason given'}")
+        # A Job's template is never written again: a new spec.compile.placement (or
+        # serviceAccountName) reaches a new Job only.
+        return cond(
+            "Compiled", "False", reason,
+            f"Job {job_name}{whose} {what}: {said or 'no reason given'} (the Job keeps the placement and ServiceAccount "
+            "it was made with: delete it for a changed spec to apply)",
+        )  # fmt: skip
     why = f" ({', '.join(changed)} changed since the last compile)" if changed else ""
     return cond("Compiled", "False", "Compiling", f"Job {job_name}{whose} is compiling key {key} for the new plan{why}")
 

@@ -138,7 +138,7 @@ class Reconciler:
                 )
             kube = self.kube()
             stored = await loop.run_in_executor(self._executor, kube.patch_status, key[0], key[1], patch)
-            if stored:
+            if stored and self.cache.has_model(key):  # a model deleted meanwhile is not remembered again
                 self.cache.remember(key, {(observed.model["kind"], key[1]): project(stored)})
                 self._own_status[key] = Obj(stored).metadata.get("resourceVersion")
             for event in reported.events:
