@@ -89,7 +89,8 @@ def project_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-# How much of a container's termination message status quotes: its last lines say why.
+# How much of a message status quotes (a container's termination message, a Job's FailedCreate event, the
+# scheduler's reason a pod has no node): its last lines say why.
 FAILURE_MESSAGE_CHARS = 400
 
 
@@ -194,4 +195,8 @@ def project_job_event(body: Mapping[str, Any]) -> dict[str, Any] | None:
     involved = body.get("involvedObject")
     if not isinstance(involved, Mapping) or involved.get("kind") != "Job" or body.get("reason") != JOB_EVENT_REASON:
         return None
-    return {"reason": JOB_EVENT_REASON, "message": str(body.get("message") or "")[-400:], "uid": str(involved.get("uid") or "")}
+    return {
+        "reason": JOB_EVENT_REASON,
+        "message": str(body.get("message") or "")[-FAILURE_MESSAGE_CHARS:],
+        "uid": str(involved.get("uid") or ""),
+    }

@@ -24,6 +24,7 @@ from .autoscaling import NOT_SERVED, SCALED_OBJECT_KIND, Engine, target_in_fligh
 from .autoscaling import condition as autoscaling_condition
 from .names import COMPONENT_LABEL, GROUP_KIND, JOB_NAME_LABEL, PLAN_HASH_ANNOTATION, WORKER_INDEX_LABEL
 from .objects import Obj
+from .projection import FAILURE_MESSAGE_CHARS
 from .routing import EPP_SUFFIX, INFERENCE_POOL_KIND, routing_child, routing_condition
 
 # Flux's kstatus reads only observedGeneration and the "abnormal-true" Reconciling and
@@ -350,10 +351,6 @@ def compile_failure(job_name: str | None, pods: Sequence[Mapping[str, Any]]) -> 
     return said[-1] if said else ""
 
 
-# How much of an event's or a scheduler's message status quotes.
-EVENT_MESSAGE_CHARS = 400
-
-
 def compile_pod_trouble(
     job_name: str | None, job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, Any]] = ()
 ) -> tuple[str, str] | None:
@@ -368,12 +365,12 @@ def compile_pod_trouble(
     if not mine:
         said = [e for e in events if e.get("reason") == "FailedCreate" and (not uid or e.get("uid") == uid)]
         if said:
-            return "FailedCreate", str(said[-1].get("message") or "")[-EVENT_MESSAGE_CHARS:]
+            return "FailedCreate", str(said[-1].get("message") or "")  # cut as it was cached (project_job_event)
         return None
     for p in mine:
         placed = p.condition("PodScheduled")
         if placed.get("status") == "False" and placed.get("reason") == "Unschedulable":
-            return "Unschedulable", str(placed.get("message") or "")[-EVENT_MESSAGE_CHARS:]
+            return "Unschedulable", str(placed.get("message") or "")[-FAILURE_MESSAGE_CHARS:]
     return None
 
 
