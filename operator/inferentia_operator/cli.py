@@ -36,7 +36,7 @@ def _report(doc: ModelDocument, out: Any) -> None:
         print(f"{doc.key}: {finding}", file=out)
 
 
-def _load(paths: list[str], allocation: str = DEVICE_PLUGIN, scheduler_name: str | None = None) -> Loaded:
+def _load(paths: list[str], allocation: str = DEVICE_PLUGIN, scheduler_name: str = "") -> Loaded:
     loaded = load_models(paths, allocation, scheduler_name)
     for note in loaded.skipped:
         print(f"note: {note}", file=sys.stderr)
@@ -285,11 +285,7 @@ def _limit_arguments(p: argparse.ArgumentParser) -> None:
 def _prometheus_arguments(p: argparse.ArgumentParser) -> None:
     """Where the ScaledObjects of autoscaled models read in-flight requests from, and the
     serving pods' scheduler: the settings of the children `run` writes and `render` prints."""
-    p.add_argument(
-        "--scheduler-name", default="", metavar="NAME",
-        help="the scheduler of serving pods that take devices from the Neuron device plugin: my-scheduler on EKS, where AWS's "
-        "Neuron scheduler extension runs beside a second scheduler (default: the cluster's default scheduler)",
-    )  # fmt: skip
+    _scheduler_argument(p)
     p.add_argument(
         "--node-cache-url", default="", metavar="URL",
         help="the node-local artefact cache the serving pods' fetch asks first, e.g. "
@@ -518,10 +514,12 @@ def cmd_upload(args: argparse.Namespace) -> int:
 
 
 def _scheduler_argument(p: argparse.ArgumentParser) -> None:
+    """One flag for run, render, validate and plan: the scheduler the serving pods name."""
     p.add_argument(
-        "--scheduler-name", default=None, metavar="NAME",
-        help="the serving pods' scheduler, as the operator's --scheduler-name (the chart's schedulerName) names it: without "
-        "one, a pod that takes more than one Neuron device or core from the device plugin is warned of",
+        "--scheduler-name", default="", metavar="NAME",
+        help="the scheduler of serving pods that take devices from the Neuron device plugin: my-scheduler on EKS, where AWS's "
+        "Neuron scheduler extension runs beside a second scheduler (default: the cluster's default scheduler; validate and "
+        "plan then warn of a pod that takes more than one Neuron device or core)",
     )  # fmt: skip
 
 
