@@ -405,9 +405,8 @@ def test_every_vllm_process_is_scraped_and_the_target_is_what_they_carry_togethe
         if all(re.fullmatch(r["regex"], ";".join(labels.get(s, "") for s in r["source_labels"])) for r in rules):
             kept.append(port["containerPort"])
     assert kept == routing.target_ports(m) and len(kept) == processes
-    # Each process full (maxBatchSize sequences running): the query's sum over every kept target.
-    in_flight = sum(4 for _ in kept)
-    assert in_flight == target_in_flight(spec) == processes * 4
+    # Each kept process full (maxBatchSize sequences running), the query's sum over them is the target.
+    assert len(kept) * 4 == target_in_flight(spec) == processes * 4
     # The query selects the model's gauges by namespace and model alone: no port or process is left out.
     query = in_flight_query(spec, "ns", "llm", Prometheus("http://p"))
     assert "serve" not in query and "port" not in query
