@@ -273,6 +273,14 @@ def bound_rule(field: str, most: str, node: str = "spec.rollout") -> CrossFieldR
 ROLLOUT_VALUE = {"maxSurge": bound_rule("maxSurge", ""), "maxUnavailable": bound_rule("maxUnavailable", "100")}
 
 
+def bound_findings(rule: CrossFieldRule, value: int | str, most: str) -> list[Finding]:
+    """``rule``'s finding when ``value`` is no count or percentage (above ``most`` per cent, if given)."""
+    text = str(value)
+    if re.match(INT_OR_PERCENT, text) and not (most and text.endswith("%") and int(text[:-1]) > int(most)):
+        return []
+    return [rule.finding(text, f" up to {most}%" if most else "", "25%")]
+
+
 ROLLOUT_MOVES = CrossFieldRule(
     "spec.rollout",
     "spec.rollout",
@@ -322,10 +330,8 @@ def _check_child_values(spec: InferentiaModelSpec, fam: Family) -> list[Finding]
         if image is not None and re.search(r"\s", image):
             found.append(IMAGE[key].finding(image))
     bounds = {"maxSurge": spec.rollout.max_surge, "maxUnavailable": spec.rollout.max_unavailable}
-    for key, bound in bounds.items():
-        text = str(bound)
-        if not re.match(INT_OR_PERCENT, text) or (key == "maxUnavailable" and text.endswith("%") and int(text[:-1]) > 100):
-            found.append(ROLLOUT_VALUE[key].finding(text, " up to 100%" if key == "maxUnavailable" else "", "25%"))
+    found += bound_findings(ROLLOUT_VALUE["maxSurge"], spec.rollout.max_surge, "")
+    found += bound_findings(ROLLOUT_VALUE["maxUnavailable"], spec.rollout.max_unavailable, "100")
     if all(str(v) in ("0", "0%") for v in bounds.values()):
         found.append(ROLLOUT_MOVES.finding())
     return found

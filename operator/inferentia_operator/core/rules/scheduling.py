@@ -16,7 +16,7 @@ from inferentia_operator.core.cel import CrossFieldRule
 from inferentia_operator.core.findings import Finding, format_list
 from inferentia_operator.core.placement import NodeSelectorRequirement, NodeSelectorTerm, Placement
 
-from .child_values import INT_OR_PERCENT, SUBDOMAIN_PATTERN, bound_rule, object_name_rule
+from .child_values import SUBDOMAIN_PATTERN, bound_findings, bound_rule, object_name_rule
 
 # Each placement's schema node, and how to reach it from a parsed spec.
 PLACEMENTS: dict[str, Callable[[InferentiaModelSpec], Placement | None]] = {
@@ -129,10 +129,7 @@ def _check_scheduling(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
         placement = of(spec)
         if placement is not None:
             found += _check_placement(node, placement)
-    text = str(spec.disruption_budget.max_unavailable)
-    if not re.match(INT_OR_PERCENT, text) or (text.endswith("%") and int(text[:-1]) > 100):
-        found.append(DISRUPTION_VALUE.finding(text, " up to 100%", "25%"))
-    return found
+    return found + bound_findings(DISRUPTION_VALUE, spec.disruption_budget.max_unavailable, "100")
 
 
 RULES: list[CrossFieldRule] = [*(rule for rules in RULES_BY_NODE.values() for rule in rules.values()), DISRUPTION_VALUE]
