@@ -9,6 +9,7 @@ matching CEL for the CRD.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, StrictBool, StrictInt
@@ -78,8 +79,9 @@ def _int_or_text(value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ValueError("a whole number or a percentage such as 25% is needed")
     # "2" passes the CRD's pattern, but a Deployment's or a PodDisruptionBudget's int-or-string
-    # takes a string only as a percentage: the children get the number.
-    return int(value) if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 9 else value
+    # takes a string only as a percentage: the children get the number. Only a count as the
+    # pattern spells it is read as one: "01" stays text, for the rule to refuse as CEL does.
+    return int(value) if isinstance(value, str) and re.fullmatch(r"0|[1-9][0-9]{0,8}", value) else value
 
 
 Quantity = Annotated[
