@@ -367,12 +367,46 @@ class _Refused(asyncio.Protocol):
         transport.close()
 
 
-class LimitedSite(web.BaseSite):
-    """A TCP site that hands aiohttp at most ``limit`` connections at once."""
+class _PeerGate(asyncio.Protocol):
+    """A new connection's first protocol: it hands the transport to aiohttp's handler unless its
+    peer (one address: one pod) already holds ``per_peer`` of the site's connections, in which
+    case it answers one canned 503 and closes, as _Refused does."""
 
-    def __init__(self, runner: web.BaseRunner, host: str, port: int, limit: int, refused: Callable[[], None]):
+    def __init__(
+        self, handler: Callable[[], asyncio.Protocol], held_by: Callable[[str], int], per_peer: int, refused: Callable[[], None]
+    ) -> None:
+        self._handler, self._held_by, self._per_peer, self._refused = handler, held_by, per_peer, refused
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        peer = transport.get_extra_info("peername")
+        if peer and self._held_by(peer[0]) >= self._per_peer:
+            self._refused()
+            transport.write(CLOSE_BUSY)
+            transport.close()
+            return
+        handler = self._handler()
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
+
+
+class LimitedSite(web.BaseSite):
+    """A TCP site that hands aiohttp at most ``limit`` connections at once, and with
+    ``per_peer`` at most that many from one address."""
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        limit: int,
+        refused: Callable[[], None],
+        per_peer: int = 0,
+        peer_refused: Callable[[], None] | None = None,
+    ):
         super().__init__(runner)
         self._host, self._port, self._limit, self._refused = host, port, limit, refused
+        self._per_peer, self._peer_refused = per_peer, peer_refused or refused
 
     @property
     def name(self) -> str:
@@ -399,7 +433,18 @@ class LimitedSite(web.BaseSite):
                 return _Refused()
             pending[0] += 1
             loop.call_soon(loop.call_soon, registered)
+            if self._per_peer:
+                return _PeerGate(server, held_by, self._per_peer, self._peer_refused)
             return server()
+
+        def held_by(host: str) -> int:
+            """The site's connections from ``host``."""
+            held = 0
+            for handler in server.connections:
+                transport = handler.transport
+                peer = transport.get_extra_info("peername") if transport is not None else None
+                held += bool(peer and peer[0] == host)
+            return held
 
         # The listen backlog holds what the cap admits: asyncio's default of 100 reset some of 400
         # clients that connected at once, well under a cap of 1,024 (the kernel bounds it by
