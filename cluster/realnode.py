@@ -90,7 +90,8 @@ def pin_to_real_node(pod_spec: dict) -> dict:
 
 
 NODE_CACHE_KINDS = (
-    "DaemonSet", "Service", "ServiceAccount", "Role", "RoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+    "DaemonSet", "Service", "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
 )  # fmt: skip
 
 

@@ -687,9 +687,22 @@ def test_with_a_node_cache_the_artefact_fetch_asks_it_first():
     m = model(**VLLM, **{"compile.image": "example.com/compile:1"})
     [fetch, _] = children.serving_deployment(m)["spec"]["template"]["spec"]["initContainers"]
     assert "INFERENTIA_NODE_CACHE" not in {e["name"] for e in fetch["env"]}
+    assert "node-cache-token" not in {v["name"] for v in children.serving_deployment(m)["spec"]["template"]["spec"]["volumes"]}
     cached = replace(m, node_cache_url="http://inferentia-operator-node-cache.inferentia-system.svc:8080")
-    [fetch, _] = children.serving_deployment(cached)["spec"]["template"]["spec"]["initContainers"]
+    pod = children.serving_deployment(cached)["spec"]["template"]["spec"]
+    [fetch, fetch_model] = pod["initContainers"]
     assert {"name": "INFERENTIA_NODE_CACHE", "value": "http://inferentia-operator-node-cache.inferentia-system.svc:8080"} in fetch["env"]
+    # The cache answers only pods of its node that show a token projected for it: the fetch that
+    # asks it mounts one (and only that container), the pod still mounts no token for the API.
+    token = {e["name"]: e["value"] for e in fetch["env"]}["INFERENTIA_NODE_CACHE_TOKEN"]
+    [mount] = [m for m in fetch["volumeMounts"] if m["name"] == "node-cache-token"]
+    assert token == f"{mount['mountPath']}/token" and mount["readOnly"] is True
+    assert "node-cache-token" not in {m["name"] for m in fetch_model["volumeMounts"]}
+    [volume] = [v for v in pod["volumes"] if v["name"] == "node-cache-token"]
+    assert volume["projected"]["sources"] == [
+        {"serviceAccountToken": {"audience": "node-cache.inferentia.dev", "expirationSeconds": 600, "path": "token"}}
+    ]
+    assert pod["automountServiceAccountToken"] is False
 
 
 def test_with_a_node_cache_a_replica_prefers_a_node_that_holds_its_artefact():

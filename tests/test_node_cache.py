@@ -145,8 +145,9 @@ def test_connections_past_the_caches_bound_are_refused_and_it_goes_on(tmp_path):
         # One by one, each answered once and kept open, until one is refused: the bound (less the
         # readiness check's connection, which may still be open).
         held, refused = [], None
-        for _ in range(node_cache.MAX_CONNECTIONS + 2):
-            conn = socket.create_connection(("127.0.0.1", c.port))
+        for i in range(node_cache.MAX_CONNECTIONS + 2):
+            # Each from its own loopback address: one address holds at most MAX_PEER_CONNECTIONS.
+            conn = socket.create_connection(("127.0.0.1", c.port), source_address=(f"127.0.1.{i + 1}", 0))
             conn.settimeout(10)
             conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
             answer = conn.recv(64)
@@ -254,16 +255,15 @@ def test_an_artefact_fetched_whole_is_recorded_and_goes_with_its_evicted_file(s3
     (source / "model.pt").write_bytes(b"a" * 60)
     upload(source, "s3://models/m/abc/")
     fetch("s3://models/m/abc/", tmp_path / "one", cache=cache.url)
-    with urllib.request.urlopen(f"{cache.url}/artefacts", timeout=5) as r:
-        assert json.loads(r.read()) == {hold_key("s3://models/m/abc"): [sha(b"a" * 60)]}
+    records = tmp_path / "cache" / "artefacts.json"  # beside the files; no client can list them
+    assert json.loads(records.read_text()) == {f"/{hold_key('s3://models/m/abc')}": [sha(b"a" * 60)]}
     # A claim of files it does not hold is refused, whatever key it names.
     claim = urllib.request.Request(f"{cache.url}/artefacts/{'0' * 32}", json.dumps([sha(b"zz")]).encode(), method="PUT")
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(claim, timeout=5)
     assert refused.value.code == 409
     assert cache.put(b"b" * 60) == 201  # 120 > 100: the artefact's file goes, and the record with it
-    with urllib.request.urlopen(f"{cache.url}/artefacts", timeout=5) as r:
-        assert json.loads(r.read()) == {}
+    assert json.loads(records.read_text()) == {}
     assert cache.metric("inferentia_node_cache_artefacts") == 0
 
 
@@ -315,8 +315,7 @@ def test_a_model_with_a_marker_is_read_through_the_cache_and_checked(s3, cache, 
     first = fetch_model("s3://models/llama/", tmp_path / "one", cache=cache.url)
     assert sorted(p.relative_to(tmp_path / "one").as_posix() for p in first) == ["config.json", "weights/model.safetensors"]
     assert cache.metric("inferentia_node_cache_stored_total") == 2
-    with urllib.request.urlopen(f"{cache.url}/artefacts", timeout=5) as r:
-        assert hold_key("s3://models/llama/") in json.loads(r.read())
+    assert f"/{hold_key('s3://models/llama/')}" in json.loads((tmp_path / "cache" / "artefacts.json").read_text())
     s3.delete_object(Bucket="models", Key="llama/weights/model.safetensors")  # only the cache has it now
     again = fetch_model("s3://models/llama/", tmp_path / "two", cache=cache.url)
     assert (tmp_path / "two" / "weights" / "model.safetensors").read_bytes() == b"w" * 30 and len(again) == 2

@@ -38,10 +38,10 @@ def serve_defaults() -> dict[str, float]:
     return values
 
 
-def hold_default(flag: str) -> float:
+def flag_default(command: str, flag: str) -> float:
     subcommands = next(a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
-    hold = subcommands.choices["hold"]
-    return next(a.default for a in hold._actions if flag in a.option_strings)  # noqa: SLF001
+    parser = subcommands.choices[command]
+    return next(a.default for a in parser._actions if flag in a.option_strings)  # noqa: SLF001
 
 
 def in_code(reference: str) -> float:
@@ -65,9 +65,12 @@ def in_code(reference: str) -> float:
         "scaler.MAX_CALLS": scaler.MAX_CALLS,
         "node_cache.MAX_OFFERS": node_cache.MAX_OFFERS,
         "node_cache.MAX_CONNECTIONS": node_cache.MAX_CONNECTIONS,
+        "node_cache.MAX_PEER_CONNECTIONS": node_cache.MAX_PEER_CONNECTIONS,
+        "node_cache.MAX_TOKEN_BYTES": node_cache.MAX_TOKEN_BYTES,
+        "node_cache.MAX_REVIEWS": node_cache.MAX_REVIEWS,
     }
-    if reference.startswith("hold --"):
-        return hold_default(reference.removeprefix("hold "))
+    if reference.startswith(("hold --", "node-cache --")):
+        return flag_default(*reference.split(" ", 1))
     assert reference in known, f"the table names {reference}, which this test does not know where to find"
     return known[reference]
 

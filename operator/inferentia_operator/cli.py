@@ -240,7 +240,7 @@ def _port_pairs(value: str) -> list[tuple[int, int]]:
 def cmd_node_cache(args: argparse.Namespace) -> int:
     from .batching.node_cache import serve  # aiohttp loads only for this command
 
-    serve(Path(args.dir), args.max_bytes, args.port, args.host)
+    serve(Path(args.dir), args.max_bytes, args.port, args.host, node=args.node_name, body_timeout=args.body_timeout)
     return EXIT_OK
 
 
@@ -437,6 +437,14 @@ def parser() -> argparse.ArgumentParser:
     nc.add_argument("--max-bytes", type=int, required=True, help="the cache's size; the least recently used files go first")
     nc.add_argument("--port", type=int, default=8080)
     nc.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    nc.add_argument(
+        "--node-name", default=os.environ.get("NODE_NAME", ""), metavar="NODE",
+        help="answer only pods of this node, each showing its projected token (a TokenReview says whose); "
+        "default: $NODE_NAME, the chart's; without it, any caller",
+    )  # fmt: skip
+    nc.add_argument(
+        "--body-timeout", type=float, default=10.0, metavar="SECONDS", help="seconds an offer's body may send nothing before it is refused"
+    )
     nc.set_defaults(func=cmd_node_cache)
 
     f = sub.add_parser("fetch", help="copy a compiled artefact (or, with --model, a model) into a pod (an init container)")

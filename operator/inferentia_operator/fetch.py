@@ -43,8 +43,27 @@ MAX_MARKER_BYTES = 16 * 1024**2
 CACHE_TIMEOUT = 2.0
 
 
+# The file of the pod's projected ServiceAccount token for the node cache's audience: the cache
+# answers only pods of its own node that show one (batching/node_cache.py, Admission).
+TOKEN_ENV = "INFERENTIA_NODE_CACHE_TOKEN"
+MAX_TOKEN_BYTES = 4096
+
+
 class FetchError(Exception):
     pass
+
+
+def _cache_headers() -> dict[str, str]:
+    """The pod's token for the node cache, read afresh each time (the kubelet rotates the file)."""
+    path = os.environ.get(TOKEN_ENV)
+    if not path:
+        return {}
+    try:
+        with open(path, "rb") as f:
+            token = f.read(MAX_TOKEN_BYTES + 1).decode().strip()
+    except (OSError, UnicodeDecodeError):
+        return {}  # the cache refuses then, and the store is read: a replica still starts
+    return {"Authorization": f"Bearer {token}"} if token and len(token) <= MAX_TOKEN_BYTES else {}
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:
@@ -103,7 +122,8 @@ def _from_cache(cache: str, sha256: str, size: int, target: Path) -> bool:
     caller). The cache is another pod's server: at most ``size`` bytes are read from it, one byte
     more proving the answer wrong, whatever length it declares or however long it streams."""
     try:
-        with urllib.request.urlopen(f"{cache.rstrip('/')}/blobs/{sha256}", timeout=CACHE_TIMEOUT) as answer, target.open("wb") as out:
+        asked = urllib.request.Request(f"{cache.rstrip('/')}/blobs/{sha256}", headers=_cache_headers())
+        with urllib.request.urlopen(asked, timeout=CACHE_TIMEOUT) as answer, target.open("wb") as out:
             declared = answer.headers.get("Content-Length")
             if declared is not None and declared != str(size):
                 return False
@@ -112,7 +132,7 @@ def _from_cache(cache: str, sha256: str, size: int, target: Path) -> bool:
                 left -= len(block)
                 out.write(block)
             return left == 1
-    except urllib.error.HTTPError:  # a miss (404): the store then
+    except urllib.error.HTTPError:  # a miss (404), or not admitted (401, 403): the store then
         return False
     except (OSError, ValueError) as exc:  # no answer: with no cache pod on this node, none will come
         raise _CacheSilent from exc
@@ -131,7 +151,7 @@ def _offer(cache: str, sha256: str, path: Path) -> None:
     try:
         with path.open("rb") as body:
             request = urllib.request.Request(
-                f"{cache.rstrip('/')}/blobs/{sha256}", body, {"Content-Length": str(path.stat().st_size)}, method="PUT"
+                f"{cache.rstrip('/')}/blobs/{sha256}", body, {"Content-Length": str(path.stat().st_size), **_cache_headers()}, method="PUT"
             )
             urllib.request.urlopen(request, timeout=CACHE_TIMEOUT).close()
     except (OSError, ValueError, http.client.HTTPException):
@@ -145,7 +165,7 @@ def _record(cache: str, uri: str, files: list[str]) -> None:
     body = json.dumps(sorted(set(files))).encode()
     try:
         request = urllib.request.Request(
-            f"{cache.rstrip('/')}/artefacts/{hold_key(uri)}", body, {"Content-Type": "application/json"}, method="PUT"
+            f"{cache.rstrip('/')}/artefacts/{hold_key(uri)}", body, {"Content-Type": "application/json", **_cache_headers()}, method="PUT"
         )
         urllib.request.urlopen(request, timeout=CACHE_TIMEOUT).close()
     except (OSError, ValueError, http.client.HTTPException):

@@ -87,6 +87,11 @@ def test_the_node_cache_only_when_asked_unprivileged_and_reached_on_the_pods_own
     assert pod["automountServiceAccountToken"] is True and pod["serviceAccountName"] == "inferentia-operator-node-cache"
     [role] = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "inferentia-operator-node-cache"]
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]
+    # And one cluster-wide right: to ask the API server whose a caller's token is (callers must
+    # be pods of its node: NODE_NAME, from the pod's own spec.nodeName).
+    [reviewer] = [d for d in docs if d["kind"] == "ClusterRole" and "node-cache" in d["metadata"]["name"]]
+    assert reviewer["rules"] == [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}]
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in container["env"]
     [policy] = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
     assert policy["spec"]["matchConditions"][0]["expression"].endswith(
         '"system:serviceaccount:inferentia-system:inferentia-operator-node-cache"'

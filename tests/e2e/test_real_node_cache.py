@@ -8,6 +8,7 @@ the cache, starts from it once the store's copy is gone."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import urllib.request
@@ -18,7 +19,7 @@ from kit import helm_template, wait_for
 from test_real_node import object_store, routed, store_client
 
 import realnode
-from inferentia_operator.core.holds import hold_label
+from inferentia_operator.core.holds import NODE_CACHE_AUDIENCE, hold_label
 from inferentia_operator.fetch import upload
 
 pytestmark = pytest.mark.usefixtures("real_node")
@@ -43,6 +44,9 @@ def cache_metric(url: str, name: str) -> float:
 
 
 def fetch_pod(name: str, namespace: str, uri: str, cache: str) -> dict:
+    """A pod of the operator's image that fetches ``uri`` through the node cache, showing the
+    token a serving pod shows it (core/children.py: projected for the cache's audience)."""
+    token = {"audience": NODE_CACHE_AUDIENCE, "expirationSeconds": 600, "path": "token"}
     return {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
         "spec": {
@@ -50,11 +54,42 @@ def fetch_pod(name: str, namespace: str, uri: str, cache: str) -> dict:
             "automountServiceAccountToken": False,
             "containers": [{
                 "name": "fetch", "image": "inferentia-operator:0.2.0", "args": ["fetch", "--from", uri, "--to", "/tmp/out"],
-                "envFrom": [{"secretRef": {"name": "store"}}], "env": [{"name": "INFERENTIA_NODE_CACHE", "value": cache}],
+                "envFrom": [{"secretRef": {"name": "store"}}],
+                "env": [{"name": "INFERENTIA_NODE_CACHE", "value": cache}, {"name": "INFERENTIA_NODE_CACHE_TOKEN", "value": "/token/token"}],
+                "volumeMounts": [{"name": "token", "mountPath": "/token", "readOnly": True}],
                 "securityContext": RESTRICTED,
             }],
+            "volumes": [{"name": "token", "projected": {"sources": [{"serviceAccountToken": token}]}}],
         },
     }  # fmt: skip
+
+
+# An ordinary pod of the node that knows a held file's SHA-256 and asks for it: with no token,
+# with its ServiceAccount's token for the API server, and with one projected for the cache (the
+# last one answered). It also asks for a listing and offers a body it never sends.
+ATTACK = """
+import json, socket, sys, time, urllib.error, urllib.request
+cache, sha, own = sys.argv[1], sys.argv[2], open("/token/token").read().strip()
+api = open("/var/run/secrets/kubernetes.io/serviceaccount/token").read().strip()
+def ask(path, bearer=None, method="GET"):
+    request = urllib.request.Request(cache + path, method=method, headers={"Authorization": "Bearer " + bearer} if bearer else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+codes = {"none": ask("/blobs/" + sha), "api": ask("/blobs/" + sha, api), "own": ask("/blobs/" + sha, own),
+         "listing": ask("/artefacts", own)}
+print(json.dumps(codes))
+"""
+
+
+def attack_pod(name: str, namespace: str, cache: str, sha: str) -> dict:
+    pod = fetch_pod(name, namespace, "", cache)
+    [container] = pod["spec"]["containers"]
+    container.update(command=["python3", "-c", ATTACK, cache, sha], args=[])
+    pod["spec"]["automountServiceAccountToken"] = True
+    return pod
 
 
 def start_node_cache(cluster, ns: str, max_bytes: int, request):
@@ -62,7 +97,7 @@ def start_node_cache(cluster, ns: str, max_bytes: int, request):
     a function returning that pod, the pod's own URL, and the Service's node-local URL."""
     docs = helm_template(cluster, "--set", "nodeCache.enabled=true", "--set", f"nodeCache.maxBytes={max_bytes}", namespace=ns)
     cache_docs = realnode.node_cache_on_real_node(docs)
-    policies = [d for d in cache_docs if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    policies = [d for d in cache_docs if d["kind"].startswith(("ValidatingAdmissionPolicy", "ClusterRole"))]
     request.addfinalizer(lambda: [cluster.kubectl("delete", d["kind"], d["metadata"]["name"], check=False) for d in policies])
     [daemonset] = [d for d in cache_docs if d["kind"] == "DaemonSet"]
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(cache_docs))
@@ -122,6 +157,14 @@ def test_only_the_first_fetch_on_the_node_reads_the_store(real_node, real_namesp
     store_client(cluster).delete_object(Bucket=bucket, Key="artefact/model.pt")
     assert "1 files" in run("fourth")
     assert cache_metric(pod_url, "inferentia_node_cache_hits_total") == 3
+
+    # An ordinary pod of the node, knowing the file's SHA-256, is answered only with a token the
+    # API server says is a pod's of this node, projected for the cache; nothing lists the files.
+    held = hashlib.sha256((source / "model.pt").read_bytes()).hexdigest()
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(attack_pod("asks", ns, cache, held)))
+    wait_for(lambda: cluster.get("pod", "asks", "-n", ns)["status"].get("phase") in ("Succeeded", "Failed"), 120, "asks to end")
+    log = cluster.kubectl("logs", "-n", ns, "asks").stdout
+    assert json.loads(log.strip().splitlines()[-1]) == {"none": 401, "api": 401, "own": 200, "listing": 404}, log
 
     # Eviction: a second artefact does not fit beside the first (CACHE_BYTES), so the least
     # recently used, the first, goes; the cache stays within its size.

@@ -1,4 +1,4 @@
-"""`inferentia-operator node-cache`: a node's cache of compiled artefacts' files, by SHA-256.
+"""`inferentia-operator node-cache`: a node's cache of compiled artefacts' and models' files, by SHA-256.
 
 One runs on each node (a DaemonSet; docs/design.md, "A node-local artefact cache"). ``fetch``
 asks the one on its own node for each file of an artefact by the SHA-256 that the artefact's
@@ -10,36 +10,49 @@ store. So only the first replica on a node reads the store.
   (else 400), written aside and renamed whole, so a partial or wrong file is never served and
   no client can plant one under another file's hash. 200 if already held and still whole (the
   body is not read); a held copy whose bytes changed on disk is dropped and the offer stored
-  in its place (``inferentia_node_cache_damaged_total``). 409 while another offer of it is being written, 413 above the whole cache, 411
-  without a length (room is made before reading), 503 past ``MAX_OFFERS`` at once.
+  in its place (``inferentia_node_cache_damaged_total``). 409 while another offer of it is being
+  written, 413 above the whole cache, 411 without a length, 503 past ``MAX_OFFERS`` at once,
+  408 when its body stalls for ``--body-timeout`` seconds, 507 when the offers being received
+  fill the cache. Room is made for bytes as they arrive, never for the length an offer declares.
 - ``PUT /artefacts/<key>`` (a JSON list of SHA-256s, with a Content-Length): an artefact a fetch
-  found whole, recorded while every file of it is held (else 409), and labelled on the cache's
-  own pod (core/holds.py); ``GET /artefacts`` lists them.
+  found whole, recorded for the caller's namespace while every file of it is held (else 409),
+  and labelled on the cache's own pod (core/holds.py). Nothing lists what is held.
 - Bounded by ``max_bytes``: the least recently used files go first to make room.
 - ``/metrics``: files, bytes, hits, misses, stored, refused offers, damaged copies; ``/healthz``.
-- At most ``MAX_CONNECTIONS`` open connections; one more is answered 503 and closed.
+- At most ``MAX_CONNECTIONS`` open connections, ``MAX_PEER_CONNECTIONS`` of them from one
+  address; one more is answered 503 and closed.
 
-A file is handed to whoever knows its hash, and only an artefact's marker holds it: a
-namespace cannot ask for another's files without already knowing what they are.
+Who may call (``--node-name``, as the chart runs it): ``/blobs`` and ``/artefacts`` answer only a
+pod of this node, which shows its projected ServiceAccount token for the audience ``AUDIENCE``
+(``Authorization: Bearer``). The API server says whose it is (a TokenReview); its answer names
+the pod's node (userInfo.extra ``authentication.kubernetes.io/node-name``:
+https://kubernetes.io/docs/reference/access-authn-authz/service-accounts-admin/#bound-service-account-tokens)
+and namespace. A file is handed to a caller that knows its hash, and only an artefact's marker
+holds it: a namespace cannot ask for another's files without already knowing what they are.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hashlib
 import json
 import logging
 import os
 import re
 import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from inferentia_operator.core.holds import HOLD_KEY, HOLDS_PREFIX
+from inferentia_operator.core.holds import HOLD_KEY, HOLDS_PREFIX, NODE_CACHE_AUDIENCE
 
 from .frontend import LimitedSite, until_signalled
 from .limits import DEFAULT_LIMITS
@@ -55,15 +68,34 @@ MAX_ARTEFACT_FILES = 1024
 MAX_RECORD_BYTES = 128 * 1024
 LABEL_PERIOD = 1.0  # seconds between patches of the pod's labels, at most
 # Open connections (any pod can reach a cache pod's address); one more is answered 503 and
-# closed. A node's serving pods open one each while they fetch.
+# closed. A node's serving pods open one each while they fetch; one pod (one address) may hold
+# a few, never all: the kubelet's probe and the node's other replicas still get in.
 MAX_CONNECTIONS = 64
+MAX_PEER_CONNECTIONS = 8
 CHUNK = 1 << 20
+# Seconds an offer's body may go without a byte before the offer is refused and its slot freed.
+BODY_TIMEOUT = 10.0
+# After an answer that left a body unread, seconds the connection still drains it (so that the
+# client reads the answer, not a reset) before it is closed.
+LINGER = 2.0
+
+# The audience of the token a caller shows (core/holds.py).
+AUDIENCE = NODE_CACHE_AUDIENCE
+MAX_TOKEN_BYTES = 4096  # a projected token is about 1 KiB; a longer one is refused unread
+# A token the API server has judged, remembered (by its hash) for at most this long, and its
+# expiry; at most MAX_VERDICTS of them, the oldest forgotten first.
+VERDICT_SECONDS = 300.0
+MAX_VERDICTS = 1024
+MAX_REVIEWS = 2  # TokenReviews in flight at once
 
 
 class NodeCache:
-    def __init__(self, directory: Path, max_bytes: int) -> None:
+    def __init__(self, directory: Path, max_bytes: int, admission: Admission | None = None, body_timeout: float = BODY_TIMEOUT) -> None:
         self.blobs, self.partial = directory / "blobs", directory / "partial"
-        self.max_bytes = max_bytes
+        self.max_bytes, self.body_timeout = max_bytes, body_timeout
+        # None: a cache run by hand (a test, a laptop), which answers any caller; the chart's
+        # answers only pods of its node.
+        self.admission = admission
         self.blobs.mkdir(parents=True, exist_ok=True)
         self.partial.mkdir(parents=True, exist_ok=True)
         for stale in self.partial.iterdir():  # offers a stop cut short: never served
@@ -73,27 +105,37 @@ class NodeCache:
         for path in self.blobs.iterdir():
             if SHA256.match(path.name) and path.is_file():
                 self.held[path.name] = (path.stat().st_size, path.stat().st_mtime)
-        self.offers: dict[str, int] = {}  # sha -> bytes reserved while it is written
+        self.offers: dict[str, int] = {}  # sha -> bytes of it received so far, while it is written
         r = self.registry = CollectorRegistry()
         Gauge("inferentia_node_cache_files", "Files held.", registry=r).set_function(lambda: len(self.held))
         Gauge("inferentia_node_cache_bytes", "Bytes held.", registry=r).set_function(lambda: self.used)
         Gauge("inferentia_node_cache_max_bytes", "The cache's size limit.", registry=r).set(max_bytes)
+        Gauge("inferentia_node_cache_receiving_bytes", "Bytes of offers received so far, while they are written.", registry=r).set_function(
+            lambda: sum(self.offers.values())
+        )
         self.hits = Counter("inferentia_node_cache_hits", "Files served.", registry=r)
         self.misses = Counter("inferentia_node_cache_misses", "Files asked for and not held.", registry=r)
         self.stored = Counter("inferentia_node_cache_stored", "Offers stored.", registry=r)
-        self.refused = Counter("inferentia_node_cache_refused", "Offers refused, by reason.", ["reason"], registry=r)
+        self.refused = Counter(
+            "inferentia_node_cache_refused",
+            "Requests refused, by reason (an offer's, a caller's token, a connection past a bound).",
+            ["reason"],
+            registry=r,
+        )
         self.damaged = Counter("inferentia_node_cache_damaged", "Held files found changed on disk, and dropped.", registry=r)
-        # Artefact key -> its files' SHA-256s, for those a fetch found whole here (PUT /artefacts).
-        self.artefacts: dict[str, frozenset[str]] = {}
+        # (namespace, artefact key) -> its files' SHA-256s, for those a fetch found whole here (PUT
+        # /artefacts). Kept per namespace: one namespace's record never replaces another's.
+        self.artefacts: dict[tuple[str, str], frozenset[str]] = {}
         self.changed = asyncio.Event()  # what it holds changed: the pod's labels follow
         # The records outlive a restart of the container (they sit beside the files), and only
         # while every file they name is still held.
         self.records = directory / "artefacts.json"
         try:
             saved = json.loads(self.records.read_text())
-            for key, files in saved.items() if isinstance(saved, dict) else ():
+            for name, files in saved.items() if isinstance(saved, dict) else ():
+                namespace, _, key = name.rpartition("/")
                 if HOLD_KEY.match(key) and isinstance(files, list) and files and all(f in self.held for f in files):
-                    self.artefacts[key] = frozenset(files)
+                    self.artefacts[namespace, key] = frozenset(files)
         except (OSError, ValueError):
             pass
         Gauge("inferentia_node_cache_artefacts", "Artefacts held whole (labels on the pod).", registry=r).set_function(
@@ -110,20 +152,31 @@ class NodeCache:
         app = web.Application()
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/metrics", self.scrape)
-        app.router.add_get("/blobs/{sha}", self.get)
-        app.router.add_put("/blobs/{sha}", self.put)
-        app.router.add_get("/artefacts", self.list_artefacts)
-        app.router.add_put("/artefacts/{key}", self.record_artefact)
+        app.router.add_get("/blobs/{sha}", self._admitted(self.get))
+        app.router.add_put("/blobs/{sha}", self._admitted(self.put))
+        app.router.add_put("/artefacts/{key}", self._admitted(self.record_artefact))
         return app
+
+    def _admitted(
+        self, handler: Callable[[web.Request, str], Awaitable[web.StreamResponse]]
+    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        """``handler``, called with the caller's namespace once the caller is admitted."""
+
+        async def admitted(request: web.Request) -> web.StreamResponse:
+            if self.admission is None:
+                return await handler(request, "")
+            caller = await self.admission.caller(request.headers.get("Authorization", ""))
+            if isinstance(caller, Refusal):
+                return self._refuse(caller.status, caller.reason, caller.why)
+            return await handler(request, caller)
+
+        return admitted
 
     def holds(self) -> dict[str, str]:
         """The pod labels that say what this node holds whole (core/holds.py)."""
-        return {HOLDS_PREFIX + key: "true" for key in self.artefacts}
+        return {HOLDS_PREFIX + key: "true" for _, key in self.artefacts}
 
-    async def list_artefacts(self, _request: web.Request) -> web.Response:
-        return web.json_response({key: sorted(files) for key, files in self.artefacts.items()})
-
-    async def record_artefact(self, request: web.Request) -> web.Response:
+    async def record_artefact(self, request: web.Request, namespace: str) -> web.Response:
         """A fetch that has every file of an artefact checked says which: recorded (and labelled)
         only while every one of them is held here. A pod can claim an artefact it did not fetch,
         but only with files this cache holds, and what it buys is a scheduling preference: the
@@ -147,14 +200,14 @@ class NodeCache:
             return web.json_response({"error": f"a record is a JSON list of 1 to {MAX_ARTEFACT_FILES} SHA-256s"}, status=400)
         if missing := [f for f in files if f not in self.held]:
             return web.json_response({"error": f"{len(missing)} of its files are not held here"}, status=409)
-        recorded = frozenset(files)
-        if self.artefacts.get(key) == recorded:
+        recorded, name = frozenset(files), (namespace, key)
+        if self.artefacts.get(name) == recorded:
             # Every fetch records, hits included: the same record again only refreshes its place,
             # with no write to disk and no wake of the pod labeller (no API call per replica).
-            self.artefacts[key] = self.artefacts.pop(key)
+            self.artefacts[name] = self.artefacts.pop(name)
             return web.json_response({"recorded": True}, status=200)
-        self.artefacts.pop(key, None)
-        self.artefacts[key] = recorded  # most recent last
+        self.artefacts.pop(name, None)
+        self.artefacts[name] = recorded  # most recent last
         while len(self.artefacts) > MAX_ARTEFACTS:
             del self.artefacts[next(iter(self.artefacts))]
         self._changed()
@@ -162,7 +215,7 @@ class NodeCache:
 
     def _changed(self) -> None:
         aside = self.records.with_suffix(".new")
-        aside.write_text(json.dumps({key: sorted(files) for key, files in self.artefacts.items()}))
+        aside.write_text(json.dumps({f"{ns}/{key}": sorted(files) for (ns, key), files in self.artefacts.items()}))
         aside.replace(self.records)
         self.changed.set()
 
@@ -172,7 +225,7 @@ class NodeCache:
     async def scrape(self, _request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.registry), content_type="text/plain")
 
-    async def get(self, request: web.Request) -> web.StreamResponse:
+    async def get(self, request: web.Request, _namespace: str) -> web.StreamResponse:
         sha = request.match_info["sha"]
         if not SHA256.match(sha) or sha not in self.held:
             self.misses.inc()
@@ -206,23 +259,27 @@ class NodeCache:
         self.checked[sha] = (st.st_size, st.st_mtime_ns, st.st_ino)
         return True
 
-    def _make_room(self, size: int) -> None:
-        """Evicts the least recently used files until ``size`` more bytes fit."""
+    def _make_room(self, size: int) -> bool:
+        """Evicts the least recently used files until ``size`` more bytes fit; False, evicting
+        nothing, when they would not fit even then (the offers being received fill the cache)."""
+        if sum(self.offers.values()) + size > self.max_bytes:
+            return False
         for sha, _ in sorted(self.held.items(), key=lambda kv: kv[1][1]):
             if self.used + sum(self.offers.values()) + size <= self.max_bytes:
-                return
+                break
             self._drop(sha)
+        return True
 
     def _drop(self, sha: str) -> None:
         """A held file goes, and with it every artefact it was a part of."""
         (self.blobs / sha).unlink(missing_ok=True)
         self.held.pop(sha, None)
         self.checked.pop(sha, None)
-        for key in [k for k, files in self.artefacts.items() if sha in files]:
-            del self.artefacts[key]
+        for name in [n for n, files in self.artefacts.items() if sha in files]:
+            del self.artefacts[name]
             self._changed()
 
-    async def put(self, request: web.Request) -> web.Response:
+    async def put(self, request: web.Request, _namespace: str) -> web.Response:
         sha = request.match_info["sha"]
         if not SHA256.match(sha):
             return self._refuse(404, "name", "a file is offered under its SHA-256, 64 hexadecimal digits")
@@ -248,16 +305,29 @@ class NodeCache:
             return self._refuse(411, "length", "an offer needs a Content-Length, to make room before reading it")
         if length > self.max_bytes:
             return self._refuse(413, "size", f"{length} bytes is more than the whole cache ({self.max_bytes})")
-        self._make_room(length)
-        self.offers[sha] = length
+        # Nothing is evicted for a length an offer only declares: room is made for each block as
+        # it arrives, so an offer that sends nothing costs nothing, and offers half-sent hold
+        # together at most the cache's size.
+        self.offers[sha] = 0
         aside = self.partial / f"{sha}.{os.getpid()}"
         digest, read = hashlib.sha256(), 0
         try:
             with aside.open("wb") as out:
-                while block := await request.content.read(CHUNK):
+                while True:
+                    try:
+                        block = await asyncio.wait_for(request.content.read(CHUNK), self.body_timeout)
+                    except TimeoutError:
+                        return self._refuse(408, "timeout", f"no byte of the offer for {self.body_timeout:g} seconds")
+                    except (ConnectionError, HttpProcessingError):  # the client went before it sent it all
+                        return self._refuse(400, "gone", "the offer ended before its Content-Length")
+                    if not block:
+                        break
                     read += len(block)
                     if read > length:
                         return self._refuse(400, "size", "more bytes than the Content-Length said")
+                    if not self._make_room(len(block)):
+                        return self._refuse(507, "room", "the offers being received fill the cache: offer it again later")
+                    self.offers[sha] += len(block)
                     digest.update(block)
                     out.write(block)
             if read != length or digest.hexdigest() != sha:
@@ -271,6 +341,99 @@ class NodeCache:
         finally:
             self.offers.pop(sha, None)
             aside.unlink(missing_ok=True)
+
+
+class Refusal:
+    """Why a caller is not admitted: the status, the metric's reason, the message."""
+
+    def __init__(self, status: int, reason: str, why: str) -> None:
+        self.status, self.reason, self.why = status, reason, why
+
+
+class Admission:
+    """Admits pods of ``node``: each shows its projected token, which the API server reviews.
+
+    What a token's own claims already refuse (too long, not a JWT, another audience, expired,
+    another node's pod) costs no review: unsigned, the claims can only say no, never yes. A
+    token the API server has judged is remembered by its hash, so a replica's fetch costs one
+    review, not one per file; at most MAX_REVIEWS run at once."""
+
+    def __init__(self, node: str, review: Callable[[str], dict[str, Any]]) -> None:
+        self.node, self.review = node, review
+        self.verdicts: OrderedDict[str, tuple[float, str | Refusal]] = OrderedDict()
+        self.reviewing = asyncio.Semaphore(MAX_REVIEWS)
+
+    async def caller(self, authorization: str) -> str | Refusal:
+        """The namespace of the pod whose token ``authorization`` carries, or why not."""
+        scheme, _, bearer = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not bearer or len(bearer) > MAX_TOKEN_BYTES:
+            return Refusal(401, "token", f"show the pod's projected token for the audience {AUDIENCE} (Authorization: Bearer)")
+        claims = _claims(bearer)
+        if claims is None:
+            return Refusal(401, "token", "the token is not a ServiceAccount token")
+        audience = claims.get("aud")
+        audiences = audience if isinstance(audience, list) else [audience]
+        expiry = claims.get("exp")
+        if AUDIENCE not in audiences or not isinstance(expiry, (int, float)) or expiry <= time.time():
+            return Refusal(401, "token", f"the token is expired or not for the audience {AUDIENCE}")
+        pod_node = (claims.get("kubernetes.io") or {}).get("node") if isinstance(claims.get("kubernetes.io"), dict) else None
+        if not isinstance(pod_node, dict) or pod_node.get("name") != self.node:
+            return Refusal(403, "node", f"the node cache answers only pods of its node, {self.node}")
+        digest = hashlib.sha256(bearer.encode()).hexdigest()
+        known = self.verdicts.get(digest)
+        if known is not None and known[0] > time.time():
+            return known[1]
+        async with self.reviewing:
+            try:
+                status = await asyncio.to_thread(self.review, bearer)
+            except Exception as exc:  # noqa: BLE001 - the API server unreachable or refusing: this request fails, alone
+                log.warning("could not review a caller's token: %s", exc)
+                return Refusal(503, "review", "the caller's token could not be checked with the API server: try again")
+        verdict = self._judge(status)
+        self.verdicts[digest] = (min(time.time() + VERDICT_SECONDS, float(expiry)), verdict)
+        while len(self.verdicts) > MAX_VERDICTS:
+            self.verdicts.popitem(last=False)
+        return verdict
+
+    def _judge(self, status: dict[str, Any]) -> str | Refusal:
+        user = status.get("user") or {}
+        username, extra = str(user.get("username", "")), user.get("extra") or {}
+        if not status.get("authenticated") or AUDIENCE not in (status.get("audiences") or []):
+            return Refusal(401, "token", "the API server does not accept the token")
+        if extra.get("authentication.kubernetes.io/node-name") != [self.node]:
+            return Refusal(403, "node", f"the node cache answers only pods of its node, {self.node}")
+        prefix, _, rest = username.partition("system:serviceaccount:")
+        namespace = rest.split(":", 1)[0]
+        if prefix or not namespace:
+            return Refusal(403, "token", "the token is not a pod's ServiceAccount token")
+        return namespace
+
+
+def _claims(bearer: str) -> dict[str, Any] | None:
+    """A JWT's claims, unchecked (the API server checks the signature); None if not one."""
+    parts = bearer.split(".")
+    if len(parts) != 3:
+        return None
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except (binascii.Error, ValueError):
+        return None
+    return claims if isinstance(claims, dict) else None
+
+
+def token_review(transport: Any) -> Callable[[str], dict[str, Any]]:
+    """A TokenReview of a token for AUDIENCE, through ``transport``: its status."""
+
+    def review(bearer: str) -> dict[str, Any]:
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": bearer, "audiences": [AUDIENCE]}}
+        response = transport.request("POST", "/apis/authentication.k8s.io/v1/tokenreviews", body=body, content_type="application/json")
+        if response.status not in (200, 201):
+            raise ApiRefused(f"TokenReview: {response.status} {response.reason}")
+        answer = json.loads(response.data)
+        status = answer.get("status") if isinstance(answer, dict) else None
+        return status if isinstance(status, dict) else {}
+
+    return review
 
 
 class PodLabels:
@@ -287,14 +450,14 @@ class PodLabels:
 
         self.transport = Transport(pool_size=1, read_timeout=10)
         # What a read or a patch raises when the API refuses or cannot be reached.
-        self.errors = (LabelRefused, urllib3.exceptions.HTTPError, OSError)
+        self.errors = (ApiRefused, urllib3.exceptions.HTTPError, OSError)
         self.url = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}"
 
     def _call(self, method: str, body: Any = None) -> dict[str, Any]:
         content_type = "application/merge-patch+json" if body is not None else None
         response = self.transport.request(method, self.url, body=body, content_type=content_type)
         if response.status != 200:
-            raise LabelRefused(f"{method} {self.url}: {response.status} {response.reason}")
+            raise ApiRefused(f"{method} {self.url}: {response.status} {response.reason}")
         found = json.loads(response.data)
         return found if isinstance(found, dict) else {}
 
@@ -307,8 +470,8 @@ class PodLabels:
         self._call("PATCH", {"metadata": {"labels": patch}})
 
 
-class LabelRefused(Exception):
-    """The API server answered the cache's read or patch of its own pod with an error."""
+class ApiRefused(Exception):
+    """The API server answered the cache's call (a read or patch of its own pod, a TokenReview) with an error."""
 
 
 async def follow_holds(cache: NodeCache, labels: PodLabels) -> None:
@@ -325,16 +488,25 @@ async def follow_holds(cache: NodeCache, labels: PodLabels) -> None:
         await asyncio.sleep(LABEL_PERIOD)
 
 
-def serve(directory: Path, max_bytes: int, port: int, host: str = "0.0.0.0") -> None:
-    cache = NodeCache(directory, max_bytes)
+def serve(directory: Path, max_bytes: int, port: int, host: str = "0.0.0.0", node: str = "", body_timeout: float = BODY_TIMEOUT) -> None:
+    admission = None
+    if node:
+        from inferentia_operator.shell.transport import Transport  # loaded only where callers are checked
+
+        admission = Admission(node, token_review(Transport(pool_size=MAX_REVIEWS, read_timeout=10)))
+    cache = NodeCache(directory, max_bytes, admission, body_timeout)
     # The chart gives the pod its own name and namespace (the downward API); elsewhere (a test, a
     # cache run by hand) nothing is labelled.
     pod, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
 
     async def run(stop: asyncio.Event) -> None:
-        runner = web.AppRunner(cache.app(), access_log=None, keepalive_timeout=DEFAULT_LIMITS.header_timeout)
+        runner = web.AppRunner(cache.app(), access_log=None, keepalive_timeout=DEFAULT_LIMITS.header_timeout, lingering_time=LINGER)
         await runner.setup()
-        await LimitedSite(runner, host, port, MAX_CONNECTIONS, cache.refused.labels("connections").inc).start()
+        site = LimitedSite(
+            runner, host, port, MAX_CONNECTIONS, cache.refused.labels("connections").inc,
+            per_peer=MAX_PEER_CONNECTIONS, peer_refused=cache.refused.labels("peer").inc,
+        )  # fmt: skip
+        await site.start()
         labelling = asyncio.create_task(follow_holds(cache, PodLabels(pod, namespace))) if pod and namespace else None
         try:
             await stop.wait()

@@ -41,7 +41,7 @@ from .catalogue import (
     ROOT_COMM_PORT,
 )
 from .findings import Finding
-from .holds import hold_label
+from .holds import NODE_CACHE_AUDIENCE, hold_label
 from .launcher import LAUNCHER
 from .names import (
     COMPILE_HASH_LABEL,
@@ -526,8 +526,32 @@ def fetch_container(model: Model) -> dict[str, Any]:
     if model.node_cache_url:
         # Each file is asked of the node's cache first, by the SHA-256 the marker names, and
         # checked; one read from the store is offered back (fetch.py, batching/node_cache.py).
-        container["env"].append({"name": "INFERENTIA_NODE_CACHE", "value": model.node_cache_url})
+        _through_node_cache(model, container)
     return container
+
+
+# The serving pod's token for the node cache (batching/node_cache.py answers only pods of its
+# node that show one): projected for the cache's audience alone, so it opens nothing else, and
+# mounted only where fetch reads it (the pod mounts no API token).
+NODE_CACHE_TOKEN = {"volume": "node-cache-token", "dir": "/var/run/secrets/inferentia.dev/node-cache", "file": "token"}
+
+
+def _through_node_cache(model: Model, container: dict[str, Any]) -> None:
+    container["env"] += [
+        {"name": "INFERENTIA_NODE_CACHE", "value": model.node_cache_url},
+        {"name": "INFERENTIA_NODE_CACHE_TOKEN", "value": f"{NODE_CACHE_TOKEN['dir']}/{NODE_CACHE_TOKEN['file']}"},
+    ]
+    container["volumeMounts"].append({"name": NODE_CACHE_TOKEN["volume"], "mountPath": NODE_CACHE_TOKEN["dir"], "readOnly": True})
+
+
+def _node_cache_token_volumes(model: Model) -> list[dict[str, Any]]:
+    """The projected token, where a serving pod's fetch reads through the node cache."""
+    if not (model.node_cache_url and fetched_uri(model)):
+        return []
+    # 600 s is the least a projected token may live; the kubelet renews it before it expires
+    # (https://kubernetes.io/docs/concepts/storage/projected-volumes/#serviceaccounttoken).
+    token = {"audience": NODE_CACHE_AUDIENCE, "expirationSeconds": 600, "path": NODE_CACHE_TOKEN["file"]}
+    return [{"name": NODE_CACHE_TOKEN["volume"], "projected": {"sources": [{"serviceAccountToken": token}]}}]
 
 
 def fetch_model_container(model: Model) -> dict[str, Any]:
@@ -990,7 +1014,7 @@ def serving_init_containers(model: Model) -> list[dict[str, Any]]:
     if model.node_cache_url:
         # Only on serving pods, which run where the node cache's DaemonSet does: a compile Job
         # may run on any node. A model with a marker is read through it, each file checked.
-        container["env"].append({"name": "INFERENTIA_NODE_CACHE", "value": model.node_cache_url})
+        _through_node_cache(model, container)
     return [container]
 
 
@@ -1201,6 +1225,7 @@ def serving_deployment(model: Model, replicas: int | None = None, grouped: bool 
                         *_scratch_volumes(model, plan.sizes.home_bytes),
                         *([_artefact_volume(model)] if spec.compile.image else []),
                         *([_model_volume(model)] if serving_fetches_model(model) else []),
+                        *_node_cache_token_volumes(model),
                     ],
                     **({"resourceClaims": [{"name": CLAIM, "resourceClaimTemplateName": claim_template_name(model)}]} if dra else {}),
                     **pod_placement(model.spec.placement, tolerations=(NEURON_TOLERATION,), affinity=serving_affinity(model, grouped)),

@@ -14,6 +14,10 @@ import hashlib
 import re
 
 HOLDS_PREFIX = "holds.inferentia.dev/"
+# The audience of the token a serving pod shows the node cache: projected for it alone
+# (core/children.py), so the cache can check it with a TokenReview and no one can replay it
+# against the API server (batching/node_cache.py, Admission).
+NODE_CACHE_AUDIENCE = "node-cache.inferentia.dev"
 HOLD_KEY = re.compile(r"^[0-9a-f]{32}$")
 
 
