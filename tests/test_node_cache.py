@@ -20,12 +20,12 @@ from test_frontend_limits import _wait_for
 
 
 class Cache:
-    def __init__(self, directory, max_bytes: int) -> None:
+    def __init__(self, directory, max_bytes: int, *flags: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "inferentia_operator", "node-cache", "--host", "127.0.0.1", "--port", str(self.port),
-             "--dir", str(directory), "--max-bytes", str(max_bytes)],
+             "--dir", str(directory), "--max-bytes", str(max_bytes), *flags],
             stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         _wait_for(f"{self.url}/healthz", self.proc)
@@ -356,3 +356,66 @@ def test_a_cache_that_does_not_answer_is_asked_once_per_fetch_not_once_per_file(
         silent.close()
     assert sorted(p.name for p in got) == ["a.bin", "b.bin", "c.bin"]
     assert len(accepted) == 1
+
+
+class SlowStore:
+    """The store, each file read from it taking ``seconds`` and counted (a large file on S3)."""
+
+    def __init__(self, client, seconds: float) -> None:
+        self.client, self.seconds, self.reads = client, seconds, []
+
+    def download_file(self, bucket, key, filename, **kwargs):
+        self.reads.append(key)
+        time.sleep(self.seconds)
+        return self.client.download_file(bucket, key, filename, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+def test_replicas_starting_together_on_a_node_read_the_store_once(s3, tmp_path):
+    """The first to miss fills the file (a lease it renews while it reads the store); a replica
+    that asks meanwhile is told to ask again, and is then served by the cache, not the store."""
+    import threading
+
+    c = Cache(tmp_path / "cache", 10_000)
+    try:
+        source = tmp_path / "compiled"
+        source.mkdir()
+        (source / "model.pt").write_bytes(b"w" * 3000)
+        upload(source, "s3://models/m/together/")
+        store = SlowStore(s3, 1.5)
+        done = []
+
+        def start(name: str) -> None:
+            done.append(fetch("s3://models/m/together/", tmp_path / name, client=store, cache=c.url))
+
+        first = threading.Thread(target=start, args=("one",))
+        first.start()
+        time.sleep(0.5)  # the first is reading the store
+        start("two")
+        first.join(10)
+        assert store.reads == ["m/together/model.pt"]
+        assert len(done) == 2
+        assert (tmp_path / "two" / "model.pt").read_bytes() == b"w" * 3000
+        assert c.metric("inferentia_node_cache_waits_total") >= 1 and c.metric("inferentia_node_cache_hits_total") == 1
+    finally:
+        assert "Traceback" not in c.stop()
+
+
+def test_a_filler_that_goes_away_holds_the_others_only_until_its_lease_lapses(s3, tmp_path):
+    c = Cache(tmp_path / "cache", 10_000, "--fill-lease-s", "1")
+    try:
+        source = tmp_path / "compiled"
+        source.mkdir()
+        (source / "model.pt").write_bytes(b"v" * 300)
+        upload(source, "s3://models/m/lapsed/")
+        # A replica misses, takes the lease, and is gone before it renews or offers anything.
+        assert c.get(sha(b"v" * 300))[0] == 404
+        began = time.monotonic()
+        fetch("s3://models/m/lapsed/", tmp_path / "next", cache=c.url)
+        assert (tmp_path / "next" / "model.pt").read_bytes() == b"v" * 300
+        assert 0.5 < time.monotonic() - began < 5
+        assert c.metric("inferentia_node_cache_stored_total") == 1  # the next one filled it
+    finally:
+        assert "Traceback" not in c.stop()

@@ -115,7 +115,7 @@ class Cache:
         self.url = f"http://127.0.0.1:{self.port}"
         self.directory = directory
         args = [sys.executable, "-m", "inferentia_operator", "node-cache", "--host", "127.0.0.1", "--port", str(self.port),
-                "--dir", str(directory), "--max-bytes", str(max_bytes), "--body-timeout", str(body_timeout)]  # fmt: skip
+                "--dir", str(directory), "--max-bytes", str(max_bytes), "--body-timeout-s", str(body_timeout)]  # fmt: skip
         env = dict(os.environ)
         if reviews is not None:
             args += ["--node-name", NODE]

@@ -240,7 +240,15 @@ def _port_pairs(value: str) -> list[tuple[int, int]]:
 def cmd_node_cache(args: argparse.Namespace) -> int:
     from .batching.node_cache import serve  # aiohttp loads only for this command
 
-    serve(Path(args.dir), args.max_bytes, args.port, args.host, node=args.node_name, body_timeout=args.body_timeout)
+    serve(
+        Path(args.dir),
+        args.max_bytes,
+        args.port,
+        args.host,
+        node=args.node_name,
+        body_timeout=args.body_timeout_s,
+        fill_lease=args.fill_lease_s,
+    )
     return EXIT_OK
 
 
@@ -443,8 +451,16 @@ def parser() -> argparse.ArgumentParser:
         "default: $NODE_NAME, the chart's; without it, any caller",
     )  # fmt: skip
     nc.add_argument(
-        "--body-timeout", type=float, default=10.0, metavar="SECONDS", help="seconds an offer's body may send nothing before it is refused"
+        "--body-timeout-s",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds an offer's body may send nothing before it is refused",
     )
+    nc.add_argument(
+        "--fill-lease-s", type=float, default=30.0, metavar="SECONDS",
+        help="seconds a replica filling a file from the store holds it (others wait) unless it renews",
+    )  # fmt: skip
     nc.set_defaults(func=cmd_node_cache)
 
     f = sub.add_parser("fetch", help="copy a compiled artefact (or, with --model, a model) into a pod (an init container)")

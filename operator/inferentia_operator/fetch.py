@@ -20,11 +20,14 @@ EKS Pod Identity; AWS_ENDPOINT_URL for an S3-compatible store).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import json
 import os
 import sys
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -41,6 +44,10 @@ MAX_MARKER_BYTES = 16 * 1024**2
 # The node's cache answers on this node or not at all: its Service routes only to the node's own
 # pod (internalTrafficPolicy: Local), and drops the connection where there is none.
 CACHE_TIMEOUT = 2.0
+# Seconds a fetch waits, asking each second, while another replica of the node fills a file it
+# wants from the store; then it reads the store itself. (The filler renews its lease as it reads:
+# a filler that dies lets it lapse within the cache's --fill-lease-s.)
+FILL_WAIT = 600.0
 
 
 # The file of the pod's projected ServiceAccount token for the node cache's audience: the cache
@@ -117,27 +124,75 @@ def _keys(client: Any, bucket: str, prefix: str) -> list[str]:
     return keys
 
 
-def _from_cache(cache: str, sha256: str, size: int, target: Path) -> bool:
+class _Fill:
+    """The node cache's answer to a miss: this fetch fills the file, holding a lease the cache
+    lets lapse unless it is renewed within ``seconds``; renewed here, from a thread, while the
+    store is read (so that the node's other replicas wait for this read rather than repeat it)."""
+
+    def __init__(self, cache: str, sha256: str, lease: str, seconds: float) -> None:
+        self.url = f"{cache.rstrip('/')}/blobs/{sha256}?lease={urllib.parse.quote(lease)}"
+        self.period = max(0.2, min(seconds, 3600.0) / 3)
+        self.done = threading.Event()
+        self.renewer = threading.Thread(target=self._renew, daemon=True)
+
+    def _renew(self) -> None:
+        while not self.done.wait(self.period):
+            try:
+                urllib.request.urlopen(urllib.request.Request(self.url, headers=_cache_headers()), timeout=CACHE_TIMEOUT).close()
+            except urllib.error.HTTPError as answer:  # 404: renewed (the file is not held yet)
+                answer.close()
+            except (OSError, ValueError, http.client.HTTPException):
+                return  # the cache is gone: the lease lapses, as it should
+
+    def __enter__(self) -> _Fill:
+        self.renewer.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.done.set()
+
+
+def _from_cache(cache: str, sha256: str, size: int, target: Path) -> bool | _Fill:
     """The file of ``sha256`` from the node's cache into ``target``, if it holds it (checked by the
-    caller). The cache is another pod's server: at most ``size`` bytes are read from it, one byte
-    more proving the answer wrong, whatever length it declares or however long it streams."""
+    caller); else the lease to fill it with, if the cache gives one, else False. While another
+    replica of the node fills it, asked again each second, for at most FILL_WAIT seconds. The
+    cache is another pod's server: at most ``size`` bytes are read from it, one byte more proving
+    the answer wrong, whatever length it declares or however long it streams."""
+    deadline = time.monotonic() + FILL_WAIT
+    while True:
+        try:
+            asked = urllib.request.Request(f"{cache.rstrip('/')}/blobs/{sha256}", headers=_cache_headers())
+            with urllib.request.urlopen(asked, timeout=CACHE_TIMEOUT) as answer, target.open("wb") as out:
+                declared = answer.headers.get("Content-Length")
+                if declared is not None and declared != str(size):
+                    return False
+                left = size + 1
+                while left and (block := answer.read(min(1 << 20, left))):
+                    left -= len(block)
+                    out.write(block)
+                return left == 1
+        except urllib.error.HTTPError as answer:  # a miss (404), another's fill (409), not admitted (401, 403)
+            with answer:
+                if answer.code == 409 and time.monotonic() < deadline:
+                    time.sleep(1.0)
+                    continue
+                return _lease(cache, sha256, answer) if answer.code == 404 else False
+        except (OSError, ValueError) as exc:  # no answer: with no cache pod on this node, none will come
+            raise _CacheSilent from exc
+        except http.client.HTTPException:  # a broken answer: the store then
+            return False
+
+
+def _lease(cache: str, sha256: str, miss: urllib.error.HTTPError) -> _Fill | bool:
+    """The fill lease a miss carries (read to at most 1 KiB), or False."""
     try:
-        asked = urllib.request.Request(f"{cache.rstrip('/')}/blobs/{sha256}", headers=_cache_headers())
-        with urllib.request.urlopen(asked, timeout=CACHE_TIMEOUT) as answer, target.open("wb") as out:
-            declared = answer.headers.get("Content-Length")
-            if declared is not None and declared != str(size):
-                return False
-            left = size + 1
-            while left and (block := answer.read(min(1 << 20, left))):
-                left -= len(block)
-                out.write(block)
-            return left == 1
-    except urllib.error.HTTPError:  # a miss (404), or not admitted (401, 403): the store then
+        found = json.loads(miss.read(1024))
+    except (OSError, ValueError, http.client.HTTPException):
         return False
-    except (OSError, ValueError) as exc:  # no answer: with no cache pod on this node, none will come
-        raise _CacheSilent from exc
-    except http.client.HTTPException:  # a broken answer: the store then
-        return False
+    lease, seconds = (found.get("fill"), found.get("seconds")) if isinstance(found, dict) else (None, None)
+    if isinstance(lease, str) and isinstance(seconds, (int, float)) and seconds > 0:
+        return _Fill(cache, sha256, lease, float(seconds))
+    return False
 
 
 class _CacheSilent(Exception):
@@ -210,17 +265,21 @@ def _fetch_marked(uri: str, marker: dict[str, Any], destination: Path, client: A
         if target is None:
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
+        fill: _Fill | None = None
         try:
-            if cache and _from_cache(cache, expected["sha256"], expected["size"], target) and _matches(target, expected):
+            got = _from_cache(cache, expected["sha256"], expected["size"], target) if cache else False
+            if got is True and _matches(target, expected):
                 written.append(target)
                 continue
+            fill = got if isinstance(got, _Fill) else None
         except _CacheSilent:
             cache = None
-        client.download_file(bucket, prefix + name, str(target))
-        if not _matches(target, expected):
-            raise FetchError(f"{uri.rstrip('/')}/{name} does not match its completion marker (size or SHA-256): refusing it")
-        if cache:
-            _offer(cache, expected["sha256"], target)
+        with fill or contextlib.nullcontext():
+            client.download_file(bucket, prefix + name, str(target))
+            if not _matches(target, expected):
+                raise FetchError(f"{uri.rstrip('/')}/{name} does not match its completion marker (size or SHA-256): refusing it")
+            if cache:
+                _offer(cache, expected["sha256"], target)
         written.append(target)
     if cache and written:
         _record(cache, uri, [expected["sha256"] for name, expected in marker["files"].items() if _safe_target(destination, name)])

@@ -5,14 +5,18 @@ asks the one on its own node for each file of an artefact by the SHA-256 that th
 completion marker names, checks what it gets, and offers back a file it had to read from the
 store. So only the first replica on a node reads the store.
 
-- ``GET /blobs/<sha256>``: the file, or 404.
+- ``GET /blobs/<sha256>``: the file; or 404 with a fill lease (``{"fill": <id>, "seconds": n}``):
+  the caller reads the store and offers the file, and while it does (renewing the lease with
+  ``?lease=<id>`` within n seconds) every other caller is answered 409 with ``Retry-After``, to
+  ask again: replicas starting together on a node read the store once. A lease not renewed
+  lapses, and the next caller fills.
 - ``PUT /blobs/<sha256>`` with a Content-Length: stored only if its bytes hash to that name
   (else 400), written aside and renamed whole, so a partial or wrong file is never served and
   no client can plant one under another file's hash. 200 if already held and still whole (the
   body is not read); a held copy whose bytes changed on disk is dropped and the offer stored
   in its place (``inferentia_node_cache_damaged_total``). 409 while another offer of it is being
   written, 413 above the whole cache, 411 without a length, 503 past ``MAX_OFFERS`` at once,
-  408 when its body stalls for ``--body-timeout`` seconds, 507 when the offers being received
+  408 when its body stalls for ``--body-timeout-s`` seconds, 507 when the offers being received
   fill the cache. Room is made for bytes as they arrive, never for the length an offer declares.
 - ``PUT /artefacts/<key>`` (a JSON list of SHA-256s, with a Content-Length): an artefact a fetch
   found whole, recorded for the caller's namespace while every file of it is held (else 409),
@@ -41,6 +45,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -87,12 +92,24 @@ MAX_TOKEN_BYTES = 4096  # a projected token is about 1 KiB; a longer one is refu
 VERDICT_SECONDS = 300.0
 MAX_VERDICTS = 1024
 MAX_REVIEWS = 2  # TokenReviews in flight at once
+# Seconds a fill lease lasts unless its holder renews it; fills leased at once, at most.
+FILL_LEASE = 30.0
+MAX_FILLS = 256
 
 
 class NodeCache:
-    def __init__(self, directory: Path, max_bytes: int, admission: Admission | None = None, body_timeout: float = BODY_TIMEOUT) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        max_bytes: int,
+        admission: Admission | None = None,
+        body_timeout: float = BODY_TIMEOUT,
+        fill_lease: float = FILL_LEASE,
+    ) -> None:
         self.blobs, self.partial = directory / "blobs", directory / "partial"
-        self.max_bytes, self.body_timeout = max_bytes, body_timeout
+        self.max_bytes, self.body_timeout, self.fill_lease = max_bytes, body_timeout, fill_lease
+        # sha -> (lease, when it lapses): the caller told to fill it from the store.
+        self.fills: OrderedDict[str, tuple[str, float]] = OrderedDict()
         # None: a cache run by hand (a test, a laptop), which answers any caller; the chart's
         # answers only pods of its node.
         self.admission = admission
@@ -114,7 +131,8 @@ class NodeCache:
             lambda: sum(self.offers.values())
         )
         self.hits = Counter("inferentia_node_cache_hits", "Files served.", registry=r)
-        self.misses = Counter("inferentia_node_cache_misses", "Files asked for and not held.", registry=r)
+        self.misses = Counter("inferentia_node_cache_misses", "Files asked for and not held (each given a fill lease).", registry=r)
+        self.waits = Counter("inferentia_node_cache_waits", "Asks answered 409: another caller is filling the file.", registry=r)
         self.stored = Counter("inferentia_node_cache_stored", "Offers stored.", registry=r)
         self.refused = Counter(
             "inferentia_node_cache_refused",
@@ -227,15 +245,36 @@ class NodeCache:
 
     async def get(self, request: web.Request, _namespace: str) -> web.StreamResponse:
         sha = request.match_info["sha"]
-        if not SHA256.match(sha) or sha not in self.held:
-            self.misses.inc()
-            return web.json_response({"error": "not held"}, status=404)
+        if not SHA256.match(sha):
+            return web.json_response({"error": "a file is asked for by its SHA-256, 64 hexadecimal digits"}, status=404)
+        if sha not in self.held:
+            return self._miss(sha, request.query.get("lease"))
         size, _ = self.held[sha]
         self.held[sha] = (size, time.time())
         self.hits.inc()
         # Evicted while being sent, the file stays readable through the open descriptor; evicted
         # before it is opened, aiohttp's FileResponse answers 404, a miss like any other.
         return web.FileResponse(self.blobs / sha)
+
+    def _miss(self, sha: str, lease: str | None) -> web.Response:
+        """A file not held: the caller fills it (a lease), unless another caller is filling it."""
+        now = time.monotonic()
+        for lapsed in [s for s, (_, until) in self.fills.items() if until <= now]:
+            del self.fills[lapsed]
+        filling = self.fills.get(sha)
+        if filling is not None and lease == filling[0]:  # its filler, renewing
+            self.fills[sha] = (lease, now + self.fill_lease)
+            return web.json_response({"error": "not held", "fill": lease, "seconds": self.fill_lease}, status=404)
+        if filling is not None or sha in self.offers:
+            self.waits.inc()
+            return web.json_response(
+                {"error": "another replica of this node is filling it: ask again"}, status=409, headers={"Retry-After": "1"}
+            )
+        self.misses.inc()
+        self.fills[sha] = (lease := secrets.token_hex(16), now + self.fill_lease)
+        while len(self.fills) > MAX_FILLS:
+            self.fills.popitem(last=False)
+        return web.json_response({"error": "not held", "fill": lease, "seconds": self.fill_lease}, status=404)
 
     def _refuse(self, code: int, reason: str, why: str) -> web.Response:
         self.refused.labels(reason).inc()
@@ -340,6 +379,8 @@ class NodeCache:
             return web.json_response({"held": True}, status=201)
         finally:
             self.offers.pop(sha, None)
+            # Stored or refused, the fill is over: the next ask is served, or fills again.
+            self.fills.pop(sha, None)
             aside.unlink(missing_ok=True)
 
 
@@ -488,13 +529,21 @@ async def follow_holds(cache: NodeCache, labels: PodLabels) -> None:
         await asyncio.sleep(LABEL_PERIOD)
 
 
-def serve(directory: Path, max_bytes: int, port: int, host: str = "0.0.0.0", node: str = "", body_timeout: float = BODY_TIMEOUT) -> None:
+def serve(
+    directory: Path,
+    max_bytes: int,
+    port: int,
+    host: str = "0.0.0.0",
+    node: str = "",
+    body_timeout: float = BODY_TIMEOUT,
+    fill_lease: float = FILL_LEASE,
+) -> None:
     admission = None
     if node:
         from inferentia_operator.shell.transport import Transport  # loaded only where callers are checked
 
         admission = Admission(node, token_review(Transport(pool_size=MAX_REVIEWS, read_timeout=10)))
-    cache = NodeCache(directory, max_bytes, admission, body_timeout)
+    cache = NodeCache(directory, max_bytes, admission, body_timeout, fill_lease)
     # The chart gives the pod its own name and namespace (the downward API); elsewhere (a test, a
     # cache run by hand) nothing is labelled.
     pod, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
