@@ -153,8 +153,9 @@ class _Fill:
 
 
 def _from_cache(cache: str, sha256: str, size: int, target: Path) -> bool | _Fill:
-    """The file of ``sha256`` from the node's cache into ``target``, if it holds it (checked by the
-    caller); else the lease to fill it with, if the cache gives one, else False. While another
+    """The file of ``sha256`` from the node's cache into ``target``, if it holds it, checked as it
+    arrives (its size and SHA-256, so the file is not read again to hash it); else the lease to
+    fill it with, if the cache gives one, else False. While another
     replica of the node fills it, asked again each second, for at most FILL_WAIT seconds. The
     cache is another pod's server: at most ``size`` bytes are read from it, one byte more proving
     the answer wrong, whatever length it declares or however long it streams."""
@@ -166,11 +167,12 @@ def _from_cache(cache: str, sha256: str, size: int, target: Path) -> bool | _Fil
                 declared = answer.headers.get("Content-Length")
                 if declared is not None and declared != str(size):
                     return False
-                left = size + 1
+                left, digest = size + 1, hashlib.sha256()
                 while left and (block := answer.read(min(1 << 20, left))):
                     left -= len(block)
+                    digest.update(block)
                     out.write(block)
-                return left == 1
+                return left == 1 and digest.hexdigest() == sha256
         except urllib.error.HTTPError as answer:  # a miss (404), another's fill (409), not admitted (401, 403)
             with answer:
                 if answer.code == 409 and time.monotonic() < deadline:
@@ -268,7 +270,7 @@ def _fetch_marked(uri: str, marker: dict[str, Any], destination: Path, client: A
         fill: _Fill | None = None
         try:
             got = _from_cache(cache, expected["sha256"], expected["size"], target) if cache else False
-            if got is True and _matches(target, expected):
+            if got is True:
                 written.append(target)
                 continue
             fill = got if isinstance(got, _Fill) else None
