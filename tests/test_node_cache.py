@@ -147,7 +147,7 @@ def test_connections_past_the_caches_bound_are_refused_and_it_goes_on(tmp_path):
         held, refused = [], None
         for i in range(node_cache.MAX_CONNECTIONS + 2):
             # Each from its own loopback address: one address holds at most MAX_PEER_CONNECTIONS.
-            conn = socket.create_connection(("127.0.0.1", c.port), source_address=(f"127.0.1.{i + 1}", 0))
+            conn = socket.create_connection(("127.0.0.1", c.port), source_address=(f"127.1.{i // 250}.{i % 250 + 1}", 0))
             conn.settimeout(10)
             conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
             answer = conn.recv(64)

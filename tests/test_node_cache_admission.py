@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import http.client
 import json
 import os
 import socket
@@ -36,7 +37,7 @@ from test_node_cache import sha
 NODE = "node-a"
 
 
-def token(namespace: str, node: str = NODE, audience: str = node_cache.AUDIENCE, lifetime: float = 600) -> str:
+def token(namespace: str, node: str = NODE, audience: str = node_cache.AUDIENCE, lifetime: float = 600, pod: bool = True) -> str:
     """A token shaped as the kubelet's projected ones are (a JWT whose claims name the pod's
     namespace and node); the review server below says whether it is valid."""
 
@@ -45,8 +46,10 @@ def token(namespace: str, node: str = NODE, audience: str = node_cache.AUDIENCE,
 
     claims = {
         "aud": [audience], "exp": int(time.time() + lifetime),
-        "kubernetes.io": {"namespace": namespace, "node": {"name": node}, "pod": {"name": "p"}, "serviceaccount": {"name": "default"}},
+        "kubernetes.io": {"namespace": namespace, "node": {"name": node}, "serviceaccount": {"name": "default"}},
     }  # fmt: skip
+    if pod:  # a token bound to the Node object itself names no pod
+        claims["kubernetes.io"]["pod"] = {"name": "p"}
     return f"{part({'alg': 'RS256'})}.{part(claims)}.{base64.urlsafe_b64encode(os.urandom(32)).decode().rstrip('=')}"
 
 
@@ -123,16 +126,20 @@ class Cache:
         self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env)
         _wait_for(f"{self.url}/healthz", self.proc)
 
-    def call(self, method: str, path: str, body: bytes | None = None, bearer: str | None = None) -> tuple[int, bytes]:
+    def call(
+        self, method: str, path: str, body: bytes | None = None, bearer: str | None = None, source: str = "127.0.0.1"
+    ) -> tuple[int, bytes]:
+        """One request from ``source`` (a loopback address: the cache knows a pod by its address)."""
         headers = {"Content-Length": str(len(body or b""))}
         if bearer:
             headers["Authorization"] = f"Bearer {bearer}"
-        request = urllib.request.Request(f"{self.url}{path}", body, headers, method=method)
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10, source_address=(source, 0))
         try:
-            with urllib.request.urlopen(request, timeout=10) as r:
-                return r.status, r.read()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read()
+            conn.request(method, path, body, headers)
+            answer = conn.getresponse()
+            return answer.status, answer.read()
+        finally:
+            conn.close()
 
     def metric(self, name: str) -> float:
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as r:
@@ -195,10 +202,33 @@ def test_an_offer_that_sends_nothing_evicts_nothing_and_gives_its_slot_back(open
     assert open_cache.call("GET", f"/blobs/{sha(held)}")[0] == 200
 
 
+def test_an_offer_that_trickles_loses_its_slot(tmp_path):
+    """A byte every half second never lets the body time out between reads, but after the
+    grace (--body-timeout-s) an offer must keep up MIN_OFFER_RATE on average: 408, slot freed."""
+    c = Cache(tmp_path / "cache", max_bytes=10_000_000, body_timeout=1.0)
+    try:
+        conn = offer_head(c.port, sha(b"t" * 5_000_000), 5_000_000)
+        began, answer = time.monotonic(), b""
+        while time.monotonic() - began < 6 and not answer:
+            try:
+                conn.sendall(b"t")
+                conn.settimeout(0.5)
+                answer = conn.recv(64)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+        conn.close()
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert time.monotonic() - began < 3
+    finally:
+        assert "Traceback" not in c.stop()
+
+
 def test_offers_left_half_sent_never_hold_more_than_the_cache(open_cache):
     """Four offers of the whole cache each send 400 bytes and stop: what they hold, with what the
     cache keeps, stays within its size (1,000 bytes); the offers that find no room are refused."""
-    conns = [offer_head(open_cache.port, sha(bytes([i]) * 1000), 1000) for i in range(4)]
+    conns = [offer_head(open_cache.port, sha(bytes([i]) * 1000), 1000, source=f"127.0.0.{10 + i}") for i in range(4)]
     for conn in conns:
         try:
             conn.sendall(b"z" * 400)
@@ -250,7 +280,10 @@ def test_only_pods_of_its_own_node_are_answered(node_cache_of, reviews):
     mine = reviews.issue("team-a")
     assert node_cache_of.call("PUT", f"/blobs/{sha(data)}", data)[0] == 401  # no token
     assert node_cache_of.call("PUT", f"/blobs/{sha(data)}", data, bearer="not-a-token")[0] == 401
-    assert node_cache_of.call("PUT", f"/blobs/{sha(data)}", data, bearer=token("team-a"))[0] == 401  # not issued
+    # Not issued by the API server: refused by its review (from another address: the one a
+    # token was refused from waits before its next review).
+    assert node_cache_of.call("PUT", f"/blobs/{sha(data)}", data, bearer=token("team-a"), source="127.0.0.9")[0] == 401
+    assert node_cache_of.call("PUT", f"/blobs/{sha(data)}", data, bearer=token("team-a", pod=False))[0] == 403  # the Node's token
     elsewhere = reviews.issue("team-a", node="node-b")
     assert node_cache_of.call("PUT", f"/blobs/{sha(data)}", data, bearer=elsewhere)[0] == 403
     assert node_cache_of.call("GET", f"/blobs/{sha(data)}", bearer=elsewhere)[0] == 403
@@ -276,15 +309,30 @@ def test_a_namespace_cannot_write_over_another_namespaces_record(node_cache_of, 
     records = json.loads((node_cache_of.directory / "artefacts.json").read_text())
     assert records == {f"team-a/{key}": [sha(one)], f"team-b/{key}": [sha(two)]}
     assert node_cache_of.metric("inferentia_node_cache_artefacts") == 2
+    # Past its own bound, team-b loses its own oldest records, never team-a's.
+    for i in range(node_cache.MAX_ARTEFACTS + 3):
+        other = hold_key(f"s3://models/b{i}/")
+        assert node_cache_of.call("PUT", f"/artefacts/{other}", json.dumps([sha(two)]).encode(), bearer=team_b)[0] == 201
+    records = json.loads((node_cache_of.directory / "artefacts.json").read_text())
+    assert records[f"team-a/{key}"] == [sha(one)]
+    assert sum(name.startswith("team-b/") for name in records) == node_cache.MAX_ARTEFACTS
 
 
 def test_a_flood_of_unknown_tokens_costs_the_api_server_a_bounded_number_of_reviews(node_cache_of, reviews):
-    """Tokens whose claims already say no (another audience, another node, expired, not a JWT)
-    are refused without a review; the API server reviews only what could pass."""
-    before = reviews.reviewed
-    for bearer in (token("x", audience="other"), token("x", node="node-b"), token("x", lifetime=-10), "a" * 5000):
+    """Tokens whose claims already say no (another audience, another node, no pod, expired, not
+    a JWT, nested past any parser) are refused without a review. Claims that pass can be forged:
+    an address whose token the API server refused gets no review for a while (429), so a flood
+    of forged tokens costs one review an address; the replicas' own tokens still pass."""
+    nested = "x." + base64.urlsafe_b64encode(b"[" * 1200).decode().rstrip("=") + ".y"
+    forged = [token("x", audience="other"), token("x", node="node-b"), token("x", pod=False), token("x", lifetime=-10), "a" * 5000, nested]
+    for bearer in forged:
         assert node_cache_of.call("GET", f"/blobs/{'0' * 64}", bearer=bearer)[0] in (401, 403)
-    assert reviews.reviewed == before
+    assert reviews.reviewed == 0
+    codes = [node_cache_of.call("GET", f"/blobs/{'0' * 64}", bearer=token("x"), source="127.0.0.7")[0] for _ in range(20)]
+    assert codes[0] == 401 and set(codes[1:]) == {429}
+    assert reviews.reviewed == 1
+    mine = reviews.issue("team-a")
+    assert node_cache_of.call("GET", f"/blobs/{'0' * 64}", bearer=mine)[0] == 404  # a miss, admitted
 
 
 def test_fetch_reads_through_a_cache_that_admits_only_its_own(s3, node_cache_of, reviews, tmp_path, monkeypatch):

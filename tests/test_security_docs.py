@@ -68,6 +68,10 @@ def in_code(reference: str) -> float:
         "node_cache.MAX_PEER_CONNECTIONS": node_cache.MAX_PEER_CONNECTIONS,
         "node_cache.MAX_TOKEN_BYTES": node_cache.MAX_TOKEN_BYTES,
         "node_cache.MAX_REVIEWS": node_cache.MAX_REVIEWS,
+        "node_cache.MIN_OFFER_RATE": node_cache.MIN_OFFER_RATE,
+        "node_cache.REVIEW_WAIT": node_cache.REVIEW_WAIT,
+        "node_cache.PENALTY": node_cache.PENALTY,
+        "node_cache.VERDICT_SECONDS": node_cache.VERDICT_SECONDS,
     }
     if reference.startswith(("hold --", "node-cache --")):
         return flag_default(*reference.split(" ", 1))

@@ -67,19 +67,24 @@ log = logging.getLogger(__name__)
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 MAX_OFFERS = 4  # offers written at once
 # Artefacts recorded as held whole (labels on the cache's pod; core/holds.py), each of at most
-# MAX_ARTEFACT_FILES files: the least recently recorded go first past it.
+# MAX_ARTEFACT_FILES files: the least recently recorded go first past a namespace's bound, and
+# past the bound of all namespaces together (a label each on the pod).
 MAX_ARTEFACTS = 32
+MAX_RECORDS = 256
 MAX_ARTEFACT_FILES = 1024
 MAX_RECORD_BYTES = 128 * 1024
 LABEL_PERIOD = 1.0  # seconds between patches of the pod's labels, at most
 # Open connections (any pod can reach a cache pod's address); one more is answered 503 and
 # closed. A node's serving pods open one each while they fetch; one pod (one address) may hold
 # a few, never all: the kubelet's probe and the node's other replicas still get in.
-MAX_CONNECTIONS = 64
-MAX_PEER_CONNECTIONS = 8
+MAX_CONNECTIONS = 256
+MAX_PEER_CONNECTIONS = 4
 CHUNK = 1 << 20
-# Seconds an offer's body may go without a byte before the offer is refused and its slot freed.
+# Seconds an offer's body may go without a byte before the offer is refused and its slot freed;
+# after them, the bytes must arrive at MIN_OFFER_RATE on average (an offer is a file on the same
+# node, read from a local disk, at hundreds of MB a second).
 BODY_TIMEOUT = 10.0
+MIN_OFFER_RATE = 1 << 20
 # After an answer that left a body unread, seconds the connection still drains it (so that the
 # client reads the answer, not a reset) before it is closed.
 LINGER = 2.0
@@ -87,11 +92,14 @@ LINGER = 2.0
 # The audience of the token a caller shows (core/holds.py).
 AUDIENCE = NODE_CACHE_AUDIENCE
 MAX_TOKEN_BYTES = 4096  # a projected token is about 1 KiB; a longer one is refused unread
-# A token the API server has judged, remembered (by its hash) for at most this long, and its
-# expiry; at most MAX_VERDICTS of them, the oldest forgotten first.
-VERDICT_SECONDS = 300.0
+# A token the API server accepted, remembered (by its hash) for at most this long, and its
+# expiry; at most MAX_VERDICTS of them, the least recently used forgotten first. A pod deleted
+# keeps its access for at most this long.
+VERDICT_SECONDS = 60.0
 MAX_VERDICTS = 1024
 MAX_REVIEWS = 2  # TokenReviews in flight at once
+REVIEW_WAIT = 1.0  # seconds a caller waits for a review's turn, then 503
+PENALTY = 10.0  # seconds an address whose token was refused gets no review (429)
 # Seconds a fill lease lasts unless its holder renews it; fills leased at once, at most.
 FILL_LEASE = 30.0
 MAX_FILLS = 256
@@ -183,7 +191,7 @@ class NodeCache:
         async def admitted(request: web.Request) -> web.StreamResponse:
             if self.admission is None:
                 return await handler(request, "")
-            caller = await self.admission.caller(request.headers.get("Authorization", ""))
+            caller = await self.admission.caller(request.headers.get("Authorization", ""), request.remote or "")
             if isinstance(caller, Refusal):
                 return self._refuse(caller.status, caller.reason, caller.why)
             return await handler(request, caller)
@@ -226,7 +234,12 @@ class NodeCache:
             return web.json_response({"recorded": True}, status=200)
         self.artefacts.pop(name, None)
         self.artefacts[name] = recorded  # most recent last
-        while len(self.artefacts) > MAX_ARTEFACTS:
+        # Past its own bound a namespace loses its own oldest record, never another's; past the
+        # bound of all (as many namespaces as pods of a node) the oldest of all goes.
+        own = [n for n in self.artefacts if n[0] == namespace]
+        for oldest in own[: max(0, len(own) - MAX_ARTEFACTS)]:
+            del self.artefacts[oldest]
+        while len(self.artefacts) > MAX_RECORDS:
             del self.artefacts[next(iter(self.artefacts))]
         self._changed()
         return web.json_response({"recorded": True}, status=201)
@@ -349,14 +362,19 @@ class NodeCache:
         # together at most the cache's size.
         self.offers[sha] = 0
         aside = self.partial / f"{sha}.{os.getpid()}"
-        digest, read = hashlib.sha256(), 0
+        digest, read, began = hashlib.sha256(), 0, time.monotonic()
         try:
             with aside.open("wb") as out:
                 while True:
                     try:
-                        block = await asyncio.wait_for(request.content.read(CHUNK), self.body_timeout)
+                        # A trickle is no offer: after body_timeout's grace the bytes must keep
+                        # up MIN_OFFER_RATE, or the offer's slot goes to another.
+                        due = began + self.body_timeout + read / MIN_OFFER_RATE - time.monotonic()
+                        block = await asyncio.wait_for(request.content.read(CHUNK), max(0.0, due))
                     except TimeoutError:
-                        return self._refuse(408, "timeout", f"no byte of the offer for {self.body_timeout:g} seconds")
+                        return self._refuse(
+                            408, "timeout", f"the offer sent less than {MIN_OFFER_RATE} bytes a second after {self.body_timeout:g} seconds"
+                        )
                     except (ConnectionError, HttpProcessingError):  # the client went before it sent it all
                         return self._refuse(400, "gone", "the offer ended before its Content-Length")
                     if not block:
@@ -395,16 +413,25 @@ class Admission:
     """Admits pods of ``node``: each shows its projected token, which the API server reviews.
 
     What a token's own claims already refuse (too long, not a JWT, another audience, expired,
-    another node's pod) costs no review: unsigned, the claims can only say no, never yes. A
-    token the API server has judged is remembered by its hash, so a replica's fetch costs one
-    review, not one per file; at most MAX_REVIEWS run at once."""
+    not bound to a pod of this node) costs no review: unsigned, the claims can only say no,
+    never yes. Anyone can forge claims that pass, so reviews are bounded too: one at a time
+    from an address, MAX_REVIEWS at once, a caller waiting at most REVIEW_WAIT for its turn, and
+    an address whose token the API server refused gets no review for PENALTY seconds. A token
+    the API server accepted is remembered by its hash for VERDICT_SECONDS (at most its life), so
+    a replica's fetch costs one review, not one per file; the same token asked together is
+    reviewed once."""
 
     def __init__(self, node: str, review: Callable[[str], dict[str, Any]]) -> None:
         self.node, self.review = node, review
-        self.verdicts: OrderedDict[str, tuple[float, str | Refusal]] = OrderedDict()
+        # Accepted tokens only: a refused one is never remembered, so forged tokens cannot push
+        # the replicas' verdicts out; the peer that sent it is held back instead.
+        self.accepted: OrderedDict[str, tuple[float, str]] = OrderedDict()
+        self.pending: dict[str, asyncio.Future[str | Refusal]] = {}
+        self.penalised: OrderedDict[str, float] = OrderedDict()
+        self.peers_reviewing: set[str] = set()
         self.reviewing = asyncio.Semaphore(MAX_REVIEWS)
 
-    async def caller(self, authorization: str) -> str | Refusal:
+    async def caller(self, authorization: str, peer: str = "") -> str | Refusal:
         """The namespace of the pod whose token ``authorization`` carries, or why not."""
         scheme, _, bearer = authorization.partition(" ")
         if scheme.lower() != "bearer" or not bearer or len(bearer) > MAX_TOKEN_BYTES:
@@ -412,28 +439,61 @@ class Admission:
         claims = _claims(bearer)
         if claims is None:
             return Refusal(401, "token", "the token is not a ServiceAccount token")
-        audience = claims.get("aud")
+        audience, expiry = claims.get("aud"), claims.get("exp")
         audiences = audience if isinstance(audience, list) else [audience]
-        expiry = claims.get("exp")
         if AUDIENCE not in audiences or not isinstance(expiry, (int, float)) or expiry <= time.time():
             return Refusal(401, "token", f"the token is expired or not for the audience {AUDIENCE}")
-        pod_node = (claims.get("kubernetes.io") or {}).get("node") if isinstance(claims.get("kubernetes.io"), dict) else None
-        if not isinstance(pod_node, dict) or pod_node.get("name") != self.node:
+        bound = claims.get("kubernetes.io")
+        bound = bound if isinstance(bound, dict) else {}
+        node, pod = bound.get("node"), bound.get("pod")
+        # A token bound to the Node object itself (kubectl create token --bound-object-kind Node)
+        # carries the node too, but no pod: only a pod's token says a pod of this node asks.
+        if not isinstance(node, dict) or node.get("name") != self.node or not isinstance(pod, dict):
             return Refusal(403, "node", f"the node cache answers only pods of its node, {self.node}")
         digest = hashlib.sha256(bearer.encode()).hexdigest()
-        known = self.verdicts.get(digest)
-        if known is not None and known[0] > time.time():
+        now = time.time()
+        known = self.accepted.get(digest)
+        if known is not None and known[0] > now:
+            self.accepted.move_to_end(digest)
             return known[1]
-        async with self.reviewing:
-            try:
-                status = await asyncio.to_thread(self.review, bearer)
-            except Exception as exc:  # noqa: BLE001 - the API server unreachable or refusing: this request fails, alone
-                log.warning("could not review a caller's token: %s", exc)
-                return Refusal(503, "review", "the caller's token could not be checked with the API server: try again")
+        if digest in self.pending:  # asked together: one review
+            return await asyncio.shield(self.pending[digest])
+        if self.penalised.get(peer, 0.0) > now or peer in self.peers_reviewing:
+            return Refusal(429, "review", "this address's last token was refused, or one of its tokens is being checked: try again later")
+        future: asyncio.Future[str | Refusal] = asyncio.get_running_loop().create_future()
+        self.pending[digest] = future
+        self.peers_reviewing.add(peer)
+        try:
+            verdict = await self._reviewed(bearer, float(expiry), digest)
+            if isinstance(verdict, Refusal) and verdict.status in (401, 403):
+                self.penalised[peer] = time.time() + PENALTY
+                while len(self.penalised) > MAX_VERDICTS:
+                    self.penalised.popitem(last=False)
+            future.set_result(verdict)
+            return verdict
+        finally:
+            del self.pending[digest]
+            self.peers_reviewing.discard(peer)
+            if not future.done():
+                future.cancel()
+
+    async def _reviewed(self, bearer: str, expiry: float, digest: str) -> str | Refusal:
+        try:
+            await asyncio.wait_for(self.reviewing.acquire(), REVIEW_WAIT)
+        except TimeoutError:
+            return Refusal(503, "review", "too many tokens are being checked: try again")
+        try:
+            status = await asyncio.to_thread(self.review, bearer)
+        except Exception as exc:  # noqa: BLE001 - the API server unreachable or refusing: this request fails, alone
+            log.warning("could not review a caller's token: %s", exc)
+            return Refusal(503, "review", "the caller's token could not be checked with the API server: try again")
+        finally:
+            self.reviewing.release()
         verdict = self._judge(status)
-        self.verdicts[digest] = (min(time.time() + VERDICT_SECONDS, float(expiry)), verdict)
-        while len(self.verdicts) > MAX_VERDICTS:
-            self.verdicts.popitem(last=False)
+        if isinstance(verdict, str):
+            self.accepted[digest] = (min(time.time() + VERDICT_SECONDS, expiry), verdict)
+            while len(self.accepted) > MAX_VERDICTS:
+                self.accepted.popitem(last=False)
         return verdict
 
     def _judge(self, status: dict[str, Any]) -> str | Refusal:
@@ -441,7 +501,7 @@ class Admission:
         username, extra = str(user.get("username", "")), user.get("extra") or {}
         if not status.get("authenticated") or AUDIENCE not in (status.get("audiences") or []):
             return Refusal(401, "token", "the API server does not accept the token")
-        if extra.get("authentication.kubernetes.io/node-name") != [self.node]:
+        if extra.get("authentication.kubernetes.io/node-name") != [self.node] or not extra.get("authentication.kubernetes.io/pod-name"):
             return Refusal(403, "node", f"the node cache answers only pods of its node, {self.node}")
         prefix, _, rest = username.partition("system:serviceaccount:")
         namespace = rest.split(":", 1)[0]
@@ -457,7 +517,7 @@ def _claims(bearer: str) -> dict[str, Any] | None:
         return None
     try:
         claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
-    except (binascii.Error, ValueError):
+    except (binascii.Error, ValueError, RecursionError):  # deep nesting is no token either
         return None
     return claims if isinstance(claims, dict) else None
 
