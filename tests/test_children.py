@@ -692,12 +692,14 @@ def test_with_a_node_cache_the_artefact_fetch_asks_it_first():
     pod = children.serving_deployment(cached)["spec"]["template"]["spec"]
     [fetch, fetch_model] = pod["initContainers"]
     assert {"name": "INFERENTIA_NODE_CACHE", "value": "http://inferentia-operator-node-cache.inferentia-system.svc:8080"} in fetch["env"]
-    # The cache answers only pods of its node that show a token projected for it: the fetch that
-    # asks it mounts one (and only that container), the pod still mounts no token for the API.
-    token = {e["name"]: e["value"] for e in fetch["env"]}["INFERENTIA_NODE_CACHE_TOKEN"]
-    [mount] = [m for m in fetch["volumeMounts"] if m["name"] == "node-cache-token"]
-    assert token == f"{mount['mountPath']}/token" and mount["readOnly"] is True
-    assert "node-cache-token" not in {m["name"] for m in fetch_model["volumeMounts"]}
+    # The cache answers only pods of its node that show a token projected for it: each fetch that
+    # asks it (the artefact, and the checkpoint vLLM reads beside it) mounts one; the serving
+    # container does not, and the pod still mounts no token for the API.
+    for fetching in (fetch, fetch_model):
+        token = {e["name"]: e["value"] for e in fetching["env"]}["INFERENTIA_NODE_CACHE_TOKEN"]
+        [mount] = [m for m in fetching["volumeMounts"] if m["name"] == "node-cache-token"]
+        assert token == f"{mount['mountPath']}/token" and mount["readOnly"] is True
+    assert "node-cache-token" not in {m["name"] for c in pod["containers"] for m in c.get("volumeMounts", [])}
     [volume] = [v for v in pod["volumes"] if v["name"] == "node-cache-token"]
     assert volume["projected"]["sources"] == [
         {"serviceAccountToken": {"audience": "node-cache.inferentia.dev", "expirationSeconds": 600, "path": "token"}}
@@ -717,13 +719,16 @@ def test_with_a_node_cache_a_replica_prefers_a_node_that_holds_its_artefact():
     assert "podAffinity" not in children.serving_deployment(m)["spec"]["template"]["spec"]["affinity"]
     cached = replace(m, node_cache_url="http://c.inferentia-system.svc:8080", node_cache_namespace="inferentia-system")
     affinity = children.serving_deployment(cached)["spec"]["template"]["spec"]["affinity"]
-    [preferred] = affinity["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    # What it fetches: the compiled artefact, and the checkpoint vLLM reads (its weights too):
+    # a node holding both weighs most, never more than the spread of the model's replicas.
+    compiled, weights = affinity["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert "requiredDuringSchedulingIgnoredDuringExecution" not in affinity["podAffinity"]
-    term = preferred["podAffinityTerm"]
-    assert term["namespaces"] == ["inferentia-system"] and term["topologyKey"] == "kubernetes.io/hostname"
-    assert term["labelSelector"]["matchExpressions"] == [{"key": hold_label(children.compiled_uri(m)), "operator": "Exists"}]
+    for preferred, uri in ((compiled, children.compiled_uri(m)), (weights, m.spec.model.uri)):
+        term = preferred["podAffinityTerm"]
+        assert term["namespaces"] == ["inferentia-system"] and term["topologyKey"] == "kubernetes.io/hostname"
+        assert term["labelSelector"]["matchExpressions"] == [{"key": hold_label(uri), "operator": "Exists"}]
     [spread] = affinity["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
-    assert preferred["weight"] < spread["weight"]
+    assert compiled["weight"] + weights["weight"] < spread["weight"]
     # A model without a compile step, served from a path in its image, fetches nothing, so it has nothing to prefer.
     in_image = model(**{"model.uri": "file:///models/resnet"})
     plain = replace(in_image, node_cache_url="http://c.inferentia-system.svc:8080", node_cache_namespace="inferentia-system")

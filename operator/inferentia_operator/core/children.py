@@ -546,7 +546,7 @@ def _through_node_cache(model: Model, container: dict[str, Any]) -> None:
 
 def _node_cache_token_volumes(model: Model) -> list[dict[str, Any]]:
     """The projected token, where a serving pod's fetch reads through the node cache."""
-    if not (model.node_cache_url and fetched_uri(model)):
+    if not (model.node_cache_url and fetched_uris(model)):
         return []
     # 600 s is the least a projected token may live; the kubelet renews it before it expires
     # (https://kubernetes.io/docs/concepts/storage/projected-volumes/#serviceaccounttoken).
@@ -1007,23 +1007,24 @@ def serving_args(model: Model) -> list[str] | None:
 def serving_init_containers(model: Model) -> list[dict[str, Any]]:
     """The compiled artefact, or (no compile step, the operator's server) the model, fetched first."""
     if model.spec.compile.image:
-        return [fetch_container(model), *([fetch_model_container(model)] if serving_fetches_model(model) else [])]
-    if not serving_fetches_model(model):
-        return []
+        return [fetch_container(model), *([_serving_fetch_model(model)] if serving_fetches_model(model) else [])]
+    return [_serving_fetch_model(model)] if serving_fetches_model(model) else []
+
+
+def _serving_fetch_model(model: Model) -> dict[str, Any]:
     container = fetch_model_container(model)
     if model.node_cache_url:
         # Only on serving pods, which run where the node cache's DaemonSet does: a compile Job
-        # may run on any node. A model with a marker is read through it, each file checked.
+        # may run on any node. A model with a marker (its weights, its configuration and
+        # tokenizer beside a compiled artefact) is read through it, each file checked.
         _through_node_cache(model, container)
-    return [container]
+    return container
 
 
-def fetched_uri(model: Model) -> str | None:
+def fetched_uris(model: Model) -> list[str]:
     """What a serving pod fetches from the store (and so what the node cache may hold for it):
-    the compiled artefact, or the model itself when there is no compile step."""
-    if model.spec.compile.image:
-        return compiled_uri(model)
-    return model.spec.model.uri if serving_fetches_model(model) else None
+    the compiled artefact, and the model itself when the serving pod reads it too."""
+    return [*([compiled_uri(model)] if model.spec.compile.image else []), *([model.spec.model.uri] if serving_fetches_model(model) else [])]
 
 
 # The pod's claim on its Neuron devices, with allocation dra.
@@ -1092,17 +1093,24 @@ def _artefact_affinity(model: Model) -> dict[str, Any]:
     labelled as holding what this model's pods fetch (core/holds.py): there the fetch reads
     the node's disk, not the store. Nothing else changes in the template as caches fill and
     empty, so nothing rolls."""
-    uri = fetched_uri(model)
-    if not (model.node_cache_url and model.node_cache_namespace and uri):
+    uris = fetched_uris(model)
+    if not (model.node_cache_url and model.node_cache_namespace and uris):
         return {}
-    term = {
-        "topologyKey": "kubernetes.io/hostname",
-        "namespaces": [model.node_cache_namespace],
-        "labelSelector": {"matchExpressions": [{"key": hold_label(uri), "operator": "Exists"}]},
-    }
-    return {
-        "podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": ARTEFACT_AFFINITY_WEIGHT, "podAffinityTerm": term}]}
-    }
+    # Split between what it fetches (artefact and weights), so that a node holding all of it
+    # weighs what one holding the only one did, and one holding a part weighs less.
+    weight = max(1, ARTEFACT_AFFINITY_WEIGHT // len(uris))
+    terms = [
+        {
+            "weight": weight,
+            "podAffinityTerm": {
+                "topologyKey": "kubernetes.io/hostname",
+                "namespaces": [model.node_cache_namespace],
+                "labelSelector": {"matchExpressions": [{"key": hold_label(uri), "operator": "Exists"}]},
+            },
+        }
+        for uri in uris
+    ]
+    return {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": terms}}
 
 
 def together(name: str, topology_key: str) -> dict[str, Any]:
