@@ -194,35 +194,129 @@ def _wait_for_true(check, timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
+class Relay:
+    """A TCP relay on loopback whose connections reach ``port`` from ``source``: to the holder,
+    a client of that address (a pod of its own), whatever the client speaks (gRPC here)."""
+
+    def __init__(self, port: int, source: str) -> None:
+        import socket
+
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port, self.target, self.source = self.listener.getsockname()[1], port, source
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+                upstream = socket.create_connection(("127.0.0.1", self.target), source_address=(self.source, 0))
+            except OSError:
+                return
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a, b) -> None:
+        try:
+            while block := a.recv(1 << 16):
+                b.sendall(block)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(2)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
 def test_the_external_scaler_bounds_what_a_client_may_cost():
-    """Anyone in the cluster can reach the port: a request too large, or more open streams than
-    KEDA needs, is refused by itself; the holder goes on."""
+    """Anyone in the cluster can reach the port: a request too large is refused by itself, and
+    one address (a pod) holds at most MAX_PEER_CONNECTIONS connections of STREAMS_PER_CONNECTION
+    calls each, streams and calls that never send their request alike. KEDA, another address,
+    keeps its stream and its calls throughout."""
     import grpc
 
     from inferentia_operator.batching import scaler as proto
 
     h = Holder(scaler=True)
+    attacker = Relay(h.scaler, "127.0.0.9")
+    channels, open_streams = [], []
     try:
         with pytest.raises(grpc.RpcError) as too_big:
             scaler_call(h.scaler, "IsActive", b"\x0a" + b"\xff\xff\x03" + b"x" * 70000)
         assert too_big.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         ref = proto.ScaledObjectRef(name="m", namespace="ns").SerializeToString()
-        streams = [scaler_call(h.scaler, "StreamIsActive", ref, stream=True, timeout=30) for _ in range(proto.MAX_STREAMS)]
-        for _, s in streams:
-            next(s)
-        extra_channel, extra = scaler_call(h.scaler, "StreamIsActive", ref, stream=True)
-        with pytest.raises(grpc.RpcError) as refused:
-            next(extra)
-        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        extra_channel.close()
-        for c, _ in streams:
-            c.close()
+        # The attacker: streams over many connections, then calls that never send a request.
+        answered = 0
+        for _ in range(proto.MAX_PEER_CONNECTIONS + 2):
+            channel = grpc.insecure_channel(f"127.0.0.1:{attacker.port}", options=[("grpc.use_local_subchannel_pool", 1)])
+            channels.append(channel)
+            for _ in range(proto.STREAMS_PER_CONNECTION):
+                try:
+                    stream = channel.unary_stream("/externalscaler.ExternalScaler/StreamIsActive")(ref, timeout=3)
+                    open_streams.append(stream)  # kept open: a stream let go is cancelled
+                    next(stream)
+                    answered += 1
+                except grpc.RpcError:
+                    pass
+        assert answered == proto.MAX_PEER_CONNECTIONS * proto.STREAMS_PER_CONNECTION, answered
+        stalled = grpc.insecure_channel(f"127.0.0.1:{attacker.port}", options=[("grpc.use_local_subchannel_pool", 1)])
+        channels.append(stalled)
+        never = threading.Event()
+        for _ in range(16):
+            stalled.stream_unary("/externalscaler.ExternalScaler/IsActive").future(iter(never.wait, True), timeout=30)
+        # KEDA, from its own address, is served.
+        channel, stream = scaler_call(h.scaler, "StreamIsActive", ref, stream=True, timeout=10)
+        assert proto.IsActiveResponse.FromString(next(stream)).result is False
+        channel.close()
         channel, active = scaler_call(h.scaler, "IsActive", ref)
         assert proto.IsActiveResponse.FromString(active).result is False
         channel.close()
+        assert holder_counter(h, 'inferentia_hold_rejected_total{code="scaler"}') >= 1
         with urllib.request.urlopen(f"http://127.0.0.1:{h.port}/healthz", timeout=5) as alive:
             assert alive.status == 200
     finally:
+        for c in channels:
+            c.close()
+        attacker.close()
+        assert "Traceback" not in h.stop()
+
+
+def test_the_external_scaler_refuses_streams_past_its_bound_from_many_addresses():
+    import grpc
+
+    from inferentia_operator.batching import scaler as proto
+
+    h = Holder(scaler=True)
+    per_address = proto.MAX_PEER_CONNECTIONS * proto.STREAMS_PER_CONNECTION
+    relays = [Relay(h.scaler, f"127.0.0.{20 + i}") for i in range(proto.MAX_STREAMS // per_address + 1)]
+    channels, codes, open_streams = [], [], []
+    try:
+        ref = proto.ScaledObjectRef(name="m", namespace="ns").SerializeToString()
+        for relay in relays:
+            for _ in range(proto.MAX_PEER_CONNECTIONS):
+                channel = grpc.insecure_channel(f"127.0.0.1:{relay.port}", options=[("grpc.use_local_subchannel_pool", 1)])
+                channels.append(channel)
+                for _ in range(proto.STREAMS_PER_CONNECTION):
+                    try:
+                        stream = channel.unary_stream("/externalscaler.ExternalScaler/StreamIsActive")(ref, timeout=5)
+                        open_streams.append(stream)  # kept open: a stream let go is cancelled
+                        next(stream)
+                        codes.append("ok")
+                    except grpc.RpcError as exc:
+                        codes.append(exc.code().name)
+        assert codes.count("ok") == proto.MAX_STREAMS and "RESOURCE_EXHAUSTED" in codes, codes
+    finally:
+        for c in channels:
+            c.close()
+        for relay in relays:
+            relay.close()
         assert "Traceback" not in h.stop()
 
 

@@ -25,7 +25,6 @@ import time
 from collections.abc import Mapping
 
 import aiohttp
-import grpc
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -266,11 +265,16 @@ async def run(
     port; with ``scaler_port``, KEDA's external scaler API on it (:mod:`.scaler`)."""
     runners = []
     logging.getLogger("aiohttp.server").addFilter(_MalformedRequests(holder.metrics.rejected))
-    external: grpc.aio.Server | None = None
+    external: scaler.Listening | None = None
     try:
         if scaler_port is not None:
             demand = scaler.Demand(holder.held, holder.changed)
-            external = await scaler.start(scaler.ExternalScaler(demand, target, holder.metrics.scaler_streams.set), host, scaler_port)
+            external = await scaler.start(
+                scaler.ExternalScaler(demand, target, holder.metrics.scaler_streams.set),
+                host,
+                scaler_port,
+                holder.metrics.rejected.labels("scaler").inc,
+            )
         for port, upstream_port in ports:
             runner = web.AppRunner(
                 holder.app(upstream_port), access_log=None, keepalive_timeout=holder.limits.header_timeout, lingering_time=1.0

@@ -14,15 +14,23 @@ The messages are those of KEDA's ``externalscaler.proto``
 built here with protobuf's descriptor API rather than generated code. ``StreamMetricSpec``
 is not served: KEDA takes UNIMPLEMENTED as "use GetMetricSpec".
 
-Bounded, since anyone in the cluster can reach the port: a request larger than
-``MAX_MESSAGE`` bytes and more than ``MAX_CALLS`` calls at once (``MAX_STREAMS`` of them
-streams; KEDA keeps one per ScaledObject) are refused with RESOURCE_EXHAUSTED, each alone.
+Bounded, since anyone in the cluster can reach the port. gRPC listens on an abstract Unix
+socket of the holder's own network namespace; the port is a TCP front (:class:`Front`) that
+takes at most ``MAX_CONNECTIONS`` connections, ``MAX_PEER_CONNECTIONS`` of them from one address,
+closes one that moves no byte either way for ``IDLE_SECONDS`` (the server's keepalive pings keep
+KEDA's open stream moving), and passes bytes through. Each connection may carry
+``STREAMS_PER_CONNECTION`` calls at once (HTTP/2's max concurrent streams), so one address holds
+at most the product, and a call that never sends its request holds only its own slot. A
+request larger than ``MAX_MESSAGE`` bytes, and more than ``MAX_STREAMS`` open streams (KEDA keeps
+one per ScaledObject), are refused with RESOURCE_EXHAUSTED, each alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -34,8 +42,13 @@ log = logging.getLogger(__name__)
 SERVICE = "externalscaler.ExternalScaler"
 METRIC = "held-requests"
 MAX_MESSAGE = 16 * 1024  # a ScaledObjectRef is a name, a namespace and the trigger's metadata
-MAX_STREAMS = 8
-MAX_CALLS = MAX_STREAMS + 8
+MAX_CONNECTIONS = 64
+MAX_PEER_CONNECTIONS = 4  # KEDA's operator keeps one or two for a ScaledObject
+STREAMS_PER_CONNECTION = 2
+MAX_STREAMS = 32
+MAX_CALLS = MAX_CONNECTIONS * STREAMS_PER_CONNECTION
+IDLE_SECONDS = 60.0
+KEEPALIVE_SECONDS = 20.0  # the server pings each connection this often; no answer in 10 s closes it
 
 _STRING, _BOOL, _INT64, _DOUBLE, _MESSAGE = (
     descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
@@ -169,14 +182,110 @@ class ExternalScaler:
         )
 
 
-async def start(scaler: ExternalScaler, host: str, port: int) -> grpc.aio.Server:
+class Front:
+    """The scaler's TCP port: each connection admitted within the bounds is piped to the gRPC
+    server's Unix socket, byte for byte, until either side closes or both go quiet."""
+
+    def __init__(self, socket_name: str, refused: Callable[[], None]) -> None:
+        self.socket_name, self.refused = socket_name, refused
+        self.peers: dict[str, int] = {}
+        self.open = 0
+        self.server: asyncio.Server | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        self.server = await asyncio.start_server(self._connection, host, port, backlog=MAX_CONNECTIONS, reuse_address=True)
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = (writer.get_extra_info("peername") or ("",))[0]
+        if self.open >= MAX_CONNECTIONS or self.peers.get(peer, 0) >= MAX_PEER_CONNECTIONS:
+            self.refused()
+            writer.close()
+            return
+        self.open += 1
+        self.peers[peer] = self.peers.get(peer, 0) + 1
+        try:
+            inner_reader, inner_writer = await asyncio.open_unix_connection("\0" + self.socket_name)
+            try:
+                await _pipe_both(reader, writer, inner_reader, inner_writer)
+            finally:
+                inner_writer.close()
+        except OSError:
+            pass  # the server went away, or the client did: the connection ends either way
+        finally:
+            writer.close()
+            self.open -= 1
+            self.peers[peer] -= 1
+            if not self.peers[peer]:
+                del self.peers[peer]
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+async def _pipe_both(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, inner_reader: asyncio.StreamReader, inner_writer: asyncio.StreamWriter
+) -> None:
+    """Bytes both ways until one side closes, or neither has moved a byte for IDLE_SECONDS."""
+    loop = asyncio.get_running_loop()
+    moved = [loop.time()]
+
+    async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        while block := await source.read(1 << 16):
+            moved[0] = loop.time()
+            sink.write(block)
+            await sink.drain()
+
+    async def watch() -> None:
+        while loop.time() - moved[0] < IDLE_SECONDS:
+            await asyncio.sleep(max(0.05, moved[0] + IDLE_SECONDS - loop.time()))
+
+    tasks = [asyncio.ensure_future(t) for t in (pipe(reader, inner_writer), pipe(inner_reader, writer), watch())]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, OSError, ConnectionError):
+                await task
+
+
+class Listening:
+    """The gRPC server and its TCP front, stopped together."""
+
+    def __init__(self, server: grpc.aio.Server, front: Front) -> None:
+        self.server, self.front = server, front
+
+    async def stop(self, grace: float) -> None:
+        await self.front.stop()
+        await self.server.stop(grace)
+
+
+async def start(scaler: ExternalScaler, host: str, port: int, refused: Callable[[], None] = lambda: None) -> Listening:
     server = grpc.aio.server(
-        options=[("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)],
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE),
+            ("grpc.max_send_message_length", MAX_MESSAGE),
+            ("grpc.max_concurrent_streams", STREAMS_PER_CONNECTION),
+            ("grpc.keepalive_time_ms", int(KEEPALIVE_SECONDS * 1000)),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            # KEDA's client pings too (its keepalive); allow it as often as every 10 s.
+            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ],
         maximum_concurrent_rpcs=MAX_CALLS,
     )
     server.add_generic_rpc_handlers((scaler.handler(),))
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if not bound:
-        raise OSError(f"the external scaler cannot listen on {host}:{port}")
+    # Only this process's network namespace sees an abstract socket; the name is the holder's own.
+    socket_name = f"inferentia-scaler-{os.getpid()}-{port}"
+    if not server.add_insecure_port(f"unix-abstract:{socket_name}"):
+        raise OSError(f"the external scaler cannot listen on the abstract socket {socket_name}")
     await server.start()
-    return server
+    front = Front(socket_name, refused)
+    try:
+        await front.start(host, port)
+    except OSError:
+        await server.stop(0)
+        raise OSError(f"the external scaler cannot listen on {host}:{port}") from None
+    return Listening(server, front)
