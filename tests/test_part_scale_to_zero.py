@@ -102,3 +102,31 @@ def test_a_holder_no_longer_needed_is_parked_whole_at_no_replica():
         assert parked["metadata"]["name"] == "m-holder" and parked["spec"]["replicas"] == 0
         assert parked["spec"]["selector"] == holder["spec"]["selector"]  # immutable: the same
         assert parked["spec"]["template"]["spec"]["containers"]
+
+
+def test_with_kedas_namespace_only_keda_reaches_the_holders_external_scaler():
+    """The scaler tells whoever listens when a request is held: with --keda-namespace a
+    NetworkPolicy lets that namespace alone reach its port, and anyone the serving ports (the
+    model's clients and Prometheus reach the holder there). With --no-push-activation there is
+    no external-push trigger, and no policy either."""
+    from inferentia_operator.core.decide import placed
+    from inferentia_operator.core.settings import Settings
+
+    body = model_body(**ZERO)
+    m = placed(built(body), Settings(keda_namespace="keda"))
+    part = scale_to_zero_part(m, Observed(body), ScalingPart(replicas=1, scaled=True))
+    [policy] = [c for c in part.children if c["kind"] == "NetworkPolicy"]
+    holder = next(c for c in part.children if c["kind"] == "Deployment")
+    assert policy["metadata"]["name"] == "m-holder"
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= holder["spec"]["template"]["metadata"]["labels"].items()
+    serving, scaler = policy["spec"]["ingress"]
+    [container] = holder["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert "from" not in serving and {p["port"] for p in serving["ports"]} == {v for k, v in ports.items() if k != "scaler"}
+    assert scaler == {
+        "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}}}],
+        "ports": [{"port": ports["scaler"], "protocol": "TCP"}],
+    }
+    for settings in (Settings(), Settings(keda_namespace="keda", push_activation=False)):
+        quiet = scale_to_zero_part(placed(built(body), settings), Observed(body), ScalingPart(replicas=1, scaled=True))
+        assert "NetworkPolicy" not in {c["kind"] for c in quiet.children}

@@ -58,7 +58,8 @@ def every_write() -> tuple[Any, Decision]:
         "autoscaling": {"minReplicas": 0, "maxReplicas": 2}, "serving.batching": {"maxBatchSize": 4},
     })  # fmt: skip
     m = built(body)
-    objects = rendered(m, Settings(prometheus=Prometheus(address="http://prometheus:9090")))
+    objects = rendered(m, Settings(prometheus=Prometheus(address="http://prometheus:9090"), keda_namespace="keda"))
+    assert "NetworkPolicy" in {o["kind"] for o in objects}  # the holder's, with --keda-namespace
     # Routing by queue is for vLLM models: its pool and the picker's identity from one.
     from test_part_routing import VLLM
 
@@ -67,8 +68,8 @@ def every_write() -> tuple[Any, Decision]:
     record = children.compile_record(m, complete(children.compile_job(m)), Prover(b"k" * 32))
     # What decide() deletes: superseded plans, compile Jobs and claim templates, and the
     # ScaledObject once autoscaling is turned off, the InferencePool once routing is. Never a
-    # Deployment, a Service, a ServiceAccount or a RoleBinding.
-    kept = ("Deployment", "Service", "ServiceAccount", "RoleBinding")
+    # Deployment, a Service, a ServiceAccount, a RoleBinding or a NetworkPolicy.
+    kept = ("Deployment", "Service", "ServiceAccount", "RoleBinding", "NetworkPolicy")
     deletes = [(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] not in kept]
     return Observed(body), Decision(objects, deletes, None, None, record)
 

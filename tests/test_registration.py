@@ -26,7 +26,7 @@ def test_no_handler_requires_a_finalizer_or_keeps_progress():
 # filtered on the server to the operator's own.
 CHILDREN = [
     "deployments", "jobs", "services", "configmaps", "pods", "scaledobjects", "resourceclaimtemplates",
-    "inferencepools", "serviceaccounts", "rolebindings", "leaderworkersets", "poddisruptionbudgets",
+    "inferencepools", "serviceaccounts", "rolebindings", "leaderworkersets", "poddisruptionbudgets", "networkpolicies",
 ]  # fmt: skip
 
 
@@ -39,6 +39,7 @@ def test_every_kind_is_cached_and_triggers_a_reconcile():
         "scaledobject_index": "scaledobjects", "resourceclaimtemplate_index": "resourceclaimtemplates",
         "inferencepool_index": "inferencepools", "serviceaccount_index": "serviceaccounts", "rolebinding_index": "rolebindings",
         "leaderworkerset_index": "leaderworkersets", "poddisruptionbudget_index": "poddisruptionbudgets",
+        "networkpolicy_index": "networkpolicies",
         # The Job controller's FailedCreate events, by Job: why a compile Job has no pod.
         "job_event_index": "events",
         # By artefact: the compile Jobs and records another model made, and the models of each artefact.

@@ -343,6 +343,11 @@ def _prometheus_arguments(p: argparse.ArgumentParser) -> None:
         help="leave out the external-push trigger through which a scaled-to-zero model's holder tells KEDA of a held "
         "request at once (for clusters where KEDA cannot reach the holder's port 50051); KEDA then sees it at its next poll",
     )  # fmt: skip
+    p.add_argument(
+        "--keda-namespace", default="", metavar="NAMESPACE",
+        help="where KEDA runs: each holder gets a NetworkPolicy letting only that namespace reach its external scaler "
+        "(default: none, no policy)",
+    )  # fmt: skip
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -353,7 +358,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     )  # fmt: skip
     return Settings(
         operator_image=args.operator_image, prometheus=prometheus, allocation=args.allocation, scheduler_name=args.scheduler_name,
-        push_activation=args.push_activation, node_cache_url=args.node_cache_url,
+        push_activation=args.push_activation, keda_namespace=args.keda_namespace, node_cache_url=args.node_cache_url,
         node_cache_namespace=args.node_cache_namespace if args.node_cache_url else "",
         endpoint_picker_image=args.endpoint_picker_image, endpoint_picker_role=args.endpoint_picker_role,
     )  # fmt: skip

@@ -150,6 +150,10 @@ def operator(crd_installed: Cluster, tmp_path_factory):
     # Autoscaled models' ScaledObjects read the local cluster's Prometheus, when it runs one.
     prometheus = issuer.prometheus() if issuer is not None else None
     extra = ("--prometheus-address", prometheus) if prometheus else ()
+    # As the chart runs it: each holder gets its NetworkPolicy (KEDA's namespace alone reaches
+    # its scaler), which the API server and the chart's role must take. Not on kind, whose
+    # network enforces it against the KEDA this suite runs on the host, outside any namespace.
+    extra += ("--keda-namespace", "keda") if c.local is not None else ()
     op = OperatorProcess(kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", peering=PEERING, extra_args=extra)
     op.start()
     yield op

@@ -93,6 +93,11 @@ def test_a_model_at_zero_holds_its_first_request_answers_it_and_goes_back_to_zer
     assert model()["status"]["pods"] == {"pending": 0, "fetching": 0, "loading": 0, "ready": 0}
     svc = cluster.get("service", "zero", "-n", ns)
     assert svc["spec"]["selector"]["app.kubernetes.io/component"] == "holder", svc["spec"]["selector"]
+    if cluster.local is not None:  # the operator runs with --keda-namespace keda here, as the chart does
+        # The API server took the holder's NetworkPolicy: only KEDA's namespace reaches its scaler.
+        policy = cluster.get("networkpolicy", "zero-holder", "-n", ns)
+        scaler = policy["spec"]["ingress"][1]
+        assert scaler["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}}}], policy
 
     # KEDA holds a StreamIsActive open on the holder's external scaler (the ScaledObject's
     # external-push trigger): the held request below reaches KEDA at once, not after a scrape.

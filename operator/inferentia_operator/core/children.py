@@ -119,6 +119,9 @@ class Model:
     node_cache_url: str = ""
     # Where the node cache's pods run, labelled with what each holds (core/holds.py); "" none.
     node_cache_namespace: str = ""
+    # KEDA's namespace (the operator's --keda-namespace), the one that may reach a holder's
+    # external scaler; "" no NetworkPolicy for it.
+    keda_namespace: str = ""
 
     # The plan ConfigMap's content and name, built once a Model: the Deployment, the compile
     # Job, the ConfigMap itself and the clean-up of superseded plans all name it, and its
@@ -1330,6 +1333,31 @@ def holder_service(model: Model) -> dict[str, Any]:
         "spec": {
             "selector": holder_selector(model),
             "ports": [{"name": "scaler", "port": port, "targetPort": "scaler", "protocol": "TCP"}],
+        },
+    }
+
+
+def holder_network_policy(model: Model) -> dict[str, Any] | None:
+    """Who may reach the holder's pods: anyone its serving ports (the model's clients, through
+    its Service, and Prometheus), and only KEDA, by its namespace, the external scaler port, which
+    tells whoever listens when another client's request is held. Where the cluster's network
+    enforces NetworkPolicies (https://kubernetes.io/docs/concepts/services-networking/network-policies/);
+    elsewhere the scaler's own bounds are what holds (batching/scaler.py). The node's own
+    traffic, the kubelet's probes among it, is always allowed."""
+    if not model.keda_namespace:
+        return None
+    keda = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": model.keda_namespace}}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": child_metadata(model, model.name + HOLDER_SUFFIX, "holder"),
+        "spec": {
+            "podSelector": {"matchLabels": holder_selector(model)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"ports": [{"port": p["port"], "protocol": "TCP"} for p in _service_ports(model)]},
+                {"from": [keda], "ports": [{"port": holder_scaler_port(model), "protocol": "TCP"}]},
+            ],
         },
     }
 

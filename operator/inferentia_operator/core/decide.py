@@ -62,11 +62,18 @@ class Parts(NamedTuple):
 def placed(model: Model, settings: Settings) -> Model:
     """The model with the operator's placement settings: the same object where they change
     nothing, so that what it built once (its plan ConfigMap's content) is not built again."""
-    wanted = (settings.scheduler_name, settings.node_cache_url, settings.node_cache_namespace)
-    if (model.scheduler_name, model.node_cache_url, model.node_cache_namespace) == wanted:
+    keda = settings.keda_namespace if settings.push_activation else ""
+    wanted = (settings.scheduler_name, settings.node_cache_url, settings.node_cache_namespace, keda)
+    if (model.scheduler_name, model.node_cache_url, model.node_cache_namespace, model.keda_namespace) == wanted:
         return model
-    scheduler_name, node_cache_url, node_cache_namespace = wanted
-    return replace(model, scheduler_name=scheduler_name, node_cache_url=node_cache_url, node_cache_namespace=node_cache_namespace)
+    scheduler_name, node_cache_url, node_cache_namespace, keda_namespace = wanted
+    return replace(
+        model,
+        scheduler_name=scheduler_name,
+        node_cache_url=node_cache_url,
+        node_cache_namespace=node_cache_namespace,
+        keda_namespace=keda_namespace,
+    )
 
 
 # A model is reconciled many times over one spec: at its create, at each step of its rollout,

@@ -59,6 +59,8 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
     ChildKind(GROUP_KIND, "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
     # The serving pods' disruption budget (children.disruption_budget).
     ChildKind("PodDisruptionBudget", "policy", "v1", "poddisruptionbudgets"),
+    # Who may reach a holder's external scaler: KEDA alone (children.holder_network_policy).
+    ChildKind("NetworkPolicy", "networking.k8s.io", "v1", "networkpolicies"),
     # The endpoint picker's identity and its one grant (core/routing.py): neither ever changes.
     ChildKind("ServiceAccount", "", "v1", "serviceaccounts", written_once=True),
     ChildKind("RoleBinding", "rbac.authorization.k8s.io", "v1", "rolebindings", written_once=True),

@@ -26,6 +26,9 @@ class Settings:
     # --no-push-activation turns it off: the ScaledObject of a model that scales to zero also
     # connects to its holder's external scaler, which pushes a held request to KEDA at once.
     push_activation: bool = True
+    # --keda-namespace: where KEDA runs; with push activation, each holder's NetworkPolicy lets
+    # only that namespace reach its external scaler. "" no policy.
+    keda_namespace: str = ""
     # --node-cache-url: the node-local artefact cache (the chart's nodeCache DaemonSet, behind a
     # Service that routes to the pod's own node); serving pods' fetch asks it first. "" none.
     node_cache_url: str = ""

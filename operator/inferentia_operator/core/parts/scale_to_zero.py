@@ -59,6 +59,9 @@ def scale_to_zero_part(model: Model, observed: Observed, scaling: ScalingPart) -
     replicas = scaling.replicas
     if replicas == 0 and not (to_holder and at_holder):
         replicas = max(Obj(deployment).spec.get("replicas") or 0, 1)
-    # The holder's external scaler, which the ScaledObject's external-push trigger connects to.
+    # The holder's external scaler, which the ScaledObject's external-push trigger connects to,
+    # and (with --keda-namespace) the policy that lets KEDA alone reach it.
     scaler_service = children.holder_service(model)
-    return ScaleToZeroPart((replicas_service, holder, scaler_service), held, replicas=replicas, to_holder=to_holder)
+    policy = children.holder_network_policy(model)
+    built = (replicas_service, holder, scaler_service, *([policy] if policy else []))
+    return ScaleToZeroPart(built, held, replicas=replicas, to_holder=to_holder)
