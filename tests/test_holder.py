@@ -235,6 +235,29 @@ class Relay:
         self.listener.close()
 
 
+def open_streams(relay: Relay, connections: int, ref: bytes, channels: list, kept: list) -> list[str]:
+    """``StreamIsActive`` calls through ``relay``, as many as each of ``connections`` connections
+    may carry: the code of each ("ok" once it answered). The streams and channels are kept in
+    ``kept`` and ``channels``: a stream let go is cancelled."""
+    import grpc
+
+    from inferentia_operator.batching import scaler as proto
+
+    codes = []
+    for _ in range(connections):
+        channel = grpc.insecure_channel(f"127.0.0.1:{relay.port}", options=[("grpc.use_local_subchannel_pool", 1)])
+        channels.append(channel)
+        for _ in range(proto.STREAMS_PER_CONNECTION):
+            try:
+                stream = channel.unary_stream("/externalscaler.ExternalScaler/StreamIsActive")(ref, timeout=5)
+                kept.append(stream)
+                next(stream)
+                codes.append("ok")
+            except grpc.RpcError as exc:
+                codes.append(exc.code().name)
+    return codes
+
+
 def test_the_external_scaler_bounds_what_a_client_may_cost():
     """Anyone in the cluster can reach the port: a request too large is refused by itself, and
     one address (a pod) holds at most MAX_PEER_CONNECTIONS connections of STREAMS_PER_CONNECTION
@@ -246,26 +269,15 @@ def test_the_external_scaler_bounds_what_a_client_may_cost():
 
     h = Holder(scaler=True)
     attacker = Relay(h.scaler, "127.0.0.9")
-    channels, open_streams = [], []
+    channels, kept = [], []
     try:
         with pytest.raises(grpc.RpcError) as too_big:
             scaler_call(h.scaler, "IsActive", b"\x0a" + b"\xff\xff\x03" + b"x" * 70000)
         assert too_big.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         ref = proto.ScaledObjectRef(name="m", namespace="ns").SerializeToString()
         # The attacker: streams over many connections, then calls that never send a request.
-        answered = 0
-        for _ in range(proto.MAX_PEER_CONNECTIONS + 2):
-            channel = grpc.insecure_channel(f"127.0.0.1:{attacker.port}", options=[("grpc.use_local_subchannel_pool", 1)])
-            channels.append(channel)
-            for _ in range(proto.STREAMS_PER_CONNECTION):
-                try:
-                    stream = channel.unary_stream("/externalscaler.ExternalScaler/StreamIsActive")(ref, timeout=3)
-                    open_streams.append(stream)  # kept open: a stream let go is cancelled
-                    next(stream)
-                    answered += 1
-                except grpc.RpcError:
-                    pass
-        assert answered == proto.MAX_PEER_CONNECTIONS * proto.STREAMS_PER_CONNECTION, answered
+        codes = open_streams(attacker, proto.MAX_PEER_CONNECTIONS + 2, ref, channels, kept)
+        assert codes.count("ok") == proto.MAX_PEER_CONNECTIONS * proto.STREAMS_PER_CONNECTION, codes
         stalled = grpc.insecure_channel(f"127.0.0.1:{attacker.port}", options=[("grpc.use_local_subchannel_pool", 1)])
         channels.append(stalled)
         never = threading.Event()
@@ -289,28 +301,17 @@ def test_the_external_scaler_bounds_what_a_client_may_cost():
 
 
 def test_the_external_scaler_refuses_streams_past_its_bound_from_many_addresses():
-    import grpc
 
     from inferentia_operator.batching import scaler as proto
 
     h = Holder(scaler=True)
     per_address = proto.MAX_PEER_CONNECTIONS * proto.STREAMS_PER_CONNECTION
     relays = [Relay(h.scaler, f"127.0.0.{20 + i}") for i in range(proto.MAX_STREAMS // per_address + 1)]
-    channels, codes, open_streams = [], [], []
+    channels, codes, kept = [], [], []
     try:
         ref = proto.ScaledObjectRef(name="m", namespace="ns").SerializeToString()
         for relay in relays:
-            for _ in range(proto.MAX_PEER_CONNECTIONS):
-                channel = grpc.insecure_channel(f"127.0.0.1:{relay.port}", options=[("grpc.use_local_subchannel_pool", 1)])
-                channels.append(channel)
-                for _ in range(proto.STREAMS_PER_CONNECTION):
-                    try:
-                        stream = channel.unary_stream("/externalscaler.ExternalScaler/StreamIsActive")(ref, timeout=5)
-                        open_streams.append(stream)  # kept open: a stream let go is cancelled
-                        next(stream)
-                        codes.append("ok")
-                    except grpc.RpcError as exc:
-                        codes.append(exc.code().name)
+            codes += open_streams(relay, proto.MAX_PEER_CONNECTIONS, ref, channels, kept)
         assert codes.count("ok") == proto.MAX_STREAMS and "RESOURCE_EXHAUSTED" in codes, codes
     finally:
         for c in channels:

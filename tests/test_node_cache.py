@@ -20,13 +20,13 @@ from test_frontend_limits import _wait_for
 
 
 class Cache:
-    def __init__(self, directory, max_bytes: int, *flags: str) -> None:
+    def __init__(self, directory, max_bytes: int, *flags: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "inferentia_operator", "node-cache", "--host", "127.0.0.1", "--port", str(self.port),
              "--dir", str(directory), "--max-bytes", str(max_bytes), *flags],
-            stderr=subprocess.PIPE, text=True,
+            stderr=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
         _wait_for(f"{self.url}/healthz", self.proc)
 

@@ -16,12 +16,8 @@ import http.client
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -29,9 +25,9 @@ from typing import Any
 
 import pytest
 
+import test_node_cache
 from inferentia_operator.batching import node_cache
 from inferentia_operator.core.holds import hold_key
-from test_frontend_limits import _wait_for
 from test_node_cache import sha
 
 NODE = "node-a"
@@ -106,25 +102,17 @@ class Reviews:
         return path
 
 
-class Cache:
-    """``inferentia-operator node-cache`` as the chart runs it: with --node-name, every caller of
-    /blobs and /artefacts must show a token of a pod on that node."""
+class Cache(test_node_cache.Cache):
+    """``inferentia-operator node-cache`` as the chart runs it when given ``reviews``: with
+    --node-name, every caller of /blobs and /artefacts must show a token of a pod on that node."""
 
     def __init__(self, directory: Path, max_bytes: int, reviews: Reviews | None = None, body_timeout: float = 1.0) -> None:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        sock.close()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.directory = directory
-        args = [sys.executable, "-m", "inferentia_operator", "node-cache", "--host", "127.0.0.1", "--port", str(self.port),
-                "--dir", str(directory), "--max-bytes", str(max_bytes), "--body-timeout-s", str(body_timeout)]  # fmt: skip
-        env = dict(os.environ)
+        flags, env = ["--body-timeout-s", str(body_timeout)], None
         if reviews is not None:
-            args += ["--node-name", NODE]
-            env["KUBECONFIG"] = str(reviews.kubeconfig(directory.parent / "kubeconfig"))
-        self.proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env)
-        _wait_for(f"{self.url}/healthz", self.proc)
+            flags += ["--node-name", NODE]
+            env = {**os.environ, "KUBECONFIG": str(reviews.kubeconfig(directory.parent / "kubeconfig"))}
+        super().__init__(directory, max_bytes, *flags, env=env)
+        self.directory = directory
 
     def call(
         self, method: str, path: str, body: bytes | None = None, bearer: str | None = None, source: str = "127.0.0.1"
@@ -141,20 +129,8 @@ class Cache:
         finally:
             conn.close()
 
-    def metric(self, name: str) -> float:
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith(name + " "):
-                    return float(line.split()[1])
-        return 0.0
-
     def on_disk(self) -> int:
         return sum(p.stat().st_size for p in self.directory.rglob("*") if p.is_file() and p.name != "artefacts.json")
-
-    def stop(self) -> str:
-        self.proc.terminate()
-        self.proc.wait(10)
-        return self.proc.stderr.read() if self.proc.stderr else ""
 
 
 @pytest.fixture
