@@ -172,10 +172,10 @@ def logs(tmp_path_factory) -> Path:
 
 
 @contextlib.contextmanager
-def stand_in_model() -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
-    """The stand-in model process (it echoes its inputs) on a free port, stopped after."""
+def stand_in_model(*flags: str) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    """The stand-in model process (it echoes its inputs; with --floats, as floats) on a free port, stopped after."""
     port = free_port()
-    model = subprocess.Popen(stand_in_model_server(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    model = subprocess.Popen([*stand_in_model_server(port), *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_for(f"http://127.0.0.1:{port}/healthz", model)  # type: ignore[arg-type]
         yield port, model
@@ -491,9 +491,14 @@ def test_a_holder_checks_its_limits_before_it_reads_a_body(logs):
 
 def test_a_padding_flood_is_charged_its_padded_size_before_it_is_padded(logs):
     """400 seven-byte requests padded to [3, 224, 224] once grew a front end by 357 MiB: the
-    budget counted the raw bytes. Now each is charged its padded size first, and the rest wait
-    their turn as 503s."""
-    with stand_in_model() as (model_port, _):
+    budget counted the raw bytes. Now each is charged what its padded input and the answer of
+    its bucket's shape cost before it is padded (limits.PADDED_ELEMENT_BYTES), and the rest wait
+    their turn as 503s: the cheapest body to send, the costliest to pad, answered with a float
+    for each element (the costliest answer), and the front end stays within the bound
+    docs/security.md gives, MEMORY_PER_BUDGET_BYTE times the body budget."""
+    from inferentia_operator.batching.limits import DEFAULT_LIMITS, MEMORY_PER_BUDGET_BYTE
+
+    with stand_in_model("--floats") as (model_port, _):
         port = free_port()
         command = _front_end_command(port, model_port, "--buckets", "[[3, 224, 224]]")
         with running(_start("front-end-buckets", command, port, logs, "/readyz")) as front:
@@ -514,7 +519,8 @@ def test_a_padding_flood_is_charged_its_padded_size_before_it_is_padded(logs):
                     t.join(120)
             grew = front.peak() - before
             assert set(results) <= {200, 503} and 200 in results, sorted(set(results))
-            assert grew < 200 * MIB and front.peak() < CONTAINER_LIMIT * 0.8, f"peak grew {grew / MIB:.0f} MiB"
+            bound = MEMORY_PER_BUDGET_BYTE * DEFAULT_LIMITS.body_budget
+            assert grew < bound and front.peak() < CONTAINER_LIMIT * 0.8, f"peak grew {grew / MIB:.0f} MiB, bound {bound / MIB:.0f} MiB"
 
 
 def test_a_request_of_many_tiny_inputs_is_bounded_on_the_model_server(model_server):

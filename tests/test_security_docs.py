@@ -55,6 +55,7 @@ def in_code(reference: str) -> float:
         },
         "MAX_DEPTH": limits.MAX_DEPTH,
         "PADDED_ELEMENT_BYTES": limits.PADDED_ELEMENT_BYTES,
+        "MEMORY_PER_BUDGET_BYTE": limits.MEMORY_PER_BUDGET_BYTE,
         "MAX_MANIFEST_BYTES": manifests.MAX_MANIFEST_BYTES,
         "MAX_NODES": manifests.MAX_NODES,
         "MAX_EXPANDED_NODES": manifests.MAX_EXPANDED_NODES,

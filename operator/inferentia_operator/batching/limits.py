@@ -20,11 +20,18 @@ MIB = 1024 * 1024
 # about 1,000, and lower on a smaller stack) is never reached, so the verdict on a deep input
 # does not depend on the stack, and re-encoding what was admitted cannot recurse too far.
 MAX_DEPTH = 32
-# What one padded element is charged against the body budget: the shortest JSON number and
-# its comma ("0,"), the size it has in the batch sent to the model process. A padded input is
-# held decoded as a body is (about twenty times its JSON size, see Limits), so it is charged
-# in the same unit: bytes of JSON.
-PADDED_ELEMENT_BYTES = 2
+# What the front end holds for each byte of body the budget charges: the body, then its input
+# decoded, then the model process's answer decoded (Limits says how it was measured). The
+# budget bounds the process's memory by this times the body budget.
+MEMORY_PER_BUDGET_BYTE = 20
+# What one padded element is charged against the body budget: as many budget bytes as the memory
+# it costs, in that unit. Padding adds an 8-byte slot to a list (the zero is one shared object);
+# the batch sent to the model process spends it "0, " (3 bytes), encoded once as text and
+# once as bytes; the answer of the bucket's shape, at worst a float an element, costs a number
+# of up to 20 characters, then 32 bytes decoded (the float and its slot): 8 + 6 + 20 + 32 = 66
+# bytes, 4 budget bytes.
+PADDED_ELEMENT_MEMORY = 8 + 2 * 3 + 20 + 32
+PADDED_ELEMENT_BYTES = -(-PADDED_ELEMENT_MEMORY // MEMORY_PER_BUDGET_BYTE)
 
 
 @dataclass(frozen=True)

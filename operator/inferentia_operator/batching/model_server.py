@@ -3,8 +3,10 @@ the front end's contract: ``POST /`` with a JSON list of inputs, answered with a
 outputs; ``GET /healthz`` once loaded.
 
 ``--stand-in FIXED_MS,PER_ITEM_MS``: no model; a batch of n takes FIXED + PER_ITEM * n
-milliseconds and each output is its input. One batch runs at a time, as on a NeuronCore
-Group. Real models are served by the operator's model server (programs/neuron_serve.py).
+milliseconds and each output is its input (with ``--floats``, its shape with every number a
+float of full precision: the costliest answer a front end can be sent for an input). One batch
+runs at a time, as on a NeuronCore Group. Real models are served by the operator's model server
+(programs/neuron_serve.py).
 """
 
 from __future__ import annotations
@@ -22,12 +24,19 @@ from .limits import MAX_DEPTH, BadInput, parse_input
 Predict = Callable[[list[Any]], Awaitable[list[Any]]]
 
 
-def stand_in(fixed_ms: float, per_item_ms: float) -> Predict:
+def stand_in(fixed_ms: float, per_item_ms: float, floats: bool = False) -> Predict:
     async def predict(inputs: list[Any]) -> list[Any]:
         await asyncio.sleep((fixed_ms + per_item_ms * len(inputs)) / 1000)
-        return inputs
+        return [_as_floats(i) for i in inputs] if floats else inputs
 
     return predict
+
+
+def _as_floats(value: Any) -> Any:
+    """``value``'s shape, each number a distinct float of 17 significant digits."""
+    if isinstance(value, list):
+        return [_as_floats(v) for v in value]
+    return 0.12345678901234567 + value if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
 
 async def _healthy(_request: web.Request) -> web.Response:
@@ -62,9 +71,10 @@ def main(argv: list[str] | None = None) -> None:
     # front end runs.
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--stand-in", metavar="FIXED_MS,PER_ITEM_MS", required=True)
+    parser.add_argument("--floats", action="store_true", help="answer each number of an input as a float of full precision")
     args = parser.parse_args(argv)
     fixed, per_item = (float(x) for x in args.stand_in.split(","))
-    predict = stand_in(fixed, per_item)
+    predict = stand_in(fixed, per_item, args.floats)
     web.run_app(app(predict), host=args.host, port=args.port, print=None, access_log=None)
 
 
