@@ -321,6 +321,66 @@ def test_the_external_scaler_refuses_streams_past_its_bound_from_many_addresses(
         assert "Traceback" not in h.stop()
 
 
+# A client of the scaler's port that sends calls over HTTP/2 by hand and never reads an answer:
+# the frames of RFC 9113 (the preface, SETTINGS, WINDOW_UPDATE, then HEADERS and DATA a call).
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def h2_frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    import struct
+
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+
+
+def h2_literal(index: int, value: str) -> bytes:
+    """An HPACK literal header field without indexing, its name by static-table index."""
+    head = bytes([index]) if index < 15 else bytes([15, index - 15])
+    return head + bytes([len(value)]) + value.encode()
+
+
+def a_client_that_never_reads(port: int, source: str, calls: int):
+    import socket
+    import struct
+
+    headers = (
+        bytes([0x83, 0x86]) + h2_literal(4, "/externalscaler.ExternalScaler/GetMetricSpec") + h2_literal(1, "x")
+        + h2_literal(31, "application/grpc") + b"\x00\x02te\x08trailers"
+    )  # fmt: skip
+    conn = socket.socket()
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    conn.bind((source, 0))
+    conn.connect(("127.0.0.1", port))
+    conn.settimeout(3)
+    conn.sendall(H2_PREFACE + h2_frame(4, 0, 0, struct.pack(">HI", 4, 2**31 - 1)) + h2_frame(8, 0, 0, struct.pack(">I", 2**31 - 2**16 - 1)))
+    try:
+        for i in range(calls):
+            conn.sendall(h2_frame(1, 4, 2 * i + 1, headers) + h2_frame(0, 1, 2 * i + 1, b"\x00" * 5))
+    except OSError:  # the holder stopped reading it, or closed it
+        pass
+    return conn
+
+
+def test_clients_that_never_read_their_answers_do_not_keep_the_holder_from_stopping():
+    """Answers a client never reads fill the sockets' buffers both ways; a connection closed
+    politely would wait on them for ever, and the holder's stop with it (the pod killed at the
+    end of its grace). Its connections are aborted instead: the holder stops at once."""
+    import signal
+
+    h = Holder(scaler=True)
+    clients = []
+    try:
+        for i in range(4):
+            clients.append(a_client_that_never_reads(h.scaler, f"127.0.0.{40 + i // 2}", 100_000))
+        began = time.monotonic()
+        h.proc.send_signal(signal.SIGTERM)
+        h.proc.wait(20)
+        assert time.monotonic() - began < 10
+    finally:
+        for c in clients:
+            c.close()
+        assert "Traceback" not in h.stop()
+
+
 def holder_counter(h: Holder, name: str) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{h.port}/metrics", timeout=5) as r:
         text = r.read().decode()

@@ -17,8 +17,9 @@ is not served: KEDA takes UNIMPLEMENTED as "use GetMetricSpec".
 Bounded, since anyone in the cluster can reach the port. gRPC listens on an abstract Unix
 socket of the holder's own network namespace; the port is a TCP front (:class:`Front`) that
 takes at most ``MAX_CONNECTIONS`` connections, ``MAX_PEER_CONNECTIONS`` of them from one address,
-closes one that moves no byte either way for ``IDLE_SECONDS`` (the server's keepalive pings keep
-KEDA's open stream moving), and passes bytes through. Each connection may carry
+closes one that moves no byte either way for ``IDLE_SECONDS``, and passes bytes through; the
+gRPC server closes a connection with no call open for as long (its keepalive pings, which keep
+KEDA's open stream moving, would keep an idle one too). Each connection may carry
 ``STREAMS_PER_CONNECTION`` calls at once (HTTP/2's max concurrent streams), so one address holds
 at most the product, and a call that never sends its request holds only its own slot. A
 request larger than ``MAX_MESSAGE`` bytes, and more than ``MAX_STREAMS`` open streams (KEDA keeps
@@ -43,8 +44,10 @@ SERVICE = "externalscaler.ExternalScaler"
 METRIC = "held-requests"
 MAX_MESSAGE = 16 * 1024  # a ScaledObjectRef is a name, a namespace and the trigger's metadata
 MAX_CONNECTIONS = 64
-MAX_PEER_CONNECTIONS = 4  # KEDA's operator keeps one or two for a ScaledObject
-STREAMS_PER_CONNECTION = 2
+# KEDA's operator keeps one connection a scaler address (getClientForConnectionPool, kedacore/keda
+# pkg/scalers/external_scaler.go): its stream and its calls share it.
+MAX_PEER_CONNECTIONS = 2
+STREAMS_PER_CONNECTION = 4
 MAX_STREAMS = 32
 MAX_CALLS = MAX_CONNECTIONS * STREAMS_PER_CONNECTION
 IDLE_SECONDS = 60.0
@@ -191,6 +194,7 @@ class Front:
         self.peers: dict[str, int] = {}
         self.open = 0
         self.server: asyncio.Server | None = None
+        self.transports: set[asyncio.BaseTransport] = set()  # of the connections open, both sides
 
     async def start(self, host: str, port: int) -> None:
         self.server = await asyncio.start_server(self._connection, host, port, backlog=MAX_CONNECTIONS, reuse_address=True)
@@ -203,24 +207,33 @@ class Front:
             return
         self.open += 1
         self.peers[peer] = self.peers.get(peer, 0) + 1
+        self.transports.add(writer.transport)
+        inner: asyncio.StreamWriter | None = None
         try:
-            inner_reader, inner_writer = await asyncio.open_unix_connection("\0" + self.socket_name)
-            try:
-                await _pipe_both(reader, writer, inner_reader, inner_writer)
-            finally:
-                inner_writer.close()
-        except OSError:
-            pass  # the server went away, or the client did: the connection ends either way
+            inner_reader, inner = await asyncio.open_unix_connection("\0" + self.socket_name)
+            self.transports.add(inner.transport)
+            await _pipe_both(reader, writer, inner_reader, inner)
+        except (OSError, asyncio.CancelledError):
+            pass  # the server went away, or the client did, or the holder stops: the connection ends
         finally:
-            writer.close()
+            # Aborted, not closed: a close waits to send what is buffered, which a client that
+            # stopped reading never takes, and the socket would outlive its place in the bounds.
+            for side in (writer, inner):
+                if side is not None:
+                    side.transport.abort()
+                    self.transports.discard(side.transport)
             self.open -= 1
             self.peers[peer] -= 1
             if not self.peers[peer]:
                 del self.peers[peer]
 
     async def stop(self) -> None:
+        """No new connection, and every open one ended at once (their calls end with them)."""
         if self.server is not None:
             self.server.close()
+        for transport in list(self.transports):
+            transport.abort()
+        await asyncio.sleep(0)  # the handlers see their connections end
 
 
 async def _pipe_both(
@@ -271,7 +284,11 @@ async def start(scaler: ExternalScaler, host: str, port: int, refused: Callable[
             ("grpc.keepalive_time_ms", int(KEEPALIVE_SECONDS * 1000)),
             ("grpc.keepalive_timeout_ms", 10_000),
             ("grpc.keepalive_permit_without_calls", 1),
-            # KEDA's client pings too (its keepalive); allow it as often as every 10 s.
+            # A connection with no call open for a minute is closed (a GOAWAY): the front's
+            # watchdog sees the pings above as traffic, so a client that answers them and calls
+            # nothing would keep its slot. KEDA's stream is a call open: its connection stays.
+            ("grpc.max_connection_idle_ms", int(IDLE_SECONDS * 1000)),
+            # A client may ping every 10 s with no data (the default would allow one in 5 minutes).
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ],
         maximum_concurrent_rpcs=MAX_CALLS,
