@@ -130,3 +130,28 @@ def test_with_kedas_namespace_only_keda_reaches_the_holders_external_scaler():
     for settings in (Settings(), Settings(keda_namespace="keda", push_activation=False)):
         quiet = scale_to_zero_part(placed(built(body), settings), Observed(body), ScalingPart(replicas=1, scaled=True))
         assert "NetworkPolicy" not in {c["kind"] for c in quiet.children}
+
+
+def test_a_holder_policy_no_longer_wanted_is_deleted_and_only_the_operators():
+    """--keda-namespace unset (or push activation off, or the model no longer at zero): the
+    policy goes, lest a namespace that is no longer KEDA's keep KEDA out. Not one the model does
+    not own."""
+    from inferentia_operator.core.decide import placed
+    from inferentia_operator.core.settings import Settings
+
+    body = model_body(**ZERO)
+    with_policy = placed(built(body), Settings(keda_namespace="keda"))
+    policy = children.holder_network_policy(with_policy)
+    assert policy is not None
+    observed = Observed(body, others=[live(policy)])
+    part = scale_to_zero_part(built(body), observed, ScalingPart(replicas=1, scaled=True))
+    assert part.delete == (("NetworkPolicy", "m-holder"),)
+    at_one = scale_to_zero_part(
+        built(model_body(replicas=1)), Observed(model_body(replicas=1), others=[live(policy)]), ScalingPart(replicas=1)
+    )
+    assert at_one.delete == (("NetworkPolicy", "m-holder"),)
+    kept = scale_to_zero_part(with_policy, observed, ScalingPart(replicas=1, scaled=True))
+    assert kept.delete == ()
+    foreign = {**policy, "metadata": {"name": "m-holder", "namespace": policy["metadata"]["namespace"]}}  # someone else's
+    theirs = scale_to_zero_part(built(body), Observed(body, others=[live(foreign)]), ScalingPart(replicas=1, scaled=True))
+    assert theirs.delete == ()

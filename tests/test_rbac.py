@@ -67,9 +67,10 @@ def every_write() -> tuple[Any, Decision]:
     objects += [o for o in routed if o["kind"] in ("InferencePool", "ServiceAccount", "RoleBinding")]
     record = children.compile_record(m, complete(children.compile_job(m)), Prover(b"k" * 32))
     # What decide() deletes: superseded plans, compile Jobs and claim templates, and the
-    # ScaledObject once autoscaling is turned off, the InferencePool once routing is. Never a
-    # Deployment, a Service, a ServiceAccount, a RoleBinding or a NetworkPolicy.
-    kept = ("Deployment", "Service", "ServiceAccount", "RoleBinding", "NetworkPolicy")
+    # ScaledObject once autoscaling is turned off, the InferencePool once routing is, the holder's
+    # NetworkPolicy once it is not wanted. Never a Deployment, a Service, a ServiceAccount or a
+    # RoleBinding.
+    kept = ("Deployment", "Service", "ServiceAccount", "RoleBinding")
     deletes = [(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] not in kept]
     return Observed(body), Decision(objects, deletes, None, None, record)
 

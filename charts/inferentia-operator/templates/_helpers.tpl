@@ -82,10 +82,10 @@ Superseded plan ConfigMaps and compile Jobs are deleted.
   resources: [poddisruptionbudgets]
   verbs: [get, list, watch, create, patch, delete]
 # Each scaled-to-zero model's holder NetworkPolicy (autoscaling.kedaNamespace): applied with it,
-# never deleted (it goes with the model, as the holder does).
+# deleted once it is no longer wanted (the setting unset, push activation off, no holder).
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, list, watch, create, patch, delete]
 # The LeaderWorkerSets of models whose replicas span nodes (spec.compute.nodes), deleted when a
 # model's replicas go back to one node (its Deployment is then deleted the other way round).
 - apiGroups: [leaderworkerset.x-k8s.io]

@@ -40,12 +40,13 @@ def _available(deployment: Mapping[str, Any] | None) -> int:
 def scale_to_zero_part(model: Model, observed: Observed, scaling: ScalingPart) -> ScaleToZeroPart:
     holder_name = model.name + children.HOLDER_SUFFIX
     if not (scaling.scaled and scales_to_zero(model.spec)):
+        stale = _stale_policy(model, observed, None)
         # A model that no longer scales to zero: its holder is parked at no replica, not
         # deleted (the operator may delete no Deployment); its owner's deletion removes it.
         parked = observed.live("Deployment", holder_name)
         if parked is not None and foreign_owner(parked, model.uid, model.name) is None and Obj(parked).spec.get("replicas") != 0:
-            return ScaleToZeroPart((children.parked_holder(model),), replicas=scaling.replicas)
-        return ScaleToZeroPart(replicas=scaling.replicas)
+            return ScaleToZeroPart((children.parked_holder(model),), delete=stale, replicas=scaling.replicas)
+        return ScaleToZeroPart(delete=stale, replicas=scaling.replicas)
     replicas_service = children.replicas_service(model)
     holder = children.holder_deployment(model)
     # The holder's pods find the replicas Service by the variables the kubelet sets for every
@@ -64,4 +65,14 @@ def scale_to_zero_part(model: Model, observed: Observed, scaling: ScalingPart) -
     scaler_service = children.holder_service(model)
     policy = children.holder_network_policy(model)
     built = (replicas_service, holder, scaler_service, *([policy] if policy else []))
-    return ScaleToZeroPart(built, held, replicas=replicas, to_holder=to_holder)
+    return ScaleToZeroPart(built, held, delete=_stale_policy(model, observed, policy), replicas=replicas, to_holder=to_holder)
+
+
+def _stale_policy(model: Model, observed: Observed, wanted: dict[str, Any] | None) -> tuple[tuple[str, str], ...]:
+    """The holder's NetworkPolicy of the operator's, once it is no longer wanted (--keda-namespace
+    unset, push activation off): left, a namespace that is no longer KEDA's would keep it out."""
+    name = model.name + children.HOLDER_SUFFIX
+    live = observed.live("NetworkPolicy", name)
+    if wanted is None and live is not None and foreign_owner(live, model.uid, model.name) is None:
+        return (("NetworkPolicy", name),)
+    return ()
