@@ -194,7 +194,7 @@ class Front:
         self.peers: dict[str, int] = {}
         self.open = 0
         self.server: asyncio.Server | None = None
-        self.transports: set[asyncio.BaseTransport] = set()  # of the connections open, both sides
+        self.transports: set[asyncio.WriteTransport] = set()  # of the connections open, both sides
 
     async def start(self, host: str, port: int) -> None:
         self.server = await asyncio.start_server(self._connection, host, port, backlog=MAX_CONNECTIONS, reuse_address=True)
