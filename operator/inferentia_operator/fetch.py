@@ -34,7 +34,7 @@ import urllib.request
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .core.holds import hold_key
+from .core.holds import NODE_CACHE_MAX_TOKEN_BYTES, hold_key
 
 MARKER = "_INFERENTIA_COMPLETE"
 # An https:// model larger than this is refused: a URL is for a small model, S3 for the rest.
@@ -53,7 +53,6 @@ FILL_WAIT = 600.0
 # The file of the pod's projected ServiceAccount token for the node cache's audience: the cache
 # answers only pods of its own node that show one (batching/node_cache.py, Admission).
 TOKEN_ENV = "INFERENTIA_NODE_CACHE_TOKEN"
-MAX_TOKEN_BYTES = 4096
 
 
 class FetchError(Exception):
@@ -67,10 +66,10 @@ def _cache_headers() -> dict[str, str]:
         return {}
     try:
         with open(path, "rb") as f:
-            token = f.read(MAX_TOKEN_BYTES + 1).decode().strip()
+            token = f.read(NODE_CACHE_MAX_TOKEN_BYTES + 1).decode().strip()
     except (OSError, UnicodeDecodeError):
         return {}  # the cache refuses then, and the store is read: a replica still starts
-    return {"Authorization": f"Bearer {token}"} if token and len(token) <= MAX_TOKEN_BYTES else {}
+    return {"Authorization": f"Bearer {token}"} if token and len(token) <= NODE_CACHE_MAX_TOKEN_BYTES else {}
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:

@@ -57,7 +57,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from inferentia_operator.core.holds import HOLD_KEY, HOLDS_PREFIX, NODE_CACHE_AUDIENCE
+from inferentia_operator.core.holds import HOLD_KEY, HOLDS_PREFIX, NODE_CACHE_AUDIENCE, NODE_CACHE_MAX_TOKEN_BYTES
 
 from .frontend import LimitedSite, until_signalled
 from .limits import DEFAULT_LIMITS
@@ -91,7 +91,7 @@ LINGER = 2.0
 
 # The audience of the token a caller shows (core/holds.py).
 AUDIENCE = NODE_CACHE_AUDIENCE
-MAX_TOKEN_BYTES = 4096  # a projected token is about 1 KiB; a longer one is refused unread
+MAX_TOKEN_BYTES = NODE_CACHE_MAX_TOKEN_BYTES  # a longer one is refused unread
 # A token the API server accepted, remembered (by its hash) for at most this long, and its
 # expiry; at most MAX_VERDICTS of them, the least recently used forgotten first. A pod deleted
 # keeps its access for at most this long.

@@ -18,6 +18,8 @@ HOLDS_PREFIX = "holds.inferentia.dev/"
 # (core/children.py), so the cache can check it with a TokenReview and no one can replay it
 # against the API server (batching/node_cache.py, Admission).
 NODE_CACHE_AUDIENCE = "node-cache.inferentia.dev"
+# The longest such token either side takes: a projected token is about 1 KiB.
+NODE_CACHE_MAX_TOKEN_BYTES = 4096
 HOLD_KEY = re.compile(r"^[0-9a-f]{32}$")
 
 
