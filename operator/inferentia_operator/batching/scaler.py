@@ -191,8 +191,7 @@ class Front:
 
     def __init__(self, socket_name: str, refused: Callable[[], None]) -> None:
         self.socket_name, self.refused = socket_name, refused
-        self.peers: dict[str, int] = {}
-        self.open = 0
+        self.peers: dict[str, int] = {}  # open connections by address
         self.server: asyncio.Server | None = None
         self.transports: set[asyncio.WriteTransport] = set()  # of the connections open, both sides
 
@@ -201,11 +200,10 @@ class Front:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = (writer.get_extra_info("peername") or ("",))[0]
-        if self.open >= MAX_CONNECTIONS or self.peers.get(peer, 0) >= MAX_PEER_CONNECTIONS:
+        if sum(self.peers.values()) >= MAX_CONNECTIONS or self.peers.get(peer, 0) >= MAX_PEER_CONNECTIONS:
             self.refused()
             writer.close()
             return
-        self.open += 1
         self.peers[peer] = self.peers.get(peer, 0) + 1
         self.transports.add(writer.transport)
         inner: asyncio.StreamWriter | None = None
@@ -222,7 +220,6 @@ class Front:
                 if side is not None:
                     side.transport.abort()
                     self.transports.discard(side.transport)
-            self.open -= 1
             self.peers[peer] -= 1
             if not self.peers[peer]:
                 del self.peers[peer]
