@@ -80,10 +80,9 @@ LABEL_PERIOD = 1.0  # seconds between patches of the pod's labels, at most
 MAX_CONNECTIONS = 256
 MAX_PEER_CONNECTIONS = 4
 CHUNK = 1 << 20
-# Seconds an offer's body may go without a byte before the offer is refused and its slot freed;
-# after them, the bytes must arrive at MIN_OFFER_RATE on average (an offer is a file on the same
-# node, read from a local disk, at hundreds of MB a second).
-BODY_TIMEOUT = 10.0
+# After an offer's grace (--body-timeout-s, the seconds its body may go without a byte) its bytes
+# must arrive at this rate on average (an offer is a file on the same node, read from a local
+# disk, at hundreds of MB a second).
 MIN_OFFER_RATE = 1 << 20
 # After an answer that left a body unread, seconds the connection still drains it (so that the
 # client reads the answer, not a reset) before it is closed.
@@ -100,8 +99,7 @@ MAX_VERDICTS = 1024
 MAX_REVIEWS = 2  # TokenReviews in flight at once
 REVIEW_WAIT = 1.0  # seconds a caller waits for a review's turn, then 503
 PENALTY = 10.0  # seconds an address whose token was refused gets no review (429)
-# Seconds a fill lease lasts unless its holder renews it; fills leased at once, at most.
-FILL_LEASE = 30.0
+# Fills leased at once, at most (a lease lasts --fill-lease-s unless its holder renews it).
 MAX_FILLS = 256
 
 
@@ -110,9 +108,9 @@ class NodeCache:
         self,
         directory: Path,
         max_bytes: int,
-        admission: Admission | None = None,
-        body_timeout: float = BODY_TIMEOUT,
-        fill_lease: float = FILL_LEASE,
+        admission: Admission | None,
+        body_timeout: float,
+        fill_lease: float,
     ) -> None:
         self.blobs, self.partial = directory / "blobs", directory / "partial"
         self.max_bytes, self.body_timeout, self.fill_lease = max_bytes, body_timeout, fill_lease
@@ -593,11 +591,13 @@ def serve(
     directory: Path,
     max_bytes: int,
     port: int,
-    host: str = "0.0.0.0",
-    node: str = "",
-    body_timeout: float = BODY_TIMEOUT,
-    fill_lease: float = FILL_LEASE,
+    host: str,
+    node: str,
+    body_timeout: float,
+    fill_lease: float,
 ) -> None:
+    """The cache, as `inferentia-operator node-cache` runs it: its flags (cli.py) give every
+    bound that has one, with its default."""
     admission = None
     if node:
         from inferentia_operator.shell.transport import Transport  # loaded only where callers are checked
