@@ -22,6 +22,7 @@ import pytest
 import images
 from inferentia_operator import programs
 from inferentia_operator.core import neuron_images
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = ROOT / "operator" / "inferentia_operator" / "programs"
@@ -84,12 +85,6 @@ def torch_python() -> str:
     return TORCH_PYTHON
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def models(tmp_path) -> Path:
     subprocess.run([torch_python(), str(REFERENCE), "build", str(tmp_path / "models")], check=True)
@@ -136,7 +131,41 @@ def post(port: int, body: object) -> tuple[int, object]:
         return exc.code, json.load(exc)
 
 
-def serve(tmp_path: Path, plan: dict, **extra: str) -> tuple[subprocess.Popen, int]:
+def serve(tmp_path: Path, plan: dict, **extra: str) -> tuple[subprocess.Popen | _Finished, int]:
+    """The model server started on a free port. A port is free when picked, not when the server
+    binds it: another test's server may take it meanwhile (pytest-xdist runs several), so a server
+    that lost its port is started again on another, as the local cluster does its components."""
+    for _ in range(5):
+        server, port = _serve_once(tmp_path, plan, **extra)
+        if server.poll() is None or server.returncode != 1:
+            return server, port
+        out, err = server.communicate()
+        if "Address already in use" not in err:
+            # Hand the outcome back as it was: the caller reads it with communicate().
+            return _Finished(server.args, 1, out, err), port
+    raise AssertionError("the model server lost its port five times running")
+
+
+class _Finished:
+    """A server that has exited and whose output was read: it answers as its Popen would."""
+
+    def __init__(self, args: object, returncode: int, out: str, err: str) -> None:
+        self.args, self.returncode, self._output = args, returncode, (out, err)
+
+    def poll(self) -> int:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        return self._output
+
+    def kill(self) -> None:
+        """Nothing left to kill."""
+
+
+def _serve_once(tmp_path: Path, plan: dict, **extra: str) -> tuple[subprocess.Popen, int]:
     port = free_port()
     env = environment(tmp_path, plan, PORT=str(port), **extra)
     server = subprocess.Popen(
@@ -350,8 +379,6 @@ def test_the_model_server_closes_slow_clients_and_refuses_connections_over_its_c
     """Without a batching front end, clients reach the model server directly: a client that
     dribbles its headers is closed at the read timeout, connections over the cap get a 503
     at once, and a normal client is answered once they are gone."""
-    import socket
-
     from test_frontend_limits import assert_whole_503
 
     plan = {**INF2_PLAN, "buckets": [[8]]}
@@ -382,6 +409,26 @@ def test_the_model_server_closes_slow_clients_and_refuses_connections_over_its_c
     finally:
         for s in held:
             s.close()
+        server.kill()
+        server.communicate()
+
+
+def test_a_server_whose_port_was_taken_meanwhile_is_started_on_another(tmp_path, models, monkeypatch):
+    """The harness's answer to the race between picking a port and binding it: the port handed
+    out first is held by another listener, and the server still comes up, on the next one."""
+    plan = {**INF2_PLAN, "buckets": [[8]]}
+    assert compile_model(tmp_path, plan, models / "conv.pt").returncode == 0
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", free_port()))
+        taken.listen()
+        held = taken.getsockname()[1]
+        ports = iter([held, free_port()])
+        monkeypatch.setattr(sys.modules[__name__], "free_port", lambda: next(ports))
+        server, port = serve(tmp_path, plan, NEURON_RT_VISIBLE_CORES="1")
+    try:
+        assert server.poll() is None and port != held, server.communicate()
+    finally:
         server.kill()
         server.communicate()
 
