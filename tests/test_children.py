@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from inferentia_operator import programs
 from inferentia_operator.core import children
 from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.children import Model
@@ -769,6 +770,38 @@ def test_a_torch_neuronx_compile_job_names_its_target_for_tracing_without_a_devi
     env = {e["name"]: e["value"] for e in compile_step["env"]}
     assert env.get("NEURON_PLATFORM_TARGET_OVERRIDE") == target
     assert compile_step["command"] == ["python3", "/etc/inferentia/neuron_compile.py"]
+
+
+@pytest.mark.parametrize("family", ["inf2", "trn1", "trn2", "trn3"])
+def test_a_hub_model_is_downloaded_by_its_compile_job_into_the_artefact_and_read_offline_by_every_replica(family):
+    """Named by a Hugging Face id, a compiled vLLM model is read from the Hub once: the compile Job
+    keeps the model's files in the artefact (INFERENTIA_HUB_CACHE, with the module that does it
+    beside the program), and each serving pod reads them from its fetched copy with the Hub
+    client offline; the layout is part of the compile key, so an artefact made before it (with
+    no snapshot) is compiled again rather than served offline without its files."""
+    hub_id = {
+        **TRN2_VLLM,
+        "compute.family": family,
+        "model.uri": "meta-llama/Llama-3.1-8B-Instruct",
+        "compile.outputUri": "s3://out/llama/",
+    }
+    m = model(**hub_id)
+    [container] = children.serving_deployment(m)["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert (env["HF_HUB_CACHE"], env["HF_HUB_OFFLINE"]) == (f"{children.COMPILED_DIR}/{programs.HUB_SNAPSHOT_DIR}", "1")
+    assert (
+        "--model" in container["args"] and container["args"][container["args"].index("--model") + 1] == "meta-llama/Llama-3.1-8B-Instruct"
+    )
+    compile_step = children.compile_job(m)["spec"]["template"]["spec"]["initContainers"][-1]
+    jenv = {e["name"]: e.get("value") for e in compile_step["env"]}
+    assert jenv["INFERENTIA_HUB_CACHE"] == env["HF_HUB_CACHE"] and "HF_HUB_OFFLINE" not in jenv
+    assert programs.HUB_SNAPSHOT_MODULE in children.plan_configmap(m)["data"]
+    assert children.compile_inputs(m)["hubSnapshot"] == programs.HUB_SNAPSHOT_VERSION
+    # A store's model or one without a compile step: nothing kept, nothing offline.
+    for other in (model(**{**hub_id, "model.uri": "s3://models/llama/"}), model(**{**hub_id, "compile.image": None})):
+        [served] = children.serving_deployment(other)["spec"]["template"]["spec"]["containers"]
+        assert not {"HF_HUB_OFFLINE", "HF_HUB_CACHE"} & {e["name"] for e in served["env"]}
+        assert "hubSnapshot" not in children.compile_inputs(other)
 
 
 def test_vllm_on_nxd_inference_turns_prefix_caching_off_and_sizes_its_blocks_only_where_vllm_takes_it():

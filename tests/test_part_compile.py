@@ -140,3 +140,22 @@ def test_a_compile_pod_no_node_can_take_says_so_and_waits_for_capacity():
                                                        rollout=status.rollout_of(None, 1, None), pods=[])}  # fmt: skip
     assert (conditions["Ready"].reason, conditions["Progressing"].reason, conditions["Stalled"].status) == (
         "Unschedulable", "WaitingForCapacity", "False")  # fmt: skip
+
+
+def test_the_hub_commit_a_compile_read_reaches_the_record_and_the_status():
+    """The compile step of a Hub model reports the commit it downloaded; the record keeps it, so
+    a later model of the key (a cache hit) names it too, and status shows it once compiled.
+    Anything but a 40-digit hexadecimal commit from the user's image is ignored."""
+    body = model_body(**COMPILED)
+    m = built(body)
+    job = complete(children.compile_job(m))
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    part = compile_part(m, Observed(body, jobs=[job], pods=[compile_pod(job, f'{{"hubRevision": "{commit}"}}\n')]), SETTINGS)
+    assert part.compiled and part.facts.revision == commit and part.record["data"]["hubRevision"] == commit
+    hit = compile_part(m, Observed(body, compile_records={children.compiled_uri(m): [live(part.record)]}), SETTINGS)
+    assert hit.facts.hit and hit.facts.revision == commit
+    running = compile_part(m, Observed(body, jobs=[children.compile_job(m)]), SETTINGS)
+    assert not running.compiled and running.facts.revision is None
+    for message in ('{"hubRevision": "main"}', '{"hubRevision": "' + commit.upper() + '"}', '{"hubRevision": 1}', "x"):
+        part = compile_part(m, Observed(body, jobs=[job], pods=[compile_pod(job, message)]), SETTINGS)
+        assert part.facts.revision is None and "hubRevision" not in part.record["data"], message

@@ -53,6 +53,11 @@ ALLOWED_IMPORTS = {
     # vLLM on NxD Inference: what AWS's vLLM image (vllm-inference-neuronx) has.
     "neuronx_distributed_inference",
     "huggingface_hub",
+    # The compile steps' module beside them in the plan ConfigMap, and the standard library it uses.
+    "hub_snapshot",
+    "fnmatch",
+    "shutil",
+    "subprocess",
 }
 
 
@@ -60,7 +65,7 @@ def test_the_programs_import_only_what_a_neuron_image_has():
     """They run with the user's image's Python, torch and Neuron framework, never with this package."""
     for name in (
         programs.COMPILE_PROGRAM, programs.SERVE_PROGRAM, programs.VLLM_COMPILE_PROGRAM, programs.NXDI_COMPILE_PROGRAM,
-        programs.VLLM_WORKER_PROGRAM,
+        programs.VLLM_WORKER_PROGRAM, programs.HUB_SNAPSHOT_MODULE,
     ):  # fmt: skip
         tree = ast.parse(programs.source(name))
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
@@ -510,7 +515,7 @@ def run_vllm_compile(tmp_path: Path, cache: Path, **extra: str) -> subprocess.Co
 
 def test_the_plugin_compile_step_fills_the_cache_a_server_then_starts_from_without_compiling(tmp_path, monkeypatch):
     cache = tmp_path / "compiled"
-    done = run_vllm_compile(tmp_path, cache, VLLM_NEURON_CPU_COMPILE="1", NEURON_PLATFORM_TARGET_OVERRIDE="trn2")
+    done = run_vllm_compile(tmp_path, cache, VLLM_NEURON_CPU_COMPILE="1", NEURON_PLATFORM_TARGET_OVERRIDE="trn2", HF_TOKEN="hf_local")
     assert done.returncode == 0, done.stderr
     entries = sorted(p.name for p in (cache / "neuron" / "compile_cache").iterdir())
     assert len(entries) == 2 and "2 cache entries" in done.stdout
@@ -533,6 +538,60 @@ def test_the_plugin_compile_step_fills_the_cache_a_server_then_starts_from_witho
     monkeypatch.syspath_prepend(image_site(tmp_path / "site-2.31", VLLM_IMAGE + "0.21.0.1.0.0-neuronx-py313-sdk2.31.0-ubuntu24.04"))
     with pytest.raises(RuntimeError, match="local compile cache miss .*'neuronx-cc': '2.26.6360.0'"):
         neuron_standin.plugin_warm_up(engine, "trn2", may_compile=False)
+
+
+def hub_files(hub: Path, repo: str) -> tuple[str, dict[str, Path]]:
+    """The commit refs/main names in a Hub cache, and the files of its snapshot."""
+    folder = hub / f"models--{repo.replace('/', '--')}"
+    commit = (folder / "refs" / "main").read_text()
+    snapshot = folder / "snapshots" / commit
+    return commit, {str(p.relative_to(snapshot)): p for p in snapshot.rglob("*") if not p.is_dir()}
+
+
+def test_the_plugin_compile_step_keeps_the_hub_model_it_read_and_a_replica_serves_it_offline(tmp_path):
+    """The Hub is read once, by the compile Job: the model's files go into the artefact, in the Hub
+    cache's layout, as regular files (an object store keeps no link) with no blobs/ beside them;
+    the commit is reported in the termination message. A replica with HF_HUB_OFFLINE=1 and
+    HF_HUB_CACHE at the artefact's copy then starts from it, and with an empty cache it fails
+    with the Hub client's reason: nothing else could have served it."""
+    cache, log, downloads = tmp_path / "compiled", tmp_path / "termination-log", tmp_path / "downloads"
+    hub = cache / programs.HUB_SNAPSHOT_DIR
+    done = run_vllm_compile(
+        tmp_path, cache, VLLM_NEURON_CPU_COMPILE="1", NEURON_PLATFORM_TARGET_OVERRIDE="trn2", HF_TOKEN="hf_local",
+        INFERENTIA_HUB_CACHE=str(hub), INFERENTIA_TERMINATION_LOG=str(log), NEURON_STANDIN_HUB_LOG=str(downloads),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    commit, files = hub_files(hub, ENGINE["model"])
+    assert json.loads(log.read_text()) == {"hubRevision": commit}
+    assert sorted(files) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert (
+        not any(p.is_symlink() for p in files.values()) and not (hub / f"models--{ENGINE['model'].replace('/', '--')}" / "blobs").exists()
+    )
+    assert len(downloads.read_text().splitlines()) == 1  # the engine read the snapshot offline, not the Hub again
+    downloads.unlink()
+
+    def serve(hub_cache: Path) -> subprocess.CompletedProcess:
+        env = plugin_env(
+            tmp_path, cache, HF_HUB_CACHE=str(hub_cache), HF_HUB_OFFLINE="1", VLLM_NEURON_DISABLE_WARMUP_COMPILE="1",
+            NEURON_STANDIN_HUB_LOG=str(downloads), NEURON_PLATFORM_TARGET_OVERRIDE="trn2",
+        )  # fmt: skip
+        # The replica's start, as far as the Hub and the plugin's cache go (the server itself is run on the real node).
+        code = (
+            "import neuron_standin as s\n"
+            f"folder = s.local_checkpoint({ENGINE['model']!r}, weights=True)\n"
+            f"keys, compiled = s.plugin_warm_up({{**{ENGINE!r}, 'max_num_seqs': None}}, 'trn2', may_compile=False)\n"
+            "print(folder, compiled)\n"
+        )
+        return subprocess.run(["/usr/bin/python3", "-c", code], env=env, capture_output=True, text=True)
+
+    served = serve(hub)
+    assert served.returncode == 0 and served.stdout.split() == [
+        str(hub / f"models--{ENGINE['model'].replace('/', '--')}" / "snapshots" / commit),
+        "False",
+    ], served.stderr
+    missing = serve(tmp_path / "empty")
+    assert missing.returncode == 1 and "LocalEntryNotFoundError" in missing.stderr, missing.stderr
+    assert not downloads.exists()
 
 
 def test_the_plugin_compile_step_fails_with_the_plugins_reason(tmp_path):
@@ -637,10 +696,19 @@ def test_the_nxd_inference_compile_step_downloads_a_hub_model_with_the_token(tmp
     a gated model without a token fails with the Hub's reason."""
     no_token = run_nxdi_compile(tmp_path, NXDI_ENGINE, NEURON_PLATFORM_TARGET_OVERRIDE="inf2")
     assert no_token.returncode == 1 and "gated" in no_token.stderr.lower() and "meta-llama/Llama-3.1-8B-Instruct" in no_token.stderr
-    done = run_nxdi_compile(tmp_path, NXDI_ENGINE, NEURON_PLATFORM_TARGET_OVERRIDE="trn1", HF_TOKEN="hf_local")
+    hub, log = tmp_path / "compiled" / programs.HUB_SNAPSHOT_DIR, tmp_path / "termination-log"
+    done = run_nxdi_compile(
+        tmp_path, NXDI_ENGINE, NEURON_PLATFORM_TARGET_OVERRIDE="trn1", HF_TOKEN="hf_local", INFERENTIA_HUB_CACHE=str(hub),
+        INFERENTIA_TERMINATION_LOG=str(log),
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert list((tmp_path / "hf" / "hub").glob("models--meta-llama--Llama-3.1-8B-Instruct/snapshots/*/config.json"))
     assert json.loads((tmp_path / "compiled" / "neuron_config.json").read_text())["neuron_config"]["tp_degree"] == 2
+    # The artefact keeps the configuration and tokenizer the server reads, not the weights (sharded
+    # into weights/ already): a replica reads them offline, and a compile is reported by its commit.
+    commit, files = hub_files(hub, NXDI_ENGINE["model"])
+    assert sorted(files) == ["config.json", "tokenizer.json"] and not any(p.is_symlink() for p in files.values())
+    assert json.loads(log.read_text()) == {"hubRevision": commit}
 
 
 def test_the_nxd_inference_compile_step_fails_with_the_reason(tmp_path):
@@ -699,7 +767,8 @@ def test_a_two_node_group_serves_through_its_leader_only_once_its_worker_joined_
     from test_decide import built, model_body
     from test_multi_node import TWO_NODES
 
-    model = built(model_body(**TWO_NODES))
+    # A Hub id, which each rank's vLLM reads through the Hub client (the token a gated model needs).
+    model = built(model_body(**{**TWO_NODES, "model.uri": "meta-llama/Llama-3.1-70B-Instruct"}))
     (tmp_path / programs.VLLM_WORKER_PROGRAM).write_text(programs.source(programs.VLLM_WORKER_PROGRAM))
     port = free_port()
 
@@ -710,7 +779,7 @@ def test_a_two_node_group_serves_through_its_leader_only_once_its_worker_joined_
             (dev / f"neuron{chip}").touch()
         env = {
             "PATH": "/usr/bin:/bin", "PYTHONPATH": f"{image_site(tmp_path / 'site', V0_IMAGE)}:{STANDINS}", "HOME": str(tmp_path), "PORT": str(port),
-            "NEURON_STANDIN_DEV_DIR": str(dev), "INFERENTIA_PLAN_DIR": str(tmp_path),
+            "HF_TOKEN": "standin-token", "NEURON_STANDIN_DEV_DIR": str(dev), "INFERENTIA_PLAN_DIR": str(tmp_path),
             "VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference", **children.multi_node_env(model),
             # What LeaderWorkerSet's pod webhook sets on each pod of the group.
             "LWS_WORKER_INDEX": str(index), "LWS_LEADER_ADDRESS": "localhost", "LWS_GROUP_SIZE": "2",

@@ -66,16 +66,24 @@ def test_a_model_of_unknown_size_keeps_the_fixed_sizes():
     assert model_of().plan.sizes.startup_seconds == 1800 + 6 * 3600
 
 
-def test_a_hugging_face_model_downloads_into_home_which_is_sized_for_its_weights():
-    # 70.6 billion bf16 weights are 141 GB: HOME must hold them, with room.
+def test_a_hugging_face_model_is_downloaded_once_by_its_compile_and_its_replicas_read_the_artefact():
+    # 70.6 billion bf16 weights are 141 GB: the compile Job downloads them (the plugin's vllm.LLM),
+    # into the artefact it uploads, which holds them with room; the replicas fetch that artefact
+    # and download nothing from the Hub, so their HOME is not sized for the weights.
     m = model_of(**{**LLAMA_70B, "compile.image": "img:1"})
     weights = 70_600_000_000 * 2
-    assert m.plan.sizes.home_bytes >= weights
+    assert m.plan.sizes.artefact_bytes >= weights and m.plan.sizes.home_bytes < weights
     pod = serving_deployment(m)["spec"]["template"]["spec"]
     assert size_limit(pod, "home") == m.plan.sizes.home_bytes
-    # The compile Job downloads the same weights to compile (the plugin's vllm.LLM).
     job = compile_job(m)["spec"]["template"]["spec"]
     assert size_limit(job, "home") >= weights
+    assert m.plan.sizes.startup_seconds == 1800
+
+
+def test_without_a_compile_step_each_replica_downloads_the_hub_model_into_home():
+    m = model_of(**LLAMA_70B)
+    weights = 70_600_000_000 * 2
+    assert m.plan.sizes.home_bytes >= weights
     # Loading takes longer than a small model's: the download at 100 MiB/s on top of the load budget.
     assert m.plan.sizes.startup_seconds >= 1800 + weights // (100 * 2**20)
 
@@ -130,6 +138,8 @@ def test_serving_memory_holds_each_processs_copy_of_the_weights():
 )
 def test_an_override_below_the_computed_need_is_a_warning_naming_it(field, value, words):
     big = {**LLAMA_70B, "compute.memory": "300Gi", "compile.image": "img:1"}
+    if field == "serving.homeSize":
+        big = {**LLAMA_70B, "compute.memory": "300Gi"}  # each replica downloads the weights into HOME
     if field == "compile.memory":
         big = {**LLAMA_8B, "compile.image": "img:1", "compute.memory": "16Gi"}
     found = warnings_of(**{**big, field: value})

@@ -4,6 +4,7 @@ environment variable the real package never reads. Each runs as the real node's 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -117,6 +118,9 @@ def test_a_model_larger_than_its_cores_device_memory_fails_to_allocate_as_the_ru
             "NEURON_STANDIN_LOCK_DIR": str(tmp_path / "locks"), "NEURON_RT_VISIBLE_CORES": "0-31"}  # fmt: skip
     big = "meta-llama/Llama-3.1-405B-Instruct"
     argv = ("-m", "vllm.entrypoints.openai.api_server", "--model", big, "--tensor-parallel-size", "32")
+    no_token = run(tmp_path, V0, *argv, **trn1)  # a gated model: the Hub refuses it without a token, as vLLM reports
+    assert no_token.returncode == 1 and "GatedRepoError: 401 Client Error. Cannot access gated repo" in no_token.stderr, no_token.stderr
+    trn1["HF_TOKEN"] = "standin-token"
     done = run(tmp_path, V0, *argv, **trn1)
     assert done.returncode == 1 and 'nrt_tensor_allocate status=4 message="Allocation Failure"' in done.stderr, done.stderr
     assert "TDRV:dmem_alloc_internal" in done.stderr
@@ -124,3 +128,51 @@ def test_a_model_larger_than_its_cores_device_memory_fails_to_allocate_as_the_ru
         probe = f"import neuron_standin as s; s.check_device_memory({model!r}, {cores}, 'bfloat16'); print('fits')"
         fits = run(tmp_path, V0, "-c", probe, **trn1)
         assert fits.stdout.strip() == "fits", fits.stderr
+
+
+def test_offline_the_hub_client_serves_only_a_cached_snapshot_with_the_librarys_words(tmp_path):
+    """huggingface_hub with HF_HUB_OFFLINE=1 (or local_files_only=True) downloads nothing: the
+    snapshot the cache's ref names is returned if its folder exists, else LocalEntryNotFoundError
+    (huggingface_hub/_snapshot_download.py). Online, the snapshot's files are links into blobs/."""
+    code = (
+        "import os, sys, json\n"
+        "from huggingface_hub import snapshot_download\n"
+        "try:\n"
+        "    print(json.dumps({'path': snapshot_download(sys.argv[1], **json.loads(sys.argv[2]))}))\n"
+        "except Exception as e:\n"
+        "    print(json.dumps({'error': type(e).__name__, 'message': str(e)}))\n"
+    )
+    cache = tmp_path / "hub"
+    ask = lambda repo, kwargs="{}", **env: json.loads(run(tmp_path, None, "-c", code, repo, kwargs, HF_HUB_CACHE=str(cache), **env).stdout)  # noqa: E731
+    missing = ask("gpt2", HF_HUB_OFFLINE="1")
+    assert missing["error"] == "LocalEntryNotFoundError" and missing["message"].endswith("set 'HF_HUB_OFFLINE=0' as environment variable.")
+    local_only = ask("gpt2", '{"local_files_only": true}')
+    assert local_only["error"] == "LocalEntryNotFoundError" and local_only["message"].endswith("pass 'local_files_only=False' as input.")
+    online = Path(ask("gpt2")["path"])
+    assert (online / "config.json").is_symlink() and (online / "config.json").resolve().parent.name == "blobs"
+    assert (online.parent.parent / "refs" / "main").read_text() == online.name
+    assert Path(ask("gpt2", HF_HUB_OFFLINE="1")["path"]) == online
+    # A cached ref that names no snapshot folder is as good as no cache.
+    (online.parent.parent / "refs" / "main").write_text("0" * 40)
+    assert ask("gpt2", HF_HUB_OFFLINE="yes")["error"] == "LocalEntryNotFoundError"
+
+
+@pytest.mark.parametrize("image", [NXDI, PLUGIN])
+def test_vllm_offline_serves_a_hub_id_only_from_the_hub_cache(tmp_path, image):
+    """vLLM reads a Hub id through the Hub client: offline with nothing cached it fails with the
+    client's reason; the plugin (which loads the checkpoint's weights itself) also fails on a
+    cache that holds the configuration but no weights, as vLLM's loader does."""
+    argv = ("-m", "vllm.entrypoints.openai.api_server", "--model", "gpt2", "--max-model-len", "128", "--block-size", "32")
+    empty = run(tmp_path, image, *argv, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "empty"))
+    assert empty.returncode == 1 and "LocalEntryNotFoundError: Cannot find an appropriate cached snapshot folder" in empty.stderr, (
+        empty.stderr
+    )
+    cache = tmp_path / "hub"
+    fetched = run(tmp_path, None, "-c", "import huggingface_hub as h; print(h.snapshot_download('gpt2'))", HF_HUB_CACHE=str(cache))
+    snapshot = Path(fetched.stdout.strip())
+    (snapshot / "model.safetensors").unlink()
+    config_only = run(tmp_path, image, *argv, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(cache))
+    if image == PLUGIN:
+        assert config_only.returncode == 1 and "RuntimeError: Cannot find any model weights with `gpt2`" in config_only.stderr
+    else:  # NxD Inference without a compiled model loads the checkpoint's weights too
+        assert config_only.returncode == 1 and "Cannot find any model weights" in config_only.stderr, config_only.stderr

@@ -104,7 +104,7 @@ for pid in sorted(p for p in os.listdir('/proc') if p.isdigit() and int(p) != os
     except OSError:
         continue
     if any(b'neuron-serve' in c or b'vllm' in c or c.endswith(b'neuron_serve.py') for c in cmd) and b'/bin/sh' not in cmd[0]:
-        out.append({k: env.get(k) for k in ('NEURON_RT_VISIBLE_CORES', 'NEURON_CC_FLAGS', 'PORT', 'HOME', 'HF_HOME', 'NEURON_COMPILED_ARTIFACTS', 'VLLM_NEURON_DISABLE_WARMUP_COMPILE', 'VLLM_CACHE_ROOT', 'VLLM_NEURON_FRAMEWORK')})
+        out.append({k: env.get(k) for k in ('NEURON_RT_VISIBLE_CORES', 'NEURON_CC_FLAGS', 'PORT', 'HOME', 'HF_HOME', 'NEURON_COMPILED_ARTIFACTS', 'VLLM_NEURON_DISABLE_WARMUP_COMPILE', 'VLLM_CACHE_ROOT', 'VLLM_NEURON_FRAMEWORK', 'HF_HUB_OFFLINE')})
 print(json.dumps(out))
 """
 
@@ -344,12 +344,19 @@ def test_a_compile_job_writes_the_artefact_the_serving_pods_fetch_and_load(real_
     status = real_node.get("inferentiamodel", "compiled", "-n", real_namespace)["status"]
     prefix = status["compiledUri"].removeprefix(f"s3://{bucket}/")
     keys = [o["Key"] for o in store_client(real_node).list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
-    # The operator's NxD Inference program compiled it, weights sharded per rank; its upload wrote the marker last.
-    assert sorted(keys) == [prefix + name for name in (
+    # The operator's NxD Inference program compiled it, weights sharded per rank; its upload wrote
+    # the marker last. Beside it, the Hub model's configuration and tokenizer at the commit the
+    # compile read (status pins it), in the Hub cache's layout, without the checkpoint's weights.
+    commit = status["hubRevision"]
+    hub = "hf-hub/models--TinyLlama--TinyLlama-1.1B-Chat-v1.0"
+    assert sorted(keys) == sorted(prefix + name for name in (
         "_INFERENTIA_COMPLETE", "model.pt", "neuron_config.json", "weights/tp0_sharded_checkpoint.safetensors",
-        "weights/tp1_sharded_checkpoint.safetensors")], keys  # fmt: skip
+        "weights/tp1_sharded_checkpoint.safetensors", f"{hub}/refs/main", f"{hub}/snapshots/{commit}/config.json",
+        f"{hub}/snapshots/{commit}/tokenizer.json")), keys  # fmt: skip
     [pod] = serving_pods(real_node, real_namespace, "compiled")
     found = standin_state(real_node, real_namespace, pod)
+    # The replica read the model id from the artefact's copy, offline: the Hub was read once, by the compile.
+    assert found["checkpoint"] == f"/var/lib/inferentia/compiled/{hub}/snapshots/{commit}", found
     # vLLM's loader loaded the compiled model from NEURON_COMPILED_ARTIFACTS, and compiled nothing.
     assert found["loaded"] == "compiled" and found["runtime"] == "neuronx-distributed-inference", found
     assert found["artefact"]["compiler"] == "neuronx-cc" and found["artefact"]["target"] == "inf2"
@@ -881,14 +888,19 @@ def test_a_trn2_vllm_model_runs_on_the_vllm_neuron_plugin_from_the_cache_its_com
     # The plugin's local cache layout, $VLLM_CACHE_ROOT/neuron/compile_cache/<hash>/, then the marker.
     entries = sorted({k.split("/")[2] for k in keys if k.startswith("neuron/compile_cache/")})
     assert entries and "_INFERENTIA_COMPLETE" in keys, keys
+    # The Hub model the compile read, weights too (the plugin loads them), kept once in the artefact.
+    hub = f"hf-hub/models--TinyLlama--TinyLlama-1.1B-Chat-v1.0/snapshots/{status['hubRevision']}"
+    assert f"{hub}/model.safetensors" in keys, keys
     [pod] = serving_pods(trn2_node, real_namespace, "plugin")
     found = standin_state(trn2_node, real_namespace, pod)
+    assert found["checkpoint"] == f"/var/lib/inferentia/compiled/{hub}", found
     assert (found["runtime"], found["loaded"], found["compiledAtStart"]) == ("vllm-neuron-plugin", "compile-cache", False), found
     # Every graph its warm-up needs was in the cache the compile Job filled.
     assert found["cacheKeys"] == entries and found["target"] == "trn2" and len(found["cores"]) == 4, found
     [proc] = process_envs(trn2_node, real_namespace, pod["metadata"]["name"])
     assert proc["VLLM_NEURON_FRAMEWORK"] is None and proc["NEURON_COMPILED_ARTIFACTS"] is None, proc
     assert (proc["VLLM_CACHE_ROOT"], proc["VLLM_NEURON_DISABLE_WARMUP_COMPILE"]) == ("/var/lib/inferentia/compiled", "1"), proc
+    assert proc["HF_HUB_OFFLINE"] == "1", proc
     answer = cluster_ip_request(trn2_node, real_namespace, "plugin", "/v1/completions", {"prompt": "Trainium"})
     assert answer["object"] == "text_completion"
 

@@ -85,6 +85,11 @@ def test_every_sample_goes_ready_on_the_real_node_and_answers(path, node_shape, 
         [pod, *_] = serving_pods(real_node, real_namespace, name)
         found = standin_state(real_node, real_namespace, pod)
         assert found["loaded"] in ("compiled", "compile-cache"), found
+        if not uri.startswith(("s3://", "https://", "/")):
+            # A Hub id: read once, by the compile; the replica read it offline from the artefact, at the commit status pins.
+            status = real_node.get("inferentiamodel", name, "-n", real_namespace)["status"]
+            assert found["checkpoint"].endswith(f"/snapshots/{status['hubRevision']}"), (found, status)
+            assert found["checkpoint"].startswith("/var/lib/inferentia/compiled/hf-hub/"), found
         answer = cluster_ip_request(real_node, real_namespace, name, "/v1/completions", {"prompt": "Neuron"})
         assert answer["object"] == "text_completion"
         return

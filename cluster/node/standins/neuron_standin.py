@@ -253,6 +253,9 @@ def llm(**engine) -> dict:
     target = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE")
     if not target:
         raise RuntimeError("NEURON_PLATFORM_TARGET_OVERRIDE is required with VLLM_NEURON_CPU_COMPILE=1")
+    if target not in PLUGIN_TARGETS:
+        raise RuntimeError(f"the vLLM Neuron plugin supports Trn2 and Trn3, not {target}")
+    local_checkpoint(str(engine["model"]), weights=True)  # the engine loads the weights before it warms up
     keys, _ = plugin_warm_up(engine, target, may_compile=True)
     return {"cacheKeys": keys, "target": target}
 
@@ -571,6 +574,33 @@ def vllm_parser(serving: str) -> argparse.ArgumentParser:
     return p
 
 
+def local_checkpoint(model: str, weights: bool) -> str:
+    """The model's folder as vLLM reads it: a local directory as it is, else a Hugging Face id
+    through the Hub client, which honours HF_HUB_CACHE, HF_TOKEN and HF_HUB_OFFLINE (vLLM reads
+    the configuration with transformers' AutoConfig and the weights with
+    ``download_weights_from_hf``, both from the Hub's cache). ``weights``: this engine loads the
+    checkpoint's weights itself (not a compiled model's sharded ones), and fails as vLLM's
+    loader fails when there are none ("Cannot find any model weights with", vllm/model_executor/
+    model_loader/default_loader.py)."""
+    if model.startswith(("s3://", "gs://")):
+        return model  # the Run:ai streamer's, read where it lies
+    if Path(model).is_dir():
+        folder = Path(model)
+    else:
+        import huggingface_hub
+
+        try:
+            folder = Path(huggingface_hub.snapshot_download(model))
+        except (OSError, huggingface_hub.RepositoryNotFoundError, ValueError) as exc:
+            fail("vllm", f"{type(exc).__name__}: {exc}")
+    if not (folder / "config.json").is_file():
+        fail("vllm", f"OSError: {model} does not appear to have a file named config.json. "
+                     f"Checkout 'https://huggingface.co/{model}/tree/main' for available files.")  # fmt: skip
+    if weights and not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+        fail("vllm", f"RuntimeError: Cannot find any model weights with `{model}`")
+    return str(folder)
+
+
 def checkpoint_dtype(model: str) -> str:
     """The model's dtype as vLLM's "auto" takes it: its config.json's torch_dtype (a Hub id's is
     not read here: the stand-in downloads nothing)."""
@@ -582,7 +612,7 @@ def checkpoint_dtype(model: str) -> str:
     return dtype if dtype in ("bfloat16", "float16") else "bfloat16"
 
 
-def nxdi_neuron_config(args: argparse.Namespace, serving: str) -> dict:
+def nxdi_neuron_config(args: argparse.Namespace, serving: str, checkpoint: str | None = None) -> dict:
     """The NeuronConfig vLLM's loader builds for NxD Inference from the server's engine arguments,
     which a compiled model must have been compiled with.
 
@@ -602,7 +632,10 @@ def nxdi_neuron_config(args: argparse.Namespace, serving: str) -> dict:
     }  # fmt: skip
     # Both loaders pass vLLM's dtype and sample on the device (vLLM 0.9.2's V0 loader,
     # vllm/model_executor/model_loader/neuronx_distributed.py, and vllm-neuron's).
-    config |= {"torch_dtype": checkpoint_dtype(args.model), "on_device_sampling_config": {"dynamic": True, "deterministic": False}}
+    config |= {
+        "torch_dtype": checkpoint_dtype(checkpoint or args.model),
+        "on_device_sampling_config": {"dynamic": True, "deterministic": False},
+    }
     if serving == VLLM_V0:
         return {**config, "is_continuous_batching": True}
     prefix = args.enable_prefix_caching is not False
@@ -651,6 +684,9 @@ def vllm_main(argv: list[str]) -> int:
     plugin = serving == VLLM_NEURON_PLUGIN
     if plugin:
         os.environ.pop("NEURON_COMPILED_ARTIFACTS", None)  # NxD Inference's, which the plugin never reads
+    # The plugin loads the checkpoint's weights; NxD Inference loads a compiled model's sharded
+    # ones when NEURON_COMPILED_ARTIFACTS names one, and reads only the configuration and tokenizer.
+    checkpoint = local_checkpoint(args.model, weights=plugin or not os.environ.get("NEURON_COMPILED_ARTIFACTS"))
     try:
         # Only V0's worker reads the multi-node layout; vllm-neuron's starts a world of one.
         layout = multi_node_config(args.override_neuron_config) if serving == VLLM_V0 else None
@@ -661,9 +697,9 @@ def vllm_main(argv: list[str]) -> int:
         fatal(CollectiveError(f"NEURON_RANK_ID is {layout['node_rank']}: rank 0 serves the API, the others run the worker"))
         return 1
     found = runtime_checks(args.tensor_parallel_size, layout["local_ranks_size"] if layout else None)
-    check_device_memory(args.model, layout["world_size"] if layout else len(found["cores"]), checkpoint_dtype(args.model))
+    check_device_memory(checkpoint, layout["world_size"] if layout else len(found["cores"]), checkpoint_dtype(checkpoint))
     if found["artefact"] and not layout:
-        check_compiled_config(found["artefact"]["neuron_config"], nxdi_neuron_config(args, serving))
+        check_compiled_config(found["artefact"]["neuron_config"], nxdi_neuron_config(args, serving, checkpoint))
     model = (args.served_model_name or [args.model])[0]
     if plugin:
         engine = {"model": args.model, "tensor_parallel_size": args.tensor_parallel_size,
@@ -681,6 +717,7 @@ def vllm_main(argv: list[str]) -> int:
     else:
         found["runtime"] = NXD_INFERENCE
     found["vllm"] = {"version": installed("vllm"), "serving": serving}
+    found["checkpoint"] = checkpoint  # where the model id was read from: a local folder, or the Hub cache's snapshot
     group = None
     if layout:
         group = RootCommunicator(layout, {"host": socket.gethostname(), "cores": found["cores"]})

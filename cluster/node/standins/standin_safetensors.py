@@ -22,6 +22,11 @@ def _shape(values: Any) -> list[int]:
 
 
 def write(path: Path, tensors: dict[str, Any], metadata: dict[str, str] | None = None) -> None:
+    Path(path).write_bytes(dumps(tensors, metadata))
+
+
+def dumps(tensors: dict[str, Any], metadata: dict[str, str] | None = None) -> bytes:
+    """The file's bytes (safetensors.torch.save's output)."""
     header: dict[str, Any] = {"__metadata__": metadata or {"format": "pt"}}
     data = b""
     for name, values in tensors.items():
@@ -29,7 +34,7 @@ def write(path: Path, tensors: dict[str, Any], metadata: dict[str, str] | None =
         header[name] = {"dtype": "F32", "shape": _shape(values), "data_offsets": [len(data), len(data) + 4 * len(flat)]}
         data += struct.pack(f"<{len(flat)}f", *flat)
     text = json.dumps(header).encode()
-    Path(path).write_bytes(struct.pack("<Q", len(text)) + text + data)
+    return struct.pack("<Q", len(text)) + text + data
 
 
 def header(path: Path) -> dict[str, Any]:

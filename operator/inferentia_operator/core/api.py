@@ -617,6 +617,8 @@ class InferentiaModelStatus(ApiModel):
     """The compile inputs that differ from those of the model's previous compile."""
     neuron_placement_percent: float | None = None
     """Once compiled ahead: the share of the model's operators that runs on Neuron, as the compile program reported it (torch-neuron's partitioner on inf1; 100 for torch_neuronx.trace, which compiles the whole graph or fails). Below 100 the Compiled condition says so: operators left on the CPU limit throughput."""
+    hub_revision: str | None = None
+    """For a model named by a Hugging Face id and compiled ahead: the Hub commit its compile downloaded, which the artefact keeps and every replica serves, offline (the Hub is read once per compile, never once per replica)."""
     kopf: Annotated[
         dict[str, Any] | None,
         Field(json_schema_extra=lambda s: _replace_schema(s, {"type": "object", "x-kubernetes-preserve-unknown-fields": True})),

@@ -18,6 +18,9 @@ from typing import Any
 from inferentia_operator.programs import (
     COMPILE_PROGRAM,
     COMPILE_PROGRAM_VERSION,
+    HUB_SNAPSHOT_DIR,
+    HUB_SNAPSHOT_MODULE,
+    HUB_SNAPSHOT_VERSION,
     NXDI_COMPILE_PROGRAM,
     NXDI_COMPILE_PROGRAM_VERSION,
     SERVE_PROGRAM,
@@ -62,7 +65,7 @@ from .names import (
 from .objects import Obj
 from .placement import pod_placement
 from .proof import PROOF_ANNOTATION, Prover
-from .sizing import FETCHED_SCHEMES
+from .sizing import FETCHED_SCHEMES, downloads_from_hub
 
 # The vLLM preset (spec.serving.runtime: vllm), on what AWS supports for the family
 # (catalogue.Family.vllm). Its OpenAI-compatible server answers /health once the model is loaded.
@@ -90,6 +93,9 @@ VLLM_PRECOMPILED_ENV = {"VLLM_NEURON_DISABLE_WARMUP_COMPILE": "1"}
 # Where the fetch init container puts the compiled artefact, read-only for the server, and
 # where the compile program writes it in the compile Job.
 COMPILED_DIR = "/var/lib/inferentia/compiled"
+# Where a Hub model's files are kept in the artefact, in the Hub cache's layout: the compile
+# Job downloads them there once, and every serving pod reads them offline (programs/hub_snapshot.py).
+HUB_CACHE_DIR = f"{COMPILED_DIR}/{HUB_SNAPSHOT_DIR}"
 # Where the uncompiled model is fetched to, for the compile program (or the model server
 # when there is no compile step).
 MODEL_DIR = "/var/lib/inferentia/model"
@@ -176,7 +182,15 @@ def compile_inputs(model: Model) -> dict[str, Any]:
     if vllm_nxd(model):
         # NxD Inference's compiled model for those engine arguments, in the program's layout.
         inputs |= {"vllm": "nxd-inference", "engineArgs": vllm_engine_args(model), "program": NXDI_COMPILE_PROGRAM_VERSION}
+    if keeps_hub_snapshot(model):
+        inputs["hubSnapshot"] = HUB_SNAPSHOT_VERSION
     return inputs
+
+
+def keeps_hub_snapshot(model: Model) -> bool:
+    """A vLLM model named by a Hugging Face id, compiled ahead: its compile Job downloads it
+    once and keeps it in the artefact, and the serving pods read it from there, offline."""
+    return bool(model.spec.compile.image) and (vllm_plugin(model) or vllm_nxd(model)) and downloads_from_hub(model.spec)
 
 
 def vllm_plugin(model: Model) -> bool:
@@ -273,7 +287,9 @@ def served_uri(deployment: Mapping[str, Any] | None) -> str | None:
     return _env_value(Obj(Obj(deployment).spec.get("template")).spec.get("containers"), None, "INFERENTIA_COMPILED_MODEL_URI")
 
 
-def compile_record(model: Model, job: Mapping[str, Any], prover: Prover, placement: float | None = None) -> dict[str, Any]:
+def compile_record(
+    model: Model, job: Mapping[str, Any], prover: Prover, placement: float | None = None, revision: str | None = None
+) -> dict[str, Any]:
     """The operator's record that a compile Job completed, and so uploaded the artefact of
     this key with its completion marker last (the Job completes only once the upload step has
     exited 0). A model with the same key, or this one created again, starts from the record
@@ -310,6 +326,8 @@ def compile_record(model: Model, job: Mapping[str, Any], prover: Prover, placeme
             **({"completed": str(completed)} if completed else {}),
             # How much of the model runs on Neuron, as its compile reported it: a later cache hit says it too.
             **({"neuronPlacementPercent": str(placement)} if placement is not None else {}),
+            # The Hub commit the artefact keeps, which every replica serves: a later cache hit serves it too.
+            **({"hubRevision": revision} if revision is not None else {}),
         },
     }
 
@@ -380,6 +398,8 @@ def _plan_files(model: Model) -> dict[str, str]:
         data[VLLM_COMPILE_PROGRAM] = program_source(VLLM_COMPILE_PROGRAM)
     if vllm_nxd(model) and model.spec.compile.image:
         data[NXDI_COMPILE_PROGRAM] = program_source(NXDI_COMPILE_PROGRAM)
+    if (vllm_plugin(model) or vllm_nxd(model)) and model.spec.compile.image:
+        data[HUB_SNAPSHOT_MODULE] = program_source(HUB_SNAPSHOT_MODULE)
     if model.plan.nodes:
         data[VLLM_WORKER_PROGRAM] = program_source(VLLM_WORKER_PROGRAM)
     return data
@@ -662,6 +682,8 @@ def compile_job(model: Model) -> dict[str, Any] | None:
             "VLLM_CACHE_ROOT": COMPILED_DIR,
             "INFERENTIA_VLLM_ENGINE_ARGS": json.dumps(vllm_engine_args(model), sort_keys=True),
         }
+    if keeps_hub_snapshot(model):
+        env["INFERENTIA_HUB_CACHE"] = HUB_CACHE_DIR
     metadata = child_metadata(model, compile_job_name(model), "compile")
     metadata["labels"][COMPILE_HASH_LABEL] = compile_hash(model)
     # What was compiled, so that status can say which part of the key a new compile changed.
@@ -766,6 +788,10 @@ def _serving_env(model: Model) -> list[dict[str, str]]:
         if model.spec.compile.image:
             # A local directory, as vLLM's Neuron loader reads it: the fetch init container filled it.
             env |= {"NEURON_COMPILED_ARTIFACTS": COMPILED_DIR, **VLLM_PRECOMPILED_ENV}
+    if keeps_hub_snapshot(model):
+        # The model id resolves to the commit the compile read, from the artefact's copy; the
+        # Hub is never asked ("HF_HUB_OFFLINE", huggingface_hub's environment variables).
+        env |= {"HF_HUB_CACHE": HUB_CACHE_DIR, "HF_HUB_OFFLINE": "1"}
     return _with_user_env(model, env)
 
 

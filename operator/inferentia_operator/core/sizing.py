@@ -53,9 +53,15 @@ def with_room(size: int) -> int:
 
 
 def downloads_from_hub(spec: InferentiaModelSpec) -> bool:
-    """vLLM reads spec.model.uri itself: a Hugging Face id (not a store, not a path) is downloaded into HF_HOME."""
+    """vLLM reads spec.model.uri itself: a Hugging Face id (not a store, not a path), downloaded from the Hub."""
     uri = spec.model.uri
     return spec.serving.runtime == "vllm" and not uri.startswith(FETCHED_SCHEMES) and not uri.startswith(("/", "file://"))
+
+
+def replica_downloads_from_hub(spec: InferentiaModelSpec) -> bool:
+    """Each serving pod downloads the Hub model into its HOME: only without a compile step, whose
+    artefact otherwise carries the model's files (children.keeps_hub_snapshot)."""
+    return downloads_from_hub(spec) and spec.compile.image is None
 
 
 def compiles_in_pod(spec: InferentiaModelSpec) -> bool:
@@ -120,7 +126,7 @@ def home_bytes(spec: InferentiaModelSpec) -> int:
     weights = weights_bytes(spec)
     if weights is None:
         return HOME_BYTES
-    written = (weights if downloads_from_hub(spec) else 0) + (weights * _buckets(spec) if compiles_in_pod(spec) else 0)
+    written = (weights if replica_downloads_from_hub(spec) else 0) + (weights * _buckets(spec) if compiles_in_pod(spec) else 0)
     return max(HOME_BYTES, with_room(written)) if written else HOME_BYTES
 
 
@@ -135,7 +141,7 @@ def compile_home_bytes(spec: InferentiaModelSpec) -> int:
 def startup_seconds(spec: InferentiaModelSpec) -> int:
     """Loading, the download, and a compile at start."""
     weights = weights_bytes(spec) or 0
-    downloaded = weights if downloads_from_hub(spec) else 0
+    downloaded = weights if replica_downloads_from_hub(spec) else 0
     compile_budget = spec.compile.timeout_seconds if compiles_in_pod(spec) else 0
     return LOAD_SECONDS + -(-downloaded // DOWNLOAD_BYTES_PER_SECOND) + compile_budget
 

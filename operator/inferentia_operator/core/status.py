@@ -14,6 +14,7 @@ status describes.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -374,27 +375,29 @@ def compile_pod_trouble(
     return None
 
 
-def neuron_share_reported(job_name: str | None, pods: Sequence[Mapping[str, Any]]) -> float | None:
-    """The share of the model's operators that runs on Neuron, as the compile program of the
-    Job's pod reported it (programs/neuron_compile.py: one JSON line in the compile step's
-    termination message), or None. The step runs the user's image: anything but a number from
-    0 to 100 is ignored."""
+def compile_reported(job_name: str | None, pods: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What the compile program of the Job's pod reported: one JSON object, the last line of the
+    compile step's termination message (programs/neuron_compile.py, programs/hub_snapshot.py), or
+    {}. The step runs the user's image: its fields are checked by whoever reads them."""
     for p in pods:
         if Obj(p).labels.get(JOB_NAME_LABEL) != job_name:
             continue
         for said in Obj(p).status.get("reports") or []:
             if said.get("container") == "compile":
-                return reported_share(said.get("message"))
-    return None
+                try:
+                    found = json.loads(str(said.get("message")).strip().splitlines()[-1], parse_constant=lambda _: None)
+                except (ValueError, IndexError):
+                    return {}
+                return found if isinstance(found, dict) else {}
+    return {}
 
 
-def reported_share(text: Any) -> float | None:
-    """A share from 0 to 100 in ``{"neuronPlacementPercent": x}``, or None."""
-    try:
-        found = json.loads(str(text).strip().splitlines()[-1], parse_constant=lambda _: None)
-    except (ValueError, IndexError):
-        return None
-    return share(found.get("neuronPlacementPercent") if isinstance(found, dict) else None)
+HUB_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def revision(value: Any) -> str | None:
+    """A Hub commit (40 hexadecimal digits), as the compile program reports it and a record keeps it, or None."""
+    return value if isinstance(value, str) and HUB_COMMIT.fullmatch(value) else None
 
 
 def share(value: Any) -> float | None:
@@ -722,6 +725,7 @@ class CompileFacts:
     hit: bool | None = None  # the artefact came from a record of an earlier compile
     changed: tuple[str, ...] = ()  # the compile inputs that differ from the last artefact's
     on_neuron: float | None = None  # the share of its operators that runs on Neuron, once compiled
+    revision: str | None = None  # the Hub commit the artefact keeps and the replicas serve, once compiled
 
 
 @dataclass(frozen=True)
@@ -858,6 +862,7 @@ def report(
         compile_cache_hit=compiled.hit if compiled else None,
         changed_compile_inputs=list(compiled.changed) or None if compiled else None,
         neuron_placement_percent=compiled.on_neuron if compiled else None,
+        hub_revision=compiled.revision if compiled else None,
     )
     return Report(status, events(new, previous))
 

@@ -37,7 +37,12 @@ The operator runs it with:
   ``huggingface_hub.snapshot_download`` (``HF_TOKEN`` from your serving.env for a gated model);
 - ``INFERENTIA_COMPILED_MODEL_DIR``: where the compiled model goes; the operator's upload step
   then uploads it, completion marker last, and the serving pods fetch it and point
-  ``NEURON_COMPILED_ARTIFACTS`` at it.
+  ``NEURON_COMPILED_ARTIFACTS`` at it;
+- ``INFERENTIA_HUB_CACHE``, when the model is a Hugging Face id: the folder inside the compiled
+  model where the checkpoint's configuration and tokenizer are kept, in the Hub cache's layout,
+  without its weights (sharded into ``weights/`` already), so that the serving pods read them
+  offline (``hub_snapshot.py``, shipped beside this program). The commit goes into the
+  termination message.
 
 It needs only the image's Python, NxD Inference and huggingface_hub: it is shipped in the plan
 ConfigMap and never imports inferentia_operator. Exit status 0 once the model is compiled, 1
@@ -53,6 +58,8 @@ import re
 import sys
 from pathlib import Path
 from typing import Any
+
+import hub_snapshot  # type: ignore[import-not-found]  # beside this program in the plan ConfigMap, not a package module
 
 # The shape must be stated: vLLM's defaults for these are its own and change between releases,
 # and a compiled model that differs from the server's engine is served as compiled.
@@ -166,6 +173,15 @@ def main() -> int:
         return 1
     target = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "this instance")
     print(f"compiled {model_type} {args['model']} for {target}, tensor parallel {args['tensor_parallel_size']}, into {out}")
+    hub = hub_snapshot.hub_cache()
+    if hub is not None and hub_snapshot.is_repo_id(str(args["model"])):
+        try:
+            commit = hub_snapshot.keep(source, str(args["model"]), hub, weights=False)
+        except (OSError, ValueError) as exc:
+            print(f"NxD Inference compile failed: keeping the Hub snapshot in {hub}: {exc}", file=sys.stderr)
+            return 1
+        hub_snapshot.report(commit)
+        print(f"kept the configuration and tokenizer of {args['model']} at commit {commit} under {hub}")
     return 0
 
 

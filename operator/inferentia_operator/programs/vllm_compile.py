@@ -15,7 +15,12 @@ The operator runs it with:
   https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/compilation/cpu_compilation.html);
 - ``VLLM_CACHE_ROOT``: the directory the operator's upload step then uploads, with its
   completion marker last, and which the serving pods fetch into their own ``VLLM_CACHE_ROOT``;
-- ``INFERENTIA_VLLM_ENGINE_ARGS``: the engine arguments, as JSON.
+- ``INFERENTIA_VLLM_ENGINE_ARGS``: the engine arguments, as JSON;
+- ``INFERENTIA_HUB_CACHE``, when the model is a Hugging Face id: the folder inside
+  ``VLLM_CACHE_ROOT`` where the model's files are downloaded first (``HF_TOKEN`` from your
+  serving.env for a gated model), which the engine then reads offline and the serving pods read
+  with it (``hub_snapshot.py``, shipped beside this program). The commit goes into the
+  termination message.
 
 It needs only the image's Python and vLLM with the plugin: it is shipped in the plan ConfigMap
 and never imports inferentia_operator. Exit status 0 once the engine is built (every bucket
@@ -30,6 +35,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import hub_snapshot  # type: ignore[import-not-found]  # beside this program in the plan ConfigMap, not a package module
+
 CACHE = Path("neuron") / "compile_cache"
 
 
@@ -41,9 +48,16 @@ def engine_args() -> dict[str, Any]:
 
 
 def main() -> int:
+    snapshot = hub = None
     try:
         args = engine_args()
         cache = Path(os.environ["VLLM_CACHE_ROOT"]) / CACHE
+        hub = hub_snapshot.hub_cache()
+        if hub is not None and hub_snapshot.is_repo_id(str(args["model"])):
+            # Downloaded once, here; the engine then reads that very commit from the cache, as
+            # the serving pods will (vLLM takes the same model id, so the plugin's cache keys match).
+            snapshot = hub_snapshot.download_served(str(args["model"]), hub)
+            os.environ |= {"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
         from vllm import LLM  # the image's vLLM, with the Neuron plugin registered through its entry point
 
         LLM(**args)
@@ -55,6 +69,10 @@ def main() -> int:
         print(f"vllm compile failed: the engine started but {cache} holds no compiled graph", file=sys.stderr)
         return 1
     print(f"compiled {args['model']} into {len(entries)} cache entries under {cache}: {', '.join(entries)}")
+    if snapshot is not None and hub is not None:
+        commit = hub_snapshot.keep(snapshot, str(args["model"]), hub, weights=True)
+        hub_snapshot.report(commit)
+        print(f"kept {args['model']} at commit {commit} under {hub}")
     return 0
 
 

@@ -8,3 +8,9 @@ class RepositoryNotFoundError(Exception):
 
 class GatedRepoError(RepositoryNotFoundError):
     """The repository is gated and the request was not authenticated for it."""
+
+
+class LocalEntryNotFoundError(FileNotFoundError):
+    """Offline (HF_HUB_OFFLINE, or local_files_only=True) and the cache has no snapshot of the
+    revision (huggingface_hub.errors.LocalEntryNotFoundError, an EntryNotFoundError and a
+    FileNotFoundError in the library)."""

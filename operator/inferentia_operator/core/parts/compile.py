@@ -65,15 +65,21 @@ def compile_part(model: Model, observed: Observed, settings: Settings) -> Compil
     ours = live is not None and name in made and foreign_owner(live, Obj(observed.model).uid, model.name) is None
     complete = sorted((j for j in made.values() if job_state(j).phase == "Complete"), key=lambda j: j is not live)
     known = trusted_record(observed.compile_records.get(uri), uri, prover)
-    ran = status.neuron_share_reported(Obj(complete[0]).name, observed.pods) if complete else None
-    record = children.compile_record(model, complete[0], prover, ran) if complete and known is None else None
+    reported = status.compile_reported(Obj(complete[0]).name, observed.pods) if complete else {}
+    ran, commit = status.share(reported.get("neuronPlacementPercent")), status.revision(reported.get("hubRevision"))
+    record = children.compile_record(model, complete[0], prover, ran, commit) if complete and known is None else None
     recorded = (known if known is not None else record or {}).get("data") or {}
     on_neuron = ran if ran is not None else status.share(recorded.get("neuronPlacementPercent"))
+    revision = commit or status.revision(recorded.get("hubRevision"))
 
     def facts(condition: api.Condition, hit: bool | None = False) -> CompileFacts:
-        done = on_neuron if condition.status == "True" else None
+        compiled = condition.status == "True"
+        done = on_neuron if compiled else None
         condition = status.with_neuron_share(condition, done)
-        return CompileFacts(condition, job=name if not hit else None, uri=uri, key=key, hit=hit, changed=changed, on_neuron=done)
+        return CompileFacts(
+            condition, job=name if not hit else None, uri=uri, key=key, hit=hit, changed=changed, on_neuron=done,
+            revision=revision if compiled else None,
+        )  # fmt: skip
 
     if ours:
         failure = status.compile_failure(name, observed.pods)
