@@ -226,6 +226,18 @@ FAMILY_NAMES: tuple[str, ...] = tuple(FAMILIES)
 #   and inf1 runs no vLLM: refused there until AWS documents it.
 # EFA devices come from AWS's EFA device plugin as vpc.amazonaws.com/efa
 # (https://docs.aws.amazon.com/eks/latest/userguide/device-management-efa.html).
+# trn2.3xlarge, trn2.48xlarge, trn2u.48xlarge, trn3.48xlarge and trn3e.24xlarge are left out: how
+# many EFA interfaces each has is not published where we looked. The Trn2 architecture page
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-hardware/trn2-arch.html)
+# and the Trn3 one (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/arch/neuron-hardware/trn3-arch.html)
+# give chips, vCPUs and memory (Trn3's by UltraServer) but no EFA count; the multi-node setup
+# page above covers Trn1 only; EC2's page on instances with several network cards
+# (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html) takes its
+# examples from P5 and P5e; EKS's EFA pages name no count and send the reader to EC2's network
+# cards per type, one EFA a card at most (https://docs.aws.amazon.com/eks/latest/userguide/node-efa.html,
+# https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/using-eni.html#network-cards), whose rows
+# for these types we could not read. None of these families spans nodes yet (MULTI_NODE_FAMILIES),
+# so no pod asks for their EFA devices.
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 EFA_DEVICES: dict[str, int] = {"trn1.32xlarge": 8, "trn1n.32xlarge": 16}
 MULTI_NODE_FAMILIES: tuple[str, ...] = tuple(f.name for f in FAMILIES.values() if f.multi_node)
