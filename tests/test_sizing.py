@@ -166,3 +166,30 @@ def test_a_compile_cpu_in_millicores_is_a_quantity_not_a_crash():
         "warning: spec.compute.cpu: 250m is less than the 0.5 a replica needs to compile in the pod (1 process x 500m, a compile Job's CPU); use at least 0.5, or set compile.image"
         in found
     )
+
+
+# 405 billion bf16 weights (810 GB) across whole trn1.32xlarge nodes, as test_rules holds them.
+LLAMA_405B_ACROSS = {
+    "model.uri": "s3://models/llama-405b/", "model.weights": 405_000_000_000, "model.precision": "bf16",
+    "model.architecture": "transformer", "model.layers": 126, "model.kvHeads": 8, "model.headDim": 128,
+    "compile.buckets": [[4096]], "serving.runtime": "vllm", "serving.batching": {"maxBatchSize": 8},
+    "compute.family": "trn1", "compute.inf": 16, "compute.cpu": "8",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_a_replica_across_nodes_needs_each_nodes_share_of_the_weights_in_host_memory(nodes):
+    """Each pod of a group loads only its own node's ranks: its host memory is the weights over
+    the nodes, not the whole 810 GB, which no trn1.32xlarge (512 GiB) could give it."""
+    whole = 405_000_000_000 * 2
+    share = -(-whole // nodes)
+    m = model_of(**{**LLAMA_405B_ACROSS, "compute.nodes": nodes})
+    assert m.plan.sizes.memory_bytes == share < whole
+    # validate asks for the share, not the whole: memory that holds one node's share is enough.
+    holds_share = f"{-(-share // GIB)}Gi"
+    memory_warnings = lambda memory: [  # noqa: E731
+        w for w in warnings_of(**{**LLAMA_405B_ACROSS, "compute.nodes": nodes, "compute.memory": memory}) if "spec.compute.memory" in w
+    ]
+    assert memory_warnings(holds_share) == []
+    [short] = memory_warnings(f"{share // GIB - 1}Gi")
+    assert f"is less than the {holds_share} a replica of this model needs" in short, short
