@@ -13,7 +13,7 @@ from inferentia_operator.core.planner import InvalidSpec, plan
 from inferentia_operator.core.proof import PROOF_ANNOTATION, Prover
 from inferentia_operator.core.settings import Settings
 from inferentia_operator.core.status import Conflict, WriteFailure, status_document, status_patch
-from specs import make_spec
+from specs import DROP, make_spec
 
 NOW = "2026-11-22T10:00:00Z"
 UID = "uid-1"
@@ -207,6 +207,20 @@ def test_an_invalid_edit_leaves_every_child_alone_and_reports_it():
     document = status_document(d.report.status)
     assert document["plan"] == children.plan_document(good.plan)  # the last valid plan stays visible
     assert document["observedGeneration"] == 2
+
+
+def test_a_spec_without_a_family_says_so_in_the_models_status_not_only_in_validate():
+    """A model left without compute.family is planned for inf1: the warning validate prints is in
+    the status the reconcile writes (status.plan.warnings), where kubectl shows it."""
+    d = decide(Observed(model_body(**{"compute.family": DROP})), NOW)
+    warnings = status_document(d.report.status)["plan"]["warnings"]
+    assert [w for w in warnings if "spec.compute.family" in w] == [
+        "warning: spec.compute.family: not set, so the model is planned for inf1, the default; valid values are "
+        "inf1, inf2, trn1, trn2, trn3: name the family of the nodes it is to run on"
+    ]
+    assert conds(d)["Validated"]["status"] == "True"  # a warning, not a refusal
+    named = decide(Observed(model_body()), NOW)
+    assert not [w for w in status_document(named.report.status)["plan"].get("warnings", []) if "spec.compute.family" in w]
 
 
 def test_a_child_controlled_by_someone_else_is_never_written():
