@@ -211,3 +211,48 @@ def test_the_install_guides_placed_model_is_valid_and_placed_as_it_says():
     compile_pod = pod_of(job)
     assert compile_pod["nodeSelector"] == {"karpenter.sh/nodepool": "cpu-compile"}
     assert compile_pod["tolerations"] == [{"key": "dedicated", "value": "compile", "effect": "NoSchedule"}]
+
+
+def tolerates(pod: dict, taint: dict) -> bool:
+    """Whether one of the pod's tolerations matches the taint, as the scheduler matches them
+    (https://kubernetes.io/docs/concepts/scheduling-eviction/taint-and-toleration/)."""
+    return any(
+        t.get("key") in (None, taint["key"])
+        and t.get("effect") in (None, taint["effect"])
+        and (t.get("operator") == "Exists" or t.get("value") == taint.get("value"))
+        for t in pod.get("tolerations", [])
+    )
+
+
+def test_the_install_guides_nodepool_takes_the_placed_models_serving_pods_and_not_its_compile():
+    """docs/install.md's Karpenter NodePool beside the placed model: its name is the one the
+    serving pods select, its taint is one they tolerate (and the compile pod does not), and its
+    instance types are among those the plan requires."""
+    from pathlib import Path
+
+    import yaml
+
+    from inferentia_operator.core.catalogue import INSTANCE_TYPE_LABEL
+
+    guide = Path(__file__).resolve().parent.parent / "docs" / "install"
+    body = yaml.safe_load((guide / "placed-model.yaml").read_text())
+    pool = yaml.safe_load((guide / "neuron-nodepool.yaml").read_text())
+    # The page shows the file (test_docs holds a labelled block to its file).
+    assert "# docs/install/neuron-nodepool.yaml" in (guide.parent / "install.md").read_text()
+    assert (pool["apiVersion"], pool["kind"]) == ("karpenter.sh/v1", "NodePool")
+    found = check_model(body["metadata"]["name"], body["metadata"]["namespace"], body["spec"], uid="u")
+    assert found.model is not None
+    serving = pod_of(children.serving_deployment(found.model))
+    job = children.compile_job(found.model)
+    assert job is not None
+    assert serving["nodeSelector"]["karpenter.sh/nodepool"] == pool["metadata"]["name"]
+    node = pool["spec"]["template"]["spec"]
+    assert node["taints"] == [{"key": "dedicated", "value": "llm", "effect": "NoSchedule"}]
+    for taint in node["taints"]:
+        assert tolerates(serving, taint), taint
+        assert not tolerates(pod_of(job), taint), taint
+    [types] = [r["values"] for r in node["requirements"] if r["key"] == INSTANCE_TYPE_LABEL and r["operator"] == "In"]
+    terms = serving["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    for term in terms:
+        [required] = [e["values"] for e in term["matchExpressions"] if e["key"] == INSTANCE_TYPE_LABEL]
+        assert set(types) <= set(required), (types, required)
