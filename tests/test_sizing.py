@@ -192,4 +192,6 @@ def test_a_replica_across_nodes_needs_each_nodes_share_of_the_weights_in_host_me
     ]
     assert memory_warnings(holds_share) == []
     [short] = memory_warnings(f"{share // GIB - 1}Gi")
-    assert f"is less than the {holds_share} a replica of this model needs" in short, short
+    assert f"is less than the {holds_share} each of a replica's {nodes} pods needs to load its node's share" in short, short
+    # Not a compile's "twice its weights", and no advice to compile ahead: groups across nodes always do.
+    assert "twice" not in short and "compile.image" not in short

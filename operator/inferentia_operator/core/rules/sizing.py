@@ -42,7 +42,12 @@ def _check_sizes(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     found = []
     memory = sizing.replica_memory_bytes(spec, fam, groups)
     if memory is not None and _below(spec.compute.memory, memory):
-        if sizing.compiles_in_pod(spec):
+        if spec.compute.nodes > 1:
+            # sizing.replica_memory_bytes: a pod a node, each loading its own ranks' share.
+            nodes = spec.compute.nodes
+            why = f"each of a replica's {nodes} pods needs to load its node's share of the weights ({of_weights} over {nodes} nodes)"
+            found.append(_less("spec.compute.memory", spec.compute.memory, _gi(memory), why))
+        elif sizing.compiles_in_pod(spec):
             compile_need = _gi(sizing.compile_memory_bytes(spec, fam))
             why = (
                 f"a replica of this model needs to compile in the pod ({processes} x {compile_need}: twice its {of_weights}, at least 8Gi)"
