@@ -62,6 +62,8 @@ def test_a_pool_selects_the_serving_pods_and_names_its_picker():
     assert (flags["--pool-name"], flags["--pool-namespace"]) == ("m", "ns")
     assert "queue-scorer" in flags["--config-text"]
     pod = picker["spec"]["template"]["spec"]
+    # Its metrics port checks no caller, so it serves no Go profiles either.
+    assert {"--metrics-endpoint-auth=false", "--enable-pprof=false"} <= set(pod["containers"][0]["args"])
     assert pod["serviceAccountName"] == "m-epp"
     assert pod["containers"][0]["image"] == SETTINGS.endpoint_picker_image
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["containers"][0]["securityContext"]["allowPrivilegeEscalation"] is False

@@ -105,6 +105,9 @@ def picker_deployment(model: Model, image: str) -> dict[str, Any]:
             # Its /metrics without the TokenReview and SubjectAccessReview rights that checking
             # callers would need cluster-wide; the Service does not expose that port.
             "--metrics-endpoint-auth=false",
+            # Nor Go's profiles on that port (on by default, cmd/epp/runner/runner.go in v1.1.0):
+            # any pod can reach a pod's address, and the block and mutex profiles record every event.
+            "--enable-pprof=false",
             "--tracing=false",
         ],  # fmt: skip
         "env": [{"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
