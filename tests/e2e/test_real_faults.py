@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -38,6 +39,9 @@ STATUS_LAG_GOAL = 20.0  # readiness probes: every 5 s, 3 failures; then the oper
 FAULTS = {
     "kill -9 of a serving process": "the pod restarts itself; clients through the Service keep being answered by the other replica",
     "kill -9 of the batching front end": "the container restarts; clients keep being answered by the other replica",
+    "a pod's model processes paused for 5 s, then resumed": (
+        "nothing restarts; requests the paused pod cannot answer in its latency budget are shed; served again within 2 s of the resume"
+    ),
     "containerd restarted": "running pods keep running: no request fails",
     "kubelet stopped for 60 s": "the node goes NotReady and the status says so; served again within 60 s of the kubelet's return",
     "API server down for 30 s": "serving goes on: no request fails",
@@ -266,6 +270,34 @@ def test_kill_9_of_a_serving_process(served):
 def test_kill_9_of_the_batching_front_end(served):
     row = kill_9_in_a_pod(served, "inferentia-operator", "batcher", "kill -9 of the batching front end")
     assert row.status_lag_s <= STATUS_LAG_GOAL, row
+
+
+def test_a_pods_model_processes_paused_and_resumed_under_load(served):
+    """A slow batch, a GC pause or a runtime hiccup, as SIGSTOP and SIGCONT of the model processes
+    of one pod while traffic flows: the front end sheds what it cannot answer within its budget,
+    and once the processes are back it learns so from a probe batch and serves again at once,
+    with no container restarted (its estimate used to stay over the budget for good)."""
+    fault = "a pod's model processes paused for 5 s, then resumed"
+    cluster, ns = served
+    pod = serving_pods(cluster, ns, "faulted")[0]
+    before = _all_restarts(pod)
+    found = [p for p in pids_in_pod(pod["metadata"]["uid"], "neuron-serve") if not _is_shell(p)]
+    assert len(found) >= 2, f"the pod's two model processes were not found: {found}"
+    with Watch(cluster, ns, "faulted") as watch:  # traffic first: the front end learns the model's pace
+        since = time.monotonic()
+        for pid in found:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(5)
+        for pid in found:
+            os.kill(pid, signal.SIGCONT)
+        ended = time.monotonic()
+        time.sleep(10)
+    row = watch.row(fault, since, ended)
+    after = _all_restarts(cluster.get("pod", pod["metadata"]["name"], "-n", ns))
+    assert row.sent > 0
+    record(row, row.served_again_s <= 2.0 and after == before and row.status_lag_s <= STATUS_LAG_GOAL)
+    assert after == before, f"a container restarted: {before} -> {after}"
+    assert row.served_again_s <= 2.0, row
 
 
 def test_containerd_restarted_leaves_running_pods_running(served):
