@@ -40,7 +40,9 @@ class Recording(Kube):
         parts = url.split("?")[0].strip("/").split("/")
         group = "" if parts[0] == "api" else parts[1]
         plural = next(p for _, p in RESOURCES.values() if p in parts)
-        self.sent.add((f"{group}/{plural}", VERBS[method]))
+        at = parts.index(plural)
+        sub = f"/{parts[at + 2]}" if len(parts) > at + 2 else ""  # a subresource: pods/eviction
+        self.sent.add((f"{group}/{plural}{sub}", VERBS[method]))
         if method == "POST" and self.taken:
             from inferentia_operator.shell.kube import ApiError
 
@@ -72,7 +74,8 @@ def every_write() -> tuple[Any, Decision]:
     # RoleBinding.
     kept = ("Deployment", "Service", "ServiceAccount", "RoleBinding")
     deletes = [(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] not in kept]
-    return Observed(body), Decision(objects, deletes, None, None, record)
+    # And a serving pod on a node whose Neuron devices fail, evicted (parts/device_faults.py).
+    return Observed(body), Decision(objects, deletes, None, None, record, evict=(("m-1", "uid-1"),))
 
 
 def actor_requests() -> set[tuple[str, str]]:
@@ -94,7 +97,7 @@ def chart_rules() -> list[dict[str, Any]]:
 
 
 def allowed(rules: list[dict[str, Any]], resource: str, verb: str) -> bool:
-    group, plural = resource.split("/")
+    group, plural = resource.split("/", 1)
     return any(group in r["apiGroups"] and plural in r["resources"] and verb in r["verbs"] for r in rules)
 
 

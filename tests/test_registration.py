@@ -44,9 +44,22 @@ def test_every_kind_is_cached_and_triggers_a_reconcile():
         "job_event_index": "events",
         # By artefact: the compile Jobs and records another model made, and the models of each artefact.
         "compile_job_index": "jobs", "compile_record_index": "configmaps", "compiled_uri_index": "inferentiamodels",
+        # The Neuron nodes: their faults (the node problem detector's NeuronHealth) and who may take a replacement.
+        "neuron_node_index": "nodes",
     }  # fmt: skip
     watched = {h.selector.any_name or h.selector.plural for h in r._watching._handlers}  # noqa: SLF001
-    assert watched == {"inferentiamodels", *CHILDREN, "events"}
+    assert watched == {"inferentiamodels", *CHILDREN, "events", "nodes"}
+
+
+def test_without_the_right_to_list_nodes_no_node_is_watched():
+    """`run --no-node-faults` (the chart's namespaced install, which has no cluster-wide right)."""
+    from inferentia_operator.shell.reconciler import Reconciler
+
+    r = kopf.OperatorRegistry()
+    wiring.register(r, Reconciler(lambda: None, workers=1, resync_seconds=300, is_active=lambda: True), node_faults=False)  # type: ignore[arg-type, return-value]
+    watched = {h.selector.any_name or h.selector.plural for h in r._watching._handlers}  # noqa: SLF001
+    indexed = {h.selector.any_name or h.selector.plural for h in r._indexing._handlers}  # noqa: SLF001
+    assert "nodes" not in watched | indexed and "inferentiamodels" in watched
 
 
 def test_children_are_filtered_on_the_server():

@@ -38,6 +38,7 @@ class FakeKube:
         self.refuse: dict[tuple[str, str], ApiError] = {}
         self.calls: list[tuple[str, str, str]] = []
         self.events: list[tuple[str, str]] = []
+        self.evicted: list[tuple[str, str, str]] = []
 
     def _stored(self, body: dict[str, Any]) -> dict[str, Any]:
         self.rv += 1
@@ -73,6 +74,10 @@ class FakeKube:
     def delete(self, kind: str, namespace: str, name: str) -> None:
         self._check("delete", kind, name)
         self.objects.pop((kind, name), None)
+
+    def evict(self, namespace: str, name: str, uid: str) -> None:
+        self._check("evict", "Pod", name)
+        self.evicted.append((namespace, name, uid))
 
     def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
         self.calls.append(("patch_status", api.KIND, name))
@@ -521,3 +526,91 @@ def test_progress_within_a_rollout_is_held_back_and_the_model_comes_back_for_it(
     asyncio.run(r.reconcile((NS, "m")))
     assert len([c for c in kube.calls if c[0] == "patch_status"]) == patches  # held back
     assert later and 590 < later[-1] < 601
+
+
+NEURON_FAULT_NODE = {
+    "apiVersion": "v1", "kind": "Node",
+    "metadata": {"name": "n1", "resourceVersion": "9", "labels": {"node.kubernetes.io/instance-type": "inf1.xlarge"}},
+    "spec": {"taints": [{"key": "aws.amazon.com/neuron", "value": "true", "effect": "NoSchedule"}]},
+    "status": {"conditions": [
+        {"type": "Ready", "status": "True"},
+        # As AWS's Neuron node problem detector sets it (its Helm chart's npd-config.yaml).
+        {"type": "NeuronHealth", "status": "True", "reason": "NeuronHasError_DMA_ERROR", "message": "kernel: NEURON_HW_ERR=DMA_ERROR"},
+    ]},
+}  # fmt: skip
+
+
+def test_a_node_whose_neuron_devices_fail_is_named_in_the_status_of_the_models_on_it(monkeypatch):
+    """A node's NeuronHealth turning True reconciles the models with a pod on it (and no other),
+    and their status says which pod, which node and which error, until the fault ends."""
+    from inferentia_operator.core.projection import project_neuron_node
+
+    kube = FakeKube()
+    model = stored_model()
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "m-1", "namespace": NS, "uid": "pod-uid", "resourceVersion": "5",
+                     "labels": {"inferentia.dev/model": "m", "app.kubernetes.io/component": "serving"}},
+        "spec": {"nodeName": "n1"}, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }  # fmt: skip
+    r = reconciler_with(kube, model, pod)
+    queued = []
+    monkeypatch.setattr(r.queue, "add_after", lambda key, delay: queued.append(key))
+    r.on_pod(pod, "ADDED", {})
+    queued.clear()
+    healthy = copy.deepcopy(NEURON_FAULT_NODE)
+    healthy["status"]["conditions"][1] |= {"status": "False", "reason": "NeuronHasNoError"}
+    r.on_node(healthy, "ADDED", {})
+    other = copy.deepcopy(NEURON_FAULT_NODE)
+    other["metadata"]["name"] = "n2"
+    r.on_node(other, "ADDED", {})  # no pod of the model there
+    assert queued == []
+    r.on_node(NEURON_FAULT_NODE, "MODIFIED", {})
+    r.on_node(with_rv(NEURON_FAULT_NODE, 10), "MODIFIED", {})  # the same fault again: nothing new
+    assert queued == [(NS, "m")]
+    cordoned = with_rv(NEURON_FAULT_NODE, 11)
+    cordoned["spec"]["unschedulable"] = True
+    r.on_node(cordoned, "MODIFIED", {})  # where a replacement may go changed: decided again
+    assert queued == [(NS, "m"), (NS, "m")]
+
+    r.cache.indexes["neuron_node_index"] = {"n1": [project_neuron_node(NEURON_FAULT_NODE)]}
+    asyncio.run(r.reconcile((NS, "m")))
+    conditions = {c["type"]: c for c in kube.objects[(api.KIND, "m")]["status"]["conditions"]}
+    fault = conditions["DeviceFault"]
+    assert (fault["status"], fault["reason"]) == ("True", "NeuronHardwareError")
+    assert "pod m-1 on node n1: NeuronHasError_DMA_ERROR (kernel: NEURON_HW_ERR=DMA_ERROR); left: the node still takes" in fault["message"]
+    assert "Cordon n1 (kubectl cordon)" in fault["message"]  # the Neuron taint is the pods' own: it keeps nobody off
+    assert ("Warning", "NeuronHardwareError") in kube.events and not kube.evicted
+    # Cordoned, with another node of the plan's instance types to go to: evicted, by its uid.
+    spare = project_neuron_node(healthy | {"metadata": {"name": "n3", "labels": {"node.kubernetes.io/instance-type": "inf1.6xlarge"}}})
+    r.cache.indexes["neuron_node_index"] = {"n1": [project_neuron_node(cordoned)], "n3": [spare]}
+    asyncio.run(r.reconcile((NS, "m")))
+    assert kube.evicted == [(NS, "m-1", "pod-uid")]
+    # The fault ends: the condition goes.
+    r.cache.indexes["neuron_node_index"] = {}
+    r.on_node(healthy, "MODIFIED", {})
+    asyncio.run(r.reconcile((NS, "m")))
+    assert "DeviceFault" not in {c["type"] for c in kube.objects[(api.KIND, "m")]["status"]["conditions"]}
+
+
+def test_a_neuron_node_is_read_with_its_fault_and_taints_bounded():
+    from inferentia_operator.core.projection import FAILURE_MESSAGE_CHARS, MAX_NODE_TAINTS, project_neuron_node
+
+    node = project_neuron_node(NEURON_FAULT_NODE)
+    assert node == {
+        "instanceType": "inf1.xlarge", "ready": True, "unschedulable": False,
+        "taints": [{"key": "aws.amazon.com/neuron", "value": "true", "effect": "NoSchedule"}],
+        "fault": {"reason": "NeuronHasError_DMA_ERROR", "message": "kernel: NEURON_HW_ERR=DMA_ERROR"},
+    }  # fmt: skip
+    cpu = copy.deepcopy(NEURON_FAULT_NODE)
+    cpu["metadata"]["labels"]["node.kubernetes.io/instance-type"] = "m5.large"
+    assert project_neuron_node(cpu) is None  # no Neuron node: never kept
+    no_detector = copy.deepcopy(NEURON_FAULT_NODE)
+    del no_detector["status"]["conditions"][1]
+    assert project_neuron_node(no_detector)["fault"] is None
+    huge = copy.deepcopy(NEURON_FAULT_NODE)
+    huge["status"]["conditions"][1]["message"] = "x" * 100_000
+    huge["spec"]["taints"] = [{"key": f"k{i}", "effect": "NoSchedule"} for i in range(1000)]
+    projected = project_neuron_node(huge)
+    assert len(projected["fault"]["message"]) == FAILURE_MESSAGE_CHARS
+    assert len(projected["taints"]) == MAX_NODE_TAINTS and projected["unschedulable"]  # more taints than kept: taken as closed

@@ -266,7 +266,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     options = RunOptions(
         namespaces=tuple(args.namespace), liveness=args.liveness, peering=args.peering, standalone=args.standalone,
         priority=args.priority, resync_seconds=args.resync_seconds, workers=args.workers, metrics_port=args.metrics_port,
-        key_secret=args.key_secret, key_namespace=args.key_namespace, verbose=args.verbose,
+        key_secret=args.key_secret, key_namespace=args.key_namespace, verbose=args.verbose, node_faults=args.node_faults,
     )  # fmt: skip
     return run(options, settings_from(args))
 
@@ -493,6 +493,11 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL ('' to disable)")
     r.add_argument("--peering", default="inferentia-operator", help="peering name: replicas with the same name elect one active")
     r.add_argument("--standalone", action="store_true", help="no peering: act even if another replica is running")
+    r.add_argument(
+        "--no-node-faults", dest="node_faults", action="store_false",
+        help="watch no Node: a model's status then names no pod whose node reports a Neuron hardware fault "
+        "(for an install with no right to list and watch nodes)",
+    )  # fmt: skip
     r.add_argument(
         "--priority", type=int, default=None,
         help="peering priority: the live replica with the highest acts, the others stand by (default: the millisecond it "

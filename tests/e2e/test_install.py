@@ -240,6 +240,10 @@ def test_watch_namespaces_gives_roles_only_and_standby_a_second_replica(cluster)
     assert deployment["spec"]["replicas"] == 2
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
+    # No right to list nodes, so none is watched: a pod's Neuron fault goes unreported there.
+    assert "--no-node-faults" in args
+    cluster_args = next(d for d in helm_template(cluster) if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--no-node-faults" not in cluster_args
 
 
 @pytest.mark.parametrize(

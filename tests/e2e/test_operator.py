@@ -359,8 +359,9 @@ def test_an_operator_restricted_to_namespaces_serves_only_those(cluster, operato
     bind_user_to_namespaced_roles(cluster, user, [namespace])
     operator.stop()  # the cluster-wide operator would serve both
     scoped = OperatorProcess(
-        cluster.local.user_kubeconfig(user), tmp_path / "scoped.log", peering="e2e-scoped", extra_args=("--namespace", namespace)
-    )
+        cluster.local.user_kubeconfig(user), tmp_path / "scoped.log", peering="e2e-scoped",
+        extra_args=("--namespace", namespace, "--no-node-faults"),  # as the chart runs it: no right to list nodes
+    )  # fmt: skip
     try:
         scoped.start()
         apply_model(cluster, namespace, "mine")
@@ -455,6 +456,42 @@ def test_a_compile_job_whose_pod_cannot_be_created_says_why_within_a_minute(clus
     # Its PodDisruptionBudget is there from the start, over the serving pods.
     [pdb] = items(cluster, "poddisruptionbudgets", namespace, "m")
     assert pdb["spec"]["maxUnavailable"] == 1 and pdb["spec"]["selector"]["matchLabels"]["inferentia.dev/model"] == "m"
+
+
+def test_a_node_whose_neuron_devices_report_an_error_is_named_in_its_models_status(cluster, operator, namespace):
+    """AWS's node problem detector sets NeuronHealth=True on a node whose Neuron driver logged a
+    hardware error: the model with a pod there says so (DeviceFault) within seconds, naming the
+    pod, the node and the error. While the node takes new pods the pod is left there; once it is
+    cordoned the pod is evicted, its replacement runs elsewhere, and the condition goes."""
+    apply_model(cluster, namespace, "m")
+    wait_ready(cluster, namespace, "m")
+    [pod] = [p for p in items(cluster, "pods", namespace, "m") if p["metadata"]["labels"].get("app.kubernetes.io/component") == "serving"]
+    node = pod["spec"]["nodeName"]
+
+    def set_health(status: str, reason: str, message: str) -> None:
+        condition = {"type": "NeuronHealth", "status": status, "reason": reason, "message": message}
+        patch = json.dumps({"status": {"conditions": [condition]}})  # merged by type, beside the kubelet's own
+        cluster.kubectl("patch", "node", node, "--subresource=status", "--type=strategic", "-p", patch)
+
+    try:
+        set_health("True", "NeuronHasError_DMA_ERROR", "kernel: NEURON_HW_ERR=DMA_ERROR")
+        body = wait_condition(cluster, namespace, "m", "DeviceFault", "True", "NeuronHardwareError", timeout=30)
+        message = condition(body, "DeviceFault")["message"]
+        assert f"pod {pod['metadata']['name']} on node {node}: NeuronHasError_DMA_ERROR" in message, message
+        # The Neuron taint keeps no replacement off (the pods tolerate it): left, with the node named for cordoning.
+        assert f"Cordon {node} (kubectl cordon)" in message, message
+        assert [p["metadata"]["name"] for p in items(cluster, "pods", namespace, "m")] == [pod["metadata"]["name"]]
+        # Cordoned: the pod is evicted (another node of its type takes the replacement) and the condition goes.
+        cluster.kubectl("cordon", node)
+        wait_for(lambda: not condition(get_model(cluster, namespace, "m"), "DeviceFault"), 60, "DeviceFault to go once the pod moved")
+        body = wait_ready(cluster, namespace, "m")
+        [moved] = [
+            p for p in items(cluster, "pods", namespace, "m") if p["metadata"]["labels"].get("app.kubernetes.io/component") == "serving"
+        ]
+        assert moved["spec"]["nodeName"] != node and moved["metadata"]["name"] != pod["metadata"]["name"]
+    finally:
+        cluster.kubectl("uncordon", node)
+        set_health("False", "NeuronHasNoError", "Neuron has no error")
 
 
 @pytest.mark.parametrize("sample", ["llama-inf2-vllm.yaml", "trn2-lnc2.yaml"])

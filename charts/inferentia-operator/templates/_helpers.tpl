@@ -61,6 +61,11 @@ Superseded plan ConfigMaps and compile Jobs are deleted.
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch]
+# A serving pod on a node whose Neuron devices report an error, once that node takes no new pods:
+# evicted, so that the model's PodDisruptionBudget paces it (core/parts/device_faults.py).
+- apiGroups: [""]
+  resources: [pods/eviction]
+  verbs: [create]
 # Events: the models' own are posted; the Job controller's FailedCreate events, the one place
 # Kubernetes says a compile Job's pod cannot be made, are watched (filtered on the server).
 - apiGroups: [""]

@@ -1,7 +1,7 @@
 """The reconcile's decision: from what the caches hold to what to write. Pure, no API client.
 
 ``decide(observed, now, settings)`` composes the parts (:mod:`parts`: compile, autoscaling,
-scale to zero, device claims, serving, routing, clean-up), each a pure function of the model and what
+scale to zero, device claims, serving, routing, clean-up, device faults), each a pure function of the model and what
 was observed, and holds no feature logic of its own. It returns the children to apply, the
 objects to delete, and the basis of the model's status (from :mod:`status`), with the status
 and events that basis gives before any write. Where there are writes, the reconciler reports
@@ -29,6 +29,7 @@ from .parts import Part
 from .parts.cleanup import cleanup_part
 from .parts.compile import CompilePart, compile_part
 from .parts.device_claims import device_claims_part
+from .parts.device_faults import DeviceFaultPart, device_fault_part
 from .parts.routing import RoutingPart, routing_part
 from .parts.scale_to_zero import ScaleToZeroPart, scale_to_zero_part
 from .parts.scaling import ScalingPart, scaling_part
@@ -45,6 +46,8 @@ class Decision:
     report: Report | None  # the status from basis, before any write
     # The record of a completed compile to create: nobody's child, so not among ``apply``.
     record: dict[str, Any] | None = None
+    # Serving pods to evict, (name, uid): on a node whose Neuron devices fail (parts/device_faults.py).
+    evict: tuple[tuple[str, str], ...] = ()
 
 
 class Parts(NamedTuple):
@@ -57,6 +60,7 @@ class Parts(NamedTuple):
     scale_to_zero: ScaleToZeroPart
     routing: RoutingPart
     cleanup: Part
+    device_faults: DeviceFaultPart
 
 
 def placed(model: Model, settings: Settings) -> Model:
@@ -118,7 +122,7 @@ def parts_of(model: Model, observed: Observed, settings: Settings) -> Parts:
     serving = serving_part(model, compiling.compiled, zero.replicas, zero.to_holder)
     return Parts(
         serving, compiling, device_claims_part(model, observed), scaling, zero, routing_part(model, observed, settings),
-        cleanup_part(model, observed, settings),
+        cleanup_part(model, observed, settings), device_fault_part(model, observed),
     )  # fmt: skip
 
 
@@ -135,9 +139,13 @@ def decide(observed: Observed, now: str, settings: Settings = DEFAULT_SETTINGS) 
     parts = parts_of(checked.model, observed, settings)
     to_apply, conflicts = writes(parts, observed, meta.uid, meta.name)
     assert parts.serving.facts is not None
-    basis = ReportBasis(True, "", parts.serving.facts, parts.compile.facts, parts.scaling.facts, conflicts, parts.routing.facts)
+    basis = ReportBasis(
+        True, "", parts.serving.facts, parts.compile.facts, parts.scaling.facts, conflicts, parts.routing.facts,
+        parts.device_faults.condition,
+    )  # fmt: skip
     deletes = [gone for part in parts for gone in part.delete]
-    return Decision(to_apply, deletes, basis, status.report(observed, now, basis), parts.compile.record)
+    report = status.report(observed, now, basis)
+    return Decision(to_apply, deletes, basis, report, parts.compile.record, parts.device_faults.evict)
 
 
 def writes(

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from inferentia_operator.core import api, children
+from inferentia_operator.core.catalogue import HOSTS
 from inferentia_operator.core.names import COMPILE_RECORD_COMPONENT, COMPONENT_LABEL, FIELD_MANAGER, MODEL_LABEL
 from inferentia_operator.core.objects import Obj
 
@@ -199,4 +200,42 @@ def project_job_event(body: Mapping[str, Any]) -> dict[str, Any] | None:
         "reason": JOB_EVENT_REASON,
         "message": str(body.get("message") or "")[-FAILURE_MESSAGE_CHARS:],
         "uid": str(involved.get("uid") or ""),
+    }
+
+
+# AWS's Neuron node problem detector (its Helm chart's npd-config.yaml, aws-neuron/neuron-helm-charts)
+# sets the node condition NeuronHealth to True, with a reason NeuronHasError_<error> (DMA_ERROR,
+# HBM_UNCORRECTABLE_ERROR, SRAM_UNCORRECTABLE_ERROR, NC_UNCORRECTABLE_ERROR, HANG_ON_COLLECTIVES),
+# when the Neuron driver logs a hardware error; it is False (NeuronHasNoError) otherwise
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/k8s-neuron-problem-detector-and-recovery.html).
+NEURON_HEALTH_CONDITION = "NeuronHealth"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+# The taints that keep new pods off a node; a node with more is taken as taking none.
+MAX_NODE_TAINTS = 32
+
+
+def project_neuron_node(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A Neuron node as a model's device faults are judged: its instance type, whether it is
+    Ready and takes new pods (cordoned, its NoSchedule and NoExecute taints), and its Neuron
+    fault (the condition's reason and the end of its message) if it reports one; None for a node
+    of no Neuron instance type. A node's status is written by its kubelet and its detector,
+    never by a model's user; its size is bounded here all the same."""
+    node = Obj(body)
+    itype = node.labels.get(INSTANCE_TYPE_LABEL)
+    if itype not in HOSTS:
+        return None
+    health = node.condition(NEURON_HEALTH_CONDITION)
+    fault = None
+    if health.get("status") == "True":
+        fault = {
+            "reason": str(health.get("reason") or "")[:FAILURE_MESSAGE_CHARS],
+            "message": str(health.get("message") or "")[-FAILURE_MESSAGE_CHARS:],
+        }
+    taints = [t for t in node.spec.get("taints") or [] if isinstance(t, Mapping) and t.get("effect") in ("NoSchedule", "NoExecute")]
+    return {
+        "instanceType": itype,
+        "ready": node.condition_true("Ready"),
+        "unschedulable": bool(node.spec.get("unschedulable")) or len(taints) > MAX_NODE_TAINTS,
+        "taints": [{k: str(t[k]) for k in ("key", "value", "effect") if t.get(k) is not None} for t in taints[:MAX_NODE_TAINTS]],
+        "fault": fault,
     }

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
@@ -53,9 +53,11 @@ WARNING_REASONS = {
     "RoutingRefused",
     "RoutingConflict",
     "EndpointPickerUnavailable",
+    # A serving pod's node reports a Neuron hardware error.
+    "NeuronHardwareError",
 }
 # Progressing and Available restate Ready in finer steps; events for them would be noise.
-EVENT_TYPES = ("Validated", "Compiled", "Scheduled", "Ready", "Autoscaling", "Routing")
+EVENT_TYPES = ("Validated", "Compiled", "Scheduled", "Ready", "Autoscaling", "Routing", "DeviceFault")
 # Normal events only where something happened that a person watching `kubectl describe`
 # would want told: the model became Ready (or stopped being), a compile Job finished.
 # The routine steps in between (validated, scheduled) are in the conditions.
@@ -121,6 +123,9 @@ class Observed:
     # The Job controller's FailedCreate events, by the name of the Job in the model's namespace
     # (each {"reason", "message", "uid"}): the one place Kubernetes says a Job's pod cannot be made.
     job_events: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
+    # The Neuron nodes by name (projection.project_neuron_node), a view of the shell's index: the
+    # faults of the nodes the model's pods run on, and the nodes a replacement could go to.
+    nodes: Mapping[str, Iterable[Mapping[str, Any]]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, model: dict[str, Any], *objects: dict[str, Any] | None, **rest: Any) -> Observed:
@@ -303,6 +308,10 @@ def placement_of(pods: Sequence[Mapping[str, Any]]) -> Placement:
 
 def cond(type_: str, status: Status, reason: str, message: str = "") -> api.Condition:
     return api.Condition(type=type_, status=status, reason=reason, message=message)
+
+
+# Shown while a serving pod's node reports a Neuron hardware fault, absent otherwise (parts/device_faults.py).
+DEVICE_FAULT = "DeviceFault"
 
 
 @dataclass(frozen=True)
@@ -655,7 +664,7 @@ IN_FLIGHT = {"Pending", "RollingOut"}
 # deadline, after which the Deployment itself says whether the rollout is stuck.
 MAX_HOLD_SECONDS = 600.0
 # Conditions of the engines beside the rollout: never held with its progress.
-SIDE_CONDITIONS = ("Autoscaling", "Routing")
+SIDE_CONDITIONS = ("Autoscaling", "Routing", DEVICE_FAULT)
 
 
 def hold_seconds(previous: Mapping[str, Any], new: api.InferentiaModelStatus, held_for: float) -> float:
@@ -674,8 +683,9 @@ def hold_seconds(previous: Mapping[str, Any], new: api.InferentiaModelStatus, he
     if old_ready.get("reason") == "RollingOut" and previous.get("observedGeneration") != new.observed_generation:
         return 0.0  # a new generation mid-rollout: say it is seen
     before = {c.get("type"): (c.get("status"), c.get("reason")) for c in previous.get("conditions") or ()}
-    if any(c.type in SIDE_CONDITIONS and before.get(c.type) != (c.status, c.reason) for c in new.conditions or ()):
-        return 0.0  # what autoscaling or routing met is no step of the rollout
+    after = {c.type: (c.status, c.reason) for c in new.conditions or ()}
+    if any(before.get(t) != after.get(t) for t in SIDE_CONDITIONS):
+        return 0.0  # what autoscaling, routing or a node's devices met (or no longer meet) is no step of the rollout
     return max(0.0, MAX_HOLD_SECONDS - held_for)
 
 
@@ -768,6 +778,7 @@ class ReportBasis:
     scaling: ScalingFacts | None  # None without spec.autoscaling
     conflicts: tuple[Conflict, ...] = ()  # children someone else holds, found before writing
     routing: RoutingFacts | None = None  # None without spec.routing.inferencePool
+    device_fault: api.Condition | None = None  # DeviceFault, while a serving pod's node reports one
 
 
 _Found = TypeVar("_Found", Conflict, WriteFailure)
@@ -832,6 +843,8 @@ def report(
             target_in_flight=target_in_flight(scaling.spec), desired_replicas=serving.replicas, query=scaling.query,
             scaled_object=Obj(scaled_object).name if ours else None,
         )  # fmt: skip
+    if basis.device_fault is not None:
+        new.append(basis.device_fault)
     if basis.routing is not None:
         # The pool's write answered that the cluster serves no InferencePools: as not installed.
         unserved = any((f.kind, f.code, f.message) == (INFERENCE_POOL_KIND, 404, NOT_SERVED) for f in routing_failures)

@@ -120,6 +120,15 @@ async def act(pool: Executor, kube: Kube, observed: Observed, decision: Decision
                 out.written[(kind, name)] = GONE
             except ApiError as exc:
                 log.warning("could not delete superseded %s %s/%s: %s", kind, namespace, name, exc)
+        for name, uid in decision.evict:
+            # A serving pod on a node whose Neuron devices fail (parts/device_faults.py): the
+            # model's status names it whatever happens here, and the next reconcile asks again.
+            try:
+                kube.evict(namespace, name, uid)
+                log.info("evicted pod %s/%s from a node whose Neuron devices report an error", namespace, name)
+            except ApiError as exc:
+                # 429: the model's disruption budget allows no eviction now; 409: another pod by that name.
+                log.log(logging.INFO if exc.code in (409, 429) else logging.WARNING, "could not evict pod %s/%s: %s", namespace, name, exc)
 
     loop = asyncio.get_running_loop()
     await asyncio.gather(*(loop.run_in_executor(pool, write, body) for body in decision.apply))

@@ -154,15 +154,18 @@ class Cache:
             return None
 
         kinds = [k for k in CHILD_KINDS if k is not PODS]
+        pods = self._cached(PODS.index, key)
         children = {k.kind: self._resolve(key, k.kind, self._cached(k.index, key)) for k in kinds}
         return Observed(
             model=model,
             children=children,
-            pods=self._cached(PODS.index, key),
+            pods=pods,
             compile_records=self._compile_view("compile_record_index", key[0], records=True),
             compile_jobs=self._compile_view("compile_job_index", key[0], records=False),
             unserved=frozenset(k.kind for k in kinds if not self.served(k.kind)),
             job_events=self._job_events(key[0], children.get("Job", [])),
+            # A view of the index, read only where a pod's node reports a fault.
+            nodes=(self.indexes or {}).get("neuron_node_index") or {},
         )
 
     def _job_events(self, namespace: str, jobs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

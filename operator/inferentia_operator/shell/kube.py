@@ -197,6 +197,20 @@ class Kube:
             if exc.code != 404:
                 raise
 
+    def evict(self, namespace: str, name: str, uid: str) -> None:
+        """Evicts a pod through the Eviction API, which honours its PodDisruptionBudget (429 while
+        the budget allows none), and only the pod of that uid. Already gone is fine.
+        (https://kubernetes.io/docs/concepts/scheduling-eviction/api-eviction/)"""
+        body = {
+            "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": uid}},
+        }  # fmt: skip
+        try:
+            self._call("POST", path("Pod", namespace, name, "eviction"), body=body, content_type="application/json")
+        except ApiError as exc:
+            if exc.code != 404:
+                raise
+
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
         return self._call(
             "PATCH",

@@ -28,7 +28,7 @@ from inferentia_operator.core import status
 from inferentia_operator.core.autoscaling import NOT_SERVED
 from inferentia_operator.core.decide import decide
 from inferentia_operator.core.objects import Obj
-from inferentia_operator.core.projection import Key, compile_uri, owner_key, pod_signature, project
+from inferentia_operator.core.projection import Key, compile_uri, owner_key, pod_signature, project, project_neuron_node
 from inferentia_operator.core.settings import DEFAULT_SETTINGS, Settings
 
 from . import memory, metrics
@@ -83,6 +83,10 @@ class Reconciler:
         self._held_since: dict[Key, float] = {}  # models whose status patch is held back (status.hold_seconds)
         # The model of each of the operator's Jobs, by (namespace, Job name): whom a Job's event concerns.
         self._job_models: dict[tuple[str, str], Key] = {}
+        # The models with a pod on each node, by node and pod, and what each node's fault was
+        # last seen as: whom a node's Neuron fault (or its end) concerns.
+        self._node_models: dict[str, dict[tuple[str, str], Key]] = {}
+        self._node_faults: dict[str, tuple[Any, ...]] = {}
         self.settler = memory.Settler()  # when a drained queue gives memory back (shell/memory.py)
 
     @property
@@ -106,7 +110,7 @@ class Reconciler:
         loop = asyncio.get_running_loop()
         outcome = Outcome()
         reported = decision.report
-        if decision.apply or decision.delete:
+        if decision.apply or decision.delete or decision.evict:
             outcome = await act(self._executor, self.kube(), observed, decision, self.settings.prover)
             self.cache.remember(key, outcome.written)
             if outcome.record is not None:
@@ -265,9 +269,14 @@ class Reconciler:
         name = Obj(body).key
         if name is None:
             return
+        node = Obj(body).spec.get("nodeName")
         if event_type == "DELETED":
             self._pods.pop(name, None)
+            for on_node in self._node_models.values():
+                on_node.pop(name, None)
         else:
+            if node and (model := owner_key(body)) is not None:
+                self._node_models.setdefault(node, {})[name] = model
             signature = pod_signature(body)
             if self._pods.get(name) == signature:
                 return  # nothing status reports has changed
@@ -275,6 +284,28 @@ class Reconciler:
         key = owner_key(body)
         if key is not None and self.cache.has_model(key):
             self.queue.add_after(key, SETTLE_SECONDS)
+
+    def on_node(self, body: Mapping[str, Any], event_type: str | None, kwargs: Mapping[str, Any]) -> None:
+        """A node's Neuron fault appearing, changing or ending: the models with a pod there report it."""
+        self.cache.capture(kwargs)
+        name = Obj(body).name
+        if not name:
+            return
+        node = None if event_type == "DELETED" else project_neuron_node(body)
+        # What the decision reads of a faulted node: its fault, and whether a replacement may go
+        # there. A healthy node is kept no trace of; a model left on a faulted node for want of
+        # another (parts/device_faults.py) is decided again at its resync.
+        state = None if node is None or node["fault"] is None else (node["fault"], node["unschedulable"], node["taints"], node["ready"])
+        if self._node_faults.get(name) == state:
+            return
+        if state is None:
+            self._node_faults.pop(name, None)
+        else:
+            self._node_faults[name] = state
+        on_node = self._node_models.pop(name, {}) if event_type == "DELETED" else self._node_models.get(name, {})
+        for key in set(on_node.values()):
+            if self.cache.has_model(key):
+                self.queue.add_after(key, SETTLE_SECONDS)
 
     def on_job_event(self, body: Mapping[str, Any], event_type: str | None, kwargs: Mapping[str, Any]) -> None:
         """A Job's FailedCreate event: its model, if the Job is one of the operator's, reports it."""

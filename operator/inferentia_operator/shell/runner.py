@@ -48,6 +48,7 @@ class RunOptions:
     key_secret: str = "inferentia-operator-proof-key"
     key_namespace: str = "default"
     verbose: bool = False
+    node_faults: bool = True  # watch nodes for the node problem detector's Neuron faults
 
 
 def proof_key(kube: Kube, namespace: str, name: str) -> bytes:
@@ -179,7 +180,7 @@ def run(options: RunOptions, settings: Settings) -> int:
         log.error("the proof key: %s", exc)
         return 1
     reconciler = Reconciler(kube, options.workers, options.resync_seconds, active, settings)
-    wiring.register(registry, reconciler)
+    wiring.register(registry, reconciler, node_faults=options.node_faults)
     if options.metrics_port:
         metrics.serve(options.metrics_port)
 

@@ -18,6 +18,7 @@ from inferentia_operator.core.projection import (
     owner_key,
     project,
     project_job_event,
+    project_neuron_node,
     project_pod_spec,
     project_record,
 )
@@ -102,7 +103,7 @@ def slim(body: Mapping[str, Any]) -> None:
             value.clear()
 
 
-def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
+def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, node_faults: bool = True) -> None:
     """Registers the indexes (the caches), the triggers and the worker pool."""
     model: dict[str, Any] = dict(group=api.GROUP, version=api.VERSION, plural=api.PLURAL, registry=registry)
 
@@ -139,6 +140,19 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
     @kopf.on.event("", "v1", "events", registry=registry, id="on_job_event")
     async def on_job_event(body: kopf.Body, type: str | None, **kwargs: Any) -> None:
         reconciler.on_job_event(body, type, kwargs)
+
+    # The Neuron nodes, by name (their instance type, readiness, taints and Neuron fault): where a
+    # model's pods fail (the node problem detector's NeuronHealth) and where a replacement could go.
+    if node_faults:
+
+        @kopf.index("", "v1", "nodes", registry=registry, id="neuron_node_index")
+        async def neuron_node_index(name: str, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+            node = project_neuron_node(body)
+            return {name: node} if node is not None else None
+
+        @kopf.on.event("", "v1", "nodes", registry=registry, id="on_node")
+        async def on_node(body: kopf.Body, type: str | None, **kwargs: Any) -> None:
+            reconciler.on_node(body, type, kwargs)
 
     def child_index(child: ChildKind) -> None:
         async def index(body: kopf.Body, **_: Any) -> dict[Any, Any] | None:

@@ -1,0 +1,101 @@
+"""Device faults (core/parts/device_faults.py): a serving pod on a node whose Neuron devices report
+a hardware error is named, and evicted only where its replacement cannot come back and has
+somewhere else to go."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferentia_operator.core.parts.device_faults import device_fault_part, takes_pods, tolerates
+from inferentia_operator.core.status import Observed
+from test_decide import built, model_body
+
+NEURON_TAINT = {"key": "aws.amazon.com/neuron", "value": "true", "effect": "NoSchedule"}
+FAULT = {"reason": "NeuronHasError_HBM_UNCORRECTABLE_ERROR", "message": "NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR"}
+
+
+def node(itype="inf1.xlarge", ready=True, unschedulable=False, taints=(NEURON_TAINT,), fault=None) -> list[dict]:
+    return [{"instanceType": itype, "ready": ready, "unschedulable": unschedulable, "taints": list(taints), "fault": fault}]
+
+
+def pod(name: str, on: str, deleting: bool = False) -> dict:
+    meta = {"name": name, "uid": f"uid-{name}", "labels": {"app.kubernetes.io/component": "serving"}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-28T00:00:00Z"
+    return {"metadata": meta, "spec": {"nodeName": on}, "status": {}}
+
+
+def decided(nodes: dict, *pods: dict):
+    body = model_body()
+    return device_fault_part(built(body), Observed(body, pods=list(pods), nodes=nodes))
+
+
+def test_no_fault_no_condition_and_no_eviction():
+    part = decided({"a": node(), "b": node()}, pod("p", "a"))
+    assert part.condition is None and part.evict == ()
+
+
+def test_a_faulted_node_that_still_takes_the_models_pods_is_left_and_named_for_cordoning():
+    """The Neuron taint is one the serving pods tolerate: it keeps no replacement off."""
+    part = decided({"a": node(fault=FAULT), "b": node()}, pod("p", "a"))
+    assert part.evict == () and part.condition.reason == "NeuronHardwareError"
+    assert "pod p on node a: NeuronHasError_HBM_UNCORRECTABLE_ERROR (NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR); left" in part.condition.message
+    assert "Cordon a (kubectl cordon)" in part.condition.message and "npd.nodeRecovery.enabled=true" in part.condition.message
+
+
+@pytest.mark.parametrize("closed", [{"unschedulable": True}, {"taints": (NEURON_TAINT, {"key": "bad", "effect": "NoExecute"})}])
+def test_a_faulted_node_closed_to_new_pods_has_its_pod_evicted_when_another_can_take_it(closed):
+    part = decided({"a": node(fault=FAULT, **closed), "b": node(itype="inf1.24xlarge")}, pod("p", "a"), pod("q", "b"))
+    assert part.evict == (("p", "uid-p"),)
+    assert "pod p on node a" in part.condition.message and "evicted" in part.condition.message and "pod q" not in part.condition.message
+
+
+@pytest.mark.parametrize(
+    "elsewhere",
+    [
+        {},  # no other node
+        {"b": node(itype="trn1.32xlarge")},  # not one of the plan's instance types
+        {"b": node(ready=False)},
+        {"b": node(fault=FAULT, unschedulable=True)},  # failing too
+        {"b": node(unschedulable=True)},
+        {"b": node(taints=(NEURON_TAINT, {"key": "dedicated", "value": "llm", "effect": "NoSchedule"}))},  # not tolerated
+    ],
+)
+def test_nothing_is_evicted_while_no_other_node_could_take_the_replica(elsewhere):
+    part = decided({"a": node(fault=FAULT, unschedulable=True), **elsewhere}, pod("p", "a"))
+    assert part.evict == ()
+    assert "left: no other node can take it" in part.condition.message
+    assert "No other node of inf1.xlarge, inf1.2xlarge, inf1.6xlarge, inf1.24xlarge is Ready" in part.condition.message
+
+
+def test_a_pod_already_going_is_not_evicted_again_and_many_are_counted():
+    pods = [pod("gone", "a", deleting=True), *(pod(f"p{i}", "a") for i in range(4))]
+    part = decided({"a": node(fault=FAULT, unschedulable=True), "b": node()}, *pods)
+    assert part.evict == tuple((f"p{i}", f"uid-p{i}") for i in range(4))
+    assert "pod gone on node a" in part.condition.message and "being replaced" in part.condition.message
+    assert part.condition.message.startswith("5 serving pods") and "; and 2 more" in part.condition.message
+
+
+@pytest.mark.parametrize(
+    ("toleration", "taint", "tolerated"),
+    [
+        ({"key": "k", "operator": "Exists"}, {"key": "k", "value": "v", "effect": "NoSchedule"}, True),
+        ({"operator": "Exists"}, {"key": "any", "effect": "NoExecute"}, True),  # an empty key with Exists: every taint
+        ({"key": "k", "value": "v"}, {"key": "k", "value": "v", "effect": "NoSchedule"}, True),  # Equal, the default
+        ({"key": "k", "value": "w"}, {"key": "k", "value": "v", "effect": "NoSchedule"}, False),
+        ({"key": "k", "operator": "Exists", "effect": "NoExecute"}, {"key": "k", "effect": "NoSchedule"}, False),
+        ({"key": "other", "operator": "Exists"}, {"key": "k", "effect": "NoSchedule"}, False),
+        ({"value": "v"}, {"key": "k", "value": "v", "effect": "NoSchedule"}, False),  # Equal needs a key
+    ],
+)
+def test_tolerations_match_as_kubernetes_matches_them(toleration, taint, tolerated):
+    assert tolerates(toleration, taint) is tolerated
+    assert takes_pods({"taints": [taint]}, [toleration]) is tolerated
+
+
+def test_the_models_own_tolerations_count_where_a_replacement_may_go():
+    dedicated = {"key": "dedicated", "value": "llm", "effect": "NoSchedule"}
+    body = model_body(placement={"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}]})
+    nodes = {"a": node(fault=FAULT, unschedulable=True), "b": node(taints=(NEURON_TAINT, dedicated))}
+    part = device_fault_part(built(body), Observed(body, pods=[pod("p", "a")], nodes=nodes))
+    assert part.evict == (("p", "uid-p"),)
