@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from inferentia_operator.core.parts.device_faults import device_fault_part, takes_pods, tolerates
+from inferentia_operator.core import children
+from inferentia_operator.core.parts.device_faults import device_fault_part, selects, takes_pods, tolerates
+from inferentia_operator.core.projection import project_pod_spec
 from inferentia_operator.core.status import Observed
 from test_decide import built, model_body
 
@@ -14,15 +16,20 @@ NEURON_TAINT = {"key": "aws.amazon.com/neuron", "value": "true", "effect": "NoSc
 FAULT = {"reason": "NeuronHasError_HBM_UNCORRECTABLE_ERROR", "message": "NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR"}
 
 
-def node(itype="inf1.xlarge", ready=True, unschedulable=False, taints=(NEURON_TAINT,), fault=None) -> list[dict]:
-    return [{"instanceType": itype, "ready": ready, "unschedulable": unschedulable, "taints": list(taints), "fault": fault}]
+def node(itype="inf1.xlarge", ready=True, unschedulable=False, taints=(NEURON_TAINT,), fault=None, **labels: str) -> list[dict]:
+    labels = {"node.kubernetes.io/instance-type": itype, **labels}
+    return [
+        {"instanceType": itype, "labels": labels, "ready": ready, "unschedulable": unschedulable, "taints": list(taints), "fault": fault}
+    ]
 
 
-def pod(name: str, on: str, deleting: bool = False) -> dict:
+def pod(name: str, on: str, deleting: bool = False, body: dict | None = None) -> dict:
+    """A serving pod of the model, its spec projected as the caches keep it (the template's placement)."""
+    template = children.serving_deployment(built(body or model_body()))["spec"]["template"]["spec"]
     meta = {"name": name, "uid": f"uid-{name}", "labels": {"app.kubernetes.io/component": "serving"}}
     if deleting:
         meta["deletionTimestamp"] = "2026-11-28T00:00:00Z"
-    return {"metadata": meta, "spec": {"nodeName": on}, "status": {}}
+    return {"metadata": meta, "spec": project_pod_spec({**template, "nodeName": on}), "status": {}}
 
 
 def decided(nodes: dict, *pods: dict):
@@ -97,5 +104,33 @@ def test_the_models_own_tolerations_count_where_a_replacement_may_go():
     dedicated = {"key": "dedicated", "value": "llm", "effect": "NoSchedule"}
     body = model_body(placement={"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}]})
     nodes = {"a": node(fault=FAULT, unschedulable=True), "b": node(taints=(NEURON_TAINT, dedicated))}
-    part = device_fault_part(built(body), Observed(body, pods=[pod("p", "a")], nodes=nodes))
+    part = device_fault_part(built(body), Observed(body, pods=[pod("p", "a", body=body)], nodes=nodes))
     assert part.evict == (("p", "uid-p"),)
+
+
+def test_a_replacement_goes_only_where_the_pods_own_placement_lets_it():
+    """What admission added to the pod counts, not only the template: a namespace's node selector
+    (PodNodeSelector) pins its pods to labelled nodes, and a node without the label is no place
+    for the replacement; nor is one whose name a required term excludes."""
+    pinned = pod("p", "a")
+    pinned["spec"]["nodeSelector"] = {"pool": "mine"}
+    nodes = {"a": node(fault=FAULT, unschedulable=True, pool="mine"), "b": node()}
+    assert decided(nodes, pinned).evict == ()
+    assert decided({**nodes, "c": node(pool="mine")}, pinned).evict == (("p", "uid-p"),)
+    spec = pod("p", "a")["spec"]
+    assert selects(spec, "b", node()[0]) and not selects(spec, "b", node(itype="trn1.32xlarge")[0])
+    not_b = {**spec, "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["b"]}]}]}
+    assert not selects(not_b, "b", node()[0]) and selects(not_b, "c", node()[0])
+    assert not selects({**spec, "placementCut": True}, "b", node()[0])  # too large to read: placed nowhere
+
+
+def test_a_pods_placement_is_kept_bounded_and_in_plain_strings():
+    from inferentia_operator.core.projection import MAX_PLACEMENT_ITEMS
+
+    huge = {"tolerations": [{"key": f"k{i}", "operator": "Exists"} for i in range(1000)], "nodeSelector": {"a": 1}, "affinity": "x"}
+    kept = project_pod_spec(huge)
+    assert kept["placementCut"] and len(kept["tolerations"]) == MAX_PLACEMENT_ITEMS and kept["nodeSelector"] == {"a": "1"}
+    odd = project_pod_spec({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": ["not a requirement", {"key": "k", "operator": "In", "values": [1, 2]}]}]}}}})  # fmt: skip
+    assert odd["nodeSelectorTerms"] == [{"matchExpressions": [
+        {"key": "", "operator": "In", "values": []}, {"key": "k", "operator": "In", "values": ["1", "2"]}]}]  # fmt: skip

@@ -543,15 +543,17 @@ NEURON_FAULT_NODE = {
 def test_a_node_whose_neuron_devices_fail_is_named_in_the_status_of_the_models_on_it(monkeypatch):
     """A node's NeuronHealth turning True reconciles the models with a pod on it (and no other),
     and their status says which pod, which node and which error, until the fault ends."""
+    from inferentia_operator.core.model import check_model
     from inferentia_operator.core.projection import project_neuron_node
 
     kube = FakeKube()
     model = stored_model()
+    template = children.serving_deployment(check_model("m", NS, model["spec"], uid="uid-m").model)["spec"]["template"]["spec"]
     pod = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "m-1", "namespace": NS, "uid": "pod-uid", "resourceVersion": "5",
                      "labels": {"inferentia.dev/model": "m", "app.kubernetes.io/component": "serving"}},
-        "spec": {"nodeName": "n1"}, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+        "spec": {**template, "nodeName": "n1"}, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
     }  # fmt: skip
     r = reconciler_with(kube, model, pod)
     queued = []
@@ -598,7 +600,7 @@ def test_a_neuron_node_is_read_with_its_fault_and_taints_bounded():
 
     node = project_neuron_node(NEURON_FAULT_NODE)
     assert node == {
-        "instanceType": "inf1.xlarge", "ready": True, "unschedulable": False,
+        "instanceType": "inf1.xlarge", "labels": {"node.kubernetes.io/instance-type": "inf1.xlarge"}, "ready": True, "unschedulable": False,
         "taints": [{"key": "aws.amazon.com/neuron", "value": "true", "effect": "NoSchedule"}],
         "fault": {"reason": "NeuronHasError_DMA_ERROR", "message": "kernel: NEURON_HW_ERR=DMA_ERROR"},
     }  # fmt: skip
@@ -614,3 +616,6 @@ def test_a_neuron_node_is_read_with_its_fault_and_taints_bounded():
     projected = project_neuron_node(huge)
     assert len(projected["fault"]["message"]) == FAILURE_MESSAGE_CHARS
     assert len(projected["taints"]) == MAX_NODE_TAINTS and projected["unschedulable"]  # more taints than kept: taken as closed
+    crowded = copy.deepcopy(NEURON_FAULT_NODE)
+    crowded["metadata"]["labels"] |= {f"l{i}": "x" for i in range(1000)}
+    assert project_neuron_node(crowded)["labels"] == {}  # more labels than kept: no selector matches it

@@ -1165,11 +1165,6 @@ def together(name: str, topology_key: str) -> dict[str, Any]:
 NEURON_TOLERATION = {"key": NEURON_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
 
 
-def serving_tolerations(model: Model) -> list[dict[str, Any]]:
-    """The serving pods' tolerations: the Neuron taint's, then the model's own."""
-    return list(pod_placement(model.spec.placement, tolerations=(NEURON_TOLERATION,)).get("tolerations") or [])
-
-
 def serving_affinity(model: Model, grouped: bool = False) -> dict[str, Any]:
     """The operator's own affinity for serving pods: nodes of the planned instance types (with
     dra, the claim says it), nodes that hold the artefact, and, for a Deployment's replicas,

@@ -64,10 +64,61 @@ def project(body: Mapping[str, Any]) -> dict[str, Any]:
     return {**kept, "metadata": _metadata(body)}
 
 
+# What a pod's placement may hold and still be read (each list's and map's length): one with more
+# is taken as one no other node is known to take (parts/device_faults.py).
+MAX_PLACEMENT_ITEMS = 32
+
+
+def _map(x: Any) -> Mapping[str, Any]:
+    return x if isinstance(x, Mapping) else {}
+
+
+def _list(x: Any) -> list[Any]:
+    return x if isinstance(x, list) else []
+
+
+def _requirement(r: Any) -> dict[str, Any]:
+    if not isinstance(r, Mapping):
+        return {"key": "", "operator": "In", "values": []}  # matches nothing
+    values = _list(r.get("values"))
+    return {
+        "key": str(r.get("key") or ""),
+        "operator": str(r.get("operator") or ""),
+        "values": [str(v) for v in values[:MAX_PLACEMENT_ITEMS]],
+    }
+
+
+def _term(term: Mapping[str, Any]) -> dict[str, Any]:
+    """A nodeSelectorTerm, its requirements in plain strings."""
+    return {k: [_requirement(r) for r in _list(term.get(k))] for k in ("matchExpressions", "matchFields") if term.get(k)}
+
+
 def project_pod_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """What status reads of a pod's spec: the node it runs on and the plan ConfigMaps it mounts."""
+    """What status reads of a pod's spec: the node it runs on and the plan ConfigMaps it mounts;
+    and what decides where its replacement may go (its tolerations, node selector and required
+    node affinity, as admission left them), bounded, with ``placementCut`` where that cut any."""
     volumes = [{"configMap": {"name": v["configMap"]["name"]}} for v in spec.get("volumes") or [] if isinstance(v.get("configMap"), dict)]
-    return {"nodeName": spec.get("nodeName"), "volumes": volumes}
+    tolerations = [t for t in _list(spec.get("tolerations")) if isinstance(t, Mapping)]
+    selector = _map(spec.get("nodeSelector"))
+    required = _map(_map(_map(spec.get("affinity")).get("nodeAffinity")).get("requiredDuringSchedulingIgnoredDuringExecution"))
+    terms = [t for t in _list(required.get("nodeSelectorTerms")) if isinstance(t, Mapping)]
+    cut = any(len(x) > MAX_PLACEMENT_ITEMS for x in (tolerations, selector, terms)) or any(
+        len(_list(t.get("matchExpressions"))) + len(_list(t.get("matchFields"))) > MAX_PLACEMENT_ITEMS
+        or any(
+            len(_list(r.get("values"))) > MAX_PLACEMENT_ITEMS
+            for k in ("matchExpressions", "matchFields")
+            for r in _list(t.get(k))
+            if isinstance(r, Mapping)
+        )
+        for t in terms
+    )
+    placement = {
+        "tolerations": [{k: str(t[k]) for k in ("key", "operator", "value", "effect") if t.get(k) is not None} for t in tolerations[:MAX_PLACEMENT_ITEMS]],
+        "nodeSelector": {str(k): str(v) for k, v in list(selector.items())[:MAX_PLACEMENT_ITEMS]},
+        "nodeSelectorTerms": [] if cut else [_term(t) for t in terms],
+        "placementCut": cut,
+    }  # fmt: skip
+    return {"nodeName": spec.get("nodeName"), "volumes": volumes, **{k: v for k, v in placement.items() if v}}
 
 
 def project_pod(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -212,6 +263,7 @@ NEURON_HEALTH_CONDITION = "NeuronHealth"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 # The taints that keep new pods off a node; a node with more is taken as taking none.
 MAX_NODE_TAINTS = 32
+MAX_NODE_LABELS = 128
 
 
 def project_neuron_node(body: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -232,8 +284,11 @@ def project_neuron_node(body: Mapping[str, Any]) -> dict[str, Any] | None:
             "message": str(health.get("message") or "")[-FAILURE_MESSAGE_CHARS:],
         }
     taints = [t for t in node.spec.get("taints") or [] if isinstance(t, Mapping) and t.get("effect") in ("NoSchedule", "NoExecute")]
+    labels = list(node.labels.items())
     return {
         "instanceType": itype,
+        # For node selectors and affinity; a node with more labels than kept is matched by none.
+        "labels": dict(labels[:MAX_NODE_LABELS]) if len(labels) <= MAX_NODE_LABELS else {},
         "ready": node.condition_true("Ready"),
         "unschedulable": bool(node.spec.get("unschedulable")) or len(taints) > MAX_NODE_TAINTS,
         "taints": [{k: str(t[k]) for k in ("key", "value", "effect") if t.get(k) is not None} for t in taints[:MAX_NODE_TAINTS]],

@@ -5,13 +5,15 @@ AWS's Neuron node problem detector sets the node condition NeuronHealth=True whe
 driver logs a hardware error (projection.project_neuron_node). For each serving pod on such a
 node the model's status says DeviceFault, and:
 
-- a node that still takes the model's new pods (not cordoned, every NoSchedule and NoExecute
-  taint tolerated by the serving pods) is left alone: a replacement could be placed there again,
-  so status asks for the node to be cordoned, or for AWS's node recovery to replace it;
-- on a node that takes none, the pod is evicted (the Eviction API, so the model's
-  PodDisruptionBudget paces it) when another node of the plan's instance types is Ready, reports
-  no fault and takes the model's pods; its ReplicaSet or LeaderWorkerSet makes the replacement,
-  which cannot land on the faulty node;
+- a node that would still take the pod (not cordoned, every NoSchedule and NoExecute taint
+  tolerated, its node selector and required node affinity met: the pod's own placement, as
+  admission left it) is left alone: a replacement could be placed there again, so status asks
+  for the node to be cordoned, or for AWS's node recovery to replace it;
+- on a node that would not, the pod is evicted (the Eviction API, so the model's
+  PodDisruptionBudget paces it) when another node is Ready, reports no fault and would take it
+  (the plan's instance types are among its required affinity); its ReplicaSet or
+  LeaderWorkerSet makes the replacement, which cannot land on the faulty node (free devices are
+  the scheduler's to find: a replacement with none waits, and Scheduled says so);
 - when no other node could take it, nothing is evicted, and status says so: a replica on a
   failing device may still answer, where an evicted one would answer nothing until a node
   comes.
@@ -25,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from inferentia_operator.core import api, children, status
+from inferentia_operator.core import api, status
 from inferentia_operator.core.children import Model
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.status import DEVICE_FAULT, Observed
@@ -63,17 +65,51 @@ def takes_pods(node: Mapping[str, Any], tolerations: Sequence[Mapping[str, Any]]
     return not node.get("unschedulable") and all(any(tolerates(t, taint) for t in tolerations) for taint in node.get("taints") or ())
 
 
-def _others(
-    nodes: Mapping[str, Iterable[Mapping[str, Any]]], types: Sequence[str], faulted: str, tolerations: Sequence[Mapping[str, Any]]
-) -> int:
-    """Other nodes that could take a replacement: of the plan's instance types (any Neuron one
-    when the plan names none), Ready, with no fault, taking the model's pods."""
-    found = 0
-    for name, projections in nodes.items():
-        for node in projections:
-            if name != faulted and node.get("ready") and not node.get("fault") and (not types or node.get("instanceType") in types):
-                found += takes_pods(node, tolerations)
-    return found
+def _meets(requirement: Mapping[str, Any], value: str | None) -> bool:
+    """One node selector requirement (Kubernetes' NodeSelectorRequirement) of a label's value."""
+    op, values = requirement.get("operator"), requirement.get("values") or []
+    if op == "In":
+        return value is not None and value in values
+    if op == "NotIn":
+        return value is None or value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt") and value is not None and len(values) == 1:
+        try:
+            return int(value) > int(values[0]) if op == "Gt" else int(value) < int(values[0])
+        except ValueError:
+            return False
+    return False
+
+
+def selects(spec: Mapping[str, Any], name: str, node: Mapping[str, Any]) -> bool:
+    """Whether a pod of this (projected) spec may be placed on ``node``: its taints tolerated,
+    its node selector and one of its required node affinity's terms met by the node's labels.
+    A spec whose placement was too large to keep (``placementCut``) is placed nowhere."""
+    labels = node.get("labels") or {}
+    if spec.get("placementCut") or not takes_pods(node, spec.get("tolerations") or ()):
+        return False
+    if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+        return False
+    terms = spec.get("nodeSelectorTerms") or ()
+    return not terms or any(
+        all(_meets(r, labels.get(r.get("key", ""))) for r in term.get("matchExpressions") or ())
+        and all(_meets(r, name if r.get("key") == "metadata.name" else None) for r in term.get("matchFields") or ())
+        for term in terms
+    )
+
+
+def _others(nodes: Mapping[str, Iterable[Mapping[str, Any]]], spec: Mapping[str, Any], faulted: str) -> int:
+    """Other nodes a replacement of the pod could be placed on: Ready, with no fault, and open to
+    the pod's own placement (its ReplicaSet's template, as admission completed it)."""
+    return sum(
+        1
+        for name, projections in nodes.items()
+        for node in projections
+        if name != faulted and node.get("ready") and not node.get("fault") and selects(spec, name, node)
+    )
 
 
 def device_fault_part(model: Model, observed: Observed) -> DeviceFaultPart:
@@ -86,7 +122,6 @@ def device_fault_part(model: Model, observed: Observed) -> DeviceFaultPart:
             hit.append((Obj(body), name, node))
     if not hit:
         return DeviceFaultPart()
-    tolerations = children.serving_tolerations(model)
     types = model.plan.instance_types
     evict: list[tuple[str, str]] = []
     said: list[str] = []
@@ -96,10 +131,10 @@ def device_fault_part(model: Model, observed: Observed) -> DeviceFaultPart:
         fault = node["fault"]
         if pod.deleting:
             what = "being replaced"
-        elif takes_pods(node, tolerations):
+        elif selects(pod.spec, name, node):
             what = "left: the node still takes the model's pods"
             open_nodes.add(name)
-        elif _others(nodes, types, name, tolerations):
+        elif _others(nodes, pod.spec, name):
             what = "evicted: its replacement goes to another node"
             evict.append((pod.name or "", pod.uid or ""))
         else:
