@@ -42,6 +42,9 @@ FAULTS = {
     "a pod's model processes paused for 5 s, then resumed": (
         "nothing restarts; requests the paused pod cannot answer in its latency budget are shed; served again within 2 s of the resume"
     ),
+    "a Neuron hardware error reported on the node": (
+        "status names each replica within 20 s; nothing is evicted while no other node can take it; no request fails"
+    ),
     "containerd restarted": "running pods keep running: no request fails",
     "kubelet stopped for 60 s": "the node goes NotReady and the status says so; served again within 60 s of the kubelet's return",
     "API server down for 30 s": "serving goes on: no request fails",
@@ -298,6 +301,55 @@ def test_a_pods_model_processes_paused_and_resumed_under_load(served):
     record(row, row.served_again_s <= 2.0 and after == before and row.status_lag_s <= STATUS_LAG_GOAL)
     assert after == before, f"a container restarted: {before} -> {after}"
     assert row.served_again_s <= 2.0, row
+
+
+def test_a_neuron_hardware_error_on_the_node_is_named_and_nothing_is_evicted_without_another_node(served):
+    """AWS's node problem detector sets NeuronHealth=True (reason NeuronHasError_<error>) on a node
+    whose Neuron driver logs a hardware error. Both replicas run on the one real node, and it is
+    cordoned, so a replacement could not come back there: but no other node could take one
+    either, so nothing is evicted, the model keeps serving, and its status names every replica."""
+    fault = "a Neuron hardware error reported on the node"
+    cluster, ns = served
+    import realnode
+
+    node = realnode.NODE_NAME
+    pods = {p["metadata"]["name"] for p in serving_pods(cluster, ns, "faulted")}
+
+    def set_health(status: str, reason: str) -> None:
+        condition = {"type": "NeuronHealth", "status": status, "reason": reason, "message": f"{reason} (set by the fault suite)"}
+        cluster.kubectl(
+            "patch", "node", node, "--subresource=status", "--type=strategic", "-p", json.dumps({"status": {"conditions": [condition]}})
+        )
+
+    def named() -> bool:
+        said = next(
+            (
+                c
+                for c in cluster.get("inferentiamodel", "faulted", "-n", ns)["status"].get("conditions") or []
+                if c["type"] == "DeviceFault"
+            ),
+            {},
+        )
+        return said.get("status") == "True" and all(f"pod {p} on node {node}" in said.get("message", "") for p in pods)
+
+    with Watch(cluster, ns, "faulted") as watch:
+        since = time.monotonic()
+        try:
+            set_health("True", "NeuronHasError_DMA_ERROR")
+            cluster.kubectl("cordon", node)
+            wait_for(named, 20, "the model's status to name both replicas")
+            named_after = time.monotonic() - since
+            time.sleep(15)  # long enough for an eviction to show
+            after = {p["metadata"]["name"] for p in serving_pods(cluster, ns, "faulted")}
+        finally:
+            cluster.kubectl("uncordon", node)
+            set_health("False", "NeuronHasNoError")
+        ended = time.monotonic()
+        wait_for(lambda: not named(), 30, "DeviceFault to go")
+    row = watch.row(fault, since, ended)
+    record(row, row.failed == 0 and after == pods and named_after <= 20)
+    assert after == pods, f"a replica was evicted with nowhere to go: {pods} -> {after}"
+    assert row.failed == 0, row
 
 
 def test_containerd_restarted_leaves_running_pods_running(served):
