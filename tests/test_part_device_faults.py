@@ -54,7 +54,7 @@ def test_a_faulted_node_that_still_takes_the_models_pods_is_left_and_named_for_c
 def test_a_faulted_node_closed_to_new_pods_has_its_pod_evicted_when_another_can_take_it(closed):
     part = decided({"a": node(fault=FAULT, **closed), "b": node(itype="inf1.24xlarge")}, pod("p", "a"), pod("q", "b"))
     assert part.evict == (("p", "uid-p"),)
-    assert "pod p on node a" in part.condition.message and "evicted" in part.condition.message and "pod q" not in part.condition.message
+    assert "pod p on node a" in part.condition.message and "evicting" in part.condition.message and "pod q" not in part.condition.message
 
 
 @pytest.mark.parametrize(
@@ -134,3 +134,33 @@ def test_a_pods_placement_is_kept_bounded_and_in_plain_strings():
         {"matchExpressions": ["not a requirement", {"key": "k", "operator": "In", "values": [1, 2]}]}]}}}})  # fmt: skip
     assert odd["nodeSelectorTerms"] == [{"matchExpressions": [
         {"key": "", "operator": "In", "values": []}, {"key": "k", "operator": "In", "values": ["1", "2"]}]}]  # fmt: skip
+
+
+def test_a_cordon_the_pod_tolerates_keeps_its_node_open_so_nothing_is_evicted_to_come_back():
+    """The scheduler places a pod that tolerates node.kubernetes.io/unschedulable on a cordoned
+    node: evicting it there would bring its replacement straight back, again and again."""
+    everything = {"placement": {"tolerations": [{"operator": "Exists"}]}}
+    body = model_body(**everything)
+    nodes = {"a": node(fault=FAULT, unschedulable=True), "b": node()}
+    part = device_fault_part(built(body), Observed(body, pods=[pod("p", "a", body=body)], nodes=nodes))
+    assert part.evict == () and "left: the node still takes" in part.condition.message
+
+
+def test_a_node_too_large_to_read_is_never_judged_closed_nor_a_place_to_go():
+    cut_fault = [{**node(fault=FAULT, unschedulable=True)[0], "labels": {}, "taints": [], "cut": True}]
+    assert decided({"a": cut_fault, "b": node()}, pod("p", "a")).evict == ()
+    cut_spare = [{**node()[0], "labels": {}, "taints": [], "cut": True}]
+    assert decided({"a": node(fault=FAULT, unschedulable=True), "b": cut_spare}, pod("p", "a")).evict == ()
+
+
+def test_an_empty_node_selector_term_matches_no_node():
+    spec = {**pod("p", "a")["spec"], "nodeSelectorTerms": [{}]}
+    assert not selects(spec, "b", node()[0])
+
+
+def test_a_bounded_number_of_pods_is_decided_a_reconcile():
+    from inferentia_operator.core.parts.device_faults import MAX_DECIDED
+
+    pods = [pod(f"p{i}", "a") for i in range(MAX_DECIDED + 5)]
+    part = decided({"a": node(fault=FAULT, unschedulable=True), "b": node()}, *pods)
+    assert len(part.evict) == MAX_DECIDED

@@ -261,7 +261,7 @@ def project_job_event(body: Mapping[str, Any]) -> dict[str, Any] | None:
 # (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/k8s-neuron-problem-detector-and-recovery.html).
 NEURON_HEALTH_CONDITION = "NeuronHealth"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
-# The taints that keep new pods off a node; a node with more is taken as taking none.
+# A node's NoSchedule and NoExecute taints and its labels, as many as are read.
 MAX_NODE_TAINTS = 32
 MAX_NODE_LABELS = 128
 
@@ -285,12 +285,14 @@ def project_neuron_node(body: Mapping[str, Any]) -> dict[str, Any] | None:
         }
     taints = [t for t in node.spec.get("taints") or [] if isinstance(t, Mapping) and t.get("effect") in ("NoSchedule", "NoExecute")]
     labels = list(node.labels.items())
+    cut = len(labels) > MAX_NODE_LABELS or len(taints) > MAX_NODE_TAINTS
     return {
         "instanceType": itype,
-        # For node selectors and affinity; a node with more labels than kept is matched by none.
-        "labels": dict(labels[:MAX_NODE_LABELS]) if len(labels) <= MAX_NODE_LABELS else {},
+        "labels": {} if cut else {str(k): str(v) for k, v in labels},  # for node selectors and affinity
         "ready": node.condition_true("Ready"),
-        "unschedulable": bool(node.spec.get("unschedulable")) or len(taints) > MAX_NODE_TAINTS,
-        "taints": [{k: str(t[k]) for k in ("key", "value", "effect") if t.get(k) is not None} for t in taints[:MAX_NODE_TAINTS]],
+        "unschedulable": bool(node.spec.get("unschedulable")),
+        "taints": [] if cut else [{k: str(t[k]) for k in ("key", "value", "effect") if t.get(k) is not None} for t in taints],
+        # More labels or taints than kept: not read whole, so no pod is judged by it (parts/device_faults.py).
+        **({"cut": True} if cut else {}),
         "fault": fault,
     }

@@ -272,8 +272,7 @@ class Reconciler:
         node = Obj(body).spec.get("nodeName")
         if event_type == "DELETED":
             self._pods.pop(name, None)
-            for on_node in self._node_models.values():
-                on_node.pop(name, None)
+            self._forget_pod(node, name)
         else:
             if node and (model := owner_key(body)) is not None:
                 self._node_models.setdefault(node, {})[name] = model
@@ -291,7 +290,11 @@ class Reconciler:
         name = Obj(body).name
         if not name:
             return
-        node = None if event_type == "DELETED" else project_neuron_node(body)
+        if event_type == "DELETED":
+            self._node_faults.pop(name, None)
+            self._node_models.pop(name, None)  # its pods' models hear of it from their pods
+            return
+        node = project_neuron_node(body)
         # What the decision reads of a faulted node: its fault, and whether a replacement may go
         # there. A healthy node is kept no trace of; a model left on a faulted node for want of
         # another (parts/device_faults.py) is decided again at its resync.
@@ -302,10 +305,17 @@ class Reconciler:
             self._node_faults.pop(name, None)
         else:
             self._node_faults[name] = state
-        on_node = self._node_models.pop(name, {}) if event_type == "DELETED" else self._node_models.get(name, {})
-        for key in set(on_node.values()):
+        for key in set(self._node_models.get(name, {}).values()):
             if self.cache.has_model(key):
                 self.queue.add_after(key, SETTLE_SECONDS)
+
+    def _forget_pod(self, node: Any, pod: tuple[str, str]) -> None:
+        """A pod gone from its node; a node with none of the models' pods left is forgotten."""
+        on_node = self._node_models.get(node) if isinstance(node, str) else None
+        if on_node is not None:
+            on_node.pop(pod, None)
+            if not on_node:
+                del self._node_models[node]
 
     def on_job_event(self, body: Mapping[str, Any], event_type: str | None, kwargs: Mapping[str, Any]) -> None:
         """A Job's FailedCreate event: its model, if the Job is one of the operator's, reports it."""

@@ -39,6 +39,7 @@ REASON = "NeuronHardwareError"
 # replaces it (the Neuron Helm chart's npd.nodeRecovery.enabled, off by default).
 NODE_RECOVERY = "npd.nodeRecovery.enabled=true on AWS's Neuron Helm chart"
 NAMED = 3  # pods a message names; the rest are counted
+MAX_DECIDED = 64
 
 
 @dataclass(frozen=True)
@@ -59,10 +60,15 @@ def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
     return bool(toleration.get("key")) and str(toleration.get("value") or "") == str(taint.get("value") or "")
 
 
+# What a cordon is to the scheduler: its NodeUnschedulable filter lets through a pod that tolerates this.
+CORDON = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+
+
 def takes_pods(node: Mapping[str, Any], tolerations: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether the scheduler may place a pod with ``tolerations`` on ``node``: not cordoned, and
-    each of its NoSchedule and NoExecute taints tolerated."""
-    return not node.get("unschedulable") and all(any(tolerates(t, taint) for t in tolerations) for taint in node.get("taints") or ())
+    """Whether the scheduler may place a pod with ``tolerations`` on ``node``: each of its
+    NoSchedule and NoExecute taints tolerated, and the cordon too where it is cordoned."""
+    taints = [*(node.get("taints") or ()), *([CORDON] if node.get("unschedulable") else [])]
+    return all(any(tolerates(t, taint) for t in tolerations) for taint in taints)
 
 
 def _meets(requirement: Mapping[str, Any], value: str | None) -> bool:
@@ -95,20 +101,27 @@ def selects(spec: Mapping[str, Any], name: str, node: Mapping[str, Any]) -> bool
         return False
     terms = spec.get("nodeSelectorTerms") or ()
     return not terms or any(
-        all(_meets(r, labels.get(r.get("key", ""))) for r in term.get("matchExpressions") or ())
+        # An empty term matches no node (Kubernetes' NodeSelectorTerm).
+        bool(term.get("matchExpressions") or term.get("matchFields"))
+        and all(_meets(r, labels.get(r.get("key", ""))) for r in term.get("matchExpressions") or ())
         and all(_meets(r, name if r.get("key") == "metadata.name" else None) for r in term.get("matchFields") or ())
         for term in terms
     )
 
 
-def _others(nodes: Mapping[str, Iterable[Mapping[str, Any]]], spec: Mapping[str, Any], faulted: str) -> int:
-    """Other nodes a replacement of the pod could be placed on: Ready, with no fault, and open to
-    the pod's own placement (its ReplicaSet's template, as admission completed it)."""
-    return sum(
-        1
+def _closed(spec: Mapping[str, Any], name: str, node: Mapping[str, Any]) -> bool:
+    """The faulty node takes no replacement of the pod. A node too large to have been read whole
+    (``cut``) is taken as open: moving a pod off it could bring it straight back."""
+    return not node.get("cut") and not selects(spec, name, node)
+
+
+def _elsewhere(nodes: Mapping[str, Iterable[Mapping[str, Any]]], spec: Mapping[str, Any], faulted: str) -> bool:
+    """Whether another node could take a replacement of the pod: Ready, with no fault, read whole,
+    and open to the pod's own placement (its ReplicaSet's template, as admission completed it)."""
+    return any(
+        name != faulted and node.get("ready") and not node.get("fault") and not node.get("cut") and selects(spec, name, node)
         for name, projections in nodes.items()
         for node in projections
-        if name != faulted and node.get("ready") and not node.get("fault") and selects(spec, name, node)
     )
 
 
@@ -122,25 +135,31 @@ def device_fault_part(model: Model, observed: Observed) -> DeviceFaultPart:
             hit.append((Obj(body), name, node))
     if not hit:
         return DeviceFaultPart()
+    # Each pod decided costs a look at every node: a bounded number a reconcile (pods that
+    # claim to be the model's are a user's to make), the rest at the next.
+    decided, undecided = hit[:MAX_DECIDED], len(hit) - MAX_DECIDED
     types = model.plan.instance_types
     evict: list[tuple[str, str]] = []
     said: list[str] = []
     open_nodes: set[str] = set()
     stuck: set[str] = set()
-    for pod, name, node in hit:
+    for pod, name, node in decided:
         fault = node["fault"]
         if pod.deleting:
             what = "being replaced"
-        elif selects(pod.spec, name, node):
+        elif not _closed(pod.spec, name, node):
             what = "left: the node still takes the model's pods"
             open_nodes.add(name)
-        elif _others(nodes, pod.spec, name):
-            what = "evicted: its replacement goes to another node"
+        elif _elsewhere(nodes, pod.spec, name):
+            # The eviction may wait for the model's disruption budget; the next reconcile asks again.
+            what = "evicting: its replacement goes to another node, as the disruption budget allows"
             evict.append((pod.name or "", pod.uid or ""))
         else:
             what = "left: no other node can take it"
             stuck.add(name)
         said.append(f"pod {pod.name} on node {name}: {fault.get('reason')} ({fault.get('message')}); {what}")
+    if undecided > 0:
+        said.append(f"{undecided} more pods on such nodes are decided at the next reconcile")
     n = len(hit)
     message = f"{n} serving pod{'s' if n > 1 else ''} on nodes whose Neuron devices report a hardware error: " + "; ".join(said[:NAMED])
     if n > NAMED:
