@@ -826,3 +826,17 @@ def test_a_two_node_group_serves_through_its_leader_only_once_its_worker_joined_
             if p is not None and p.poll() is None:
                 p.kill()
                 p.communicate()
+
+
+def test_the_hub_snapshot_keeps_one_format_of_weights_as_vllm_picks_it():
+    """vLLM's download_weights_from_hf takes the first of safetensors and bin the repository has;
+    Meta's original/ folder (a second copy, in another format) is never read."""
+    from inferentia_operator.programs import hub_snapshot
+
+    llama = ["config.json", "model-00001-of-00002.safetensors", "model.safetensors.index.json", "original/consolidated.00.pth"]
+    assert hub_snapshot.served_patterns(llama) == [*hub_snapshot.CONFIG_PATTERNS, "*.safetensors"]
+    old = ["config.json", "pytorch_model.bin", "tokenizer.json"]
+    assert hub_snapshot.served_patterns(old) == [*hub_snapshot.CONFIG_PATTERNS, "*.bin"]
+    both = ["model.safetensors", "pytorch_model.bin"]
+    assert hub_snapshot.served_patterns(both)[-1] == "*.safetensors"
+    assert hub_snapshot.served_patterns(["config.json", "original/x.pth"]) == hub_snapshot.CONFIG_PATTERNS

@@ -152,6 +152,11 @@ def test_offline_the_hub_client_serves_only_a_cached_snapshot_with_the_librarys_
     assert (online / "config.json").is_symlink() and (online / "config.json").resolve().parent.name == "blobs"
     assert (online.parent.parent / "refs" / "main").read_text() == online.name
     assert Path(ask("gpt2", HF_HUB_OFFLINE="1")["path"]) == online
+    # allow_patterns and ignore_patterns filter what is fetched, as the library's filter_repo_objects does.
+    some = Path(ask("openai-community/gpt2", '{"allow_patterns": ["*.json"], "ignore_patterns": ["tok*"]}')["path"])
+    assert sorted(p.name for p in some.iterdir()) == ["config.json"]
+    listed = run(tmp_path, None, "-c", "import huggingface_hub as h; print(h.list_repo_files('gpt2'))", HF_HUB_OFFLINE="1")
+    assert "OfflineModeIsEnabled" in listed.stderr  # listing asks the Hub: refused offline
     # A cached ref that names no snapshot folder is as good as no cache.
     (online.parent.parent / "refs" / "main").write_text("0" * 40)
     assert ask("gpt2", HF_HUB_OFFLINE="yes")["error"] == "LocalEntryNotFoundError"

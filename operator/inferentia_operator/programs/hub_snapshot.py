@@ -35,10 +35,12 @@ COMMIT = re.compile(r"^[0-9a-f]{40}$")
 # Weights in the formats the Hub holds them: what a compiled NxD Inference model has already
 # sharded into its own weights/, so its artefact keeps only the configuration and tokenizer.
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "*.h5", "*.msgpack", "*.ckpt", "*.ot", "*.onnx")
-# What vLLM reads of a checkpoint it loads itself: its configuration, tokenizer and safetensors
-# weights (vLLM's loader prefers safetensors and reads nothing else when they are there); Meta's
-# original/ folder holds a second copy of the weights in another format.
-SERVED_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
+# What vLLM reads of a checkpoint it loads itself: its configuration and tokenizer (and code, for
+# --trust-remote-code), and one format of weights, the first of these the repository has, as
+# vLLM's download_weights_from_hf picks it (vllm/model_executor/model_loader/weight_utils.py);
+# Meta's original/ folder holds a second copy of the weights in another format.
+CONFIG_PATTERNS = ["*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja", "*.py"]
+WEIGHT_FORMATS = ["*.safetensors", "*.bin", "*.pt"]
 IGNORED_PATTERNS = ["original/*"]
 
 
@@ -99,6 +101,10 @@ def keep(snapshot: Path, repo_id: str, cache: Path, weights: bool) -> str:
                 moved[blob] = destination
     for leftover in ("blobs", ".locks", ".no_exist"):
         shutil.rmtree(repo / leftover, ignore_errors=True)
+    # The client's download locks, under the cache's own .locks/ (huggingface_hub's file_download).
+    shutil.rmtree(cache / ".locks" / repo.name, ignore_errors=True)
+    if (cache / ".locks").is_dir() and not any((cache / ".locks").iterdir()):
+        (cache / ".locks").rmdir()
     (repo / "refs").mkdir(parents=True, exist_ok=True)
     (repo / "refs" / "main").write_text(commit)
     return commit
@@ -113,11 +119,19 @@ def report(commit: str) -> None:
     path.write_text(json.dumps({"hubRevision": commit}) + "\n")
 
 
+def served_patterns(files: list[str]) -> list[str]:
+    """The configuration, and the first weight format the repository's ``files`` hold."""
+    kept = [f for f in files if not any(fnmatch.fnmatch(f, p) for p in IGNORED_PATTERNS)]
+    weights = next((p for p in WEIGHT_FORMATS if any(fnmatch.fnmatch(f, p) for f in kept)), None)
+    return [*CONFIG_PATTERNS, *([weights] if weights else [])]
+
+
 def _download(repo_id: str, cache: str) -> int:
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import list_repo_files, snapshot_download
 
     try:
-        print(snapshot_download(repo_id=repo_id, cache_dir=cache, allow_patterns=SERVED_PATTERNS, ignore_patterns=IGNORED_PATTERNS))
+        allow = served_patterns(list_repo_files(repo_id))
+        print(snapshot_download(repo_id=repo_id, cache_dir=cache, allow_patterns=allow, ignore_patterns=IGNORED_PATTERNS))
     except Exception as exc:  # noqa: BLE001 - the parent reports the Hub's reason
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -15,6 +15,7 @@ message (huggingface_hub/_snapshot_download.py, 0.2x to 1.x). Each download is c
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
@@ -24,9 +25,16 @@ from typing import Any
 
 import standin_safetensors
 
-from .errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
+from .errors import GatedRepoError, LocalEntryNotFoundError, OfflineModeIsEnabled, RepositoryNotFoundError
 
-__all__ = ["snapshot_download", "standin_parameters", "GatedRepoError", "LocalEntryNotFoundError", "RepositoryNotFoundError"]
+__all__ = [
+    "snapshot_download",
+    "list_repo_files",
+    "standin_parameters",
+    "GatedRepoError",
+    "LocalEntryNotFoundError",
+    "RepositoryNotFoundError",
+]
 
 GATED = ("meta-llama/",)
 
@@ -98,6 +106,44 @@ def _record_download(repo_id: str, commit: str) -> None:
             f.write(json.dumps({"repo": repo_id, "commit": commit, "pid": os.getpid()}) + "\n")
 
 
+def _check_access(repo_id: str, token: str | bool | None) -> None:
+    if not isinstance(repo_id, str) or repo_id.count("/") > 1 or not repo_id.strip("/"):
+        raise ValueError(f"Repo id must be in the form 'repo_name' or 'namespace/repo_name': '{repo_id}'.")
+    if token is None or token is True:
+        token = os.environ.get("HF_TOKEN")
+    if repo_id.startswith(GATED) and not token:
+        raise GatedRepoError(
+            f"401 Client Error. Cannot access gated repo for url https://huggingface.co/{repo_id}/resolve/main/config.json. "
+            f"Access to model {repo_id} is restricted. You must have access to it and be authenticated to access it. Please log in."
+        )
+
+
+def list_repo_files(
+    repo_id: str, *, revision: str | None = None, repo_type: str | None = None, token: str | bool | None = None, **_: Any
+) -> list[str]:
+    """The repository's files, by path (HfApi.list_repo_files); a request to the Hub, so refused offline."""
+    if _offline():
+        raise OfflineModeIsEnabled(
+            "Cannot reach https://huggingface.co/api/models: offline mode is enabled. To disable it, please unset the `HF_HUB_OFFLINE` environment variable."
+        )
+    if repo_type not in (None, "model"):
+        raise RepositoryNotFoundError(f"404 Client Error. Repository Not Found for url: https://huggingface.co/api/{repo_type}s/{repo_id}")
+    _check_access(repo_id, token)
+    return sorted(_files(repo_id))
+
+
+def _wanted(name: str, allow: Any, ignore: Any) -> bool:
+    """huggingface_hub's filter_repo_objects: a path kept if it matches an allow pattern (when any
+    is given) and no ignore pattern; a pattern ending in / means everything under it."""
+
+    def patterns(p: Any) -> list[str]:
+        found = [p] if isinstance(p, str) else list(p or [])
+        return [x + "*" if x.endswith("/") else x for x in found]
+
+    allowed, ignored = patterns(allow), patterns(ignore)
+    return (not allowed or any(fnmatch.fnmatch(name, p) for p in allowed)) and not any(fnmatch.fnmatch(name, p) for p in ignored)
+
+
 def snapshot_download(
     repo_id: str,
     *,
@@ -107,6 +153,8 @@ def snapshot_download(
     local_dir: str | os.PathLike | None = None,
     token: str | bool | None = None,
     local_files_only: bool = False,
+    allow_patterns: str | list[str] | None = None,
+    ignore_patterns: str | list[str] | None = None,
     **_: Any,
 ) -> str:
     """Downloads the repository's files and returns the folder that holds them."""
@@ -117,26 +165,23 @@ def snapshot_download(
     repo = _hub_cache(cache_dir) / f"models--{repo_id.replace('/', '--')}"
     if (local_files_only or _offline()) and not local_dir:
         return _cached_snapshot(repo, revision or "main", local_files_only)
-    if token is None or token is True:
-        token = os.environ.get("HF_TOKEN")
-    if repo_id.startswith(GATED) and not token:
-        raise GatedRepoError(
-            f"401 Client Error. Cannot access gated repo for url https://huggingface.co/{repo_id}/resolve/main/config.json. "
-            f"Access to model {repo_id} is restricted. You must have access to it and be authenticated to access it. Please log in."
-        )
+    _check_access(repo_id, token)
     commit = revision if revision and COMMIT.match(revision) else hashlib.sha1(f"{repo_id}@{revision or 'main'}".encode()).hexdigest()
     _record_download(repo_id, commit)
     if local_dir:
         folder = Path(local_dir)
         folder.mkdir(parents=True, exist_ok=True)
         for name, body in _files(repo_id).items():
-            (folder / name).write_bytes(body)
+            if _wanted(name, allow_patterns, ignore_patterns):
+                (folder / name).write_bytes(body)
         return str(folder)
     folder = repo / "snapshots" / commit
     (repo / "refs").mkdir(parents=True, exist_ok=True)
     (repo / "blobs").mkdir(exist_ok=True)
     folder.mkdir(parents=True, exist_ok=True)
     for name, body in _files(repo_id).items():
+        if not _wanted(name, allow_patterns, ignore_patterns):
+            continue
         blob = repo / "blobs" / hashlib.sha256(body).hexdigest()
         blob.write_bytes(body)
         link = folder / name

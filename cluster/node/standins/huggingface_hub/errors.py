@@ -14,3 +14,7 @@ class LocalEntryNotFoundError(FileNotFoundError):
     """Offline (HF_HUB_OFFLINE, or local_files_only=True) and the cache has no snapshot of the
     revision (huggingface_hub.errors.LocalEntryNotFoundError, an EntryNotFoundError and a
     FileNotFoundError in the library)."""
+
+
+class OfflineModeIsEnabled(ConnectionError):
+    """A request to the Hub while HF_HUB_OFFLINE is set (huggingface_hub.errors.OfflineModeIsEnabled)."""
