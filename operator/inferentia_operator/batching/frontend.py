@@ -461,8 +461,13 @@ async def run(front: FrontEnd, host: str, port: int, stop: asyncio.Event | None 
         front.app(),
         access_log=None,
         keepalive_timeout=limits.header_timeout,
-        # After an answer that closes the connection, unread body is drained for this long at most.
-        lingering_time=1.0,
+        # After an answer that leaves a body unread (a 503 of the body budget, sent before the
+        # body is read), the rest is read and thrown away, for as long as an admitted body is
+        # waited for: closed with bytes unread, the connection is reset, and a client still
+        # sending loses the answer it was sent. A second was too short for a 4 MiB body on a
+        # busy machine, where the front end's event loop is itself held by decoding a large
+        # body for about that long.
+        lingering_time=limits.body_timeout,
     )
     await runner.setup()
     logging.getLogger("aiohttp.server").addFilter(_MalformedRequests(front.metrics.rejected))
