@@ -110,6 +110,19 @@ def keep(snapshot: Path, repo_id: str, cache: Path, weights: bool) -> str:
     return commit
 
 
+def keep_and_report(snapshot: Path, repo_id: str, cache: Path, weights: bool, failed: str) -> bool:
+    """:func:`keep`, then :func:`report`; False, with the reason after ``failed`` on stderr, when
+    the snapshot cannot be kept (the compile step then fails: its artefact would serve nothing)."""
+    try:
+        commit = keep(snapshot, repo_id, cache, weights)
+    except (OSError, ValueError) as exc:
+        print(f"{failed}: keeping the Hub snapshot in {cache}: {exc}", file=sys.stderr)
+        return False
+    report(commit)
+    print(f"kept {repo_id}{'' if weights else ' (its configuration and tokenizer)'} at commit {commit} under {cache}")
+    return True
+
+
 def report(commit: str) -> None:
     """The commit, as the last line of the container's termination message (``/dev/termination-log``,
     which the kubelet gives every container; ``INFERENTIA_TERMINATION_LOG`` moves it)."""

@@ -175,13 +175,9 @@ def main() -> int:
     print(f"compiled {model_type} {args['model']} for {target}, tensor parallel {args['tensor_parallel_size']}, into {out}")
     hub = hub_snapshot.hub_cache()
     if hub is not None and hub_snapshot.is_repo_id(str(args["model"])):
-        try:
-            commit = hub_snapshot.keep(source, str(args["model"]), hub, weights=False)
-        except (OSError, ValueError) as exc:
-            print(f"NxD Inference compile failed: keeping the Hub snapshot in {hub}: {exc}", file=sys.stderr)
+        # The weights are in weights/, sharded: only the configuration and tokenizer are kept.
+        if not hub_snapshot.keep_and_report(source, str(args["model"]), hub, weights=False, failed="NxD Inference compile failed"):
             return 1
-        hub_snapshot.report(commit)
-        print(f"kept the configuration and tokenizer of {args['model']} at commit {commit} under {hub}")
     return 0
 
 

@@ -70,13 +70,8 @@ def main() -> int:
         return 1
     print(f"compiled {args['model']} into {len(entries)} cache entries under {cache}: {', '.join(entries)}")
     if snapshot is not None and hub is not None:
-        try:
-            commit = hub_snapshot.keep(snapshot, str(args["model"]), hub, weights=True)
-        except (OSError, ValueError) as exc:
-            print(f"vllm compile failed: keeping the Hub snapshot in {hub}: {exc}", file=sys.stderr)
+        if not hub_snapshot.keep_and_report(snapshot, str(args["model"]), hub, weights=True, failed="vllm compile failed"):
             return 1
-        hub_snapshot.report(commit)
-        print(f"kept {args['model']} at commit {commit} under {hub}")
     return 0
 
 
