@@ -14,7 +14,8 @@ from typing import Any
 _EMPTY: Mapping[str, Any] = {}
 
 
-def _mapping(value: object) -> Mapping[str, Any]:
+def as_mapping(value: object) -> Mapping[str, Any]:
+    """``value`` if it is a mapping, else an empty one: an object's field read whatever its shape."""
     return value if isinstance(value, Mapping) else _EMPTY
 
 
@@ -35,15 +36,15 @@ class Obj:
 
     @property
     def metadata(self) -> Mapping[str, Any]:
-        return _mapping(self.raw.get("metadata"))
+        return as_mapping(self.raw.get("metadata"))
 
     @property
     def spec(self) -> Mapping[str, Any]:
-        return _mapping(self.raw.get("spec"))
+        return as_mapping(self.raw.get("spec"))
 
     @property
     def status(self) -> Mapping[str, Any]:
-        return _mapping(self.raw.get("status"))
+        return as_mapping(self.raw.get("status"))
 
     @property
     def name(self) -> str | None:
@@ -67,11 +68,11 @@ class Obj:
 
     @property
     def labels(self) -> Mapping[str, str]:
-        return _mapping(self.metadata.get("labels"))
+        return as_mapping(self.metadata.get("labels"))
 
     @property
     def annotations(self) -> Mapping[str, str]:
-        return _mapping(self.metadata.get("annotations"))
+        return as_mapping(self.metadata.get("annotations"))
 
     @property
     def generation(self) -> int:
@@ -100,13 +101,13 @@ class Obj:
     def controller(self) -> Mapping[str, Any] | None:
         """The owner reference with ``controller: true``, if any."""
         refs = self.metadata.get("ownerReferences")
-        return next((_mapping(r) for r in refs or () if _mapping(r).get("controller")), None)
+        return next((as_mapping(r) for r in refs or () if as_mapping(r).get("controller")), None)
 
     def condition(self, type_: str) -> Mapping[str, Any]:
         """The status condition of that type, empty when the object has none."""
         for c in self.status.get("conditions") or ():
-            if _mapping(c).get("type") == type_:
-                return _mapping(c)
+            if as_mapping(c).get("type") == type_:
+                return as_mapping(c)
         return _EMPTY
 
     def condition_true(self, type_: str) -> bool:

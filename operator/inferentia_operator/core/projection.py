@@ -15,7 +15,7 @@ from typing import Any
 from inferentia_operator.core import api, children
 from inferentia_operator.core.catalogue import HOSTS
 from inferentia_operator.core.names import COMPILE_RECORD_COMPONENT, COMPONENT_LABEL, FIELD_MANAGER, MODEL_LABEL
-from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.objects import Obj, as_mapping
 
 _METADATA_KEPT = (
     "name", "namespace", "uid", "labels", "annotations", "ownerReferences",
@@ -69,10 +69,6 @@ def project(body: Mapping[str, Any]) -> dict[str, Any]:
 MAX_PLACEMENT_ITEMS = 32
 
 
-def _map(x: Any) -> Mapping[str, Any]:
-    return x if isinstance(x, Mapping) else {}
-
-
 def _list(x: Any) -> list[Any]:
     return x if isinstance(x, list) else []
 
@@ -99,8 +95,10 @@ def project_pod_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     node affinity, as admission left them), bounded, with ``placementCut`` where that cut any."""
     volumes = [{"configMap": {"name": v["configMap"]["name"]}} for v in spec.get("volumes") or [] if isinstance(v.get("configMap"), dict)]
     tolerations = [t for t in _list(spec.get("tolerations")) if isinstance(t, Mapping)]
-    selector = _map(spec.get("nodeSelector"))
-    required = _map(_map(_map(spec.get("affinity")).get("nodeAffinity")).get("requiredDuringSchedulingIgnoredDuringExecution"))
+    selector = as_mapping(spec.get("nodeSelector"))
+    required = as_mapping(
+        as_mapping(as_mapping(spec.get("affinity")).get("nodeAffinity")).get("requiredDuringSchedulingIgnoredDuringExecution")
+    )
     terms = [t for t in _list(required.get("nodeSelectorTerms")) if isinstance(t, Mapping)]
     cut = any(len(x) > MAX_PLACEMENT_ITEMS for x in (tolerations, selector, terms)) or any(
         len(_list(t.get("matchExpressions"))) + len(_list(t.get("matchFields"))) > MAX_PLACEMENT_ITEMS
