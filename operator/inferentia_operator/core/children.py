@@ -65,7 +65,7 @@ from .names import (
 from .objects import Obj
 from .placement import pod_placement
 from .proof import PROOF_ANNOTATION, Prover
-from .sizing import FETCHED_SCHEMES, downloads_from_hub
+from .sizing import FETCHED_SCHEMES, keeps_hub_snapshot
 
 # The vLLM preset (spec.serving.runtime: vllm), on what AWS supports for the family
 # (catalogue.Family.vllm). Its OpenAI-compatible server answers /health once the model is loaded.
@@ -182,15 +182,9 @@ def compile_inputs(model: Model) -> dict[str, Any]:
     if vllm_nxd(model):
         # NxD Inference's compiled model for those engine arguments, in the program's layout.
         inputs |= {"vllm": "nxd-inference", "engineArgs": vllm_engine_args(model), "program": NXDI_COMPILE_PROGRAM_VERSION}
-    if keeps_hub_snapshot(model):
+    if keeps_hub_snapshot(model.spec):
         inputs["hubSnapshot"] = HUB_SNAPSHOT_VERSION
     return inputs
-
-
-def keeps_hub_snapshot(model: Model) -> bool:
-    """A vLLM model named by a Hugging Face id, compiled ahead: its compile Job downloads it
-    once and keeps it in the artefact, and the serving pods read it from there, offline."""
-    return bool(model.spec.compile.image) and (vllm_plugin(model) or vllm_nxd(model)) and downloads_from_hub(model.spec)
 
 
 def vllm_plugin(model: Model) -> bool:
@@ -682,7 +676,7 @@ def compile_job(model: Model) -> dict[str, Any] | None:
             "VLLM_CACHE_ROOT": COMPILED_DIR,
             "INFERENTIA_VLLM_ENGINE_ARGS": json.dumps(vllm_engine_args(model), sort_keys=True),
         }
-    if keeps_hub_snapshot(model):
+    if keeps_hub_snapshot(model.spec):
         env["INFERENTIA_HUB_CACHE"] = HUB_CACHE_DIR
     metadata = child_metadata(model, compile_job_name(model), "compile")
     metadata["labels"][COMPILE_HASH_LABEL] = compile_hash(model)
@@ -788,7 +782,7 @@ def _serving_env(model: Model) -> list[dict[str, str]]:
         if model.spec.compile.image:
             # A local directory, as vLLM's Neuron loader reads it: the fetch init container filled it.
             env |= {"NEURON_COMPILED_ARTIFACTS": COMPILED_DIR, **VLLM_PRECOMPILED_ENV}
-    if keeps_hub_snapshot(model):
+    if keeps_hub_snapshot(model.spec):
         # The model id resolves to the commit the compile read, from the artefact's copy; the
         # Hub is never asked ("HF_HUB_OFFLINE", huggingface_hub's environment variables).
         env |= {"HF_HUB_CACHE": HUB_CACHE_DIR, "HF_HUB_OFFLINE": "1"}

@@ -58,10 +58,16 @@ def downloads_from_hub(spec: InferentiaModelSpec) -> bool:
     return spec.serving.runtime == "vllm" and not uri.startswith(FETCHED_SCHEMES) and not uri.startswith(("/", "file://"))
 
 
+def keeps_hub_snapshot(spec: InferentiaModelSpec) -> bool:
+    """A vLLM model named by a Hugging Face id, compiled ahead: its compile Job downloads it once
+    and keeps it in the artefact, and the serving pods read it from there, offline
+    (programs/hub_snapshot.py)."""
+    return downloads_from_hub(spec) and spec.compile.image is not None
+
+
 def replica_downloads_from_hub(spec: InferentiaModelSpec) -> bool:
-    """Each serving pod downloads the Hub model into its HOME: only without a compile step, whose
-    artefact otherwise carries the model's files (children.keeps_hub_snapshot)."""
-    return downloads_from_hub(spec) and spec.compile.image is None
+    """Each serving pod downloads the Hub model into its HOME: unless the artefact keeps it."""
+    return downloads_from_hub(spec) and not keeps_hub_snapshot(spec)
 
 
 def compiles_in_pod(spec: InferentiaModelSpec) -> bool:
