@@ -32,6 +32,9 @@ from .routing import EPP_SUFFIX, INFERENCE_POOL_KIND, routing_child, routing_con
 # Stalled conditions of a custom resource (anything else counts as Current), so they
 # restate Progressing and the failures in its terms.
 STALLED_REASONS = {"InvalidSpec", "CompileFailed", "CompileJobUnverified", "NameConflict", "FailedCreate", "ProgressDeadlineExceeded"}
+# Shown while a serving pod's node reports a Neuron hardware fault, absent otherwise (parts/device_faults.py).
+DEVICE_FAULT = "DeviceFault"
+DEVICE_FAULT_REASON = "NeuronHardwareError"
 WARNING_REASONS = {
     "InvalidSpec",
     "CompileFailed",
@@ -54,10 +57,10 @@ WARNING_REASONS = {
     "RoutingConflict",
     "EndpointPickerUnavailable",
     # A serving pod's node reports a Neuron hardware error.
-    "NeuronHardwareError",
+    DEVICE_FAULT_REASON,
 }
 # Progressing and Available restate Ready in finer steps; events for them would be noise.
-EVENT_TYPES = ("Validated", "Compiled", "Scheduled", "Ready", "Autoscaling", "Routing", "DeviceFault")
+EVENT_TYPES = ("Validated", "Compiled", "Scheduled", "Ready", "Autoscaling", "Routing", DEVICE_FAULT)
 # Normal events only where something happened that a person watching `kubectl describe`
 # would want told: the model became Ready (or stopped being), a compile Job finished.
 # The routine steps in between (validated, scheduled) are in the conditions.
@@ -308,10 +311,6 @@ def placement_of(pods: Sequence[Mapping[str, Any]]) -> Placement:
 
 def cond(type_: str, status: Status, reason: str, message: str = "") -> api.Condition:
     return api.Condition(type=type_, status=status, reason=reason, message=message)
-
-
-# Shown while a serving pod's node reports a Neuron hardware fault, absent otherwise (parts/device_faults.py).
-DEVICE_FAULT = "DeviceFault"
 
 
 @dataclass(frozen=True)

@@ -30,11 +30,10 @@ from typing import Any
 from inferentia_operator.core import api, status
 from inferentia_operator.core.children import Model
 from inferentia_operator.core.objects import Obj
-from inferentia_operator.core.status import DEVICE_FAULT, Observed
+from inferentia_operator.core.status import DEVICE_FAULT, DEVICE_FAULT_REASON, Observed
 
 from . import Part
 
-REASON = "NeuronHardwareError"
 # AWS's remedy: its node recovery marks the instance unhealthy so that its Auto Scaling group
 # replaces it (the Neuron Helm chart's npd.nodeRecovery.enabled, off by default).
 NODE_RECOVERY = "npd.nodeRecovery.enabled=true on AWS's Neuron Helm chart"
@@ -170,4 +169,4 @@ def device_fault_part(model: Model, observed: Observed) -> DeviceFaultPart:
     if stuck:
         kinds = ", ".join(types) if types else "a Neuron instance type"
         message += f". No other node of {kinds} is Ready, free of faults and open to the model's pods"
-    return DeviceFaultPart(condition=status.cond(DEVICE_FAULT, "True", REASON, message), evict=tuple(evict))
+    return DeviceFaultPart(condition=status.cond(DEVICE_FAULT, "True", DEVICE_FAULT_REASON, message), evict=tuple(evict))
