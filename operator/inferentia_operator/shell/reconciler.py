@@ -269,18 +269,17 @@ class Reconciler:
         name = Obj(body).key
         if name is None:
             return
-        node = Obj(body).spec.get("nodeName")
+        node, key = Obj(body).spec.get("nodeName"), owner_key(body)
         if event_type == "DELETED":
             self._pods.pop(name, None)
             self._forget_pod(node, name)
         else:
-            if node and (model := owner_key(body)) is not None:
-                self._node_models.setdefault(node, {})[name] = model
+            if node and key is not None:
+                self._node_models.setdefault(node, {})[name] = key
             signature = pod_signature(body)
             if self._pods.get(name) == signature:
                 return  # nothing status reports has changed
             self._pods[name] = signature
-        key = owner_key(body)
         if key is not None and self.cache.has_model(key):
             self.queue.add_after(key, SETTLE_SECONDS)
 
