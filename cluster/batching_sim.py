@@ -125,7 +125,7 @@ def simulate(dispatcher: Dispatcher, arrivals: list[float], batch_seconds: Calla
             refused += reject is not None
         elif kind == "done":
             process, batch, took = data  # type: ignore[misc]
-            dispatcher.done(process, len(batch), took)
+            dispatcher.done(process, len(batch), took, probe=batch[0].probe)  # as the front end calls it
             latencies.extend(now + overhead - r.arrived for r in batch)
             last = max(last, now + overhead)
         elif kind == "wake" and data != wake_token:

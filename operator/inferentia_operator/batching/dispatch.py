@@ -16,7 +16,8 @@ the traffic of the last few seconds, retuned as the traffic changes.
 
 The budget is kept on top of the window: a request that cannot finish within
 ``max_latency`` is answered 503 at once, never queued past it, and never sent in a batch
-that would finish late. Each process runs one batch at a time (a NeuronCore Group
+that would finish late, judged on when a batch finishes late rather than on average
+(``LatencyModel.late``). Each process runs one batch at a time (a NeuronCore Group
 executes one model invocation at once), and work goes to the least-loaded free process.
 
 The estimate is learnt only from batches that finish, so a process that once ran slow (a
@@ -64,14 +65,31 @@ class Reject:
 
 
 class LatencyModel:
-    """latency(n) = fixed + per_item * n, fitted to the last ``window`` batches."""
+    """latency(n) = fixed + per_item * n, fitted to the last ``window`` batches, and how much
+    later than that a batch may finish (``late``).
+
+    The fit is a mean, so about half the batches finish after it: a batch sent when its
+    oldest request has just the fitted time left would miss the budget half the time, and
+    under overload that is where most batches are sent. So every deadline is judged on
+    ``late(n)``: the fit plus the ``SPREAD_QUANTILE`` of how far recent batches ran past it.
+    A quantile, not the largest overrun, so that one pause does not refuse everything for
+    the next ``window`` batches; a pause that lasts is the probe's business (``Dispatcher``).
+    """
+
+    SPREAD_QUANTILE = 0.95
 
     def __init__(self, fixed: float = 0.0, per_item: float = 0.0, window: int = 64):
         self.fixed, self.per_item = fixed, per_item
+        self.spread = 0.0
         self.samples: deque[tuple[int, float]] = deque(maxlen=window)
 
     def observe(self, n: int, seconds: float) -> None:
         self.samples.append((n, seconds))
+        self._fit(n)
+        overruns = sorted(max(0.0, t - self(s)) for s, t in self.samples)
+        self.spread = overruns[min(len(overruns) - 1, int(self.SPREAD_QUANTILE * len(overruns)))]
+
+    def _fit(self, n: int) -> None:
         sizes = {s for s, _ in self.samples}
         if len(sizes) < 2:
             # One batch size seen so far: all of it is fixed cost, as far as we know.
@@ -88,10 +106,14 @@ class LatencyModel:
     def __call__(self, n: int) -> float:
         return self.fixed + self.per_item * n
 
+    def late(self, n: int) -> float:
+        """When a batch of n finishes at the latest, as far as recent batches show."""
+        return self(n) + self.spread
+
     def forget(self) -> None:
         """Nothing learnt: what was measured describes a process that is no longer so."""
         self.samples.clear()
-        self.fixed = self.per_item = 0.0
+        self.fixed = self.per_item = self.spread = 0.0
 
 
 def replay(arrivals: Sequence[float], processes: int, max_batch: int, latency: Callable[[int], float], window: float) -> list[float]:
@@ -164,7 +186,8 @@ class Dispatcher:
         return all(self._stale(p) for p in range(len(self.inflight)))
 
     def _stale(self, process: int) -> bool:
-        return self.models[process](1) > self.max_latency
+        # On ``late``, as every deadline is: a process that could be sent nothing in time is stale.
+        return self.models[process].late(1) > self.max_latency
 
     def _probe_due(self, now: float) -> bool:
         return not self._probing and now >= self._next_probe and any(self._stale(p) for p in range(len(self.inflight)))
@@ -185,7 +208,7 @@ class Dispatcher:
         batches_ahead = ahead // self.max_batch
         model = self._best_model()
         # Whole batches ahead of it run in parallel on the processes; then its own.
-        expected = (batches_ahead // processes) * model(self.max_batch) + model(min(ahead % self.max_batch + 1, self.max_batch))
+        expected = (batches_ahead // processes) * model(self.max_batch) + model.late(min(ahead % self.max_batch + 1, self.max_batch))
         if self._probe_due(request.arrived):
             # A stale process learns only from what it is sent: this request goes to it alone.
             self._start_probe(request)
@@ -207,7 +230,7 @@ class Dispatcher:
         model = self.models[process]
         if probe:
             self._probing = False
-            if answered and seconds < model(n):
+            if answered and seconds < model.late(n):
                 model.forget()  # back, faster than it was estimated: what was learnt before is past
         if answered:
             model.observe(n, seconds)
@@ -269,7 +292,7 @@ class Dispatcher:
                 n = min(len(queue), self.max_batch)
                 # Refuse what can no longer finish in time in the batch it would join: under
                 # overload the oldest go, and the rest still make a full batch.
-                while queue and now - queue[0].arrived + model(n) > self.max_latency:
+                while queue and now - queue[0].arrived + model.late(n) > self.max_latency:
                     actions.append(Reject(queue.popleft(), retry_after=model(self.max_batch)))
                     n = min(len(queue), self.max_batch)
                 if not queue:
@@ -278,7 +301,7 @@ class Dispatcher:
                     # Hold the oldest for the window, and never so long that it could no
                     # longer finish in a batch one larger.
                     oldest = queue[0].arrived
-                    until = min(oldest + self.window, oldest + self.max_latency - model(n + 1))
+                    until = min(oldest + self.window, oldest + self.max_latency - model.late(n + 1))
                     if now < until:
                         wake = until if wake is None else min(wake, until)
                         break
