@@ -177,7 +177,7 @@ def test_service_exposes_every_process_port():
     assert [(p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [
         (8500, "serve-0"), (8501, "serve-1"), (8502, "serve-2"), (8503, "serve-3"),
     ]  # fmt: skip
-    assert svc["spec"]["selector"] == children.selector(m)
+    assert svc["spec"]["selector"] == {**children.selector(m), children.TRAFFIC_LABEL: "on"}
 
 
 def test_children_carry_the_standard_labels():

@@ -87,7 +87,11 @@ def test_a_group_is_routed_to_by_its_leader_in_an_inference_pool():
     assert errors_of(routing={"inferencePool": {}}) == []
     m = built(body)
     [pool] = [c for c in routing_part(m, Observed(body), SETTINGS).children if c["kind"] == "InferencePool"]
-    assert pool["spec"]["selector"]["matchLabels"] == {**children.selector(m), "leaderworkerset.sigs.k8s.io/worker-index": "0"}
+    assert pool["spec"]["selector"]["matchLabels"] == {
+        **children.selector(m),
+        children.TRAFFIC_LABEL: "on",
+        "leaderworkerset.sigs.k8s.io/worker-index": "0",
+    }
     assert pool["spec"]["targetPorts"] == [{"number": 8000}]  # one vLLM a group, at the leader's serving port
     service = next(c for c in rendered(m, SETTINGS) if c["kind"] == "Service" and c["metadata"]["name"] == "m")
     assert service["spec"]["selector"] == pool["spec"]["selector"]["matchLabels"]

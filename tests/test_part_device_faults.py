@@ -23,13 +23,18 @@ def node(itype="inf1.xlarge", ready=True, unschedulable=False, taints=(NEURON_TA
     ]
 
 
-def pod(name: str, on: str, deleting: bool = False, body: dict | None = None) -> dict:
-    """A serving pod of the model, its spec projected as the caches keep it (the template's placement)."""
-    template = children.serving_deployment(built(body or model_body()))["spec"]["template"]["spec"]
-    meta = {"name": name, "uid": f"uid-{name}", "labels": {"app.kubernetes.io/component": "serving"}}
+def pod(name: str, on: str, deleting: bool = False, body: dict | None = None, ready: bool = True, **labels: str) -> dict:
+    """A serving pod of the model, made by its Deployment's ReplicaSet, its spec projected as the
+    caches keep it (the template's placement, the template's labels)."""
+    template = children.serving_deployment(built(body or model_body()))["spec"]["template"]
+    meta = {
+        "name": name, "uid": f"uid-{name}", "labels": {**template["metadata"]["labels"], **labels},
+        "ownerReferences": [{"kind": "ReplicaSet", "name": "m-5d4f8b", "controller": True, "uid": "rs"}],
+    }  # fmt: skip
     if deleting:
         meta["deletionTimestamp"] = "2026-11-28T00:00:00Z"
-    return {"metadata": meta, "spec": project_pod_spec({**template, "nodeName": on}), "status": {}}
+    conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
+    return {"metadata": meta, "spec": project_pod_spec({**template["spec"], "nodeName": on}), "status": {"conditions": conditions}}
 
 
 def decided(nodes: dict, *pods: dict):
@@ -39,14 +44,73 @@ def decided(nodes: dict, *pods: dict):
 
 def test_no_fault_no_condition_and_no_eviction():
     part = decided({"a": node(), "b": node()}, pod("p", "a"))
-    assert part.condition is None and part.evict == ()
+    assert part.condition is None and part.evict == () and part.traffic == ()
+
+
+TRAFFIC = children.TRAFFIC_LABEL
+
+
+def test_a_replica_on_a_failing_node_that_still_takes_pods_leaves_the_traffic_while_another_answers():
+    """Its node is left (nothing would keep a replacement off it), but its requests go elsewhere:
+    the Service selects the traffic label, the ReplicaSet does not."""
+    part = decided({"a": node(fault=FAULT), "b": node()}, pod("p", "a"), pod("q", "b"))
+    assert part.traffic == (("p", "uid-p", "off"),) and part.evict == ()
+    assert "pod p on node a" in part.condition.message and "out of traffic, left: the node still takes" in part.condition.message
+    # The Service and the InferencePool select it; the Deployment's selector does not.
+    model = built(model_body())
+    assert children.service(model)["spec"]["selector"][TRAFFIC] == "on"
+    assert TRAFFIC not in children.serving_deployment(model)["spec"]["selector"]["matchLabels"]
+    assert children.replicas_service(model)["spec"]["selector"][TRAFFIC] == "on"
+
+
+@pytest.mark.parametrize(
+    "others",
+    [
+        [],  # the only replica
+        [pod("q", "b", ready=False)],  # the other is not ready
+        [pod("q", "a")],  # the other is on the failing node too
+        [pod("q", "b", deleting=True)],  # the other is going
+        [pod("q", "b", **{TRAFFIC: "off"})],  # the other is out of traffic itself
+    ],
+)
+def test_the_last_replica_that_answers_keeps_its_traffic_on_a_failing_node(others):
+    part = decided({"a": node(fault=FAULT), "b": node()}, pod("p", "a"), *others)
+    assert ("p", "uid-p", "off") not in part.traffic
+    assert "pod p on node a" in part.condition.message and "still receives requests" in part.condition.message
+
+
+def test_traffic_comes_back_when_the_node_reports_no_fault_or_no_other_replica_answers():
+    assert decided({"a": node(), "b": node()}, pod("p", "a", **{TRAFFIC: "off"}), pod("q", "b")).traffic == (("p", "uid-p", "on"),)
+    alone = decided({"a": node(fault=FAULT)}, pod("p", "a", **{TRAFFIC: "off"}))
+    assert alone.traffic == (("p", "uid-p", "on"),)
+    # Off already, another answering: nothing to write.
+    assert decided({"a": node(fault=FAULT), "b": node()}, pod("p", "a", **{TRAFFIC: "off"}), pod("q", "b")).traffic == ()
+
+
+def test_a_pod_made_before_the_label_gets_it_on_so_an_upgrade_keeps_its_endpoints():
+    old = pod("p", "a")
+    del old["metadata"]["labels"][TRAFFIC]
+    assert decided({"a": node()}, old).traffic == (("p", "uid-p", "on"),)
+
+
+def test_only_the_models_own_answering_pods_are_labelled():
+    """A pod the model's labels were copied onto (no controller of the model's) is nobody's to
+    label; a group's worker answers nothing, its leader's label is what counts."""
+    forged = pod("f", "a")
+    forged["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": "other-5d4f8b", "controller": True, "uid": "x"}]
+    unowned = pod("u", "a")
+    del unowned["metadata"]["ownerReferences"]
+    worker = pod("w", "a", **{children.WORKER_INDEX_LABEL: "1"})
+    part = decided({"a": node(fault=FAULT), "b": node()}, forged, unowned, worker, pod("q", "b"))
+    assert part.traffic == ()
 
 
 def test_a_faulted_node_that_still_takes_the_models_pods_is_left_and_named_for_cordoning():
     """The Neuron taint is one the serving pods tolerate: it keeps no replacement off."""
     part = decided({"a": node(fault=FAULT), "b": node()}, pod("p", "a"))
     assert part.evict == () and part.condition.reason == "NeuronHardwareError"
-    assert "pod p on node a: NeuronHasError_HBM_UNCORRECTABLE_ERROR (NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR); left" in part.condition.message
+    said = "pod p on node a: NeuronHasError_HBM_UNCORRECTABLE_ERROR (NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR); "
+    assert said + "still receives requests (no other replica answers from a node without a fault), left" in part.condition.message
     assert "Cordon a (kubectl cordon)" in part.condition.message and "npd.nodeRecovery.enabled=true" in part.condition.message
 
 

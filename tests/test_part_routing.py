@@ -48,7 +48,7 @@ def test_a_pool_selects_the_serving_pods_and_names_its_picker():
     assert set(objects) == {"InferencePool", "Deployment", "Service", "ServiceAccount", "RoleBinding"}
     pool = objects["InferencePool"]
     assert pool["apiVersion"] == "inference.networking.k8s.io/v1" and pool["metadata"]["name"] == "m"
-    assert pool["spec"]["selector"] == {"matchLabels": children.selector(m)}
+    assert pool["spec"]["selector"] == {"matchLabels": {**children.selector(m), children.TRAFFIC_LABEL: "on"}}
     assert pool["spec"]["endpointPickerRef"] == {
         "kind": "Service", "name": "m-epp", "port": {"number": routing.EPP_GRPC_PORT}, "failureMode": "FailOpen",
     }  # fmt: skip

@@ -39,6 +39,7 @@ class FakeKube:
         self.calls: list[tuple[str, str, str]] = []
         self.events: list[tuple[str, str]] = []
         self.evicted: list[tuple[str, str, str]] = []
+        self.labelled: list[tuple[str, str, str, dict[str, str]]] = []
 
     def _stored(self, body: dict[str, Any]) -> dict[str, Any]:
         self.rv += 1
@@ -78,6 +79,10 @@ class FakeKube:
     def evict(self, namespace: str, name: str, uid: str) -> None:
         self._check("evict", "Pod", name)
         self.evicted.append((namespace, name, uid))
+
+    def label_pod(self, namespace: str, name: str, uid: str, labels: dict[str, str]) -> None:
+        self._check("label", "Pod", name)
+        self.labelled.append((namespace, name, uid, labels))
 
     def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
         self.calls.append(("patch_status", api.KIND, name))
@@ -580,7 +585,8 @@ def test_a_node_whose_neuron_devices_fail_is_named_in_the_status_of_the_models_o
     conditions = {c["type"]: c for c in kube.objects[(api.KIND, "m")]["status"]["conditions"]}
     fault = conditions["DeviceFault"]
     assert (fault["status"], fault["reason"]) == ("True", "NeuronHardwareError")
-    assert "pod m-1 on node n1: NeuronHasError_DMA_ERROR (kernel: NEURON_HW_ERR=DMA_ERROR); left: the node still takes" in fault["message"]
+    assert "pod m-1 on node n1: NeuronHasError_DMA_ERROR (kernel: NEURON_HW_ERR=DMA_ERROR); " in fault["message"]
+    assert "left: the node still takes" in fault["message"]
     assert "Cordon n1 (kubectl cordon)" in fault["message"]  # the Neuron taint is the pods' own: it keeps nobody off
     assert ("Warning", "NeuronHardwareError") in kube.events and not kube.evicted
     # Cordoned, with another node of the plan's instance types to go to: evicted, by its uid.
@@ -597,6 +603,39 @@ def test_a_node_whose_neuron_devices_fail_is_named_in_the_status_of_the_models_o
     r.on_node(healthy, "MODIFIED", {})
     asyncio.run(r.reconcile((NS, "m")))
     assert "DeviceFault" not in {c["type"] for c in kube.objects[(api.KIND, "m")]["status"]["conditions"]}
+
+
+def test_a_replica_on_a_failing_node_is_taken_out_of_traffic_by_its_uid_before_anything_is_written():
+    """Another replica answers from a healthy node: the one on the failing node gets its traffic
+    label turned off (the Service stops selecting it), named by uid, and the model says so."""
+    from inferentia_operator.core.model import check_model
+    from inferentia_operator.core.projection import project_neuron_node
+
+    kube = FakeKube()
+    model = stored_model()
+    template = children.serving_deployment(check_model("m", NS, model["spec"], uid="uid-m").model)["spec"]["template"]
+
+    def pod(name: str, node: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "resourceVersion": "5",
+                         "labels": template["metadata"]["labels"],
+                         "ownerReferences": [{"kind": "ReplicaSet", "name": "m-7c9d", "uid": "rs", "controller": True}]},
+            "spec": {**template["spec"], "nodeName": node},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+        }  # fmt: skip
+
+    r = reconciler_with(kube, model, pod("m-1", "n1"), pod("m-2", "n2"))
+    healthy = copy.deepcopy(NEURON_FAULT_NODE)
+    healthy["status"]["conditions"][1] |= {"status": "False", "reason": "NeuronHasNoError"}
+    healthy["metadata"]["name"] = "n2"
+    r.cache.indexes["neuron_node_index"] = {"n1": [project_neuron_node(NEURON_FAULT_NODE)], "n2": [project_neuron_node(healthy)]}
+    asyncio.run(r.reconcile((NS, "m")))
+    assert kube.labelled == [(NS, "m-1", "uid-m-1", {children.TRAFFIC_LABEL: "off"})]
+    first_write = next(i for i, call in enumerate(kube.calls) if call[0] in ("apply", "create") and call[1] != "Event")
+    assert kube.calls.index(("label", "Pod", "m-1")) < first_write
+    fault = {c["type"]: c for c in kube.objects[(api.KIND, "m")]["status"]["conditions"]}["DeviceFault"]
+    assert "pod m-1 on node n1" in fault["message"] and "out of traffic" in fault["message"]
 
 
 def test_a_neuron_node_is_read_with_its_fault_and_taints_bounded():

@@ -461,12 +461,25 @@ def test_a_compile_job_whose_pod_cannot_be_created_says_why_within_a_minute(clus
 def test_a_node_whose_neuron_devices_report_an_error_is_named_in_its_models_status(cluster, operator, namespace):
     """AWS's node problem detector sets NeuronHealth=True on a node whose Neuron driver logged a
     hardware error: the model with a pod there says so (DeviceFault) within seconds, naming the
-    pod, the node and the error. While the node takes new pods the pod is left there; once it is
-    cordoned the pod is evicted, its replacement runs elsewhere, and the condition goes."""
-    apply_model(cluster, namespace, "m")
+    pod, the node and the error. While the node takes new pods the pod is left there, out of the
+    Service's endpoints since the other replica answers; once the node is cordoned the pod is
+    evicted, its replacement runs elsewhere and takes traffic, and the condition goes."""
+    apply_model(cluster, namespace, "m", replicas=2)
     wait_ready(cluster, namespace, "m")
-    [pod] = [p for p in items(cluster, "pods", namespace, "m") if p["metadata"]["labels"].get("app.kubernetes.io/component") == "serving"]
+
+    def serving() -> list[dict]:
+        return [
+            p for p in items(cluster, "pods", namespace, "m") if p["metadata"]["labels"].get("app.kubernetes.io/component") == "serving"
+        ]
+
+    def endpoints() -> set[str]:
+        slices = cluster.get("endpointslices", "-n", namespace, "-l", "kubernetes.io/service-name=m")["items"]
+        return {a for s in slices for e in s.get("endpoints") or [] if (e.get("conditions") or {}).get("ready") for a in e["addresses"]}
+
+    pod, other = serving()
     node = pod["spec"]["nodeName"]
+    assert other["spec"]["nodeName"] != node, "the replicas are spread over nodes (the operator's preferred anti-affinity)"
+    wait_for(lambda: endpoints() == {pod["status"]["podIP"], other["status"]["podIP"]}, 30, "both replicas in the Service")
 
     def set_health(status: str, reason: str, message: str) -> None:
         condition = {"type": "NeuronHealth", "status": status, "reason": reason, "message": message}
@@ -478,17 +491,19 @@ def test_a_node_whose_neuron_devices_report_an_error_is_named_in_its_models_stat
         body = wait_condition(cluster, namespace, "m", "DeviceFault", "True", "NeuronHardwareError", timeout=30)
         message = condition(body, "DeviceFault")["message"]
         assert f"pod {pod['metadata']['name']} on node {node}: NeuronHasError_DMA_ERROR" in message, message
-        # The Neuron taint keeps no replacement off (the pods tolerate it): left, with the node named for cordoning.
-        assert f"Cordon {node} (kubectl cordon)" in message, message
-        assert [p["metadata"]["name"] for p in items(cluster, "pods", namespace, "m")] == [pod["metadata"]["name"]]
+        # The Neuron taint keeps no replacement off (the pods tolerate it): left, with the node named for
+        # cordoning, and out of traffic while the other replica answers.
+        assert f"Cordon {node} (kubectl cordon)" in message and "out of traffic" in message, message
+        wait_for(lambda: endpoints() == {other["status"]["podIP"]}, 30, "the replica on the failing node to leave the Service")
+        assert {p["metadata"]["name"] for p in serving()} == {pod["metadata"]["name"], other["metadata"]["name"]}
         # Cordoned: the pod is evicted (another node of its type takes the replacement) and the condition goes.
         cluster.kubectl("cordon", node)
         wait_for(lambda: not condition(get_model(cluster, namespace, "m"), "DeviceFault"), 60, "DeviceFault to go once the pod moved")
         body = wait_ready(cluster, namespace, "m")
-        [moved] = [
-            p for p in items(cluster, "pods", namespace, "m") if p["metadata"]["labels"].get("app.kubernetes.io/component") == "serving"
-        ]
-        assert moved["spec"]["nodeName"] != node and moved["metadata"]["name"] != pod["metadata"]["name"]
+        moved = serving()
+        assert len(moved) == 2 and all(p["spec"]["nodeName"] != node for p in moved)
+        assert pod["metadata"]["name"] not in {p["metadata"]["name"] for p in moved}
+        wait_for(lambda: endpoints() == {p["status"]["podIP"] for p in serving()}, 30, "both replicas in the Service again")
     finally:
         cluster.kubectl("uncordon", node)
         set_health("False", "NeuronHasNoError", "Neuron has no error")

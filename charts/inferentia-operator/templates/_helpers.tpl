@@ -58,9 +58,11 @@ Superseded plan ConfigMaps and compile Jobs are deleted.
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, list, watch, create, patch, delete]
+# patch: a serving pod's inferentia.dev/traffic label, "off" while its node's Neuron devices
+# report an error and another replica answers (core/parts/device_faults.py).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list, watch]
+  verbs: [list, watch, patch]
 # A serving pod on a node whose Neuron devices report an error, once that node takes no new pods:
 # evicted, so that the model's PodDisruptionBudget paces it (core/parts/device_faults.py).
 - apiGroups: [""]

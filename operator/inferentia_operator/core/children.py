@@ -60,6 +60,8 @@ from .names import (
     PLAN_FILE,
     PLAN_HASH_ANNOTATION,
     PLAN_MOUNT,
+    TRAFFIC_LABEL,
+    TRAFFIC_ON,
     WORKER_INDEX_LABEL,
 )
 from .objects import Obj
@@ -342,9 +344,11 @@ def selector(model: Model) -> dict[str, str]:
 
 
 def answering_selector(model: Model) -> dict[str, str]:
-    """The pods that answer requests, for the Service and the InferencePool: every serving pod,
-    or of a group across nodes its leader alone, whose workers hold ranks and serve no API."""
-    return {**selector(model), WORKER_INDEX_LABEL: "0"} if model.plan.nodes else selector(model)
+    """The pods that answer requests, for the Service and the InferencePool: every serving pod
+    whose traffic is on (names.TRAFFIC_LABEL), or of a group across nodes its leader alone,
+    whose workers hold ranks and serve no API."""
+    answering = {**selector(model), TRAFFIC_LABEL: TRAFFIC_ON}
+    return {**answering, WORKER_INDEX_LABEL: "0"} if model.plan.nodes else answering
 
 
 def selector_string(model: Model) -> str:
@@ -1221,7 +1225,7 @@ def serving_deployment(model: Model, replicas: int | None = None, grouped: bool 
         # One process per NeuronCore Group, each started with its group's environment.
         container["command"] = ["/bin/sh", f"{PLAN_MOUNT}/launch.sh"]
         container["args"] = list(args)
-    template_labels = {**labels(model, "serving")}
+    template_labels = {**labels(model, "serving"), TRAFFIC_LABEL: TRAFFIC_ON}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -1390,7 +1394,7 @@ def holder_scaler_address(model: Model) -> str:
 
 def replicas_service(model: Model) -> dict[str, Any]:
     """The serving pods alone, whatever the model's Service points at: what the holder forwards to."""
-    return _service(model, model.name + REPLICAS_SUFFIX, selector(model))
+    return _service(model, model.name + REPLICAS_SUFFIX, {**selector(model), TRAFFIC_LABEL: TRAFFIC_ON})
 
 
 def parked_holder(model: Model) -> dict[str, Any]:

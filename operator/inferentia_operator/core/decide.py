@@ -48,6 +48,8 @@ class Decision:
     record: dict[str, Any] | None = None
     # Serving pods to evict, (name, uid): on a node whose Neuron devices fail (parts/device_faults.py).
     evict: tuple[tuple[str, str], ...] = ()
+    # Serving pods whose traffic label to set, (name, uid, value): parts/device_faults.py.
+    traffic: tuple[tuple[str, str, str], ...] = ()
 
 
 class Parts(NamedTuple):
@@ -145,7 +147,7 @@ def decide(observed: Observed, now: str, settings: Settings = DEFAULT_SETTINGS) 
     )  # fmt: skip
     deletes = [gone for part in parts for gone in part.delete]
     report = status.report(observed, now, basis)
-    return Decision(to_apply, deletes, basis, report, parts.compile.record, parts.device_faults.evict)
+    return Decision(to_apply, deletes, basis, report, parts.compile.record, parts.device_faults.evict, parts.device_faults.traffic)
 
 
 def writes(

@@ -18,6 +18,12 @@ WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 GROUP_SET_LABEL = "leaderworkerset.sigs.k8s.io/name"
 GROUP_KEY_LABEL = "leaderworkerset.sigs.k8s.io/group-key"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+# Whether a serving pod receives requests: the model's Service, its InferencePool and its
+# holder's forwarding select pods labelled "on"; the Deployment's (and LeaderWorkerSet's)
+# selector does not read it, so turning it "off" takes a pod out of traffic without orphaning it
+# (core/parts/device_faults.py: a pod on a node whose Neuron devices report an error).
+TRAFFIC_LABEL = f"{GROUP}/traffic"
+TRAFFIC_ON, TRAFFIC_OFF = "on", "off"
 PLAN_HASH_ANNOTATION = f"{GROUP}/plan-hash"
 COMPILE_HASH_LABEL = f"{GROUP}/compile-hash"
 COMPILE_INPUTS_ANNOTATION = f"{GROUP}/compile-inputs"

@@ -17,6 +17,7 @@ from typing import Any
 
 from inferentia_operator.core import children
 from inferentia_operator.core.decide import Decision
+from inferentia_operator.core.names import TRAFFIC_LABEL
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.ownership import foreign_owner, is_compile_job_of_ours
 from inferentia_operator.core.projection import OWN_UPDATE_ENTRY, project, project_record
@@ -130,7 +131,19 @@ async def act(pool: Executor, kube: Kube, observed: Observed, decision: Decision
                 # 429: the model's disruption budget allows no eviction now; 409: another pod by that name.
                 log.log(logging.INFO if exc.code in (409, 429) else logging.WARNING, "could not evict pod %s/%s: %s", namespace, name, exc)
 
+    def label() -> None:
+        # Before the writes: a Service that starts selecting the traffic label (an upgrade of the
+        # operator) finds its pods already labelled.
+        for name, uid, value in decision.traffic:
+            try:
+                kube.label_pod(namespace, name, uid, {TRAFFIC_LABEL: value})
+                log.info("pod %s/%s: traffic %s (a node whose Neuron devices report an error)", namespace, name, value)
+            except ApiError as exc:
+                log.log(logging.INFO if exc.code in (409, 422) else logging.WARNING, "could not label pod %s/%s: %s", namespace, name, exc)
+
     loop = asyncio.get_running_loop()
+    if decision.traffic:
+        await loop.run_in_executor(pool, label)
     await asyncio.gather(*(loop.run_in_executor(pool, write, body) for body in decision.apply))
     await loop.run_in_executor(pool, record_and_delete)
     return out

@@ -211,6 +211,16 @@ class Kube:
             if exc.code != 404:
                 raise
 
+    def label_pod(self, namespace: str, name: str, uid: str, labels: dict[str, str]) -> None:
+        """Sets labels on the pod of that uid (a merge patch that names the uid, which the API
+        server refuses to change, so another pod of the same name is left alone). Gone is fine."""
+        body = {"metadata": {"uid": uid, "labels": labels}}
+        try:
+            self._call("PATCH", path("Pod", namespace, name), body=body, content_type="application/merge-patch+json")
+        except ApiError as exc:
+            if exc.code != 404:
+                raise
+
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
         return self._call(
             "PATCH",

@@ -110,7 +110,7 @@ class Reconciler:
         loop = asyncio.get_running_loop()
         outcome = Outcome()
         reported = decision.report
-        if decision.apply or decision.delete or decision.evict:
+        if decision.apply or decision.delete or decision.evict or decision.traffic:
             outcome = await act(self._executor, self.kube(), observed, decision, self.settings.prover)
             self.cache.remember(key, outcome.written)
             if outcome.record is not None:

@@ -18,6 +18,13 @@ node the model's status says DeviceFault, and:
   failing device may still answer, where an evicted one would answer nothing until a node
   comes.
 
+Wherever it is left, and until an eviction the disruption budget holds back goes through, such a
+pod is taken out of traffic (its names.TRAFFIC_LABEL turned "off": the Service, InferencePool and
+holder no longer select it, its ReplicaSet still counts it) while another replica answers from a
+node without a fault; it is put back once its node reports none, or once no other replica is
+left to answer. A pod without the label (made before the label existed) gets it "on", so that an
+upgrade of the operator does not leave a model's Service without endpoints until its rollout.
+
 Nodes are the kubelet's and the detector's; the operator never writes them.
 """
 
@@ -29,6 +36,7 @@ from typing import Any
 
 from inferentia_operator.core import api, status
 from inferentia_operator.core.children import Model
+from inferentia_operator.core.names import TRAFFIC_LABEL, TRAFFIC_OFF, TRAFFIC_ON, WORKER_INDEX_LABEL
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.status import DEVICE_FAULT, DEVICE_FAULT_REASON, Observed
 
@@ -45,6 +53,7 @@ MAX_DECIDED = 64
 class DeviceFaultPart(Part):
     condition: api.Condition | None = None  # DeviceFault, while a serving pod's node reports a fault
     evict: tuple[tuple[str, str], ...] = ()  # (pod name, uid) to evict
+    traffic: tuple[tuple[str, str, str], ...] = ()  # (pod name, uid, TRAFFIC_ON or _OFF) to label
 
 
 def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
@@ -124,8 +133,58 @@ def _elsewhere(nodes: Mapping[str, Iterable[Mapping[str, Any]]], spec: Mapping[s
     )
 
 
+def _node_fault(nodes: Mapping[str, Iterable[Mapping[str, Any]]], pod: Obj) -> Mapping[str, Any] | None:
+    name = str(pod.spec.get("nodeName") or "")
+    node = next(iter(nodes.get(name) or ()), None) if name else None
+    return node.get("fault") if node is not None else None
+
+
+def _made_by_the_model(model: Model, pod: Obj) -> bool:
+    """The pod's controller is one of the model's: a ReplicaSet of its Deployment (``<model>-<hash>``)
+    or a StatefulSet of its LeaderWorkerSet (``<model>``, ``<model>-<group>``). Labels alone are
+    anyone's to write; the operator labels only pods its children made."""
+    owner = pod.controller or {}
+    owner_name = str(owner.get("name") or "")
+    if owner.get("kind") == "ReplicaSet":
+        return owner_name.rpartition("-")[0] == model.name
+    return owner.get("kind") == "StatefulSet" and (owner_name == model.name or owner_name.rpartition("-")[0] == model.name)
+
+
+def traffic_changes(model: Model, observed: Observed) -> tuple[tuple[str, str, str], ...]:
+    """The pods whose traffic label is not what it should be (module docstring), at most
+    MAX_DECIDED a reconcile: "off" for a pod that answers requests on a node reporting a fault
+    while another answers from a node reporting none; "on" for every other."""
+    answering = [
+        pod
+        for pod in map(Obj, observed.serving_pods)
+        # A group's workers answer nothing themselves (children.answering_selector).
+        if not pod.deleting and pod.labels.get(WORKER_INDEX_LABEL, "0") == "0" and _made_by_the_model(model, pod)
+    ]
+    faulted = {pod.uid for pod in answering if _node_fault(observed.nodes, pod)}
+    others_answer = any(
+        pod.uid not in faulted and pod.labels.get(TRAFFIC_LABEL) != TRAFFIC_OFF and pod.condition("Ready").get("status") == "True"
+        for pod in answering
+    )
+    changes = []
+    for pod in answering:
+        wanted = TRAFFIC_OFF if pod.uid in faulted and others_answer else TRAFFIC_ON
+        if pod.labels.get(TRAFFIC_LABEL) != wanted:
+            changes.append((pod.name or "", pod.uid or "", wanted))
+    return tuple(changes[:MAX_DECIDED])
+
+
+def _traffic_said(pod: Obj, traffic: tuple[tuple[str, str, str], ...]) -> str:
+    if pod.labels.get(WORKER_INDEX_LABEL, "0") != "0":
+        return ""  # a group's worker: its leader answers
+    wanted = next((value for name, uid, value in traffic if uid == pod.uid), pod.labels.get(TRAFFIC_LABEL))
+    if wanted == TRAFFIC_OFF:
+        return "out of traffic, "
+    return "still receives requests (no other replica answers from a node without a fault), "
+
+
 def device_fault_part(model: Model, observed: Observed) -> DeviceFaultPart:
     nodes = observed.nodes
+    traffic = traffic_changes(model, observed)
     hit: list[tuple[Obj, str, Mapping[str, Any]]] = []
     for body in observed.serving_pods:
         name = str(Obj(body).spec.get("nodeName") or "")
@@ -133,7 +192,7 @@ def device_fault_part(model: Model, observed: Observed) -> DeviceFaultPart:
         if node is not None and node.get("fault"):
             hit.append((Obj(body), name, node))
     if not hit:
-        return DeviceFaultPart()
+        return DeviceFaultPart(traffic=traffic)
     # Each pod decided costs a look at every node: a bounded number a reconcile (pods that
     # claim to be the model's are a user's to make), the rest at the next.
     decided, undecided = hit[:MAX_DECIDED], len(hit) - MAX_DECIDED
@@ -146,16 +205,18 @@ def device_fault_part(model: Model, observed: Observed) -> DeviceFaultPart:
         fault = node["fault"]
         if pod.deleting:
             what = "being replaced"
-        elif not _closed(pod.spec, name, node):
-            what = "left: the node still takes the model's pods"
-            open_nodes.add(name)
-        elif _elsewhere(nodes, pod.spec, name):
-            # The eviction may wait for the model's disruption budget; the next reconcile asks again.
-            what = "evicting: its replacement goes to another node, as the disruption budget allows"
-            evict.append((pod.name or "", pod.uid or ""))
         else:
-            what = "left: no other node can take it"
-            stuck.add(name)
+            if not _closed(pod.spec, name, node):
+                move = "left: the node still takes the model's pods"
+                open_nodes.add(name)
+            elif _elsewhere(nodes, pod.spec, name):
+                # The eviction may wait for the model's disruption budget; the next reconcile asks again.
+                move = "evicting: its replacement goes to another node, as the disruption budget allows"
+                evict.append((pod.name or "", pod.uid or ""))
+            else:
+                move = "left: no other node can take it"
+                stuck.add(name)
+            what = _traffic_said(pod, traffic) + move
         said.append(f"pod {pod.name} on node {name}: {fault.get('reason')} ({fault.get('message')}); {what}")
     if undecided > 0:
         said.append(f"{undecided} more pods on such nodes are decided at the next reconcile")
@@ -169,4 +230,5 @@ def device_fault_part(model: Model, observed: Observed) -> DeviceFaultPart:
     if stuck:
         kinds = ", ".join(types) if types else "a Neuron instance type"
         message += f". No other node of {kinds} is Ready, free of faults and open to the model's pods"
-    return DeviceFaultPart(condition=status.cond(DEVICE_FAULT, "True", DEVICE_FAULT_REASON, message), evict=tuple(evict))
+    condition = status.cond(DEVICE_FAULT, "True", DEVICE_FAULT_REASON, message)
+    return DeviceFaultPart(condition=condition, evict=tuple(evict), traffic=traffic)
