@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -424,6 +425,43 @@ def test_a_shed_body_still_arriving_after_a_second_gets_its_503_not_a_reset(fron
     _all_answered(_with_normal_client(front_end, shed_while_sending))
     assert_whole_503(answers[0])
     assert b"too many request bytes" in answers[0], answers
+
+
+def test_a_client_that_stops_reading_its_answer_is_cut_off_at_the_body_deadline(front_end):
+    """A large answer to a client that reads its first bytes and then nothing: the front end
+    would wait for it for ever, holding the connection and the answer. Written within the body
+    deadline, as the request had to arrive within it: cut off then, the rest never sent."""
+    floats = b"[" + b",".join([b"1.5"] * (MAX_BODY_MIB * MIB // 4 - 1)) + b"]"  # echoed: a 4 MiB answer
+    received = bytearray()
+
+    async def stops_reading() -> None:
+        sock = socket.socket()
+        # A small window, so that the answer cannot all wait in the kernel's buffers.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", front_end.port))
+        reader, writer = await asyncio.open_connection(sock=sock)
+        writer.write(
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + f"Content-Length: {len(floats)}\r\n\r\n".encode() + floats
+        )
+        await writer.drain()
+        received.extend(await reader.readuntil(b"\r\n\r\n"))  # the answer starts...
+        await asyncio.sleep(BODY_TIMEOUT + 3)  # ...and is not read past the body deadline
+        try:
+            async with asyncio.timeout(10):
+                while chunk := await reader.read(65536):
+                    received.extend(chunk)
+        except (ConnectionError, TimeoutError):
+            pass
+        writer.close()
+
+    unread = front_end.metric("inferentia_batch_answers_unread_total")
+    _all_answered(_with_normal_client(front_end, stops_reading))
+    assert received.startswith(b"HTTP/1.1 200 "), bytes(received[:200])
+    head, _, body = bytes(received).partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+    assert len(body) < length, "the whole answer was written to a client that did not read it"
+    assert front_end.metric("inferentia_batch_answers_unread_total") == unread + 1
+    _within_memory(front_end)
 
 
 def test_a_body_over_the_maximum_gets_413(front_end):

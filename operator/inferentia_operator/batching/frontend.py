@@ -64,6 +64,9 @@ class Metrics:
         )
         self.inflight = Gauge("inferentia_batch_inflight", "Batches in flight, per model process.", ["process"], registry=r)
         self.connections = Gauge("inferentia_batch_connections", "Open client connections.", registry=r)
+        self.unread = Counter(
+            "inferentia_batch_answers_unread", "Answers a client did not read within the body deadline: its connection cut.", registry=r
+        )
         # What an autoscaler and an inference gateway read: the Gateway API Inference
         # Extension's model-server protocol asks for TotalQueuedRequests and
         # TotalRunningRequests gauges (vLLM's vllm:num_requests_waiting and
@@ -127,15 +130,33 @@ class FrontEnd:
     async def predict(self, request: web.Request) -> web.Response:
         charge = Charge(self.budget)
         try:
-            return await self._predict(request, charge)
+            response = await self._predict(request, charge)
         except Refusal as refusal:
             self.metrics.rejected.labels(str(refusal.counted_as)).inc()
-            return refusal.response()
+            response = refusal.response()
         except Exception as exc:  # noqa: BLE001 - a fault of the front end's: this request is answered, the rest go on
             log.warning("request failed in the front end: %s: %s", type(exc).__name__, exc)
-            return self._refuse(500, {"error": f"the front end failed on this request: {type(exc).__name__}"})
+            response = self._refuse(500, {"error": f"the front end failed on this request: {type(exc).__name__}"})
         finally:
             charge.release()
+        return await self._write_answer(request, response)
+
+    async def _write_answer(self, request: web.Request, response: web.Response) -> web.Response:
+        """Writes the answer within the body deadline, as its request had to arrive within it: a
+        client that stops reading is cut off, and its connection and the answer's bytes freed,
+        where aiohttp would wait for it for ever (once more than its buffer's 64 KiB is unread).
+        aiohttp then finds the answer sent, or the connection gone, and writes nothing more."""
+        try:
+            async with asyncio.timeout(self.limits.body_timeout):
+                await response.prepare(request)
+                await response.write_eof()
+        except TimeoutError:
+            self.metrics.unread.inc()
+            if request.transport is not None:
+                request.transport.abort()
+        except ConnectionError:
+            pass  # the client left: aiohttp's own writing of the answer finds it gone too
+        return response
 
     async def _predict(self, request: web.Request, charge: Charge) -> web.Response:
         arrived = self.clock()
