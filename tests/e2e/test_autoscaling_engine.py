@@ -219,7 +219,9 @@ def test_without_the_inference_extension_the_model_says_so_and_gets_its_pool_onc
         c.install_inference_extension()
         wait_for(lambda: exists("inferencepool", "routed"), 60, "the InferencePool")
         pool = c.get("inferencepool", "routed")
-        assert pool["spec"]["selector"] == {"matchLabels": {"inferentia.dev/model": "routed", "app.kubernetes.io/component": "serving"}}
+        assert pool["spec"]["selector"] == {
+            "matchLabels": {"inferentia.dev/model": "routed", "app.kubernetes.io/component": "serving", "inferentia.dev/traffic": "on"}
+        }
         assert pool["spec"]["targetPorts"] == [{"number": 8000}, {"number": 8001}]  # each vLLM process's own port
         assert pool["spec"]["endpointPickerRef"]["name"] == "routed-epp"
         assert pool["metadata"]["ownerReferences"][0]["uid"] == model()["metadata"]["uid"]
