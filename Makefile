@@ -14,7 +14,7 @@ HELM    = $(shell bash cluster/build.sh --print)/helm
 CHART   := charts/inferentia-operator
 
 help:
-	@echo "make test          the whole suite: unit tests, then end-to-end tests on a local control plane"
+	@echo "make test          the whole suite: unit tests beside the end-to-end tests on a local control plane"
 	@echo "make unit          unit tests only (no cluster)"
 	@echo "make test-faults   the fault suite alone, with the real-node faults make test leaves out (docs/faults.md)"
 	@echo "make test-kind     the end-to-end suite on a kind cluster (Docker, else podman), then kind-down (KEEP_KIND=1 keeps it)"
@@ -53,12 +53,15 @@ controlplane: venv
 	@rc=0; { bash cluster/node-deps.sh && $(BIN)/python cluster/images.py --parts >/dev/null; } & prep=$$!; \
 	  bash cluster/build.sh >/dev/null || rc=$$?; wait $$prep || rc=$$?; exit $$rc
 
-# The tests that need no cluster first, on every core (a file to a worker: they are CPU-bound,
-# and a file's tests share its fixtures); then the end-to-end tests, one at a time, since they
-# share the local cluster. Both run whatever the first found; either failing fails the target.
+# The tests that need no cluster (a file to a worker: they are CPU-bound, and a file's tests
+# share its fixtures) beside the end-to-end tests, which run one at a time since they share the
+# local cluster and spend most of their time waiting on it; the unit suite's report is printed
+# after the end-to-end one's. Either failing fails the target.
 test: venv controlplane
-	@rc=0; $(BIN)/pytest -m "not cluster" -n auto --dist loadfile || rc=$$?; \
-	  $(BIN)/pytest -m cluster || rc=$$?; exit $$rc
+	@rc=0; unit_log=$$(mktemp); \
+	  $(BIN)/pytest -m "not cluster" -n auto --dist loadfile >$$unit_log 2>&1 & unit=$$!; \
+	  $(BIN)/pytest -m cluster || rc=$$?; \
+	  wait $$unit || rc=$$?; cat $$unit_log; rm -f $$unit_log; exit $$rc
 
 unit: venv
 	$(BIN)/pytest -m "not cluster" -n auto --dist loadfile
