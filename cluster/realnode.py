@@ -482,6 +482,10 @@ state = "{s / "state"}"
             "containerLogMaxSize": "5Mi",
             "syncFrequency": "5s",
             "fileCheckFrequency": "5s",
+            # A node's devices change when a test reshapes it (reshape, dra_mode): the kubelet
+            # computes its status every 2 s rather than 10, so the new capacity shows about 4 s
+            # sooner on average. It still posts the status only when it changed, or every 10 s.
+            "nodeStatusUpdateFrequency": "2s",
             "nodeStatusReportFrequency": "10s",
             "staticPodPath": "",
             "shutdownGracePeriod": "0s",
