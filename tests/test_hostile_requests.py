@@ -62,6 +62,12 @@ class Server:
                 return int(line.split()[1]) * 1024
         raise AssertionError("no VmHWM")
 
+    def metric(self, name: str) -> float:
+        """A counter or gauge of the server's /metrics."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as r:
+            lines = r.read().decode().splitlines()
+        return next(float(line.split()[-1]) for line in lines if line.startswith((name + " ", name + "{")))
+
     def post(self, body: bytes, headers: dict[str, str] | None = None, timeout: float = 30) -> tuple[int, bytes]:
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
@@ -650,6 +656,64 @@ def test_a_client_that_leaves_while_the_holder_streams_its_answer_costs_nothing(
         time.sleep(2.5)  # every stream the clients left has ended
         status, body = holder.post(b"[]")
         assert status == 200 and body.count(b"token") == 20
+        holder.assert_clean_log()
+    finally:
+        _stop(holder.process)
+        upstream.shutdown()
+
+
+def test_a_client_that_stops_reading_the_holders_answer_is_cut_off_at_the_body_deadline(logs):
+    """A replica's large answer to a client that reads its first bytes and then nothing: the
+    holder would wait on it for ever, holding the connection and the replica's stream. Each
+    piece of the answer must be taken within the body deadline; past it the client is cut off."""
+    import http.server
+
+    answer = b"x" * (16 * 1024 * 1024)
+
+    class Large(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            try:
+                self.wfile.write(answer)
+            except OSError:
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Large)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    port = free_port()
+    command = [
+        sys.executable, "-m", "inferentia_operator", "hold", "--host", "127.0.0.1", "--upstream", "127.0.0.1",
+        "--ports", f"{port}:{upstream.server_address[1]}", "--hold-seconds", "10", "--body-timeout-s", "2",
+    ]  # fmt: skip
+    holder = _start("holder-unread", command, port, logs)
+    try:
+        with socket.socket() as s:
+            # A small window, so that the answer cannot all wait in the kernel's buffers.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.settimeout(10)
+            s.connect(("127.0.0.1", port))
+            s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n[]")
+            received = s.recv(64)
+            assert received.startswith(b"HTTP/1.1 200"), received  # the answer began...
+            time.sleep(2 + 3)  # ...and is not read past the body deadline
+            try:
+                while chunk := s.recv(1 << 20):
+                    received += chunk
+            except OSError:
+                pass  # reset: cut off
+        assert len(received) < len(answer), "the whole answer was written to a client that did not read it"
+        assert holder.metric("inferentia_hold_answers_unread_total") == 1
+        # And the next client is answered whole.
+        status, body = holder.post(b"[]")
+        assert status == 200 and body == answer
         holder.assert_clean_log()
     finally:
         _stop(holder.process)

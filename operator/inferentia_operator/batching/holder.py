@@ -89,6 +89,9 @@ class Metrics:
         )
         self.connections = Gauge("inferentia_hold_connections", "Open client connections.", registry=r)
         self.probes = Counter("inferentia_hold_probes", "Tries to connect to the replicas while requests are held.", registry=r)
+        self.unread = Counter(
+            "inferentia_hold_answers_unread", "Answers a client stopped reading for the body deadline: its connection cut.", registry=r
+        )
         self.scaler_streams = Gauge(
             "inferentia_hold_scaler_streams", "Open StreamIsActive calls of KEDA's external scaler API.", registry=r
         )
@@ -196,13 +199,23 @@ class Holder:
             answer = web.StreamResponse(status=upstream.status, headers=_end_to_end(upstream.headers))
             await answer.prepare(request)
             try:
+                # Each piece of the answer is taken by the client within the body deadline, as its
+                # request had to arrive within it: a client that stops reading is cut off, which
+                # frees its connection and the replica's stream (aiohttp would wait for ever once
+                # 64 KiB are unread). A long stream that the client reads runs as long as it runs.
                 async for chunk in upstream.content.iter_any():
-                    await answer.write(chunk)
-                await answer.write_eof()
+                    async with asyncio.timeout(self.limits.body_timeout):
+                        await answer.write(chunk)
+                async with asyncio.timeout(self.limits.body_timeout):
+                    await answer.write_eof()
             except ConnectionError:
                 # The client left while its answer was being written: nobody to tell, and the
                 # answer already begun is the one aiohttp closes.
                 self.metrics.rejected.labels("499").inc()
+            except TimeoutError:
+                self.metrics.unread.inc()
+                if request.transport is not None:
+                    request.transport.abort()
             return answer
 
     async def _held_until_sent(self, request: web.Request, body: bytes, started: float) -> aiohttp.ClientResponse | web.Response:
@@ -276,9 +289,13 @@ async def run(
                 holder.metrics.rejected.labels("scaler").inc,
             )
         for port, upstream_port in ports:
+            # lingering_time: a body left unread after an early answer (a 503) is read and thrown
+            # away for as long as an admitted body is waited for, as the front end does: closed
+            # with bytes unread, the connection is reset and a client still sending loses the answer.
             runner = web.AppRunner(
-                holder.app(upstream_port), access_log=None, keepalive_timeout=holder.limits.header_timeout, lingering_time=1.0
-            )
+                holder.app(upstream_port), access_log=None, keepalive_timeout=holder.limits.header_timeout,
+                lingering_time=holder.limits.body_timeout,
+            )  # fmt: skip
             await runner.setup()
             runners.append(runner)
             site = LimitedSite(runner, host, port, holder.limits.max_connections, holder.metrics.rejected.labels("503").inc)
