@@ -640,23 +640,32 @@ def test_a_client_that_leaves_while_the_holder_streams_its_answer_costs_nothing(
         def log_message(self, *args):
             pass
 
-    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Streaming)
-    threading.Thread(target=upstream.serve_forever, daemon=True).start()
-    port = free_port()
-    command = [
-        sys.executable, "-m", "inferentia_operator", "hold", "--host", "127.0.0.1", "--upstream", "127.0.0.1",
-        "--ports", f"{port}:{upstream.server_address[1]}", "--hold-seconds", "10",
-    ]  # fmt: skip
-    holder = _start("holder-streaming", command, port, logs)
-    try:
+    with holder_in_front_of(Streaming, logs, "holder-streaming") as holder:
         for _ in range(5):
-            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            with socket.create_connection(("127.0.0.1", holder.port), timeout=5) as s:
                 s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n[]")
                 assert s.recv(64).startswith(b"HTTP/1.1 200")  # the answer began; the client leaves
         time.sleep(2.5)  # every stream the clients left has ended
         status, body = holder.post(b"[]")
         assert status == 200 and body.count(b"token") == 20
         holder.assert_clean_log()
+
+
+@contextlib.contextmanager
+def holder_in_front_of(handler: type, logs: Path, name: str, *flags: str) -> Iterator[Server]:
+    """A holder whose replica is an HTTP server of ``handler`` in a thread; both stopped after."""
+    import http.server
+
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    port = free_port()
+    command = [
+        sys.executable, "-m", "inferentia_operator", "hold", "--host", "127.0.0.1", "--upstream", "127.0.0.1",
+        "--ports", f"{port}:{upstream.server_address[1]}", "--hold-seconds", "10", *flags,
+    ]  # fmt: skip
+    holder = _start(name, command, port, logs)
+    try:
+        yield holder
     finally:
         _stop(holder.process)
         upstream.shutdown()
@@ -686,20 +695,12 @@ def test_a_client_that_stops_reading_the_holders_answer_is_cut_off_at_the_body_d
         def log_message(self, *args):
             pass
 
-    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Large)
-    threading.Thread(target=upstream.serve_forever, daemon=True).start()
-    port = free_port()
-    command = [
-        sys.executable, "-m", "inferentia_operator", "hold", "--host", "127.0.0.1", "--upstream", "127.0.0.1",
-        "--ports", f"{port}:{upstream.server_address[1]}", "--hold-seconds", "10", "--body-timeout-s", "2",
-    ]  # fmt: skip
-    holder = _start("holder-unread", command, port, logs)
-    try:
+    with holder_in_front_of(Large, logs, "holder-unread", "--body-timeout-s", "2") as holder:
         with socket.socket() as s:
             # A small window, so that the answer cannot all wait in the kernel's buffers.
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             s.settimeout(10)
-            s.connect(("127.0.0.1", port))
+            s.connect(("127.0.0.1", holder.port))
             s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n[]")
             received = s.recv(64)
             assert received.startswith(b"HTTP/1.1 200"), received  # the answer began...
@@ -715,6 +716,3 @@ def test_a_client_that_stops_reading_the_holders_answer_is_cut_off_at_the_body_d
         status, body = holder.post(b"[]")
         assert status == 200 and body == answer
         holder.assert_clean_log()
-    finally:
-        _stop(holder.process)
-        upstream.shutdown()
