@@ -88,11 +88,15 @@ class LatencyModel:
         self.overruns: deque[float] = deque(maxlen=self.SPREAD_WINDOW)
 
     def observe(self, n: int, seconds: float) -> None:
+        if self.samples:
+            # Against the fit the batch was sent on; before anything was learnt there was none,
+            # and a first batch's whole time is no overrun (taken as one, a model that takes over
+            # half the budget would be estimated over it at worst, and shed for ever).
+            self.overruns.append(max(0.0, seconds - self(n)))
         self.samples.append((n, seconds))
-        self.overruns.append(max(0.0, seconds - self(n)))  # against the fit the batch was sent on
         self._fit(n)
         overruns = sorted(self.overruns)
-        self.spread = overruns[min(len(overruns) - 1, int(self.SPREAD_QUANTILE * len(overruns)))]
+        self.spread = overruns[min(len(overruns) - 1, int(self.SPREAD_QUANTILE * len(overruns)))] if overruns else 0.0
 
     def _fit(self, n: int) -> None:
         sizes = {s for s, _ in self.samples}
