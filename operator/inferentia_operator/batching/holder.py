@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 
 import aiohttp
 from aiohttp import web
@@ -204,19 +204,27 @@ class Holder:
                 # frees its connection and the replica's stream (aiohttp would wait for ever once
                 # 64 KiB are unread). A long stream that the client reads runs as long as it runs.
                 async for chunk in upstream.content.iter_any():
-                    async with asyncio.timeout(self.limits.body_timeout):
-                        await answer.write(chunk)
-                async with asyncio.timeout(self.limits.body_timeout):
-                    await answer.write_eof()
+                    if not await self._taken(request, answer.write(chunk)):
+                        return answer
+                await self._taken(request, answer.write_eof())
             except ConnectionError:
                 # The client left while its answer was being written: nobody to tell, and the
                 # answer already begun is the one aiohttp closes.
                 self.metrics.rejected.labels("499").inc()
-            except TimeoutError:
-                self.metrics.unread.inc()
-                if request.transport is not None:
-                    request.transport.abort()
             return answer
+
+    async def _taken(self, request: web.Request, write: Awaitable[None]) -> bool:
+        """Whether the client took a piece of its answer within the body deadline; if not, it is
+        cut off. (Only the write is timed: a replica that stalls is aiohttp's client timeout's.)"""
+        try:
+            async with asyncio.timeout(self.limits.body_timeout):
+                await write
+        except TimeoutError:
+            self.metrics.unread.inc()
+            if request.transport is not None:
+                request.transport.abort()
+            return False
+        return True
 
     async def _held_until_sent(self, request: web.Request, body: bytes, started: float) -> aiohttp.ClientResponse | web.Response:
         """Sends the request upstream once a replica accepts it: its answer, or the refusal
