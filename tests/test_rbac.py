@@ -74,8 +74,10 @@ def every_write() -> tuple[Any, Decision]:
     # RoleBinding.
     kept = ("Deployment", "Service", "ServiceAccount", "RoleBinding")
     deletes = [(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] not in kept]
-    # And a serving pod on a node whose Neuron devices fail, evicted (parts/device_faults.py).
-    return Observed(body), Decision(objects, deletes, None, None, record, evict=(("m-1", "uid-1"),))
+    # And a serving pod on a node whose Neuron devices fail, evicted, and another taken out of
+    # traffic (parts/device_faults.py).
+    decision = Decision(objects, deletes, None, None, record, evict=(("m-1", "uid-1"),), traffic=(("m-2", "uid-2", "off"),))
+    return Observed(body), decision
 
 
 def actor_requests() -> set[tuple[str, str]]:

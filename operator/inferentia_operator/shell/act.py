@@ -137,7 +137,7 @@ async def act(pool: Executor, kube: Kube, observed: Observed, decision: Decision
         for name, uid, value in decision.traffic:
             try:
                 kube.label_pod(namespace, name, uid, {TRAFFIC_LABEL: value})
-                log.info("pod %s/%s: traffic %s (a node whose Neuron devices report an error)", namespace, name, value)
+                log.info("pod %s/%s: traffic %s (core/parts/device_faults.py)", namespace, name, value)
             except ApiError as exc:
                 log.log(logging.INFO if exc.code in (409, 422) else logging.WARNING, "could not label pod %s/%s: %s", namespace, name, exc)
 
