@@ -60,8 +60,9 @@ controlplane: venv
 test: venv controlplane
 	@rc=0; unit_log=$$(mktemp); \
 	  $(BIN)/pytest -m "not cluster" -n auto --dist loadfile >$$unit_log 2>&1 & unit=$$!; \
+	  trap 'kill $$unit 2>/dev/null; rm -f $$unit_log' EXIT INT TERM; \
 	  $(BIN)/pytest -m cluster || rc=$$?; \
-	  wait $$unit || rc=$$?; cat $$unit_log; rm -f $$unit_log; exit $$rc
+	  wait $$unit || rc=$$?; cat $$unit_log; exit $$rc
 
 unit: venv
 	$(BIN)/pytest -m "not cluster" -n auto --dist loadfile
