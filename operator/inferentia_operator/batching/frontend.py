@@ -37,7 +37,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from .dispatch import Dispatch, Dispatcher, Reject, Request
-from .intake import Charge, Refusal, over_budget, read_body, stall
+from .intake import Charge, Refusal, over_budget, read_body, stall, taken_in_time
 from .limits import DEFAULT_LIMITS, PADDED_ELEMENT_BYTES, BadInput, Budget, Limits, parse_input
 from .padding import Shape, TooLarge, bucket_for, pad, shape_of, unpad
 
@@ -142,18 +142,15 @@ class FrontEnd:
         return await self._write_answer(request, response)
 
     async def _write_answer(self, request: web.Request, response: web.Response) -> web.Response:
-        """Writes the answer within the body deadline, as its request had to arrive within it: a
-        client that stops reading is cut off, and its connection and the answer's bytes freed,
-        where aiohttp would wait for it for ever (once more than its buffer's 64 KiB is unread).
-        aiohttp then finds the answer sent, or the connection gone, and writes nothing more."""
+        """Writes the answer within the body deadline (intake.taken_in_time); aiohttp then finds it
+        sent, or the connection gone, and writes nothing more."""
+
+        async def write() -> None:
+            await response.prepare(request)
+            await response.write_eof()
+
         try:
-            async with asyncio.timeout(self.limits.body_timeout):
-                await response.prepare(request)
-                await response.write_eof()
-        except TimeoutError:
-            self.metrics.unread.inc()
-            if request.transport is not None:
-                request.transport.abort()
+            await taken_in_time(request, write(), self.limits, self.metrics.unread.inc)
         except ConnectionError:
             pass  # the client left: aiohttp's own writing of the answer finds it gone too
         return response

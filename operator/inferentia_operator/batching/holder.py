@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 
 import aiohttp
 from aiohttp import web
@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from . import scaler
 from .frontend import LimitedSite, _MalformedRequests, until_signalled
-from .intake import Charge, Refusal, read_body, stall
+from .intake import Charge, Refusal, read_body, stall, taken_in_time
 from .limits import DEFAULT_LIMITS, Budget, Limits
 
 log = logging.getLogger(__name__)
@@ -204,27 +204,14 @@ class Holder:
                 # frees its connection and the replica's stream (aiohttp would wait for ever once
                 # 64 KiB are unread). A long stream that the client reads runs as long as it runs.
                 async for chunk in upstream.content.iter_any():
-                    if not await self._taken(request, answer.write(chunk)):
+                    if not await taken_in_time(request, answer.write(chunk), self.limits, self.metrics.unread.inc):
                         return answer
-                await self._taken(request, answer.write_eof())
+                await taken_in_time(request, answer.write_eof(), self.limits, self.metrics.unread.inc)
             except ConnectionError:
                 # The client left while its answer was being written: nobody to tell, and the
                 # answer already begun is the one aiohttp closes.
                 self.metrics.rejected.labels("499").inc()
             return answer
-
-    async def _taken(self, request: web.Request, write: Awaitable[None]) -> bool:
-        """Whether the client took a piece of its answer within the body deadline; if not, it is
-        cut off. (Only the write is timed: a replica that stalls is aiohttp's client timeout's.)"""
-        try:
-            async with asyncio.timeout(self.limits.body_timeout):
-                await write
-        except TimeoutError:
-            self.metrics.unread.inc()
-            if request.transport is not None:
-                request.transport.abort()
-            return False
-        return True
 
     async def _held_until_sent(self, request: web.Request, body: bytes, started: float) -> aiohttp.ClientResponse | web.Response:
         """Sends the request upstream once a replica accepts it: its answer, or the refusal

@@ -11,6 +11,7 @@ that is not hex or overflows), before any handler runs.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -97,3 +98,18 @@ def stall(budget: Budget, within: float) -> dict[str, Any] | None:
     if stalled <= within:
         return None
     return {"error": f"no request admitted for {stalled:.1f} s, longer than {within:g} s: the body budget is held"}
+
+
+async def taken_in_time(request: web.Request, write: Awaitable[object], limits: Limits, cut: Callable[[], None]) -> bool:
+    """Whether the client took what ``write`` sends within the body deadline, as its request had
+    to arrive within it; if not, its connection is cut (``cut`` counts it): aiohttp would wait for
+    ever on a client that stops reading, once more than its buffer's 64 KiB is unread."""
+    try:
+        async with asyncio.timeout(limits.body_timeout):
+            await write
+    except TimeoutError:
+        cut()
+        if request.transport is not None:
+            request.transport.abort()
+        return False
+    return True
