@@ -343,12 +343,16 @@ def selector(model: Model) -> dict[str, str]:
     return {MODEL_LABEL: model.name, COMPONENT_LABEL: "serving"}
 
 
+def traffic_selector(model: Model) -> dict[str, str]:
+    """The serving pods whose traffic is on (names.TRAFFIC_LABEL): what the holder forwards to."""
+    return {**selector(model), TRAFFIC_LABEL: TRAFFIC_ON}
+
+
 def answering_selector(model: Model) -> dict[str, str]:
     """The pods that answer requests, for the Service and the InferencePool: every serving pod
-    whose traffic is on (names.TRAFFIC_LABEL), or of a group across nodes its leader alone,
-    whose workers hold ranks and serve no API."""
-    answering = {**selector(model), TRAFFIC_LABEL: TRAFFIC_ON}
-    return {**answering, WORKER_INDEX_LABEL: "0"} if model.plan.nodes else answering
+    whose traffic is on, or of a group across nodes its leader alone, whose workers hold ranks
+    and serve no API."""
+    return {**traffic_selector(model), WORKER_INDEX_LABEL: "0"} if model.plan.nodes else traffic_selector(model)
 
 
 def selector_string(model: Model) -> str:
@@ -1394,7 +1398,7 @@ def holder_scaler_address(model: Model) -> str:
 
 def replicas_service(model: Model) -> dict[str, Any]:
     """The serving pods alone, whatever the model's Service points at: what the holder forwards to."""
-    return _service(model, model.name + REPLICAS_SUFFIX, {**selector(model), TRAFFIC_LABEL: TRAFFIC_ON})
+    return _service(model, model.name + REPLICAS_SUFFIX, traffic_selector(model))
 
 
 def parked_holder(model: Model) -> dict[str, Any]:
