@@ -133,10 +133,15 @@ def _elsewhere(nodes: Mapping[str, Iterable[Mapping[str, Any]]], spec: Mapping[s
     )
 
 
-def _node_fault(nodes: Mapping[str, Iterable[Mapping[str, Any]]], pod: Obj) -> Mapping[str, Any] | None:
+def _node_of(nodes: Mapping[str, Iterable[Mapping[str, Any]]], pod: Obj) -> tuple[str, Mapping[str, Any] | None]:
+    """The pod's node's name and projection (None: not placed, or not a Neuron node)."""
     name = str(pod.spec.get("nodeName") or "")
-    node = next(iter(nodes.get(name) or ()), None) if name else None
-    return node.get("fault") if node is not None else None
+    return name, next(iter(nodes.get(name) or ()), None) if name else None
+
+
+def _answers(pod: Obj) -> bool:
+    """A group's workers answer nothing themselves (children.answering_selector)."""
+    return pod.labels.get(WORKER_INDEX_LABEL, "0") == "0"
 
 
 def _made_by_the_model(model: Model, pod: Obj) -> bool:
@@ -154,13 +159,8 @@ def traffic_changes(model: Model, observed: Observed) -> tuple[tuple[str, str, s
     """The pods whose traffic label is not what it should be (module docstring), at most
     MAX_DECIDED a reconcile: "off" for a pod that answers requests on a node reporting a fault
     while another answers from a node reporting none; "on" for every other."""
-    answering = [
-        pod
-        for pod in map(Obj, observed.serving_pods)
-        # A group's workers answer nothing themselves (children.answering_selector).
-        if not pod.deleting and pod.labels.get(WORKER_INDEX_LABEL, "0") == "0" and _made_by_the_model(model, pod)
-    ]
-    faulted = {pod.uid for pod in answering if _node_fault(observed.nodes, pod)}
+    answering = [pod for pod in map(Obj, observed.serving_pods) if not pod.deleting and _answers(pod) and _made_by_the_model(model, pod)]
+    faulted = {pod.uid for pod in answering if (_node_of(observed.nodes, pod)[1] or {}).get("fault")}
     others_answer = any(
         pod.uid not in faulted and pod.labels.get(TRAFFIC_LABEL) != TRAFFIC_OFF and pod.condition("Ready").get("status") == "True"
         for pod in answering
@@ -174,7 +174,7 @@ def traffic_changes(model: Model, observed: Observed) -> tuple[tuple[str, str, s
 
 
 def _traffic_said(pod: Obj, traffic: tuple[tuple[str, str, str], ...]) -> str:
-    if pod.labels.get(WORKER_INDEX_LABEL, "0") != "0":
+    if not _answers(pod):
         return ""  # a group's worker: its leader answers
     wanted = next((value for name, uid, value in traffic if uid == pod.uid), pod.labels.get(TRAFFIC_LABEL))
     if wanted == TRAFFIC_OFF:
@@ -186,11 +186,10 @@ def device_fault_part(model: Model, observed: Observed) -> DeviceFaultPart:
     nodes = observed.nodes
     traffic = traffic_changes(model, observed)
     hit: list[tuple[Obj, str, Mapping[str, Any]]] = []
-    for body in observed.serving_pods:
-        name = str(Obj(body).spec.get("nodeName") or "")
-        node = next(iter(nodes.get(name) or ()), None) if name else None
+    for pod in map(Obj, observed.serving_pods):
+        name, node = _node_of(nodes, pod)
         if node is not None and node.get("fault"):
-            hit.append((Obj(body), name, node))
+            hit.append((pod, name, node))
     if not hit:
         return DeviceFaultPart(traffic=traffic)
     # Each pod decided costs a look at every node: a bounded number a reconcile (pods that
