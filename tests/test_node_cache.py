@@ -256,7 +256,8 @@ def test_an_artefact_fetched_whole_is_recorded_and_goes_with_its_evicted_file(s3
     upload(source, "s3://models/m/abc/")
     fetch("s3://models/m/abc/", tmp_path / "one", cache=cache.url)
     records = tmp_path / "cache" / "artefacts.json"  # beside the files; no client can list them
-    assert json.loads(records.read_text()) == {f"/{hold_key('s3://models/m/abc')}": [sha(b"a" * 60)]}
+    [(name, record)] = json.loads(records.read_text()).items()
+    assert name == f"/{hold_key('s3://models/m/abc')}" and record["files"] == [sha(b"a" * 60)]
     # A claim of files it does not hold is refused, whatever key it names.
     claim = urllib.request.Request(f"{cache.url}/artefacts/{'0' * 32}", json.dumps([sha(b"zz")]).encode(), method="PUT")
     with pytest.raises(urllib.error.HTTPError) as refused:
@@ -265,6 +266,8 @@ def test_an_artefact_fetched_whole_is_recorded_and_goes_with_its_evicted_file(s3
     assert cache.put(b"b" * 60) == 201  # 120 > 100: the artefact's file goes, and the record with it
     assert json.loads(records.read_text()) == {}
     assert cache.metric("inferentia_node_cache_artefacts") == 0
+    # And its view: a link left there would keep the evicted bytes on the node's disk.
+    assert not [p for p in (tmp_path / "cache" / "views").rglob("*") if p.is_file()]
 
 
 def test_a_record_is_read_whole_however_it_arrives(cache):
@@ -419,3 +422,123 @@ def test_a_filler_that_goes_away_holds_the_others_only_until_its_lease_lapses(s3
         assert c.metric("inferentia_node_cache_stored_total") == 1  # the next one filled it
     finally:
         assert "Traceback" not in c.stop()
+
+
+class CountingStore:
+    """The store's client, counting what is read from it."""
+
+    def __init__(self, client) -> None:
+        self.client, self.downloads = client, []
+        self.exceptions = client.exceptions
+
+    def get_object(self, **kwargs):
+        return self.client.get_object(**kwargs)
+
+    def download_file(self, bucket, key, target):
+        self.downloads.append(key)
+        return self.client.download_file(bucket, key, target)
+
+
+def artefact(tmp_path, files: dict[str, bytes], uri: str = "s3://models/m/abc/") -> str:
+    source = tmp_path / "compiled"
+    for name, data in files.items():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_bytes(data)
+    upload(source, uri)
+    return uri
+
+
+def test_a_second_fetch_on_the_node_links_the_view_and_copies_and_hashes_nothing(s3, cache, tmp_path, monkeypatch):
+    """The first fetch on a node fills the cache and records the artefact by its files' names:
+    the cache builds a view of hard links to what it checked. A fetch that sees that view (the
+    node's view of the key, mounted read-only) links to it: no byte read from the store or the
+    cache, none written, none hashed."""
+    from inferentia_operator import fetch as fetching
+    from inferentia_operator.core.holds import hold_key, view_digest
+
+    uri = artefact(tmp_path, {"model.pt": b"w" * 40, "conf/config.json": b"{}"})
+    fetch(uri, tmp_path / "one", cache=cache.url)
+    view = tmp_path / "cache" / "views" / "-" / hold_key(uri)  # a cache that admits anyone: no namespace
+    [built] = view.iterdir()
+    assert built.name == view_digest({"model.pt": sha(b"w" * 40), "conf/config.json": sha(b"{}")})
+    blob = tmp_path / "cache" / "blobs" / sha(b"w" * 40)
+    assert (built / "model.pt").stat().st_ino == blob.stat().st_ino  # a link, not a copy
+    assert blob.stat().st_mode & 0o777 == 0o444
+
+    store = CountingStore(s3)
+    monkeypatch.setattr(fetching, "_digest", lambda path: pytest.fail(f"{path} hashed again"))
+    served = cache.metric("inferentia_node_cache_hits_total")
+    second = fetch(uri, tmp_path / "two", client=store, cache=cache.url, view=view)
+    assert sorted(p.relative_to(tmp_path / "two").as_posix() for p in second) == ["conf/config.json", "model.pt"]
+    assert all(p.is_symlink() and p.resolve().parent.is_relative_to(built) for p in second)
+    assert (tmp_path / "two" / "model.pt").read_bytes() == b"w" * 40
+    assert store.downloads == [] and cache.metric("inferentia_node_cache_hits_total") == served
+
+
+def test_a_view_is_taken_only_where_it_holds_what_the_marker_says(s3, cache, tmp_path):
+    """A record's names come from a pod: one that names another file under the model's name
+    gets a view under another digest, which no fetch of the real marker takes."""
+    from inferentia_operator.core.holds import hold_key
+
+    uri = artefact(tmp_path, {"model.pt": b"right"})
+    assert cache.put(b"wrong") == 201
+    forged = {"files": {"model.pt": sha(b"wrong")}}
+    key = hold_key(uri)
+    request = urllib.request.Request(f"{cache.url}/artefacts/{key}", json.dumps(forged).encode(), method="PUT")
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        assert json.loads(answer.read()) == {"recorded": True, "view": True}
+    got = fetch(uri, tmp_path / "out", cache=cache.url, view=tmp_path / "cache" / "views" / "-" / key)
+    assert [(p.is_symlink(), p.read_bytes()) for p in got] == [(False, b"right")]
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        {"../escape": "x"},
+        {"/abs": "x"},
+        {"a//b": "x"},
+        {"./a": "x"},
+        {"a/": "x"},
+        {"a\0b": "x"},
+        {"x" * 256: "x"},
+        {"/".join("d" * 17): "x"},
+    ],
+    ids=["dotdot", "absolute", "empty-part", "dot", "trailing-slash", "nul", "long-part", "deep"],
+)
+def test_a_record_whose_names_would_leave_its_view_is_refused(cache, files):
+    assert cache.put(b"held") == 201
+    body = {"files": {name.replace("\\0", "\0"): sha(b"held") for name in files}}
+    request = urllib.request.Request(f"{cache.url}/artefacts/{'a' * 32}", json.dumps(body).encode(), method="PUT")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=5)
+    assert refused.value.code == 400 and "view" in json.loads(refused.value.read())["error"]
+
+
+def test_names_that_clash_are_recorded_without_a_view(cache, tmp_path):
+    assert cache.put(b"held") == 201
+    body = {"files": {"a": sha(b"held"), "a/b": sha(b"held")}}  # "a" cannot be a file and a directory
+    request = urllib.request.Request(f"{cache.url}/artefacts/{'a' * 32}", json.dumps(body).encode(), method="PUT")
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        assert answer.status == 201 and json.loads(answer.read()) == {"recorded": True, "view": False}
+    assert not [p for p in (tmp_path / "cache" / "views").rglob("*") if p.is_file()]
+
+
+def test_a_view_survives_a_restart_with_its_record_and_nothing_else_does(s3, tmp_path):
+    from inferentia_operator.core.holds import hold_key
+
+    first = Cache(tmp_path / "cache", max_bytes=100)
+    uri = artefact(tmp_path, {"model.pt": b"m" * 10})
+    fetch(uri, tmp_path / "one", cache=first.url)
+    first.stop()
+    views = tmp_path / "cache" / "views"
+    (views / ".building-0123").mkdir()  # a view half-built when the cache stopped
+    (views / "-" / ("b" * 32) / ("c" * 64)).mkdir(parents=True)  # one no record names
+    again = Cache(tmp_path / "cache", max_bytes=100)
+    try:
+        kept = [p.relative_to(views).as_posix() for p in views.rglob("*") if p.is_file()]
+        assert len(kept) == 1 and kept[0].startswith(f"-/{hold_key(uri)}/") and kept[0].endswith("/model.pt"), kept
+        assert not (views / ".building-0123").exists() and not (views / "-" / ("b" * 32) / ("c" * 64)).exists()
+        linked = fetch(uri, tmp_path / "two", cache=again.url, view=views / "-" / hold_key(uri))
+        assert [p.is_symlink() for p in linked] == [True]
+    finally:
+        assert "Traceback" not in again.stop()

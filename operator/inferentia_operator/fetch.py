@@ -34,7 +34,7 @@ import urllib.request
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .core.holds import NODE_CACHE_MAX_TOKEN_BYTES, hold_key
+from .core.holds import NODE_CACHE_MAX_TOKEN_BYTES, hold_key, view_digest, view_name
 
 MARKER = "_INFERENTIA_COMPLETE"
 # An https:// model larger than this is refused: a URL is for a small model, S3 for the rest.
@@ -53,6 +53,9 @@ FILL_WAIT = 600.0
 # The file of the pod's projected ServiceAccount token for the node cache's audience: the cache
 # answers only pods of its own node that show one (batching/node_cache.py, Admission).
 TOKEN_ENV = "INFERENTIA_NODE_CACHE_TOKEN"
+# Where the node's view of the artefact's key is mounted, read-only: one directory per
+# digest of an artefact's names and hashes (batching/node_cache.py, views).
+VIEW_ENV = "INFERENTIA_NODE_VIEW"
 
 
 class FetchError(Exception):
@@ -214,11 +217,12 @@ def _offer(cache: str, sha256: str, path: Path) -> None:
         pass
 
 
-def _record(cache: str, uri: str, files: list[str]) -> None:
-    """Tells the node's cache that this artefact is here whole, so that its pod is labelled with
-    it (core/holds.py) and the scheduler prefers this node for the artefact's next replica. It
-    records it only while it holds every file. Best effort, as the offer."""
-    body = json.dumps(sorted(set(files))).encode()
+def _record(cache: str, uri: str, files: dict[str, str] | list[str]) -> None:
+    """Tells the node's cache that this artefact is here whole (each file's name and SHA-256), so
+    that its pod is labelled with it (core/holds.py) and the scheduler prefers this node for the
+    artefact's next replica, and so that it builds the artefact's view, which the node's next
+    replicas link to. It records it only while it holds every file. Best effort, as the offer."""
+    body = json.dumps({"files": files} if isinstance(files, dict) else files, sort_keys=True).encode()
     try:
         request = urllib.request.Request(
             f"{cache.rstrip('/')}/artefacts/{hold_key(uri)}", body, {"Content-Type": "application/json", **_cache_headers()}, method="PUT"
@@ -228,10 +232,11 @@ def _record(cache: str, uri: str, files: list[str]) -> None:
         pass
 
 
-def fetch(uri: str, destination: Path, client: Any = None, cache: str | None = None) -> list[Path]:
+def fetch(uri: str, destination: Path, client: Any = None, cache: str | None = None, view: Path | None = None) -> list[Path]:
     """A compiled artefact: the files its completion marker names, each checked, into
     ``destination``; with ``cache`` (the node's cache, INFERENTIA_NODE_CACHE), each file is
-    asked of it first by its SHA-256, and one read from the store is offered back."""
+    asked of it first by its SHA-256, and one read from the store is offered back; with ``view``
+    (the node's view of the artefact, INFERENTIA_NODE_VIEW), linked from there if it has them."""
     bucket, prefix = split_s3_dir(uri)
     client = _client(client)
     marker = _marker(client, bucket, prefix)
@@ -239,7 +244,7 @@ def fetch(uri: str, destination: Path, client: Any = None, cache: str | None = N
         if _keys(client, bucket, prefix):
             raise FetchError(f"{uri} has no completion marker ({MARKER}): its upload did not finish, so it is not served")
         raise FetchError(f"no compiled artefact under {uri}: the compile Job has not written one there")
-    return _fetch_marked(uri, marker, destination, client, cache)
+    return _fetch_marked(uri, marker, destination, client, cache, view)
 
 
 def _marker(client: Any, bucket: str, prefix: str) -> dict[str, Any] | None:
@@ -256,10 +261,18 @@ def _marker(client: Any, bucket: str, prefix: str) -> dict[str, Any] | None:
     return marker
 
 
-def _fetch_marked(uri: str, marker: dict[str, Any], destination: Path, client: Any, cache: str | None) -> list[Path]:
-    """The files ``marker`` names under ``uri``, each from the node's cache if it holds it, else
-    from the store (and offered to the cache), each checked against the marker's size and SHA-256."""
+def _fetch_marked(
+    uri: str, marker: dict[str, Any], destination: Path, client: Any, cache: str | None, view: Path | None = None
+) -> list[Path]:
+    """The files ``marker`` names under ``uri``: linked from the node's view of them if it has
+    them all; else each from the node's cache if it holds it, else from the store (and offered
+    to the cache), each checked against the marker's size and SHA-256."""
     bucket, prefix = split_s3_dir(uri)
+    named = {name: e["sha256"] for name, e in marker["files"].items() if _safe_target(destination, name)}
+    if view is not None and (linked := _linked(view, marker, named, destination)) is not None:
+        if cache:
+            _record(cache, uri, named)  # its place in the cache's records, refreshed
+        return linked
     written: list[Path] = []
     for name, expected in sorted(marker["files"].items()):
         target = _safe_target(destination, name)
@@ -283,11 +296,36 @@ def _fetch_marked(uri: str, marker: dict[str, Any], destination: Path, client: A
                 _offer(cache, expected["sha256"], target)
         written.append(target)
     if cache and written:
-        _record(cache, uri, [expected["sha256"] for name, expected in marker["files"].items() if _safe_target(destination, name)])
+        # Names a view cannot hold (a marker written by hand): recorded by their hashes alone.
+        _record(cache, uri, named if all(map(view_name, named)) else sorted(set(named.values())))
     return written
 
 
-def fetch_model(uri: str, destination: Path, client: Any = None, cache: str | None = None) -> list[Path]:
+def _linked(view: Path, marker: dict[str, Any], named: dict[str, str], destination: Path) -> list[Path] | None:
+    """Links in ``destination`` to the files of the node's view of the artefact, without reading
+    a byte of them; None (nothing linked) unless the view has every file. The view is the one
+    whose name is the digest of the marker's names and hashes (core/holds.py): the node cache
+    builds it only of files it checked against those hashes, and the view is read-only, so each
+    file is the marker's without hashing it again."""
+    built = view / view_digest(named)
+    try:
+        for name in named:
+            if (built / name).stat().st_size != marker["files"][name]["size"]:
+                return None
+    except (OSError, ValueError):  # not there (yet): no view of this artefact on this node
+        return None
+    linked = []
+    for name in sorted(named):
+        target = _safe_target(destination, name)
+        assert target is not None  # named holds only names that land inside
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.unlink(missing_ok=True)
+        target.symlink_to(built / name)
+        linked.append(target)
+    return linked
+
+
+def fetch_model(uri: str, destination: Path, client: Any = None, cache: str | None = None, view: Path | None = None) -> list[Path]:
     """The uncompiled model: every object under an s3:// prefix (or the one object it names), or one
     https:// file. A prefix with a completion marker (``upload`` or ``index`` wrote it) is fetched as
     an artefact is: exactly the files it names, each checked, through the node's cache."""
@@ -309,7 +347,7 @@ def fetch_model(uri: str, destination: Path, client: Any = None, cache: str | No
     client = _client(client)
     marker = _marker(client, *split_s3_dir(uri))
     if marker is not None:
-        return _fetch_marked(uri, marker, destination, client, cache)
+        return _fetch_marked(uri, marker, destination, client, cache, view)
     written: list[Path] = []
     for key, relative in _model_keys(client, bucket, prefix):
         landing = _safe_target(destination, relative)
@@ -406,9 +444,10 @@ def _report(action: str, uri: str, run: Any) -> int:
 
 def main(uri: str, destination: str, model: bool = False) -> int:
     cache = os.environ.get("INFERENTIA_NODE_CACHE")
+    view = Path(os.environ[VIEW_ENV]) if os.environ.get(VIEW_ENV) else None
     if model:
-        return _report("fetch", uri, lambda: fetch_model(uri, Path(destination), cache=cache))
-    return _report("fetch", uri, lambda: fetch(uri, Path(destination), cache=cache))
+        return _report("fetch", uri, lambda: fetch_model(uri, Path(destination), cache=cache, view=view))
+    return _report("fetch", uri, lambda: fetch(uri, Path(destination), cache=cache, view=view))
 
 
 def index_main(uri: str) -> int:

@@ -18,9 +18,13 @@ store. So only the first replica on a node reads the store.
   written, 413 above the whole cache, 411 without a length, 503 past ``MAX_OFFERS`` at once,
   408 when its body stalls for ``--body-timeout-s`` seconds, 507 when the offers being received
   fill the cache. Room is made for bytes as they arrive, never for the length an offer declares.
-- ``PUT /artefacts/<key>`` (a JSON list of SHA-256s, with a Content-Length): an artefact a fetch
-  found whole, recorded for the caller's namespace while every file of it is held (else 409),
-  and labelled on the cache's own pod (core/holds.py). Nothing lists what is held.
+- ``PUT /artefacts/<key>`` (a JSON list of SHA-256s, or ``{"files": {name: SHA-256}}``, with a
+  Content-Length): an artefact a fetch found whole, recorded for the caller's namespace while
+  every file of it is held (else 409), and labelled on the cache's own pod (core/holds.py).
+  Nothing lists what is held. A record that names its files also gets a view: hard links to
+  them under their names in ``views/<namespace>/<key>/<digest>`` (``view_digest``, of the names
+  and hashes), built aside and renamed whole, gone with the record. Mounted read-only where a
+  fetch runs (``INFERENTIA_NODE_VIEW``), it is what the fetch links to instead of copying.
 - Bounded by ``max_bytes``: the least recently used files go first to make room.
 - ``/metrics``: files, bytes, hits, misses, stored, refused offers, damaged copies; ``/healthz``.
 - At most ``MAX_CONNECTIONS`` open connections, ``MAX_PEER_CONNECTIONS`` of them from one
@@ -46,6 +50,7 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -57,7 +62,15 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from inferentia_operator.core.holds import HOLD_KEY, HOLDS_PREFIX, NODE_CACHE_AUDIENCE, NODE_CACHE_MAX_TOKEN_BYTES
+from inferentia_operator.core.holds import (
+    HOLD_KEY,
+    HOLDS_PREFIX,
+    NODE_CACHE_AUDIENCE,
+    NODE_CACHE_MAX_TOKEN_BYTES,
+    VIEW_NAMES,
+    view_digest,
+    view_name,
+)
 
 from .frontend import LimitedSite, until_signalled
 from .limits import DEFAULT_LIMITS
@@ -73,6 +86,10 @@ MAX_ARTEFACTS = 32
 MAX_RECORDS = 256
 MAX_ARTEFACT_FILES = 1024
 MAX_RECORD_BYTES = 128 * 1024
+# Views (VIEWS/<namespace>/<key>/<digest>): a record that names its files gets one, each name
+# one core/holds.py's view_name takes.
+VIEWS = "views"
+UNCHECKED_NAMESPACE = "-"  # a cache that admits anyone (no --node-name) has no caller's namespace
 LABEL_PERIOD = 1.0  # seconds between patches of the pod's labels, at most
 # Open connections (any pod can reach a cache pod's address); one more is answered 503 and
 # closed. A node's serving pods open one each while they fetch; one pod (one address) may hold
@@ -150,18 +167,27 @@ class NodeCache:
         # (namespace, artefact key) -> its files' SHA-256s, for those a fetch found whole here (PUT
         # /artefacts). Kept per namespace: one namespace's record never replaces another's.
         self.artefacts: dict[tuple[str, str], frozenset[str]] = {}
+        # (namespace, artefact key) -> the digest of its view (core/holds.py, view_digest): the
+        # directory VIEWS/<namespace>/<key>/<digest> of links to its files under their names,
+        # built when a record names them, and gone with the record.
+        self.views_dir = directory / VIEWS
+        self.views: dict[tuple[str, str], str] = {}
         self.changed = asyncio.Event()  # what it holds changed: the pod's labels follow
         # The records outlive a restart of the container (they sit beside the files), and only
         # while every file they name is still held.
         self.records = directory / "artefacts.json"
         try:
             saved = json.loads(self.records.read_text())
-            for name, files in saved.items() if isinstance(saved, dict) else ():
+            for name, record in saved.items() if isinstance(saved, dict) else ():
                 namespace, _, key = name.rpartition("/")
+                files, view = (record.get("files"), record.get("view")) if isinstance(record, dict) else (record, None)
                 if HOLD_KEY.match(key) and isinstance(files, list) and files and all(f in self.held for f in files):
                     self.artefacts[namespace, key] = frozenset(files)
+                    if isinstance(view, str) and SHA256.match(view):
+                        self.views[namespace, key] = view
         except (OSError, ValueError):
             pass
+        self._prune_views()
         Gauge("inferentia_node_cache_artefacts", "Artefacts held whole (labels on the pod).", registry=r).set_function(
             lambda: len(self.artefacts)
         )
@@ -213,25 +239,37 @@ class NodeCache:
         if request.content_length > MAX_RECORD_BYTES:
             return web.json_response({"error": f"a record is at most {MAX_RECORD_BYTES} bytes"}, status=413)
         try:
-            files = json.loads(await request.read())  # the whole body, its length known and bounded
+            body = json.loads(await request.read())  # the whole body, its length known and bounded
         except ValueError:
-            files = None
+            body = None
+        # A list of SHA-256s; or {"files": {name: SHA-256}}, which also asks for a view.
+        named = body.get("files") if isinstance(body, dict) else None
+        files = list(named.values()) if isinstance(named, dict) else body
         if (
             not isinstance(files, list)
             or not 0 < len(files) <= MAX_ARTEFACT_FILES
             or not all(isinstance(f, str) and SHA256.match(f) for f in files)
         ):
-            return web.json_response({"error": f"a record is a JSON list of 1 to {MAX_ARTEFACT_FILES} SHA-256s"}, status=400)
+            return web.json_response(
+                {"error": f'a record is a JSON list of 1 to {MAX_ARTEFACT_FILES} SHA-256s, or {{"files": {{name: SHA-256}}}}'}, status=400
+            )
+        if isinstance(named, dict) and (bad := next((n for n in named if not view_name(n)), None)) is not None:
+            return web.json_response({"error": f"{str(bad)[:80]!r} is not a file's name in a view: {VIEW_NAMES}"}, status=400)
         if missing := [f for f in files if f not in self.held]:
             return web.json_response({"error": f"{len(missing)} of its files are not held here"}, status=409)
         recorded, name = frozenset(files), (namespace, key)
-        if self.artefacts.get(name) == recorded:
+        digest = view_digest(named) if isinstance(named, dict) else None
+        if self.artefacts.get(name) == recorded and digest in (None, self.views.get(name)):
             # Every fetch records, hits included: the same record again only refreshes its place,
             # with no write to disk and no wake of the pod labeller (no API call per replica).
             self.artefacts[name] = self.artefacts.pop(name)
-            return web.json_response({"recorded": True}, status=200)
-        self.artefacts.pop(name, None)
+            return web.json_response({"recorded": True, "view": name in self.views}, status=200)
+        previous = self.artefacts.pop(name, None)
         self.artefacts[name] = recorded  # most recent last
+        if isinstance(named, dict) and digest is not None:
+            self._build_view(name, digest, named)
+        elif previous != recorded:
+            self._drop_view(name)  # a view of other files
         # Past its own bound a namespace loses its own oldest record, never another's; past the
         # bound of all (as many namespaces as pods of a node) the oldest of all goes.
         own = [n for n in self.artefacts if n[0] == namespace]
@@ -239,14 +277,62 @@ class NodeCache:
             del self.artefacts[oldest]
         while len(self.artefacts) > MAX_RECORDS:
             del self.artefacts[next(iter(self.artefacts))]
+        for dropped in [n for n in self.views if n not in self.artefacts]:
+            self._drop_view(dropped)
         self._changed()
-        return web.json_response({"recorded": True}, status=201)
+        return web.json_response({"recorded": True, "view": name in self.views}, status=201)
 
     def _changed(self) -> None:
         aside = self.records.with_suffix(".new")
-        aside.write_text(json.dumps({f"{ns}/{key}": sorted(files) for (ns, key), files in self.artefacts.items()}))
+        saved = {f"{ns}/{key}": {"files": sorted(files), "view": self.views.get((ns, key))} for (ns, key), files in self.artefacts.items()}
+        aside.write_text(json.dumps(saved))
         aside.replace(self.records)
         self.changed.set()
+
+    def _view_path(self, name: tuple[str, str], digest: str) -> Path:
+        namespace, key = name
+        return self.views_dir / (namespace or UNCHECKED_NAMESPACE) / key / digest
+
+    def _build_view(self, name: tuple[str, str], digest: str, files: dict[str, str]) -> None:
+        """The view of a record that names its files: hard links to the held files (no byte
+        copied), built aside and renamed whole, so that a view is there complete or not at all.
+        Links keep an evicted file's bytes on disk, so a view goes whenever its record does."""
+        final = self._view_path(name, digest)
+        if self.views.get(name) == digest and final.is_dir():
+            return
+        self._drop_view(name)
+        aside = self.views_dir / f".building-{secrets.token_hex(8)}"
+        try:
+            for relative, sha in files.items():
+                target = aside / relative
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.link(self.blobs / sha, target)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            aside.rename(final)
+        except OSError as exc:  # names that clash ("a" and "a/b"), a full disk: no view, the record stands
+            log.warning("no view of %s/%s: %s", *name, exc)
+            shutil.rmtree(aside, ignore_errors=True)
+            return
+        self.views[name] = digest
+
+    def _drop_view(self, name: tuple[str, str]) -> None:
+        digest = self.views.pop(name, None)
+        if digest is not None:
+            shutil.rmtree(self._view_path(name, digest), ignore_errors=True)
+
+    def _prune_views(self) -> None:
+        """At start, views go with their records: any directory under VIEWS that is not the view
+        of a record the cache kept (one half-built when a run stopped, one of a record dropped)."""
+        self.views = {n: d for n, d in self.views.items() if n in self.artefacts and self._view_path(n, d).is_dir()}
+        keep = {self._view_path(n, d) for n, d in self.views.items()}
+        for namespace in self.views_dir.iterdir() if self.views_dir.is_dir() else ():
+            if namespace.name.startswith(".building-") or not namespace.is_dir():
+                shutil.rmtree(namespace, ignore_errors=True)
+                continue
+            for key in namespace.iterdir():
+                for view in key.iterdir() if key.is_dir() else ():
+                    if view not in keep:
+                        shutil.rmtree(view, ignore_errors=True)
 
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
@@ -327,6 +413,7 @@ class NodeCache:
         self.checked.pop(sha, None)
         for name in [n for n, files in self.artefacts.items() if sha in files]:
             del self.artefacts[name]
+            self._drop_view(name)  # else its links would keep the evicted bytes on disk
             self._changed()
 
     async def put(self, request: web.Request, _namespace: str) -> web.Response:
@@ -387,6 +474,9 @@ class NodeCache:
                     out.write(block)
             if read != length or digest.hexdigest() != sha:
                 return self._refuse(400, "hash", "the bytes do not hash to the name they were offered under")
+            # Read-only, and readable by the serving pods that see it through a view: whoever
+            # they run as, and never written through one of its links.
+            aside.chmod(0o444)
             aside.rename(self.blobs / sha)
             self.held[sha] = (length, time.time())
             st = (self.blobs / sha).stat()

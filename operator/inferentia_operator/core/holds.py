@@ -11,7 +11,9 @@ The key is a hash of the artefact's URI: a label name is at most 63 characters.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+from collections.abc import Mapping
 
 HOLDS_PREFIX = "holds.inferentia.dev/"
 # The audience of the token a serving pod shows the node cache: projected for it alone
@@ -30,3 +32,26 @@ def hold_key(uri: str) -> str:
 
 def hold_label(uri: str) -> str:
     return HOLDS_PREFIX + hold_key(uri)
+
+
+def view_digest(files: Mapping[str, str]) -> str:
+    """The name of a node's view of an artefact: its files' names and SHA-256s, hashed. The node
+    cache builds a view of links to files it checked, under this name (batching/node_cache.py);
+    a fetch computes it from the artefact's marker, so a view is taken only where its every name
+    holds the file the marker says (fetch.py), however the view was asked for."""
+    canonical = json.dumps(sorted(files.items()), separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# A file's name in a view: a relative path of at most MAX_VIEW_DEPTH parts, each a file name a
+# Linux file system takes. What upload writes in a marker always is one.
+MAX_VIEW_DEPTH = 16
+VIEW_NAMES = f"a relative path of 1 to {MAX_VIEW_DEPTH} parts, none empty, '.' or '..', each at most 255 bytes, no NUL"
+
+
+def view_name(name: object) -> bool:
+    """``name`` can be a file's path inside a view, and lands inside it (VIEW_NAMES)."""
+    if not isinstance(name, str) or not name or "\0" in name:
+        return False
+    parts = name.split("/")
+    return len(parts) <= MAX_VIEW_DEPTH and all(p not in ("", ".", "..") and len(p.encode()) <= 255 for p in parts)
