@@ -36,7 +36,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from . import protos
 
 log = logging.getLogger(__name__)
 
@@ -53,71 +54,42 @@ MAX_CALLS = MAX_CONNECTIONS * STREAMS_PER_CONNECTION
 IDLE_SECONDS = 60.0
 KEEPALIVE_SECONDS = 20.0  # the server pings each connection this often; no answer in 10 s closes it
 
-_STRING, _BOOL, _INT64, _DOUBLE, _MESSAGE = (
-    descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
-    descriptor_pb2.FieldDescriptorProto.TYPE_BOOL,
-    descriptor_pb2.FieldDescriptorProto.TYPE_INT64,
-    descriptor_pb2.FieldDescriptorProto.TYPE_DOUBLE,
-    descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
+_M = protos.MESSAGE
+_MESSAGES = protos.messages(
+    "externalscaler.proto",
+    "externalscaler",
+    {
+        "ScaledObjectRef": (
+            ("name", 1, protos.STRING, protos.ONE, ""),
+            ("namespace", 2, protos.STRING, protos.ONE, ""),
+            ("scalerMetadata", 3, _M, protos.MANY, protos.STRING_MAP),
+        ),
+        "IsActiveResponse": (("result", 1, protos.BOOL, protos.ONE, ""),),
+        "GetMetricSpecResponse": (("metricSpecs", 1, _M, protos.MANY, ".externalscaler.MetricSpec"),),
+        "MetricSpec": (
+            ("metricName", 1, protos.STRING, protos.ONE, ""),
+            ("targetSize", 2, protos.INT64, protos.ONE, ""),
+            ("targetSizeFloat", 3, protos.DOUBLE, protos.ONE, ""),
+        ),
+        "GetMetricsRequest": (
+            ("scaledObjectRef", 1, _M, protos.ONE, ".externalscaler.ScaledObjectRef"),
+            ("metricName", 2, protos.STRING, protos.ONE, ""),
+        ),
+        "GetMetricsResponse": (("metricValues", 1, _M, protos.MANY, ".externalscaler.MetricValue"),),
+        "MetricValue": (
+            ("metricName", 1, protos.STRING, protos.ONE, ""),
+            ("metricValue", 2, protos.INT64, protos.ONE, ""),
+            ("metricValueFloat", 3, protos.DOUBLE, protos.ONE, ""),
+        ),
+    },
 )
-_ONE, _MANY = descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL, descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
-
-
-def _proto() -> descriptor_pool.DescriptorPool:
-    f = descriptor_pb2.FileDescriptorProto(name="externalscaler.proto", package="externalscaler", syntax="proto3")
-
-    def message(name: str, *fields: tuple[str, int, int, int, str]) -> descriptor_pb2.DescriptorProto:
-        m = f.message_type.add(name=name)
-        for field, number, kind, label, type_name in fields:
-            added = m.field.add(name=field, number=number, type=kind, label=label, json_name=field)
-            if type_name:
-                added.type_name = type_name
-        return m
-
-    ref = message(
-        "ScaledObjectRef",
-        ("name", 1, _STRING, _ONE, ""),
-        ("namespace", 2, _STRING, _ONE, ""),
-        ("scalerMetadata", 3, _MESSAGE, _MANY, ".externalscaler.ScaledObjectRef.ScalerMetadataEntry"),
-    )
-    entry = ref.nested_type.add(name="ScalerMetadataEntry")
-    entry.field.add(name="key", number=1, type=_STRING, label=_ONE, json_name="key")
-    entry.field.add(name="value", number=2, type=_STRING, label=_ONE, json_name="value")
-    entry.options.map_entry = True
-    message("IsActiveResponse", ("result", 1, _BOOL, _ONE, ""))
-    message("GetMetricSpecResponse", ("metricSpecs", 1, _MESSAGE, _MANY, ".externalscaler.MetricSpec"))
-    message(
-        "MetricSpec", ("metricName", 1, _STRING, _ONE, ""), ("targetSize", 2, _INT64, _ONE, ""), ("targetSizeFloat", 3, _DOUBLE, _ONE, "")
-    )
-    message(
-        "GetMetricsRequest", ("scaledObjectRef", 1, _MESSAGE, _ONE, ".externalscaler.ScaledObjectRef"), ("metricName", 2, _STRING, _ONE, "")
-    )
-    message("GetMetricsResponse", ("metricValues", 1, _MESSAGE, _MANY, ".externalscaler.MetricValue"))
-    message(
-        "MetricValue",
-        ("metricName", 1, _STRING, _ONE, ""),
-        ("metricValue", 2, _INT64, _ONE, ""),
-        ("metricValueFloat", 3, _DOUBLE, _ONE, ""),
-    )
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(f)
-    return pool
-
-
-_POOL = _proto()
-
-
-def _message(name: str) -> Any:
-    return message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"externalscaler.{name}"))
-
-
-ScaledObjectRef = _message("ScaledObjectRef")
-IsActiveResponse = _message("IsActiveResponse")
-GetMetricSpecResponse = _message("GetMetricSpecResponse")
-MetricSpec = _message("MetricSpec")
-GetMetricsRequest = _message("GetMetricsRequest")
-GetMetricsResponse = _message("GetMetricsResponse")
-MetricValue = _message("MetricValue")
+ScaledObjectRef = _MESSAGES["ScaledObjectRef"]
+IsActiveResponse = _MESSAGES["IsActiveResponse"]
+GetMetricSpecResponse = _MESSAGES["GetMetricSpecResponse"]
+MetricSpec = _MESSAGES["MetricSpec"]
+GetMetricsRequest = _MESSAGES["GetMetricsRequest"]
+GetMetricsResponse = _MESSAGES["GetMetricsResponse"]
+MetricValue = _MESSAGES["MetricValue"]
 
 
 class Demand:
@@ -165,11 +137,7 @@ class ExternalScaler:
         return GetMetricsResponse(metricValues=[MetricValue(metricName=METRIC, metricValue=held, metricValueFloat=float(held))])
 
     def handler(self) -> grpc.GenericRpcHandler:
-        def unary(fn: Any, request: Any, response: Any) -> grpc.RpcMethodHandler[Any, Any]:
-            return grpc.unary_unary_rpc_method_handler(
-                fn, request_deserializer=request.FromString, response_serializer=response.SerializeToString
-            )
-
+        unary = protos.unary
         return grpc.method_handlers_generic_handler(
             SERVICE,
             {
