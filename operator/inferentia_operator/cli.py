@@ -237,6 +237,13 @@ def _port_pairs(value: str) -> list[tuple[int, int]]:
     return pairs
 
 
+def cmd_node_plugin(args: argparse.Namespace) -> int:
+    from .batching.node_plugin import serve  # grpc loads only for this command
+
+    serve(Path(args.dir), Path(args.kubelet_dir), args.node_name)
+    return EXIT_OK
+
+
 def cmd_node_cache(args: argparse.Namespace) -> int:
     from .batching.node_cache import serve  # aiohttp loads only for this command
 
@@ -467,6 +474,14 @@ def parser() -> argparse.ArgumentParser:
         help="seconds a replica filling a file from the store holds it (others wait) unless it renews",
     )  # fmt: skip
     nc.set_defaults(func=cmd_node_cache)
+
+    npl = sub.add_parser(
+        "node-plugin", help="mount the node cache's views read-only into the pods of this node (a CSI node plugin, beside the cache)"
+    )
+    npl.add_argument("--dir", required=True, help="the node cache's directory (its --dir), which both containers mount")
+    npl.add_argument("--kubelet-dir", default="/var/lib/kubelet", help="the kubelet's root directory (its --root-dir)")
+    npl.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""), metavar="NODE", help="this node (default: $NODE_NAME)")
+    npl.set_defaults(func=cmd_node_plugin)
 
     f = sub.add_parser("fetch", help="copy a compiled artefact (or, with --model, a model) into a pod (an init container)")
     f.add_argument(

@@ -89,6 +89,7 @@ MAX_RECORD_BYTES = 128 * 1024
 # Views (VIEWS/<namespace>/<key>/<digest>): a record that names its files gets one, each name
 # one core/holds.py's view_name takes.
 VIEWS = "views"
+PINS = "pins"
 UNCHECKED_NAMESPACE = "-"  # a cache that admits anyone (no --node-name) has no caller's namespace
 LABEL_PERIOD = 1.0  # seconds between patches of the pod's labels, at most
 # Open connections (any pod can reach a cache pod's address); one more is answered 503 and
@@ -172,6 +173,10 @@ class NodeCache:
         # built when a record names them, and gone with the record.
         self.views_dir = directory / VIEWS
         self.views: dict[tuple[str, str], str] = {}
+        # The node plugin's pins (PINS/<namespace>/<key>/<volume id>): a pod has that key's views
+        # mounted. A view whose record went while pinned stays, with the files it links to.
+        self.pins_dir = directory / PINS
+        self.orphans: dict[Path, frozenset[str]] = {}
         self.changed = asyncio.Event()  # what it holds changed: the pod's labels follow
         # The records outlive a restart of the container (they sit beside the files), and only
         # while every file they name is still held.
@@ -316,13 +321,45 @@ class NodeCache:
         self.views[name] = digest
 
     def _drop_view(self, name: tuple[str, str]) -> None:
+        """A view goes with its record; but while a pod has it mounted (the node plugin's pin,
+        batching/node_plugin.py) it stays, as an orphan, its files kept, until the pin goes."""
         digest = self.views.pop(name, None)
-        if digest is not None:
-            shutil.rmtree(self._view_path(name, digest), ignore_errors=True)
+        if digest is None:
+            return
+        path = self._view_path(name, digest)
+        if self._pinned(path.parent):
+            self.orphans[path] = self._linked_from(path)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _pinned(self, key_dir: Path) -> bool:
+        """A pod of the node has the views of ``key_dir`` (VIEWS/<namespace>/<key>) mounted."""
+        try:
+            return any((self.pins_dir / key_dir.parent.name / key_dir.name).iterdir())
+        except OSError:
+            return False
+
+    def _linked_from(self, view: Path) -> frozenset[str]:
+        """The held files a view's links share bytes with."""
+        inodes = {(self.blobs / sha).stat().st_ino: sha for sha in self.held}
+        return frozenset(inodes[f.stat().st_ino] for f in view.rglob("*") if f.is_file() and f.stat().st_ino in inodes)
+
+    def _kept_for_pods(self) -> frozenset[str]:
+        """The files of every view a pod has mounted: never evicted. Orphans no pod holds any
+        more go first."""
+        for path in [p for p in self.orphans if not self._pinned(p.parent)]:
+            shutil.rmtree(path, ignore_errors=True)
+            del self.orphans[path]
+        kept = set().union(*self.orphans.values())
+        for name, digest in self.views.items():
+            if self._pinned(self._view_path(name, digest).parent):
+                kept |= self.artefacts.get(name, frozenset())
+        return frozenset(kept)
 
     def _prune_views(self) -> None:
         """At start, views go with their records: any directory under VIEWS that is not the view
-        of a record the cache kept (one half-built when a run stopped, one of a record dropped)."""
+        of a record the cache kept (one half-built when a run stopped, one of a record dropped),
+        unless a pod has it mounted (an orphan, then)."""
         self.views = {n: d for n, d in self.views.items() if n in self.artefacts and self._view_path(n, d).is_dir()}
         keep = {self._view_path(n, d) for n, d in self.views.items()}
         for namespace in self.views_dir.iterdir() if self.views_dir.is_dir() else ():
@@ -331,7 +368,11 @@ class NodeCache:
                 continue
             for key in namespace.iterdir():
                 for view in key.iterdir() if key.is_dir() else ():
-                    if view not in keep:
+                    if view in keep:
+                        continue
+                    if self._pinned(key):
+                        self.orphans[view] = self._linked_from(view)
+                    else:
                         shutil.rmtree(view, ignore_errors=True)
 
     async def healthz(self, _request: web.Request) -> web.Response:
@@ -396,14 +437,20 @@ class NodeCache:
         return True
 
     def _make_room(self, size: int) -> bool:
-        """Evicts the least recently used files until ``size`` more bytes fit; False, evicting
-        nothing, when they would not fit even then (the offers being received fill the cache)."""
-        if sum(self.offers.values()) + size > self.max_bytes:
+        """Evicts the least recently used files until ``size`` more bytes fit, never one a pod
+        has mounted through a view; False, evicting nothing, when they would not fit even then
+        (the offers being received and the mounted files fill the cache)."""
+        receiving = sum(self.offers.values())
+        if self.used + receiving + size <= self.max_bytes:
+            return True
+        kept = self._kept_for_pods()
+        if receiving + size + sum(self.held[sha][0] for sha in kept if sha in self.held) > self.max_bytes:
             return False
         for sha, _ in sorted(self.held.items(), key=lambda kv: kv[1][1]):
-            if self.used + sum(self.offers.values()) + size <= self.max_bytes:
+            if self.used + receiving + size <= self.max_bytes:
                 break
-            self._drop(sha)
+            if sha not in kept:
+                self._drop(sha)
         return True
 
     def _drop(self, sha: str) -> None:
@@ -412,8 +459,8 @@ class NodeCache:
         self.held.pop(sha, None)
         self.checked.pop(sha, None)
         for name in [n for n, files in self.artefacts.items() if sha in files]:
-            del self.artefacts[name]
             self._drop_view(name)  # else its links would keep the evicted bytes on disk
+            del self.artefacts[name]
             self._changed()
 
     async def put(self, request: web.Request, _namespace: str) -> web.Response:

@@ -1,0 +1,288 @@
+"""`inferentia-operator node-plugin`: the node cache's views, mounted read-only into the pods of
+its node, as a CSI driver's node plugin (docs/design.md, "A node-local artefact cache").
+
+The kubelet mounts a pod's CSI ephemeral inline volume by calling ``NodePublishVolume`` on the
+driver's node plugin (https://kubernetes-csi.github.io/docs/ephemeral-local-volumes.html), with the
+volume's attributes and, since the driver's CSIDriver object says ``podInfoOnMount: true``, the
+pod's namespace (``csi.storage.k8s.io/pod.namespace``). The plugin bind-mounts the node cache's
+view of that namespace's artefact (``views/<namespace>/<key>``, batching/node_cache.py) at the
+kubelet's target path, read-only; the pod sees the views the cache builds there, as it builds
+them. A namespace sees only its own records' views, whatever key it names.
+
+While a pod has a view mounted, the plugin keeps a pin (``pins/<namespace>/<key>/<volume id>``)
+beside the cache's files: the cache evicts no file a pinned view links to and removes no pinned
+view, so a running replica's files never go from under it. ``NodeUnpublishVolume`` unmounts and
+unpins.
+
+The kubelet finds the plugin through its plugin registration API (``pluginregistration.v1``, the
+socket ``<kubelet dir>/plugins_registry/<driver>-reg.sock``: k8s.io/kubelet
+pkg/apis/pluginregistration/v1/api.proto), the API that the CSI project's node-driver-registrar
+serves for a driver; here the plugin serves it itself.
+
+Messages are those of the CSI specification's ``csi.proto`` (container-storage-interface/spec,
+v1.x; package ``csi.v1``) and of ``api.proto``, field for field, for the fields used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from inferentia_operator import __version__
+from inferentia_operator.core.holds import HOLD_KEY
+
+from . import protos
+from .frontend import until_signalled
+
+log = logging.getLogger(__name__)
+
+DRIVER = "node-store.inferentia.dev"
+# The attribute of a pod's CSI volume that names the artefact (core/holds.py, hold_key).
+KEY_ATTRIBUTE = "key"
+# What the kubelet adds to an inline volume's attributes (podInfoOnMount: true).
+POD_NAMESPACE = "csi.storage.k8s.io/pod.namespace"
+EPHEMERAL = "csi.storage.k8s.io/ephemeral"
+CSI_VERSIONS = ["1.0.0"]
+# A Kubernetes namespace's name (RFC 1123 label).
+NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+VOLUME_ID = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,127}$")
+MAX_MESSAGE = 64 * 1024  # a publish request is a few paths and attributes
+MAX_SOCKET_PATH = 107  # sockaddr_un's sun_path, less its terminating NUL (unix(7))
+
+_S, _B, _I, _M, _ONE, _MANY, _MAP = (
+    protos.STRING, protos.BOOL, protos.INT64, protos.MESSAGE, protos.ONE, protos.MANY, protos.STRING_MAP,
+)  # fmt: skip
+CSI = protos.messages(
+    "csi.proto",
+    "csi.v1",
+    {
+        "GetPluginInfoRequest": (),
+        "GetPluginInfoResponse": (("name", 1, _S, _ONE, ""), ("vendor_version", 2, _S, _ONE, ""), ("manifest", 3, _M, _MANY, _MAP)),
+        "GetPluginCapabilitiesRequest": (),
+        "GetPluginCapabilitiesResponse": (),  # no capability: no controller service, no topology
+        "ProbeRequest": (),
+        "ProbeResponse": (),  # ready unset: ready
+        "NodeGetCapabilitiesRequest": (),
+        "NodeGetCapabilitiesResponse": (),  # no staging, no stats, no expansion
+        "NodeGetInfoRequest": (),
+        "NodeGetInfoResponse": (("node_id", 1, _S, _ONE, ""), ("max_volumes_per_node", 2, _I, _ONE, "")),
+        "NodePublishVolumeRequest": (
+            ("volume_id", 1, _S, _ONE, ""),
+            ("target_path", 4, _S, _ONE, ""),
+            ("readonly", 6, _B, _ONE, ""),
+            ("volume_context", 8, _M, _MANY, _MAP),
+        ),
+        "NodePublishVolumeResponse": (),
+        "NodeUnpublishVolumeRequest": (("volume_id", 1, _S, _ONE, ""), ("target_path", 2, _S, _ONE, "")),
+        "NodeUnpublishVolumeResponse": (),
+    },
+)
+REGISTRATION = protos.messages(
+    "api.proto",
+    "pluginregistration",
+    {
+        "InfoRequest": (),
+        "PluginInfo": (
+            ("type", 1, _S, _ONE, ""),
+            ("name", 2, _S, _ONE, ""),
+            ("endpoint", 3, _S, _ONE, ""),
+            ("supported_versions", 4, _S, _MANY, ""),
+        ),
+        "RegistrationStatus": (("plugin_registered", 1, _B, _ONE, ""), ("error", 2, _S, _ONE, "")),
+        "RegistrationStatusResponse": (),
+    },
+)
+
+# mount(2) and umount2(2) flags (linux/mount.h).
+MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC = 1, 32, 4096, 16384
+MNT_DETACH = 2
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _mount(source: str, target: str, flags: int) -> None:
+    if _libc.mount(source.encode(), target.encode(), None, flags, None) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno), target)
+
+
+def _mounted(target: Path) -> bool:
+    """``target`` is a mount point (of this mount namespace's table)."""
+    wanted = str(target)
+    with open("/proc/self/mountinfo") as table:
+        # The fifth field is the mount point, with spaces and the like written as octal escapes.
+        return any(line.split()[4].encode().decode("unicode_escape") == wanted for line in table)
+
+
+class NodePlugin:
+    def __init__(self, store: Path, kubelet_dir: Path, node: str, driver: str = DRIVER) -> None:
+        self.store, self.kubelet_dir, self.node, self.driver = store, kubelet_dir.resolve(), node, driver
+        self.views, self.pins = store / "views", store / "pins"
+        self.endpoint = self.kubelet_dir / "plugins" / driver / "csi.sock"
+        self.registration = self.kubelet_dir / "plugins_registry" / f"{driver}-reg.sock"
+        self.registered = asyncio.Event()
+
+    # -- the CSI node service ----------------------------------------------------------------
+    async def publish(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        attributes = dict(request.volume_context)
+        namespace, key = attributes.get(POD_NAMESPACE, ""), attributes.get(KEY_ATTRIBUTE, "")
+        target = Path(request.target_path)
+        refusal = (
+            "only as a CSI ephemeral inline volume of a pod" if attributes.get(EPHEMERAL) != "true"
+            else "only read-only: readOnly: true" if not request.readonly
+            else f"volumeAttributes.{KEY_ATTRIBUTE} must be an artefact's key, 32 hexadecimal digits (core/holds.py)" if not HOLD_KEY.match(key)
+            else f"no pod namespace ({POD_NAMESPACE}): the CSIDriver must say podInfoOnMount: true" if not NAMESPACE.match(namespace)
+            else "a volume id of letters, digits and -_." if not VOLUME_ID.match(request.volume_id)
+            else f"a target path under {self.kubelet_dir / 'pods'}" if not self._in_pods(target)
+            else None
+        )  # fmt: skip
+        if refusal:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self.driver} mounts a node's view {refusal}")
+        try:
+            await asyncio.to_thread(self._publish, namespace, key, request.volume_id, target)
+        except OSError as exc:
+            await context.abort(grpc.StatusCode.INTERNAL, f"mounting the node's view at {target}: {exc}")
+        return CSI["NodePublishVolumeResponse"]()
+
+    def _in_pods(self, target: Path) -> bool:
+        return ".." not in target.parts and target.is_absolute() and target.is_relative_to(self.kubelet_dir / "pods")
+
+    def _publish(self, namespace: str, key: str, volume_id: str, target: Path) -> None:
+        """Pinned first, then mounted: a view is never mounted unpinned. Again for a volume
+        mounted already: nothing more (the kubelet retries a call it did not see answered)."""
+        source = self.views / namespace / key
+        owner = self.store.stat()
+        for directory in (self.views, self.views / namespace, source):  # the cache's, to build views in
+            if not directory.is_dir():
+                directory.mkdir()
+                os.chown(directory, owner.st_uid, owner.st_gid)
+                directory.chmod(0o775)  # the pod's fsGroup, which the cache runs in, writes too
+        pin = self.pins / namespace / key / volume_id
+        pin.parent.mkdir(parents=True, exist_ok=True)
+        pin.write_text(str(target))
+        target.mkdir(parents=True, exist_ok=True)
+        if _mounted(target):
+            return
+        _mount(str(source), str(target), MS_BIND)
+        try:
+            _mount("none", str(target), MS_REMOUNT | MS_BIND | MS_RDONLY)
+        except OSError:
+            _libc.umount2(str(target).encode(), MNT_DETACH)
+            raise
+
+    async def unpublish(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        target = Path(request.target_path)
+        if not VOLUME_ID.match(request.volume_id) or not self._in_pods(target):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a volume id and a target path under {self.kubelet_dir / 'pods'}")
+        try:
+            await asyncio.to_thread(self._unpublish, request.volume_id, target)
+        except OSError as exc:
+            await context.abort(grpc.StatusCode.INTERNAL, f"unmounting the node's view at {target}: {exc}")
+        return CSI["NodeUnpublishVolumeResponse"]()
+
+    def _unpublish(self, volume_id: str, target: Path) -> None:
+        """Unmounted, then unpinned; the target directory goes (the CSI spec: the plugin removes
+        what it made). Again for a volume gone already: nothing more."""
+        if target.exists() and _mounted(target) and _libc.umount2(str(target).encode(), 0) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, os.strerror(errno), str(target))
+        with contextlib.suppress(FileNotFoundError):
+            target.rmdir()
+        for pin in self.pins.glob(f"*/*/{volume_id}"):
+            pin.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # still holding another pod's pin
+                pin.parent.rmdir()
+
+    async def node_info(self, _request: Any, _context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        return CSI["NodeGetInfoResponse"](node_id=self.node)
+
+    async def plugin_info(self, _request: Any, _context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        return CSI["GetPluginInfoResponse"](name=self.driver, vendor_version=__version__)
+
+    # -- the kubelet's plugin registration ---------------------------------------------------
+    async def info(self, _request: Any, _context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        return REGISTRATION["PluginInfo"](type="CSIPlugin", name=self.driver, endpoint=str(self.endpoint), supported_versions=CSI_VERSIONS)
+
+    async def status(self, request: Any, _context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        if request.plugin_registered:
+            log.info("the kubelet registered %s", self.driver)
+            self.registered.set()
+        else:
+            log.error("the kubelet refused %s: %s", self.driver, request.error)
+        return REGISTRATION["RegistrationStatusResponse"]()
+
+    def handlers(self) -> tuple[list[grpc.GenericRpcHandler], list[grpc.GenericRpcHandler]]:
+        """The CSI services, and the registration service."""
+
+        def empty(response: str) -> Any:
+            async def answer(_request: Any, _context: Any) -> Any:
+                return CSI[response]()
+
+            return answer
+
+        u = protos.unary
+        identity = grpc.method_handlers_generic_handler(
+            "csi.v1.Identity",
+            {
+                "GetPluginInfo": u(self.plugin_info, CSI["GetPluginInfoRequest"], CSI["GetPluginInfoResponse"]),
+                "GetPluginCapabilities": u(empty("GetPluginCapabilitiesResponse"), CSI["GetPluginCapabilitiesRequest"], CSI["GetPluginCapabilitiesResponse"]),
+                "Probe": u(empty("ProbeResponse"), CSI["ProbeRequest"], CSI["ProbeResponse"]),
+            },
+        )  # fmt: skip
+        node = grpc.method_handlers_generic_handler(
+            "csi.v1.Node",
+            {
+                "NodePublishVolume": u(self.publish, CSI["NodePublishVolumeRequest"], CSI["NodePublishVolumeResponse"]),
+                "NodeUnpublishVolume": u(self.unpublish, CSI["NodeUnpublishVolumeRequest"], CSI["NodeUnpublishVolumeResponse"]),
+                "NodeGetCapabilities": u(empty("NodeGetCapabilitiesResponse"), CSI["NodeGetCapabilitiesRequest"], CSI["NodeGetCapabilitiesResponse"]),
+                "NodeGetInfo": u(self.node_info, CSI["NodeGetInfoRequest"], CSI["NodeGetInfoResponse"]),
+            },
+        )  # fmt: skip
+        registration = grpc.method_handlers_generic_handler(
+            "pluginregistration.Registration",
+            {
+                "GetInfo": u(self.info, REGISTRATION["InfoRequest"], REGISTRATION["PluginInfo"]),
+                "NotifyRegistrationStatus": u(self.status, REGISTRATION["RegistrationStatus"], REGISTRATION["RegistrationStatusResponse"]),
+            },
+        )  # fmt: skip
+        return [identity, node], [registration]
+
+
+async def _server(socket: Path, handlers: list[grpc.GenericRpcHandler]) -> grpc.aio.Server:
+    if len(str(socket).encode()) > MAX_SOCKET_PATH:
+        raise SystemExit(
+            f"node-plugin: {socket} is longer than a Unix socket's path may be ({MAX_SOCKET_PATH} bytes): a shorter --kubelet-dir"
+        )
+    socket.parent.mkdir(parents=True, exist_ok=True)
+    socket.unlink(missing_ok=True)  # a previous run's
+    server = grpc.aio.server(
+        handlers=handlers, options=[("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)]
+    )
+    server.add_insecure_port(f"unix://{socket}")
+    await server.start()
+    return server
+
+
+def serve(store: Path, kubelet_dir: Path, node: str, driver: str = DRIVER) -> None:
+    """The plugin, as `inferentia-operator node-plugin` runs it: the CSI socket first, then the
+    registration socket, whose appearance is what makes the kubelet call."""
+    plugin = NodePlugin(store, kubelet_dir, node, driver)
+
+    async def run(stop: asyncio.Event) -> None:
+        csi, registration = plugin.handlers()
+        servers = [await _server(plugin.endpoint, csi), await _server(plugin.registration, registration)]
+        try:
+            await stop.wait()
+        finally:
+            for server in servers:
+                await server.stop(grace=1)
+            plugin.registration.unlink(missing_ok=True)  # the kubelet deregisters a plugin whose socket goes
+
+    until_signalled(run)
