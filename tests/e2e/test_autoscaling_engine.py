@@ -28,7 +28,7 @@ def bare(cluster, tmp_path_factory):
         local.up()
         c = Cluster(local.kubeconfig, cluster.bin_dir, local)
         c.kubectl("apply", "--server-side", "-f", str(CRD_FILE.parent))
-        c.kubectl("wait", "--for=condition=Established", "crd/inferentiamodels.inferentia.dev", "--timeout=60s")
+        localcluster.wait_established(c.kubectl, "inferentiamodels.inferentia.dev")
         bind_user_to_operator_role(c, "inferentia-operator", "e2e-operator")
         op = OperatorProcess(
             local.user_kubeconfig("inferentia-operator"), state / "operator.log", resync_seconds=2.0,
@@ -166,7 +166,7 @@ def test_the_install_guides_manifests_and_an_amp_scaled_object_are_what_the_api_
 
     c = bare
     c.kubectl("apply", "--server-side", "-f", str(c.bin_dir / "keda-crds"))
-    c.kubectl("wait", "--for=condition=Established", "crd/clustertriggerauthentications.keda.sh", "--timeout=60s")
+    localcluster.wait_established(c.kubectl, "clustertriggerauthentications.keda.sh")
     guide = ROOT / "docs" / "install"
     for name in ("models-reader.yaml", "storageclass-gp3.yaml", "keda-aws-authentication.yaml"):
         result = c.kubectl("apply", "--dry-run=server", "-f", str(guide / name), check=False)
