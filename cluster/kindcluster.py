@@ -127,6 +127,10 @@ class KindCluster:
     def object_store(self) -> str | None:
         return self.recorded().get("object_store")
 
+    def kubelet_dir(self) -> str:
+        """The kind node's kubelet's --root-dir: kubeadm's default."""
+        return "/var/lib/kubelet"
+
     def prometheus(self) -> None:
         """No Prometheus or KEDA runs on the kind cluster (the local cluster runs them)."""
         return None

@@ -660,6 +660,11 @@ class LocalCluster:
         """A file of the real node, as its kubelet sees it: on this machine."""
         return Path(path).read_text()
 
+    def kubelet_dir(self) -> str:
+        """The real node's kubelet's --root-dir (the chart's nodeCache.views.kubeletDir there)."""
+        assert self.real_node is not None, "no real node"
+        return str(self.real_node.kubelet_dir)
+
     def object_store(self) -> str | None:
         """The S3-compatible object store's endpoint (with the real node), for AWS_ENDPOINT_URL."""
         return self.recorded().get("object_store")

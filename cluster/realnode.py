@@ -91,7 +91,7 @@ def pin_to_real_node(pod_spec: dict) -> dict:
 
 NODE_CACHE_KINDS = (
     "DaemonSet", "Service", "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
-    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "CSIDriver",
 )  # fmt: skip
 
 
@@ -99,7 +99,10 @@ def node_cache_on_real_node(chart_docs: list[dict]) -> list[dict]:
     """The node cache's objects of a chart render (nodeCache.enabled), its DaemonSet pinned to
     the real node: the one change from the chart's render, as this cluster's real node carries
     a taint of its own."""
-    docs = [d for d in chart_docs if "-node-cache" in d["metadata"]["name"] and d["kind"] in NODE_CACHE_KINDS]
+    docs = [
+        d for d in chart_docs
+        if d["kind"] in NODE_CACHE_KINDS and ("-node-cache" in d["metadata"]["name"] or d["kind"] == "CSIDriver")
+    ]  # fmt: skip
     for d in docs:
         if d["kind"] == "DaemonSet":
             pin_to_real_node(d["spec"]["template"]["spec"])
@@ -235,6 +238,12 @@ class RealNode:
         the node to be Ready)."""
         for sub in ("containerd", "kubelet", "cni-conf", "cni-data", "dev"):
             (self.state / sub).mkdir(parents=True, exist_ok=True)
+        if not self.index and str(self.kubelet_dir) not in mounts_under(self.state):
+            # A shared mount, as systemd makes / on a node: what a CSI node plugin mounts in a
+            # pod's volume directory (mountPropagation: Bidirectional) reaches the kubelet and
+            # the pod's containers. stop() unmounts everything under the state directory.
+            run("mount", "--bind", str(self.kubelet_dir), str(self.kubelet_dir))
+            run("mount", "--make-rshared", str(self.kubelet_dir))
         self._make_devices(SHAPES[instance_type][0], EFA_DEVICES.get(instance_type, 0))
         self._write_cni_config()
         sock = self.state / "containerd" / "containerd.sock"
@@ -361,6 +370,10 @@ class RealNode:
         if "dra-plugin" in pids:
             stop_process_groups([pids.pop("dra-plugin")])
         self.reshape(instance_type, pids, stop_process_groups)
+
+    @property
+    def kubelet_dir(self) -> Path:
+        return self.state / "kubelet"
 
     @property
     def cdi_dir(self) -> Path:

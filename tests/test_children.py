@@ -761,6 +761,36 @@ def test_with_a_node_cache_an_uncompiled_model_is_fetched_through_it_and_preferr
     assert job_fetch["name"] == "fetch-model" and "INFERENTIA_NODE_CACHE" not in {e["name"] for e in job_fetch["env"]}
 
 
+def test_with_the_node_plugin_each_fetched_artefacts_view_is_mounted_where_fetch_links_and_the_server_reads():
+    """run --node-views: one read-only CSI ephemeral inline volume of the node plugin per
+    artefact the pod fetches (the compiled artefact and the checkpoint), named by its key,
+    mounted at the same path in each fetch (which links to it) and in the serving container
+    (which reads through the links); the front end and the compile Job see none."""
+    from dataclasses import replace
+
+    from inferentia_operator.core.holds import NODE_VIEW_DIR, NODE_VIEW_DRIVER, hold_key
+
+    m = model(**VLLM, **{"compile.image": "example.com/compile:1"})
+    cached = replace(m, node_cache_url="http://c.inferentia-system.svc:8080", node_cache_namespace="inferentia-system")
+    assert not [v for v in children.serving_deployment(cached)["spec"]["template"]["spec"]["volumes"] if "csi" in v]
+    pod = children.serving_deployment(replace(cached, node_views=True))["spec"]["template"]["spec"]
+    keys = [hold_key(children.compiled_uri(m)), hold_key(m.spec.model.uri)]
+    views = [v for v in pod["volumes"] if "csi" in v]
+    assert [v["csi"] for v in views] == [{"driver": NODE_VIEW_DRIVER, "readOnly": True, "volumeAttributes": {"key": k}} for k in keys]
+    wanted = [{"name": v["name"], "mountPath": f"{NODE_VIEW_DIR}/{k}", "readOnly": True} for v, k in zip(views, keys, strict=True)]
+    [fetch, fetch_model] = pod["initContainers"]
+    server = pod["containers"][0]
+    for container in (fetch, fetch_model, server):
+        assert [m for m in container["volumeMounts"] if m["name"].startswith("node-view-")] == wanted, container["name"]
+    for fetching in (fetch, fetch_model):
+        assert {"name": "INFERENTIA_NODE_VIEW", "value": NODE_VIEW_DIR} in fetching["env"]
+    job = children.compile_job(replace(cached, node_views=True))["spec"]["template"]["spec"]
+    assert not [v for v in job["volumes"] if "csi" in v]
+    # Without the node cache there is nothing to view.
+    alone = children.serving_deployment(replace(m, node_views=True))["spec"]["template"]["spec"]
+    assert not [v for v in alone["volumes"] if "csi" in v]
+
+
 @pytest.mark.parametrize(("family", "target"), [("inf2", "inf2"), ("trn1", "trn1"), ("inf1", None)])
 def test_a_torch_neuronx_compile_job_names_its_target_for_tracing_without_a_device(family, target):
     """The Job's node has no Neuron device: torch-neuronx traces on its CPU backend for the target

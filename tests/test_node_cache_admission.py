@@ -130,7 +130,9 @@ class Cache(test_node_cache.Cache):
             conn.close()
 
     def on_disk(self) -> int:
-        return sum(p.stat().st_size for p in self.directory.rglob("*") if p.is_file() and p.name != "artefacts.json")
+        """Bytes of files under the cache's directory, a file's links (its views) counted once."""
+        files = {p.stat().st_ino: p.stat().st_size for p in self.directory.rglob("*") if p.is_file() and p.name != "artefacts.json"}
+        return sum(files.values())
 
 
 @pytest.fixture
@@ -272,6 +274,11 @@ def test_only_pods_of_its_own_node_are_answered(node_cache_of, reviews):
     assert node_cache_of.call("GET", "/healthz")[0] == 200
 
 
+def recorded(cache) -> dict[str, list[str]]:
+    """The files of each record the cache keeps beside its files, by namespace and key."""
+    return {name: record["files"] for name, record in json.loads((cache.directory / "artefacts.json").read_text()).items()}
+
+
 def test_a_namespace_cannot_write_over_another_namespaces_record(node_cache_of, reviews):
     """Records (what the pod's holds labels say) are kept per namespace: another namespace can
     add its own record of a key, never replace or drop the first's."""
@@ -282,14 +289,14 @@ def test_a_namespace_cannot_write_over_another_namespaces_record(node_cache_of, 
     key = hold_key("s3://models/m/abc/")
     assert node_cache_of.call("PUT", f"/artefacts/{key}", json.dumps([sha(one)]).encode(), bearer=team_a)[0] == 201
     assert node_cache_of.call("PUT", f"/artefacts/{key}", json.dumps([sha(two)]).encode(), bearer=team_b)[0] == 201
-    records = json.loads((node_cache_of.directory / "artefacts.json").read_text())
+    records = recorded(node_cache_of)
     assert records == {f"team-a/{key}": [sha(one)], f"team-b/{key}": [sha(two)]}
     assert node_cache_of.metric("inferentia_node_cache_artefacts") == 2
     # Past its own bound, team-b loses its own oldest records, never team-a's.
     for i in range(node_cache.MAX_ARTEFACTS + 3):
         other = hold_key(f"s3://models/b{i}/")
         assert node_cache_of.call("PUT", f"/artefacts/{other}", json.dumps([sha(two)]).encode(), bearer=team_b)[0] == 201
-    records = json.loads((node_cache_of.directory / "artefacts.json").read_text())
+    records = recorded(node_cache_of)
     assert records[f"team-a/{key}"] == [sha(one)]
     assert sum(name.startswith("team-b/") for name in records) == node_cache.MAX_ARTEFACTS
 
@@ -328,7 +335,4 @@ def test_fetch_reads_through_a_cache_that_admits_only_its_own(s3, node_cache_of,
     fetch("s3://models/m/abc/", tmp_path / "two", cache=node_cache_of.url)
     assert node_cache_of.metric("inferentia_node_cache_hits_total") == 1
     assert (tmp_path / "two" / "model.pt").read_bytes() == b"m" * 300
-    assert (
-        hashlib.sha256(b"m" * 300).hexdigest()
-        in json.loads((node_cache_of.directory / "artefacts.json").read_text())[f"team-a/{hold_key('s3://models/m/abc/')}"]
-    )
+    assert hashlib.sha256(b"m" * 300).hexdigest() in recorded(node_cache_of)[f"team-a/{hold_key('s3://models/m/abc/')}"]

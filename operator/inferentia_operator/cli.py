@@ -307,6 +307,11 @@ def _prometheus_arguments(p: argparse.ArgumentParser) -> None:
         "http://inferentia-operator-node-cache.inferentia-system.svc:8080 (chart nodeCache.enabled; default: none)",
     )  # fmt: skip
     p.add_argument(
+        "--node-views", action="store_true",
+        help="the node plugin runs beside the node cache (chart nodeCache.views.enabled): serving pods mount the cache's views of "
+        "what they fetch, read-only, and link to them instead of copying (with --node-cache-url)",
+    )  # fmt: skip
+    p.add_argument(
         "--node-cache-namespace", default=os.environ.get("POD_NAMESPACE", ""), metavar="NAMESPACE",
         help="where the node cache's pods run, each labelled with the artefacts it holds: serving pods prefer (never require) "
         "a node whose cache holds theirs (default: $POD_NAMESPACE, the operator's own; none without --node-cache-url)",
@@ -366,7 +371,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(
         operator_image=args.operator_image, prometheus=prometheus, allocation=args.allocation, scheduler_name=args.scheduler_name,
         push_activation=args.push_activation, keda_namespace=args.keda_namespace, node_cache_url=args.node_cache_url,
-        node_cache_namespace=args.node_cache_namespace if args.node_cache_url else "",
+        node_cache_namespace=args.node_cache_namespace if args.node_cache_url else "", node_views=args.node_views,
         endpoint_picker_image=args.endpoint_picker_image, endpoint_picker_role=args.endpoint_picker_role,
     )  # fmt: skip
 

@@ -53,8 +53,8 @@ FILL_WAIT = 600.0
 # The file of the pod's projected ServiceAccount token for the node cache's audience: the cache
 # answers only pods of its own node that show one (batching/node_cache.py, Admission).
 TOKEN_ENV = "INFERENTIA_NODE_CACHE_TOKEN"
-# Where the node's view of the artefact's key is mounted, read-only: one directory per
-# digest of an artefact's names and hashes (batching/node_cache.py, views).
+# Where the node's views are mounted, read-only, one directory per artefact's key (hold_key),
+# and in it one per digest of an artefact's names and hashes (batching/node_cache.py, views).
 VIEW_ENV = "INFERENTIA_NODE_VIEW"
 
 
@@ -444,7 +444,8 @@ def _report(action: str, uri: str, run: Any) -> int:
 
 def main(uri: str, destination: str, model: bool = False) -> int:
     cache = os.environ.get("INFERENTIA_NODE_CACHE")
-    view = Path(os.environ[VIEW_ENV]) if os.environ.get(VIEW_ENV) else None
+    # The views of each artefact are mounted under its key (core/children.py, node_view_mounts).
+    view = Path(os.environ[VIEW_ENV]) / hold_key(uri) if os.environ.get(VIEW_ENV) else None
     if model:
         return _report("fetch", uri, lambda: fetch_model(uri, Path(destination), cache=cache, view=view))
     return _report("fetch", uri, lambda: fetch(uri, Path(destination), cache=cache, view=view))

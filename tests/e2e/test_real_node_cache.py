@@ -19,7 +19,8 @@ from kit import helm_template, wait_for
 from test_real_node import object_store, routed, store_client
 
 import realnode
-from inferentia_operator.core.holds import NODE_CACHE_AUDIENCE, hold_label
+from inferentia_operator.core.children import COMPILED_DIR
+from inferentia_operator.core.holds import NODE_CACHE_AUDIENCE, NODE_VIEW_DIR, hold_label
 from inferentia_operator.fetch import upload
 
 pytestmark = pytest.mark.usefixtures("real_node")
@@ -92,12 +93,14 @@ def attack_pod(name: str, namespace: str, cache: str, sha: str) -> dict:
     return pod
 
 
-def start_node_cache(cluster, ns: str, max_bytes: int, request):
+def start_node_cache(cluster, ns: str, max_bytes: int, request, views: bool = False):
     """The chart's node cache (nodeCache.enabled) in ``ns``, its DaemonSet's pod on the real node:
-    a function returning that pod, the pod's own URL, and the Service's node-local URL."""
-    docs = helm_template(cluster, "--set", "nodeCache.enabled=true", "--set", f"nodeCache.maxBytes={max_bytes}", namespace=ns)
+    a function returning that pod, the pod's own URL, and the Service's node-local URL. With
+    ``views``, its node plugin too (nodeCache.views.enabled), for the node's kubelet directory."""
+    flags = ["--set", "nodeCache.views.enabled=true", "--set", f"nodeCache.views.kubeletDir={cluster.node.kubelet_dir()}"] if views else []
+    docs = helm_template(cluster, "--set", "nodeCache.enabled=true", "--set", f"nodeCache.maxBytes={max_bytes}", *flags, namespace=ns)
     cache_docs = realnode.node_cache_on_real_node(docs)
-    policies = [d for d in cache_docs if d["kind"].startswith(("ValidatingAdmissionPolicy", "ClusterRole"))]
+    policies = [d for d in cache_docs if d["kind"].startswith(("ValidatingAdmissionPolicy", "ClusterRole", "CSIDriver"))]
     request.addfinalizer(lambda: [cluster.kubectl("delete", d["kind"], d["metadata"]["name"], check=False) for d in policies])
     [daemonset] = [d for d in cache_docs if d["kind"] == "DaemonSet"]
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(cache_docs))
@@ -242,3 +245,91 @@ def test_a_models_replica_reads_its_artefact_from_the_node_cache(real_node, real
     finally:
         cached.stop()
         operator.start()
+
+
+def test_with_the_node_plugin_a_second_replica_links_the_nodes_files_and_copies_nothing(
+    real_node, real_namespace, operator, tmp_path, request
+):
+    """nodeCache.views.enabled and run --node-views: the first replica fills the node's cache,
+    which builds the artefact's view; the next replica's fetch, in a namespace that enforces
+    the restricted Pod Security level, links to the view the node plugin mounts (a CSI
+    ephemeral inline volume the real kubelet asks it for) and reads nothing: not a byte from
+    the store (its copy deleted) or the cache, none written to its own volume. It serves."""
+    from kit import OperatorProcess
+    from test_real_node import apply, real_node_namespace, wait_ready
+    from test_real_zero import zero_spec
+
+    cluster = real_node
+    cache_pod, pod_url, cache = start_node_cache(cluster, real_namespace, MODEL_CACHE_BYTES, request, views=True)
+    ns = real_node_namespace(cluster, f"views-{real_namespace[-6:]}", "pod-security.kubernetes.io/enforce=restricted")
+    request.addfinalizer(lambda: cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False))
+    spec = zero_spec(cluster, ns)
+    del spec["autoscaling"]
+    operator.stop()
+    viewing = OperatorProcess(
+        operator.kubeconfig, tmp_path / "operator.log", peering="e2e-node-views",
+        extra_args=("--node-cache-url", cache, "--node-cache-namespace", real_namespace, "--node-views"),
+    )  # fmt: skip
+    try:
+        viewing.start()
+        apply(cluster, ns, "viewed", spec)
+        wait_ready(cluster, ns, "viewed", timeout=300)
+        uri = cluster.get("inferentiamodel", "viewed", "-n", ns)["status"]["compiledUri"]
+        wait_for(lambda: hold_label(uri) in cache_pod()["metadata"]["labels"], 30, "the cache's pod labelled with the artefact")
+        bucket, prefix = uri.removeprefix("s3://").split("/", 1)
+        store = store_client(cluster)
+        for key in [o["Key"] for o in store.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]:
+            if not key.endswith("_INFERENTIA_COMPLETE"):
+                store.delete_object(Bucket=bucket, Key=key)
+        read = [cache_metric(pod_url, f"inferentia_node_cache_{m}_total") for m in ("hits", "misses", "stored")]
+        [first] = serving_pods_of(cluster, ns, "viewed")
+        cluster.kubectl("delete", "pod", "-n", ns, first["metadata"]["name"], "--wait=false")
+        wait_for(
+            lambda: [p for p in serving_pods_of(cluster, ns, "viewed") if p["metadata"]["uid"] != first["metadata"]["uid"]],
+            60,
+            "a new replica",
+        )
+
+        def second_ready() -> dict | None:
+            pods = [p for p in serving_pods_of(cluster, ns, "viewed") if p["metadata"]["uid"] != first["metadata"]["uid"]]
+            ready = [p for p in pods if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))]
+            return ready[0] if ready else None
+
+        wait_for(lambda: second_ready() is not None, 180, "the new replica Ready")
+        second = second_ready()
+        assert second is not None
+        assert [cache_metric(pod_url, f"inferentia_node_cache_{m}_total") for m in ("hits", "misses", "stored")] == read
+        # As the serving container sees its artefact: links into the node's view, read through.
+        name, container = second["metadata"]["name"], second["spec"]["containers"][0]["name"]
+        listed = cluster.kubectl("exec", "-n", ns, name, "-c", container, "--", "python3", "-c", LIST_LINKS, COMPILED_DIR, check=False)
+        statuses = cluster.get("pod", name, "-n", ns)["status"].get("containerStatuses")
+        assert listed.returncode == 0, (listed.stderr, statuses)
+        seen = json.loads(listed.stdout)
+        assert seen and all(f["link"] and f["to"].startswith(NODE_VIEW_DIR + "/") and f["read"] == f["size"] for f in seen), seen
+        views = [v for v in second["spec"]["volumes"] if "csi" in v]
+        assert views and all(v["csi"]["driver"] == "node-store.inferentia.dev" for v in views)
+    finally:
+        viewing.stop()
+        operator.start()
+
+
+# Each file under a directory: a link or not, where it leads, its size, and the bytes read through it.
+LIST_LINKS = """
+import json, os, sys
+found = []
+for root, _, files in os.walk(sys.argv[1]):
+    for name in files:
+        path = os.path.join(root, name)
+        with open(path, "rb") as f:
+            read = sum(len(b) for b in iter(lambda: f.read(1 << 20), b""))
+        found.append({"link": os.path.islink(path), "to": os.path.realpath(path), "size": os.path.getsize(path), "read": read})
+print(json.dumps(found))
+"""
+
+
+def serving_pods_of(cluster, ns: str, model: str) -> list[dict]:
+    return [
+        p
+        for p in cluster.get("pods", "-n", ns, "-l", f"inferentia.dev/model={model},app.kubernetes.io/component=serving")["items"]
+        if not p["metadata"].get("deletionTimestamp")
+    ]

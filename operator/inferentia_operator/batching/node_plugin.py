@@ -37,14 +37,14 @@ from typing import Any
 import grpc
 
 from inferentia_operator import __version__
-from inferentia_operator.core.holds import HOLD_KEY
+from inferentia_operator.core.holds import HOLD_KEY, NODE_VIEW_DRIVER
 
 from . import protos
 from .frontend import until_signalled
 
 log = logging.getLogger(__name__)
 
-DRIVER = "node-store.inferentia.dev"
+DRIVER = NODE_VIEW_DRIVER
 # The attribute of a pod's CSI volume that names the artefact (core/holds.py, hold_key).
 KEY_ATTRIBUTE = "key"
 # What the kubelet adds to an inline volume's attributes (podInfoOnMount: true).

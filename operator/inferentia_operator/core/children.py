@@ -44,7 +44,7 @@ from .catalogue import (
     ROOT_COMM_PORT,
 )
 from .findings import Finding
-from .holds import NODE_CACHE_AUDIENCE, hold_label
+from .holds import NODE_CACHE_AUDIENCE, NODE_VIEW_DIR, NODE_VIEW_DRIVER, hold_key, hold_label
 from .launcher import LAUNCHER
 from .names import (
     COMPILE_HASH_LABEL,
@@ -127,6 +127,8 @@ class Model:
     node_cache_url: str = ""
     # Where the node cache's pods run, labelled with what each holds (core/holds.py); "" none.
     node_cache_namespace: str = ""
+    # The node plugin mounts the cache's views in serving pods (the operator's --node-views).
+    node_views: bool = False
     # KEDA's namespace (the operator's --keda-namespace), the one that may reach a holder's
     # external scaler; "" no NetworkPolicy for it.
     keda_namespace: str = ""
@@ -565,8 +567,34 @@ def _through_node_cache(model: Model, container: dict[str, Any]) -> None:
     container["env"] += [
         {"name": "INFERENTIA_NODE_CACHE", "value": model.node_cache_url},
         {"name": "INFERENTIA_NODE_CACHE_TOKEN", "value": f"{NODE_CACHE_TOKEN['dir']}/{NODE_CACHE_TOKEN['file']}"},
+        *([{"name": "INFERENTIA_NODE_VIEW", "value": NODE_VIEW_DIR}] if model.node_views else []),
     ]
-    container["volumeMounts"].append({"name": NODE_CACHE_TOKEN["volume"], "mountPath": NODE_CACHE_TOKEN["dir"], "readOnly": True})
+    container["volumeMounts"] += [
+        {"name": NODE_CACHE_TOKEN["volume"], "mountPath": NODE_CACHE_TOKEN["dir"], "readOnly": True},
+        *node_view_mounts(model),
+    ]
+
+
+def node_view_mounts(model: Model) -> list[dict[str, Any]]:
+    """Where the node cache's views of what the pod fetches are mounted: in fetch, which links
+    to them, and in the serving container, which reads through the links (the same paths)."""
+    return [
+        {"name": v["name"], "mountPath": f"{NODE_VIEW_DIR}/{v['csi']['volumeAttributes']['key']}", "readOnly": True}
+        for v in _node_view_volumes(model)
+    ]
+
+
+def _node_view_volumes(model: Model) -> list[dict[str, Any]]:
+    """With the node plugin (--node-views), one CSI ephemeral inline volume per artefact the pod
+    fetches: the node cache's views of it for the pod's namespace (batching/node_plugin.py).
+    Restricted Pod Security admits csi volumes
+    (https://kubernetes.io/docs/concepts/security/pod-security-standards/#restricted)."""
+    if not (model.node_cache_url and model.node_views):
+        return []
+    return [
+        {"name": f"node-view-{i}", "csi": {"driver": NODE_VIEW_DRIVER, "readOnly": True, "volumeAttributes": {"key": hold_key(uri)}}}
+        for i, uri in enumerate(fetched_uris(model))
+    ]
 
 
 def _node_cache_token_volumes(model: Model) -> list[dict[str, Any]]:
@@ -1222,6 +1250,8 @@ def serving_deployment(model: Model, replicas: int | None = None, grouped: bool 
                 else []
             ),
             *([{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}] if serving_fetches_model(model) else []),
+            # What fetch linked to instead of copying, at the paths its links name.
+            *node_view_mounts(model),
         ],
     }
     args = serving_args(model)
@@ -1265,6 +1295,7 @@ def serving_deployment(model: Model, replicas: int | None = None, grouped: bool 
                         *([_artefact_volume(model)] if spec.compile.image else []),
                         *([_model_volume(model)] if serving_fetches_model(model) else []),
                         *_node_cache_token_volumes(model),
+                        *_node_view_volumes(model),
                     ],
                     **({"resourceClaims": [{"name": CLAIM, "resourceClaimTemplateName": claim_template_name(model)}]} if dra else {}),
                     **pod_placement(model.spec.placement, tolerations=(NEURON_TOLERATION,), affinity=serving_affinity(model, grouped)),

@@ -69,16 +69,18 @@ def placed(model: Model, settings: Settings) -> Model:
     """The model with the operator's placement settings: the same object where they change
     nothing, so that what it built once (its plan ConfigMap's content) is not built again."""
     keda = settings.keda_namespace if settings.push_activation else ""
-    wanted = (settings.scheduler_name, settings.node_cache_url, settings.node_cache_namespace, keda)
-    if (model.scheduler_name, model.node_cache_url, model.node_cache_namespace, model.keda_namespace) == wanted:
+    views = settings.node_views and bool(settings.node_cache_url)
+    wanted = (settings.scheduler_name, settings.node_cache_url, settings.node_cache_namespace, keda, views)
+    if (model.scheduler_name, model.node_cache_url, model.node_cache_namespace, model.keda_namespace, model.node_views) == wanted:
         return model
-    scheduler_name, node_cache_url, node_cache_namespace, keda_namespace = wanted
+    scheduler_name, node_cache_url, node_cache_namespace, keda_namespace, node_views = wanted
     return replace(
         model,
         scheduler_name=scheduler_name,
         node_cache_url=node_cache_url,
         node_cache_namespace=node_cache_namespace,
         keda_namespace=keda_namespace,
+        node_views=node_views,
     )
 
 

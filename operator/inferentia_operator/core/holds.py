@@ -23,6 +23,11 @@ NODE_CACHE_AUDIENCE = "node-cache.inferentia.dev"
 # The longest such token either side takes: a projected token is about 1 KiB.
 NODE_CACHE_MAX_TOKEN_BYTES = 4096
 HOLD_KEY = re.compile(r"^[0-9a-f]{32}$")
+# The node plugin's CSI driver (batching/node_plugin.py): a serving pod's inline volume of it, with
+# the attribute ``key`` (hold_key), is the node cache's views of that artefact for the pod's own
+# namespace, read-only, mounted at NODE_VIEW_DIR/<key> where fetch links to them.
+NODE_VIEW_DRIVER = "node-store.inferentia.dev"
+NODE_VIEW_DIR = "/var/lib/inferentia/node-view"
 
 
 def hold_key(uri: str) -> str:

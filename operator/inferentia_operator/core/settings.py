@@ -35,6 +35,9 @@ class Settings:
     # --node-cache-namespace: where the node cache's pods run (the operator's own namespace in the
     # chart): serving pods prefer nodes whose cache pod is labelled as holding their artefact.
     node_cache_namespace: str = ""
+    # --node-views: the chart's node plugin runs beside the node cache (nodeCache.views.enabled):
+    # serving pods mount the cache's views of what they fetch and link to them, copying nothing.
+    node_views: bool = False
     # --endpoint-picker-image: the Gateway API Inference Extension's endpoint picker, which the
     # models with spec.routing.inferencePool run; --endpoint-picker-role: the ClusterRole (the
     # chart's) that each picker's RoleBinding grants, the one role the operator may bind.
