@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 export INFERENTIA_CONTROLPLANE_BUILT := 1
 CRD    := crds/inferentia.dev_inferentiamodels.yaml
 
-.PHONY: help test test-faults test-kind kind-up kind-down unit e2e lint venv controlplane cluster-up cluster-down crd manifests demo benchmark benchmark-scale benchmark-cores benchmark-batching benchmark-autoscaling benchmark-routing benchmark-cel docs clean
+.PHONY: help test test-faults test-kind kind-up kind-down unit e2e lint venv controlplane cluster-up cluster-down crd manifests demo benchmark benchmark-scale benchmark-cores benchmark-batching benchmark-autoscaling benchmark-routing benchmark-cel benchmark-node-views docs clean
 HELM    = $(shell bash cluster/build.sh --print)/helm
 CHART   := charts/inferentia-operator
 
@@ -29,6 +29,7 @@ help:
 	@echo "make benchmark-autoscaling [PEAK_RPS=16]  on the real node: fixed replicas against spec.autoscaling, one load profile (about 20 min)"
 	@echo "make benchmark-routing   on the real node: the endpoint picker's routing against the Service's random spread (about 8 min)"
 	@echo "make benchmark-cel      the CRD's CEL rules through three CEL libraries against validate's Python twins (docs/design.md, Validation)"
+	@echo "make benchmark-node-views [GIB=4]  a replica's artefact fetch: from the store, through the node cache, linked to its view"
 	@echo "make lint          ruff (lint and format) and mypy, as configured in pyproject.toml (make test runs them too)"
 	@echo "make crd           regenerate $(CRD) (and the chart's copy) from the pydantic models"
 	@echo "make manifests     regenerate manifests/*.yaml from the chart's default values"
@@ -117,6 +118,10 @@ benchmark-routing: venv controlplane
 
 benchmark-cel: venv
 	@$(BIN)/python cluster/benchmark_cel.py
+
+GIB ?= 4
+benchmark-node-views: venv
+	@$(BIN)/python cluster/benchmark_node_views.py --gib $(GIB)
 
 RUNS ?= 3
 benchmark-batching: venv
