@@ -789,6 +789,11 @@ def test_with_the_node_plugin_each_fetched_artefacts_view_is_mounted_where_fetch
     # Without the node cache there is nothing to view.
     alone = children.serving_deployment(replace(m, node_views=True))["spec"]["template"]["spec"]
     assert not [v for v in alone["volumes"] if "csi" in v]
+    # The vLLM Neuron plugin locks files in its artefact: it copies, with no view and no env.
+    plugin = replace(model(**TRN2_VLLM), node_cache_url="http://c:8080", node_views=True)
+    pod = children.serving_deployment(plugin)["spec"]["template"]["spec"]
+    assert not [v for v in pod["volumes"] if "csi" in v]
+    assert "INFERENTIA_NODE_VIEW" not in {e["name"] for c in pod["initContainers"] for e in c["env"]}
 
 
 @pytest.mark.parametrize(("family", "target"), [("inf2", "inf2"), ("trn1", "trn1"), ("inf1", None)])

@@ -542,3 +542,74 @@ def test_a_view_survives_a_restart_with_its_record_and_nothing_else_does(s3, tmp
         assert [p.is_symlink() for p in linked] == [True]
     finally:
         assert "Traceback" not in again.stop()
+
+
+def test_a_record_naming_more_directories_than_files_gets_no_view(cache, tmp_path):
+    """A view's directories are not counted in the cache's size: a record whose few files sit
+    under many directories would cost the node's disk what no bound counts. It is recorded
+    (the node still holds the files), with no view."""
+    assert cache.put(b"held") == 201
+    deep = {f"{i}/" + "/".join(f"d{j}" for j in range(14)) + "/f": sha(b"held") for i in range(2)}  # 2 files, 30 directories
+    request = urllib.request.Request(f"{cache.url}/artefacts/{'a' * 32}", json.dumps({"files": deep}).encode(), method="PUT")
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        assert answer.status == 201 and json.loads(answer.read()) == {"recorded": True, "view": False}
+    assert not (tmp_path / "cache" / "views").exists() or not any((tmp_path / "cache" / "views").rglob("d0"))
+
+
+def test_the_cache_keeps_a_mounted_views_files_and_the_view_until_the_pod_lets_go(s3, tmp_path):
+    """The node cache at its bound: a file a mounted view links to is never evicted (an offer
+    that would need it gets 507), nor the view when its record goes; unpinned, both go."""
+    from inferentia_operator.core.holds import hold_key
+    from inferentia_operator.fetch import fetch
+
+    cache = Cache(tmp_path / "cache", max_bytes=100)
+    try:
+        uri = artefact(tmp_path, {"model.pt": b"m" * 60})
+        fetch(uri, tmp_path / "one", cache=cache.url)
+        pin = tmp_path / "cache" / "pins" / "-" / hold_key(uri) / "csi-1"
+        pin.parent.mkdir(parents=True)
+        pin.write_text("/var/lib/kubelet/pods/x/volumes/kubernetes.io~csi/node-view/mount")
+        assert cache.put(b"n" * 60) == 507  # room only by evicting the mounted file: refused
+        assert cache.get(sha(b"m" * 60))[0] == 200
+        [view] = (tmp_path / "cache" / "views" / "-" / hold_key(uri)).iterdir()
+        pin.unlink()
+        assert cache.put(b"n" * 60) == 201  # unpinned: evicted, and its view with it
+        assert not view.exists() and json.loads((tmp_path / "cache" / "artefacts.json").read_text()) == {}
+    finally:
+        assert "Traceback" not in cache.stop()
+
+
+def test_a_mounted_view_outlives_its_record_and_is_taken_back_or_dropped_once_unpinned(s3, tmp_path):
+    """A view's record replaced while a pod has it mounted: the view stays, as an orphan, with
+    its files; the same record again takes it back; once unpinned, the cache drops it at its
+    next need of room."""
+    from inferentia_operator.core.holds import hold_key
+    from inferentia_operator.fetch import fetch
+
+    cache = Cache(tmp_path / "cache", max_bytes=100)
+    try:
+        uri = artefact(tmp_path, {"model.pt": b"m" * 30})
+        fetch(uri, tmp_path / "one", cache=cache.url)
+        key = hold_key(uri)
+        [view] = (tmp_path / "cache" / "views" / "-" / key).iterdir()
+        pin = tmp_path / "cache" / "pins" / "-" / key / "csi-1"
+        pin.parent.mkdir(parents=True)
+        pin.write_text("mounted")
+
+        def record(files: dict[str, str]) -> bool:
+            """Recorded, and whether the record has a view."""
+            body = json.dumps({"files": files}).encode()
+            with urllib.request.urlopen(urllib.request.Request(f"{cache.url}/artefacts/{key}", body, method="PUT"), timeout=5) as r:
+                return bool(r.status == 201 and json.loads(r.read())["view"])
+
+        assert cache.put(b"o" * 30) == 201
+        assert record({"other.pt": sha(b"o" * 30)})  # another view of the key; the mounted one stays
+        assert (view / "model.pt").read_bytes() == b"m" * 30
+        assert record({"model.pt": sha(b"m" * 30)})  # the same names and hashes: taken back as its view
+        assert (view / "model.pt").read_bytes() == b"m" * 30
+        assert record({"other.pt": sha(b"o" * 30)})  # an orphan again
+        pin.unlink()
+        assert cache.put(b"p" * 50) == 201  # room needed: the unpinned orphan goes, and its file with it
+        assert not view.exists() and cache.get(sha(b"m" * 30))[0] == 404
+    finally:
+        assert "Traceback" not in cache.stop()

@@ -1,12 +1,11 @@
 """The node plugin (`inferentia-operator node-plugin`, batching/node_plugin.py) as a real process,
 called over its Unix sockets as the kubelet calls a CSI driver's node plugin: its registration
-(pluginregistration.v1), then NodePublishVolume and NodeUnpublishVolume, which really mount. And
-the node cache honouring the pins the plugin writes."""
+(pluginregistration.v1), then NodePublishVolume and NodeUnpublishVolume, which really mount. The
+node cache's side of the pins the plugin writes is in tests/test_node_cache.py."""
 
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 import subprocess
@@ -20,7 +19,6 @@ import grpc
 import pytest
 
 from inferentia_operator.batching.node_plugin import CSI, DRIVER, REGISTRATION
-from test_node_cache import Cache, artefact, sha
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting needs root (CAP_SYS_ADMIN), as the chart's node plugin has")
 KEY = "0123456789abcdef0123456789abcdef"
@@ -158,24 +156,35 @@ def test_what_the_plugin_does_not_mount_is_refused_with_the_reason_and_nothing_m
     assert not target.exists() and not (plugin.store / "pins").exists()
 
 
-def test_the_cache_keeps_a_mounted_views_files_and_the_view_until_the_pod_lets_go(s3, tmp_path):
-    """The node cache at its bound: a file a mounted view links to is never evicted (an offer
-    that would need it gets 507), nor the view when its record goes; unpinned, both go."""
-    from inferentia_operator.core.holds import hold_key
-    from inferentia_operator.fetch import fetch
+def test_a_view_path_the_cache_turned_into_a_link_is_not_followed_and_leaves_no_pin(plugin, tmp_path):
+    """The cache writes in the store; the plugin is root. A link planted where a view would be
+    (here the namespace's directory, leading to a directory of the node) is refused, nothing is
+    mounted, and the failed call's pin goes (the kubelet never unpublishes a failed publish)."""
+    elsewhere = tmp_path / "node-secrets"
+    elsewhere.mkdir()
+    (elsewhere / "key").write_text("secret")
+    (plugin.store / "views").mkdir()
+    (plugin.store / "views" / "team-a").symlink_to(elsewhere)
+    target = target_of(plugin)
+    with pytest.raises(grpc.RpcError) as refused:
+        plugin.publish(target)
+    assert refused.value.code() == grpc.StatusCode.INTERNAL
+    assert not any(str(target) == line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines())
+    assert not list((plugin.store / "pins").rglob("csi-*"))
 
-    cache = Cache(tmp_path / "cache", max_bytes=100)
-    try:
-        uri = artefact(tmp_path, {"model.pt": b"m" * 60})
-        fetch(uri, tmp_path / "one", cache=cache.url)
-        pin = tmp_path / "cache" / "pins" / "-" / hold_key(uri) / "csi-1"
-        pin.parent.mkdir(parents=True)
-        pin.write_text("/var/lib/kubelet/pods/x/volumes/kubernetes.io~csi/node-view/mount")
-        assert cache.put(b"n" * 60) == 507  # room only by evicting the mounted file: refused
-        assert cache.get(sha(b"m" * 60))[0] == 200
-        [view] = (tmp_path / "cache" / "views" / "-" / hold_key(uri)).iterdir()
-        pin.unlink()
-        assert cache.put(b"n" * 60) == 201  # unpinned: evicted, and its view with it
-        assert not view.exists() and json.loads((tmp_path / "cache" / "artefacts.json").read_text()) == {}
-    finally:
-        assert "Traceback" not in cache.stop()
+
+def test_a_view_a_cut_short_call_left_writable_is_made_read_only(plugin):
+    """A stop between the bind mount and its read-only remount leaves a writable mount; the
+    kubelet's next call finds it mounted and gets it read-only, still one mount."""
+    source = plugin.store / "views" / "team-a" / KEY
+    source.mkdir(parents=True)
+    target = target_of(plugin)
+    target.mkdir(parents=True)
+    subprocess.run(["mount", "--bind", str(source), str(target)], check=True)
+    plugin.publish(target)
+    with pytest.raises(OSError) as refused:
+        (target / "planted").write_bytes(b"x")
+    assert refused.value.errno == errno.EROFS
+    assert sum(str(target) == line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()) == 1
+    plugin.unpublish(target)
+    assert not target.exists()

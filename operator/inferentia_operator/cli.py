@@ -238,9 +238,17 @@ def _port_pairs(value: str) -> list[tuple[int, int]]:
 
 
 def cmd_node_plugin(args: argparse.Namespace) -> int:
-    from .batching.node_plugin import serve  # grpc loads only for this command
+    from .batching.node_plugin import prepare, serve  # grpc loads only for this command
 
-    serve(Path(args.dir), Path(args.kubelet_dir), args.node_name)
+    pins = Path(args.pins_dir) if args.pins_dir else Path(args.dir) / "pins"
+    if args.prepare:
+        uid, _, gid = args.prepare.partition(":")
+        if not (uid.isdigit() and gid.isdigit()):
+            print(f"node-plugin: --prepare {args.prepare!r}: valid values look like 65532:65532 (UID:GID)", file=sys.stderr)
+            return EXIT_INVALID
+        prepare(Path(args.dir), pins, (int(uid), int(gid)))
+        return EXIT_OK
+    serve(Path(args.dir), Path(args.kubelet_dir), args.node_name, pins)
     return EXIT_OK
 
 
@@ -255,6 +263,7 @@ def cmd_node_cache(args: argparse.Namespace) -> int:
         node=args.node_name,
         body_timeout=args.body_timeout_s,
         fill_lease=args.fill_lease_s,
+        pins=Path(args.pins_dir) if args.pins_dir else None,
     )
     return EXIT_OK
 
@@ -478,6 +487,9 @@ def parser() -> argparse.ArgumentParser:
         "--fill-lease-s", type=float, default=30.0, metavar="SECONDS",
         help="seconds a replica filling a file from the store holds it (others wait) unless it renews",
     )  # fmt: skip
+    nc.add_argument(
+        "--pins-dir", default="", help="where the node plugin pins the views pods have mounted, read only (default: the cache's pins/)"
+    )
     nc.set_defaults(func=cmd_node_cache)
 
     npl = sub.add_parser(
@@ -486,6 +498,11 @@ def parser() -> argparse.ArgumentParser:
     npl.add_argument("--dir", required=True, help="the node cache's directory (its --dir), which both containers mount")
     npl.add_argument("--kubelet-dir", default="/var/lib/kubelet", help="the kubelet's root directory (its --root-dir)")
     npl.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""), metavar="NODE", help="this node (default: $NODE_NAME)")
+    npl.add_argument("--pins-dir", default="", help="where it pins the views pods have mounted (default: the store's pins/)")
+    npl.add_argument(
+        "--prepare", metavar="UID:GID", default="",
+        help="make the store (owned by UID:GID, the cache's user) and the pins directory, then exit (the chart's init container)",
+    )  # fmt: skip
     npl.set_defaults(func=cmd_node_plugin)
 
     f = sub.add_parser("fetch", help="copy a compiled artefact (or, with --model, a model) into a pod (an init container)")

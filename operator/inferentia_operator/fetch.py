@@ -307,6 +307,8 @@ def _linked(view: Path, marker: dict[str, Any], named: dict[str, str], destinati
     whose name is the digest of the marker's names and hashes (core/holds.py): the node cache
     builds it only of files it checked against those hashes, and the view is read-only, so each
     file is the marker's without hashing it again."""
+    if not all(map(view_name, named)):  # names no view holds ("/x" would leave it): copied
+        return None
     built = view / view_digest(named)
     try:
         for name in named:

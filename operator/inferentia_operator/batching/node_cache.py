@@ -65,6 +65,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from inferentia_operator.core.holds import (
     HOLD_KEY,
     HOLDS_PREFIX,
+    MAX_VIEW_DEPTH,
     NODE_CACHE_AUDIENCE,
     NODE_CACHE_MAX_TOKEN_BYTES,
     VIEW_NAMES,
@@ -129,6 +130,7 @@ class NodeCache:
         admission: Admission | None,
         body_timeout: float,
         fill_lease: float,
+        pins: Path | None = None,
     ) -> None:
         self.blobs, self.partial = directory / "blobs", directory / "partial"
         self.max_bytes, self.body_timeout, self.fill_lease = max_bytes, body_timeout, fill_lease
@@ -175,7 +177,7 @@ class NodeCache:
         self.views: dict[tuple[str, str], str] = {}
         # The node plugin's pins (PINS/<namespace>/<key>/<volume id>): a pod has that key's views
         # mounted. A view whose record went while pinned stays, with the files it links to.
-        self.pins_dir = directory / PINS
+        self.pins_dir = pins or directory / PINS
         self.orphans: dict[Path, frozenset[str]] = {}
         self.changed = asyncio.Event()  # what it holds changed: the pod's labels follow
         # The records outlive a restart of the container (they sit beside the files), and only
@@ -263,6 +265,10 @@ class NodeCache:
         if missing := [f for f in files if f not in self.held]:
             return web.json_response({"error": f"{len(missing)} of its files are not held here"}, status=409)
         recorded, name = frozenset(files), (namespace, key)
+        if isinstance(named, dict) and len({d for n in named for d in _parents(n)}) > len(named) + MAX_VIEW_DEPTH:
+            # A view's directories are not counted in the cache's size: a record whose files
+            # sit under more of them than it has files (and one file's depth) gets no view.
+            named = None
         digest = view_digest(named) if isinstance(named, dict) else None
         if self.artefacts.get(name) == recorded and digest in (None, self.views.get(name)):
             # Every fetch records, hits included: the same record again only refreshes its place,
@@ -306,6 +312,13 @@ class NodeCache:
         if self.views.get(name) == digest and final.is_dir():
             return
         self._drop_view(name)
+        if final in self.orphans:
+            # Still mounted by a pod since its record went, and of the same names and hashes:
+            # taken back, if every file it links to is still held (one dropped as damaged is not).
+            if self.orphans[final] == frozenset(files.values()) and all(sha in self.held for sha in files.values()):
+                del self.orphans[final]
+                self.views[name] = digest
+            return
         aside = self.views_dir / f".building-{secrets.token_hex(8)}"
         try:
             for relative, sha in files.items():
@@ -537,6 +550,12 @@ class NodeCache:
             aside.unlink(missing_ok=True)
 
 
+def _parents(name: str) -> list[str]:
+    """The directories a view makes for a file's name: "a/b/c" -> ["a", "a/b"]."""
+    parts = name.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+
 class Refusal:
     """Why a caller is not admitted: the status, the metric's reason, the message."""
 
@@ -732,6 +751,7 @@ def serve(
     node: str,
     body_timeout: float,
     fill_lease: float,
+    pins: Path | None = None,
 ) -> None:
     """The cache, as `inferentia-operator node-cache` runs it: its flags (cli.py) give every
     bound that has one, with its default."""
@@ -740,7 +760,7 @@ def serve(
         from inferentia_operator.shell.transport import Transport  # loaded only where callers are checked
 
         admission = Admission(node, token_review(Transport(pool_size=MAX_REVIEWS, read_timeout=10)))
-    cache = NodeCache(directory, max_bytes, admission, body_timeout, fill_lease)
+    cache = NodeCache(directory, max_bytes, admission, body_timeout, fill_lease, pins)
     # The chart gives the pod its own name and namespace (the downward API); elsewhere (a test, a
     # cache run by hand) nothing is labelled.
     pod, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")

@@ -113,18 +113,26 @@ def _mount(source: str, target: str, flags: int) -> None:
         raise OSError(errno, os.strerror(errno), target)
 
 
-def _mounted(target: Path) -> bool:
-    """``target`` is a mount point (of this mount namespace's table)."""
-    wanted = str(target)
-    with open("/proc/self/mountinfo") as table:
-        # The fifth field is the mount point, with spaces and the like written as octal escapes.
-        return any(line.split()[4].encode().decode("unicode_escape") == wanted for line in table)
+def _mount_options(target: Path) -> list[str] | None:
+    """The options of the mount at ``target`` (of this mount namespace's table, the last mounted
+    there), or None if nothing is mounted there."""
+    wanted, found = os.fsencode(target), None
+    with open("/proc/self/mountinfo", "rb") as table:
+        for line in table:
+            fields = line.split()
+            # The fifth field is the mount point, with space, tab, newline and backslash written
+            # as octal escapes (\040 ...); the sixth, the mount's own options.
+            if re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), fields[4]) == wanted:
+                found = fields[5].decode().split(",")
+    return found
 
 
 class NodePlugin:
-    def __init__(self, store: Path, kubelet_dir: Path, node: str, driver: str = DRIVER) -> None:
+    def __init__(self, store: Path, kubelet_dir: Path, node: str, pins: Path | None = None, driver: str = DRIVER) -> None:
         self.store, self.kubelet_dir, self.node, self.driver = store, kubelet_dir.resolve(), node, driver
-        self.views, self.pins = store / "views", store / "pins"
+        # The pins sit apart from the store where the chart runs it (--pins-dir: a directory
+        # the cache reads and cannot write), so the cache cannot plant a link where root writes.
+        self.views, self.pins = store / "views", pins or store / "pins"
         self.endpoint = self.kubelet_dir / "plugins" / driver / "csi.sock"
         self.registration = self.kubelet_dir / "plugins_registry" / f"{driver}-reg.sock"
         self.registered = asyncio.Event()
@@ -155,26 +163,52 @@ class NodePlugin:
         return ".." not in target.parts and target.is_absolute() and target.is_relative_to(self.kubelet_dir / "pods")
 
     def _publish(self, namespace: str, key: str, volume_id: str, target: Path) -> None:
-        """Pinned first, then mounted: a view is never mounted unpinned. Again for a volume
-        mounted already: nothing more (the kubelet retries a call it did not see answered)."""
-        source = self.views / namespace / key
-        owner = self.store.stat()
-        for directory in (self.views, self.views / namespace, source):  # the cache's, to build views in
-            if not directory.is_dir():
-                directory.mkdir()
-                os.chown(directory, owner.st_uid, owner.st_gid)
-                directory.chmod(0o775)  # the pod's fsGroup, which the cache runs in, writes too
+        """Pinned first, then mounted read-only: a view is never mounted unpinned, and a pin
+        whose mount failed goes (the kubelet, told of a failure, never unpublishes). Again for
+        a volume mounted already: made read-only if a stop cut the last call short, else nothing
+        (the kubelet retries a call it did not see answered)."""
         pin = self.pins / namespace / key / volume_id
         pin.parent.mkdir(parents=True, exist_ok=True)
         pin.write_text(str(target))
-        target.mkdir(parents=True, exist_ok=True)
-        if _mounted(target):
-            return
-        _mount(str(source), str(target), MS_BIND)
         try:
+            target.mkdir(parents=True, exist_ok=True)
+            options = _mount_options(target)
+            if options is None:
+                view = self._view_dir(namespace, key)
+                try:
+                    # The view as the descriptor names it: the cache, which writes in the store,
+                    # cannot turn a part of its path into a link to elsewhere on the node.
+                    _mount(f"/proc/self/fd/{view}", str(target), MS_BIND)
+                finally:
+                    os.close(view)
+            elif "ro" in options:
+                return
             _mount("none", str(target), MS_REMOUNT | MS_BIND | MS_RDONLY)
         except OSError:
-            _libc.umount2(str(target).encode(), MNT_DETACH)
+            with contextlib.suppress(OSError):
+                if _mount_options(target) is not None:
+                    _libc.umount2(str(target).encode(), MNT_DETACH)
+            pin.unlink(missing_ok=True)
+            raise
+
+    def _view_dir(self, namespace: str, key: str) -> int:
+        """A descriptor of VIEWS/<namespace>/<key>, made where missing (the cache's to build in:
+        its owner's, group-writable for the pod's fsGroup), each part opened without following
+        a symbolic link."""
+        owner = self.store.stat()
+        fd = os.open(self.store, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            for part in (self.views.name, namespace, key):
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o775, dir_fd=fd)
+                    os.chown(part, owner.st_uid, owner.st_gid, dir_fd=fd, follow_symlinks=False)
+                    os.chmod(part, 0o775, dir_fd=fd)
+                inner = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+            return fd
+        except BaseException:
+            os.close(fd)
             raise
 
     async def unpublish(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
@@ -190,7 +224,7 @@ class NodePlugin:
     def _unpublish(self, volume_id: str, target: Path) -> None:
         """Unmounted, then unpinned; the target directory goes (the CSI spec: the plugin removes
         what it made). Again for a volume gone already: nothing more."""
-        if target.exists() and _mounted(target) and _libc.umount2(str(target).encode(), 0) != 0:
+        if target.exists() and _mount_options(target) is not None and _libc.umount2(str(target).encode(), 0) != 0:
             errno = ctypes.get_errno()
             raise OSError(errno, os.strerror(errno), str(target))
         with contextlib.suppress(FileNotFoundError):
@@ -270,10 +304,23 @@ async def _server(socket: Path, handlers: list[grpc.GenericRpcHandler]) -> grpc.
     return server
 
 
-def serve(store: Path, kubelet_dir: Path, node: str, driver: str = DRIVER) -> None:
+def prepare(store: Path, pins: Path, owner: tuple[int, int]) -> None:
+    """The store and pin directories on the node's disk, as the chart's init container makes
+    them before the cache starts: the store the cache's (``owner``), the pins root's."""
+    for directory in (store, pins):
+        directory.mkdir(parents=True, exist_ok=True)
+    os.chown(store, *owner)
+    store.chmod(0o775)
+    os.chown(pins, 0, 0)
+    pins.chmod(0o755)
+
+
+def serve(store: Path, kubelet_dir: Path, node: str, pins: Path | None = None, driver: str = DRIVER) -> None:
     """The plugin, as `inferentia-operator node-plugin` runs it: the CSI socket first, then the
     registration socket, whose appearance is what makes the kubelet call."""
-    plugin = NodePlugin(store, kubelet_dir, node, driver)
+    if not node:
+        raise SystemExit("node-plugin: --node-name (or $NODE_NAME) is required: the kubelet asks the plugin which node it is on")
+    plugin = NodePlugin(store, kubelet_dir, node, pins, driver)
 
     async def run(stop: asyncio.Event) -> None:
         csi, registration = plugin.handlers()

@@ -567,7 +567,7 @@ def _through_node_cache(model: Model, container: dict[str, Any]) -> None:
     container["env"] += [
         {"name": "INFERENTIA_NODE_CACHE", "value": model.node_cache_url},
         {"name": "INFERENTIA_NODE_CACHE_TOKEN", "value": f"{NODE_CACHE_TOKEN['dir']}/{NODE_CACHE_TOKEN['file']}"},
-        *([{"name": "INFERENTIA_NODE_VIEW", "value": NODE_VIEW_DIR}] if model.node_views else []),
+        *([{"name": "INFERENTIA_NODE_VIEW", "value": NODE_VIEW_DIR}] if _node_view_volumes(model) else []),
     ]
     container["volumeMounts"] += [
         {"name": NODE_CACHE_TOKEN["volume"], "mountPath": NODE_CACHE_TOKEN["dir"], "readOnly": True},
@@ -589,7 +589,9 @@ def _node_view_volumes(model: Model) -> list[dict[str, Any]]:
     fetches: the node cache's views of it for the pod's namespace (batching/node_plugin.py).
     Restricted Pod Security admits csi volumes
     (https://kubernetes.io/docs/concepts/security/pod-security-standards/#restricted)."""
-    if not (model.node_cache_url and model.node_views):
+    if not (model.node_cache_url and model.node_views) or vllm_plugin(model):
+        # The vLLM Neuron plugin takes file locks in its compiled artefact, even to read it:
+        # files behind links into a read-only view would refuse them. It copies, as before.
         return []
     return [
         {"name": f"node-view-{i}", "csi": {"driver": NODE_VIEW_DRIVER, "readOnly": True, "volumeAttributes": {"key": hold_key(uri)}}}
