@@ -29,7 +29,7 @@ help:
 	@echo "make benchmark-autoscaling [PEAK_RPS=16]  on the real node: fixed replicas against spec.autoscaling, one load profile (about 20 min)"
 	@echo "make benchmark-routing   on the real node: the endpoint picker's routing against the Service's random spread (about 8 min)"
 	@echo "make benchmark-cel      the CRD's CEL rules through three CEL libraries against validate's Python twins (docs/design.md, Validation)"
-	@echo "make benchmark-node-views [GIB=4]  a replica's artefact fetch: from the store, through the node cache, linked to its view"
+	@echo "make benchmark-node-views [GIB=4]  a second replica's artefact fetch on a node: the cache's copy against linked to its view"
 	@echo "make lint          ruff (lint and format) and mypy, as configured in pyproject.toml (make test runs them too)"
 	@echo "make crd           regenerate $(CRD) (and the chart's copy) from the pydantic models"
 	@echo "make manifests     regenerate manifests/*.yaml from the chart's default values"

@@ -97,7 +97,11 @@ def start_node_cache(cluster, ns: str, max_bytes: int, request, views: bool = Fa
     """The chart's node cache (nodeCache.enabled) in ``ns``, its DaemonSet's pod on the real node:
     a function returning that pod, the pod's own URL, and the Service's node-local URL. With
     ``views``, its node plugin too (nodeCache.views.enabled), for the node's kubelet directory."""
-    flags = ["--set", "nodeCache.views.enabled=true", "--set", f"nodeCache.views.kubeletDir={cluster.node.kubelet_dir()}"] if views else []
+    flags = []
+    if views:  # the store and pins beside the kubelet's directory: under the cluster's own state
+        kubelet = cluster.node.kubelet_dir()
+        flags = ["--set", "nodeCache.views.enabled=true", "--set", f"nodeCache.views.kubeletDir={kubelet}",
+                 "--set", f"nodeCache.views.hostDir={kubelet.rstrip('/').rpartition('/')[0]}/node-cache-{ns}"]  # fmt: skip
     docs = helm_template(cluster, "--set", "nodeCache.enabled=true", "--set", f"nodeCache.maxBytes={max_bytes}", *flags, namespace=ns)
     cache_docs = realnode.node_cache_on_real_node(docs)
     policies = [d for d in cache_docs if d["kind"].startswith(("ValidatingAdmissionPolicy", "ClusterRole", "CSIDriver"))]
@@ -306,6 +310,13 @@ def test_with_the_node_plugin_a_second_replica_links_the_nodes_files_and_copies_
         assert listed.returncode == 0, (listed.stderr, statuses)
         seen = json.loads(listed.stdout)
         assert seen and all(f["link"] and f["to"].startswith(NODE_VIEW_DIR + "/") and f["read"] == f["size"] for f in seen), seen
+        # The cache's pod replaced (an upgrade, an eviction): its files, on the node's disk, stay
+        # where the running replica's links lead.
+        old_cache = cache_pod()["metadata"]["uid"]
+        cluster.kubectl("delete", "pod", "-n", real_namespace, cache_pod()["metadata"]["name"])
+        wait_for(lambda: (p := cache_pod()) is not None and p["metadata"]["uid"] != old_cache, 120, "a new node cache pod")
+        again = cluster.kubectl("exec", "-n", ns, name, "-c", container, "--", "python3", "-c", LIST_LINKS, COMPILED_DIR)
+        assert json.loads(again.stdout) == seen
         views = [v for v in second["spec"]["volumes"] if "csi" in v]
         assert views and all(v["csi"]["driver"] == "node-store.inferentia.dev" for v in views)
     finally:
