@@ -156,7 +156,8 @@ def test_only_the_first_fetch_on_the_node_reads_the_store(real_node, real_namesp
     # node): the next fetch refuses it by the marker's SHA-256 and reads the store, whose copy is
     # back; its offer replaces the damaged copy, and the cache alone serves the next.
     pod = cache_pod()["metadata"]["name"]
-    damage = "import pathlib; [f] = pathlib.Path('/cache/blobs').iterdir(); f.write_bytes(b'x' * f.stat().st_size)"
+    # The cache keeps its files read-only (a view links to them): made writable, then changed.
+    damage = "import pathlib; [f] = pathlib.Path('/cache/blobs').iterdir(); f.chmod(0o644); f.write_bytes(b'x' * f.stat().st_size)"
     cluster.kubectl("exec", "-n", ns, pod, "-c", "node-cache", "--", "python3", "-c", damage)
     upload(source, uri, client=store_client(cluster))
     run("third")
