@@ -241,10 +241,8 @@ class LocalCluster:
         die_with_parent: bool = False,
         audit_policy: str = AUDIT_POLICY,
         real_node: bool = False,
-        hpa_sync_period: str = "15s",
     ):
         self.state = Path(state_dir).resolve()
-        self.hpa_sync_period = hpa_sync_period
         # Why the real node did not start (not asked for, or not possible here); None when it runs.
         self.real_node_skipped: str | None = None if real_node else "not asked for"
         self.real_node: realnode.RealNode | None = None
@@ -464,9 +462,6 @@ class LocalCluster:
                 "--service-account-private-key-file", str(pki / "sa.key"),
                 "--service-cluster-ip-range", SERVICE_CIDR, "--profiling=false",
                 "--controllers", "*,-bootstrap-signer-controller,-token-cleaner-controller",
-                # How often KEDA's HPAs act on what they read: 15 s, Kubernetes' default and EKS's
-                # (which does not expose it), unless the caller asks (the test suite's 5 s).
-                "--horizontal-pod-autoscaler-sync-period", self.hpa_sync_period,
             ],
             pids,
         )  # fmt: skip

@@ -79,9 +79,7 @@ def cluster(tmp_path_factory) -> Cluster:
         return
     # die_with_parent: if pytest is killed outright, the kernel stops the control plane too.
     # The real node runs where it can (root); the summary says when and why it did not.
-    # KEDA's HPAs act every 5 s, not 15: the suite's scale-ups and downs follow the load sooner,
-    # and no test asserts the period (the benchmarks keep 15 s, as on EKS).
-    local = localcluster.LocalCluster(tmp_path_factory.mktemp("cluster"), die_with_parent=True, real_node=True, hpa_sync_period="5s")
+    local = localcluster.LocalCluster(tmp_path_factory.mktemp("cluster"), die_with_parent=True, real_node=True)
     try:
         local.up(timeout=300)
         REAL_NODE_STATE["skipped"] = local.real_node_skipped
