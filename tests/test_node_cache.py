@@ -613,3 +613,37 @@ def test_a_mounted_view_outlives_its_record_and_is_taken_back_or_dropped_once_un
         assert not view.exists() and cache.get(sha(b"m" * 30))[0] == 404
     finally:
         assert "Traceback" not in cache.stop()
+
+
+def test_a_mounted_view_whose_file_was_found_damaged_is_never_taken_back(s3, tmp_path):
+    """An orphan (its record went while a pod has it mounted) links the inode it was built of.
+    If that file is found changed on disk and offered again, the cache holds a new inode: the
+    same record again does not take the orphan back (it would serve the damaged bytes unhashed)."""
+    import os
+
+    from inferentia_operator.core.holds import hold_key
+    from inferentia_operator.fetch import fetch
+
+    cache = Cache(tmp_path / "cache", max_bytes=1000)
+    try:
+        uri = artefact(tmp_path, {"model.pt": b"m" * 30})
+        fetch(uri, tmp_path / "one", cache=cache.url)
+        key = hold_key(uri)
+        pin = tmp_path / "cache" / "pins" / "-" / key / "csi-1"
+        pin.parent.mkdir(parents=True)
+        pin.write_text("mounted")
+
+        def record(files: dict[str, str]) -> bool:
+            body = json.dumps({"files": files}).encode()
+            with urllib.request.urlopen(urllib.request.Request(f"{cache.url}/artefacts/{key}", body, method="PUT"), timeout=5) as r:
+                return bool(json.loads(r.read())["view"])
+
+        assert cache.put(b"o" * 30) == 201
+        assert record({"other.pt": sha(b"o" * 30)})  # the mounted view of model.pt: an orphan now
+        blob = tmp_path / "cache" / "blobs" / sha(b"m" * 30)
+        os.chmod(blob, 0o644)
+        blob.write_bytes(b"x" * 30)  # changed on the node's disk
+        assert cache.put(b"m" * 30) == 201  # found damaged, replaced by the offer (another inode)
+        assert not record({"model.pt": sha(b"m" * 30)})  # not the damaged orphan: no view while it is held
+    finally:
+        assert "Traceback" not in cache.stop()

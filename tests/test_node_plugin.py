@@ -31,6 +31,10 @@ class Plugin:
         self.store, self.kubelet = tmp_path / "store", Path(tempfile.mkdtemp(prefix="kubelet-", dir="/tmp"))
         self.store.mkdir()
         os.chown(self.store, 65534, 65534)  # the cache's own user, as the chart runs it
+        self.start()
+
+    def start(self) -> None:
+        """The plugin's process, returning once its registration socket is there."""
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "inferentia_operator", "node-plugin", "--dir", str(self.store), "--kubelet-dir", str(self.kubelet),
              "--node-name", "node-a"],
@@ -114,7 +118,8 @@ def test_a_pod_sees_its_namespaces_view_read_only_and_pinned_while_it_is_mounted
     with pytest.raises(OSError) as refused:
         (target / "planted").write_bytes(b"x")
     assert refused.value.errno == errno.EROFS
-    assert sum(str(target) == line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()) == 1
+    [mount] = [line.split() for line in Path("/proc/self/mountinfo").read_text().splitlines() if line.split()[4] == str(target)]
+    assert {"ro", "nosuid", "nodev"} <= set(mount[5].split(",")), mount  # the mount's own options, from its start
     assert (plugin.store / "pins" / "team-a" / KEY / "csi-0a1b").read_text() == str(target)
     # Views the cache builds later show through the mount as they are built.
     (plugin.store / "views" / "team-a" / KEY / ("e" * 64)).mkdir()
@@ -132,7 +137,7 @@ def test_another_namespace_naming_the_same_key_sees_only_its_own_views(plugin):
     plugin.publish(target, namespace="team-b", volume="csi-b")
     assert list(target.iterdir()) == []
     made = plugin.store / "views" / "team-b" / KEY
-    assert made.is_dir() and (made.stat().st_uid, made.stat().st_mode & 0o777) == (65534, 0o775)  # the cache builds in it
+    assert made.is_dir() and made.stat().st_uid == 65534 and made.stat().st_mode & 0o700 == 0o700  # the cache builds in it
     plugin.unpublish(target, volume="csi-b")
 
 
@@ -173,14 +178,19 @@ def test_a_view_path_the_cache_turned_into_a_link_is_not_followed_and_leaves_no_
     assert not list((plugin.store / "pins").rglob("csi-*"))
 
 
-def test_a_view_a_cut_short_call_left_writable_is_made_read_only(plugin):
-    """A stop between the bind mount and its read-only remount leaves a writable mount; the
-    kubelet's next call finds it mounted and gets it read-only, still one mount."""
+def test_a_writable_mount_left_at_the_target_is_never_taken_for_the_view(plugin):
+    """A writable mount at the target (a bind cut short before its remount, as mount(2) makes
+    them in two steps): the call fails, unmounts it and pins nothing; the kubelet's next call
+    mounts the view, read-only from the start, once."""
     source = plugin.store / "views" / "team-a" / KEY
     source.mkdir(parents=True)
     target = target_of(plugin)
     target.mkdir(parents=True)
     subprocess.run(["mount", "--bind", str(source), str(target)], check=True)
+    with pytest.raises(grpc.RpcError) as refused:
+        plugin.publish(target)
+    assert refused.value.code() == grpc.StatusCode.INTERNAL and "writable" in refused.value.details()
+    assert not list((plugin.store / "pins").rglob("csi-*"))
     plugin.publish(target)
     with pytest.raises(OSError) as refused:
         (target / "planted").write_bytes(b"x")
@@ -188,3 +198,18 @@ def test_a_view_a_cut_short_call_left_writable_is_made_read_only(plugin):
     assert sum(str(target) == line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()) == 1
     plugin.unpublish(target)
     assert not target.exists()
+
+
+def test_a_pin_whose_mount_is_gone_is_dropped_when_the_plugin_starts(plugin, tmp_path):
+    """A pin outlives the plugin (it sits on the node's disk); one whose target is no longer
+    mounted (a volume the kubelet forgot across a node's restart) would hold its view's files
+    for ever: the plugin drops it at its start, and keeps a pin whose view is still mounted."""
+    (plugin.store / "views" / "team-a" / KEY).mkdir(parents=True)
+    mounted = target_of(plugin, "pod-still-there")
+    plugin.publish(mounted, volume="csi-kept")
+    stale = plugin.store / "pins" / "team-a" / KEY / "csi-gone"
+    stale.write_text(str(target_of(plugin, "pod-gone")))
+    assert "Traceback" not in plugin.stop()
+    plugin.start()
+    assert not stale.exists() and (plugin.store / "pins" / "team-a" / KEY / "csi-kept").exists()
+    plugin.unpublish(mounted, volume="csi-kept")

@@ -314,8 +314,10 @@ class NodeCache:
         self._drop_view(name)
         if final in self.orphans:
             # Still mounted by a pod since its record went, and of the same names and hashes:
-            # taken back, if every file it links to is still held (one dropped as damaged is not).
-            if self.orphans[final] == frozenset(files.values()) and all(sha in self.held for sha in files.values()):
+            # taken back if each of its links is the held file itself (one dropped as damaged
+            # and offered again is another inode); else it stays an orphan and the record has
+            # no view while a pod holds it (a view's name is its content's).
+            if self._links_held(final, files):
                 del self.orphans[final]
                 self.views[name] = digest
             return
@@ -344,6 +346,13 @@ class NodeCache:
             self.orphans[path] = self._linked_from(path)
         else:
             shutil.rmtree(path, ignore_errors=True)
+
+    def _links_held(self, view: Path, files: dict[str, str]) -> bool:
+        """Each of ``view``'s names is a link to the held file of its hash."""
+        try:
+            return all(sha in self.held and (view / n).lstat().st_ino == (self.blobs / sha).stat().st_ino for n, sha in files.items())
+        except OSError:
+            return False
 
     def _pinned(self, key_dir: Path) -> bool:
         """A pod of the node has the views of ``key_dir`` (VIEWS/<namespace>/<key>) mounted."""
@@ -468,6 +477,8 @@ class NodeCache:
 
     def _drop(self, sha: str) -> None:
         """A held file goes, and with it every artefact it was a part of."""
+        for path, linked in self.orphans.items():  # a mounted orphan keeps the inode, uncounted now
+            self.orphans[path] = linked - {sha}
         (self.blobs / sha).unlink(missing_ok=True)
         self.held.pop(sha, None)
         self.checked.pop(sha, None)
@@ -694,7 +705,7 @@ def token_review(transport: Any) -> Callable[[str], dict[str, Any]]:
 class PodLabels:
     """Keeps the cache's own pod labelled with what it holds whole (``holds.inferentia.dev/<key>``,
     core/holds.py), level-based: each pass reads the pod and patches only the difference, so a
-    restart (which forgets nothing: the records are on the emptyDir) or a lost patch mends
+    restart (which forgets nothing: the records sit beside the files) or a lost patch mends
     itself. Its ServiceAccount may patch pods in its own namespace, and the chart's admission
     policy narrows that to this pod's own ``holds`` labels."""
 

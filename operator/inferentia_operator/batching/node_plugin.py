@@ -9,8 +9,8 @@ view of that namespace's artefact (``views/<namespace>/<key>``, batching/node_ca
 kubelet's target path, read-only; the pod sees the views the cache builds there, as it builds
 them. A namespace sees only its own records' views, whatever key it names.
 
-While a pod has a view mounted, the plugin keeps a pin (``pins/<namespace>/<key>/<volume id>``)
-beside the cache's files: the cache evicts no file a pinned view links to and removes no pinned
+While a pod has a view mounted, the plugin keeps a pin (``<pins>/<namespace>/<key>/<volume id>``,
+a directory the cache reads and cannot write, on the node's disk): the cache evicts no file a pinned view links to and removes no pinned
 view, so a running replica's files never go from under it. ``NodeUnpublishVolume`` unmounts and
 unpins.
 
@@ -101,16 +101,53 @@ REGISTRATION = protos.messages(
     },
 )
 
-# mount(2) and umount2(2) flags (linux/mount.h).
-MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC = 1, 32, 4096, 16384
-MNT_DETACH = 2
+MNT_DETACH = 2  # umount2(2)
+# The mount API of Linux 5.12 and later (open_tree(2), mount_setattr(2), move_mount(2)): one
+# system call number on every architecture since 5.1's unified table.
+SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 428, 429, 442
+OPEN_TREE_CLONE, AT_EMPTY_PATH, AT_FDCWD, MOVE_MOUNT_F_EMPTY_PATH = 1, 0x1000, -100, 4
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 1, 2, 4
 _libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
 
 
-def _mount(source: str, target: str, flags: int) -> None:
-    if _libc.mount(source.encode(), target.encode(), None, flags, None) != 0:
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+def _checked(result: int, what: str) -> int:
+    if result < 0:
         errno = ctypes.get_errno()
-        raise OSError(errno, os.strerror(errno), target)
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+    return result
+
+
+def _mount_read_only(directory: int, target: Path) -> None:
+    """A read-only, nosuid, nodev bind mount of the directory ``directory`` (a descriptor) at
+    ``target``, made read-only before it is attached: a remount after a bind would change only
+    this mount namespace's copy, never the one the shared kubelet directory propagates to the
+    kubelet and the pod (mount propagation carries mounts and unmounts, not remounts)."""
+    tree = _checked(
+        _libc.syscall(SYS_OPEN_TREE, ctypes.c_int(directory), b"", ctypes.c_uint(OPEN_TREE_CLONE | os.O_CLOEXEC | AT_EMPTY_PATH)),
+        "open_tree",
+    )
+    try:
+        attr = _MountAttr(attr_set=MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
+        _checked(
+            _libc.syscall(SYS_MOUNT_SETATTR, ctypes.c_int(tree), b"", ctypes.c_uint(AT_EMPTY_PATH), ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))),
+            "mount_setattr",
+        )  # fmt: skip
+        _checked(
+            _libc.syscall(SYS_MOVE_MOUNT, ctypes.c_int(tree), b"", ctypes.c_int(AT_FDCWD), os.fsencode(target), ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH)),
+            "move_mount",
+        )  # fmt: skip
+    finally:
+        os.close(tree)
 
 
 def _mount_options(target: Path) -> list[str] | None:
@@ -178,12 +215,12 @@ class NodePlugin:
                 try:
                     # The view as the descriptor names it: the cache, which writes in the store,
                     # cannot turn a part of its path into a link to elsewhere on the node.
-                    _mount(f"/proc/self/fd/{view}", str(target), MS_BIND)
+                    _mount_read_only(view, target)
                 finally:
                     os.close(view)
-            elif "ro" in options:
-                return
-            _mount("none", str(target), MS_REMOUNT | MS_BIND | MS_RDONLY)
+            elif "ro" not in options:  # an earlier version's bind, cut short before its remount
+                _libc.umount2(str(target).encode(), MNT_DETACH)
+                raise OSError(f"{target} was mounted writable: unmounted, for the kubelet's next call to mount it read-only")
         except OSError:
             with contextlib.suppress(OSError):
                 if _mount_options(target) is not None:
@@ -193,16 +230,16 @@ class NodePlugin:
 
     def _view_dir(self, namespace: str, key: str) -> int:
         """A descriptor of VIEWS/<namespace>/<key>, made where missing (the cache's to build in:
-        its owner's, group-writable for the pod's fsGroup), each part opened without following
-        a symbolic link."""
+        the store's owner's), each part opened without following a symbolic link."""
         owner = self.store.stat()
         fd = os.open(self.store, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
             for part in (self.views.name, namespace, key):
                 with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, 0o775, dir_fd=fd)
+                    # Its owner's to build in (no chmod: it would follow a link planted
+                    # between the mkdir and it).
+                    os.mkdir(part, 0o755, dir_fd=fd)
                     os.chown(part, owner.st_uid, owner.st_gid, dir_fd=fd, follow_symlinks=False)
-                    os.chmod(part, 0o775, dir_fd=fd)
                 inner = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
                 os.close(fd)
                 fd = inner
@@ -233,6 +270,20 @@ class NodePlugin:
             pin.unlink(missing_ok=True)
             with contextlib.suppress(OSError):  # still holding another pod's pin
                 pin.parent.rmdir()
+
+    def sweep_pins(self) -> None:
+        """At start: a pin whose target is no longer mounted goes (a volume the kubelet forgot
+        without unpublishing it, across a node's restart), else it would hold its view's files
+        for ever."""
+        for pin in self.pins.glob("*/*/*"):
+            try:
+                target = Path(pin.read_text()[:4096])
+                if self._in_pods(target) and _mount_options(target) is not None:
+                    continue
+                pin.unlink()
+                log.info("dropped the pin of %s: nothing is mounted there", target)
+            except OSError as exc:
+                log.warning("could not read or drop the pin %s: %s", pin, exc)
 
     async def node_info(self, _request: Any, _context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         return CSI["NodeGetInfoResponse"](node_id=self.node)
@@ -321,6 +372,7 @@ def serve(store: Path, kubelet_dir: Path, node: str, pins: Path | None = None, d
     if not node:
         raise SystemExit("node-plugin: --node-name (or $NODE_NAME) is required: the kubelet asks the plugin which node it is on")
     plugin = NodePlugin(store, kubelet_dir, node, pins, driver)
+    plugin.sweep_pins()
 
     async def run(stop: asyncio.Event) -> None:
         csi, registration = plugin.handlers()
