@@ -467,7 +467,9 @@ def parser() -> argparse.ArgumentParser:
     nc = sub.add_parser(
         "node-cache", help="keep compiled artefacts' files by SHA-256 for the pods of this node (a DaemonSet; fetch reads through it)"
     )
-    nc.add_argument("--dir", required=True, help="where the files are kept (the pod's emptyDir, or a directory of the node's disk with views)")
+    nc.add_argument(
+        "--dir", required=True, help="where the files are kept (the pod's emptyDir, or a directory of the node's disk with views)"
+    )
     nc.add_argument("--max-bytes", type=int, required=True, help="the cache's size; the least recently used files go first")
     nc.add_argument("--port", type=int, default=8080)
     nc.add_argument("--host", default="0.0.0.0", help="address to listen on")
