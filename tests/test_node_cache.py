@@ -583,24 +583,14 @@ def test_a_mounted_view_outlives_its_record_and_is_taken_back_or_dropped_once_un
     """A view's record replaced while a pod has it mounted: the view stays, as an orphan, with
     its files; the same record again takes it back; once unpinned, the cache drops it at its
     next need of room."""
-    from inferentia_operator.core.holds import hold_key
-    from inferentia_operator.fetch import fetch
 
     cache = Cache(tmp_path / "cache", max_bytes=100)
     try:
-        uri = artefact(tmp_path, {"model.pt": b"m" * 30})
-        fetch(uri, tmp_path / "one", cache=cache.url)
-        key = hold_key(uri)
+        uri, key, pin = pinned_artefact(cache, tmp_path)
         [view] = (tmp_path / "cache" / "views" / "-" / key).iterdir()
-        pin = tmp_path / "cache" / "pins" / "-" / key / "csi-1"
-        pin.parent.mkdir(parents=True)
-        pin.write_text("mounted")
 
         def record(files: dict[str, str]) -> bool:
-            """Recorded, and whether the record has a view."""
-            body = json.dumps({"files": files}).encode()
-            with urllib.request.urlopen(urllib.request.Request(f"{cache.url}/artefacts/{key}", body, method="PUT"), timeout=5) as r:
-                return bool(r.status == 201 and json.loads(r.read())["view"])
+            return record_view(cache, key, files)
 
         assert cache.put(b"o" * 30) == 201
         assert record({"other.pt": sha(b"o" * 30)})  # another view of the key; the mounted one stays
@@ -621,22 +611,12 @@ def test_a_mounted_view_whose_file_was_found_damaged_is_never_taken_back(s3, tmp
     same record again does not take the orphan back (it would serve the damaged bytes unhashed)."""
     import os
 
-    from inferentia_operator.core.holds import hold_key
-    from inferentia_operator.fetch import fetch
-
     cache = Cache(tmp_path / "cache", max_bytes=1000)
     try:
-        uri = artefact(tmp_path, {"model.pt": b"m" * 30})
-        fetch(uri, tmp_path / "one", cache=cache.url)
-        key = hold_key(uri)
-        pin = tmp_path / "cache" / "pins" / "-" / key / "csi-1"
-        pin.parent.mkdir(parents=True)
-        pin.write_text("mounted")
+        uri, key, pin = pinned_artefact(cache, tmp_path)
 
         def record(files: dict[str, str]) -> bool:
-            body = json.dumps({"files": files}).encode()
-            with urllib.request.urlopen(urllib.request.Request(f"{cache.url}/artefacts/{key}", body, method="PUT"), timeout=5) as r:
-                return bool(json.loads(r.read())["view"])
+            return record_view(cache, key, files)
 
         assert cache.put(b"o" * 30) == 201
         assert record({"other.pt": sha(b"o" * 30)})  # the mounted view of model.pt: an orphan now
@@ -647,3 +627,24 @@ def test_a_mounted_view_whose_file_was_found_damaged_is_never_taken_back(s3, tmp
         assert not record({"model.pt": sha(b"m" * 30)})  # not the damaged orphan: no view while it is held
     finally:
         assert "Traceback" not in cache.stop()
+
+
+def pinned_artefact(cache: Cache, tmp_path) -> tuple[str, str, object]:
+    """An artefact of one 30-byte file fetched through ``cache`` (its view built), and the pin a
+    pod's mount of that view leaves (as the node plugin writes it): the URI, key and pin."""
+    from inferentia_operator.core.holds import hold_key
+
+    uri = artefact(tmp_path, {"model.pt": b"m" * 30})
+    fetch(uri, tmp_path / "one", cache=cache.url)
+    key = hold_key(uri)
+    pin = tmp_path / "cache" / "pins" / "-" / key / "csi-1"
+    pin.parent.mkdir(parents=True)
+    pin.write_text("mounted")
+    return uri, key, pin
+
+
+def record_view(cache: Cache, key: str, files: dict[str, str]) -> bool:
+    """Records ``files`` under ``key``; whether the record has a view."""
+    body = json.dumps({"files": files}).encode()
+    with urllib.request.urlopen(urllib.request.Request(f"{cache.url}/artefacts/{key}", body, method="PUT"), timeout=5) as r:
+        return bool(r.status in (200, 201) and json.loads(r.read())["view"])
