@@ -644,7 +644,7 @@ def pinned_artefact(cache: Cache, tmp_path) -> tuple[str, str, object]:
 
 
 def record_view(cache: Cache, key: str, files: dict[str, str]) -> bool:
-    """Records ``files`` under ``key``; whether the record has a view."""
+    """Records ``files`` under ``key`` as a new record (201); whether it has a view."""
     body = json.dumps({"files": files}).encode()
     with urllib.request.urlopen(urllib.request.Request(f"{cache.url}/artefacts/{key}", body, method="PUT"), timeout=5) as r:
-        return bool(r.status in (200, 201) and json.loads(r.read())["view"])
+        return bool(r.status == 201 and json.loads(r.read())["view"])
