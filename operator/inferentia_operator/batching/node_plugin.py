@@ -172,7 +172,6 @@ class NodePlugin:
         self.views, self.pins = store / "views", pins or store / "pins"
         self.endpoint = self.kubelet_dir / "plugins" / driver / "csi.sock"
         self.registration = self.kubelet_dir / "plugins_registry" / f"{driver}-reg.sock"
-        self.registered = asyncio.Event()
 
     # -- the CSI node service ----------------------------------------------------------------
     async def publish(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
@@ -298,7 +297,6 @@ class NodePlugin:
     async def status(self, request: Any, _context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         if request.plugin_registered:
             log.info("the kubelet registered %s", self.driver)
-            self.registered.set()
         else:
             log.error("the kubelet refused %s: %s", self.driver, request.error)
         return REGISTRATION["RegistrationStatusResponse"]()
