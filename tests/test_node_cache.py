@@ -648,3 +648,49 @@ def record_view(cache: Cache, key: str, files: dict[str, str]) -> bool:
     body = json.dumps({"files": files}).encode()
     with urllib.request.urlopen(urllib.request.Request(f"{cache.url}/artefacts/{key}", body, method="PUT"), timeout=5) as r:
         return bool(r.status == 201 and json.loads(r.read())["view"])
+
+
+def test_a_fill_leaves_the_artefact_on_the_node_and_nothing_in_its_pod(s3, cache, tmp_path):
+    """`fetch --fill`, the operator's fill-ahead Job: the node's cache gets every file and the
+    record (so a view, and the scheduler's label), and the pod's own copy is removed, so a
+    finished fill holds no disk. A replica after it reads nothing from the store; a second fill
+    of a node that holds it all links its view and reads nothing either."""
+    from inferentia_operator.core.holds import hold_key
+    from inferentia_operator.fetch import fill
+
+    uri = artefact(tmp_path, {"model.pt": b"w" * 40, "conf/config.json": b"{}"})
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    assert fill(uri, scratch, cache=cache.url) == ["conf/config.json", "model.pt"]
+    assert list(scratch.iterdir()) == []  # an emptyDir's mount point stays; nothing in it
+    view = tmp_path / "cache" / "views" / "-" / hold_key(uri)
+    assert len(list(view.iterdir())) == 1
+
+    store = CountingStore(s3)
+    assert len(fill(uri, scratch, client=store, cache=cache.url, view=view)) == 2
+    assert store.downloads == [] and list(scratch.iterdir()) == []
+    replica = fetch(uri, tmp_path / "replica", client=store, cache=cache.url)
+    assert sorted(p.read_bytes() for p in replica) == [b"w" * 40, b"{}"]
+    assert store.downloads == []
+
+
+def test_a_fill_that_the_node_cache_does_not_keep_fails_and_says_why(s3, tmp_path):
+    """A fill's only product is the node's copy: with no cache, a silent one, or one too small to
+    hold the artefact (its record refused), the fill fails with the reason, and removes its copy."""
+    from inferentia_operator.fetch import FetchError, fill
+
+    uri = artefact(tmp_path, {"model.pt": b"w" * 80, "other.pt": b"v" * 80})  # 160 bytes
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    with pytest.raises(FetchError, match="INFERENTIA_NODE_CACHE"):
+        fill(uri, scratch, cache=None)
+    with pytest.raises(FetchError, match="did not answer"):
+        fill(uri, scratch, cache=f"http://127.0.0.1:{free_port()}")
+    assert list(scratch.iterdir()) == []
+    small = Cache(tmp_path / "small", max_bytes=100)
+    try:
+        with pytest.raises(FetchError, match="409"):
+            fill(uri, scratch, cache=small.url)
+        assert list(scratch.iterdir()) == []
+    finally:
+        assert "Traceback" not in small.stop()

@@ -513,6 +513,11 @@ def parser() -> argparse.ArgumentParser:
     )
     f.add_argument("--to", dest="destination", required=True, help="the local directory to fill")
     f.add_argument("--model", action="store_true", help="an uncompiled model: no completion marker is expected")
+    f.add_argument(
+        "--fill",
+        action="store_true",
+        help="fill the node's cache ahead of a replica (the operator's fill Jobs); --to is scratch, emptied after",
+    )
     f.set_defaults(func=cmd_fetch)
 
     u = sub.add_parser("upload", help="upload a compiled artefact, completion marker last (the compile Job's last container)")
@@ -571,7 +576,7 @@ def parser() -> argparse.ArgumentParser:
 def cmd_fetch(args: argparse.Namespace) -> int:
     from .fetch import main as fetch_main
 
-    return fetch_main(args.uri, args.destination, model=args.model)
+    return fetch_main(args.uri, args.destination, model=args.model, fill_only=args.fill)
 
 
 def cmd_index(args: argparse.Namespace) -> int:

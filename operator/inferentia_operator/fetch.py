@@ -25,6 +25,7 @@ import hashlib
 import http.client
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -52,6 +53,7 @@ FILL_WAIT = 600.0
 
 # The file of the pod's projected ServiceAccount token for the node cache's audience: the cache
 # answers only pods of its own node that show one (batching/node_cache.py, Admission).
+CACHE_ENV = "INFERENTIA_NODE_CACHE"
 TOKEN_ENV = "INFERENTIA_NODE_CACHE_TOKEN"
 # Where the node's views are mounted, read-only, one directory per artefact's key (hold_key),
 # and in it one per digest of an artefact's names and hashes (batching/node_cache.py, views).
@@ -217,19 +219,24 @@ def _offer(cache: str, sha256: str, path: Path) -> None:
         pass
 
 
-def _record(cache: str, uri: str, files: dict[str, str] | list[str]) -> None:
+def _record(cache: str, uri: str, files: dict[str, str] | list[str]) -> str | None:
     """Tells the node's cache that this artefact is here whole (each file's name and SHA-256), so
     that its pod is labelled with it (core/holds.py) and the scheduler prefers this node for the
     artefact's next replica, and so that it builds the artefact's view, which the node's next
-    replicas link to. It records it only while it holds every file. Best effort, as the offer."""
+    replicas link to. It records it only while it holds every file. Best effort, as the offer:
+    None when recorded, else why not (which only a fill acts on)."""
     body = json.dumps({"files": files} if isinstance(files, dict) else files, sort_keys=True).encode()
     try:
         request = urllib.request.Request(
             f"{cache.rstrip('/')}/artefacts/{hold_key(uri)}", body, {"Content-Type": "application/json", **_cache_headers()}, method="PUT"
         )
         urllib.request.urlopen(request, timeout=CACHE_TIMEOUT).close()
-    except (OSError, ValueError, http.client.HTTPException):
-        pass
+        return None
+    except urllib.error.HTTPError as answer:
+        with answer:
+            return f"it answered {answer.code}: {answer.read(512).decode(errors='replace').strip()}"
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        return f"it did not answer ({type(exc).__name__})"
 
 
 def fetch(uri: str, destination: Path, client: Any = None, cache: str | None = None, view: Path | None = None) -> list[Path]:
@@ -299,6 +306,34 @@ def _fetch_marked(
         # Names a view cannot hold (a marker written by hand): recorded by their hashes alone.
         _record(cache, uri, named if all(map(view_name, named)) else sorted(set(named.values())))
     return written
+
+
+def fill(uri: str, scratch: Path, client: Any = None, cache: str | None = None, view: Path | None = None) -> list[str]:
+    """Fill-ahead (the operator's fill Jobs, core/parts/fill_ahead.py): the artefact fetched into
+    ``scratch`` through the node's cache as a replica fetches it, so that the cache holds and
+    records it (and builds its view), then the pod's copy removed: a finished fill leaves
+    nothing on the node but the cache's own files. On a node whose view holds it all, nothing is
+    read. The names it filled; it fails, saying why, unless the cache recorded the artefact whole."""
+    if not cache:
+        raise FetchError(f"a fill is for the node's cache, and {CACHE_ENV} is not set: nothing would keep {uri}")
+    bucket, prefix = split_s3_dir(uri)
+    client = _client(client)
+    marker = _marker(client, bucket, prefix)
+    if marker is None:
+        raise FetchError(f"{uri} has no completion marker ({MARKER}): there is nothing whole to fill")
+    named = {name: e["sha256"] for name, e in marker["files"].items() if _safe_target(scratch, name)}
+    try:
+        files = _fetch_marked(uri, marker, scratch, client, cache, view)
+    finally:
+        for entry in list(scratch.iterdir()) if scratch.is_dir() else ():
+            # Links into a view are removed, never followed: the view is the cache's.
+            entry.unlink() if entry.is_symlink() or not entry.is_dir() else shutil.rmtree(entry)
+    # Asked again (recording what is recorded writes nothing): the fetch's own record is best
+    # effort, and a cache that went silent mid-fetch, or evicted a file, left the node unfilled.
+    refused = _record(cache, uri, named if all(map(view_name, named)) else sorted(set(named.values())))
+    if refused is not None:
+        raise FetchError(f"the node's cache did not record {uri}: {refused}")
+    return sorted(p.relative_to(scratch).as_posix() for p in files)
 
 
 def _linked(view: Path, marker: dict[str, Any], named: dict[str, str], destination: Path) -> list[Path] | None:
@@ -444,10 +479,12 @@ def _report(action: str, uri: str, run: Any) -> int:
     return 0
 
 
-def main(uri: str, destination: str, model: bool = False) -> int:
-    cache = os.environ.get("INFERENTIA_NODE_CACHE")
+def main(uri: str, destination: str, model: bool = False, fill_only: bool = False) -> int:
+    cache = os.environ.get(CACHE_ENV)
     # The views of each artefact are mounted under its key (core/children.py, node_view_mounts).
     view = Path(os.environ[VIEW_ENV]) / hold_key(uri) if os.environ.get(VIEW_ENV) else None
+    if fill_only:
+        return _report("fill", uri, lambda: fill(uri, Path(destination), cache=cache, view=view))
     if model:
         return _report("fetch", uri, lambda: fetch_model(uri, Path(destination), cache=cache, view=view))
     return _report("fetch", uri, lambda: fetch(uri, Path(destination), cache=cache, view=view))
