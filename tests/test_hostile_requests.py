@@ -430,6 +430,23 @@ def test_many_chunked_bodies_at_once_are_held_to_the_budget(server):
     assert server.post(_one_input(server))[0] == 200
 
 
+def test_a_refused_body_s_answer_reaches_a_client_that_sends_the_whole_body_first(server):
+    """An ordinary HTTP client sends its whole body before it reads. A server that answers early
+    (413 here, its connection closing) must leave that answer readable: the client reads it
+    after its own writes failed or finished, three times over."""
+    declared = 1 << 40  # past every server's largest body: refused before a byte is read
+
+    def send_the_rest(s: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            for _ in range(64):
+                s.sendall(b"0" * 65536)  # 4 MiB: more than loopback's buffers hold
+
+    for _ in range(3):
+        answer = server.raw(f"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: {declared}\r\n\r\n".encode(), then=send_the_rest, timeout=30)
+        assert status_of(answer) == 413, answer[:200]
+    assert server.post(_one_input(server))[0] == 200
+
+
 # --- clients that leave -----------------------------------------------------------------------------
 
 
