@@ -590,7 +590,7 @@ class InferentiaModelStatus(ApiModel):
     observed_generation: int | None = None
     """The metadata.generation the status describes."""
     conditions: list[Condition] | None = None
-    """Validated, Compiled, Scheduled, Progressing, Available and Ready; Reconciling and Stalled restate them for Flux's kstatus. Beside them: Autoscaling, Routing, and DeviceFault while a serving pod's node reports a Neuron hardware error."""
+    """Validated, Compiled, Scheduled, Progressing, Available and Ready; Reconciling and Stalled restate them for Flux's kstatus. Beside them: Autoscaling, Routing, DeviceFault while a serving pod's node reports a Neuron hardware error, and FilledAhead while the model fills the node cache ahead of its replicas."""
     plan: Plan | None = None
     """The plan being applied: the observed generation's, or the last valid one's while the spec is invalid."""
     replicas: int | None = None

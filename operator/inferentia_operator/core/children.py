@@ -484,7 +484,7 @@ SCRATCH_ENV = {
 }
 
 
-def _service_account(model: Model) -> dict[str, Any]:
+def service_account(model: Model) -> dict[str, Any]:
     return {"serviceAccountName": model.spec.service_account_name} if model.spec.service_account_name else {}
 
 
@@ -567,7 +567,7 @@ def _through_node_cache(model: Model, container: dict[str, Any]) -> None:
     container["env"] += [
         {"name": "INFERENTIA_NODE_CACHE", "value": model.node_cache_url},
         {"name": "INFERENTIA_NODE_CACHE_TOKEN", "value": f"{NODE_CACHE_TOKEN['dir']}/{NODE_CACHE_TOKEN['file']}"},
-        *([{"name": "INFERENTIA_NODE_VIEW", "value": NODE_VIEW_DIR}] if _node_view_volumes(model) else []),
+        *([{"name": "INFERENTIA_NODE_VIEW", "value": NODE_VIEW_DIR}] if node_view_volumes(model) else []),
     ]
     container["volumeMounts"] += [
         {"name": NODE_CACHE_TOKEN["volume"], "mountPath": NODE_CACHE_TOKEN["dir"], "readOnly": True},
@@ -580,11 +580,11 @@ def node_view_mounts(model: Model) -> list[dict[str, Any]]:
     to them, and in the serving container, which reads through the links (the same paths)."""
     return [
         {"name": v["name"], "mountPath": f"{NODE_VIEW_DIR}/{v['csi']['volumeAttributes']['key']}", "readOnly": True}
-        for v in _node_view_volumes(model)
+        for v in node_view_volumes(model)
     ]
 
 
-def _node_view_volumes(model: Model) -> list[dict[str, Any]]:
+def node_view_volumes(model: Model) -> list[dict[str, Any]]:
     """With the node plugin (--node-views), one CSI ephemeral inline volume per artefact the pod
     fetches: the node cache's views of it for the pod's namespace (batching/node_plugin.py).
     Restricted Pod Security admits csi volumes
@@ -599,7 +599,7 @@ def _node_view_volumes(model: Model) -> list[dict[str, Any]]:
     ]
 
 
-def _node_cache_token_volumes(model: Model) -> list[dict[str, Any]]:
+def node_cache_token_volumes(model: Model) -> list[dict[str, Any]]:
     """The projected token, where a serving pod's fetch reads through the node cache."""
     if not (model.node_cache_url and fetched_uris(model)):
         return []
@@ -641,7 +641,7 @@ def _sized_volume(model: Model, name: str, size_bytes: int) -> dict[str, Any]:
     return {"name": name, "ephemeral": {"volumeClaimTemplate": {"metadata": {"labels": selector(model)}, "spec": claim}}}
 
 
-def _artefact_volume(model: Model) -> dict[str, Any]:
+def artefact_volume(model: Model) -> dict[str, Any]:
     """Where the compiled artefact is written (compile Job) or fetched to (serving pods)."""
     assert model.plan.sizes.artefact_bytes is not None, "an artefact volume without a compile step"
     return _sized_volume(model, "compiled", model.plan.sizes.artefact_bytes)
@@ -760,7 +760,7 @@ def compile_job(model: Model) -> dict[str, Any] | None:
                     # does it need the API: no ServiceAccount token is mounted.
                     "restartPolicy": "Never",
                     "automountServiceAccountToken": False,
-                    **_service_account(model),
+                    **service_account(model),
                     # The model's own placement for compiles alone: no Neuron device, so no
                     # Neuron toleration unless it lists one.
                     **pod_placement(model.spec.compile.placement),
@@ -769,7 +769,7 @@ def compile_job(model: Model) -> dict[str, Any] | None:
                     "containers": [upload_container(model)],
                     "volumes": [
                         _plan_volume(model),
-                        _artefact_volume(model),
+                        artefact_volume(model),
                         *([_model_volume(model)] if compile_fetches_model(model) else []),
                         *_scratch_volumes(model, model.plan.sizes.compile_home_bytes or model.plan.sizes.home_bytes),
                     ],
@@ -1287,17 +1287,17 @@ def serving_deployment(model: Model, replicas: int | None = None, grouped: bool 
                     # a DRA claim needs no extension.
                     **({"schedulerName": model.scheduler_name} if model.scheduler_name and not dra else {}),
                     "terminationGracePeriodSeconds": termination_grace_seconds(model),
-                    **_service_account(model),
+                    **service_account(model),
                     "securityContext": pod_security(model),
                     **({"initContainers": init} if (init := serving_init_containers(model)) else {}),
                     "containers": [container, *([batcher_container(model)] if batching_front_end(model) else [])],
                     "volumes": [
                         _plan_volume(model),
                         *_scratch_volumes(model, plan.sizes.home_bytes),
-                        *([_artefact_volume(model)] if spec.compile.image else []),
+                        *([artefact_volume(model)] if spec.compile.image else []),
                         *([_model_volume(model)] if serving_fetches_model(model) else []),
-                        *_node_cache_token_volumes(model),
-                        *_node_view_volumes(model),
+                        *node_cache_token_volumes(model),
+                        *node_view_volumes(model),
                     ],
                     **({"resourceClaims": [{"name": CLAIM, "resourceClaimTemplateName": claim_template_name(model)}]} if dra else {}),
                     **pod_placement(model.spec.placement, tolerations=(NEURON_TOLERATION,), affinity=serving_affinity(model, grouped)),

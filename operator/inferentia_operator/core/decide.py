@@ -1,7 +1,7 @@
 """The reconcile's decision: from what the caches hold to what to write. Pure, no API client.
 
 ``decide(observed, now, settings)`` composes the parts (:mod:`parts`: compile, autoscaling,
-scale to zero, device claims, serving, routing, clean-up, device faults), each a pure function of the model and what
+scale to zero, device claims, serving, routing, clean-up, device faults, fill-ahead), each a pure function of the model and what
 was observed, and holds no feature logic of its own. It returns the children to apply, the
 objects to delete, and the basis of the model's status (from :mod:`status`), with the status
 and events that basis gives before any write. Where there are writes, the reconciler reports
@@ -30,6 +30,7 @@ from .parts.cleanup import cleanup_part
 from .parts.compile import CompilePart, compile_part
 from .parts.device_claims import device_claims_part
 from .parts.device_faults import DeviceFaultPart, device_fault_part
+from .parts.fill_ahead import FillAheadPart, fill_ahead_part
 from .parts.routing import RoutingPart, routing_part
 from .parts.scale_to_zero import ScaleToZeroPart, scale_to_zero_part
 from .parts.scaling import ScalingPart, scaling_part
@@ -63,6 +64,7 @@ class Parts(NamedTuple):
     routing: RoutingPart
     cleanup: Part
     device_faults: DeviceFaultPart
+    fill_ahead: FillAheadPart
 
 
 def placed(model: Model, settings: Settings) -> Model:
@@ -126,7 +128,7 @@ def parts_of(model: Model, observed: Observed, settings: Settings) -> Parts:
     serving = serving_part(model, compiling.compiled, zero.replicas, zero.to_holder)
     return Parts(
         serving, compiling, device_claims_part(model, observed), scaling, zero, routing_part(model, observed, settings),
-        cleanup_part(model, observed, settings), device_fault_part(model, observed),
+        cleanup_part(model, observed, settings), device_fault_part(model, observed), fill_ahead_part(model, observed, compiling.compiled),
     )  # fmt: skip
 
 
@@ -145,7 +147,7 @@ def decide(observed: Observed, now: str, settings: Settings = DEFAULT_SETTINGS) 
     assert parts.serving.facts is not None
     basis = ReportBasis(
         True, "", parts.serving.facts, parts.compile.facts, parts.scaling.facts, conflicts, parts.routing.facts,
-        parts.device_faults.condition,
+        parts.device_faults.condition, parts.fill_ahead.condition,
     )  # fmt: skip
     deletes = [gone for part in parts for gone in part.delete]
     report = status.report(observed, now, basis)

@@ -35,6 +35,8 @@ STALLED_REASONS = {"InvalidSpec", "CompileFailed", "CompileJobUnverified", "Name
 # Shown while a serving pod's node reports a Neuron hardware fault, absent otherwise (parts/device_faults.py).
 DEVICE_FAULT = "DeviceFault"
 DEVICE_FAULT_REASON = "NeuronHardwareError"
+# Shown while a model fills the node cache ahead of its replicas, absent otherwise (parts/fill_ahead.py).
+FILLED_AHEAD = "FilledAhead"
 WARNING_REASONS = {
     "InvalidSpec",
     "CompileFailed",
@@ -60,7 +62,7 @@ WARNING_REASONS = {
     DEVICE_FAULT_REASON,
 }
 # Progressing and Available restate Ready in finer steps; events for them would be noise.
-EVENT_TYPES = ("Validated", "Compiled", "Scheduled", "Ready", "Autoscaling", "Routing", DEVICE_FAULT)
+EVENT_TYPES = ("Validated", "Compiled", "Scheduled", "Ready", "Autoscaling", "Routing", DEVICE_FAULT, FILLED_AHEAD)
 # Normal events only where something happened that a person watching `kubectl describe`
 # would want told: the model became Ready (or stopped being), a compile Job finished.
 # The routine steps in between (validated, scheduled) are in the conditions.
@@ -663,7 +665,7 @@ IN_FLIGHT = {"Pending", "RollingOut"}
 # deadline, after which the Deployment itself says whether the rollout is stuck.
 MAX_HOLD_SECONDS = 600.0
 # Conditions of the engines beside the rollout: never held with its progress.
-SIDE_CONDITIONS = ("Autoscaling", "Routing", DEVICE_FAULT)
+SIDE_CONDITIONS = ("Autoscaling", "Routing", DEVICE_FAULT, FILLED_AHEAD)
 
 
 def hold_seconds(previous: Mapping[str, Any], new: api.InferentiaModelStatus, held_for: float) -> float:
@@ -778,6 +780,7 @@ class ReportBasis:
     conflicts: tuple[Conflict, ...] = ()  # children someone else holds, found before writing
     routing: RoutingFacts | None = None  # None without spec.routing.inferencePool
     device_fault: api.Condition | None = None  # DeviceFault, while a serving pod's node reports one
+    fill_ahead: api.Condition | None = None  # FilledAhead, while the model fills the node cache ahead
 
 
 _Found = TypeVar("_Found", Conflict, WriteFailure)
@@ -844,6 +847,8 @@ def report(
         )  # fmt: skip
     if basis.device_fault is not None:
         new.append(basis.device_fault)
+    if basis.fill_ahead is not None:
+        new.append(basis.fill_ahead)
     if basis.routing is not None:
         # The pool's write answered that the cluster serves no InferencePools: as not installed.
         unserved = any((f.kind, f.code, f.message) == (INFERENCE_POOL_KIND, 404, NOT_SERVED) for f in routing_failures)

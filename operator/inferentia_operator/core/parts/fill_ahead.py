@@ -1,0 +1,204 @@
+"""Fill-ahead: the node cache filled, before they are needed, on the nodes a model's replicas will
+go to, so that a scale-up from one replica to three reads the store ahead of it, not during it.
+
+A replica fetches its artefact through its node's cache (fetch.py, batching/node_cache.py): only
+the first replica on a node reads the store. Replicas spread over nodes (a preference, weight
+100, children.serving_affinity), so each replica of a scale-up is usually the first on its node,
+and without this each one reads the whole artefact (weights included: 141 GB for the 70B sample)
+while the traffic that asked for it waits.
+
+So, for a model compiled ahead and served through the node cache, the operator keeps one fill
+Job on each of the nodes its replicas will go to (as many as its most replicas:
+``autoscaling.maxReplicas``, else ``replicas``; at most MAX_FILL_NODES). Each Job's one container
+is the serving pod's own fetch with ``--fill`` (fetch.fill): the same image, ServiceAccount,
+store credentials and token for the node cache, on that node alone (required node affinity on
+its name, with the model's own placement); it asks for no Neuron device. The cache records the
+artefact and labels its pod (core/holds.py), and the replicas' preference for such nodes
+(weight 50) sends the scale-up there; with the node plugin, they link to the node's view and
+read nothing at all.
+
+Which nodes: those a replica could be placed on (Ready, no Neuron fault, read whole, of the
+plan's instance types, the serving pods' tolerations, node selector and required node affinity
+met: device_faults.selects), ranked by a hash of the model's uid and the node's name
+(rendezvous hashing): each model fills its own nodes, and a node that comes or goes moves at
+most one model's fill, not all of them. Free Neuron devices are the scheduler's to know: a
+replica that finds none on a filled node goes to another and reads the store there, as before.
+
+A Job is written once and kept while its node is wanted (a finished one holds no disk: fetch
+removes its copy); the Jobs of nodes no longer wanted go. A failed Job is left for status to
+quote; deleting it fills again. Status says which nodes are filled (FilledAhead). A finished
+Job is all the operator knows of a fill: a cache that loses its files later (evicted for room,
+or without views a replaced cache pod, whose store is its emptyDir) is filled again by the next
+replica there, not ahead, until the Job is deleted or the artefact changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from inferentia_operator.core import api, children, status
+from inferentia_operator.core.catalogue import INSTANCE_TYPE_LABEL
+from inferentia_operator.core.children import Model
+from inferentia_operator.core.names import COMPONENT_LABEL
+from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.placement import pod_placement
+from inferentia_operator.core.projection import project_pod_spec
+from inferentia_operator.core.status import FILLED_AHEAD, Observed, job_state
+
+from . import Part
+from .device_faults import selects
+
+FILL_COMPONENT = "fill"
+# A model fills at most this many nodes ahead: each fill reads the whole artefact from the store.
+MAX_FILL_NODES = 16
+NAMED = 3  # nodes a message names; the rest are counted
+# Retries of a fill's pod before its Job fails (and status says so).
+FILL_BACKOFF_LIMIT = 2
+# How long a fill may take, pending included: a pod that cannot be placed (a namespace's
+# admission defaults that the model's own placement does not show) fails its Job, and status
+# says so, rather than filling for ever. Ten minutes, and a second for every 20 MiB.
+FILL_SECONDS, FILL_RATE = 600, 20 << 20
+
+
+@dataclass(frozen=True)
+class FillAheadPart(Part):
+    condition: api.Condition | None = None  # FilledAhead, while the model fills ahead
+
+
+def fills_ahead(model: Model) -> bool:
+    """A model whose replicas fetch a compiled artefact through the node cache, a node each."""
+    return bool(model.node_cache_url) and model.spec.compile.image is not None and model.plan.nodes is None
+
+
+def most_replicas(model: Model) -> int:
+    scaling = model.spec.autoscaling
+    return scaling.max_replicas if scaling is not None else model.spec.replicas
+
+
+def _rank(model: Model, node: str) -> str:
+    return hashlib.sha256(f"{model.uid}\0{node}".encode()).hexdigest()
+
+
+def fill_nodes(model: Model, nodes: Mapping[str, Iterable[Mapping[str, Any]]]) -> list[str]:
+    """The nodes the model's replicas will go to (module docstring), best first."""
+    template = children.serving_deployment(model)["spec"]["template"]["spec"]
+    placement = project_pod_spec(template)
+    types = set(model.plan.instance_types)
+    open_nodes = [
+        name
+        for name, projections in nodes.items()
+        for node in list(projections)[:1]
+        if node.get("ready") and not node.get("fault") and not node.get("cut") and node.get("instanceType") in types
+        if selects(placement, name, node)
+    ]
+    return sorted(open_nodes, key=lambda name: _rank(model, name))[: min(most_replicas(model), MAX_FILL_NODES)]
+
+
+def fill_job_name(model: Model, node: str) -> str:
+    """Named after the model, the node and what it fills: a new artefact fills again."""
+    return f"{model.name[:40]}-fill-{children.stable_hash([model.name, node, children.fetched_uris(model)], 12)}"
+
+
+def fill_job(model: Model, node: str) -> dict[str, Any]:
+    """The fill Job of ``node``: the serving pod's artefact fetch, with --fill, on that node."""
+    fetch = children.fetch_container(model)
+    container = {**fetch, "name": "fill", "args": [*fetch["args"], "--fill"]}
+    names = {m["name"] for m in container["volumeMounts"]}
+    volumes = [
+        children.artefact_volume(model),
+        *children.node_cache_token_volumes(model),
+        *children.node_view_volumes(model),
+        # HOME and /tmp, as every container of the operator's image has them (small: fetch keeps nothing there).
+        {"name": "home", "emptyDir": {"sizeLimit": "1Gi"}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": model.spec.serving.tmp_size}},
+    ]
+    assert names == {v["name"] for v in volumes}, "every mount of the fill has its volume"
+    on_node = {
+        "matchExpressions": [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": model.plan.instance_types}],
+        "matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}],
+    }
+    placed = pod_placement(
+        model.spec.placement,
+        tolerations=(children.NEURON_TOLERATION,),
+        affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [on_node]}}},
+    )
+    # The model's placement decides where its replicas may go, so the fill keeps exactly that:
+    # node selector, tolerations, required node terms (its pod terms and spreads are about
+    # serving pods, and would count the fill among them).
+    required = placed["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": children.child_metadata(model, fill_job_name(model, node), FILL_COMPONENT),
+        "spec": {
+            "backoffLimit": FILL_BACKOFF_LIMIT,
+            "activeDeadlineSeconds": FILL_SECONDS + (model.plan.sizes.artefact_bytes or 0) // FILL_RATE,
+            "template": {
+                "metadata": {"labels": children.labels(model, FILL_COMPONENT)},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
+                    **children.service_account(model),
+                    "securityContext": children.pod_security(model),
+                    "containers": [container],
+                    "volumes": volumes,
+                    **{k: placed[k] for k in ("nodeSelector", "tolerations") if k in placed},
+                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}},
+                },
+            },
+        },
+    }
+
+
+def fill_ahead_part(model: Model, observed: Observed, compiled: bool) -> FillAheadPart:
+    """The fill Jobs of the nodes wanted, the others' deleted, and what status says of them."""
+    live = {Obj(j).name: j for j in observed.all("Job") if Obj(j).labels.get(COMPONENT_LABEL) == FILL_COMPONENT}
+    wanted = fill_nodes(model, observed.nodes) if fills_ahead(model) and compiled else []
+    jobs = {fill_job_name(model, node): node for node in wanted}
+    stale = tuple(("Job", name) for name in live if name and name not in jobs)
+    if not fills_ahead(model) or not compiled:
+        return FillAheadPart(delete=stale)
+    made = tuple(fill_job(model, node) for node in wanted)
+    return FillAheadPart(made, delete=stale, condition=_condition(model, jobs, live))
+
+
+def _named(nodes: list[str]) -> str:
+    listed = ", ".join(nodes[:NAMED])
+    return listed + (f" and {len(nodes) - NAMED} more" if len(nodes) > NAMED else "")
+
+
+def _condition(model: Model, jobs: Mapping[str, str], live: Mapping[str | None, Mapping[str, Any]]) -> api.Condition:
+    if not jobs:
+        types = ", ".join(model.plan.instance_types)
+        return status.cond(
+            FILLED_AHEAD,
+            "False",
+            "NoNode",
+            f"no node of {types} is Ready, free of Neuron faults and open to the model's pods: none is filled ahead",
+        )
+    states = {node: job_state(live.get(name)) if name in live else None for name, node in jobs.items()}
+    failed = {node: state.why for node, state in states.items() if state is not None and state.phase == "Failed"}
+    if failed:
+        first = sorted(failed)[0]
+        return status.cond(
+            FILLED_AHEAD, "False", "FillFailed",
+            f"the node cache could not be filled on {_named(sorted(failed))} ({first}: {failed[first] or 'its fill Job failed'}); "
+            "a replica placed there reads the store. Delete the fill Job to fill again",
+        )  # fmt: skip
+    filling = sorted(node for node, state in states.items() if state is None or state.phase == "Running")
+    if filling:
+        return status.cond(
+            FILLED_AHEAD,
+            "False",
+            "Filling",
+            f"filling the node cache on {_named(filling)} ({len(jobs) - len(filling)} of {len(jobs)} filled)",
+        )
+    return status.cond(
+        FILLED_AHEAD,
+        "True",
+        "Filled",
+        f"the node cache holds the artefact on {_named(sorted(jobs.values()))}, where the model's replicas go first",
+    )

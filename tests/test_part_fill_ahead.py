@@ -1,0 +1,169 @@
+"""Fill-ahead (core/parts/fill_ahead.py): a model compiled ahead and served through the node cache
+keeps one fill Job on each node its replicas will go to, so a scale-up reads the store before
+it, not during it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from inferentia_operator.core import children
+from inferentia_operator.core import decide as decision
+from inferentia_operator.core.names import COMPONENT_LABEL
+from inferentia_operator.core.parts.cleanup import cleanup_part
+from inferentia_operator.core.parts.fill_ahead import MAX_FILL_NODES, fill_ahead_part, fill_job, fill_job_name
+from inferentia_operator.core.settings import Settings
+from inferentia_operator.core.status import Observed
+from test_decide import NOW, PROVER, built, conds, live, model_body
+from test_decide import Observed as Seen
+from test_decide import complete as done
+from test_part_device_faults import FAULT, node
+
+CACHE = "http://inferentia-operator-node-cache.inferentia-system.svc:8080"
+COMPILED = {"compile.image": "example.com/compile:1"}
+
+
+def model(**overrides):
+    body = model_body(**{**COMPILED, "replicas": 3, **overrides})
+    return body, replace(built(body), node_cache_url=CACHE, node_cache_namespace="inferentia-system")
+
+
+def part(nodes, *jobs, compiled=True, **overrides):
+    body, m = model(**overrides)
+    return fill_ahead_part(m, Observed.of(body, *jobs, nodes=nodes), compiled)
+
+
+def pinned_to(job) -> str:
+    [term] = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    [field] = term["matchFields"]
+    assert field["key"] == "metadata.name" and field["operator"] == "In"
+    [name] = field["values"]
+    return name
+
+
+def failed(job, why="BackoffLimitExceeded"):
+    return live(
+        job, conditions=[{"type": "Failed", "status": "True", "reason": why, "message": "Job has reached the specified backoff limit"}]
+    )
+
+
+def complete(job):
+    return live(job, conditions=[{"type": "Complete", "status": "True"}])
+
+
+FLEET = {f"n{i}": node() for i in range(6)}
+
+
+def test_a_fill_job_on_as_many_nodes_as_replicas_each_the_serving_fetch_with_fill_and_no_device():
+    p = part(FLEET)
+    assert len(p.children) == 3 and len({pinned_to(j) for j in p.children}) == 3
+    assert {pinned_to(j) for j in p.children} <= set(FLEET)
+    _, m = model()
+    serving_fetch = children.fetch_container(m)
+    for job in p.children:
+        pod = job["spec"]["template"]["spec"]
+        [container] = pod["containers"]
+        assert container["args"] == [*serving_fetch["args"], "--fill"] and container["image"] == serving_fetch["image"]
+        assert container["env"] == serving_fetch["env"] and container.get("envFrom") == serving_fetch.get("envFrom")
+        assert "aws.amazon.com/neuron" not in str(container["resources"])  # no device: it only fills the node's disk
+        # Not a serving pod: no Service, budget or status count selects it.
+        assert job["spec"]["template"]["metadata"]["labels"][COMPONENT_LABEL] == "fill"
+        assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
+        assert job["spec"]["activeDeadlineSeconds"] >= 600  # a fill that cannot be placed fails, and status says so
+        assert {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    # The condition says they are on their way.
+    assert p.condition.type == "FilledAhead" and p.condition.status == "False" and p.condition.reason == "Filling"
+
+
+def test_autoscaling_fills_for_its_most_replicas_and_no_more_than_the_bound():
+    scaled = {"autoscaling": {"minReplicas": 0, "maxReplicas": 5}, "serving.batching": {"maxBatchSize": 4}}
+    assert len(part(FLEET, **scaled).children) == 5
+    many = {f"n{i}": node() for i in range(MAX_FILL_NODES + 10)}
+    assert len(part(many, replicas=100).children) == MAX_FILL_NODES
+
+
+def test_each_model_ranks_the_nodes_its_own_way_and_a_new_node_moves_at_most_one_fill():
+    _, a = model()
+    b = replace(a, uid="another-uid")
+    nodes = {f"n{i}": node() for i in range(12)}
+    picks = [{pinned_to(j) for j in fill_ahead_part(m, Observed.of(model_body(), nodes=nodes), True).children} for m in (a, b)]
+    assert picks[0] != picks[1]  # not every model on the same first nodes
+    grown = {**nodes, "new": node()}
+    after = {pinned_to(j) for j in fill_ahead_part(a, Observed.of(model_body(), nodes=grown), True).children}
+    assert len(after - picks[0]) <= 1
+
+
+@pytest.mark.parametrize(
+    "closed",
+    [
+        node(ready=False),
+        node(fault=FAULT),
+        node(unschedulable=True),
+        node(itype="trn1.2xlarge"),  # not of the plan's instance types
+        node(taints=({"key": "dedicated", "value": "other-team", "effect": "NoSchedule"},)),
+    ],
+)
+def test_a_node_no_replica_could_go_to_is_never_filled(closed):
+    p = part({"closed": closed, "open": node()})
+    assert [pinned_to(j) for j in p.children] == ["open"]
+
+
+def test_the_models_own_placement_holds_for_its_fills():
+    placement = {"placement": {"nodeSelector": {"team": "a"}}}
+    p = part({"theirs": node(), "ours": node(team="a")}, **placement)
+    assert [pinned_to(j) for j in p.children] == ["ours"]
+    assert p.children[0]["spec"]["template"]["spec"]["nodeSelector"] == {"team": "a"}
+
+
+def test_nothing_is_filled_without_the_node_cache_a_compile_step_or_a_compiled_artefact():
+    assert part(FLEET, compiled=False).children == ()
+    body = model_body(**COMPILED, replicas=3)
+    assert fill_ahead_part(built(body), Observed.of(body, nodes=FLEET), True).children == ()  # no node cache
+    body = model_body(replicas=3)  # no compile step: nothing fetched through the cache
+    uncompiled = replace(built(body), node_cache_url=CACHE)
+    assert fill_ahead_part(uncompiled, Observed.of(body, nodes=FLEET), True).children == ()
+
+
+def test_status_says_filled_failed_or_that_no_node_can_take_the_model():
+    wanted = part(FLEET).children
+    done = part(FLEET, *map(complete, wanted))
+    assert done.condition.status == "True" and done.condition.reason == "Filled"
+    assert all(pinned_to(j) in done.condition.message for j in wanted)
+    one_failed = part(FLEET, failed(wanted[0]), *map(complete, wanted[1:]))
+    assert one_failed.condition.status == "False" and one_failed.condition.reason == "FillFailed"
+    assert pinned_to(wanted[0]) in one_failed.condition.message and "BackoffLimitExceeded" in one_failed.condition.message
+    assert "Delete the fill Job to fill again" in one_failed.condition.message
+    none = part({"x": node(fault=FAULT)})
+    assert none.children == () and none.condition.reason == "NoNode" and "inf1" in none.condition.message
+
+
+def test_a_fill_job_of_a_node_no_longer_wanted_is_deleted_and_clean_up_leaves_the_wanted_ones():
+    _, m = model()
+    gone = live(fill_job(m, "gone-node"))
+    p = part(FLEET, gone, *map(complete, part(FLEET).children))
+    assert p.delete == (("Job", fill_job_name(m, "gone-node")),)
+    # Every fill Job is the fill part's: clean-up (of earlier plans' compile Jobs) deletes none.
+    body = model_body(**COMPILED, replicas=3)
+    observed = Observed.of(body, gone, *map(live, p.children))
+    assert not [ref for ref in cleanup_part(m, observed, Settings(prover=PROVER)).delete if ref[0] == "Job" and "fill" in ref[1]]
+    # A model that stops filling (no node cache any more) deletes them all.
+    stopped = fill_ahead_part(replace(m, node_cache_url=""), observed, True)
+    assert sorted(stopped.delete) == sorted(("Job", j["metadata"]["name"]) for j in (gone, *p.children))
+
+
+def test_a_reconcile_with_the_node_cache_writes_the_fill_jobs_once_compiled_and_reports_them():
+    body = model_body(**COMPILED, replicas=2)
+    settings = Settings(prover=PROVER, node_cache_url=CACHE, node_cache_namespace="inferentia-system")
+    m = decision.placed(built(body), settings)
+
+    def fills(d):
+        return [b for b in d.apply if b["kind"] == "Job" and b["metadata"]["labels"][COMPONENT_LABEL] == "fill"]
+
+    compiling = decision.decide(Seen(body, nodes=FLEET), NOW, settings)
+    assert fills(compiling) == [] and "FilledAhead" not in conds(compiling)
+    compiled = Seen(body, jobs=[done(children.compile_job(m))], nodes=FLEET)
+    d = decision.decide(compiled, NOW, settings)
+    assert len(fills(d)) == 2 and conds(d)["FilledAhead"]["reason"] == "Filling"
