@@ -205,48 +205,84 @@ def test_only_the_first_fetch_on_the_node_reads_the_store(real_node, real_namesp
     assert elsewhere.returncode != 0 and "its own pod only" in elsewhere.stderr
 
 
-def test_a_models_replica_reads_its_artefact_from_the_node_cache(real_node, real_namespace, operator, tmp_path, request):
+def test_a_models_artefact_is_filled_ahead_and_its_first_replica_reads_nothing_from_the_store(
+    real_node, real_namespace, operator, tmp_path, request
+):
     """The whole path: the operator run with the chart's node cache (--node-cache-url,
-    --node-cache-namespace) gives a model's serving pods a fetch that asks the cache. The first
-    replica reads the store and fills the cache; with the store's artefact then deleted, the
-    next replica on the node starts from the cache alone, and the cache's pod carries the
-    artefact's label that the Deployment prefers."""
+    --node-cache-namespace). A model's replica waits for Neuron devices (another pod holds every
+    one of the node's); meanwhile, once the model is compiled, the operator's fill Job for the
+    node the replica will go to (parts/fill_ahead.py), which asks for no device, fills the node's
+    cache, which records the artefact and labels its pod (the Deployment prefers that label), and
+    the model says FilledAhead. With the store's copy then deleted and the devices freed, the
+    replica starts from the node's cache alone (hits, no miss) and the model goes Ready."""
     from kit import OperatorProcess
-    from test_real_node import apply, wait_ready
+    from test_real_node import apply, serving_pods, wait_ready
     from test_real_zero import zero_spec
+
+    from inferentia_operator.core.api import InferentiaModelSpec
+    from inferentia_operator.core.planner import plan
 
     cluster, ns = real_node, real_namespace
     cache_pod, pod_url, cache = start_node_cache(cluster, ns, MODEL_CACHE_BYTES, request)
     spec = zero_spec(cluster, ns)
-    del spec["autoscaling"]
+    spec["autoscaling"]["minReplicas"] = 1  # one replica, KEDA or not, and one node to fill
+    # Every device of the kind the replica asks for, held by a pod of nothing: the replica waits.
+    [(resource, _)] = [
+        (k, v) for k, v in plan(InferentiaModelSpec.model_validate(spec)).resources.limits.items() if k.startswith("aws.amazon.com/")
+    ]
+    allocatable = cluster.get("node", realnode.NODE_NAME)["status"]["allocatable"][resource]
+    blocker = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "every-device", "namespace": ns},
+        "spec": {"containers": [{"name": "hold", "image": "inferentia-pause:1", "resources": {"limits": {resource: allocatable}},
+                                 "securityContext": RESTRICTED}]},
+    }  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(blocker))
+    request.addfinalizer(lambda: cluster.kubectl("delete", "pod", "every-device", "-n", ns, "--wait=false", check=False))
+    wait_for(lambda: cluster.get("pod", "every-device", "-n", ns)["status"].get("phase") == "Running", 60, "the pod holding every device")
+    # What the namespace's admission adds to every pod (the real node's selector and taint),
+    # written in the model, where the operator sees which nodes its replicas may go to.
+    spec["placement"] = {
+        "nodeSelector": {realnode.REAL_NODE_LABEL: "true"},
+        "tolerations": [{"key": realnode.REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+    }
     operator.stop()  # this test's operator knows of the cache; the session's, which does not, waits
     cached = OperatorProcess(
         operator.kubeconfig, tmp_path / "operator.log", peering="e2e-node-cache",
         extra_args=("--node-cache-url", cache, "--node-cache-namespace", ns),
     )  # fmt: skip
+
+    def filled() -> dict:
+        conditions = cluster.get("inferentiamodel", "cached", "-n", ns).get("status", {}).get("conditions", [])
+        return next((c for c in conditions if c["type"] == "FilledAhead"), {})
+
     try:
         cached.start()
         apply(cluster, ns, "cached", spec)
-        wait_ready(cluster, ns, "cached", timeout=300)
-        model = cluster.get("inferentiamodel", "cached", "-n", ns)
-        uri = model["status"]["compiledUri"]
+        wait_for(lambda: filled().get("status") == "True", 300, "the model's artefact filled ahead on the real node")
+        assert realnode.NODE_NAME in filled()["message"] and serving_pods(cluster, ns, "cached") == []  # none Running
+        [job] = cluster.get("jobs", "-n", ns, "-l", "inferentia.dev/model=cached,app.kubernetes.io/component=fill")["items"]
+        [fill_pod] = cluster.get("pods", "-n", ns, "-l", f"job-name={job['metadata']['name']}")["items"]
+        assert fill_pod["spec"]["nodeName"] == realnode.NODE_NAME
+        uri = cluster.get("inferentiamodel", "cached", "-n", ns)["status"]["compiledUri"]
         assert cache_metric(pod_url, "inferentia_node_cache_stored_total") >= 1
         wait_for(lambda: hold_label(uri) in cache_pod()["metadata"]["labels"], 30, "the cache's pod labelled with the artefact")
         deployment = cluster.get("deployment", "cached", "-n", ns)
         [term] = deployment["spec"]["template"]["spec"]["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
         assert term["podAffinityTerm"]["labelSelector"]["matchExpressions"][0]["key"] == hold_label(uri)
-        # The store's copy goes; a new replica can only start from the node's cache.
+        # The store's copy goes; the first replica can only start from the node's cache.
         bucket, prefix = uri.removeprefix("s3://").split("/", 1)
         store = store_client(cluster)
         for key in [o["Key"] for o in store.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]:
             if not key.endswith("_INFERENTIA_COMPLETE"):
                 store.delete_object(Bucket=bucket, Key=key)
-        hits = cache_metric(pod_url, "inferentia_node_cache_hits_total")
-        cluster.kubectl("delete", "pods", "-n", ns, "-l", "inferentia.dev/model=cached,app.kubernetes.io/component=serving", "--wait=false")
-        wait_for(
-            lambda: cache_metric(pod_url, "inferentia_node_cache_hits_total") > hits, 120, "the new replica's fetch served by the cache"
-        )
+        hits, misses = (cache_metric(pod_url, f"inferentia_node_cache_{m}_total") for m in ("hits", "misses"))
+        # The fill read the store (its misses), before any replica ran.
+        assert cluster.get("pod", fill_pod["metadata"]["name"], "-n", ns)["status"]["phase"] == "Succeeded" and misses >= 1
+        cluster.kubectl("delete", "pod", "every-device", "-n", ns)
+        wait_for(lambda: serving_pods(cluster, ns, "cached"), 120, "the model's first replica")
         wait_ready(cluster, ns, "cached", timeout=180)
+        assert cache_metric(pod_url, "inferentia_node_cache_hits_total") > hits
+        assert cache_metric(pod_url, "inferentia_node_cache_misses_total") == misses
     finally:
         cached.stop()
         operator.start()
