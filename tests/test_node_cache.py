@@ -669,6 +669,9 @@ def test_a_fill_leaves_the_artefact_on_the_node_and_nothing_in_its_pod(s3, cache
     store = CountingStore(s3)
     assert len(fill(uri, scratch, client=store, cache=cache.url, view=view)) == 2
     assert store.downloads == [] and list(scratch.iterdir()) == []
+    # Its links went, not what they led to: the view is the cache's.
+    [built] = view.iterdir()
+    assert (built / "model.pt").read_bytes() == b"w" * 40 and (built / "conf" / "config.json").read_bytes() == b"{}"
     replica = fetch(uri, tmp_path / "replica", client=store, cache=cache.url)
     assert sorted(p.read_bytes() for p in replica) == [b"w" * 40, b"{}"]
     assert store.downloads == []
@@ -684,9 +687,10 @@ def test_a_fill_that_the_node_cache_does_not_keep_fails_and_says_why(s3, tmp_pat
     scratch.mkdir()
     with pytest.raises(FetchError, match="INFERENTIA_NODE_CACHE"):
         fill(uri, scratch, cache=None)
+    store = CountingStore(s3)
     with pytest.raises(FetchError, match="did not answer"):
-        fill(uri, scratch, cache=f"http://127.0.0.1:{free_port()}")
-    assert list(scratch.iterdir()) == []
+        fill(uri, scratch, client=store, cache=f"http://127.0.0.1:{free_port()}")
+    assert list(scratch.iterdir()) == [] and store.downloads == []  # stopped before reading the store
     small = Cache(tmp_path / "small", max_bytes=100)
     try:
         with pytest.raises(FetchError, match="409"):

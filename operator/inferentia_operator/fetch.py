@@ -182,6 +182,8 @@ def _from_cache(cache: str, sha256: str, size: int, target: Path) -> bool | _Fil
                 if answer.code == 409 and time.monotonic() < deadline:
                     time.sleep(1.0)
                     continue
+                if answer.code in (401, 403):
+                    raise _CacheRefused(f"it answered {answer.code}: {answer.read(512).decode(errors='replace').strip()}") from None
                 return _lease(cache, sha256, answer) if answer.code == 404 else False
         except (OSError, ValueError) as exc:  # no answer: with no cache pod on this node, none will come
             raise _CacheSilent from exc
@@ -199,6 +201,10 @@ def _lease(cache: str, sha256: str, miss: urllib.error.HTTPError) -> _Fill | boo
     if isinstance(lease, str) and isinstance(seconds, (int, float)) and seconds > 0:
         return _Fill(cache, sha256, lease, float(seconds))
     return False
+
+
+class _CacheRefused(Exception):
+    """The node's cache does not admit this pod (401, 403): it keeps nothing this fetch offers."""
 
 
 class _CacheSilent(Exception):
@@ -269,7 +275,7 @@ def _marker(client: Any, bucket: str, prefix: str) -> dict[str, Any] | None:
 
 
 def _fetch_marked(
-    uri: str, marker: dict[str, Any], destination: Path, client: Any, cache: str | None, view: Path | None = None
+    uri: str, marker: dict[str, Any], destination: Path, client: Any, cache: str | None, view: Path | None = None, filling: bool = False
 ) -> list[Path]:
     """The files ``marker`` names under ``uri``: linked from the node's view of them if it has
     them all; else each from the node's cache if it holds it, else from the store (and offered
@@ -293,8 +299,14 @@ def _fetch_marked(
                 written.append(target)
                 continue
             fill = got if isinstance(got, _Fill) else None
-        except _CacheSilent:
+        except _CacheSilent as exc:
+            if filling:  # a fill's only product is the cache's copy: no store read for nothing
+                raise FetchError(f"the node's cache did not answer ({type(exc.__cause__).__name__}): nothing would keep {uri}") from None
             cache = None
+        except _CacheRefused as exc:
+            if filling:
+                raise FetchError(f"the node's cache did not admit this pod ({exc}): nothing would keep {uri}") from None
+            cache = None  # it would refuse the offer and the record too
         with fill or contextlib.nullcontext():
             client.download_file(bucket, prefix + name, str(target))
             if not _matches(target, expected):
@@ -323,7 +335,7 @@ def fill(uri: str, scratch: Path, client: Any = None, cache: str | None = None, 
         raise FetchError(f"{uri} has no completion marker ({MARKER}): there is nothing whole to fill")
     named = {name: e["sha256"] for name, e in marker["files"].items() if _safe_target(scratch, name)}
     try:
-        files = _fetch_marked(uri, marker, scratch, client, cache, view)
+        files = _fetch_marked(uri, marker, scratch, client, cache, view, filling=True)
     finally:
         for entry in list(scratch.iterdir()) if scratch.is_dir() else ():
             # Links into a view are removed, never followed: the view is the cache's.
