@@ -167,3 +167,46 @@ def test_a_reconcile_with_the_node_cache_writes_the_fill_jobs_once_compiled_and_
     compiled = Seen(body, jobs=[done(children.compile_job(m))], nodes=FLEET)
     d = decision.decide(compiled, NOW, settings)
     assert len(fills(d)) == 2 and conds(d)["FilledAhead"]["reason"] == "Filling"
+
+
+def test_a_model_at_no_replicas_fills_nothing_and_says_nothing():
+    p = part(FLEET, replicas=0)
+    assert p.children == () and p.condition is None
+
+
+def test_with_a_storage_class_a_fill_still_uses_an_emptydir_that_goes_with_its_pod():
+    [job, *_] = part(FLEET, **{"serving.storageClassName": "gp3"}).children
+    [compiled] = [v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "compiled"]
+    assert "emptyDir" in compiled and "ephemeral" not in compiled
+
+
+def test_a_failed_fill_quotes_what_its_fetch_said_and_is_a_warning():
+    from inferentia_operator.core.status import JOB_NAME_LABEL, WARNING_REASONS
+
+    wanted = part(FLEET).children
+    name = wanted[0]["metadata"]["name"]
+    said = "fill: the node's cache did not record s3://x/: it answered 409: not every file is held"
+    fill_pod = {
+        "metadata": {"name": f"{name}-abcde", "labels": {JOB_NAME_LABEL: name, COMPONENT_LABEL: "fill"}},
+        "status": {"phase": "Failed", "failures": [{"container": "fill", "message": said}]},
+    }
+    body, m = model()
+    observed = Observed.of(body, failed(wanted[0]), *map(complete, wanted[1:]), nodes=FLEET, pods=[fill_pod])
+    condition = fill_ahead_part(m, observed, True).condition
+    assert condition.reason == "FillFailed" and said in condition.message
+    assert "FillFailed" in WARNING_REASONS
+
+
+def test_a_fill_job_the_api_server_refuses_is_said_in_filled_ahead_and_leaves_ready_alone():
+    from inferentia_operator.core.status import WriteFailure, report
+
+    body = model_body(**COMPILED, replicas=2)
+    settings = Settings(prover=PROVER, node_cache_url=CACHE, node_cache_namespace="inferentia-system")
+    m = decision.placed(built(body), settings)
+    observed = Seen(body, jobs=[done(children.compile_job(m))], nodes=FLEET)
+    d = decision.decide(observed, NOW, settings)
+    fill = next(b for b in d.apply if b["metadata"]["labels"][COMPONENT_LABEL] == "fill")
+    refused = WriteFailure("Job", fill["metadata"]["name"], 403, "exceeded quota: count/jobs.batch")
+    after = {c.type: c for c in report(observed, NOW, d.basis, [refused]).status.conditions}
+    assert after["FilledAhead"].reason == "FillFailed" and "exceeded quota" in after["FilledAhead"].message
+    assert after["Ready"].reason != "ApplyFailed" and after["Stalled"].status == "False"

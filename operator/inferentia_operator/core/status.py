@@ -39,6 +39,7 @@ DEVICE_FAULT_REASON = "NeuronHardwareError"
 FILLED_AHEAD = "FilledAhead"
 WARNING_REASONS = {
     "InvalidSpec",
+    "FillFailed",
     "CompileFailed",
     "CompileJobUnverified",
     "Unschedulable",
@@ -797,6 +798,26 @@ def _split_routing(found: Sequence[_Found], model: str) -> tuple[list[_Found], l
     return mine, [f for f in found if f not in mine]
 
 
+# A fill Job's name (parts/fill_ahead.py, fill_job_name): what writing one meets is said in FilledAhead.
+FILL_JOB_NAME = re.compile(r".+-fill-[0-9a-f]{12}")
+
+
+def _split_fill(found: Sequence[_Found]) -> tuple[list[_Found], list[_Found]]:
+    """What concerns the fill Jobs (a refused one costs a read of the store, never serving), and the rest."""
+    mine = [f for f in found if f.kind == "Job" and FILL_JOB_NAME.fullmatch(f.name)]
+    return mine, [f for f in found if f not in mine]
+
+
+def _fill_said(said: api.Condition, found: Sequence[Conflict], failures: Sequence[WriteFailure]) -> api.Condition:
+    if not found and not failures:
+        return said
+    what = [f"{f.name}: {f.code} {f.message}" for f in failures] + [str(c) for c in found]
+    return cond(
+        FILLED_AHEAD, "False", "FillFailed",
+        f"a fill Job could not be written ({'; '.join(what[:3])}); a replica reads the store where it lands",
+    )  # fmt: skip
+
+
 def report(
     observed: Observed, at: str, basis: ReportBasis, failures: Sequence[WriteFailure] = (), conflicts: Sequence[Conflict] = ()
 ) -> Report:
@@ -818,6 +839,8 @@ def report(
     # So is what routing meets: the model serves through its Service meanwhile.
     routing_found, other_found = _split_routing(other_found, model.name or "")
     routing_failures, other_failures = _split_routing(other_failures, model.name or "")
+    fill_found, other_found = _split_fill(other_found)
+    fill_failures, other_failures = _split_fill(other_failures)
     blocked = blocked_by(other_found, other_failures)
     if serving.plan is not None and serving.plan.nodes and blocked is None:
         blocked = groups_unserved(observed, other_failures)
@@ -848,7 +871,7 @@ def report(
     if basis.device_fault is not None:
         new.append(basis.device_fault)
     if basis.fill_ahead is not None:
-        new.append(basis.fill_ahead)
+        new.append(_fill_said(basis.fill_ahead, fill_found, fill_failures))
     if basis.routing is not None:
         # The pool's write answered that the cluster serves no InferencePools: as not installed.
         unserved = any((f.kind, f.code, f.message) == (INFERENCE_POOL_KIND, 404, NOT_SERVED) for f in routing_failures)

@@ -17,7 +17,7 @@ from typing import Any
 
 from inferentia_operator.core import children
 from inferentia_operator.core.decide import Decision
-from inferentia_operator.core.names import TRAFFIC_LABEL
+from inferentia_operator.core.names import COMPONENT_LABEL, TRAFFIC_LABEL
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.ownership import foreign_owner, is_compile_job_of_ours
 from inferentia_operator.core.projection import OWN_UPDATE_ENTRY, project, project_record
@@ -96,8 +96,8 @@ async def act(pool: Executor, kube: Kube, observed: Observed, decision: Decision
                 # if it is someone else's.
                 created = kube.create(body)
                 if created is not None:
-                    if kind == "Job":
-                        created = prove_job(kube, created, prover)
+                    if kind == "Job" and Obj(created).labels.get(COMPONENT_LABEL) == "compile":
+                        created = prove_job(kube, created, prover)  # a fill Job vouches for nothing
                     out.written[(kind, name)] = project(created)
                     return
                 ours, live = after_conflict(kind, name)

@@ -35,12 +35,12 @@ replica there, not ahead, until the Job is deleted or the artefact changes.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from inferentia_operator.core import api, children, status
-from inferentia_operator.core.catalogue import INSTANCE_TYPE_LABEL
+from inferentia_operator.core.catalogue import GIB, INSTANCE_TYPE_LABEL
 from inferentia_operator.core.children import Model
 from inferentia_operator.core.names import COMPONENT_LABEL
 from inferentia_operator.core.objects import Obj
@@ -107,8 +107,11 @@ def fill_job(model: Model, node: str) -> dict[str, Any]:
     fetch = children.fetch_container(model)
     container = {**fetch, "name": "fill", "args": [*fetch["args"], "--fill"]}
     names = {m["name"] for m in container["volumeMounts"]}
+    assert model.plan.sizes.artefact_bytes is not None, "a fill without a compile step"
     volumes = [
-        children.artefact_volume(model),
+        # An emptyDir even with serving.storageClassName: a claim per fill would stay bound as
+        # long as its finished Job is kept, where an emptyDir goes with the finished pod.
+        {"name": "compiled", "emptyDir": {"sizeLimit": f"{-(-model.plan.sizes.artefact_bytes // GIB)}Gi"}},
         *children.node_cache_token_volumes(model),
         *children.node_view_volumes(model),
         # HOME and /tmp, as every container of the operator's image has them (small: fetch keeps nothing there).
@@ -156,13 +159,14 @@ def fill_job(model: Model, node: str) -> dict[str, Any]:
 def fill_ahead_part(model: Model, observed: Observed, compiled: bool) -> FillAheadPart:
     """The fill Jobs of the nodes wanted, the others' deleted, and what status says of them."""
     live = {Obj(j).name: j for j in observed.all("Job") if Obj(j).labels.get(COMPONENT_LABEL) == FILL_COMPONENT}
-    wanted = fill_nodes(model, observed.nodes) if fills_ahead(model) and compiled else []
+    filling = fills_ahead(model) and compiled and most_replicas(model) > 0
+    wanted = fill_nodes(model, observed.nodes) if filling else []
     jobs = {fill_job_name(model, node): node for node in wanted}
     stale = tuple(("Job", name) for name in live if name and name not in jobs)
-    if not fills_ahead(model) or not compiled:
+    if not filling:
         return FillAheadPart(delete=stale)
     made = tuple(fill_job(model, node) for node in wanted)
-    return FillAheadPart(made, delete=stale, condition=_condition(model, jobs, live))
+    return FillAheadPart(made, delete=stale, condition=_condition(model, jobs, live, observed.pods))
 
 
 def _named(nodes: list[str]) -> str:
@@ -170,17 +174,20 @@ def _named(nodes: list[str]) -> str:
     return listed + (f" and {len(nodes) - NAMED} more" if len(nodes) > NAMED else "")
 
 
-def _condition(model: Model, jobs: Mapping[str, str], live: Mapping[str | None, Mapping[str, Any]]) -> api.Condition:
+def _condition(
+    model: Model, jobs: Mapping[str, str], live: Mapping[str | None, Mapping[str, Any]], pods: Sequence[Mapping[str, Any]]
+) -> api.Condition:
     if not jobs:
         types = ", ".join(model.plan.instance_types)
         return status.cond(
-            FILLED_AHEAD,
-            "False",
-            "NoNode",
-            f"no node of {types} is Ready, free of Neuron faults and open to the model's pods: none is filled ahead",
-        )
+            FILLED_AHEAD, "False", "NoNode",
+            f"no node of {types} is Ready, free of Neuron faults and open to the model's pods (or the operator "
+            "does not watch nodes: run --no-node-faults): none is filled ahead",
+        )  # fmt: skip
     states = {node: job_state(live.get(name)) if name in live else None for name, node in jobs.items()}
-    failed = {node: state.why for node, state in states.items() if state is not None and state.phase == "Failed"}
+    # What the fill itself said (fetch.fill's error, its termination message), else the Job's condition.
+    said = {node: status.compile_failure(name, pods) for name, node in jobs.items()}
+    failed = {node: said[node] or state.why for node, state in states.items() if state is not None and state.phase == "Failed"}
     if failed:
         first = sorted(failed)[0]
         return status.cond(
