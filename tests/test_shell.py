@@ -662,3 +662,40 @@ def test_a_neuron_node_is_read_with_its_fault_and_taints_bounded():
     crowded = copy.deepcopy(NEURON_FAULT_NODE)
     crowded["metadata"]["labels"] |= {f"l{i}": "x" for i in range(1000)}
     assert project_neuron_node(crowded)["cut"]
+
+
+def test_a_neuron_node_that_comes_goes_or_changes_reconciles_the_models_that_fill_ahead(monkeypatch):
+    """Which nodes a model fills ahead (parts/fill_ahead.py) depends on every Neuron node open to
+    its replicas: a node added, made Ready, cordoned or deleted decides those models again, and
+    only those; a node's status written again with nothing new decides nothing."""
+    from dataclasses import replace
+
+    from inferentia_operator.core.decide import placed
+    from inferentia_operator.core.model import check_model
+    from inferentia_operator.core.settings import Settings
+    from test_decide import PROVER
+    from test_decide import complete as done
+
+    settings = Settings(prover=PROVER, node_cache_url="http://cache:8080", node_cache_namespace="inferentia-system")
+    filling, plain = stored_model("m", **{"compile.image": "example.com/compile:1"}), stored_model("plain")
+    m = placed(check_model("m", NS, filling["spec"], uid="uid-m").model, settings)
+    kube = FakeKube()
+    r = reconciler_with(kube, filling, plain, done(children.compile_job(m)))
+    r.settings = replace(settings)
+    asyncio.run(r.reconcile((NS, "m")))
+    asyncio.run(r.reconcile((NS, "plain")))
+    assert "FilledAhead" in {c["type"] for c in kube.objects[(api.KIND, "m")]["status"]["conditions"]}
+    queued: list[Any] = []
+    monkeypatch.setattr(r.queue, "add_after", lambda key, delay: queued.append(key))
+
+    healthy = copy.deepcopy(NEURON_FAULT_NODE)
+    healthy["status"]["conditions"][1] |= {"status": "False", "reason": "NeuronHasNoError"}
+    r.on_node(healthy, "ADDED", {})
+    assert queued == [(NS, "m")]
+    r.on_node(with_rv(healthy, 20), "MODIFIED", {})  # written again, nothing new
+    assert queued == [(NS, "m")]
+    cordoned = with_rv(healthy, 21)
+    cordoned["spec"]["unschedulable"] = True
+    r.on_node(cordoned, "MODIFIED", {})
+    r.on_node(cordoned, "DELETED", {})
+    assert queued == [(NS, "m")] * 3

@@ -87,6 +87,11 @@ class Reconciler:
         # last seen as: whom a node's Neuron fault (or its end) concerns.
         self._node_models: dict[str, dict[tuple[str, str], Key]] = {}
         self._node_faults: dict[str, tuple[Any, ...]] = {}
+        # The models that fill the node cache ahead (parts/fill_ahead.py), and what of each Neuron
+        # node decides whether a replica may go there: a node that comes, goes or changes that
+        # reconciles them, since it may change which nodes they fill.
+        self._filling: set[Key] = set()
+        self._node_openings: dict[str, tuple[Any, ...]] = {}
         self.settler = memory.Settler()  # when a drained queue gives memory back (shell/memory.py)
 
     @property
@@ -106,7 +111,12 @@ class Reconciler:
         # One decision a reconcile: what to write, and the basis of the model's status.
         decision = decide(observed, now, self.settings)
         if decision.basis is None or decision.report is None:
+            self._filling.discard(key)
             return "noop"
+        if decision.basis.fill_ahead is not None:
+            self._filling.add(key)
+        else:
+            self._filling.discard(key)
         loop = asyncio.get_running_loop()
         outcome = Outcome()
         reported = decision.report
@@ -221,6 +231,7 @@ class Reconciler:
     # --- triggers ------------------------------------------------------------------------
 
     def _forget(self, key: Key) -> None:
+        self._filling.discard(key)
         self._generations.pop(key, None)
         self._own_status.pop(key, None)
         self._held_since.pop(key, None)
@@ -284,7 +295,9 @@ class Reconciler:
             self.queue.add_after(key, SETTLE_SECONDS)
 
     def on_node(self, body: Mapping[str, Any], event_type: str | None, kwargs: Mapping[str, Any]) -> None:
-        """A node's Neuron fault appearing, changing or ending: the models with a pod there report it."""
+        """A node's Neuron fault appearing, changing or ending: the models with a pod there report it.
+        A Neuron node added, deleted, or changed in what decides whether a replica may go there:
+        the models that fill ahead are decided again."""
         self.cache.capture(kwargs)
         name = Obj(body).name
         if not name:
@@ -292,8 +305,17 @@ class Reconciler:
         if event_type == "DELETED":
             self._node_faults.pop(name, None)
             self._node_models.pop(name, None)  # its pods' models hear of it from their pods
+            if self._node_openings.pop(name, None) is not None:
+                self._refill()
             return
         node = project_neuron_node(body)
+        opening = None if node is None else _opening(node)
+        if self._node_openings.get(name) != opening:
+            if opening is None:
+                self._node_openings.pop(name, None)
+            else:
+                self._node_openings[name] = opening
+            self._refill()
         # What the decision reads of a faulted node: its fault, and whether a replacement may go
         # there. A healthy node is kept no trace of; a model left on a faulted node for want of
         # another (parts/device_faults.py) is decided again at its resync.
@@ -305,6 +327,12 @@ class Reconciler:
         else:
             self._node_faults[name] = state
         for key in set(self._node_models.get(name, {}).values()):
+            if self.cache.has_model(key):
+                self.queue.add_after(key, SETTLE_SECONDS)
+
+    def _refill(self) -> None:
+        """The models that fill ahead, decided again: the nodes open to their replicas changed."""
+        for key in self._filling:
             if self.cache.has_model(key):
                 self.queue.add_after(key, SETTLE_SECONDS)
 
@@ -326,3 +354,11 @@ class Reconciler:
         key = self._job_models.get((namespace, str(involved.get("name"))))
         if key is not None and self.cache.has_model(key):
             self.queue.add_after(key, SETTLE_SECONDS)
+
+
+def _opening(node: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What of a Neuron node (projection.project_neuron_node) decides whether a model's replica
+    may go there, and so whether its cache is filled ahead: not its heartbeats."""
+    taints = tuple(tuple(sorted(t.items())) for t in node.get("taints") or ())
+    labels = tuple(sorted((node.get("labels") or {}).items()))
+    return (node.get("ready"), node.get("fault") is None, node.get("unschedulable"), node.get("cut"), taints, labels)
