@@ -324,15 +324,22 @@ def pad_artefact(cluster: localcluster.LocalCluster, gib: float) -> None:
     store.put_object(Bucket="bench-zero", Key=marker_key, Body=json.dumps(marker, sort_keys=True).encode())
 
 
-def start_node_cache(cluster: localcluster.LocalCluster) -> str:
+def start_node_cache(cluster: localcluster.LocalCluster, views: bool = False) -> str:
     """The chart's node cache (nodeCache.enabled) on the real node, in the benchmark's namespace;
-    its Service's URL by cluster IP for the operator's --node-cache-url."""
+    its Service's URL by cluster IP for the operator's --node-cache-url. With ``views``, its node
+    plugin too (nodeCache.views.enabled), its store beside the real node's kubelet directory."""
     import subprocess
 
+    kubelet = cluster.kubelet_dir() if views else ""
+    view_flags = (
+        ["--set", "nodeCache.views.enabled=true", "--set", f"nodeCache.views.kubeletDir={kubelet}",
+         "--set", f"nodeCache.views.hostDir={kubelet.rstrip('/').rpartition('/')[0]}/bench-node-cache"]
+        if views else []
+    )  # fmt: skip
     out = subprocess.run(
         [str(localcluster.bin_dir() / "helm"), "template", "inferentia-operator", str(localcluster.HERE.parent / "charts" / "inferentia-operator"),
          "--namespace", NAMESPACE, "--set", "image.repository=inferentia-operator", "--set", "nodeCache.enabled=true",
-         "--set", f"nodeCache.maxBytes={8 << 30}"],
+         "--set", f"nodeCache.maxBytes={12 << 30}", *view_flags],
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
     docs = realnode.node_cache_on_real_node([d for d in yaml.safe_load_all(out) if d])
@@ -415,6 +422,8 @@ def warm_path(cluster: localcluster.LocalCluster, rounds: int = 300) -> list[dic
 
 
 PHASES = ("until the pod exists", "scheduled", "fetching", "loading", "answered")
+# The starts from zero --ways starts can time, by the name --start-ways takes.
+START_WAYS = ("polled-store", "pushed-store", "pushed-cache", "polled-cache", "pushed-view")
 
 
 def phases(pod: dict[str, Any], sent: float, answered: float) -> dict[str, float]:
@@ -548,6 +557,11 @@ def main() -> int:
     parser.add_argument(
         "--scale-ups", type=int, default=2, help="--ways starts: scale-ups of the warm model from 1 to 3, with and without the node cache"
     )
+    parser.add_argument(
+        "--start-ways", default=",".join(START_WAYS[:4]),
+        help=f"--ways starts: which, of {', '.join(START_WAYS)} (pushed-view: the node cache's views, the operator's --node-views)",
+    )  # fmt: skip
+    parser.add_argument("--no-store-scale-ups", action="store_true", help="--ways starts: no scale-ups that read the store (the slowest)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-autoscaling-") as tmp:
         cluster = localcluster.LocalCluster(Path(tmp) / "cluster", die_with_parent=True, real_node=True)
@@ -584,14 +598,22 @@ def main() -> int:
                 if args.artefact_gib:
                     pad_artefact(cluster, args.artefact_gib)
                 cache_url, primed = "", False
-                for way, flags, cached in (
-                    ("KEDA polls Prometheus (--no-push-activation), the store", ("--no-push-activation",), False),
-                    ("pushed by the holder, the store", (), False),
-                    ("pushed by the holder, the node cache", (), True),
-                    ("KEDA polls Prometheus (--no-push-activation), the node cache", ("--no-push-activation",), True),
+                chosen = args.start_ways.split(",")
+                unknown = set(chosen) - set(START_WAYS)
+                if unknown:
+                    parser.error(f"--start-ways: {', '.join(sorted(unknown))} not among {', '.join(START_WAYS)}")
+                viewing = "pushed-view" in chosen
+                for key, way, flags, cached in (
+                    ("polled-store", "KEDA polls Prometheus (--no-push-activation), the store", ("--no-push-activation",), False),
+                    ("pushed-store", "pushed by the holder, the store", (), False),
+                    ("pushed-cache", "pushed by the holder, the node cache", (), True),
+                    ("polled-cache", "KEDA polls Prometheus (--no-push-activation), the node cache", ("--no-push-activation",), True),
+                    ("pushed-view", "pushed by the holder, the node cache's view", ("--node-views",), True),
                 ):
+                    if key not in chosen:
+                        continue
                     if cached and not cache_url:
-                        cache_url = start_node_cache(cluster)
+                        cache_url = start_node_cache(cluster, views=viewing)
                     cache_flags = ("--node-cache-url", cache_url, "--node-cache-namespace", NAMESPACE) if cached else ()
                     operator.terminate()
                     operator.wait(15)
@@ -602,12 +624,13 @@ def main() -> int:
                         measure_starts(cluster, 1)  # the node's first fetch through the cache fills it: not counted
                         primed = True
                     starts[way] = measure_starts(cluster, args.starts)
-                    if args.scale_ups and not cached and "the store" not in scale_ups and flags == ():
+                    if args.scale_ups and not args.no_store_scale_ups and not cached and "the store" not in scale_ups and flags == ():
                         print(f"the store: {args.scale_ups} scale-ups from 1 to 3", file=sys.stderr, flush=True)
                         scale_ups["the store"] = measure_scale_up(cluster, args.scale_ups)
-                    if args.scale_ups and cached and "the node cache" not in scale_ups:
-                        print(f"the node cache: {args.scale_ups} scale-ups from 1 to 3", file=sys.stderr, flush=True)
-                        scale_ups["the node cache"] = measure_scale_up(cluster, args.scale_ups)
+                    through = "the node cache's view" if key == "pushed-view" else "the node cache"
+                    if args.scale_ups and cached and through not in scale_ups:
+                        print(f"{through}: {args.scale_ups} scale-ups from 1 to 3", file=sys.stderr, flush=True)
+                        scale_ups[through] = measure_scale_up(cluster, args.scale_ups)
             for way, extra in (
                 ("fixed at peak", {"replicas": PEAK_REPLICAS}),
                 ("fixed at one", {"replicas": 1}),
@@ -631,6 +654,7 @@ def main() -> int:
         f" --zero-cycles {args.zero_cycles} --zero-gap {args.zero_gap:g} --ways {args.ways}"
         + (
             f" --starts {args.starts} --scrape-seconds {args.scrape_seconds} --artefact-gib {args.artefact_gib:g} --scale-ups {args.scale_ups}"
+            f" --start-ways {args.start_ways}" + (" --no-store-scale-ups" if args.no_store_scale_ups else "")
             if starts
             else ""
         )
