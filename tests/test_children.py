@@ -490,14 +490,9 @@ def test_batching_adds_a_front_end_on_the_serving_port_and_moves_the_processes_u
     assert batcher["ports"] == [{"name": "batch", "containerPort": 8500, "protocol": "TCP"}]
     assert batcher["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "batch", "scheme": "HTTP"}
     assert batcher["securityContext"] == children.CONTAINER_SECURITY
-    ports = children.service(m)["spec"]["ports"]
-    assert [(p["name"], p["port"]) for p in ports] == [
-        ("batch", 8500),
-        ("serve-0", 8501),
-        ("serve-1", 8502),
-        ("serve-2", 8503),
-        ("serve-3", 8504),
-    ]
+    # The front end is the model's one door: its processes' ports are for it alone, on the pod.
+    for service in (children.service(m), children.replicas_service(m)):
+        assert [(p["name"], p["port"]) for p in service["spec"]["ports"]] == [("batch", 8500)]
     # The image can be set per model, or for the whole operator.
     custom = model(**THROUGHPUT, **{"serving.batching": {"image": "registry.example.com/batcher:2"}})
     assert children.serving_deployment(custom)["spec"]["template"]["spec"]["containers"][1]["image"] == "registry.example.com/batcher:2"
@@ -850,3 +845,18 @@ def test_vllm_on_nxd_inference_turns_prefix_caching_off_and_sizes_its_blocks_onl
         **{**VLLM, "serving.image": "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.9.1-neuronx-py311-sdk2.26.1-ubuntu22.04"}
     )
     assert "num_gpu_blocks_override" not in children.vllm_engine_args(v0)
+
+
+def test_behind_the_front_end_only_its_port_admits_other_pods():
+    """A NetworkPolicy over the serving pods opens the front end's port to anyone and nothing
+    else, so no pod reaches a model process past the front end's limits (the node's own
+    traffic, the kubelet's probes of the processes among it, is always allowed:
+    https://kubernetes.io/docs/concepts/services-networking/network-policies/). A model without a
+    front end gets none: its processes are its doors."""
+    m = model(**THROUGHPUT, **{"serving.batching": {"maxBatchSize": 4, "maxLatencyMs": 50}})
+    policy = children.serving_network_policy(m)
+    assert policy["metadata"]["name"] == "resnet" and policy["metadata"]["labels"]["app.kubernetes.io/component"] == "serving"
+    assert policy["spec"]["podSelector"] == {"matchLabels": children.selector(m)}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == [{"ports": [{"port": 8500, "protocol": "TCP"}]}]
+    assert children.serving_network_policy(model(**THROUGHPUT)) is None

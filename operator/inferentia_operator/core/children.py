@@ -1343,11 +1343,33 @@ def scaled_object(model: Model, prometheus: Prometheus, has_artefact: bool = Tru
 
 
 def _service_ports(model: Model) -> list[dict[str, Any]]:
-    base = process_base_port(model)
-    ports = [{"name": f"serve-{i}", "port": base + i, "targetPort": f"serve-{i}", "protocol": "TCP"} for i in range(model.plan.groups)]
+    """The model's doors: the batching front end's port where it runs (its processes' ports are
+    for it alone, on the pod's loopback), else each process's."""
     if batching_front_end(model):
-        ports.insert(0, {"name": "batch", "port": model.spec.serving.port, "targetPort": "batch", "protocol": "TCP"})
-    return ports
+        return [{"name": "batch", "port": model.spec.serving.port, "targetPort": "batch", "protocol": "TCP"}]
+    base = process_base_port(model)
+    return [{"name": f"serve-{i}", "port": base + i, "targetPort": f"serve-{i}", "protocol": "TCP"} for i in range(model.plan.groups)]
+
+
+def serving_network_policy(model: Model) -> dict[str, Any] | None:
+    """Behind a batching front end, its port alone admits other pods: a NetworkPolicy over the
+    serving pods, so that no client skips the front end's limits for a model process's, where
+    the cluster enforces NetworkPolicies. The node's own traffic (the kubelet's probes of the
+    processes) is always allowed
+    (https://kubernetes.io/docs/concepts/services-networking/network-policies/); policies add
+    up, so a namespace's own can admit more. None without a front end: the processes are the doors."""
+    if not batching_front_end(model):
+        return None
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": child_metadata(model, model.name, "serving"),
+        "spec": {
+            "podSelector": {"matchLabels": selector(model)},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"ports": [{"port": p["port"], "protocol": "TCP"} for p in _service_ports(model)]}],
+        },
+    }
 
 
 def service(model: Model, to_holder: bool = False) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Serving: the plan ConfigMap, the model's Service, its Deployment (a LeaderWorkerSet when
 a replica spans nodes), which waits for the compiled artefact (until then the previous one
-keeps serving), and the PodDisruptionBudget over its pods."""
+keeps serving), the PodDisruptionBudget over its pods, and behind a batching front end the
+NetworkPolicy that opens its port alone."""
 
 from __future__ import annotations
 
@@ -27,4 +28,5 @@ def serving_part(model: Model, compiled: bool, replicas: int, to_holder: bool) -
     facts = ServingFacts(replicas, children.plan_hash(model.plan), model.plan, children.selector_string(model))
     held = frozenset() if compiled else frozenset({ref(workload)})
     made = (children.plan_configmap(model), children.service(model, to_holder), workload, children.disruption_budget(model, replicas))
-    return ServingPart(made, held, facts=facts)
+    policy = children.serving_network_policy(model)
+    return ServingPart((*made, *([policy] if policy else [])), held, facts=facts)
