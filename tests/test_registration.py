@@ -46,6 +46,8 @@ def test_every_kind_is_cached_and_triggers_a_reconcile():
         "compile_job_index": "jobs", "compile_record_index": "configmaps", "compiled_uri_index": "inferentiamodels",
         # The Neuron nodes: their faults (the node problem detector's NeuronHealth) and who may take a replacement.
         "neuron_node_index": "nodes",
+        # The node caches' pods: which node holds which artefact (fill-ahead fills one again that lost it).
+        "node_cache_index": "pods",
     }  # fmt: skip
     watched = {h.selector.any_name or h.selector.plural for h in r._watching._handlers}  # noqa: SLF001
     assert watched == {"inferentiamodels", *CHILDREN, "events", "nodes"}
@@ -183,7 +185,7 @@ def test_slimming_keeps_what_the_watch_handlers_read_and_drops_the_rest():
     import asyncio
 
     for body in delivered:
-        plural = {"InferentiaModel": "inferentiamodels"}.get(body["kind"], body["kind"].lower() + "s")
+        plural = {"InferentiaModel": "inferentiamodels", "NetworkPolicy": "networkpolicies"}.get(body["kind"], body["kind"].lower() + "s")
         asyncio.run(slims[f"slim_{plural}"](body=kopf.Body(body)))  # as kopf calls it: the view over the raw object
     assert [_what_the_handlers_read(b) for b in delivered] == before
     assert not any("managedFields" in b["metadata"] for b in delivered)

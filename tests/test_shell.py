@@ -699,3 +699,21 @@ def test_a_neuron_node_that_comes_goes_or_changes_reconciles_the_models_that_fil
     r.on_node(cordoned, "MODIFIED", {})
     r.on_node(cordoned, "DELETED", {})
     assert queued == [(NS, "m")] * 3
+
+    # A node cache's pod (the chart labels its pods so that the operator's watch sees them): made,
+    # holding another artefact, replaced. Written again with nothing new: nothing.
+    queued.clear()
+    cache_pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "cache-x", "namespace": "inferentia-system", "uid": "c1", "creationTimestamp": "2026-11-28T10:00:00Z",
+                     "labels": {"inferentia.dev/node-cache": "true", "app.kubernetes.io/managed-by": "inferentia-operator"}},
+        "spec": {"nodeName": "n1"}, "status": {"phase": "Running"},
+    }  # fmt: skip
+    r.on_pod(cache_pod, "ADDED", {})
+    r.on_pod(with_rv(cache_pod, 30), "MODIFIED", {})
+    holding = copy.deepcopy(cache_pod)
+    holding["metadata"]["labels"]["holds.inferentia.dev/" + "a" * 32] = "true"
+    r.on_pod(holding, "MODIFIED", {})
+    r.on_pod(holding, "DELETED", {})
+    assert queued == [(NS, "m")] * 3
+    assert not any(name == "cache-x" for _, name in r._pods)  # noqa: SLF001 - kept as no serving pod's state

@@ -214,7 +214,9 @@ def test_a_models_artefact_is_filled_ahead_and_its_first_replica_reads_nothing_f
     node the replica will go to (parts/fill_ahead.py), which asks for no device, fills the node's
     cache, which records the artefact and labels its pod (the Deployment prefers that label), and
     the model says FilledAhead. With the store's copy then deleted and the devices freed, the
-    replica starts from the node's cache alone (hits, no miss) and the model goes Ready."""
+    replica starts from the node's cache alone (hits, no miss) and the model goes Ready. Before
+    that, the cache's pod is replaced (its store, an emptyDir, goes with it): the operator sees the
+    new pod hold nothing of the artefact and fills the node again."""
     from kit import OperatorProcess
     from test_real_node import apply, serving_pods, wait_ready
     from test_real_zero import zero_spec
@@ -269,6 +271,16 @@ def test_a_models_artefact_is_filled_ahead_and_its_first_replica_reads_nothing_f
         deployment = cluster.get("deployment", "cached", "-n", ns)
         [term] = deployment["spec"]["template"]["spec"]["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
         assert term["podAffinityTerm"]["labelSelector"]["matchExpressions"][0]["key"] == hold_label(uri)
+        # The cache's pod replaced: its store was its emptyDir, and the new pod starts empty. The
+        # operator reads that from the new pod's labels and fills the node again.
+        old_cache = cache_pod()["metadata"]["uid"]
+        cluster.kubectl("delete", "pod", "-n", ns, cache_pod()["metadata"]["name"])
+        wait_for(lambda: (p := cache_pod()) is not None and p["metadata"]["uid"] != old_cache, 120, "a new node cache pod")
+        wait_for(lambda: hold_label(uri) in cache_pod()["metadata"]["labels"], 180, "the node's new cache filled again")
+        [refill] = cluster.get("jobs", "-n", ns, "-l", "inferentia.dev/model=cached,app.kubernetes.io/component=fill")["items"]
+        assert refill["metadata"]["uid"] != job["metadata"]["uid"]
+        wait_for(lambda: filled().get("status") == "True", 120, "FilledAhead again")
+        pod_url = f"http://{cache_pod()['status']['podIP']}:8080"
         # The store's copy goes; the first replica can only start from the node's cache.
         bucket, prefix = uri.removeprefix("s3://").split("/", 1)
         store = store_client(cluster)

@@ -30,6 +30,14 @@ NODE_VIEW_DRIVER = "node-store.inferentia.dev"
 NODE_VIEW_DIR = "/var/lib/inferentia/node-view"
 
 
+# The node cache's pods carry this label (the chart's DaemonSet), and the operator's managed-by
+# label, so that the operator's watch of pods sees them and their holds labels: which node holds
+# which artefact, as the cache says (parts/fill_ahead.py fills a node again that lost one).
+NODE_CACHE_POD_LABEL = "inferentia.dev/node-cache"
+# The most holds labels of one cache pod read: a pod's labels are its own to write, and bounded.
+MAX_HELD_KEYS = 4096
+
+
 def hold_key(uri: str) -> str:
     """The artefact at ``uri`` (an s3:// prefix, with or without its trailing slash)."""
     return hashlib.sha256((uri.rstrip("/") + "/").encode()).hexdigest()[:32]
@@ -60,3 +68,9 @@ def view_name(name: object) -> bool:
         return False
     parts = name.split("/")
     return len(parts) <= MAX_VIEW_DEPTH and all(p not in ("", ".", "..") and len(p.encode()) <= 255 for p in parts)
+
+
+def held_keys(labels: Mapping[str, object]) -> frozenset[str]:
+    """The artefacts a node cache's pod says it holds whole: its ``holds.inferentia.dev/<key>: "true"`` labels."""
+    keys = (name[len(HOLDS_PREFIX) :] for name, value in labels.items() if name.startswith(HOLDS_PREFIX) and value == "true")
+    return frozenset(k for k, _ in zip((k for k in keys if HOLD_KEY.match(k)), range(MAX_HELD_KEYS), strict=False))

@@ -14,6 +14,7 @@ from typing import Any
 
 from inferentia_operator.core import api, children
 from inferentia_operator.core.catalogue import HOSTS
+from inferentia_operator.core.holds import NODE_CACHE_POD_LABEL, held_keys
 from inferentia_operator.core.names import COMPILE_RECORD_COMPONENT, COMPONENT_LABEL, FIELD_MANAGER, MODEL_LABEL
 from inferentia_operator.core.objects import Obj, as_mapping
 
@@ -294,3 +295,14 @@ def project_neuron_node(body: Mapping[str, Any]) -> dict[str, Any] | None:
         **({"cut": True} if cut else {}),
         "fault": fault,
     }
+
+
+def project_node_cache_pod(body: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """A node cache's pod (core/holds.py, NODE_CACHE_POD_LABEL) as fill-ahead reads it: its
+    node, when it was made (a replaced pod whose store was its emptyDir starts empty), and the
+    artefacts it says it holds. None for any other pod, one not placed, or one going."""
+    pod = Obj(body)
+    node = pod.spec.get("nodeName")
+    if pod.labels.get(NODE_CACHE_POD_LABEL) != "true" or not isinstance(node, str) or not node or pod.deleting:
+        return None
+    return node, {"created": str(pod.metadata.get("creationTimestamp") or ""), "held": sorted(held_keys(pod.labels))}

@@ -132,6 +132,9 @@ class Observed:
     # The Neuron nodes by name (projection.project_neuron_node), a view of the shell's index: the
     # faults of the nodes the model's pods run on, and the nodes a replacement could go to.
     nodes: Mapping[str, Iterable[Mapping[str, Any]]] = field(default_factory=dict)
+    # The node caches' pods by node (projection.project_node_cache_pod), a view of the shell's
+    # index: what each node's cache says it holds, for fill-ahead.
+    caches: Mapping[str, Iterable[Mapping[str, Any]]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, model: dict[str, Any], *objects: dict[str, Any] | None, **rest: Any) -> Observed:

@@ -166,6 +166,7 @@ class Cache:
             job_events=self._job_events(key[0], children.get("Job", [])),
             # A view of the index, read only where a pod's node reports a fault.
             nodes=(self.indexes or {}).get("neuron_node_index") or {},
+            caches=(self.indexes or {}).get("node_cache_index") or {},
         )
 
     def _job_events(self, namespace: str, jobs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -27,8 +27,17 @@ from typing import Any
 from inferentia_operator.core import status
 from inferentia_operator.core.autoscaling import NOT_SERVED
 from inferentia_operator.core.decide import decide
+from inferentia_operator.core.holds import NODE_CACHE_POD_LABEL
 from inferentia_operator.core.objects import Obj
-from inferentia_operator.core.projection import Key, compile_uri, owner_key, pod_signature, project, project_neuron_node
+from inferentia_operator.core.projection import (
+    Key,
+    compile_uri,
+    owner_key,
+    pod_signature,
+    project,
+    project_neuron_node,
+    project_node_cache_pod,
+)
 from inferentia_operator.core.settings import DEFAULT_SETTINGS, Settings
 
 from . import memory, metrics
@@ -92,6 +101,7 @@ class Reconciler:
         # reconciles them, since it may change which nodes they fill.
         self._filling: set[Key] = set()
         self._node_openings: dict[str, tuple[Any, ...]] = {}
+        self._cache_pods: dict[tuple[str, str], tuple[Any, ...]] = {}  # what each node cache's pod says
         self.settler = memory.Settler()  # when a drained queue gives memory back (shell/memory.py)
 
     @property
@@ -280,6 +290,9 @@ class Reconciler:
         name = Obj(body).key
         if name is None:
             return
+        if Obj(body).labels.get(NODE_CACHE_POD_LABEL) == "true":
+            self._on_cache_pod(name, None if event_type == "DELETED" else project_node_cache_pod(body))
+            return
         node, key = Obj(body).spec.get("nodeName"), owner_key(body)
         if event_type == "DELETED":
             self._pods.pop(name, None)
@@ -329,6 +342,18 @@ class Reconciler:
         for key in set(self._node_models.get(name, {}).values()):
             if self.cache.has_model(key):
                 self.queue.add_after(key, SETTLE_SECONDS)
+
+    def _on_cache_pod(self, name: tuple[str, str], found: tuple[str, dict[str, Any]] | None) -> None:
+        """A node cache's pod made, replaced, or holding other artefacts: the models that fill
+        ahead are decided again (parts/fill_ahead.py fills a node again whose cache lost theirs)."""
+        said = None if found is None else (found[0], found[1]["created"], tuple(found[1]["held"]))
+        if self._cache_pods.get(name) == said:
+            return
+        if said is None:
+            self._cache_pods.pop(name, None)
+        else:
+            self._cache_pods[name] = said
+        self._refill()
 
     def _refill(self) -> None:
         """The models that fill ahead, decided again: the nodes open to their replicas changed."""

@@ -9,6 +9,7 @@ from typing import Any
 import kopf
 
 from inferentia_operator.core import api
+from inferentia_operator.core.holds import NODE_CACHE_POD_LABEL
 from inferentia_operator.core.kinds import CHILD_KINDS, ChildKind
 from inferentia_operator.core.names import FIELD_MANAGER, MANAGED_BY_LABEL
 from inferentia_operator.core.projection import (
@@ -19,6 +20,7 @@ from inferentia_operator.core.projection import (
     project,
     project_job_event,
     project_neuron_node,
+    project_node_cache_pod,
     project_pod_spec,
     project_record,
 )
@@ -153,6 +155,16 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, node_fault
         @kopf.on.event("", "v1", "nodes", registry=registry, id="on_node")
         async def on_node(body: kopf.Body, type: str | None, **kwargs: Any) -> None:
             reconciler.on_node(body, type, kwargs)
+
+        # The node caches' pods, by node: what each says it holds (fill-ahead fills a node again
+        # whose cache lost an artefact). Only in the cache's own namespace: a pod elsewhere that
+        # wears the label says nothing.
+        @kopf.index("", "v1", "pods", registry=registry, id="node_cache_index", labels={NODE_CACHE_POD_LABEL: "true"})
+        async def node_cache_index(namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+            if not reconciler.settings.node_cache_namespace or namespace != reconciler.settings.node_cache_namespace:
+                return None
+            found = project_node_cache_pod(body)
+            return {found[0]: found[1]} if found is not None else None
 
     def child_index(child: ChildKind) -> None:
         async def index(body: kopf.Body, **_: Any) -> dict[Any, Any] | None:

@@ -26,10 +26,11 @@ replica that finds none on a filled node goes to another and reads the store the
 
 A Job is written once and kept while its node is wanted (a finished one holds no disk: fetch
 removes its copy); the Jobs of nodes no longer wanted go. A failed Job is left for status to
-quote; deleting it fills again. Status says which nodes are filled (FilledAhead). A finished
-Job is all the operator knows of a fill: a cache that loses its files later (evicted for room,
-or without views a replaced cache pod, whose store is its emptyDir) is filled again by the next
-replica there, not ahead, until the Job is deleted or the artefact changes.
+quote; deleting it fills again. Status says which nodes are filled (FilledAhead). A node's
+cache pod replaced after its fill (without views its store is its emptyDir, and it starts empty)
+says so by holding no label of the artefact (core/holds.py): the fill's Job goes, and the node is
+filled again. A cache that evicts the artefact for room later is filled again by the next replica
+there, not ahead.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from typing import Any
 from inferentia_operator.core import api, children, status
 from inferentia_operator.core.catalogue import GIB, INSTANCE_TYPE_LABEL
 from inferentia_operator.core.children import Model
+from inferentia_operator.core.holds import hold_key
 from inferentia_operator.core.names import COMPONENT_LABEL
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.placement import pod_placement
@@ -166,7 +168,22 @@ def fill_ahead_part(model: Model, observed: Observed, compiled: bool) -> FillAhe
     if not filling:
         return FillAheadPart(delete=stale)
     made = tuple(fill_job(model, node) for node in wanted)
-    return FillAheadPart(made, delete=stale, condition=_condition(model, jobs, live, observed.pods))
+    key = hold_key(children.compiled_uri(model))
+    lost = tuple(("Job", name) for name, node in jobs.items() if name in live and _lost(live[name], observed.caches.get(node), key))
+    return FillAheadPart(made, delete=(*stale, *lost), condition=_condition(model, jobs, live, observed.pods))
+
+
+def _lost(job: Mapping[str, Any], caches: Iterable[Mapping[str, Any]] | None, key: str) -> bool:
+    """The fill is done, and the node's cache pod was made after it and says it does not hold the
+    artefact: a replaced pod whose store was its emptyDir (without views) started empty. Its Job
+    goes, and the next reconcile fills the node again. A cache pod older than the fill that does
+    not hold it yet may still be labelling its pod; one that lost a file since is filled by the
+    next replica there (module docstring)."""
+    cache = next(iter(caches or ()), None)
+    done = Obj(job).status.get("completionTime")
+    if cache is None or not job_state(job).phase == "Complete" or not isinstance(done, str):
+        return False
+    return key not in cache.get("held", ()) and str(cache.get("created") or "") > done
 
 
 def _named(nodes: list[str]) -> str:
