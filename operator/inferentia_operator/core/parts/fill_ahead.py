@@ -179,7 +179,8 @@ def _lost(job: Mapping[str, Any], caches: Iterable[Mapping[str, Any]] | None, ke
     goes, and the next reconcile fills the node again. A cache pod older than the fill that does
     not hold it yet may still be labelling its pod; one that lost a file since is filled by the
     next replica there (module docstring)."""
-    cache = next(iter(caches or ()), None)
+    # The node's newest cache pod (a DaemonSet's replacement may briefly stand beside the old one).
+    cache = max(caches or (), key=lambda c: str(c.get("created") or ""), default=None)
     done = Obj(job).status.get("completionTime")
     if cache is None or not job_state(job).phase == "Complete" or not isinstance(done, str):
         return False
