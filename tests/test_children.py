@@ -855,7 +855,7 @@ def test_behind_the_front_end_only_its_port_admits_other_pods():
     front end gets none: its processes are its doors."""
     m = model(**THROUGHPUT, **{"serving.batching": {"maxBatchSize": 4, "maxLatencyMs": 50}})
     policy = children.serving_network_policy(m)
-    assert policy["metadata"]["name"] == "resnet" and policy["metadata"]["labels"]["app.kubernetes.io/component"] == "serving"
+    assert policy["metadata"]["name"] == "resnet-front-end" and policy["metadata"]["labels"]["app.kubernetes.io/component"] == "serving"
     assert policy["spec"]["podSelector"] == {"matchLabels": children.selector(m)}
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     assert policy["spec"]["ingress"] == [{"ports": [{"port": 8500, "protocol": "TCP"}]}]

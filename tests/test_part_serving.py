@@ -50,3 +50,20 @@ def test_a_scheduler_name_sends_device_plugin_pods_to_the_neuron_scheduler():
     # A DRA claim is allocated by the default scheduler itself: no extension, no other scheduler.
     dra = built(model_body(**{"compute.family": "trn2", "compute.inf": 4, "compute.allocation": "dra"}))
     assert "schedulerName" not in pod(dra, Settings(scheduler_name="my-scheduler"))
+
+
+def test_the_front_ends_network_policy_goes_with_the_front_end_and_never_someone_elses():
+    """Left behind, it would keep the processes' ports closed once they are the model's doors."""
+    from inferentia_operator.core.status import Observed
+    from test_decide import live
+
+    batching = {"serving.batching": {"maxBatchSize": 4}, "processesPerReplica": 2}
+    body = model_body(**batching)
+    policy = children.serving_network_policy(built(body))
+    assert policy is not None and policy in serving_part(built(body), compiled=True, replicas=1, to_holder=False).children
+    plain = model_body(processesPerReplica=2)
+    gone = serving_part(built(plain), compiled=True, replicas=1, to_holder=False, observed=Observed.of(plain, live(policy)))
+    assert gone.delete == (("NetworkPolicy", policy["metadata"]["name"]),)
+    theirs = {**live(policy), "metadata": {"name": policy["metadata"]["name"], "namespace": "ns", "labels": {"team": "a"}}}
+    kept = serving_part(built(plain), compiled=True, replicas=1, to_holder=False, observed=Observed.of(plain, theirs))
+    assert kept.delete == ()

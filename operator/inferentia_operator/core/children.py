@@ -1351,6 +1351,11 @@ def _service_ports(model: Model) -> list[dict[str, Any]]:
     return [{"name": f"serve-{i}", "port": base + i, "targetPort": f"serve-{i}", "protocol": "TCP"} for i in range(model.plan.groups)]
 
 
+def serving_policy_name(model: Model) -> str:
+    """Not the model's bare name, which a namespace's own NetworkPolicy may well have."""
+    return model.name + "-front-end"
+
+
 def serving_network_policy(model: Model) -> dict[str, Any] | None:
     """Behind a batching front end, its port alone admits other pods: a NetworkPolicy over the
     serving pods, so that no client skips the front end's limits for a model process's, where
@@ -1363,7 +1368,7 @@ def serving_network_policy(model: Model) -> dict[str, Any] | None:
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": child_metadata(model, model.name, "serving"),
+        "metadata": child_metadata(model, serving_policy_name(model), "serving"),
         "spec": {
             "podSelector": {"matchLabels": selector(model)},
             "policyTypes": ["Ingress"],

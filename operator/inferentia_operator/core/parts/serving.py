@@ -6,13 +6,15 @@ NetworkPolicy that opens its port alone."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from inferentia_operator.core import children
 from inferentia_operator.core.children import Model
 from inferentia_operator.core.leaderworkerset import serving_group
-from inferentia_operator.core.status import ServingFacts
+from inferentia_operator.core.ownership import foreign_owner
+from inferentia_operator.core.status import Observed, ServingFacts
 
-from . import Part, ref
+from . import ChildRef, Part, ref
 
 
 @dataclass(frozen=True)
@@ -20,7 +22,7 @@ class ServingPart(Part):
     facts: ServingFacts | None = None
 
 
-def serving_part(model: Model, compiled: bool, replicas: int, to_holder: bool) -> ServingPart:
+def serving_part(model: Model, compiled: bool, replicas: int, to_holder: bool, observed: Observed | None = None) -> ServingPart:
     """``compiled``: the current plan's artefact exists (or nothing compiles ahead of serving);
     ``replicas``: what autoscaling and scale to zero leave the Deployment; ``to_holder``: the
     model's Service points at the scale-to-zero holder."""
@@ -29,4 +31,15 @@ def serving_part(model: Model, compiled: bool, replicas: int, to_holder: bool) -
     held = frozenset() if compiled else frozenset({ref(workload)})
     made = (children.plan_configmap(model), children.service(model, to_holder), workload, children.disruption_budget(model, replicas))
     policy = children.serving_network_policy(model)
-    return ServingPart((*made, *([policy] if policy else [])), held, facts=facts)
+    stale = _stale_policy(model, observed, policy) if observed is not None else ()
+    return ServingPart((*made, *([policy] if policy else [])), held, delete=stale, facts=facts)
+
+
+def _stale_policy(model: Model, observed: Observed, policy: dict[str, Any] | None) -> tuple[ChildRef, ...]:
+    """The front end's NetworkPolicy of a model that has none any more: it would keep every other
+    port of its pods closed. Never someone else's of that name."""
+    name = children.serving_policy_name(model)
+    live = observed.live("NetworkPolicy", name)
+    if policy is not None or live is None or foreign_owner(live, model.uid, model.name) is not None:
+        return ()
+    return (("NetworkPolicy", name),)
