@@ -339,7 +339,7 @@ def start_node_cache(cluster: localcluster.LocalCluster, views: bool = False) ->
     out = subprocess.run(
         [str(localcluster.bin_dir() / "helm"), "template", "inferentia-operator", str(localcluster.HERE.parent / "charts" / "inferentia-operator"),
          "--namespace", NAMESPACE, "--set", "image.repository=inferentia-operator", "--set", "nodeCache.enabled=true",
-         "--set", f"nodeCache.maxBytes={12 << 30}", *view_flags],
+         "--set", f"nodeCache.maxBytes={8 << 30}", *view_flags],
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
     docs = realnode.node_cache_on_real_node([d for d in yaml.safe_load_all(out) if d])
@@ -559,10 +559,14 @@ def main() -> int:
     )
     parser.add_argument(
         "--start-ways", default=",".join(START_WAYS[:4]),
-        help=f"--ways starts: which, of {', '.join(START_WAYS)} (pushed-view: the node cache's views, the operator's --node-views)",
+        help=f"--ways starts: which, of {', '.join(START_WAYS)} (pushed-view: the node cache's views, the operator's "
+        "--node-views; with it, the node cache runs with its plugin for every cached way, its store on the node's disk)",
     )  # fmt: skip
     parser.add_argument("--no-store-scale-ups", action="store_true", help="--ways starts: no scale-ups that read the store (the slowest)")
     args = parser.parse_args()
+    chosen = args.start_ways.split(",")
+    if unknown := set(chosen) - set(START_WAYS):
+        parser.error(f"--start-ways: {', '.join(sorted(unknown))} not among {', '.join(START_WAYS)}")
     with tempfile.TemporaryDirectory(prefix="bench-autoscaling-") as tmp:
         cluster = localcluster.LocalCluster(Path(tmp) / "cluster", die_with_parent=True, real_node=True)
         operator = None
@@ -598,10 +602,6 @@ def main() -> int:
                 if args.artefact_gib:
                     pad_artefact(cluster, args.artefact_gib)
                 cache_url, primed = "", False
-                chosen = args.start_ways.split(",")
-                unknown = set(chosen) - set(START_WAYS)
-                if unknown:
-                    parser.error(f"--start-ways: {', '.join(sorted(unknown))} not among {', '.join(START_WAYS)}")
                 viewing = "pushed-view" in chosen
                 for key, way, flags, cached in (
                     ("polled-store", "KEDA polls Prometheus (--no-push-activation), the store", ("--no-push-activation",), False),

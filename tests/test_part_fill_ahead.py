@@ -214,9 +214,11 @@ def test_a_fill_job_the_api_server_refuses_is_said_in_filled_ahead_and_leaves_re
 
 def test_a_node_whose_cache_pod_was_replaced_after_its_fill_and_holds_nothing_is_filled_again():
     """Without views the cache's store is its pod's emptyDir: a replaced cache pod starts empty,
-    and says so by holding no label of the artefact (core/holds.py). A fill done before that
-    pod was made is gone, its Job deleted, and the next reconcile fills the node again. A cache
-    pod older than the fill that does not hold it yet is still labelling its pod: left alone."""
+    and says so, once Ready, by holding no label of the artefact (core/holds.py). A fill done
+    before that pod was made loses its Job, and the next reconcile fills the node again; so does
+    a fill that failed before it. Not: a cache pod not Ready yet (a fill would find no cache),
+    one older than the fill (its label may be on its way), or with views (the store, on the
+    node's disk, outlived the pod)."""
     from inferentia_operator.core.holds import hold_key
 
     _, m = model()
@@ -224,16 +226,23 @@ def test_a_node_whose_cache_pod_was_replaced_after_its_fill_and_holds_nothing_is
     [job, *rest] = part(FLEET).children
     node = pinned_to(job)
     finished = live(job, conditions=[{"type": "Complete", "status": "True"}], completionTime="2026-11-28T10:00:00Z")
+    gave_up = live(
+        job,
+        conditions=[{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "lastTransitionTime": "2026-11-28T10:00:00Z"}],
+    )
     others = [complete(j) for j in rest]
 
-    def deleted(created: str, held: list[str]) -> bool:
+    def deleted(created: str, held: list[str], ready: bool = True, views: bool = False, fill=finished) -> bool:
         body, m = model()
-        caches = {node: [{"created": created, "held": held}]}
-        observed = Observed.of(body, finished, *others, nodes=FLEET, caches=caches)
-        return ("Job", job["metadata"]["name"]) in fill_ahead_part(m, observed, True).delete
+        caches = {node: [{"created": created, "ready": ready, "held": held}]}
+        observed = Observed.of(body, fill, *others, nodes=FLEET, caches=caches)
+        return ("Job", job["metadata"]["name"]) in fill_ahead_part(replace(m, node_views=views), observed, True).delete
 
     assert deleted("2026-11-28T10:05:00Z", [])  # replaced after the fill, empty
-    assert not deleted("2026-11-28T10:05:00Z", [key])  # replaced, and its store (on the node's disk) kept it
+    assert deleted("2026-11-28T10:05:00Z", [], fill=gave_up)  # a new cache after a failed fill
+    assert not deleted("2026-11-28T10:05:00Z", [], ready=False)
+    assert not deleted("2026-11-28T10:05:00Z", [], views=True)
+    assert not deleted("2026-11-28T10:05:00Z", [key])  # replaced, and it holds it
     assert not deleted("2026-11-28T09:00:00Z", [])  # older than the fill: its label may be on its way
     body, m = model()
     assert ("Job", job["metadata"]["name"]) not in fill_ahead_part(m, Observed.of(body, finished, *others, nodes=FLEET), True).delete

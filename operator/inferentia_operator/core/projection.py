@@ -305,4 +305,5 @@ def project_node_cache_pod(body: Mapping[str, Any]) -> tuple[str, dict[str, Any]
     node = pod.spec.get("nodeName")
     if pod.labels.get(NODE_CACHE_POD_LABEL) != "true" or not isinstance(node, str) or not node or pod.deleting:
         return None
-    return node, {"created": str(pod.metadata.get("creationTimestamp") or ""), "held": sorted(held_keys(pod.labels))}
+    held = sorted(held_keys(pod.labels))
+    return node, {"created": str(pod.metadata.get("creationTimestamp") or ""), "ready": pod.condition_true("Ready"), "held": held}

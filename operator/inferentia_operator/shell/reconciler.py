@@ -290,7 +290,10 @@ class Reconciler:
         name = Obj(body).key
         if name is None:
             return
-        if Obj(body).labels.get(NODE_CACHE_POD_LABEL) == "true":
+        if name[0] == self.settings.node_cache_namespace and (
+            Obj(body).labels.get(NODE_CACHE_POD_LABEL) == "true" or name in self._cache_pods
+        ):
+            # A node cache's pod (only in the cache's namespace, as the index reads them), or one that was.
             self._on_cache_pod(name, None if event_type == "DELETED" else project_node_cache_pod(body))
             return
         node, key = Obj(body).spec.get("nodeName"), owner_key(body)
@@ -346,7 +349,7 @@ class Reconciler:
     def _on_cache_pod(self, name: tuple[str, str], found: tuple[str, dict[str, Any]] | None) -> None:
         """A node cache's pod made, replaced, or holding other artefacts: the models that fill
         ahead are decided again (parts/fill_ahead.py fills a node again whose cache lost theirs)."""
-        said = None if found is None else (found[0], found[1]["created"], tuple(found[1]["held"]))
+        said = None if found is None else (found[0], found[1]["created"], found[1]["ready"], tuple(found[1]["held"]))
         if self._cache_pods.get(name) == said:
             return
         if said is None:

@@ -26,11 +26,11 @@ replica that finds none on a filled node goes to another and reads the store the
 
 A Job is written once and kept while its node is wanted (a finished one holds no disk: fetch
 removes its copy); the Jobs of nodes no longer wanted go. A failed Job is left for status to
-quote; deleting it fills again. Status says which nodes are filled (FilledAhead). A node's
-cache pod replaced after its fill (without views its store is its emptyDir, and it starts empty)
-says so by holding no label of the artefact (core/holds.py): the fill's Job goes, and the node is
-filled again. A cache that evicts the artefact for room later is filled again by the next replica
-there, not ahead.
+quote; deleting it fills again, and so does a new cache pod on its node. Status says which
+nodes are filled (FilledAhead). A node's cache pod replaced after its fill, without views (its
+store is its emptyDir, and it starts empty), holds no label of the artefact (core/holds.py) once
+Ready: the fill's Job goes, and the node is filled again. A cache that evicts the artefact for
+room later is filled again by the next replica there, not ahead.
 """
 
 from __future__ import annotations
@@ -169,22 +169,28 @@ def fill_ahead_part(model: Model, observed: Observed, compiled: bool) -> FillAhe
         return FillAheadPart(delete=stale)
     made = tuple(fill_job(model, node) for node in wanted)
     key = hold_key(children.compiled_uri(model))
-    lost = tuple(("Job", name) for name, node in jobs.items() if name in live and _lost(live[name], observed.caches.get(node), key))
+    lost = tuple(
+        ("Job", name) for name, node in jobs.items() if name in live and _lost(live[name], observed.caches.get(node), key, model.node_views)
+    )
     return FillAheadPart(made, delete=(*stale, *lost), condition=_condition(model, jobs, live, observed.pods))
 
 
-def _lost(job: Mapping[str, Any], caches: Iterable[Mapping[str, Any]] | None, key: str) -> bool:
-    """The fill is done, and the node's cache pod was made after it and says it does not hold the
-    artefact: a replaced pod whose store was its emptyDir (without views) started empty. Its Job
-    goes, and the next reconcile fills the node again. A cache pod older than the fill that does
-    not hold it yet may still be labelling its pod; one that lost a file since is filled by the
-    next replica there (module docstring)."""
-    # The node's newest cache pod (a DaemonSet's replacement may briefly stand beside the old one).
+def _lost(job: Mapping[str, Any], caches: Iterable[Mapping[str, Any]] | None, key: str, views: bool) -> bool:
+    """The fill's Job is to go (and the next reconcile fills the node again): the node's newest
+    cache pod is Ready (a fill before that would find no cache), holds no label of the artefact,
+    and was made after the fill ended, either done, when the cache's store was that pod's
+    emptyDir (without views: the new pod started empty; with views the store, on the node's
+    disk, outlived it), or failed (a cache that was down or too small may take it now). A cache
+    that evicts the artefact later is filled again by the next replica there, not ahead."""
     cache = max(caches or (), key=lambda c: str(c.get("created") or ""), default=None)
-    done = Obj(job).status.get("completionTime")
-    if cache is None or not job_state(job).phase == "Complete" or not isinstance(done, str):
+    state = job_state(job)
+    if cache is None or not cache.get("ready") or key in cache.get("held", ()) or state.phase == "Running":
         return False
-    return key not in cache.get("held", ()) and str(cache.get("created") or "") > done
+    if state.phase == "Complete":
+        ended = None if views else Obj(job).status.get("completionTime")
+    else:
+        ended = Obj(job).condition("Failed").get("lastTransitionTime")
+    return isinstance(ended, str) and str(cache.get("created") or "") > ended
 
 
 def _named(nodes: list[str]) -> str:
