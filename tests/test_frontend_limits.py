@@ -328,7 +328,11 @@ def test_clients_that_disconnect_mid_request_leave_nothing_behind(front_end):
             writer.close()
         await asyncio.sleep(1)
 
-    _all_answered(_with_normal_client(front_end, hang_ups))
+    seen = _with_normal_client(front_end, hang_ups)
+    # The hang-ups come faster than a loaded machine's front end sees them close, and may hold
+    # every one of its connections for a moment (one address may: docs/security.md): the normal
+    # client is then shed with 503, never failed, and served once they are gone.
+    assert {status for _, status in seen} <= {200, 503} and seen[-1][1] == 200, seen
     deadline = time.monotonic() + 10
     while _connections(front_end) > 1 and time.monotonic() < deadline:  # 1: the scrape itself
         time.sleep(0.2)
