@@ -288,8 +288,9 @@ def test_a_models_artefact_is_filled_ahead_and_its_first_replica_reads_nothing_f
             if not key.endswith("_INFERENTIA_COMPLETE"):
                 store.delete_object(Bucket=bucket, Key=key)
         hits, misses = (cache_metric(pod_url, f"inferentia_node_cache_{m}_total") for m in ("hits", "misses"))
-        # The fill read the store (its misses), before any replica ran.
-        assert cluster.get("pod", fill_pod["metadata"]["name"], "-n", ns)["status"]["phase"] == "Succeeded" and misses >= 1
+        # The new cache's fill read the store (its misses), before any replica ran.
+        [refilled] = cluster.get("pods", "-n", ns, "-l", f"job-name={refill['metadata']['name']}")["items"]
+        assert refilled["status"]["phase"] == "Succeeded" and refilled["spec"]["nodeName"] == realnode.NODE_NAME and misses >= 1
         cluster.kubectl("delete", "pod", "every-device", "-n", ns)
         wait_for(lambda: serving_pods(cluster, ns, "cached"), 120, "the model's first replica")
         wait_ready(cluster, ns, "cached", timeout=180)
