@@ -326,22 +326,14 @@ class Reconciler:
             return
         node = project_neuron_node(body)
         opening = None if node is None else _opening(node)
-        if self._node_openings.get(name) != opening:
-            if opening is None:
-                self._node_openings.pop(name, None)
-            else:
-                self._node_openings[name] = opening
+        if _changed(self._node_openings, name, opening):
             self._refill()
         # What the decision reads of a faulted node: its fault, and whether a replacement may go
         # there. A healthy node is kept no trace of; a model left on a faulted node for want of
         # another (parts/device_faults.py) is decided again at its resync.
         state = None if node is None or node["fault"] is None else (node["fault"], node["unschedulable"], node["taints"], node["ready"])
-        if self._node_faults.get(name) == state:
+        if not _changed(self._node_faults, name, state):
             return
-        if state is None:
-            self._node_faults.pop(name, None)
-        else:
-            self._node_faults[name] = state
         for key in set(self._node_models.get(name, {}).values()):
             if self.cache.has_model(key):
                 self.queue.add_after(key, SETTLE_SECONDS)
@@ -350,13 +342,8 @@ class Reconciler:
         """A node cache's pod made, replaced, or holding other artefacts: the models that fill
         ahead are decided again (parts/fill_ahead.py fills a node again whose cache lost theirs)."""
         said = None if found is None else (found[0], found[1]["created"], found[1]["ready"], tuple(found[1]["held"]))
-        if self._cache_pods.get(name) == said:
-            return
-        if said is None:
-            self._cache_pods.pop(name, None)
-        else:
-            self._cache_pods[name] = said
-        self._refill()
+        if _changed(self._cache_pods, name, said):
+            self._refill()
 
     def _refill(self) -> None:
         """The models that fill ahead, decided again: the nodes open to their replicas changed."""
@@ -382,6 +369,17 @@ class Reconciler:
         key = self._job_models.get((namespace, str(involved.get("name"))))
         if key is not None and self.cache.has_model(key):
             self.queue.add_after(key, SETTLE_SECONDS)
+
+
+def _changed(seen: dict[Any, tuple[Any, ...]], key: Any, value: tuple[Any, ...] | None) -> bool:
+    """Whether ``value`` is news for ``key`` in ``seen``, which keeps it (None: forgets the key)."""
+    if seen.get(key) == value:
+        return False
+    if value is None:
+        seen.pop(key, None)
+    else:
+        seen[key] = value
+    return True
 
 
 def _opening(node: Mapping[str, Any]) -> tuple[Any, ...]:
