@@ -196,7 +196,8 @@ def test_without_a_prometheus_address_nothing_is_written_and_the_model_says_so()
 def test_the_scaled_object_is_written_and_the_deployment_holds_the_minimum_until_it_exists():
     body = model_body(replicas=4, **scaled_spec())
     d = decide(Observed(body, prometheus=PROMETHEUS), NOW)
-    assert [o["kind"] for o in d.apply] == ["ConfigMap", "Service", "Deployment", "PodDisruptionBudget", "ScaledObject"]
+    # Behind its batching front end, the model's pods admit other pods to the front end's port alone.
+    assert [o["kind"] for o in d.apply] == ["ConfigMap", "Service", "Deployment", "PodDisruptionBudget", "NetworkPolicy", "ScaledObject"]
     assert next(o for o in d.apply if o["kind"] == "Deployment")["spec"]["replicas"] == 2
 
 
@@ -347,7 +348,7 @@ def test_the_holder_forwards_to_the_replicas_service_and_waits_for_it_to_exist()
     kubelet sets for each Service that exists when a pod starts: so it is created after it."""
     holder = children.holder_deployment(built(model_body(**scaled_spec(**ZERO))))
     args = holder["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[:5] == ["hold", "--upstream-service", "m-replicas", "--ports", "8080,8081,8082"]
+    assert args[:5] == ["hold", "--upstream-service", "m-replicas", "--ports", "8080"]  # the front end's: the model's one door
     body = model_body(**scaled_spec(**ZERO))
     d = decide(Observed(body, prometheus=PROMETHEUS, jobs=[compiled_job(built(body))]), NOW)
     assert applied_kind(d, "Service", "m-replicas") is not None and applied_kind(d, "Deployment", "m-holder") is None

@@ -272,7 +272,7 @@ def test_render_prints_what_the_operator_applies_for_every_sample():
             children.service(m),
             children.serving_deployment(m),
             children.disruption_budget(m),
-            *filter(None, [children.compile_job(m)]),
+            *filter(None, [children.serving_network_policy(m), children.compile_job(m)]),
         ]
     assert objects == expected
     kinds = [(o["kind"], o["metadata"]["name"]) for o in objects]
