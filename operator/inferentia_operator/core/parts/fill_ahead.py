@@ -86,7 +86,9 @@ def _rank(model: Model, node: str) -> str:
 
 def fill_nodes(model: Model, nodes: Mapping[str, Iterable[Mapping[str, Any]]]) -> list[str]:
     """The nodes the model's replicas will go to (module docstring), best first."""
-    template = children.serving_deployment(model)["spec"]["template"]["spec"]
+    # The serving pods' placement fields alone, as serving_deployment puts them in its template:
+    # not the whole Deployment, at every reconcile.
+    template = pod_placement(model.spec.placement, tolerations=(children.NEURON_TOLERATION,), affinity=children.serving_affinity(model))
     placement = project_pod_spec(template)
     types = set(model.plan.instance_types)
     open_nodes = [
