@@ -629,11 +629,16 @@ def upload_container(model: Model) -> dict[str, Any]:
     )
 
 
+def gib_quantity(size_bytes: int) -> str:
+    """A volume's size: whole GiB, rounded up."""
+    return f"{-(-size_bytes // GIB)}Gi"
+
+
 def _sized_volume(model: Model, name: str, size_bytes: int) -> dict[str, Any]:
     """An emptyDir of the size the plan gives, or with serving.storageClassName a generic
     ephemeral volume: a claim of that class per pod, made and deleted with the pod
     (https://kubernetes.io/docs/concepts/storage/ephemeral-volumes/#generic-ephemeral-volumes)."""
-    size = f"{-(-size_bytes // GIB)}Gi"
+    size = gib_quantity(size_bytes)
     storage_class = model.spec.serving.storage_class_name
     if storage_class is None:
         return {"name": name, "emptyDir": {"sizeLimit": size}}

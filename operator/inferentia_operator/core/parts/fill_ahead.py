@@ -115,7 +115,7 @@ def fill_job(model: Model, node: str) -> dict[str, Any]:
     volumes = [
         # An emptyDir even with serving.storageClassName: a claim per fill would stay bound as
         # long as its finished Job is kept, where an emptyDir goes with the finished pod.
-        {"name": "compiled", "emptyDir": {"sizeLimit": f"{-(-model.plan.sizes.artefact_bytes // GIB)}Gi"}},
+        {"name": "compiled", "emptyDir": {"sizeLimit": children.gib_quantity(model.plan.sizes.artefact_bytes)}},
         *children.node_cache_token_volumes(model),
         *children.node_view_volumes(model),
         # HOME and /tmp, as every container of the operator's image has them (small: fetch keeps nothing there).
