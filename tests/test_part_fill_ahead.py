@@ -246,3 +246,36 @@ def test_a_node_whose_cache_pod_was_replaced_after_its_fill_and_holds_nothing_is
     assert not deleted("2026-11-28T09:00:00Z", [])  # older than the fill: its label may be on its way
     body, m = model()
     assert ("Job", job["metadata"]["name"]) not in fill_ahead_part(m, Observed.of(body, finished, *others, nodes=FLEET), True).delete
+
+
+def test_a_fill_job_that_cannot_be_deleted_once_the_model_fills_no_more_is_said_and_leaves_ready_alone():
+    from inferentia_operator.core.status import WriteFailure, report
+
+    body = model_body(**COMPILED, replicas=2)
+    with_cache = Settings(prover=PROVER, node_cache_url=CACHE, node_cache_namespace="inferentia-system")
+    m = decision.placed(built(body), with_cache)
+    filled = decision.decide(Seen(body, jobs=[done(children.compile_job(m))], nodes=FLEET), NOW, with_cache)
+    fills = [complete(b) for b in filled.apply if b["metadata"]["labels"][COMPONENT_LABEL] == "fill"]
+    # The operator runs without the node cache now: the fills are no longer wanted.
+    observed = Seen(body, jobs=[done(children.compile_job(built(body))), *fills], nodes=FLEET)
+    d = decision.decide(observed, NOW, Settings(prover=PROVER))
+    gone = sorted(name for kind, name in d.delete if kind == "Job")
+    assert gone == sorted(j["metadata"]["name"] for j in fills) and d.basis.fill_ahead is None
+    refused = WriteFailure("Job", gone[0], 403, 'jobs.batch "x" is forbidden: cannot delete')
+    after = {c.type: c for c in report(observed, NOW, d.basis, [refused]).status.conditions}
+    assert after["FilledAhead"].status == "False" and "cannot delete" in after["FilledAhead"].message
+    assert after["Ready"].reason != "ApplyFailed" and after["Stalled"].status == "False"
+
+
+def test_only_the_fill_jobs_the_part_wrote_or_deleted_are_said_in_filled_ahead():
+    from inferentia_operator.core.status import WriteFailure, report
+
+    body = model_body(**COMPILED, replicas=2)
+    settings = Settings(prover=PROVER, node_cache_url=CACHE, node_cache_namespace="inferentia-system")
+    m = decision.placed(built(body), settings)
+    observed = Seen(body, jobs=[done(children.compile_job(m))], nodes=FLEET)
+    d = decision.decide(observed, NOW, settings)
+    # A Job named like a fill that this decision did not write: not the fill part's to report.
+    other = WriteFailure("Job", f"{m.name}-fill-0123456789ab", 403, "forbidden")
+    after = {c.type: c for c in report(observed, NOW, d.basis, [other]).status.conditions}
+    assert after["FilledAhead"].reason == "Filling"

@@ -147,7 +147,7 @@ def decide(observed: Observed, now: str, settings: Settings = DEFAULT_SETTINGS) 
     assert parts.serving.facts is not None
     basis = ReportBasis(
         True, "", parts.serving.facts, parts.compile.facts, parts.scaling.facts, conflicts, parts.routing.facts,
-        parts.device_faults.condition, parts.fill_ahead.condition,
+        parts.device_faults.condition, parts.fill_ahead.condition, parts.fill_ahead.jobs(),
     )  # fmt: skip
     deletes = [gone for part in parts for gone in part.delete]
     report = status.report(observed, now, basis)

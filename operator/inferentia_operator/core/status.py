@@ -785,6 +785,7 @@ class ReportBasis:
     routing: RoutingFacts | None = None  # None without spec.routing.inferencePool
     device_fault: api.Condition | None = None  # DeviceFault, while a serving pod's node reports one
     fill_ahead: api.Condition | None = None  # FilledAhead, while the model fills the node cache ahead
+    fill_jobs: frozenset[str] = frozenset()  # the fill Jobs the decision writes or deletes
 
 
 _Found = TypeVar("_Found", Conflict, WriteFailure)
@@ -801,24 +802,24 @@ def _split_routing(found: Sequence[_Found], model: str) -> tuple[list[_Found], l
     return mine, [f for f in found if f not in mine]
 
 
-# A fill Job's name (parts/fill_ahead.py, fill_job_name): what writing one meets is said in FilledAhead.
-FILL_JOB_NAME = re.compile(r".+-fill-[0-9a-f]{12}")
-
-
-def _split_fill(found: Sequence[_Found]) -> tuple[list[_Found], list[_Found]]:
+def _split_fill(found: Sequence[_Found], jobs: frozenset[str]) -> tuple[list[_Found], list[_Found]]:
     """What concerns the fill Jobs (a refused one costs a read of the store, never serving), and the rest."""
-    mine = [f for f in found if f.kind == "Job" and FILL_JOB_NAME.fullmatch(f.name)]
+    mine = [f for f in found if f.kind == "Job" and f.name in jobs]
     return mine, [f for f in found if f not in mine]
 
 
-def _fill_said(said: api.Condition, found: Sequence[Conflict], failures: Sequence[WriteFailure]) -> api.Condition:
+def _fill_said(said: api.Condition | None, found: Sequence[Conflict], failures: Sequence[WriteFailure]) -> api.Condition | None:
     if not found and not failures:
         return said
-    what = [f"{f.name}: {f.code} {f.message}" for f in failures] + [str(c) for c in found]
-    return cond(
-        FILLED_AHEAD, "False", "FillFailed",
-        f"a fill Job could not be written ({'; '.join(what[:3])}); a replica reads the store where it lands",
-    )  # fmt: skip
+    what = "; ".join(([f"{f.name}: {f.code} {f.message}" for f in failures] + [str(c) for c in found])[:3])
+    if said is None:
+        # The model fills ahead no more (no node cache, or served otherwise), and a fill Job of
+        # before could not be deleted: it holds nothing the model needs, but it is said.
+        return cond(
+            FILLED_AHEAD, "False", "FillFailed",
+            f"a fill Job no longer wanted could not be deleted ({what}); it is tried again at the next reconcile",
+        )  # fmt: skip
+    return cond(FILLED_AHEAD, "False", "FillFailed", f"a fill Job could not be written ({what}); a replica reads the store where it lands")
 
 
 def report(
@@ -842,8 +843,8 @@ def report(
     # So is what routing meets: the model serves through its Service meanwhile.
     routing_found, other_found = _split_routing(other_found, model.name or "")
     routing_failures, other_failures = _split_routing(other_failures, model.name or "")
-    fill_found, other_found = _split_fill(other_found)
-    fill_failures, other_failures = _split_fill(other_failures)
+    fill_found, other_found = _split_fill(other_found, basis.fill_jobs)
+    fill_failures, other_failures = _split_fill(other_failures, basis.fill_jobs)
     blocked = blocked_by(other_found, other_failures)
     if serving.plan is not None and serving.plan.nodes and blocked is None:
         blocked = groups_unserved(observed, other_failures)
@@ -873,8 +874,8 @@ def report(
         )  # fmt: skip
     if basis.device_fault is not None:
         new.append(basis.device_fault)
-    if basis.fill_ahead is not None:
-        new.append(_fill_said(basis.fill_ahead, fill_found, fill_failures))
+    if (fill_said := _fill_said(basis.fill_ahead, fill_found, fill_failures)) is not None:
+        new.append(fill_said)
     if basis.routing is not None:
         # The pool's write answered that the cluster serves no InferencePools: as not installed.
         unserved = any((f.kind, f.code, f.message) == (INFERENCE_POOL_KIND, 404, NOT_SERVED) for f in routing_failures)

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferentia_operator.core import api, children, status
-from inferentia_operator.core.catalogue import GIB, INSTANCE_TYPE_LABEL
+from inferentia_operator.core.catalogue import INSTANCE_TYPE_LABEL
 from inferentia_operator.core.children import Model
 from inferentia_operator.core.holds import hold_key
 from inferentia_operator.core.names import COMPONENT_LABEL
@@ -50,7 +50,7 @@ from inferentia_operator.core.placement import pod_placement
 from inferentia_operator.core.projection import project_pod_spec
 from inferentia_operator.core.status import FILLED_AHEAD, Observed, job_state
 
-from . import Part
+from . import Part, ref
 from .device_faults import selects
 
 FILL_COMPONENT = "fill"
@@ -68,6 +68,10 @@ FILL_SECONDS, FILL_RATE = 600, 20 << 20
 @dataclass(frozen=True)
 class FillAheadPart(Part):
     condition: api.Condition | None = None  # FilledAhead, while the model fills ahead
+
+    def jobs(self) -> frozenset[str]:
+        """The fill Jobs it writes or deletes: what writing them meets is said in FilledAhead."""
+        return frozenset(name for kind, name in (*map(ref, self.children), *self.delete) if kind == "Job")
 
 
 def fills_ahead(model: Model) -> bool:
