@@ -50,6 +50,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if str(item.fspath).startswith(str(Path(__file__).parent)):
             item.add_marker(pytest.mark.cluster)
+            if "real_node" in item.fixturenames:
+                item.add_marker(pytest.mark.real_node)
     # The real-node fault suite (about 6 minutes) runs in `make test-faults`, which sets
     # INFERENTIA_REAL_FAULTS=1, or when its file is named; `make test` leaves it out to stay
     # inside CI's time (docs/faults.md).
@@ -62,7 +64,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory) -> Cluster:
+def cluster(request, tmp_path_factory) -> Cluster:
     bins = localcluster.bin_dir()
     if KIND_STATE:
         # make test-kind: the kind cluster cluster/kindcluster.py set up, whose node is the real node.
@@ -78,8 +80,11 @@ def cluster(tmp_path_factory) -> Cluster:
         yield c
         return
     # die_with_parent: if pytest is killed outright, the kernel stops the control plane too.
-    # The real node runs where it can (root); the summary says when and why it did not.
-    local = localcluster.LocalCluster(tmp_path_factory.mktemp("cluster"), die_with_parent=True, real_node=True)
+    # The real node runs where it can (root), when a test of the run needs it (it and the
+    # autoscaling engines beside it are most of the cluster's start); the summary says when
+    # and why it did not.
+    wanted = any(item.get_closest_marker("real_node") for item in request.session.items)
+    local = localcluster.LocalCluster(tmp_path_factory.mktemp("cluster"), die_with_parent=True, real_node=wanted)
     try:
         local.up(timeout=300)
         REAL_NODE_STATE["skipped"] = local.real_node_skipped
