@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 
 import realnode
-from inferentia_operator.core.children import scrape_relabelings
+from inferentia_operator.core.pod.ports import scrape_relabelings
 from ports import free_port
 
 KEDA_NAMESPACE = "keda"

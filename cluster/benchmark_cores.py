@@ -30,8 +30,8 @@ import yaml
 
 import localcluster
 from benchmark_scale import client, create_all
-from inferentia_operator.core import children
 from inferentia_operator.core.model import check_model
+from inferentia_operator.core.serving.deployment import serving_deployment
 
 NAMESPACE = "default"
 NODE_TYPE = "inf2.24xlarge"
@@ -60,7 +60,7 @@ def deployments(variant: str) -> list[dict[str, Any]]:
         for i in range(count):
             checked = check_model(f"{what}-{i}", NAMESPACE, spec(cores, variant), uid="bench")
             assert checked.model is not None, checked.findings
-            body = children.serving_deployment(checked.model)
+            body = serving_deployment(checked.model)
             body["metadata"].pop("ownerReferences")
             out.append(body)
     return out

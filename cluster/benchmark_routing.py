@@ -47,7 +47,7 @@ import yaml
 import localcluster
 import realnode
 from endpointpicker import EndpointPicker
-from inferentia_operator.core.routing import PICKER_CONFIG
+from inferentia_operator.core.routing.pool import PICKER_CONFIG
 from samples import store_secret
 
 NAMESPACE = "bench-routing"

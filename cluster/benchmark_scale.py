@@ -66,9 +66,11 @@ import yaml
 
 import localcluster
 import runtime_venv
-from inferentia_operator.core import children
 from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.planner import plan
+from inferentia_operator.core.pod.model import Model
+from inferentia_operator.core.serving.deployment import serving_deployment
+from inferentia_operator.core.serving.service import plan_configmap, service
 from inferentia_operator.shell.kube import Kube
 from inferentia_operator.shell.transport import Transport
 from ports import free_port
@@ -161,8 +163,8 @@ def model_body(name: str) -> dict:
 
 def children_of(name: str) -> list[dict]:
     spec = InferentiaModelSpec.model_validate(SPEC)
-    m = children.Model(name, NAMESPACE, "bench", spec, plan(spec))
-    objects = [children.plan_configmap(m), children.service(m), children.serving_deployment(m)]
+    m = Model(name, NAMESPACE, "bench", spec, plan(spec))
+    objects = [plan_configmap(m), service(m), serving_deployment(m)]
     for o in objects:
         o["metadata"].pop("ownerReferences")
     return objects

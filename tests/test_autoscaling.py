@@ -3,10 +3,17 @@ Deployment runs, and the Autoscaling condition in every case decide() meets."""
 
 import pytest
 
-from inferentia_operator.core import autoscaling, children, status
+from inferentia_operator.core import autoscaling, status
 from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.autoscaling import Prometheus
+from inferentia_operator.core.compile.job import compile_job
 from inferentia_operator.core.parsing import parse_spec
+from inferentia_operator.core.pod.ports import scrape_relabelings
+from inferentia_operator.core.scale_to_zero.holder import holder_deployment
+from inferentia_operator.core.scale_to_zero.holder import replicas_service as replicas_service_of
+from inferentia_operator.core.scaling.keda import scaled_object
+from inferentia_operator.core.serving.deployment import serving_deployment
+from inferentia_operator.core.serving.service import service
 from inferentia_operator.core.status import WriteFailure, status_document
 from specs import make_spec
 from test_decide import NOW, UID, Observed, built, decide, live, model_body
@@ -113,7 +120,7 @@ def test_vllm_is_scaled_on_vllms_own_gauges():
 
 def test_the_scaled_object_targets_the_model_and_is_owned_by_it():
     m = built(model_body(**scaled_spec()))
-    body = children.scaled_object(m, PROMETHEUS)
+    body = scaled_object(m, PROMETHEUS)
     assert body["metadata"]["ownerReferences"][0]["uid"] == UID and body["metadata"]["ownerReferences"][0]["controller"]
     assert body["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "inferentia-operator"
     spec = body["spec"]
@@ -140,7 +147,7 @@ def test_an_authenticated_prometheus_is_named_by_the_trigger():
         authentication_kind="ClusterTriggerAuthentication",
         aws_region="us-east-1",
     )
-    [trigger] = children.scaled_object(built(model_body(**scaled_spec())), amp)["spec"]["triggers"]
+    [trigger] = scaled_object(built(model_body(**scaled_spec())), amp)["spec"]["triggers"]
     assert trigger["authenticationRef"] == {"name": "keda-aws", "kind": "ClusterTriggerAuthentication"}
     assert trigger["metadata"]["awsRegion"] == "us-east-1"
 
@@ -204,7 +211,7 @@ def test_the_scaled_object_is_written_and_the_deployment_holds_the_minimum_until
 def test_once_the_scaled_object_exists_the_deployment_follows_spec_replicas_within_the_range():
     body = model_body(replicas=4, **scaled_spec())
     m = built(body)
-    ready = live(children.scaled_object(m, PROMETHEUS), conditions=[{"type": "Ready", "status": "True"}])
+    ready = live(scaled_object(m, PROMETHEUS), conditions=[{"type": "Ready", "status": "True"}])
     d = decide(Observed(body, prometheus=PROMETHEUS, scaled_object=ready), NOW)
     assert "ScaledObject" not in [o["kind"] for o in d.apply]  # as applied: not written again
     assert next(o for o in d.apply if o["kind"] == "Deployment")["spec"]["replicas"] == 4
@@ -231,7 +238,7 @@ def test_keda_not_installed_is_reported_without_holding_back_ready():
 def test_keda_not_ready_and_not_yet_reporting():
     body = model_body(**scaled_spec())
     m = built(body)
-    written = live(children.scaled_object(m, PROMETHEUS))
+    written = live(scaled_object(m, PROMETHEUS))
     said = autoscaling_condition(decide(Observed(body, prometheus=PROMETHEUS, scaled_object=written), NOW))
     assert (said["status"], said["reason"]) == ("Unknown", "WaitingForKEDA")
     failing = live(written, conditions=[{"type": "Ready", "status": "False", "reason": "ScaledObjectCheckFailed", "message": "boom"}])
@@ -242,7 +249,7 @@ def test_keda_not_ready_and_not_yet_reporting():
 
 def test_autoscaling_turned_off_deletes_the_scaled_object_of_the_model_only():
     scaled = model_body(**scaled_spec())
-    ours = live(children.scaled_object(built(scaled), PROMETHEUS))
+    ours = live(scaled_object(built(scaled), PROMETHEUS))
     plain = model_body(**BATCHED)
     d = decide(Observed(plain, prometheus=PROMETHEUS, scaled_object=ours), NOW)
     assert ("ScaledObject", "m") in d.delete
@@ -278,28 +285,28 @@ def test_zero_needs_a_compile_step():
 
 def test_a_model_that_scales_to_zero_is_polled_goes_to_zero_when_idle_and_counts_held_requests():
     m = built(model_body(**scaled_spec(**ZERO)))
-    spec = children.scaled_object(m, PROMETHEUS)["spec"]
+    spec = scaled_object(m, PROMETHEUS)["spec"]
     assert (spec["minReplicaCount"], spec["cooldownPeriod"], spec["pollingInterval"]) == (0, 30, 5)
     assert "inferentia_num_requests_waiting" in spec["triggers"][0]["metadata"]["query"]
     # Until it has an artefact, a start from zero would find nothing to fetch: one replica at least.
-    assert children.scaled_object(m, PROMETHEUS, has_artefact=False)["spec"]["minReplicaCount"] == 1
+    assert scaled_object(m, PROMETHEUS, has_artefact=False)["spec"]["minReplicaCount"] == 1
 
 
 def compiled_job(m):
     from test_decide import complete
 
-    return complete(children.compile_job(m))
+    return complete(compile_job(m))
 
 
 def zero_observed(replicas, *, available=1, holder_available=1, service_to_holder=False, deployment_replicas=1):
     body = model_body(replicas=replicas, **scaled_spec(**ZERO))
     m = built(body)
-    scaler = live(children.scaled_object(m, PROMETHEUS), conditions=[{"type": "Ready", "status": "True"}])
-    deployment = live(children.serving_deployment(m, deployment_replicas), availableReplicas=available)
-    replicas_svc = live(children.replicas_service(m))
-    holder = live(children.holder_deployment(m), availableReplicas=holder_available)
+    scaler = live(scaled_object(m, PROMETHEUS), conditions=[{"type": "Ready", "status": "True"}])
+    deployment = live(serving_deployment(m, deployment_replicas), availableReplicas=available)
+    replicas_svc = live(replicas_service_of(m))
+    holder = live(holder_deployment(m), availableReplicas=holder_available)
     return m, Observed(
-        body, prometheus=PROMETHEUS, scaled_object=scaler, deployment=deployment, service=live(children.service(m, service_to_holder)),
+        body, prometheus=PROMETHEUS, scaled_object=scaler, deployment=deployment, service=live(service(m, service_to_holder)),
         jobs=[compiled_job(m)], others=[replicas_svc, holder],
     )  # fmt: skip
 
@@ -346,13 +353,13 @@ def test_starting_from_zero_the_holder_keeps_the_service_until_a_replica_is_avai
 def test_the_holder_forwards_to_the_replicas_service_and_waits_for_it_to_exist():
     """The holder names the replicas Service, which its pods find through the variables the
     kubelet sets for each Service that exists when a pod starts: so it is created after it."""
-    holder = children.holder_deployment(built(model_body(**scaled_spec(**ZERO))))
+    holder = holder_deployment(built(model_body(**scaled_spec(**ZERO))))
     args = holder["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:5] == ["hold", "--upstream-service", "m-replicas", "--ports", "8080"]  # the front end's: the model's one door
     body = model_body(**scaled_spec(**ZERO))
     d = decide(Observed(body, prometheus=PROMETHEUS, jobs=[compiled_job(built(body))]), NOW)
     assert applied_kind(d, "Service", "m-replicas") is not None and applied_kind(d, "Deployment", "m-holder") is None
-    replicas_service = live(children.replicas_service(built(body)))
+    replicas_service = live(replicas_service_of(built(body)))
     d = decide(Observed(body, prometheus=PROMETHEUS, jobs=[compiled_job(built(body))], others=[replicas_service]), NOW)
     assert applied_kind(d, "Deployment", "m-holder") == holder
 
@@ -384,17 +391,17 @@ def test_every_vllm_process_is_scraped_and_the_target_is_what_they_carry_togethe
     ends, joined with ';'): a replica whose every process is full reads exactly its target."""
     import re
 
-    from inferentia_operator.core import routing
     from inferentia_operator.core.autoscaling import in_flight_query, target_in_flight
-    from inferentia_operator.core.children import Model
     from inferentia_operator.core.planner import plan
+    from inferentia_operator.core.pod.model import Model
+    from inferentia_operator.core.routing import pool as routing
 
     spec = InferentiaModelSpec.model_validate(make_spec(**{
         "compute.family": "inf2", "compute.inf": 4, "processesPerReplica": processes, "serving.runtime": "vllm",
         "model.architecture": "transformer", "serving.batching": {"maxBatchSize": 4}, "autoscaling": {"maxReplicas": 3},
     }))  # fmt: skip
     m = Model("llm", "ns", "uid", spec, plan(spec))
-    template = children.serving_deployment(m)["spec"]["template"]
+    template = serving_deployment(m)["spec"]["template"]
     meta = {
         f"__meta_kubernetes_pod_annotation_{re.sub('[^a-zA-Z0-9_]', '_', k)}": v for k, v in template["metadata"]["annotations"].items()
     }
@@ -402,7 +409,7 @@ def test_every_vllm_process_is_scraped_and_the_target_is_what_they_carry_togethe
     kept = []
     for port in ports:
         labels = {**meta, "__meta_kubernetes_pod_container_port_name": port["name"]}
-        rules = [r for r in children.scrape_relabelings() if r["action"] == "keep"]
+        rules = [r for r in scrape_relabelings() if r["action"] == "keep"]
         if all(re.fullmatch(r["regex"], ";".join(labels.get(s, "") for s in r["source_labels"])) for r in rules):
             kept.append(port["containerPort"])
     assert kept == routing.target_ports(m) and len(kept) == processes
@@ -420,7 +427,7 @@ def test_the_documented_scrape_job_keeps_what_the_code_keeps():
 
     import yaml
 
-    from inferentia_operator.core.children import scrape_relabelings
+    from inferentia_operator.core.pod.ports import scrape_relabelings
 
     [job] = yaml.safe_load((Path(__file__).resolve().parent.parent / "docs" / "install" / "prometheus-scrape-job.yaml").read_text())
     rules = job["relabel_configs"]

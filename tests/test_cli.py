@@ -256,7 +256,10 @@ def test_arbitrary_text_never_crashes(text):
 
 def test_render_prints_what_the_operator_applies_for_every_sample():
     from inferentia_operator.cli import PLACEHOLDER_UID
-    from inferentia_operator.core import children
+    from inferentia_operator.core.compile.job import compile_job
+    from inferentia_operator.core.pod.model import Model
+    from inferentia_operator.core.serving.deployment import serving_deployment
+    from inferentia_operator.core.serving.service import disruption_budget, plan_configmap, service, serving_network_policy
     from inferentia_operator.manifests import load_models
 
     paths = sorted(str(p) for p in SAMPLES.glob("*.yaml"))
@@ -266,13 +269,13 @@ def test_render_prints_what_the_operator_applies_for_every_sample():
     expected = []
     for doc in load_models(paths).models:
         # The plan as checked, with its warnings (the scheduler extension's, with no --scheduler-name).
-        m = children.Model(doc.name, doc.namespace, PLACEHOLDER_UID, doc.spec, doc.model.plan)
+        m = Model(doc.name, doc.namespace, PLACEHOLDER_UID, doc.spec, doc.model.plan)
         expected += [
-            children.plan_configmap(m),
-            children.service(m),
-            children.serving_deployment(m),
-            children.disruption_budget(m),
-            *filter(None, [children.serving_network_policy(m), children.compile_job(m)]),
+            plan_configmap(m),
+            service(m),
+            serving_deployment(m),
+            disruption_budget(m),
+            *filter(None, [serving_network_policy(m), compile_job(m)]),
         ]
     assert objects == expected
     kinds = [(o["kind"], o["metadata"]["name"]) for o in objects]

@@ -4,13 +4,19 @@ from dataclasses import dataclass
 
 import pytest
 
-from inferentia_operator.core import children, status
 from inferentia_operator.core import decide as decision
+from inferentia_operator.core import status
 from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.autoscaling import Prometheus
-from inferentia_operator.core.children import Model
+from inferentia_operator.core.compile.job import compile_job, compile_record, compile_record_name
+from inferentia_operator.core.device_claims.template import resource_claim_template
 from inferentia_operator.core.planner import InvalidSpec, plan
+from inferentia_operator.core.pod.artefact import compile_hash, compiled_uri, job_output_uri
+from inferentia_operator.core.pod.model import Model, plan_configmap_name, plan_document
 from inferentia_operator.core.proof import PROOF_ANNOTATION, Prover
+from inferentia_operator.core.serving.deployment import serving_deployment
+from inferentia_operator.core.serving.service import disruption_budget, plan_configmap
+from inferentia_operator.core.serving.service import service as service_of
 from inferentia_operator.core.settings import Settings
 from inferentia_operator.core.status import Conflict, WriteFailure, status_document, status_patch
 from specs import DROP, make_spec
@@ -41,7 +47,7 @@ def Observed(
     Service), unless ``others`` names one."""
     if deployment is not None and not any(o.get("kind") == "PodDisruptionBudget" for o in others):
         try:
-            others = [*others, live(children.disruption_budget(built(model)))]
+            others = [*others, live(disruption_budget(built(model)))]
         except InvalidSpec:
             pass  # an invalid spec plans nothing: its budget is whatever was written before
     objects = [deployment, service, scaled_object, *configmaps, *jobs, *claim_templates, *others]
@@ -73,7 +79,7 @@ def live(obj, **status):
     compile Job with the proof the operator adds after creating it."""
     meta = obj["metadata"]
     out = {**obj, "metadata": {**meta, "resourceVersion": "7", "generation": 1, "uid": f"uid-{meta['name']}"}}
-    uri = children.job_output_uri(obj) if obj.get("kind") == "Job" else None
+    uri = job_output_uri(obj) if obj.get("kind") == "Job" else None
     if uri:
         proof = PROVER.job(meta["namespace"], meta["name"], out["metadata"]["uid"], uri)
         out["metadata"]["annotations"] = {**meta.get("annotations", {}), PROOF_ANNOTATION: proof}
@@ -118,13 +124,13 @@ def a_recompile(new_job_done: bool):
     old = built(model_body(**{"compile.image": "example.com/compile:1", "processesPerReplica": 4}))
     after = model_body(generation=2, **{"compile.image": "example.com/compile:1", "processesPerReplica": 2})
     new = built(after)
-    new_job = children.compile_job(new)
+    new_job = compile_job(new)
     o = Observed(
         after,
-        deployment=rolled_out(children.serving_deployment(old)),
-        service=live(children.service(new)),
-        configmaps=[live(children.plan_configmap(old)), live(children.plan_configmap(new))],
-        jobs=[complete(children.compile_job(old)), complete(new_job) if new_job_done else live(new_job)],
+        deployment=rolled_out(serving_deployment(old)),
+        service=live(service_of(new)),
+        configmaps=[live(plan_configmap(old)), live(plan_configmap(new))],
+        jobs=[complete(compile_job(old)), complete(new_job) if new_job_done else live(new_job)],
     )
     return o, old, new
 
@@ -148,12 +154,12 @@ def test_once_compiled_the_deployment_rolls_and_superseded_plans_go_when_unused(
     # The Deployment has rolled: the old plan is unused, and the old compile Job is kept
     # (the newest successful superseded one) so that going back reuses it.
     o = Observed(
-        o.model, deployment=rolled_out(children.serving_deployment(new)), service=o.own("Service"),
+        o.model, deployment=rolled_out(serving_deployment(new)), service=o.own("Service"),
         configmaps=o.all("ConfigMap"), jobs=o.all("Job"),
     )  # fmt: skip
     d = decide(o, NOW)
     assert d.apply == []
-    assert d.delete == [("ConfigMap", children.plan_configmap_name(old))]
+    assert d.delete == [("ConfigMap", plan_configmap_name(old))]
     assert conds(d)["Ready"]["status"] == "True"
 
 
@@ -163,24 +169,24 @@ def test_a_superseded_plan_that_a_running_pod_still_mounts_is_kept():
     new = built(after)
     old_pod = {
         "metadata": {"name": "p", "labels": {"app.kubernetes.io/component": "serving"}},
-        "spec": {"volumes": [{"configMap": {"name": children.plan_configmap_name(old)}}]},
+        "spec": {"volumes": [{"configMap": {"name": plan_configmap_name(old)}}]},
         "status": {"phase": "Running", "conditions": []},
     }
     o = Observed(
         after,
-        deployment=rolled_out(children.serving_deployment(new)),
-        service=live(children.service(new)),
-        configmaps=[live(children.plan_configmap(old)), live(children.plan_configmap(new))],
+        deployment=rolled_out(serving_deployment(new)),
+        service=live(service_of(new)),
+        configmaps=[live(plan_configmap(old)), live(plan_configmap(new))],
         pods=[old_pod],
     )
     assert decide(o, NOW).delete == []
     old_pod["status"]["phase"] = "Succeeded"
-    assert decide(o, NOW).delete == [("ConfigMap", children.plan_configmap_name(old))]
+    assert decide(o, NOW).delete == [("ConfigMap", plan_configmap_name(old))]
 
 
 def test_superseded_compile_jobs_go_except_the_newest_successful():
     bodies = [model_body(**{"compile.image": "example.com/compile:1", "compile.batchSize": b}) for b in (1, 2, 3)]
-    jobs = [children.compile_job(built(b)) for b in bodies]
+    jobs = [compile_job(built(b)) for b in bodies]
     current = model_body(generation=4, **{"compile.image": "example.com/compile:1", "compile.batchSize": 4})
     o = Observed(
         current,
@@ -197,15 +203,15 @@ def test_superseded_compile_jobs_go_except_the_newest_successful():
 
 def test_an_invalid_edit_leaves_every_child_alone_and_reports_it():
     good = built(model_body())
-    bad = model_body(generation=2, processesPerReplica=3, status={"plan": children.plan_document(good.plan), "selector": "s"})
-    o = Observed(bad, deployment=rolled_out(children.serving_deployment(good)), service=live(children.service(good)))
+    bad = model_body(generation=2, processesPerReplica=3, status={"plan": plan_document(good.plan), "selector": "s"})
+    o = Observed(bad, deployment=rolled_out(serving_deployment(good)), service=live(service_of(good)))
     d = decide(o, NOW)
     assert d.apply == [] and d.delete == []
     c = conds(d)
     assert (c["Validated"]["status"], c["Ready"]["reason"], c["Stalled"]["status"]) == ("False", "InvalidSpec", "True")
     assert "valid values are 1, 2, 4" in c["Validated"]["message"]
     document = status_document(d.report.status)
-    assert document["plan"] == children.plan_document(good.plan)  # the last valid plan stays visible
+    assert document["plan"] == plan_document(good.plan)  # the last valid plan stays visible
     assert document["observedGeneration"] == 2
 
 
@@ -226,7 +232,7 @@ def test_a_spec_without_a_family_says_so_in_the_models_status_not_only_in_valida
 def test_a_child_controlled_by_someone_else_is_never_written():
     body = model_body()
     m = built(body)
-    foreign = live(children.service(m))
+    foreign = live(service_of(m))
     foreign["metadata"]["ownerReferences"] = [{"kind": "Deployment", "name": "web", "uid": "other", "controller": True}]
     d = decide(Observed(body, service=foreign), NOW)
     assert "Service" not in kinds(d.apply)
@@ -266,9 +272,9 @@ def test_a_steady_model_needs_no_write_and_no_status_patch():
     m = built(body)
     o = Observed(
         body,
-        deployment=rolled_out(children.serving_deployment(m)),
-        service=live(children.service(m)),
-        configmaps=[live(children.plan_configmap(m))],
+        deployment=rolled_out(serving_deployment(m)),
+        service=live(service_of(m)),
+        configmaps=[live(plan_configmap(m))],
     )
     first = decide(o, NOW)
     assert first.apply == [] and first.delete == []
@@ -296,14 +302,12 @@ def test_a_model_being_deleted_gets_nothing():
 def test_a_hand_edited_child_of_ours_is_applied_again(edit):
     body = model_body()
     m = built(body)
-    service = live(children.service(m))
+    service = live(service_of(m))
     if edit == "port":
         service["spec"]["ports"][0]["port"] = 9999
     else:
         del service["metadata"]["labels"]["app.kubernetes.io/managed-by"]
-    o = Observed(
-        body, deployment=rolled_out(children.serving_deployment(m)), service=service, configmaps=[live(children.plan_configmap(m))]
-    )
+    o = Observed(body, deployment=rolled_out(serving_deployment(m)), service=service, configmaps=[live(plan_configmap(m))])
     assert kinds(decide(o, NOW).apply) == ["Service"]
 
 
@@ -342,9 +346,9 @@ def test_a_replica_started_later_ranks_above_every_replica_started_before_it():
 def test_a_child_of_ours_whose_owner_reference_was_removed_is_taken_back_but_a_stranger_is_not():
     body = model_body()
     m = built(body)
-    orphan = live(children.service(m))
+    orphan = live(service_of(m))
     orphan["metadata"].pop("ownerReferences")
-    o = Observed(body, deployment=rolled_out(children.serving_deployment(m)), service=orphan, configmaps=[live(children.plan_configmap(m))])
+    o = Observed(body, deployment=rolled_out(serving_deployment(m)), service=orphan, configmaps=[live(plan_configmap(m))])
     assert kinds(decide(o, NOW).apply) == ["Service"]  # our labels: re-applied, owner reference and all
     orphan["metadata"]["labels"] = {"team": "admin"}
     d = decide(o, NOW)
@@ -365,27 +369,27 @@ def other_model(name="other", uid="uid-2"):
 def by_uri(*objects):
     out: dict = {}
     for obj in objects:
-        uri = children.job_output_uri(obj) if obj["kind"] == "Job" else obj["data"]["uri"]
+        uri = job_output_uri(obj) if obj["kind"] == "Job" else obj["data"]["uri"]
         out.setdefault(uri, []).append(obj)
     return out
 
 
 def test_a_completed_compile_of_another_model_is_a_cache_hit_and_gets_recorded():
     body = model_body(**COMPILED)
-    m, theirs = built(body), complete(children.compile_job(other_model()))
+    m, theirs = built(body), complete(compile_job(other_model()))
     d = decide(Observed(body, compile_jobs=by_uri(theirs)), NOW)
     assert kinds(d.apply) == ["ConfigMap", "Service", "Deployment", "PodDisruptionBudget"]  # no Job of its own
     c = conds(d)["Compiled"]
     assert (c["status"], c["reason"]) == ("True", "CacheHit")
-    assert children.compile_hash(m) in c["message"] and theirs["metadata"]["name"] in c["message"] and "model other" in c["message"]
+    assert compile_hash(m) in c["message"] and theirs["metadata"]["name"] in c["message"] and "model other" in c["message"]
     doc = status_document(d.report.status)
-    assert (doc["compileKey"], doc["compileCacheHit"], doc["compiledUri"]) == (children.compile_hash(m), True, children.compiled_uri(m))
+    assert (doc["compileKey"], doc["compileCacheHit"], doc["compiledUri"]) == (compile_hash(m), True, compiled_uri(m))
     assert "compileJob" not in doc
     # The completion is recorded, for models that come after the Job is gone.
-    assert d.record["metadata"]["name"] == children.compile_record_name(m)
+    assert d.record["metadata"]["name"] == compile_record_name(m)
     assert d.record["data"] == {
-        "uri": children.compiled_uri(m),
-        "key": children.compile_hash(m),
+        "uri": compiled_uri(m),
+        "key": compile_hash(m),
         "job": theirs["metadata"]["name"],
         "model": "other",
     }
@@ -394,17 +398,17 @@ def test_a_completed_compile_of_another_model_is_a_cache_hit_and_gets_recorded()
 
 def test_a_record_alone_is_a_cache_hit_and_is_not_written_again():
     body = model_body(**COMPILED)
-    record = live(children.compile_record(other_model(), complete(children.compile_job(other_model())), PROVER))
-    d = decide(Observed(body, compile_records={children.compiled_uri(built(body)): [record]}), NOW)
+    record = live(compile_record(other_model(), complete(compile_job(other_model())), PROVER))
+    d = decide(Observed(body, compile_records={compiled_uri(built(body)): [record]}), NOW)
     assert "Job" not in kinds(d.apply) and d.record is None
     assert conds(d)["Compiled"]["reason"] == "CacheHit"
 
 
 def test_a_record_the_operator_did_not_write_is_not_trusted():
     body = model_body(**COMPILED)
-    record = live(children.compile_record(other_model(), complete(children.compile_job(other_model())), PROVER))
+    record = live(compile_record(other_model(), complete(compile_job(other_model())), PROVER))
     del record["metadata"]["labels"]["app.kubernetes.io/managed-by"]
-    d = decide(Observed(body, compile_records={children.compiled_uri(built(body)): [record]}), NOW)
+    d = decide(Observed(body, compile_records={compiled_uri(built(body)): [record]}), NOW)
     assert "Job" in kinds(d.apply) and conds(d)["Compiled"]["reason"] == "Compiling"
 
 
@@ -421,26 +425,26 @@ def test_a_record_without_the_operators_proof_is_no_cache_hit(forge):
     """Anyone who can create a ConfigMap in the namespace can write one with the operator's
     labels and the artefact's URI; only the proof, made with the operator's key, counts."""
     body = model_body(**COMPILED)
-    record = live(children.compile_record(other_model(), complete(children.compile_job(other_model())), PROVER))
+    record = live(compile_record(other_model(), complete(compile_job(other_model())), PROVER))
     forge(record)
-    d = decide(Observed(body, compile_records={children.compiled_uri(built(body)): [record]}), NOW)
+    d = decide(Observed(body, compile_records={compiled_uri(built(body)): [record]}), NOW)
     assert "Job" in kinds(d.apply) and conds(d)["Compiled"]["reason"] == "Compiling"
 
 
 def test_a_forged_record_beside_a_genuine_one_hides_nothing():
     body = model_body(**COMPILED)
-    genuine = live(children.compile_record(other_model(), complete(children.compile_job(other_model())), PROVER))
+    genuine = live(compile_record(other_model(), complete(compile_job(other_model())), PROVER))
     forged = {**genuine, "metadata": {**genuine["metadata"], "name": "forged", "annotations": {}}}
-    d = decide(Observed(body, compile_records={children.compiled_uri(built(body)): [forged, genuine]}), NOW)
+    d = decide(Observed(body, compile_records={compiled_uri(built(body)): [forged, genuine]}), NOW)
     assert conds(d)["Compiled"]["reason"] == "CacheHit"
 
 
 def test_a_key_the_operator_does_not_hold_vouches_for_nothing():
     body = model_body(**COMPILED)
-    record = live(children.compile_record(other_model(), complete(children.compile_job(other_model())), Prover(b"x" * 32)))
-    d = decide(Observed(body, compile_records={children.compiled_uri(built(body)): [record]}), NOW)
+    record = live(compile_record(other_model(), complete(compile_job(other_model())), Prover(b"x" * 32)))
+    d = decide(Observed(body, compile_records={compiled_uri(built(body)): [record]}), NOW)
     assert conds(d)["Compiled"]["reason"] == "Compiling"
-    assert Prover().record("ns", "n", "s3://b/") == "" and not Prover().made_record(record, children.compiled_uri(built(body)))
+    assert Prover().record("ns", "n", "s3://b/") == "" and not Prover().made_record(record, compiled_uri(built(body)))
 
 
 @pytest.mark.parametrize(
@@ -454,7 +458,7 @@ def test_a_completed_job_without_the_operators_proof_is_no_cache_hit_nor_recorde
     """A Job with the compile labels that ran anything and completed: the operator once wrote a
     genuine record for it. Now it reports it and neither records nor trusts it."""
     body = model_body(**COMPILED)
-    theirs = complete(children.compile_job(other_model()))
+    theirs = complete(compile_job(other_model()))
     forge(theirs)
     d = decide(Observed(body, compile_jobs=by_uri(theirs)), NOW)
     assert d.record is None and "Job" not in kinds(d.apply) and "Deployment" not in kinds(d.apply)
@@ -469,7 +473,7 @@ def test_a_completed_job_without_the_operators_proof_is_no_cache_hit_nor_recorde
 
 def test_a_forged_job_of_the_artefact_under_another_name_is_ignored():
     body = model_body(**COMPILED)
-    forged = complete(children.compile_job(other_model()))
+    forged = complete(compile_job(other_model()))
     forged["metadata"]["name"] = "compile-looks-real"
     forged["metadata"]["annotations"].pop(PROOF_ANNOTATION)
     d = decide(Observed(body, compile_jobs=by_uri(forged)), NOW)
@@ -478,7 +482,7 @@ def test_a_forged_job_of_the_artefact_under_another_name_is_ignored():
 
 def test_another_models_compile_in_progress_is_waited_for_not_run_again_nor_a_conflict():
     body = model_body(**COMPILED)
-    theirs = live(children.compile_job(other_model()))
+    theirs = live(compile_job(other_model()))
     d = decide(Observed(body, compile_jobs=by_uri(theirs)), NOW)
     assert kinds(d.apply) == ["ConfigMap", "Service", "PodDisruptionBudget"] and d.record is None
     c = conds(d)
@@ -490,11 +494,11 @@ def test_another_models_compile_in_progress_is_waited_for_not_run_again_nor_a_co
 def test_a_failed_compile_is_never_recorded():
     body = model_body(**COMPILED)
     m = built(body)
-    failed = live(children.compile_job(m), conditions=[{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}])
+    failed = live(compile_job(m), conditions=[{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}])
     d = decide(Observed(body, jobs=[failed], compile_jobs=by_uri(failed)), NOW)
     assert d.record is None and conds(d)["Compiled"]["reason"] == "CompileFailed"
     # Nor is another model's: this one reports that Job's failure, and runs no second one.
-    theirs = live(children.compile_job(other_model()), conditions=[{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}])
+    theirs = live(compile_job(other_model()), conditions=[{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}])
     d = decide(Observed(body, compile_jobs=by_uri(theirs)), NOW)
     assert d.record is None and "Job" not in kinds(d.apply)
     assert conds(d)["Compiled"]["reason"] == "CompileFailed" and "DeadlineExceeded" in conds(d)["Compiled"]["message"]
@@ -502,7 +506,7 @@ def test_a_failed_compile_is_never_recorded():
 
 def test_the_models_own_completed_compile_is_recorded_and_is_no_cache_hit():
     body = model_body(**COMPILED)
-    mine = complete(children.compile_job(built(body)))
+    mine = complete(compile_job(built(body)))
     d = decide(Observed(body, jobs=[mine], compile_jobs=by_uri(mine)), NOW)
     assert conds(d)["Compiled"]["reason"] == "Compiled" and d.record is not None
     assert status_document(d.report.status)["compileCacheHit"] is False
@@ -510,7 +514,7 @@ def test_the_models_own_completed_compile_is_recorded_and_is_no_cache_hit():
 
 def test_a_record_is_never_deleted_as_a_superseded_plan():
     body = model_body(**COMPILED)
-    record = live(children.compile_record(built(body), complete(children.compile_job(built(body))), PROVER))
+    record = live(compile_record(built(body), complete(compile_job(built(body))), PROVER))
     d = decide(Observed(body, configmaps=[record]), NOW)
     assert ("ConfigMap", record["metadata"]["name"]) not in d.delete
 
@@ -519,11 +523,8 @@ def test_a_cache_hit_after_an_edit_names_the_inputs_that_changed_since_the_serve
     before = model_body(**COMPILED, **{"compile.batchSize": 1})
     after = model_body(generation=2, **COMPILED, **{"compile.batchSize": 2})
     served = built(before)
-    records = {
-        children.compiled_uri(m): [live(children.compile_record(m, complete(children.compile_job(m)), PROVER))]
-        for m in (served, built(after))
-    }
-    d = decide(Observed(after, deployment=rolled_out(children.serving_deployment(served)), compile_records=records), NOW)
+    records = {compiled_uri(m): [live(compile_record(m, complete(compile_job(m)), PROVER))] for m in (served, built(after))}
+    d = decide(Observed(after, deployment=rolled_out(serving_deployment(served)), compile_records=records), NOW)
     assert conds(d)["Compiled"]["reason"] == "CacheHit"
     assert status_document(d.report.status)["changedCompileInputs"] == ["batchSize"]
 
@@ -531,16 +532,16 @@ def test_a_cache_hit_after_an_edit_names_the_inputs_that_changed_since_the_serve
 def test_a_dra_model_applies_its_claim_template_and_deletes_one_no_pod_template_names():
     body = model_body(**{"compute.family": "trn2", "compute.inf": 4, "compute.allocation": "dra"})
     m = built(body)
-    template = children.resource_claim_template(m)
+    template = resource_claim_template(m)
     d = decide(Observed(body), NOW)
     assert kinds(d.apply) == ["ConfigMap", "Service", "Deployment", "PodDisruptionBudget", "ResourceClaimTemplate"]
     # An edit to one device: a new template; the old one goes once the Deployment names the new.
     after = model_body(generation=2, **{"compute.family": "trn2", "compute.inf": 1, "compute.allocation": "dra"})
     new = built(after)
-    old_deployment = rolled_out(children.serving_deployment(m))
+    old_deployment = rolled_out(serving_deployment(m))
     o = Observed(after, deployment=old_deployment, claim_templates=[live(template)])
     assert ("ResourceClaimTemplate", template["metadata"]["name"]) not in decide(o, NOW).delete
-    o = Observed(after, deployment=rolled_out(children.serving_deployment(new)), claim_templates=[live(template)])
+    o = Observed(after, deployment=rolled_out(serving_deployment(new)), claim_templates=[live(template)])
     assert ("ResourceClaimTemplate", template["metadata"]["name"]) in decide(o, NOW).delete
 
 

@@ -298,7 +298,8 @@ def test_every_variable_the_operator_sets_in_a_pod_is_documented():
     """Each environment variable the compile Job and the serving container get from the
     operator (for every sample, the batching and the vLLM ones included) is named in
     docs/serving-pod.md."""
-    from inferentia_operator.core import children
+    from inferentia_operator.core.compile.job import compile_job
+    from inferentia_operator.core.serving.deployment import serving_deployment
     from inferentia_operator.manifests import load_models
 
     page = (ROOT / "docs" / "serving-pod.md").read_text()
@@ -306,8 +307,8 @@ def test_every_variable_the_operator_sets_in_a_pod_is_documented():
     for doc in load_models([str(ROOT / "manifests" / "samples")]).models:
         if doc.model is None:
             continue
-        job = children.compile_job(doc.model)
-        containers = [children.serving_deployment(doc.model)["spec"]["template"]["spec"]["containers"][0]]
+        job = compile_job(doc.model)
+        containers = [serving_deployment(doc.model)["spec"]["template"]["spec"]["containers"][0]]
         if job:
             containers += job["spec"]["template"]["spec"]["initContainers"]
         names |= {e["name"] for c in containers for e in c.get("env", []) if "value" in e}

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from inferentia_operator.batching.limits import MIB
-from inferentia_operator.core.children import BATCHER_RESOURCES
+from inferentia_operator.core.pod.containers import BATCHER_RESOURCES
 from ports import free_port
 from test_batching import stand_in_model_server
 

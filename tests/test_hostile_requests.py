@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from inferentia_operator.batching.limits import MAX_DEPTH, MIB
-from inferentia_operator.core.children import BATCHER_RESOURCES
+from inferentia_operator.core.pod.containers import BATCHER_RESOURCES
 from ports import free_port
 from test_batching import stand_in_model_server
 from test_frontend_limits import _wait_for

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from inferentia_operator.core.api import InferentiaModelSpec
-from inferentia_operator.core.children import Model
 from inferentia_operator.core.decide import rendered
 from inferentia_operator.core.planner import plan
+from inferentia_operator.core.pod.model import Model
 from specs import make_spec
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from inferentia_operator.batching import model_server
 from inferentia_operator.batching.frontend import FrontEnd
 from inferentia_operator.batching.limits import MAX_DEPTH, BadInput, Budget, Limits, depth_of, parse_input
-from inferentia_operator.core import children
+from inferentia_operator.core.serving.deployment import batcher_container
 from test_children import THROUGHPUT, model
 
 
@@ -111,7 +111,7 @@ def test_the_kubelet_restarts_a_batcher_whose_healthz_fails():
     """The batcher container's liveness probe asks /healthz on its port: failing it
     failureThreshold times in a row, periodSeconds apart, restarts the container."""
     m = model(**THROUGHPUT, **{"serving.batching": {"maxBatchSize": 4}})
-    batcher = children.batcher_container(m)
+    batcher = batcher_container(m)
     probe = batcher["livenessProbe"]
     assert probe["httpGet"]["path"] == "/healthz" and probe["httpGet"]["port"] == "batch"
     assert any(p["name"] == "batch" and p["containerPort"] == m.plan.front_end.port for p in batcher["ports"])

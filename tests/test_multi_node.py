@@ -7,10 +7,14 @@ import json
 
 import pytest
 
-from inferentia_operator.core import children, status
+from inferentia_operator.core import status
 from inferentia_operator.core.decide import rendered
+from inferentia_operator.core.names import PLAN_HASH_ANNOTATION, TRAFFIC_LABEL
 from inferentia_operator.core.parsing import parse_spec
+from inferentia_operator.core.pod.meta import labels, selector
+from inferentia_operator.core.pod.model import plan_hash
 from inferentia_operator.core.projection import project_pod
+from inferentia_operator.core.serving.runtime import multi_node_command
 from specs import DROP
 from test_decide import SETTINGS, Observed, built, decide, live, model_body
 
@@ -81,15 +85,15 @@ def test_what_a_multi_node_replica_cannot_have_yet_is_named(overrides, field, wo
 def test_a_group_is_routed_to_by_its_leader_in_an_inference_pool():
     """An InferencePool selects the pods that answer: a group's leader, as the Service does. Its
     workers hold ranks and serve no API, so the picker neither scrapes nor picks them."""
-    from inferentia_operator.core.parts.routing import routing_part
+    from inferentia_operator.core.routing.part import routing_part
 
     body = model_body(**TWO_NODES, routing={"inferencePool": {}})
     assert errors_of(routing={"inferencePool": {}}) == []
     m = built(body)
     [pool] = [c for c in routing_part(m, Observed(body), SETTINGS).children if c["kind"] == "InferencePool"]
     assert pool["spec"]["selector"]["matchLabels"] == {
-        **children.selector(m),
-        children.TRAFFIC_LABEL: "on",
+        **selector(m),
+        TRAFFIC_LABEL: "on",
         "leaderworkerset.sigs.k8s.io/worker-index": "0",
     }
     assert pool["spec"]["targetPorts"] == [{"number": 8000}]  # one vLLM a group, at the leader's serving port
@@ -134,7 +138,7 @@ def test_render_writes_a_leaderworkerset_in_place_of_the_deployment():
     assert template["restartPolicy"] == "RecreateGroupOnPodRestart"
     leader, worker = template["leaderTemplate"], template["workerTemplate"]
     for pod in (leader, worker):
-        assert pod["metadata"]["annotations"][children.PLAN_HASH_ANNOTATION] == children.plan_hash(m.plan)
+        assert pod["metadata"]["annotations"][PLAN_HASH_ANNOTATION] == plan_hash(m.plan)
         c = pod["spec"]["containers"][0]
         env = {e["name"]: e.get("value") for e in c["env"]}
         # vLLM's multi-node launcher's environment (launch_script.py), and EFA's (multi_node_launcher.sh).
@@ -175,7 +179,7 @@ def test_each_pod_takes_its_rank_and_the_leaders_address_from_leaderworkerset():
     template = lws_of(m)["spec"]["leaderWorkerTemplate"]
     for pod, rank in ((template["leaderTemplate"], 0), (template["workerTemplate"], 1)):
         c = pod["spec"]["containers"][0]
-        script_args = children.multi_node_command(m)
+        script_args = multi_node_command(m)
         assert c["args"] == script_args
         shell, dash_c, script, *rest = script_args
         # Run the script with an echo for python3: what each rank would start.
@@ -209,7 +213,7 @@ def test_the_status_counts_groups_and_a_group_with_a_lost_worker_is_not_ready():
     lost["metadata"]["generation"] = 1
     lost["status"]["observedGeneration"] = 1
     worker = {
-        "kind": "Pod", "metadata": {"name": "m-0-1", "labels": {**children.labels(m, "serving"), "leaderworkerset.sigs.k8s.io/worker-index": "1"}},
+        "kind": "Pod", "metadata": {"name": "m-0-1", "labels": {**labels(m, "serving"), "leaderworkerset.sigs.k8s.io/worker-index": "1"}},
         "spec": {}, "status": {"conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Initialized", "status": "True"},
         {"type": "Ready", "status": "False"}], "containerStatuses": [{"name": "serve", "ready": False,
         "state": {"waiting": {"reason": "CrashLoopBackOff"}}, "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": "NEURON_RT_ROOT_COMM_ID unreachable"}}}]},

@@ -1,8 +1,9 @@
 """The compile part alone (core/parts/compile.py): one compile per key, only what the
 operator proved it made counts. tests/test_decide.py has the same rules through decide()."""
 
-from inferentia_operator.core import children
-from inferentia_operator.core.parts.compile import compile_part
+from inferentia_operator.core.compile.job import compile_job
+from inferentia_operator.core.compile.part import compile_part
+from inferentia_operator.core.pod.artefact import compile_job_name, compiled_uri
 from inferentia_operator.core.settings import DEFAULT_SETTINGS
 from test_decide import SETTINGS, Observed, built, complete, live, model_body
 
@@ -20,15 +21,15 @@ def test_a_new_key_is_one_job_and_the_model_is_not_compiled_until_it_completes()
     m = built(body)
     part = compile_part(m, Observed(body), SETTINGS)
     assert [c["kind"] for c in part.children] == ["Job"] and not part.compiled
-    assert (part.facts.job, part.facts.uri, part.facts.hit) == (children.compile_job_name(m), children.compiled_uri(m), False)
-    done = compile_part(m, Observed(body, jobs=[complete(children.compile_job(m))]), SETTINGS)
-    assert done.compiled and done.record is not None and done.record["data"]["uri"] == children.compiled_uri(m)
+    assert (part.facts.job, part.facts.uri, part.facts.hit) == (compile_job_name(m), compiled_uri(m), False)
+    done = compile_part(m, Observed(body, jobs=[complete(compile_job(m))]), SETTINGS)
+    assert done.compiled and done.record is not None and done.record["data"]["uri"] == compiled_uri(m)
 
 
 def test_a_completed_job_is_no_cache_hit_for_an_operator_without_the_key_that_proved_it():
     body = model_body(**COMPILED)
     m = built(body)
-    job = complete(children.compile_job(m))  # proved with the tests' key, not DEFAULT_SETTINGS'
+    job = complete(compile_job(m))  # proved with the tests' key, not DEFAULT_SETTINGS'
     part = compile_part(m, Observed(body, jobs=[job]), DEFAULT_SETTINGS)
     assert not part.compiled and part.record is None
 
@@ -36,9 +37,9 @@ def test_a_completed_job_is_no_cache_hit_for_an_operator_without_the_key_that_pr
 def test_another_models_job_of_the_key_is_waited_for_not_started_again():
     body = model_body(**COMPILED)
     m = built(body)
-    other = live(children.compile_job(m))
+    other = live(compile_job(m))
     other["metadata"]["ownerReferences"] = [{**other["metadata"]["ownerReferences"][0], "uid": "uid-other", "name": "other"}]
-    uri = children.compiled_uri(m)
+    uri = compiled_uri(m)
     part = compile_part(m, Observed(body, compile_jobs={uri: [other]}), SETTINGS)
     assert part.children == () and part.facts.condition.reason == "Compiling" and "of model other" in part.facts.condition.message
 
@@ -64,13 +65,13 @@ def test_how_much_of_the_model_runs_on_neuron_reaches_the_record_and_the_status(
     condition says the rest runs on the CPU (the Cortex docs' advice: near 100%)."""
     body = model_body(**COMPILED)
     m = built(body)
-    job = complete(children.compile_job(m))
+    job = complete(compile_job(m))
     part = compile_part(m, Observed(body, jobs=[job], pods=[compile_pod(job, '{"neuronPlacementPercent": 98.23}\n')]), SETTINGS)
     assert part.compiled and part.facts.on_neuron == 98.23
     assert part.record["data"]["neuronPlacementPercent"] == "98.23"
     assert "98.23% of the model's operators run on Neuron; the rest run on the CPU" in part.facts.condition.message
     # A later model of the key starts from the record, and knows it too.
-    hit = compile_part(m, Observed(body, compile_records={children.compiled_uri(m): [live(part.record)]}), SETTINGS)
+    hit = compile_part(m, Observed(body, compile_records={compiled_uri(m): [live(part.record)]}), SETTINGS)
     assert hit.facts.hit and hit.facts.on_neuron == 98.23
     # All of it on Neuron: nothing to say in the condition.
     full = compile_part(m, Observed(body, jobs=[job], pods=[compile_pod(job, '{"neuronPlacementPercent": 100.0}')]), SETTINGS)
@@ -81,7 +82,7 @@ def test_a_report_that_is_not_a_share_is_ignored():
     """The compile step runs the user's image: what it writes is bounded and checked, never trusted as is."""
     body = model_body(**COMPILED)
     m = built(body)
-    job = complete(children.compile_job(m))
+    job = complete(compile_job(m))
     for message in (
         "not json",
         '{"neuronPlacementPercent": 140}',
@@ -102,7 +103,7 @@ def test_a_compile_job_whose_pod_cannot_be_created_says_why_and_stalls():
 
     body = model_body(**COMPILED)
     m = built(body)
-    job = live(children.compile_job(m))
+    job = live(compile_job(m))
     said = 'pods "c-abc" is forbidden: error looking up service account ns/does-not-exist: serviceaccount "does-not-exist" not found'
     event = {"reason": "FailedCreate", "message": said, "uid": job["metadata"]["uid"]}
     part = compile_part(m, Observed(body, jobs=[job], job_events={job["metadata"]["name"]: [event]}), SETTINGS)
@@ -126,7 +127,7 @@ def test_a_compile_pod_no_node_can_take_says_so_and_waits_for_capacity():
 
     body = model_body(**COMPILED)
     m = built(body)
-    job = live(children.compile_job(m))
+    job = live(compile_job(m))
     said = "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."
     pod = project_pod({
         "metadata": {"name": "p", "namespace": "ns", "labels": {"batch.kubernetes.io/job-name": job["metadata"]["name"]}},
@@ -148,13 +149,13 @@ def test_the_hub_commit_a_compile_read_reaches_the_record_and_the_status():
     Anything but a 40-digit hexadecimal commit from the user's image is ignored."""
     body = model_body(**COMPILED)
     m = built(body)
-    job = complete(children.compile_job(m))
+    job = complete(compile_job(m))
     commit = "0123456789abcdef0123456789abcdef01234567"
     part = compile_part(m, Observed(body, jobs=[job], pods=[compile_pod(job, f'{{"hubRevision": "{commit}"}}\n')]), SETTINGS)
     assert part.compiled and part.facts.revision == commit and part.record["data"]["hubRevision"] == commit
-    hit = compile_part(m, Observed(body, compile_records={children.compiled_uri(m): [live(part.record)]}), SETTINGS)
+    hit = compile_part(m, Observed(body, compile_records={compiled_uri(m): [live(part.record)]}), SETTINGS)
     assert hit.facts.hit and hit.facts.revision == commit
-    running = compile_part(m, Observed(body, jobs=[children.compile_job(m)]), SETTINGS)
+    running = compile_part(m, Observed(body, jobs=[compile_job(m)]), SETTINGS)
     assert not running.compiled and running.facts.revision is None
     for message in ('{"hubRevision": "main"}', '{"hubRevision": "' + commit.upper() + '"}', '{"hubRevision": 1}', "x"):
         part = compile_part(m, Observed(body, jobs=[job], pods=[compile_pod(job, message)]), SETTINGS)

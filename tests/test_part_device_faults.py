@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from inferentia_operator.core import children
-from inferentia_operator.core.parts.device_faults import device_fault_part, selects, takes_pods, tolerates
+from inferentia_operator.core.device_faults.part import device_fault_part
+from inferentia_operator.core.names import TRAFFIC_LABEL, WORKER_INDEX_LABEL
+from inferentia_operator.core.pod.nodes import selects, takes_pods, tolerates
 from inferentia_operator.core.projection import project_pod_spec
+from inferentia_operator.core.scale_to_zero.holder import replicas_service
+from inferentia_operator.core.serving.deployment import serving_deployment
+from inferentia_operator.core.serving.service import service
 from inferentia_operator.core.status import Observed
 from test_decide import built, model_body
 
@@ -26,7 +30,7 @@ def node(itype="inf1.xlarge", ready=True, unschedulable=False, taints=(NEURON_TA
 def pod(name: str, on: str, deleting: bool = False, body: dict | None = None, ready: bool = True, **labels: str) -> dict:
     """A serving pod of the model, made by its Deployment's ReplicaSet, its spec projected as the
     caches keep it (the template's placement, the template's labels)."""
-    template = children.serving_deployment(built(body or model_body()))["spec"]["template"]
+    template = serving_deployment(built(body or model_body()))["spec"]["template"]
     meta = {
         "name": name, "uid": f"uid-{name}", "labels": {**template["metadata"]["labels"], **labels},
         "ownerReferences": [{"kind": "ReplicaSet", "name": "m-5d4f8b", "controller": True, "uid": "rs"}],
@@ -47,7 +51,7 @@ def test_no_fault_no_condition_and_no_eviction():
     assert part.condition is None and part.evict == () and part.traffic == ()
 
 
-TRAFFIC = children.TRAFFIC_LABEL
+TRAFFIC = TRAFFIC_LABEL
 
 
 def test_a_replica_on_a_failing_node_that_still_takes_pods_leaves_the_traffic_while_another_answers():
@@ -58,9 +62,9 @@ def test_a_replica_on_a_failing_node_that_still_takes_pods_leaves_the_traffic_wh
     assert "pod p on node a" in part.condition.message and "out of traffic, left: the node still takes" in part.condition.message
     # The Service and the InferencePool select it; the Deployment's selector does not.
     model = built(model_body())
-    assert children.service(model)["spec"]["selector"][TRAFFIC] == "on"
-    assert TRAFFIC not in children.serving_deployment(model)["spec"]["selector"]["matchLabels"]
-    assert children.replicas_service(model)["spec"]["selector"][TRAFFIC] == "on"
+    assert service(model)["spec"]["selector"][TRAFFIC] == "on"
+    assert TRAFFIC not in serving_deployment(model)["spec"]["selector"]["matchLabels"]
+    assert replicas_service(model)["spec"]["selector"][TRAFFIC] == "on"
 
 
 @pytest.mark.parametrize(
@@ -100,7 +104,7 @@ def test_only_the_models_own_answering_pods_are_labelled():
     forged["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": "other-5d4f8b", "controller": True, "uid": "x"}]
     unowned = pod("u", "a")
     del unowned["metadata"]["ownerReferences"]
-    worker = pod("w", "a", **{children.WORKER_INDEX_LABEL: "1"})
+    worker = pod("w", "a", **{WORKER_INDEX_LABEL: "1"})
     part = decided({"a": node(fault=FAULT), "b": node()}, forged, unowned, worker, pod("q", "b"))
     assert part.traffic == ()
 
@@ -223,7 +227,7 @@ def test_an_empty_node_selector_term_matches_no_node():
 
 
 def test_a_bounded_number_of_pods_is_decided_a_reconcile():
-    from inferentia_operator.core.parts.device_faults import MAX_DECIDED
+    from inferentia_operator.core.device_faults.part import MAX_DECIDED
 
     pods = [pod(f"p{i}", "a") for i in range(MAX_DECIDED + 5)]
     part = decided({"a": node(fault=FAULT, unschedulable=True), "b": node()}, *pods)

@@ -8,11 +8,13 @@ from dataclasses import replace
 
 import pytest
 
-from inferentia_operator.core import children
 from inferentia_operator.core import decide as decision
+from inferentia_operator.core.cleanup.part import cleanup_part
+from inferentia_operator.core.compile.job import compile_job
+from inferentia_operator.core.fill_ahead.part import MAX_FILL_NODES, fill_ahead_part, fill_job, fill_job_name
 from inferentia_operator.core.names import COMPONENT_LABEL
-from inferentia_operator.core.parts.cleanup import cleanup_part
-from inferentia_operator.core.parts.fill_ahead import MAX_FILL_NODES, fill_ahead_part, fill_job, fill_job_name
+from inferentia_operator.core.pod.artefact import compiled_uri
+from inferentia_operator.core.pod.fetch import fetch_container
 from inferentia_operator.core.settings import Settings
 from inferentia_operator.core.status import Observed
 from test_decide import NOW, PROVER, built, conds, live, model_body
@@ -62,7 +64,7 @@ def test_a_fill_job_on_as_many_nodes_as_replicas_each_the_serving_fetch_with_fil
     assert len(p.children) == 3 and len({pinned_to(j) for j in p.children}) == 3
     assert {pinned_to(j) for j in p.children} <= set(FLEET)
     _, m = model()
-    serving_fetch = children.fetch_container(m)
+    serving_fetch = fetch_container(m)
     for job in p.children:
         pod = job["spec"]["template"]["spec"]
         [container] = pod["containers"]
@@ -164,7 +166,7 @@ def test_a_reconcile_with_the_node_cache_writes_the_fill_jobs_once_compiled_and_
 
     compiling = decision.decide(Seen(body, nodes=FLEET), NOW, settings)
     assert fills(compiling) == [] and "FilledAhead" not in conds(compiling)
-    compiled = Seen(body, jobs=[done(children.compile_job(m))], nodes=FLEET)
+    compiled = Seen(body, jobs=[done(compile_job(m))], nodes=FLEET)
     d = decision.decide(compiled, NOW, settings)
     assert len(fills(d)) == 2 and conds(d)["FilledAhead"]["reason"] == "Filling"
 
@@ -203,7 +205,7 @@ def test_a_fill_job_the_api_server_refuses_is_said_in_filled_ahead_and_leaves_re
     body = model_body(**COMPILED, replicas=2)
     settings = Settings(prover=PROVER, node_cache_url=CACHE, node_cache_namespace="inferentia-system")
     m = decision.placed(built(body), settings)
-    observed = Seen(body, jobs=[done(children.compile_job(m))], nodes=FLEET)
+    observed = Seen(body, jobs=[done(compile_job(m))], nodes=FLEET)
     d = decision.decide(observed, NOW, settings)
     fill = next(b for b in d.apply if b["metadata"]["labels"][COMPONENT_LABEL] == "fill")
     refused = WriteFailure("Job", fill["metadata"]["name"], 403, "exceeded quota: count/jobs.batch")
@@ -222,7 +224,7 @@ def test_a_node_whose_cache_pod_was_replaced_after_its_fill_and_holds_nothing_is
     from inferentia_operator.core.holds import hold_key
 
     _, m = model()
-    key = hold_key(children.compiled_uri(m))
+    key = hold_key(compiled_uri(m))
     [job, *rest] = part(FLEET).children
     node = pinned_to(job)
     finished = live(job, conditions=[{"type": "Complete", "status": "True"}], completionTime="2026-11-28T10:00:00Z")
@@ -254,10 +256,10 @@ def test_a_fill_job_that_cannot_be_deleted_once_the_model_fills_no_more_is_said_
     body = model_body(**COMPILED, replicas=2)
     with_cache = Settings(prover=PROVER, node_cache_url=CACHE, node_cache_namespace="inferentia-system")
     m = decision.placed(built(body), with_cache)
-    filled = decision.decide(Seen(body, jobs=[done(children.compile_job(m))], nodes=FLEET), NOW, with_cache)
+    filled = decision.decide(Seen(body, jobs=[done(compile_job(m))], nodes=FLEET), NOW, with_cache)
     fills = [complete(b) for b in filled.apply if b["metadata"]["labels"][COMPONENT_LABEL] == "fill"]
     # The operator runs without the node cache now: the fills are no longer wanted.
-    observed = Seen(body, jobs=[done(children.compile_job(built(body))), *fills], nodes=FLEET)
+    observed = Seen(body, jobs=[done(compile_job(built(body))), *fills], nodes=FLEET)
     d = decision.decide(observed, NOW, Settings(prover=PROVER))
     gone = sorted(name for kind, name in d.delete if kind == "Job")
     assert gone == sorted(j["metadata"]["name"] for j in fills) and d.basis.fill_ahead is None
@@ -273,7 +275,7 @@ def test_only_the_fill_jobs_the_part_wrote_or_deleted_are_said_in_filled_ahead()
     body = model_body(**COMPILED, replicas=2)
     settings = Settings(prover=PROVER, node_cache_url=CACHE, node_cache_namespace="inferentia-system")
     m = decision.placed(built(body), settings)
-    observed = Seen(body, jobs=[done(children.compile_job(m))], nodes=FLEET)
+    observed = Seen(body, jobs=[done(compile_job(m))], nodes=FLEET)
     d = decision.decide(observed, NOW, settings)
     # A Job named like a fill that this decision did not write: not the fill part's to report.
     other = WriteFailure("Job", f"{m.name}-fill-0123456789ab", 403, "forbidden")

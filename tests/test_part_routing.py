@@ -7,8 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from inferentia_operator.core import children, routing
-from inferentia_operator.core.parts.routing import routing_part
+from inferentia_operator.core.names import TRAFFIC_LABEL
+from inferentia_operator.core.pod.meta import selector
+from inferentia_operator.core.pod.ports import process_base_port
+from inferentia_operator.core.routing import pool as routing
+from inferentia_operator.core.routing.part import routing_part
 from inferentia_operator.core.settings import Settings
 from test_decide import SETTINGS, Observed, built, live, model_body
 
@@ -48,7 +51,7 @@ def test_a_pool_selects_the_serving_pods_and_names_its_picker():
     assert set(objects) == {"InferencePool", "Deployment", "Service", "ServiceAccount", "RoleBinding"}
     pool = objects["InferencePool"]
     assert pool["apiVersion"] == "inference.networking.k8s.io/v1" and pool["metadata"]["name"] == "m"
-    assert pool["spec"]["selector"] == {"matchLabels": {**children.selector(m), children.TRAFFIC_LABEL: "on"}}
+    assert pool["spec"]["selector"] == {"matchLabels": {**selector(m), TRAFFIC_LABEL: "on"}}
     assert pool["spec"]["endpointPickerRef"] == {
         "kind": "Service", "name": "m-epp", "port": {"number": routing.EPP_GRPC_PORT}, "failureMode": "FailOpen",
     }  # fmt: skip
@@ -81,7 +84,7 @@ def test_each_vllm_process_is_an_endpoint_scraped_at_its_own_port():
     body = model_body(**VLLM)
     m = built(body)
     objects = by_kind(routing_part(m, Observed(body), Settings(endpoint_picker_image="example.com/epp:1")))
-    base = children.process_base_port(m)
+    base = process_base_port(m)
     assert objects["InferencePool"]["spec"]["targetPorts"] == [{"number": base}, {"number": base + 1}]
     assert objects["InferencePool"]["spec"]["endpointPickerRef"]["failureMode"] == "FailOpen"
     flags = args_of(objects["Deployment"])

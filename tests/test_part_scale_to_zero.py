@@ -1,10 +1,13 @@
 """The scale-to-zero part alone (core/parts/scale_to_zero.py): the replicas Service, the
 holder (which waits for that Service), and the replicas the Deployment runs."""
 
-from inferentia_operator.core import children
 from inferentia_operator.core.autoscaling import Prometheus
-from inferentia_operator.core.parts.scale_to_zero import scale_to_zero_part
-from inferentia_operator.core.parts.scaling import ScalingPart
+from inferentia_operator.core.pod.meta import holder_selector
+from inferentia_operator.core.pod.ports import holder_scaler_port
+from inferentia_operator.core.scale_to_zero.holder import holder_deployment, holder_network_policy, replicas_service
+from inferentia_operator.core.scale_to_zero.part import scale_to_zero_part
+from inferentia_operator.core.scaling.keda import scaled_object
+from inferentia_operator.core.scaling.part import ScalingPart
 from test_decide import Observed, built, live, model_body
 
 PROMETHEUS = Prometheus(address="http://prometheus.monitoring:9090")
@@ -28,7 +31,7 @@ def test_the_holder_waits_for_the_replicas_service_it_forwards_to():
     assert [(c["kind"], c["metadata"]["name"]) for c in part.children] == [
         ("Service", "m-replicas"), ("Deployment", "m-holder"), ("Service", "m-holder")]  # fmt: skip
     assert [(c["kind"], c["metadata"]["name"]) for c in part.to_write()] == [("Service", "m-replicas"), ("Service", "m-holder")]
-    seen = scale_to_zero_part(m, Observed(body, others=[live(children.replicas_service(m))]), ScalingPart(replicas=1, scaled=True))
+    seen = scale_to_zero_part(m, Observed(body, others=[live(replicas_service(m))]), ScalingPart(replicas=1, scaled=True))
     assert [(c["kind"], c["metadata"]["name"]) for c in seen.to_write()] == [
         ("Service", "m-replicas"), ("Deployment", "m-holder"), ("Service", "m-holder")]  # fmt: skip
 
@@ -46,12 +49,12 @@ def test_demand_reaches_keda_through_the_holders_external_scaler_not_only_a_scra
     Prometheus trigger that scales between one and the maximum."""
     body = model_body(**ZERO)
     m = built(body)
-    part = scale_to_zero_part(m, Observed(body, others=[live(children.replicas_service(m))]), ScalingPart(replicas=1, scaled=True))
+    part = scale_to_zero_part(m, Observed(body, others=[live(replicas_service(m))]), ScalingPart(replicas=1, scaled=True))
     kinds = [(c["kind"], c["metadata"]["name"]) for c in part.children]
     assert kinds == [("Service", "m-replicas"), ("Deployment", "m-holder"), ("Service", "m-holder")]
-    port = children.holder_scaler_port(m)
+    port = holder_scaler_port(m)
     [service] = [c for c in part.children if c["metadata"]["name"] == "m-holder" and c["kind"] == "Service"]
-    assert service["spec"]["selector"] == children.holder_selector(m)
+    assert service["spec"]["selector"] == holder_selector(m)
     assert service["spec"]["ports"] == [{"name": "scaler", "port": port, "targetPort": "scaler", "protocol": "TCP"}]
     [holder] = [c for c in part.children if c["kind"] == "Deployment"]
     [container] = holder["spec"]["template"]["spec"]["containers"]
@@ -61,7 +64,7 @@ def test_demand_reaches_keda_through_the_holders_external_scaler_not_only_a_scra
     # Not one of the ports the holder answers the model's requests on.
     assert port not in [p["containerPort"] for p in container["ports"] if p["name"] != "scaler"]
 
-    scaled = children.scaled_object(m, PROMETHEUS)
+    scaled = scaled_object(m, PROMETHEUS)
     push = [t for t in scaled["spec"]["triggers"] if t["type"] == "external-push"]
     assert push == [{"type": "external-push", "name": "held-requests", "metricType": "AverageValue",
                      "metadata": {"scalerAddress": f"m-holder.{m.namespace}.svc:{port}"}}]  # fmt: skip
@@ -70,7 +73,7 @@ def test_demand_reaches_keda_through_the_holders_external_scaler_not_only_a_scra
 
 def test_a_model_that_keeps_a_replica_has_no_pushed_activation():
     body = model_body(**{**ZERO, "autoscaling": {"minReplicas": 1, "maxReplicas": 3}})
-    assert [t["type"] for t in children.scaled_object(built(body), PROMETHEUS)["spec"]["triggers"]] == ["prometheus"]
+    assert [t["type"] for t in scaled_object(built(body), PROMETHEUS)["spec"]["triggers"]] == ["prometheus"]
 
 
 def test_without_pushed_activation_the_scaled_object_reads_prometheus_alone():
@@ -78,7 +81,7 @@ def test_without_pushed_activation_the_scaled_object_reads_prometheus_alone():
     cannot reach a holder (a NetworkPolicy, say), whose trigger would fail and keep the model from zero."""
     from dataclasses import replace
 
-    from inferentia_operator.core.parts.scaling import scaling_part
+    from inferentia_operator.core.scaling.part import scaling_part
     from inferentia_operator.core.settings import Settings
 
     body = model_body(**ZERO)
@@ -95,7 +98,7 @@ def test_a_holder_no_longer_needed_is_parked_whole_at_no_replica():
     alone would remove them from the operator's apply, and the API server refuses a Deployment
     without them (422). So with autoscaling and batching both gone too."""
     zero = model_body(**ZERO)
-    holder = live(children.holder_deployment(built(zero)))
+    holder = live(holder_deployment(built(zero)))
     for plain in (model_body(**{"serving.batching": {"maxBatchSize": 4}}), model_body()):
         part = scale_to_zero_part(built(plain), Observed(plain, others=[holder]), ScalingPart(replicas=1))
         [parked] = part.to_write()
@@ -141,7 +144,7 @@ def test_a_holder_policy_no_longer_wanted_is_deleted_and_only_the_operators():
 
     body = model_body(**ZERO)
     with_policy = placed(built(body), Settings(keda_namespace="keda"))
-    policy = children.holder_network_policy(with_policy)
+    policy = holder_network_policy(with_policy)
     assert policy is not None
     observed = Observed(body, others=[live(policy)])
     part = scale_to_zero_part(built(body), observed, ScalingPart(replicas=1, scaled=True))

@@ -1,9 +1,9 @@
 """The autoscaling part alone (core/parts/scaling.py): the ScaledObject, the replicas it
 leaves the Deployment, and its removal when autoscaling is turned off."""
 
-from inferentia_operator.core import children
 from inferentia_operator.core.autoscaling import Prometheus
-from inferentia_operator.core.parts.scaling import scaling_part
+from inferentia_operator.core.scaling.keda import scaled_object
+from inferentia_operator.core.scaling.part import scaling_part
 from inferentia_operator.core.settings import Settings
 from test_decide import SETTINGS, Observed, built, live, model_body
 
@@ -30,12 +30,12 @@ def test_the_scaled_object_is_written_held_while_keda_is_not_served_and_followed
     assert [c["kind"] for c in part.to_write()] == ["ScaledObject"] and part.replicas == 2
     held = scaling_part(m, Observed(body, scaled_objects_served=False), PROMETHEUS, has_artefact=True)
     assert held.to_write() == [] and [c["kind"] for c in held.children] == ["ScaledObject"]
-    scaled = live(children.scaled_object(m, PROMETHEUS.prometheus))
+    scaled = live(scaled_object(m, PROMETHEUS.prometheus))
     assert scaling_part(m, Observed(body, scaled_object=scaled), PROMETHEUS, has_artefact=True).replicas == 4
 
 
 def test_autoscaling_turned_off_deletes_the_models_scaled_object():
     scaled_body = model_body(**SCALED)
-    scaled = live(children.scaled_object(built(scaled_body), PROMETHEUS.prometheus))
+    scaled = live(scaled_object(built(scaled_body), PROMETHEUS.prometheus))
     body = model_body()
     assert scaling_part(built(body), Observed(body, scaled_object=scaled), PROMETHEUS, has_artefact=True).delete == (("ScaledObject", "m"),)

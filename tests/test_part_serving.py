@@ -1,8 +1,10 @@
 """The serving part alone (core/parts/serving.py): the plan ConfigMap, the Service and the
 Deployment, which is held back until the artefact is compiled."""
 
-from inferentia_operator.core import children
-from inferentia_operator.core.parts.serving import serving_part
+from inferentia_operator.core.pod.meta import holder_selector, selector_string
+from inferentia_operator.core.pod.model import plan_hash
+from inferentia_operator.core.serving.part import serving_part
+from inferentia_operator.core.serving.service import serving_network_policy
 from test_decide import built, model_body
 
 
@@ -23,13 +25,13 @@ def test_the_deployment_runs_the_replicas_it_is_given_and_the_facts_name_the_pla
     m = built(model_body(replicas=2))
     part = serving_part(m, compiled=True, replicas=5, to_holder=False)
     assert part.children[2]["spec"]["replicas"] == 5
-    assert (part.facts.replicas, part.facts.plan_hash, part.facts.selector) == (5, children.plan_hash(m.plan), children.selector_string(m))
+    assert (part.facts.replicas, part.facts.plan_hash, part.facts.selector) == (5, plan_hash(m.plan), selector_string(m))
 
 
 def test_the_service_points_at_the_holder_when_told():
     m = built(model_body())
     service = serving_part(m, compiled=True, replicas=0, to_holder=True).children[1]
-    assert service["spec"]["selector"] == children.holder_selector(m)
+    assert service["spec"]["selector"] == holder_selector(m)
 
 
 def test_a_scheduler_name_sends_device_plugin_pods_to_the_neuron_scheduler():
@@ -59,7 +61,7 @@ def test_the_front_ends_network_policy_goes_with_the_front_end_and_never_someone
 
     batching = {"serving.batching": {"maxBatchSize": 4}, "processesPerReplica": 2}
     body = model_body(**batching)
-    policy = children.serving_network_policy(built(body))
+    policy = serving_network_policy(built(body))
     assert policy is not None and policy in serving_part(built(body), compiled=True, replicas=1, to_holder=False).children
     plain = model_body(processesPerReplica=2)
     gone = serving_part(built(plain), compiled=True, replicas=1, to_holder=False, observed=Observed.of(plain, live(policy)))

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import pytest
 
-from inferentia_operator.core import children
 from inferentia_operator.core.api import InferentiaModelSpec
-from inferentia_operator.core.children import Model
-from inferentia_operator.core.leaderworkerset import serving_group
+from inferentia_operator.core.compile.job import compile_job
 from inferentia_operator.core.model import check_model
 from inferentia_operator.core.planner import plan
+from inferentia_operator.core.pod.meta import selector
+from inferentia_operator.core.pod.model import Model
+from inferentia_operator.core.scale_to_zero.holder import holder_deployment
+from inferentia_operator.core.serving.deployment import serving_deployment
+from inferentia_operator.core.serving.groups import serving_group
+from inferentia_operator.core.serving.service import disruption_budget
 from specs import make_spec
 
 DEDICATED = {"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}
@@ -59,7 +63,7 @@ def pod_of(body: dict) -> dict:
 
 def test_serving_pods_take_the_models_placement_with_what_neuron_needs():
     m = model(placement=PLACEMENT)
-    pod = pod_of(children.serving_deployment(m))
+    pod = pod_of(serving_deployment(m))
     assert pod["nodeSelector"] == POOL
     # The Neuron toleration first, once, though the model lists it too.
     assert pod["tolerations"] == [NEURON, DEDICATED]
@@ -80,7 +84,7 @@ def test_serving_pods_take_the_models_placement_with_what_neuron_needs():
 
 
 def test_without_placement_the_serving_pods_are_placed_as_before():
-    pod = pod_of(children.serving_deployment(model()))
+    pod = pod_of(serving_deployment(model()))
     assert pod["tolerations"] == [NEURON]
     assert not {"nodeSelector", "topologySpreadConstraints", "priorityClassName"} & pod.keys()
     assert set(pod["affinity"]) == {"nodeAffinity", "podAntiAffinity"}
@@ -88,20 +92,20 @@ def test_without_placement_the_serving_pods_are_placed_as_before():
 
 def test_the_compile_job_takes_its_own_placement_and_no_neuron_toleration():
     m = model(placement=PLACEMENT, **{"compile.image": "example.com/neuron:1", "compile.placement": CPU_POOL})
-    job = children.compile_job(m)
+    job = compile_job(m)
     assert job is not None
     pod = pod_of(job)
     assert pod["nodeSelector"] == {"karpenter.sh/nodepool": "cpu-compile"}
     assert pod["tolerations"] == [{"key": "compile", "operator": "Exists"}]
     assert "affinity" not in pod and "priorityClassName" not in pod
     # Without one, the Job is placed as before: anywhere that has no taint.
-    unplaced = children.compile_job(model(placement=PLACEMENT, **{"compile.image": "example.com/neuron:1"}))
+    unplaced = compile_job(model(placement=PLACEMENT, **{"compile.image": "example.com/neuron:1"}))
     assert unplaced is not None and not {"nodeSelector", "tolerations", "affinity"} & pod_of(unplaced).keys()
 
 
 def test_the_holder_takes_its_own_placement():
     scaled = {"autoscaling": {"minReplicas": 0, "maxReplicas": 2, "holderPlacement": CPU_POOL}, "compile.image": "example.com/neuron:1"}
-    pod = pod_of(children.holder_deployment(model(placement=PLACEMENT, **scaled, **{"serving.batching": {"maxBatchSize": 2}})))
+    pod = pod_of(holder_deployment(model(placement=PLACEMENT, **scaled, **{"serving.batching": {"maxBatchSize": 2}})))
     assert pod["nodeSelector"] == CPU_POOL["nodeSelector"] and pod["tolerations"] == CPU_POOL["tolerations"]
 
 
@@ -143,10 +147,10 @@ def test_a_group_across_nodes_keeps_the_models_terms_beside_its_own():
 )  # fmt: skip
 def test_every_model_has_a_disruption_budget_over_its_serving_pods(overrides, wanted):
     m = model(**overrides)
-    pdb = children.disruption_budget(m)
+    pdb = disruption_budget(m)
     assert pdb["spec"] == {
         "maxUnavailable": wanted,
-        "selector": {"matchLabels": children.selector(m)},
+        "selector": {"matchLabels": selector(m)},
         "unhealthyPodEvictionPolicy": "AlwaysAllow",
     }
     assert pdb["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
@@ -203,10 +207,10 @@ def test_the_install_guides_placed_model_is_valid_and_placed_as_it_says():
     body = yaml.safe_load((Path(__file__).resolve().parent.parent / "docs" / "install" / "placed-model.yaml").read_text())
     found = check_model(body["metadata"]["name"], body["metadata"]["namespace"], body["spec"], uid="u")
     assert found.errors == [] and found.model is not None
-    serving = pod_of(children.serving_deployment(found.model))
+    serving = pod_of(serving_deployment(found.model))
     assert serving["nodeSelector"] == {"karpenter.sh/nodepool": "neuron-llm"} and serving["priorityClassName"] == "llm-serving"
     assert serving["tolerations"] == [NEURON, {"key": "dedicated", "value": "llm", "effect": "NoSchedule"}]
-    job = children.compile_job(found.model)
+    job = compile_job(found.model)
     assert job is not None
     compile_pod = pod_of(job)
     assert compile_pod["nodeSelector"] == {"karpenter.sh/nodepool": "cpu-compile"}
@@ -242,8 +246,8 @@ def test_the_install_guides_nodepool_takes_the_placed_models_serving_pods_and_no
     assert (pool["apiVersion"], pool["kind"]) == ("karpenter.sh/v1", "NodePool")
     found = check_model(body["metadata"]["name"], body["metadata"]["namespace"], body["spec"], uid="u")
     assert found.model is not None
-    serving = pod_of(children.serving_deployment(found.model))
-    job = children.compile_job(found.model)
+    serving = pod_of(serving_deployment(found.model))
+    job = compile_job(found.model)
     assert job is not None
     assert serving["nodeSelector"]["karpenter.sh/nodepool"] == pool["metadata"]["name"]
     node = pool["spec"]["template"]["spec"]

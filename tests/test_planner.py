@@ -258,8 +258,9 @@ def test_inf1_plans_are_byte_for_byte_what_they_were():
     in PyTorch, which gains the compile program's inputDtype and a new compile hash (its
     artefact is now TorchScript per bucket with a manifest and a completion marker); and every
     plan gains the pods' sizes (issue 40), which tests/test_sizing.py checks."""
-    from inferentia_operator.core.children import Model, compile_hash, plan_document
     from inferentia_operator.core.planner import InvalidSpec
+    from inferentia_operator.core.pod.artefact import compile_hash
+    from inferentia_operator.core.pod.model import Model, plan_document
 
     cases = json.loads(GOLDEN.read_text())
     assert len(cases) > 50

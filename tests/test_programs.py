@@ -763,7 +763,7 @@ def test_a_two_node_group_serves_through_its_leader_only_once_its_worker_joined_
     nothing until the worker rank has joined its root communicator at LWS_LEADER_ADDRESS, each
     completion is a step of both nodes, and a worker lost fails the next step and the leader
     (vLLM's engine dies with its collectives)."""
-    from inferentia_operator.core import children
+    from inferentia_operator.core.serving.runtime import multi_node_command, multi_node_env
     from test_decide import built, model_body
     from test_multi_node import TWO_NODES
 
@@ -780,11 +780,11 @@ def test_a_two_node_group_serves_through_its_leader_only_once_its_worker_joined_
         env = {
             "PATH": "/usr/bin:/bin", "PYTHONPATH": f"{image_site(tmp_path / 'site', V0_IMAGE)}:{STANDINS}", "HOME": str(tmp_path), "PORT": str(port),
             "HF_TOKEN": "standin-token", "NEURON_STANDIN_DEV_DIR": str(dev), "INFERENTIA_PLAN_DIR": str(tmp_path),
-            "VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference", **children.multi_node_env(model),
+            "VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference", **multi_node_env(model),
             # What LeaderWorkerSet's pod webhook sets on each pod of the group.
             "LWS_WORKER_INDEX": str(index), "LWS_LEADER_ADDRESS": "localhost", "LWS_GROUP_SIZE": "2",
         }  # fmt: skip
-        return subprocess.Popen(children.multi_node_command(model), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(multi_node_command(model), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def complete() -> tuple[int, dict]:
         body = json.dumps({"prompt": "Trainium"}).encode()

@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-from inferentia_operator.core import children
 from inferentia_operator.core.autoscaling import Prometheus
+from inferentia_operator.core.compile.job import compile_job, compile_record
 from inferentia_operator.core.decide import Decision, rendered
 from inferentia_operator.core.proof import Prover
 from inferentia_operator.core.settings import Settings
@@ -67,7 +67,7 @@ def every_write() -> tuple[Any, Decision]:
 
     routed = rendered(built(model_body(**VLLM)))
     objects += [o for o in routed if o["kind"] in ("InferencePool", "ServiceAccount", "RoleBinding")]
-    record = children.compile_record(m, complete(children.compile_job(m)), Prover(b"k" * 32))
+    record = compile_record(m, complete(compile_job(m)), Prover(b"k" * 32))
     # What decide() deletes: superseded plans, compile Jobs and claim templates, and the
     # ScaledObject once autoscaling is turned off, the InferencePool once routing is, the holder's
     # NetworkPolicy once it is not wanted. Never a Deployment, a Service, a ServiceAccount or a

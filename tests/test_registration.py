@@ -123,7 +123,7 @@ def _delivered():
     a model, each with the managedFields and status the API server adds."""
     from pathlib import Path
 
-    from inferentia_operator.core import children
+    from inferentia_operator.core.compile.job import compile_record
     from inferentia_operator.core.decide import rendered
     from inferentia_operator.core.proof import Prover
     from inferentia_operator.manifests import load_models
@@ -136,7 +136,7 @@ def _delivered():
         for child in rendered(doc.model):
             bodies.append(child)
             if child["kind"] == "Job":
-                bodies.append(children.compile_record(doc.model, child, Prover(b"k" * 32)))
+                bodies.append(compile_record(doc.model, child, Prover(b"k" * 32)))
         meta = {"name": doc.key[1], "namespace": "ns", "generation": 3}
         bodies.append(
             {

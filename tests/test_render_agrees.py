@@ -14,11 +14,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from inferentia_operator.core import children
 from inferentia_operator.core.autoscaling import Prometheus
 from inferentia_operator.core.catalogue import FAMILIES
 from inferentia_operator.core.decide import decide, rendered
 from inferentia_operator.core.model import check_model
+from inferentia_operator.core.pod.artefact import job_output_uri
 from inferentia_operator.core.proof import PROOF_ANNOTATION, Prover
 from inferentia_operator.core.settings import Settings
 from inferentia_operator.core.status import Observed
@@ -41,7 +41,7 @@ def as_converged(body: dict[str, Any], serial: int) -> dict[str, Any]:
     kind = out["kind"]
     if kind == "Job":
         meta.setdefault("annotations", {})[PROOF_ANNOTATION] = PROVER.job(
-            meta["namespace"], meta["name"], meta["uid"], children.job_output_uri(out) or ""
+            meta["namespace"], meta["name"], meta["uid"], job_output_uri(out) or ""
         )
         out["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
     elif kind == "Deployment":

@@ -376,14 +376,14 @@ def test_what_a_child_could_not_hold_is_refused_on_the_model(overrides, expected
 
 def test_secrets_reach_the_serving_process_by_reference_only():
     """valueFrom and envFrom are accepted, and checked with the messages the API server gives."""
-    from inferentia_operator.core import children
-    from inferentia_operator.core.children import Model
     from inferentia_operator.core.planner import plan as make_plan
+    from inferentia_operator.core.pod.model import Model
+    from inferentia_operator.core.serving.deployment import serving_deployment
 
     env = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]
     spec, found = parse_spec(make_spec(**{"serving.env": env, "serving.envFrom": [{"configMapRef": {"name": "tuning"}, "prefix": "APP_"}]}))
     assert not errors(found)
-    container = children.serving_deployment(Model("m", "ns", "u", spec, make_plan(spec)))["spec"]["template"]["spec"]["containers"][0]
+    container = serving_deployment(Model("m", "ns", "u", spec, make_plan(spec)))["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in container["env"]
     assert container["envFrom"] == [{"configMapRef": {"name": "tuning"}, "prefix": "APP_"}]
 

@@ -13,9 +13,10 @@ from inferentia_operator.cli import main
 from inferentia_operator.core import sizing
 from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.catalogue import FAMILIES
-from inferentia_operator.core.children import COMPILE_PROGRAM, NXDI_COMPILE_PROGRAM, PLAN_MOUNT, VLLM_COMPILE_PROGRAM
 from inferentia_operator.core.cores import group_size_of, replica_cores
 from inferentia_operator.core.drift import quantity
+from inferentia_operator.core.names import PLAN_MOUNT
+from inferentia_operator.programs import COMPILE_PROGRAM, NXDI_COMPILE_PROGRAM, VLLM_COMPILE_PROGRAM
 
 SAMPLES = sorted((Path(__file__).parents[1] / "manifests" / "samples").glob("*.yaml"))
 

@@ -12,10 +12,14 @@ from typing import Any
 
 import pytest
 
-from inferentia_operator.core import api, children
+from inferentia_operator.core import api
+from inferentia_operator.core.compile.job import compile_job
 from inferentia_operator.core.decide import decide
 from inferentia_operator.core.kinds import CHILD_KINDS
+from inferentia_operator.core.names import TRAFFIC_LABEL
 from inferentia_operator.core.projection import Packed, project
+from inferentia_operator.core.serving.deployment import serving_deployment
+from inferentia_operator.core.serving.service import service
 from inferentia_operator.core.settings import DEFAULT_SETTINGS
 from inferentia_operator.shell import reconciler as reconciler_module
 from inferentia_operator.shell.act import act
@@ -125,7 +129,7 @@ def a_service(rv: int) -> dict[str, Any]:
 
     m = check_model("m", NS, model["spec"], uid="uid-m").model
     assert m is not None
-    return with_rv(children.service(m), rv)
+    return with_rv(service(m), rv)
 
 
 # -- the cache's overlay -----------------------------------------------------------------------
@@ -553,7 +557,7 @@ def test_a_node_whose_neuron_devices_fail_is_named_in_the_status_of_the_models_o
 
     kube = FakeKube()
     model = stored_model()
-    template = children.serving_deployment(check_model("m", NS, model["spec"], uid="uid-m").model)["spec"]["template"]["spec"]
+    template = serving_deployment(check_model("m", NS, model["spec"], uid="uid-m").model)["spec"]["template"]["spec"]
     pod = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "m-1", "namespace": NS, "uid": "pod-uid", "resourceVersion": "5",
@@ -613,7 +617,7 @@ def test_a_replica_on_a_failing_node_is_taken_out_of_traffic_by_its_uid_before_a
 
     kube = FakeKube()
     model = stored_model()
-    template = children.serving_deployment(check_model("m", NS, model["spec"], uid="uid-m").model)["spec"]["template"]
+    template = serving_deployment(check_model("m", NS, model["spec"], uid="uid-m").model)["spec"]["template"]
 
     def pod(name: str, node: str) -> dict[str, Any]:
         return {
@@ -631,7 +635,7 @@ def test_a_replica_on_a_failing_node_is_taken_out_of_traffic_by_its_uid_before_a
     healthy["metadata"]["name"] = "n2"
     r.cache.indexes["neuron_node_index"] = {"n1": [project_neuron_node(NEURON_FAULT_NODE)], "n2": [project_neuron_node(healthy)]}
     asyncio.run(r.reconcile((NS, "m")))
-    assert kube.labelled == [(NS, "m-1", "uid-m-1", {children.TRAFFIC_LABEL: "off"})]
+    assert kube.labelled == [(NS, "m-1", "uid-m-1", {TRAFFIC_LABEL: "off"})]
     first_write = next(i for i, call in enumerate(kube.calls) if call[0] in ("apply", "create") and call[1] != "Event")
     assert kube.calls.index(("label", "Pod", "m-1")) < first_write
     fault = {c["type"]: c for c in kube.objects[(api.KIND, "m")]["status"]["conditions"]}["DeviceFault"]
@@ -680,7 +684,7 @@ def test_a_neuron_node_that_comes_goes_or_changes_reconciles_the_models_that_fil
     filling, plain = stored_model("m", **{"compile.image": "example.com/compile:1"}), stored_model("plain")
     m = placed(check_model("m", NS, filling["spec"], uid="uid-m").model, settings)
     kube = FakeKube()
-    r = reconciler_with(kube, filling, plain, done(children.compile_job(m)))
+    r = reconciler_with(kube, filling, plain, done(compile_job(m)))
     r.settings = replace(settings)
     asyncio.run(r.reconcile((NS, "m")))
     asyncio.run(r.reconcile((NS, "plain")))

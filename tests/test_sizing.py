@@ -7,9 +7,11 @@ import pytest
 
 from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.catalogue import GIB
-from inferentia_operator.core.children import Model, compile_job, serving_deployment
+from inferentia_operator.core.compile.job import compile_job
 from inferentia_operator.core.planner import plan
+from inferentia_operator.core.pod.model import Model
 from inferentia_operator.core.rules import check_spec
+from inferentia_operator.core.serving.deployment import serving_deployment
 from specs import DROP, make_spec
 
 LLAMA_8B = {

@@ -17,12 +17,12 @@ from .batching.limits import DEFAULT_LIMITS, MIB, Limits
 from .core.api import InferentiaModelSpec, Plan
 from .core.autoscaling import Prometheus, target_in_flight
 from .core.catalogue import FAMILIES, GIB
-from .core.children import plan_document
 from .core.cores import device_memory_per_process
 from .core.crd import crd_yaml
 from .core.decide import rendered
 from .core.names import ALLOCATIONS, DEFAULT_OPERATOR_IMAGE, DEVICE_PLUGIN
-from .core.routing import DEFAULT_EPP_IMAGE
+from .core.pod.model import plan_document
+from .core.routing.pool import DEFAULT_EPP_IMAGE
 from .core.settings import DEFAULT_SETTINGS, Settings
 from .manifests import Loaded, ModelDocument, load_models
 

@@ -19,11 +19,11 @@ from typing import Any
 import yaml
 
 from .core import api
-from .core.children import Model
 from .core.findings import Finding, errors
 from .core.model import check_model
 from .core.names import DEVICE_PLUGIN
 from .core.parsing import shown
+from .core.pod.model import Model
 
 MANIFEST_SUFFIXES = {".yaml", ".yml", ".json"}
 # A manifest larger than this is refused unread (the API server's own request limit is 3 MiB).

@@ -160,8 +160,8 @@ def test_the_install_guides_manifests_and_an_amp_scaled_object_are_what_the_api_
     writes for Amazon Managed Prometheus: KEDA's schema takes its authenticationRef and awsRegion."""
     from kit import ROOT
 
-    from inferentia_operator.core import children
     from inferentia_operator.core.autoscaling import Prometheus
+    from inferentia_operator.core.scaling.keda import scaled_object
     from test_decide import built, model_body
 
     c = bare
@@ -174,7 +174,7 @@ def test_the_install_guides_manifests_and_an_amp_scaled_object_are_what_the_api_
     amp = Prometheus("https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-1", authentication="keda-aws",
                      authentication_kind="ClusterTriggerAuthentication", aws_region="us-east-1")  # fmt: skip
     spec = {"serving.batching": {"maxBatchSize": 8}, "autoscaling": {"minReplicas": 1, "maxReplicas": 3}}
-    body = children.scaled_object(built(model_body(**spec)), amp)
+    body = scaled_object(built(model_body(**spec)), amp)
     body["metadata"].pop("ownerReferences")  # no owner in this namespace: the schema is what is checked
     body["metadata"]["namespace"] = "default"
     result = c.kubectl("apply", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(body), check=False)

@@ -137,7 +137,8 @@ def test_a_pod_monitor_only_when_asked_keeping_the_ports_that_serve_the_gauges(c
     Kubernetes service discovery gives the pods the operator builds."""
     import re
 
-    from inferentia_operator.core import children
+    from inferentia_operator.core.pod.ports import SCRAPED_PORTS
+    from inferentia_operator.core.serving.deployment import serving_deployment
     from test_children import THROUGHPUT, VLLM, model
 
     assert "PodMonitor" not in [d["kind"] for d in helm_template(cluster)]
@@ -164,9 +165,9 @@ def test_a_pod_monitor_only_when_asked_keeping_the_ports_that_serve_the_gauges(c
                     kept.add(name)
         return kept
 
-    batched = children.serving_deployment(model(**{**THROUGHPUT, "serving.batching": {"maxBatchSize": 4}}))
-    vllm = children.serving_deployment(model(**VLLM))
-    plain = children.serving_deployment(model(**THROUGHPUT))
+    batched = serving_deployment(model(**{**THROUGHPUT, "serving.batching": {"maxBatchSize": 4}}))
+    vllm = serving_deployment(model(**VLLM))
+    plain = serving_deployment(model(**THROUGHPUT))
     for deployment in (batched, vllm):
         pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
         assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
@@ -174,7 +175,7 @@ def test_a_pod_monitor_only_when_asked_keeping_the_ports_that_serve_the_gauges(c
     # Every vLLM process of the pod (three here): each serves its own /metrics, and the target is the replica's.
     assert scraped(vllm["spec"]["template"]) == {"serve-0", "serve-1", "serve-2"}
     relabeled = next(r for r in monitor["spec"]["podMetricsEndpoints"][0]["relabelings"] if r.get("action") == "keep")
-    assert relabeled["regex"] == children.SCRAPED_PORTS  # the chart's and the code's, one rule
+    assert relabeled["regex"] == SCRAPED_PORTS  # the chart's and the code's, one rule
     assert scraped(plain["spec"]["template"]) == set()  # the model server exports no gauges
     # The labels the ScaledObjects' queries read.
     relabel = {r["targetLabel"]: r["sourceLabels"] for r in monitor["spec"]["podMetricsEndpoints"][0]["relabelings"] if "targetLabel" in r}

@@ -12,8 +12,9 @@ import pytest
 from kit import wait_for
 from test_operator import COMPILE_IMAGE, model_of
 
-from inferentia_operator.core import children
 from inferentia_operator.core.holds import hold_label
+from inferentia_operator.core.pod.artefact import compiled_uri
+from inferentia_operator.core.serving.deployment import serving_deployment
 from specs import make_model
 
 
@@ -38,11 +39,11 @@ def test_a_replica_goes_to_the_node_whose_cache_holds_its_artefact(cluster, name
     )
     assert len(candidates) >= 3, candidates  # else the choice below proves little
     holder = candidates[holder_index]
-    label = hold_label(children.compiled_uri(model))
+    label = hold_label(compiled_uri(model))
     for i, node in enumerate(candidates):
         pod = cache_pod(f"cache-{i}", namespace, node, {label: "true"} if node == holder else {})
         cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
-    deployment = children.serving_deployment(model, replicas=1)
+    deployment = serving_deployment(model, replicas=1)
     deployment["metadata"]["namespace"] = namespace
     # No model object stands behind it here: without this, the garbage collector would delete
     # the Deployment of an owner that does not exist.

@@ -13,11 +13,16 @@ import yaml
 from kit import OperatorProcess, bind_user_to_namespaced_roles, bind_user_to_operator_role, condition, wait_for
 
 from conftest import OPERATOR_USER
-from inferentia_operator.core import children
 from inferentia_operator.core.api import InferentiaModelSpec
-from inferentia_operator.core.children import Model
+from inferentia_operator.core.compile.job import compile_job, compile_record_name
 from inferentia_operator.core.drift import applied
 from inferentia_operator.core.planner import plan
+from inferentia_operator.core.pod.artefact import compile_hash, compile_job_name, compiled_uri
+from inferentia_operator.core.pod.meta import selector_string
+from inferentia_operator.core.pod.model import Model, plan_configmap_name, plan_document
+from inferentia_operator.core.serving.deployment import serving_deployment
+from inferentia_operator.core.serving.runtime import vllm_args
+from inferentia_operator.core.serving.service import plan_configmap, service
 from specs import DROP, make_model
 
 COMPILE_IMAGE = "example.com/neuron-compile:1"
@@ -68,24 +73,24 @@ def test_a_model_is_compiled_scheduled_and_ready_with_children_matching_the_plan
     body = wait_ready(cluster, namespace, "resnet")
     m = model_of(body)
     live = {
-        "configmap": cluster.get("configmap", children.plan_configmap_name(m), "-n", namespace),
-        "job": cluster.get("job", children.compile_job_name(m), "-n", namespace),
+        "configmap": cluster.get("configmap", plan_configmap_name(m), "-n", namespace),
+        "job": cluster.get("job", compile_job_name(m), "-n", namespace),
         "deployment": cluster.get("deployment", "resnet", "-n", namespace),
         "service": cluster.get("service", "resnet", "-n", namespace),
     }
     desired = {
-        "configmap": children.plan_configmap(m),
-        "job": children.compile_job(m),
-        "deployment": children.serving_deployment(m),
-        "service": children.service(m),
+        "configmap": plan_configmap(m),
+        "job": compile_job(m),
+        "deployment": serving_deployment(m),
+        "service": service(m),
     }
     for kind in desired:
         assert applied(desired[kind], live[kind]), f"the live {kind} differs from the plan"
     assert condition(live["job"], "Complete")["status"] == "True"
     status = body["status"]
-    assert status["plan"] == children.plan_document(m.plan)
+    assert status["plan"] == plan_document(m.plan)
     assert (status["replicas"], status["readyReplicas"], status["updatedReplicas"]) == (2, 2, 2)
-    assert status["compileJob"] == children.compile_job_name(m)
+    assert status["compileJob"] == compile_job_name(m)
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
         "Validated": "True", "Compiled": "True", "Scheduled": "True",
         "Progressing": "False", "Available": "True", "Ready": "True",
@@ -109,14 +114,14 @@ def test_changing_processes_recompiles_and_rolls_the_new_cores(cluster, operator
     body = wait_ready(cluster, namespace, "m")
     assert body["metadata"]["generation"] == 2
     second = model_of(body)
-    assert children.compile_job_name(first) != children.compile_job_name(second)
+    assert compile_job_name(first) != compile_job_name(second)
     jobs = sorted(j["metadata"]["name"] for j in items(cluster, "jobs", namespace, "m"))
-    assert jobs == sorted([children.compile_job_name(first), children.compile_job_name(second)])
+    assert jobs == sorted([compile_job_name(first), compile_job_name(second)])
     deployment = cluster.get("deployment", "m", "-n", namespace)
     [container] = deployment["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["NEURON_CC_FLAGS"].startswith("--neuroncore-pipeline-cores 2")
-    cm = cluster.get("configmap", children.plan_configmap_name(second), "-n", namespace)
+    cm = cluster.get("configmap", plan_configmap_name(second), "-n", namespace)
     assert [cm["data"][f"env-{i}"].splitlines()[0] for i in range(2)] == [
         "NEURON_RT_VISIBLE_CORES=0-1", "NEURON_RT_VISIBLE_CORES=2-3",
     ]  # fmt: skip
@@ -524,19 +529,19 @@ def test_neuron_2x_samples_reach_ready_with_the_planned_command(cluster, operato
     assert live_model["status"]["plan"]["compiler"] == "neuronx-cc"
     assert live_model["status"]["plan"]["tensorParallelSize"] == m.plan.group_size
     deployment = cluster.get("deployment", name, "-n", namespace)
-    assert applied(children.serving_deployment(m), deployment)
+    assert applied(serving_deployment(m), deployment)
     [container] = deployment["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["/bin/sh", "/etc/inferentia/launch.sh"]
-    assert container["args"] == children.vllm_args(m)
+    assert container["args"] == vllm_args(m)
     # One vLLM server per group, tensor parallel over its logical cores: 2 on inf2, 8 on trn2 at LNC 2.
     assert (
         container["args"][container["args"].index("--tensor-parallel-size") + 1]
         == {"llama-inf2-vllm.yaml": "2", "trn2-lnc2.yaml": "8"}[sample]
     )
     assert container["startupProbe"]["httpGet"]["path"] == "/health"
-    env = json.loads(cluster.get("configmap", children.plan_configmap_name(m), "-n", namespace)["data"]["plan.json"])["env"]
+    env = json.loads(cluster.get("configmap", plan_configmap_name(m), "-n", namespace)["data"]["plan.json"])["env"]
     assert {e["NEURON_LOGICAL_NC_CONFIG"] for e in env} == {"1" if m.plan.family == "inf2" else "2"}
-    [pod] = cluster.get("pod", "-n", namespace, "-l", children.selector_string(m))["items"]
+    [pod] = cluster.get("pod", "-n", namespace, "-l", selector_string(m))["items"]
     node = cluster.get("node", pod["spec"]["nodeName"])
     assert node["metadata"]["labels"]["node.kubernetes.io/instance-type"] in m.plan.instance_types
 
@@ -691,7 +696,7 @@ def test_an_api_server_outage_with_etcd_compaction_is_survived_without_a_restart
 def test_every_owned_field_edited_or_deleted_is_repaired(cluster, operator, namespace, kind, patch):
     apply_model(cluster, namespace, "m")
     m = model_of(wait_ready(cluster, namespace, "m"))
-    desired = {"deployment": children.serving_deployment(m), "service": children.service(m), "configmap": children.plan_configmap(m)}[kind]
+    desired = {"deployment": serving_deployment(m), "service": service(m), "configmap": plan_configmap(m)}[kind]
     name = desired["metadata"]["name"]
     if patch is None:
         cluster.kubectl("delete", kind, name, "-n", namespace)
@@ -728,7 +733,7 @@ def test_a_model_with_batching_gets_the_front_end_its_port_and_its_readiness(clu
     body = wait_ready(cluster, namespace, "batched")
     m = model_of(body)
     deployment = cluster.get("deployment", "batched", "-n", namespace)
-    assert applied(children.serving_deployment(m), deployment)
+    assert applied(serving_deployment(m), deployment)
     names = [c["name"] for c in deployment["spec"]["template"]["spec"]["containers"]]
     assert names == ["serve", "batcher"]
     batcher = deployment["spec"]["template"]["spec"]["containers"][1]
@@ -802,16 +807,16 @@ def test_a_namespace_user_cannot_forge_a_compile_cache_hit(cluster, operator, na
     as_mallory = (cluster.local or cluster.node).user_kubeconfig(user)
     spec = {"compile.image": COMPILE_IMAGE}
     m = model_of({**make_model("m", namespace, **spec), "metadata": {"name": "m", "namespace": namespace, "uid": "-"}})
-    uri = children.compiled_uri(m)
+    uri = compiled_uri(m)
     labels = {"app.kubernetes.io/managed-by": "inferentia-operator", "app.kubernetes.io/part-of": "inferentia-operator"}
     record = {
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {
-            "name": children.compile_record_name(m), "namespace": namespace,
+            "name": compile_record_name(m), "namespace": namespace,
             "labels": {**labels, "app.kubernetes.io/component": "compile-record"},
             "annotations": {"inferentia.dev/proof": "0" * 64},
         },
-        "data": {"uri": uri, "key": children.compile_hash(m), "job": "compile-forged", "model": "m"},
+        "data": {"uri": uri, "key": compile_hash(m), "job": "compile-forged", "model": "m"},
     }  # fmt: skip
     job = {
         "apiVersion": "batch/v1", "kind": "Job",
@@ -839,12 +844,12 @@ def test_a_namespace_user_cannot_forge_a_compile_cache_hit(cluster, operator, na
     apply_model(cluster, namespace, "m", **spec)
     body = wait_ready(cluster, namespace, "m")
     status = body["status"]
-    assert (status["compileCacheHit"], status["compileJob"]) == (False, children.compile_job_name(m))
+    assert (status["compileCacheHit"], status["compileJob"]) == (False, compile_job_name(m))
     assert condition(body, "Compiled")["reason"] == "Compiled"
-    own = cluster.get("job", children.compile_job_name(m), "-n", namespace)
+    own = cluster.get("job", compile_job_name(m), "-n", namespace)
     assert own["metadata"]["annotations"]["inferentia.dev/proof"] != "0" * 64
     # The operator never writes over the forged record, which holds the record's name.
-    assert cluster.get("configmap", children.compile_record_name(m), "-n", namespace)["data"]["job"] == "compile-forged"
+    assert cluster.get("configmap", compile_record_name(m), "-n", namespace)["data"]["job"] == "compile-forged"
 
 
 def test_a_child_created_by_a_post_becomes_the_operators_apply_before_its_first_apply(cluster, namespace, monkeypatch):

@@ -19,8 +19,8 @@ from kit import helm_template, wait_for
 from test_real_node import object_store, routed, store_client
 
 import realnode
-from inferentia_operator.core.children import COMPILED_DIR
 from inferentia_operator.core.holds import NODE_CACHE_AUDIENCE, NODE_VIEW_DIR, hold_label
+from inferentia_operator.core.pod.dirs import COMPILED_DIR
 from inferentia_operator.fetch import upload
 
 pytestmark = pytest.mark.usefixtures("real_node")

@@ -17,7 +17,7 @@ from kit import wait_for
 from test_real_node import apply, serving_pods, wait_ready
 
 from endpointpicker import EndpointPicker
-from inferentia_operator.core.routing import PICKER_CONFIG
+from inferentia_operator.core.routing.pool import PICKER_CONFIG
 
 pytestmark = pytest.mark.usefixtures("operator")
 

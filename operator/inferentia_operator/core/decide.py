@@ -19,22 +19,22 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from . import api, status
-from .children import Model
+from .cleanup.part import cleanup_part
+from .compile.part import CompilePart, compile_part
+from .device_claims.part import device_claims_part
+from .device_faults.part import DeviceFaultPart, device_fault_part
 from .drift import applied
+from .fill_ahead.part import FillAheadPart, fill_ahead_part
 from .kinds import WRITTEN_ONCE
 from .model import CheckedModel, check_model
 from .objects import Obj
 from .ownership import foreign_owner
-from .parts import Part
-from .parts.cleanup import cleanup_part
-from .parts.compile import CompilePart, compile_part
-from .parts.device_claims import device_claims_part
-from .parts.device_faults import DeviceFaultPart, device_fault_part
-from .parts.fill_ahead import FillAheadPart, fill_ahead_part
-from .parts.routing import RoutingPart, routing_part
-from .parts.scale_to_zero import ScaleToZeroPart, scale_to_zero_part
-from .parts.scaling import ScalingPart, scaling_part
-from .parts.serving import ServingPart, serving_part
+from .pod.model import Model
+from .pod.part import Part
+from .routing.part import RoutingPart, routing_part
+from .scale_to_zero.part import ScaleToZeroPart, scale_to_zero_part
+from .scaling.part import ScalingPart, scaling_part
+from .serving.part import ServingPart, serving_part
 from .settings import DEFAULT_SETTINGS, Settings
 from .status import Conflict, Observed, Report, ReportBasis, ServingFacts
 

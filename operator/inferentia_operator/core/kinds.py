@@ -14,7 +14,7 @@ from typing import Any
 from .autoscaling import SCALED_OBJECT_KIND
 from .names import GROUP_KIND
 from .projection import project, project_pod
-from .routing import INFERENCE_POOL_KIND
+from .routing.pool import INFERENCE_POOL_KIND
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .api import InferentiaModelSpec
-from .children import Model, plan_size_findings
 from .findings import Finding, errors
 from .names import DEFAULT_OPERATOR_IMAGE, DEVICE_PLUGIN
 from .parsing import parse_spec
 from .planner import plan
+from .pod.model import Model, plan_size_findings
 from .rules import check_name, check_namespace
 from .rules.scheduling import check_family_named, check_scheduler
 

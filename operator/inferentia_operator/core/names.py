@@ -27,8 +27,10 @@ TRAFFIC_ON, TRAFFIC_OFF = "on", "off"
 PLAN_HASH_ANNOTATION = f"{GROUP}/plan-hash"
 COMPILE_HASH_LABEL = f"{GROUP}/compile-hash"
 COMPILE_INPUTS_ANNOTATION = f"{GROUP}/compile-inputs"
-# The component label of the operator's records of completed compiles (children.compile_record).
+# The component label of the operator's records of completed compiles (compile/job.py, compile_record).
 COMPILE_RECORD_COMPONENT = "compile-record"
+# The component label of the fill-ahead part's Jobs (fill_ahead/part.py), which the clean-up leaves to it.
+FILL_COMPONENT = "fill"
 # The label the Job controller puts on its pods (Kubernetes 1.27 and later).
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 

@@ -12,11 +12,12 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
-from inferentia_operator.core import api, children
+from inferentia_operator.core import api
 from inferentia_operator.core.catalogue import HOSTS
 from inferentia_operator.core.holds import NODE_CACHE_POD_LABEL, held_keys
 from inferentia_operator.core.names import COMPILE_RECORD_COMPONENT, COMPONENT_LABEL, FIELD_MANAGER, MODEL_LABEL
 from inferentia_operator.core.objects import Obj, as_mapping
+from inferentia_operator.core.pod.artefact import job_output_uri
 
 _METADATA_KEPT = (
     "name", "namespace", "uid", "labels", "annotations", "ownerReferences",
@@ -229,7 +230,7 @@ def compile_uri(body: Mapping[str, Any]) -> str | None:
         uri = (body.get("data") or {}).get("uri")
         return str(uri) if uri else None
     if body.get("kind") == "Job" and component == "compile":
-        return children.job_output_uri(body)
+        return job_output_uri(body)
     return None
 
 

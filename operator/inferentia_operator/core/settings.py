@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from .autoscaling import NO_PROMETHEUS, Prometheus
 from .names import DEFAULT_OPERATOR_IMAGE, DEVICE_PLUGIN
 from .proof import NO_PROVER, Prover
-from .routing import DEFAULT_EPP_IMAGE
+from .routing.pool import DEFAULT_EPP_IMAGE
 
 
 @dataclass(frozen=True)

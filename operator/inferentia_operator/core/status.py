@@ -26,7 +26,7 @@ from .autoscaling import condition as autoscaling_condition
 from .names import COMPONENT_LABEL, GROUP_KIND, JOB_NAME_LABEL, PLAN_HASH_ANNOTATION, WORKER_INDEX_LABEL
 from .objects import Obj
 from .projection import FAILURE_MESSAGE_CHARS
-from .routing import EPP_SUFFIX, INFERENCE_POOL_KIND, routing_child, routing_condition
+from .routing.pool import EPP_SUFFIX, INFERENCE_POOL_KIND, routing_child, routing_condition
 
 # Flux's kstatus reads only observedGeneration and the "abnormal-true" Reconciling and
 # Stalled conditions of a custom resource (anything else counts as Current), so they

@@ -15,11 +15,11 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferentia_operator.core import children
 from inferentia_operator.core.decide import Decision
 from inferentia_operator.core.names import COMPONENT_LABEL, TRAFFIC_LABEL
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.ownership import foreign_owner, is_compile_job_of_ours
+from inferentia_operator.core.pod.artefact import job_output_uri
 from inferentia_operator.core.projection import OWN_UPDATE_ENTRY, project, project_record
 from inferentia_operator.core.proof import PROOF_ANNOTATION, Prover
 from inferentia_operator.core.status import Conflict, Observed, WriteFailure
@@ -154,7 +154,7 @@ def prove_job(kube: Kube, job: dict[str, Any], prover: Prover) -> dict[str, Any]
     from the create's answer: it names the Job's UID, which only exists from then on. Should
     this fail, the Job is never trusted and its model says CompileJobUnverified."""
     meta = job["metadata"]
-    proof = prover.job(meta["namespace"], meta["name"], meta["uid"], children.job_output_uri(job) or "")
+    proof = prover.job(meta["namespace"], meta["name"], meta["uid"], job_output_uri(job) or "")
     return kube.annotate("Job", meta["namespace"], meta["name"], {PROOF_ANNOTATION: proof})
 
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from inferentia_operator.core import routing
-from inferentia_operator.core.children import Model
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.ownership import foreign_owner
+from inferentia_operator.core.pod.model import Model
+from inferentia_operator.core.pod.part import Part, ref
+from inferentia_operator.core.routing import pool as routing
 from inferentia_operator.core.settings import Settings
 from inferentia_operator.core.status import Observed, RoutingFacts
-
-from . import Part, ref
 
 
 @dataclass(frozen=True)

@@ -40,20 +40,24 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from inferentia_operator.core import api, children, status
+from inferentia_operator.core import api, status
 from inferentia_operator.core.catalogue import INSTANCE_TYPE_LABEL
-from inferentia_operator.core.children import Model
 from inferentia_operator.core.holds import hold_key
-from inferentia_operator.core.names import COMPONENT_LABEL
+from inferentia_operator.core.names import COMPONENT_LABEL, FILL_COMPONENT
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.placement import pod_placement
+from inferentia_operator.core.pod.affinity import NEURON_TOLERATION, serving_affinity
+from inferentia_operator.core.pod.artefact import compiled_uri, fetched_uris
+from inferentia_operator.core.pod.containers import pod_security
+from inferentia_operator.core.pod.fetch import fetch_container, node_cache_token_volumes, node_view_volumes
+from inferentia_operator.core.pod.meta import child_metadata, labels, service_account
+from inferentia_operator.core.pod.model import Model, stable_hash
+from inferentia_operator.core.pod.nodes import selects
+from inferentia_operator.core.pod.part import Part, ref
+from inferentia_operator.core.pod.volumes import gib_quantity
 from inferentia_operator.core.projection import project_pod_spec
 from inferentia_operator.core.status import FILLED_AHEAD, Observed, job_state
 
-from . import Part, ref
-from .device_faults import selects
-
-FILL_COMPONENT = "fill"
 # A model fills at most this many nodes ahead: each fill reads the whole artefact from the store.
 MAX_FILL_NODES = 16
 NAMED = 3  # nodes a message names; the rest are counted
@@ -92,7 +96,7 @@ def fill_nodes(model: Model, nodes: Mapping[str, Iterable[Mapping[str, Any]]]) -
     """The nodes the model's replicas will go to (module docstring), best first."""
     # The serving pods' placement fields alone, as serving_deployment puts them in its template:
     # not the whole Deployment, at every reconcile.
-    template = pod_placement(model.spec.placement, tolerations=(children.NEURON_TOLERATION,), affinity=children.serving_affinity(model))
+    template = pod_placement(model.spec.placement, tolerations=(NEURON_TOLERATION,), affinity=serving_affinity(model))
     placement = project_pod_spec(template)
     types = set(model.plan.instance_types)
     open_nodes = [
@@ -107,21 +111,21 @@ def fill_nodes(model: Model, nodes: Mapping[str, Iterable[Mapping[str, Any]]]) -
 
 def fill_job_name(model: Model, node: str) -> str:
     """Named after the model, the node and what it fills: a new artefact fills again."""
-    return f"{model.name[:40]}-fill-{children.stable_hash([model.name, node, children.fetched_uris(model)], 12)}"
+    return f"{model.name[:40]}-fill-{stable_hash([model.name, node, fetched_uris(model)], 12)}"
 
 
 def fill_job(model: Model, node: str) -> dict[str, Any]:
     """The fill Job of ``node``: the serving pod's artefact fetch, with --fill, on that node."""
-    fetch = children.fetch_container(model)
+    fetch = fetch_container(model)
     container = {**fetch, "name": "fill", "args": [*fetch["args"], "--fill"]}
     names = {m["name"] for m in container["volumeMounts"]}
     assert model.plan.sizes.artefact_bytes is not None, "a fill without a compile step"
     volumes = [
         # An emptyDir even with serving.storageClassName: a claim per fill would stay bound as
         # long as its finished Job is kept, where an emptyDir goes with the finished pod.
-        {"name": "compiled", "emptyDir": {"sizeLimit": children.gib_quantity(model.plan.sizes.artefact_bytes)}},
-        *children.node_cache_token_volumes(model),
-        *children.node_view_volumes(model),
+        {"name": "compiled", "emptyDir": {"sizeLimit": gib_quantity(model.plan.sizes.artefact_bytes)}},
+        *node_cache_token_volumes(model),
+        *node_view_volumes(model),
         # HOME and /tmp, as every container of the operator's image has them (small: fetch keeps nothing there).
         {"name": "home", "emptyDir": {"sizeLimit": "1Gi"}},
         {"name": "tmp", "emptyDir": {"sizeLimit": model.spec.serving.tmp_size}},
@@ -133,7 +137,7 @@ def fill_job(model: Model, node: str) -> dict[str, Any]:
     }
     placed = pod_placement(
         model.spec.placement,
-        tolerations=(children.NEURON_TOLERATION,),
+        tolerations=(NEURON_TOLERATION,),
         affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [on_node]}}},
     )
     # The model's placement decides where its replicas may go, so the fill keeps exactly that:
@@ -143,17 +147,17 @@ def fill_job(model: Model, node: str) -> dict[str, Any]:
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": children.child_metadata(model, fill_job_name(model, node), FILL_COMPONENT),
+        "metadata": child_metadata(model, fill_job_name(model, node), FILL_COMPONENT),
         "spec": {
             "backoffLimit": FILL_BACKOFF_LIMIT,
             "activeDeadlineSeconds": FILL_SECONDS + (model.plan.sizes.artefact_bytes or 0) // FILL_RATE,
             "template": {
-                "metadata": {"labels": children.labels(model, FILL_COMPONENT)},
+                "metadata": {"labels": labels(model, FILL_COMPONENT)},
                 "spec": {
                     "restartPolicy": "Never",
                     "automountServiceAccountToken": False,
-                    **children.service_account(model),
-                    "securityContext": children.pod_security(model),
+                    **service_account(model),
+                    "securityContext": pod_security(model),
                     "containers": [container],
                     "volumes": volumes,
                     **{k: placed[k] for k in ("nodeSelector", "tolerations") if k in placed},
@@ -174,7 +178,7 @@ def fill_ahead_part(model: Model, observed: Observed, compiled: bool) -> FillAhe
     if not filling:
         return FillAheadPart(delete=stale)
     made = tuple(fill_job(model, node) for node in wanted)
-    key = hold_key(children.compiled_uri(model))
+    key = hold_key(compiled_uri(model))
     lost = tuple(
         ("Job", name) for name, node in jobs.items() if name in live and _lost(live[name], observed.caches.get(node), key, model.node_views)
     )

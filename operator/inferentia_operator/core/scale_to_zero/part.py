@@ -13,17 +13,32 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from inferentia_operator.core import children
 from inferentia_operator.core.autoscaling import scales_to_zero
-from inferentia_operator.core.children import Model
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.ownership import foreign_owner
+from inferentia_operator.core.pod.meta import HOLDER_SUFFIX, holder_selector
+from inferentia_operator.core.pod.model import Model
+from inferentia_operator.core.pod.part import Part, ref
+from inferentia_operator.core.scale_to_zero.holder import (
+    holder_deployment,
+    holder_network_policy,
+    holder_service,
+    parked_holder,
+    replicas_service,
+)
 from inferentia_operator.core.status import Observed
 
-from . import Part, ref
-from .scaling import ScalingPart
+
+class Scaling(Protocol):
+    """What the autoscaling part concluded (scaling/part.py, ScalingPart), as decide passes it on."""
+
+    @property
+    def scaled(self) -> bool: ...  # a ScaledObject is wanted: autoscaling, and the operator knows Prometheus
+
+    @property
+    def replicas(self) -> int: ...  # spec.replicas, kept within the range while the ScaledObject scales it
 
 
 @dataclass(frozen=True)
@@ -37,41 +52,41 @@ def _available(deployment: Mapping[str, Any] | None) -> int:
     return available if isinstance(available, int) else 0
 
 
-def scale_to_zero_part(model: Model, observed: Observed, scaling: ScalingPart) -> ScaleToZeroPart:
-    holder_name = model.name + children.HOLDER_SUFFIX
+def scale_to_zero_part(model: Model, observed: Observed, scaling: Scaling) -> ScaleToZeroPart:
+    holder_name = model.name + HOLDER_SUFFIX
     if not (scaling.scaled and scales_to_zero(model.spec)):
         stale = _stale_policy(model, observed, None)
         # A model that no longer scales to zero: its holder is parked at no replica, not
         # deleted (the operator may delete no Deployment); its owner's deletion removes it.
         parked = observed.live("Deployment", holder_name)
         if parked is not None and foreign_owner(parked, model.uid, model.name) is None and Obj(parked).spec.get("replicas") != 0:
-            return ScaleToZeroPart((children.parked_holder(model),), delete=stale, replicas=scaling.replicas)
+            return ScaleToZeroPart((parked_holder(model),), delete=stale, replicas=scaling.replicas)
         return ScaleToZeroPart(delete=stale, replicas=scaling.replicas)
-    replicas_service = children.replicas_service(model)
-    holder = children.holder_deployment(model)
+    upstream = replicas_service(model)
+    holder = holder_deployment(model)
     # The holder's pods find the replicas Service by the variables the kubelet sets for every
     # Service that exists when a pod is created (batching/holder.py): so the holder waits for it.
-    held = frozenset() if observed.live("Service", Obj(replicas_service).name) is not None else frozenset({ref(holder)})
+    held = frozenset() if observed.live("Service", Obj(upstream).name) is not None else frozenset({ref(holder)})
     holder_up = _available(observed.live("Deployment", holder_name)) > 0
     deployment = observed.own("Deployment")
     warm = scaling.replicas > 0 and _available(deployment) > 0
     to_holder = holder_up and not warm
-    at_holder = Obj(observed.own("Service")).spec.get("selector") == children.holder_selector(model)
+    at_holder = Obj(observed.own("Service")).spec.get("selector") == holder_selector(model)
     replicas = scaling.replicas
     if replicas == 0 and not (to_holder and at_holder):
         replicas = max(Obj(deployment).spec.get("replicas") or 0, 1)
     # The holder's external scaler, which the ScaledObject's external-push trigger connects to,
     # and (with --keda-namespace) the policy that lets KEDA alone reach it.
-    scaler_service = children.holder_service(model)
-    policy = children.holder_network_policy(model)
-    built = (replicas_service, holder, scaler_service, *([policy] if policy else []))
+    scaler_service = holder_service(model)
+    policy = holder_network_policy(model)
+    built = (upstream, holder, scaler_service, *([policy] if policy else []))
     return ScaleToZeroPart(built, held, delete=_stale_policy(model, observed, policy), replicas=replicas, to_holder=to_holder)
 
 
 def _stale_policy(model: Model, observed: Observed, wanted: dict[str, Any] | None) -> tuple[tuple[str, str], ...]:
     """The holder's NetworkPolicy of the operator's, once it is no longer wanted (--keda-namespace
     unset, push activation off): left, a namespace that is no longer KEDA's would keep it out."""
-    name = model.name + children.HOLDER_SUFFIX
+    name = model.name + HOLDER_SUFFIX
     live = observed.live("NetworkPolicy", name)
     if wanted is None and live is not None and foreign_owner(live, model.uid, model.name) is None:
         return (("NetworkPolicy", name),)

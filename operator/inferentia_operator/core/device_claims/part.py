@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from inferentia_operator.core import children
-from inferentia_operator.core.children import Model
+from inferentia_operator.core.device_claims.template import resource_claim_template
 from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.pod.model import Model
+from inferentia_operator.core.pod.part import Part
 from inferentia_operator.core.status import Observed
-
-from . import Part
 
 
 def device_claims_part(model: Model, observed: Observed) -> Part:
-    template = children.resource_claim_template(model)
+    template = resource_claim_template(model)
     # A claim template only makes new claims: once the Deployment's pods no longer name it, it
     # can go (the claims already made from it belong to their pods).
     pod_spec = Obj(Obj(observed.own("Deployment")).spec.get("template")).spec

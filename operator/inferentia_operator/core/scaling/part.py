@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inferentia_operator.core import children
 from inferentia_operator.core.autoscaling import SCALED_OBJECT_KIND, desired_replicas, in_flight_query
-from inferentia_operator.core.children import Model
 from inferentia_operator.core.ownership import foreign_owner
+from inferentia_operator.core.pod.model import Model
+from inferentia_operator.core.pod.part import Part, ref
+from inferentia_operator.core.scaling.keda import scaled_object
 from inferentia_operator.core.settings import Settings
 from inferentia_operator.core.status import Observed, ScalingFacts
-
-from . import Part, ref
 
 
 @dataclass(frozen=True)
@@ -35,7 +34,7 @@ def scaling_part(model: Model, observed: Observed, settings: Settings, has_artef
     facts = ScalingFacts(spec, configured, in_flight_query(spec, model.namespace, model.name, settings.prometheus) if configured else None)
     if not configured:
         return ScalingPart(delete=gone, facts=facts, replicas=desired_replicas(spec, scaled=False, has_artefact=has_artefact))
-    body = children.scaled_object(model, settings.prometheus, has_artefact, push=settings.push_activation)
+    body = scaled_object(model, settings.prometheus, has_artefact, push=settings.push_activation)
     # While the cluster serves no ScaledObjects (KEDA not installed), none is written.
     held = frozenset() if observed.served(SCALED_OBJECT_KIND) else frozenset({ref(body)})
     replicas = desired_replicas(spec, scaled=ours, has_artefact=has_artefact)

@@ -8,13 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from inferentia_operator.core import children
-from inferentia_operator.core.children import Model
-from inferentia_operator.core.leaderworkerset import serving_group
 from inferentia_operator.core.ownership import foreign_owner
+from inferentia_operator.core.pod.meta import selector_string
+from inferentia_operator.core.pod.model import Model, plan_hash
+from inferentia_operator.core.pod.part import ChildRef, Part, ref
+from inferentia_operator.core.serving.deployment import serving_deployment
+from inferentia_operator.core.serving.groups import serving_group
+from inferentia_operator.core.serving.service import disruption_budget, plan_configmap, service, serving_network_policy, serving_policy_name
 from inferentia_operator.core.status import Observed, ServingFacts
-
-from . import ChildRef, Part, ref
 
 
 @dataclass(frozen=True)
@@ -26,11 +27,11 @@ def serving_part(model: Model, compiled: bool, replicas: int, to_holder: bool, o
     """``compiled``: the current plan's artefact exists (or nothing compiles ahead of serving);
     ``replicas``: what autoscaling and scale to zero leave the Deployment; ``to_holder``: the
     model's Service points at the scale-to-zero holder."""
-    workload = serving_group(model, replicas) if model.plan.nodes else children.serving_deployment(model, replicas)
-    facts = ServingFacts(replicas, children.plan_hash(model.plan), model.plan, children.selector_string(model))
+    workload = serving_group(model, replicas) if model.plan.nodes else serving_deployment(model, replicas)
+    facts = ServingFacts(replicas, plan_hash(model.plan), model.plan, selector_string(model))
     held = frozenset() if compiled else frozenset({ref(workload)})
-    made = (children.plan_configmap(model), children.service(model, to_holder), workload, children.disruption_budget(model, replicas))
-    policy = children.serving_network_policy(model)
+    made = (plan_configmap(model), service(model, to_holder), workload, disruption_budget(model, replicas))
+    policy = serving_network_policy(model)
     stale = _stale_policy(model, observed, policy) if observed is not None else ()
     return ServingPart((*made, *([policy] if policy else [])), held, delete=stale, facts=facts)
 
@@ -38,7 +39,7 @@ def serving_part(model: Model, compiled: bool, replicas: int, to_holder: bool, o
 def _stale_policy(model: Model, observed: Observed, policy: dict[str, Any] | None) -> tuple[ChildRef, ...]:
     """The front end's NetworkPolicy of a model that has none any more: it would keep every other
     port of its pods closed. Never someone else's of that name."""
-    name = children.serving_policy_name(model)
+    name = serving_policy_name(model)
     live = observed.live("NetworkPolicy", name)
     if policy is not None or live is None or foreign_owner(live, model.uid, model.name) is not None:
         return ()

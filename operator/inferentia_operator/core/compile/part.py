@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from inferentia_operator.core import api, children, status
-from inferentia_operator.core.children import Model
+from inferentia_operator.core import api, status
+from inferentia_operator.core.compile.job import compile_job, compile_record
 from inferentia_operator.core.names import (
     COMPILE_INPUTS_ANNOTATION,
     COMPILE_RECORD_COMPONENT,
@@ -32,11 +32,19 @@ from inferentia_operator.core.names import (
 )
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.ownership import foreign_owner, is_compile_job_of_ours
+from inferentia_operator.core.pod.artefact import (
+    compile_hash,
+    compile_inputs,
+    compiled_uri,
+    job_output_uri,
+    served_uri,
+)
+from inferentia_operator.core.pod.jobs import newest_earlier_success
+from inferentia_operator.core.pod.model import Model
+from inferentia_operator.core.pod.part import Part
 from inferentia_operator.core.proof import Prover
 from inferentia_operator.core.settings import Settings
 from inferentia_operator.core.status import CompileFacts, Observed, job_state
-
-from . import Part
 
 
 @dataclass(frozen=True)
@@ -51,15 +59,15 @@ class CompilePart(Part):
 
 
 def compile_part(model: Model, observed: Observed, settings: Settings) -> CompilePart:
-    body = children.compile_job(model)
+    body = compile_job(model)
     if body is None:
         return CompilePart(facts=CompileFacts(status.compiled_condition(False, None, None, "")))
     prover = settings.prover
-    name, uri, key = Obj(body).name, children.compiled_uri(model), children.compile_hash(model)
-    changed = tuple(changed_compile_inputs(observed, prover, name, children.compile_inputs(model), uri))
+    name, uri, key = Obj(body).name, compiled_uri(model), compile_hash(model)
+    changed = tuple(changed_compile_inputs(observed, prover, name, compile_inputs(model), uri))
     # The Jobs of this artefact: under the key's name, or (made by an operator that named
     # them after their model) under another; this model's own first, as the overlay has them.
-    jobs = {Obj(j).name: j for j in [*observed.compile_jobs.get(uri, ()), *observed.all("Job")] if children.job_output_uri(j) == uri}
+    jobs = {Obj(j).name: j for j in [*observed.compile_jobs.get(uri, ()), *observed.all("Job")] if job_output_uri(j) == uri}
     made = {n: j for n, j in jobs.items() if prover.made_job(j, uri)}
     live = jobs.get(name)
     ours = live is not None and name in made and foreign_owner(live, Obj(observed.model).uid, model.name) is None
@@ -67,7 +75,7 @@ def compile_part(model: Model, observed: Observed, settings: Settings) -> Compil
     known = trusted_record(observed.compile_records.get(uri), uri, prover)
     reported = status.compile_reported(Obj(complete[0]).name, observed.pods) if complete else {}
     ran, commit = status.share(reported.get("neuronPlacementPercent")), status.revision(reported.get("hubRevision"))
-    record = children.compile_record(model, complete[0], prover, ran, commit) if complete and known is None else None
+    record = compile_record(model, complete[0], prover, ran, commit) if complete and known is None else None
     recorded = (known if known is not None else record or {}).get("data") or {}
     on_neuron = ran if ran is not None else status.share(recorded.get("neuronPlacementPercent"))
     revision = commit or status.revision(recorded.get("hubRevision"))
@@ -116,15 +124,6 @@ def _record_data(record: Mapping[str, Any]) -> dict[str, str]:
     return {k: str(v) for k, v in (record.get("data") or {}).items()}
 
 
-def newest_earlier_success(observed: Observed, prover: Prover, current: str | None) -> Obj | None:
-    """The newest compile Job of an earlier plan that the operator made and that succeeded, if any."""
-    succeeded = [
-        j for j in map(Obj, observed.all("Job"))
-        if j.name != current and job_state(j.raw).phase == "Complete" and prover.made_job(j.raw, children.job_output_uri(j.raw))
-    ]  # fmt: skip
-    return max(succeeded, key=lambda j: j.created, default=None)
-
-
 def changed_compile_inputs(observed: Observed, prover: Prover, current: str | None, inputs: dict[str, Any], uri: str) -> list[str]:
     """The compile inputs that differ from those of the model's previous artefact: the newest
     earlier compile Job of the model that succeeded, else the record of the artefact its
@@ -133,7 +132,7 @@ def changed_compile_inputs(observed: Observed, prover: Prover, current: str | No
     if earlier is not None:
         said = earlier.annotations.get(COMPILE_INPUTS_ANNOTATION, "")
     else:
-        served = children.served_uri(observed.own("Deployment"))
+        served = served_uri(observed.own("Deployment"))
         record = trusted_record(observed.compile_records.get(served), served, prover) if served and served != uri else None
         said = Obj(record).annotations.get(COMPILE_INPUTS_ANNOTATION, "")
     try:

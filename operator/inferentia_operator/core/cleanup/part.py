@@ -8,27 +8,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from inferentia_operator.core import children
-from inferentia_operator.core.children import Model
-from inferentia_operator.core.names import COMPILE_RECORD_COMPONENT, COMPONENT_LABEL, GROUP_KIND
+from inferentia_operator.core.names import COMPILE_RECORD_COMPONENT, COMPONENT_LABEL, FILL_COMPONENT, GROUP_KIND
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.ownership import foreign_owner
+from inferentia_operator.core.pod.artefact import compile_job_name
+from inferentia_operator.core.pod.jobs import newest_earlier_success
+from inferentia_operator.core.pod.model import Model, plan_configmap_name
+from inferentia_operator.core.pod.part import ChildRef, Part
 from inferentia_operator.core.settings import Settings
 from inferentia_operator.core.status import Observed, job_state
 
-from . import ChildRef, Part
-from .compile import newest_earlier_success
-from .fill_ahead import FILL_COMPONENT
-
 
 def cleanup_part(model: Model, observed: Observed, settings: Settings) -> Part:
-    current = children.compile_job_name(model) if model.spec.compile.image is not None else None
+    current = compile_job_name(model) if model.spec.compile.image is not None else None
     kept = newest_earlier_success(observed, settings.prover, current)
     keep = {current, kept.name if kept is not None else None}
     # Fill Jobs are the fill-ahead part's to keep or delete (parts/fill_ahead.py).
     compile_jobs = [Obj(j).name for j in observed.all("Job") if Obj(j).labels.get(COMPONENT_LABEL) != FILL_COMPONENT]
     jobs = [("Job", name) for name in compile_jobs if name is not None and name not in keep]
-    in_use = _plan_configmaps_in_use(observed) | {children.plan_configmap_name(model)}
+    in_use = _plan_configmaps_in_use(observed) | {plan_configmap_name(model)}
     plans = [c for c in map(Obj, observed.all("ConfigMap")) if c.labels.get(COMPONENT_LABEL) != COMPILE_RECORD_COMPONENT]
     unused = [("ConfigMap", c.name) for c in plans if c.name is not None and c.name not in in_use]
     return Part(delete=(*jobs, *unused, *_other_shape(model, observed)))

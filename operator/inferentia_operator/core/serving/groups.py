@@ -19,8 +19,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from .children import Model, child_metadata, serving_deployment
-from .names import GROUP_API_VERSION, GROUP_KIND, PLAN_HASH_ANNOTATION
+from inferentia_operator.core.names import GROUP_API_VERSION, GROUP_KIND, PLAN_HASH_ANNOTATION
+from inferentia_operator.core.pod.meta import child_metadata
+from inferentia_operator.core.pod.model import Model
+from inferentia_operator.core.serving.deployment import serving_deployment
 
 # What a worker's serving container does not have: it answers nothing itself.
 _LEADER_ONLY = ("ports", "readinessProbe", "livenessProbe", "startupProbe")

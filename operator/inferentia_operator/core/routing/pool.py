@@ -19,11 +19,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import api, children
-from .autoscaling import VLLM_GAUGES
-from .children import CONTAINER_SECURITY, Model, labels, non_root_pod_security
-from .names import COMPONENT_LABEL, MODEL_LABEL
-from .objects import Obj
+from inferentia_operator.core import api
+from inferentia_operator.core.autoscaling import VLLM_GAUGES
+from inferentia_operator.core.names import COMPONENT_LABEL, MODEL_LABEL
+from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.pod.containers import CONTAINER_SECURITY, non_root_pod_security
+from inferentia_operator.core.pod.meta import answering_selector, child_metadata, labels
+from inferentia_operator.core.pod.model import Model
+from inferentia_operator.core.pod.ports import process_base_port
 
 INFERENCE_POOL_KIND = "InferencePool"
 INFERENCE_POOL_API_VERSION = "inference.networking.k8s.io/v1"
@@ -50,7 +53,7 @@ def picker_selector(model: Model) -> dict[str, str]:
 def target_ports(model: Model) -> list[int]:
     """The pool's endpoints in a pod: each vLLM process's own port (the picker scrapes each at
     its own /metrics when a pool has more than one; its datastore, PodUpdateOrAddIfNotExist)."""
-    base = children.process_base_port(model)
+    base = process_base_port(model)
     return [base + i for i in range(model.plan.groups)]
 
 
@@ -74,9 +77,9 @@ def inference_pool(model: Model) -> dict[str, Any]:
     return {
         "apiVersion": INFERENCE_POOL_API_VERSION,
         "kind": INFERENCE_POOL_KIND,
-        "metadata": children.child_metadata(model, model.name, "serving"),
+        "metadata": child_metadata(model, model.name, "serving"),
         "spec": {
-            "selector": {"matchLabels": children.answering_selector(model)},
+            "selector": {"matchLabels": answering_selector(model)},
             "targetPorts": [{"number": p} for p in target_ports(model)],
             "endpointPickerRef": {
                 "kind": "Service",
@@ -124,7 +127,7 @@ def picker_deployment(model: Model, image: str) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": children.child_metadata(model, picker_name(model), EPP_COMPONENT),
+        "metadata": child_metadata(model, picker_name(model), EPP_COMPONENT),
         "spec": {
             "replicas": 1,
             # One active picker, as the Extension's chart runs it: Recreate, so an old one never
@@ -155,7 +158,7 @@ def picker_service(model: Model) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": children.child_metadata(model, picker_name(model), EPP_COMPONENT),
+        "metadata": child_metadata(model, picker_name(model), EPP_COMPONENT),
         "spec": {
             "selector": picker_selector(model),
             "ports": [{"name": "grpc-ext-proc", "port": EPP_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "http2"}],
@@ -164,7 +167,7 @@ def picker_service(model: Model) -> dict[str, Any]:
 
 
 def picker_service_account(model: Model) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": children.child_metadata(model, picker_name(model), EPP_COMPONENT)}
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": child_metadata(model, picker_name(model), EPP_COMPONENT)}
 
 
 def picker_role_binding(model: Model, cluster_role: str) -> dict[str, Any]:
@@ -173,7 +176,7 @@ def picker_role_binding(model: Model, cluster_role: str) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": children.child_metadata(model, picker_name(model), EPP_COMPONENT),
+        "metadata": child_metadata(model, picker_name(model), EPP_COMPONENT),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
         "subjects": [{"kind": "ServiceAccount", "name": picker_name(model), "namespace": model.namespace}],
     }

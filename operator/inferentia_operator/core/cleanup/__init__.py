@@ -1,0 +1,1 @@
+"""Clean-up: what earlier plans left, once nothing uses it."""

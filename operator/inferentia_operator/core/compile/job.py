@@ -1,0 +1,211 @@
+"""The compile Job of a plan, with the upload of its artefact, and the record of a completed compile."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from inferentia_operator.core.names import (
+    COMPILE_HASH_LABEL,
+    COMPILE_INPUTS_ANNOTATION,
+    COMPILE_RECORD_COMPONENT,
+    COMPONENT_LABEL,
+    FIELD_MANAGER,
+    MANAGED_BY_LABEL,
+    MODEL_LABEL,
+    PLAN_FILE,
+    PLAN_MOUNT,
+)
+from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.placement import pod_placement
+from inferentia_operator.core.pod.artefact import (
+    compile_fetches_model,
+    compile_hash,
+    compile_id,
+    compile_inputs,
+    compile_job_name,
+    compiled_uri,
+)
+from inferentia_operator.core.pod.containers import CONTAINER_SECURITY, SCRATCH_ENV, pod_security, user_env_from, with_user_env
+from inferentia_operator.core.pod.dirs import COMPILED_DIR, HUB_CACHE_DIR, MODEL_DIR, model_path
+from inferentia_operator.core.pod.fetch import fetch_model_container, operator_container
+from inferentia_operator.core.pod.meta import child_metadata, labels, service_account
+from inferentia_operator.core.pod.model import Model, plan_volume, vllm_nxd, vllm_plugin
+from inferentia_operator.core.pod.vllm import VLLM_PLUGIN_COMPILE_ENV, vllm_engine_args
+from inferentia_operator.core.pod.volumes import artefact_volume, model_volume, scratch_mounts, scratch_volumes
+from inferentia_operator.core.proof import PROOF_ANNOTATION, Prover
+from inferentia_operator.core.sizing import keeps_hub_snapshot
+from inferentia_operator.programs import COMPILE_PROGRAM, NXDI_COMPILE_PROGRAM, VLLM_COMPILE_PROGRAM
+
+
+def compile_record_name(model: Model) -> str:
+    return f"compiled-{compile_id(model)}"
+
+
+def compile_record(
+    model: Model, job: Mapping[str, Any], prover: Prover, placement: float | None = None, revision: str | None = None
+) -> dict[str, Any]:
+    """The operator's record that a compile Job completed, and so uploaded the artefact of
+    this key with its completion marker last (the Job completes only once the upload step has
+    exited 0). A model with the same key, or this one created again, starts from the record
+    instead of running the compiler. It has no owner: like the artefact it vouches for, it
+    outlives the models that used it. Deleting it makes the next model compile again."""
+    job_meta = Obj(job)
+    completed = Obj(job).status.get("completionTime")
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": compile_record_name(model),
+            "namespace": model.namespace,
+            # No model label: the record is nobody's child, and no model's clean-up of its
+            # superseded plans may take it for one of its own.
+            "labels": {
+                COMPONENT_LABEL: COMPILE_RECORD_COMPONENT,
+                MANAGED_BY_LABEL: FIELD_MANAGER,
+                "app.kubernetes.io/part-of": "inferentia-operator",
+                COMPILE_HASH_LABEL: compile_hash(model),
+            },
+            "annotations": {
+                COMPILE_INPUTS_ANNOTATION: json.dumps(compile_inputs(model), sort_keys=True, separators=(",", ":")),
+                # Only the operator can make it: a record without it is no cache hit (core/proof.py).
+                PROOF_ANNOTATION: prover.record(model.namespace, compile_record_name(model), compiled_uri(model)),
+            },
+        },
+        "immutable": True,
+        "data": {
+            "uri": compiled_uri(model),
+            "key": compile_hash(model),
+            "job": job_meta.name or "",
+            "model": job_meta.labels.get(MODEL_LABEL, ""),
+            **({"completed": str(completed)} if completed else {}),
+            # How much of the model runs on Neuron, as its compile reported it: a later cache hit says it too.
+            **({"neuronPlacementPercent": str(placement)} if placement is not None else {}),
+            # The Hub commit the artefact keeps, which every replica serves: a later cache hit serves it too.
+            **({"hubRevision": revision} if revision is not None else {}),
+        },
+    }
+
+
+def upload_container(model: Model) -> dict[str, Any]:
+    """The compile Job's last step: upload the artefact, then its completion marker."""
+    return operator_container(
+        model,
+        "upload",
+        ["upload", "--from", COMPILED_DIR, "--to", compiled_uri(model)],
+        [{"name": "compiled", "mountPath": COMPILED_DIR, "readOnly": True}],
+    )
+
+
+def compile_resources(model: Model) -> dict[str, dict[str, str]]:
+    """What the compile Job requests, so that it is never BestEffort (the first pod evicted)
+    and a node can be chosen for it: the plan's (sizing.compile_cpu, sizing.compile_memory)."""
+    sizes = model.plan.sizes
+    assert sizes.compile_cpu is not None and sizes.compile_memory is not None, "compile resources without a compile step"
+    return {"requests": {"cpu": sizes.compile_cpu, "memory": sizes.compile_memory}, "limits": {"memory": sizes.compile_memory}}
+
+
+def compile_job(model: Model) -> dict[str, Any] | None:
+    """The compile Job of this plan, or None when nothing is compiled ahead.
+
+    Its pod runs three steps in order: the operator's image fetches the model (when it is
+    remote), the compile container traces it in compile.image and writes the artefact to a
+    shared emptyDir, and the operator's image uploads it, completion marker last. The
+    compile step needs nothing of the operator's image and the upload nothing of the user's."""
+    if not model.spec.compile.image:
+        return None
+    env = {
+        "INFERENTIA_MODEL_URI": model.spec.model.uri,
+        "INFERENTIA_MODEL_PATH": model_path(model),
+        "INFERENTIA_COMPILER": model.plan.compiler,
+        "INFERENTIA_OUTPUT_URI": compiled_uri(model),
+        "INFERENTIA_COMPILED_MODEL_DIR": COMPILED_DIR,
+        "NEURON_CC_FLAGS": " ".join(model.plan.compiler_args),
+        "INFERENTIA_PLAN_FILE": PLAN_FILE,
+    }
+    command = ["python3", f"{PLAN_MOUNT}/{COMPILE_PROGRAM}"]
+    if model.plan.compiler == "neuronx-cc":
+        # No Neuron device in the Job: torch-neuronx traces on the CPU (cpu_backend=True, the
+        # program's docstring) for the target set before it is imported, as optimum-neuron does
+        # (huggingface/optimum-neuron PR #961); NxD Inference and the plugin read it too.
+        env["NEURON_PLATFORM_TARGET_OVERRIDE"] = model.plan.family
+    if vllm_nxd(model):
+        # vLLM on NxD Inference: its compiled model, through NxD Inference's own API, for the
+        # family's target (the Job has no device to detect it from), into the directory the
+        # upload step uploads and the serving pods' NEURON_COMPILED_ARTIFACTS names.
+        command = ["python3", f"{PLAN_MOUNT}/{NXDI_COMPILE_PROGRAM}"]
+        env["INFERENTIA_VLLM_ENGINE_ARGS"] = json.dumps(vllm_engine_args(model), sort_keys=True)
+    if vllm_plugin(model):
+        # The plugin's own compile at warm-up, on the CPU for the family's target, into the
+        # directory the upload step uploads.
+        command = ["python3", f"{PLAN_MOUNT}/{VLLM_COMPILE_PROGRAM}"]
+        env |= {
+            **VLLM_PLUGIN_COMPILE_ENV,
+            "NEURON_LOGICAL_NC_CONFIG": str(model.plan.lnc),
+            "VLLM_CACHE_ROOT": COMPILED_DIR,
+            "INFERENTIA_VLLM_ENGINE_ARGS": json.dumps(vllm_engine_args(model), sort_keys=True),
+        }
+    if keeps_hub_snapshot(model.spec):
+        env["INFERENTIA_HUB_CACHE"] = HUB_CACHE_DIR
+    metadata = child_metadata(model, compile_job_name(model), "compile")
+    metadata["labels"][COMPILE_HASH_LABEL] = compile_hash(model)
+    # What was compiled, so that status can say which part of the key a new compile changed.
+    metadata["annotations"] = {COMPILE_INPUTS_ANNOTATION: json.dumps(compile_inputs(model), sort_keys=True, separators=(",", ":"))}
+    compile_step: dict[str, Any] = {
+        "name": "compile",
+        # The user's Neuron framework image: its python3, torch and torch-neuron(x) run the
+        # operator's compile program from the plan; for the vLLM preset, its vLLM Neuron plugin
+        # (trn2, trn3) or its NxD Inference (inf2, trn1) runs the operator's compile step for it.
+        "command": command,
+        "image": model.spec.compile.image,
+        # The serving container's own variables and sources too (an HF_TOKEN for a gated
+        # model, say): the compile reads the same model, and yours win over the planned ones.
+        **user_env_from(model),
+        "env": with_user_env(model, {**SCRATCH_ENV, **env}),
+        "resources": compile_resources(model),
+        "securityContext": CONTAINER_SECURITY,
+        # The program's last words become the container's termination message, which status reports.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [
+            {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
+            {"name": "compiled", "mountPath": COMPILED_DIR},
+            *([{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}] if compile_fetches_model(model) else []),
+            *scratch_mounts(),
+        ],
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata,
+        "spec": {
+            # A compile is deterministic: one retry covers a flaky node, more only waste time.
+            # Evictions and preemptions do not count against it, so the deadline bounds them:
+            # past it the Job fails (DeadlineExceeded) and status says Compiled=False.
+            "backoffLimit": 1,
+            "activeDeadlineSeconds": model.spec.compile.timeout_seconds,
+            "podFailurePolicy": {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]},
+            "template": {
+                "metadata": {"labels": labels(model, "compile")},
+                "spec": {
+                    # Compiling needs no Neuron device: it runs on ordinary nodes. Nor
+                    # does it need the API: no ServiceAccount token is mounted.
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
+                    **service_account(model),
+                    # The model's own placement for compiles alone: no Neuron device, so no
+                    # Neuron toleration unless it lists one.
+                    **pod_placement(model.spec.compile.placement),
+                    "securityContext": pod_security(model),
+                    "initContainers": [*([fetch_model_container(model)] if compile_fetches_model(model) else []), compile_step],
+                    "containers": [upload_container(model)],
+                    "volumes": [
+                        plan_volume(model),
+                        artefact_volume(model),
+                        *([model_volume(model)] if compile_fetches_model(model) else []),
+                        *scratch_volumes(model, model.plan.sizes.compile_home_bytes or model.plan.sizes.home_bytes),
+                    ],
+                },
+            },
+        },
+    }

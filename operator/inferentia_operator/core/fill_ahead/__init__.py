@@ -1,0 +1,1 @@
+"""Fill-ahead: the artefact copied into node caches before a scale-up needs it."""

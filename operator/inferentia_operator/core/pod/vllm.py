@@ -1,0 +1,72 @@
+"""The vLLM preset (spec.serving.runtime: vllm): which of AWS's two ways runs it on the
+family, and the engine arguments the serving pods' flags and the compile step both give it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inferentia_operator.core import neuron_images
+from inferentia_operator.core.pod.dirs import MODEL_DIR, remote_model
+from inferentia_operator.core.pod.model import Model, vllm_nxd
+
+# The vLLM preset (spec.serving.runtime: vllm), on what AWS supports for the family
+# (catalogue.Family.vllm). Its OpenAI-compatible server answers /health once the model is loaded.
+VLLM_SERVER = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+# - inf2 and trn1: vLLM on NxD Inference. VLLM_NEURON_FRAMEWORK selects it, and
+#   NEURON_COMPILED_ARTIFACTS points it at a pre-compiled model, which it loads instead of
+#   compiling at start
+#   (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/developer_guides/migrate-from-tnx-to-nxdi.html,
+#   https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/developer_guides/vllm-user-guide-v1.html).
+#   The compile Job makes that model with the operator's program (nxdi_compile.py), through NxD
+#   Inference's own API, for the family's target on an ordinary node.
+VLLM_ENV = {"VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference"}
+# - trn2 and trn3: the vLLM Neuron plugin, which "registers itself with vLLM via its entry
+#   point" (no VLLM_NEURON_FRAMEWORK, no --device neuron) and compiles at warm-up, one graph per
+#   bucket, into its local cache under $VLLM_CACHE_ROOT/neuron/compile_cache/<hash>/
+#   (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/getting-started/migration-nxdi-to-vllm-neuron.html,
+#   https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/compilation/compilation_cache.html).
+#   The compile Job fills that cache on an ordinary node: CPU compilation for the family's
+#   target (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/compilation/cpu_compilation.html).
+VLLM_PLUGIN_COMPILE_ENV = {"VLLM_NEURON_CPU_COMPILE": "1"}
+# With a compiled artefact, a cache miss must end the server, never start a compile in the
+# serving pod: VLLM_NEURON_DISABLE_WARMUP_COMPILE=1 "treats a local cache miss as a fatal
+# error" (the Compilation Cache page above).
+VLLM_PRECOMPILED_ENV = {"VLLM_NEURON_DISABLE_WARMUP_COMPILE": "1"}
+
+
+def vllm_engine_args(model: Model) -> dict[str, Any]:
+    """vLLM's engine arguments, as the serving pods' flags and the plugin's compile step give
+    them: the model, tensor parallel over the group's (logical) cores, the largest bucket's
+    last dimension as the sequence length, and serving.batching.maxBatchSize as the sequences."""
+    args: dict[str, Any] = {"model": model.spec.model.uri}
+    if remote_model(model):
+        # Fetched into the pod first (serving_fetches_model, compile_fetches_model), and served
+        # under its URI, which clients name.
+        args = {"model": MODEL_DIR, "served_model_name": model.spec.model.uri}
+    if not model.plan.nodes:
+        # Across nodes the degree is the override config's (multi_node_command), as vLLM's launcher gives it.
+        args["tensor_parallel_size"] = model.plan.tensor_parallel_size
+    if model.plan.buckets:
+        args["max_model_len"] = max(b[-1] for b in model.plan.buckets)
+    if model.spec.serving.batching:
+        args["max_num_seqs"] = model.spec.serving.batching.max_batch_size
+    if vllm_nxd(model):
+        # vLLM on NxD Inference, as its guide's known issues ask: "Users are required to provide a
+        # num_gpu_blocks_override arg, which should be at least ceil(max_model_len // block_size) *
+        # max_num_seqs ... to avoid a potential OOB error"; without prefix caching vllm-neuron's
+        # platform makes block_size max_model_len, so that is max_num_seqs
+        # (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/developer_guides/vllm-user-guide-v1.html;
+        # vllm-project/vllm-neuron, vllm_neuron/platform.py). Prefix caching stays off: its KV
+        # layout would have to be compiled in, and the guide's known issues say it "generates
+        # incorrect outputs" at batch size 1. The compile program builds the same NeuronConfig
+        # from these arguments (nxdi_compile.py).
+        # Off whatever else is set: on, vllm-neuron's platform asserts "When prefix caching is
+        # enabled, block_size must be set". vLLM's V0 worker asserts num_gpu_blocks ==
+        # max_num_seqs + 1 (vllm/worker/neuron_worker.py, 0.9.2 to 0.10.1.1), so no override there.
+        args["enable_prefix_caching"] = False
+        # Across nodes the worker is V0's whatever the image (rules/nodes.py, NODES_IMAGE).
+        image = neuron_images.lookup(model.spec.serving.image)
+        v0 = bool(model.plan.nodes) or (image is not None and image.vllm_serving == neuron_images.VLLM_V0)
+        if "max_num_seqs" in args and "max_model_len" in args and not v0:
+            args["num_gpu_blocks_override"] = args["max_num_seqs"]
+    return args

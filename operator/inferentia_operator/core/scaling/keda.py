@@ -1,0 +1,20 @@
+"""The model's KEDA ScaledObject (:mod:`inferentia_operator.core.autoscaling` builds its body)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inferentia_operator.core.autoscaling import Prometheus, scales_to_zero
+from inferentia_operator.core.autoscaling import scaled_object as autoscaling_object
+from inferentia_operator.core.pod.meta import child_metadata
+from inferentia_operator.core.pod.model import Model
+from inferentia_operator.core.pod.ports import holder_scaler_address
+
+
+def scaled_object(model: Model, prometheus: Prometheus, has_artefact: bool = True, push: bool = True) -> dict[str, Any]:
+    """The KEDA ScaledObject of a model with spec.autoscaling (:mod:`autoscaling`); with ``push``,
+    a model that scales to zero also has its holder's external scaler as a push trigger."""
+    return autoscaling_object(
+        model.spec, model.namespace, model.name, child_metadata(model, model.name, "autoscaling"), prometheus, has_artefact,
+        push_address=holder_scaler_address(model) if push and scales_to_zero(model.spec) else None,
+    )  # fmt: skip

@@ -1,0 +1,83 @@
+"""What each serving process runs: vLLM's server (a replica's ranks across nodes too), the
+operator's model server, or serving.args."""
+
+from __future__ import annotations
+
+import json
+
+from inferentia_operator.core.catalogue import ROOT_COMM_PORT
+from inferentia_operator.core.names import PLAN_MOUNT
+from inferentia_operator.core.pod.model import Model
+from inferentia_operator.core.pod.vllm import VLLM_SERVER, vllm_engine_args
+from inferentia_operator.programs import SERVE_PROGRAM, VLLM_WORKER_PROGRAM
+
+
+def vllm_args(model: Model) -> list[str]:
+    """One vLLM server per group, tensor parallel over the group's cores, on the process's PORT.
+
+    vLLM counts --tensor-parallel-size in logical cores, as the plan does. The model is
+    spec.model.uri (vLLM reads its configuration and tokenizer there); with a compile Job,
+    NEURON_COMPILED_ARTIFACTS (NxD Inference) or VLLM_CACHE_ROOT (the plugin) makes it load
+    the compiled model instead of compiling.
+    sh -c receives the flags as separate arguments ("$@"), never as text to parse."""
+    server = " ".join(VLLM_SERVER)
+    return ["/bin/sh", "-c", f'exec {server} --port "$PORT" "$@"', "vllm", *_vllm_flags(model)]
+
+
+def _vllm_flags(model: Model) -> list[str]:
+    """The engine arguments as vLLM's flags, then serving.args: each a separate argument. A
+    boolean is vLLM's --x or --no-x (its BooleanOptionalAction flags)."""
+    flags = []
+    for name, value in vllm_engine_args(model).items():
+        flag = f"--{name.replace('_', '-')}"
+        flags += ([flag] if value else [f"--no-{flag[2:]}"]) if isinstance(value, bool) else [flag, str(value)]
+    return [*flags, *(model.spec.serving.args or [])]
+
+
+# Across nodes (spec.compute.nodes, catalogue.MULTI_NODE_FAMILIES for the sources): what vLLM's
+# multi-node launcher for Neuron sets in every rank's environment, and the EFA settings its
+# mpirun passes on.
+EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
+
+
+def multi_node_env(model: Model) -> dict[str, str]:
+    """The same on every pod of a group: the rank and the leader's address are each pod's own
+    (LeaderWorkerSet's LWS_WORKER_INDEX and LWS_LEADER_ADDRESS), read by multi_node_command."""
+    assert model.plan.nodes is not None
+    return {
+        "ENABLE_NEURON_MULTI_NODE": "true",
+        "WORLD_SIZE": str(model.plan.nodes),  # the launcher's: its processes, one a node
+        "NEURON_LOCAL_TP": str(model.plan.group_size),
+        **EFA_ENV,
+    }
+
+
+def multi_node_command(model: Model) -> list[str]:
+    """What each pod of a group runs, as vLLM's launcher runs each rank: its rank and the root
+    communicator from LeaderWorkerSet's environment, the override config with its first rank
+    (start_rank_id = rank times the node's ranks); rank 0 serves vLLM's OpenAI-compatible API
+    on $PORT, every other rank runs the worker program. The engine flags follow as "$@"."""
+    assert model.plan.nodes is not None and model.plan.tensor_parallel_size is not None
+    local = model.plan.group_size
+    config = json.dumps(
+        {"world_size": model.plan.tensor_parallel_size, "tp_degree": local, "local_ranks_size": local}, separators=(",", ":")
+    )
+    script = (
+        'rank="${LWS_WORKER_INDEX:?is set by LeaderWorkerSet on every pod of a group}"\n'
+        'export NEURON_RANK_ID="$rank" '
+        f'NEURON_RT_ROOT_COMM_ID="${{LWS_LEADER_ADDRESS:?is set by LeaderWorkerSet on every pod of a group}}:{ROOT_COMM_PORT}"\n'
+        f"config='{config[:-1]},\"start_rank_id\":'\"$((rank * {local}))\"'}}'\n"
+        f'if [ "$rank" = 0 ]; then exec {" ".join(VLLM_SERVER)} --port "$PORT" --override-neuron-config "$config" "$@"; fi\n'
+        f'exec python3 "${{INFERENTIA_PLAN_DIR:-{PLAN_MOUNT}}}/{VLLM_WORKER_PROGRAM}" --override-neuron-config "$config" "$@"\n'
+    )
+    return ["/bin/sh", "-c", script, "vllm", *_vllm_flags(model)]
+
+
+def serving_args(model: Model) -> list[str] | None:
+    """What the launcher runs once per process: vLLM's server, the operator's model server, or
+    serving.args; None when the image's own entry point runs once (no launcher)."""
+    if model.spec.serving.runtime == "vllm":
+        return multi_node_command(model) if model.plan.nodes else vllm_args(model)
+    if model.spec.serves_with_program:
+        return ["python3", f"{PLAN_MOUNT}/{SERVE_PROGRAM}"]
+    return model.spec.serving.args
