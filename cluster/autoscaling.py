@@ -44,7 +44,7 @@ APISERVICE = "v1beta1.external.metrics.k8s.io"
 
 def prometheus_config(kubeconfig: Path) -> dict[str, Any]:
     """Scrape the models' pods at every port their inferentia.dev/metrics-port annotation names
-    (children.scrape_relabelings: each vLLM process's), and every other pod annotated
+    (pod.ports.scrape_relabelings: each vLLM process's), and every other pod annotated
     prometheus.io/scrape at prometheus.io/port and prometheus.io/path, as Prometheus's example does."""
     meta = "__meta_kubernetes_pod_"
     labels = [

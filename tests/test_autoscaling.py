@@ -422,7 +422,7 @@ def test_every_vllm_process_is_scraped_and_the_target_is_what_they_carry_togethe
 
 def test_the_documented_scrape_job_keeps_what_the_code_keeps():
     """docs/install/prometheus-scrape-job.yaml (shown in docs/autoscaling.md) relabels as the
-    local cluster's Prometheus does: children.scrape_relabelings, then the query's labels."""
+    local cluster's Prometheus does: pod.ports.scrape_relabelings, then the query's labels."""
     from pathlib import Path
 
     import yaml

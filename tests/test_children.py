@@ -290,7 +290,7 @@ def test_the_vllm_preset_runs_one_tensor_parallel_server_per_group():
         "/bin/sh", "-c", 'exec python3 -m vllm.entrypoints.openai.api_server --port "$PORT" "$@"', "vllm",
         "--model", MODEL_DIR, "--served-model-name", "s3://models/llama-3.1-8b/", "--tensor-parallel-size", "4",
         "--max-model-len", "4096", "--max-num-seqs", "8",
-        # vLLM on NxD Inference: the KV cache as the compiled model has it (children.vllm_engine_args).
+        # vLLM on NxD Inference: the KV cache as the compiled model has it (pod.vllm.vllm_engine_args).
         "--no-enable-prefix-caching", "--num-gpu-blocks-override", "8",
         "--block-size", "32",
     ]  # fmt: skip

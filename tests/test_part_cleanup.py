@@ -1,4 +1,4 @@
-"""The clean-up part alone (core/parts/cleanup.py): what earlier plans left, once unused."""
+"""The clean-up part alone (core/cleanup/part.py): what earlier plans left, once unused."""
 
 from inferentia_operator.core.cleanup.part import cleanup_part
 from inferentia_operator.core.compile.job import compile_job

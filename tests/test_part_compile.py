@@ -1,4 +1,4 @@
-"""The compile part alone (core/parts/compile.py): one compile per key, only what the
+"""The compile part alone (core/compile/part.py): one compile per key, only what the
 operator proved it made counts. tests/test_decide.py has the same rules through decide()."""
 
 from inferentia_operator.core.compile.job import compile_job

@@ -1,4 +1,4 @@
-"""The device-claims part alone (core/parts/device_claims.py): the claim template of a model
+"""The device-claims part alone (core/device_claims/part.py): the claim template of a model
 with allocation dra, and the removal of templates no pod template names any more."""
 
 from inferentia_operator.core.device_claims.part import device_claims_part

@@ -1,4 +1,4 @@
-"""Device faults (core/parts/device_faults.py): a serving pod on a node whose Neuron devices report
+"""Device faults (core/device_faults/part.py): a serving pod on a node whose Neuron devices report
 a hardware error is named, and evicted only where its replacement cannot come back and has
 somewhere else to go."""
 

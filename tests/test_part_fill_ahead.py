@@ -1,4 +1,4 @@
-"""Fill-ahead (core/parts/fill_ahead.py): a model compiled ahead and served through the node cache
+"""Fill-ahead (core/fill_ahead/part.py): a model compiled ahead and served through the node cache
 keeps one fill Job on each node its replicas will go to, so a scale-up reads the store before
 it, not during it."""
 

@@ -1,4 +1,4 @@
-"""The routing part alone (core/parts/routing.py): with spec.routing.inferencePool, an
+"""The routing part alone (core/routing/part.py): with spec.routing.inferencePool, an
 InferencePool of the Gateway API Inference Extension that selects the model's serving pods,
 and the endpoint picker it names (its Deployment, Service, ServiceAccount and RoleBinding);
 held while the cluster serves no InferencePools, and taken down when routing is turned off."""

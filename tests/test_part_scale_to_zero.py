@@ -1,4 +1,4 @@
-"""The scale-to-zero part alone (core/parts/scale_to_zero.py): the replicas Service, the
+"""The scale-to-zero part alone (core/scale_to_zero/part.py): the replicas Service, the
 holder (which waits for that Service), and the replicas the Deployment runs."""
 
 from inferentia_operator.core.autoscaling import Prometheus

@@ -1,4 +1,4 @@
-"""The autoscaling part alone (core/parts/scaling.py): the ScaledObject, the replicas it
+"""The autoscaling part alone (core/scaling/part.py): the ScaledObject, the replicas it
 leaves the Deployment, and its removal when autoscaling is turned off."""
 
 from inferentia_operator.core.autoscaling import Prometheus

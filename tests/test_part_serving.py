@@ -1,4 +1,4 @@
-"""The serving part alone (core/parts/serving.py): the plan ConfigMap, the Service and the
+"""The serving part alone (core/serving/part.py): the plan ConfigMap, the Service and the
 Deployment, which is held back until the artefact is compiled."""
 
 from inferentia_operator.core.pod.meta import holder_selector, selector_string

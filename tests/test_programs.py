@@ -75,7 +75,7 @@ def test_the_programs_import_only_what_a_neuron_image_has():
 
 @pytest.mark.parametrize("rank", ["", "0", "one"])
 def test_the_worker_program_runs_only_as_a_worker_rank(tmp_path, rank):
-    """Rank 0 serves the API (children.multi_node_command): a worker started without a rank, or
+    """Rank 0 serves the API (serving.runtime.multi_node_command): a worker started without a rank, or
     as rank 0, says so and exits 2 before it builds an engine."""
     program = tmp_path / programs.VLLM_WORKER_PROGRAM
     program.write_text(programs.source(programs.VLLM_WORKER_PROGRAM))
@@ -758,7 +758,7 @@ def test_the_vllm_standin_runs_max_num_seqs_at_once_and_counts_the_rest_as_waiti
 
 
 def test_a_two_node_group_serves_through_its_leader_only_once_its_worker_joined_and_dies_with_it(tmp_path):
-    """The operator's multi-node command (children.multi_node_command) run as LeaderWorkerSet
+    """The operator's multi-node command (serving.runtime.multi_node_command) run as LeaderWorkerSet
     runs it, one process a node, on the vLLM and Neuron runtime stand-ins: the leader answers
     nothing until the worker rank has joined its root communicator at LWS_LEADER_ADDRESS, each
     completion is a step of both nodes, and a worker lost fails the next step and the leader

@@ -75,7 +75,7 @@ def every_write() -> tuple[Any, Decision]:
     kept = ("Deployment", "Service", "ServiceAccount", "RoleBinding")
     deletes = [(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] not in kept]
     # And a serving pod on a node whose Neuron devices fail, evicted, and another taken out of
-    # traffic (parts/device_faults.py).
+    # traffic (device_faults/part.py).
     decision = Decision(objects, deletes, None, None, record, evict=(("m-1", "uid-1"),), traffic=(("m-2", "uid-2", "off"),))
     return Observed(body), decision
 

@@ -1,4 +1,4 @@
-"""render prints what a converged reconcile has written: the same parts (core/parts), with
+"""render prints what a converged reconcile has written: the same parts (each core/<feature>/part.py), with
 nothing observed. A reconcile is run to its fixed point here against an API server that
 makes everything it is sent succeed (Jobs complete, Deployments available), and the kinds
 and names it wrote are compared with render's, for every sample and for generated models,

@@ -669,7 +669,7 @@ def test_a_neuron_node_is_read_with_its_fault_and_taints_bounded():
 
 
 def test_a_neuron_node_that_comes_goes_or_changes_reconciles_the_models_that_fill_ahead(monkeypatch):
-    """Which nodes a model fills ahead (parts/fill_ahead.py) depends on every Neuron node open to
+    """Which nodes a model fills ahead (fill_ahead/part.py) depends on every Neuron node open to
     its replicas: a node added, made Ready, cordoned or deleted decides those models again, and
     only those; a node's status written again with nothing new decides nothing."""
     from dataclasses import replace

@@ -164,7 +164,7 @@ PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 
 def rendered_objects(doc: ModelDocument, settings: Settings = DEFAULT_SETTINGS) -> list[dict[str, Any]]:
     """Every object the operator would create for a valid model: the same parts a reconcile
-    decides with (core/parts), with nothing observed."""
+    decides with (each core/<feature>/part.py), with nothing observed."""
     assert doc.model is not None
     return rendered(replace(doc.model, uid=PLACEHOLDER_UID, operator_image=settings.operator_image), settings)
 

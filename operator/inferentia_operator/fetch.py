@@ -321,7 +321,7 @@ def _fetch_marked(
 
 
 def fill(uri: str, scratch: Path, client: Any = None, cache: str | None = None, view: Path | None = None) -> list[str]:
-    """Fill-ahead (the operator's fill Jobs, core/parts/fill_ahead.py): the artefact fetched into
+    """Fill-ahead (the operator's fill Jobs, core/fill_ahead/part.py): the artefact fetched into
     ``scratch`` through the node's cache as a replica fetches it, so that the cache holds and
     records it (and builds its view), then the pod's copy removed: a finished fill leaves
     nothing on the node but the cache's own files. On a node whose view holds it all, nothing is
@@ -493,7 +493,7 @@ def _report(action: str, uri: str, run: Any) -> int:
 
 def main(uri: str, destination: str, model: bool = False, fill_only: bool = False) -> int:
     cache = os.environ.get(CACHE_ENV)
-    # The views of each artefact are mounted under its key (core/children.py, node_view_mounts).
+    # The views of each artefact are mounted under its key (core/pod/fetch.py, node_view_mounts).
     view = Path(os.environ[VIEW_ENV]) / hold_key(uri) if os.environ.get(VIEW_ENV) else None
     if fill_only:
         return _report("fill", uri, lambda: fill(uri, Path(destination), cache=cache, view=view))

@@ -46,7 +46,7 @@ def cache_metric(url: str, name: str) -> float:
 
 def fetch_pod(name: str, namespace: str, uri: str, cache: str) -> dict:
     """A pod of the operator's image that fetches ``uri`` through the node cache, showing the
-    token a serving pod shows it (core/children.py: projected for the cache's audience)."""
+    token a serving pod shows it (core/pod/fetch.py: projected for the cache's audience)."""
     token = {"audience": NODE_CACHE_AUDIENCE, "expirationSeconds": 600, "path": "token"}
     return {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
@@ -211,7 +211,7 @@ def test_a_models_artefact_is_filled_ahead_and_its_first_replica_reads_nothing_f
     """The whole path: the operator run with the chart's node cache (--node-cache-url,
     --node-cache-namespace). A model's replica waits for Neuron devices (another pod holds every
     one of the node's); meanwhile, once the model is compiled, the operator's fill Job for the
-    node the replica will go to (parts/fill_ahead.py), which asks for no device, fills the node's
+    node the replica will go to (fill_ahead/part.py), which asks for no device, fills the node's
     cache, which records the artefact and labels its pod (the Deployment prefers that label), and
     the model says FilledAhead. With the store's copy then deleted and the devices freed, the
     replica starts from the node's cache alone (hits, no miss) and the model goes Ready. Before

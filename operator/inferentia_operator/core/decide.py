@@ -1,8 +1,9 @@
 """The reconcile's decision: from what the caches hold to what to write. Pure, no API client.
 
-``decide(observed, now, settings)`` composes the parts (:mod:`parts`: compile, autoscaling,
-scale to zero, device claims, serving, routing, clean-up, device faults, fill-ahead), each a pure function of the model and what
-was observed, and holds no feature logic of its own. It returns the children to apply, the
+``decide(observed, now, settings)`` composes the parts (each feature package's ``part.py``:
+compile, autoscaling, scale to zero, device claims, serving, routing, clean-up, device faults,
+fill-ahead), each a pure function of the model and what was observed, and holds no feature
+logic of its own: the one module that imports every feature package. It returns the children to apply, the
 objects to delete, and the basis of the model's status (from :mod:`status`), with the status
 and events that basis gives before any write. Where there are writes, the reconciler reports
 once more from the same basis, with what the writes found (``status.report``); it never
@@ -47,9 +48,9 @@ class Decision:
     report: Report | None  # the status from basis, before any write
     # The record of a completed compile to create: nobody's child, so not among ``apply``.
     record: dict[str, Any] | None = None
-    # Serving pods to evict, (name, uid): on a node whose Neuron devices fail (parts/device_faults.py).
+    # Serving pods to evict, (name, uid): on a node whose Neuron devices fail (device_faults/part.py).
     evict: tuple[tuple[str, str], ...] = ()
-    # Serving pods whose traffic label to set, (name, uid, value): parts/device_faults.py.
+    # Serving pods whose traffic label to set, (name, uid, value): device_faults/part.py.
     traffic: tuple[tuple[str, str, str], ...] = ()
 
 

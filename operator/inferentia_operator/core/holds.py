@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 HOLDS_PREFIX = "holds.inferentia.dev/"
 # The audience of the token a serving pod shows the node cache: projected for it alone
-# (core/children.py), so the cache can check it with a TokenReview and no one can replay it
+# (core/pod/fetch.py), so the cache can check it with a TokenReview and no one can replay it
 # against the API server (batching/node_cache.py, Admission).
 NODE_CACHE_AUDIENCE = "node-cache.inferentia.dev"
 # The longest such token either side takes: a projected token is about 1 KiB.
@@ -32,7 +32,7 @@ NODE_VIEW_DIR = "/var/lib/inferentia/node-view"
 
 # The node cache's pods carry this label (the chart's DaemonSet), and the operator's managed-by
 # label, so that the operator's watch of pods sees them and their holds labels: which node holds
-# which artefact, as the cache says (parts/fill_ahead.py fills a node again that lost one).
+# which artefact, as the cache says (fill_ahead/part.py fills a node again that lost one).
 NODE_CACHE_POD_LABEL = "inferentia.dev/node-cache"
 # The most holds labels of one cache pod read: a pod's labels are its own to write, and bounded.
 MAX_HELD_KEYS = 4096

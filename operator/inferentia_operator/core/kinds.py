@@ -54,14 +54,14 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
     # The Gateway API Inference Extension's, for spec.routing.inferencePool: like KEDA's, watched
     # once its CRD is served; until then the model serves through its Service alone.
     ChildKind(INFERENCE_POOL_KIND, "inference.networking.k8s.io", "v1", "inferencepools"),
-    # LeaderWorkerSet's, for replicas that span nodes (core/leaderworkerset.py): like KEDA's,
+    # LeaderWorkerSet's, for replicas that span nodes (core/serving/groups.py): like KEDA's,
     # watched once its CRD is served.
     ChildKind(GROUP_KIND, "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
-    # The serving pods' disruption budget (children.disruption_budget).
+    # The serving pods' disruption budget (serving.service.disruption_budget).
     ChildKind("PodDisruptionBudget", "policy", "v1", "poddisruptionbudgets"),
-    # Who may reach a holder's external scaler: KEDA alone (children.holder_network_policy).
+    # Who may reach a holder's external scaler: KEDA alone (scale_to_zero.holder.holder_network_policy).
     ChildKind("NetworkPolicy", "networking.k8s.io", "v1", "networkpolicies"),
-    # The endpoint picker's identity and its one grant (core/routing.py): neither ever changes.
+    # The endpoint picker's identity and its one grant (core/routing/pool.py): neither ever changes.
     ChildKind("ServiceAccount", "", "v1", "serviceaccounts", written_once=True),
     ChildKind("RoleBinding", "rbac.authorization.k8s.io", "v1", "rolebindings", written_once=True),
     # Not a child the operator writes: the pods of its Jobs and Deployments, which status reads.

@@ -9,7 +9,7 @@ from .api import GROUP
 FIELD_MANAGER = "inferentia-operator"
 MODEL_LABEL = f"{GROUP}/model"
 COMPONENT_LABEL = "app.kubernetes.io/component"
-# A replica that spans nodes is a LeaderWorkerSet group (core/leaderworkerset.py); LWS's pod
+# A replica that spans nodes is a LeaderWorkerSet group (core/serving/groups.py); LWS's pod
 # webhook labels each pod of a group with its rank: "0" on the leader.
 GROUP_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 GROUP_KIND = "LeaderWorkerSet"
@@ -21,7 +21,7 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 # Whether a serving pod receives requests: the model's Service, its InferencePool and its
 # holder's forwarding select pods labelled "on"; the Deployment's (and LeaderWorkerSet's)
 # selector does not read it, so turning it "off" takes a pod out of traffic without orphaning it
-# (core/parts/device_faults.py: a pod on a node whose Neuron devices report an error).
+# (core/device_faults/part.py: a pod on a node whose Neuron devices report an error).
 TRAFFIC_LABEL = f"{GROUP}/traffic"
 TRAFFIC_ON, TRAFFIC_OFF = "on", "off"
 PLAN_HASH_ANNOTATION = f"{GROUP}/plan-hash"

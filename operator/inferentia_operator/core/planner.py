@@ -177,7 +177,7 @@ def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Pla
     # Whole chips from the device plugin's aws.amazon.com/neuron, single cores from its
     # aws.amazon.com/neuroncore (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/k8s-neuron-device-plugin.html).
     # With the Neuron DRA driver, the devices come from the pod's resource claim instead
-    # (children.resource_claim_template), and no extended resource is requested.
+    # (device_claims.template.resource_claim_template), and no extended resource is requested.
     dra = spec.compute.allocation == "dra"
     neuron = {} if dra else dict([(NEURONCORE_RESOURCE, str(total)) if shares_chip else (NEURON_RESOURCE, str(chips))])
     resources = ResourceList(

@@ -67,7 +67,7 @@ def project(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # What a pod's placement may hold and still be read (each list's and map's length): one with more
-# is taken as one no other node is known to take (parts/device_faults.py).
+# is taken as one no other node is known to take (device_faults/part.py).
 MAX_PLACEMENT_ITEMS = 32
 
 
@@ -292,7 +292,7 @@ def project_neuron_node(body: Mapping[str, Any]) -> dict[str, Any] | None:
         "ready": node.condition_true("Ready"),
         "unschedulable": bool(node.spec.get("unschedulable")),
         "taints": [] if cut else [{k: str(t[k]) for k in ("key", "value", "effect") if t.get(k) is not None} for t in taints],
-        # More labels or taints than kept: not read whole, so no pod is judged by it (parts/device_faults.py).
+        # More labels or taints than kept: not read whole, so no pod is judged by it (device_faults/part.py).
         **({"cut": True} if cut else {}),
         "fault": fault,
     }

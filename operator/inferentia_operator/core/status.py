@@ -32,10 +32,10 @@ from .routing.pool import EPP_SUFFIX, INFERENCE_POOL_KIND, routing_child, routin
 # Stalled conditions of a custom resource (anything else counts as Current), so they
 # restate Progressing and the failures in its terms.
 STALLED_REASONS = {"InvalidSpec", "CompileFailed", "CompileJobUnverified", "NameConflict", "FailedCreate", "ProgressDeadlineExceeded"}
-# Shown while a serving pod's node reports a Neuron hardware fault, absent otherwise (parts/device_faults.py).
+# Shown while a serving pod's node reports a Neuron hardware fault, absent otherwise (device_faults/part.py).
 DEVICE_FAULT = "DeviceFault"
 DEVICE_FAULT_REASON = "NeuronHardwareError"
-# Shown while a model fills the node cache ahead of its replicas, absent otherwise (parts/fill_ahead.py).
+# Shown while a model fills the node cache ahead of its replicas, absent otherwise (fill_ahead/part.py).
 FILLED_AHEAD = "FilledAhead"
 WARNING_REASONS = {
     "InvalidSpec",
@@ -731,7 +731,7 @@ class Report:
 
 @dataclass(frozen=True)
 class CompileFacts:
-    """What the compile part concluded (parts/compile.py)."""
+    """What the compile part concluded (compile/part.py)."""
 
     condition: api.Condition  # Compiled
     job: str | None = None  # the compile Job that makes the artefact, unless it came from the cache
@@ -745,7 +745,7 @@ class CompileFacts:
 
 @dataclass(frozen=True)
 class ServingFacts:
-    """What the serving part concluded (parts/serving.py)."""
+    """What the serving part concluded (serving/part.py)."""
 
     replicas: int  # the Deployment's desired replicas
     plan_hash: str | None  # the current plan's, which an up-to-date Deployment carries
@@ -755,7 +755,7 @@ class ServingFacts:
 
 @dataclass(frozen=True)
 class ScalingFacts:
-    """What the autoscaling part concluded (parts/scaling.py), for a model with spec.autoscaling."""
+    """What the autoscaling part concluded (scaling/part.py), for a model with spec.autoscaling."""
 
     spec: api.InferentiaModelSpec  # the Autoscaling condition is read against it
     configured: bool  # the operator knows where Prometheus is
@@ -764,7 +764,7 @@ class ScalingFacts:
 
 @dataclass(frozen=True)
 class RoutingFacts:
-    """What the routing part concluded (parts/routing.py), for a model with spec.routing.inferencePool."""
+    """What the routing part concluded (routing/part.py), for a model with spec.routing.inferencePool."""
 
     served: bool  # the cluster serves InferencePools (the Extension's CRDs are installed)
     pool: str | None  # the model's InferencePool, once the caches hold it

@@ -122,7 +122,7 @@ async def act(pool: Executor, kube: Kube, observed: Observed, decision: Decision
             except ApiError as exc:
                 log.warning("could not delete superseded %s %s/%s: %s", kind, namespace, name, exc)
         for name, uid in decision.evict:
-            # A serving pod on a node whose Neuron devices fail (parts/device_faults.py): the
+            # A serving pod on a node whose Neuron devices fail (device_faults/part.py): the
             # model's status names it whatever happens here, and the next reconcile asks again.
             try:
                 kube.evict(namespace, name, uid)
@@ -137,7 +137,7 @@ async def act(pool: Executor, kube: Kube, observed: Observed, decision: Decision
         for name, uid, value in decision.traffic:
             try:
                 kube.label_pod(namespace, name, uid, {TRAFFIC_LABEL: value})
-                log.info("pod %s/%s: traffic %s (core/parts/device_faults.py)", namespace, name, value)
+                log.info("pod %s/%s: traffic %s (core/device_faults/part.py)", namespace, name, value)
             except ApiError as exc:
                 log.log(logging.INFO if exc.code in (409, 422) else logging.WARNING, "could not label pod %s/%s: %s", namespace, name, exc)
 

@@ -96,7 +96,7 @@ class Reconciler:
         # last seen as: whom a node's Neuron fault (or its end) concerns.
         self._node_models: dict[str, dict[tuple[str, str], Key]] = {}
         self._node_faults: dict[str, tuple[Any, ...]] = {}
-        # The models that fill the node cache ahead (parts/fill_ahead.py), and what of each Neuron
+        # The models that fill the node cache ahead (fill_ahead/part.py), and what of each Neuron
         # node decides whether a replica may go there: a node that comes, goes or changes that
         # reconciles them, since it may change which nodes they fill.
         self._filling: set[Key] = set()
@@ -330,7 +330,7 @@ class Reconciler:
             self._refill()
         # What the decision reads of a faulted node: its fault, and whether a replacement may go
         # there. A healthy node is kept no trace of; a model left on a faulted node for want of
-        # another (parts/device_faults.py) is decided again at its resync.
+        # another (device_faults/part.py) is decided again at its resync.
         state = None if node is None or node["fault"] is None else (node["fault"], node["unschedulable"], node["taints"], node["ready"])
         if not _changed(self._node_faults, name, state):
             return
@@ -340,7 +340,7 @@ class Reconciler:
 
     def _on_cache_pod(self, name: tuple[str, str], found: tuple[str, dict[str, Any]] | None) -> None:
         """A node cache's pod made, replaced, or holding other artefacts: the models that fill
-        ahead are decided again (parts/fill_ahead.py fills a node again whose cache lost theirs)."""
+        ahead are decided again (fill_ahead/part.py fills a node again whose cache lost theirs)."""
         said = None if found is None else (found[0], found[1]["created"], found[1]["ready"], tuple(found[1]["held"]))
         if _changed(self._cache_pods, name, said):
             self._refill()

@@ -23,7 +23,7 @@ def cleanup_part(model: Model, observed: Observed, settings: Settings) -> Part:
     current = compile_job_name(model) if model.spec.compile.image is not None else None
     kept = newest_earlier_success(observed, settings.prover, current)
     keep = {current, kept.name if kept is not None else None}
-    # Fill Jobs are the fill-ahead part's to keep or delete (parts/fill_ahead.py).
+    # Fill Jobs are the fill-ahead part's to keep or delete (fill_ahead/part.py).
     compile_jobs = [Obj(j).name for j in observed.all("Job") if Obj(j).labels.get(COMPONENT_LABEL) != FILL_COMPONENT]
     jobs = [("Job", name) for name in compile_jobs if name is not None and name not in keep]
     in_use = _plan_configmaps_in_use(observed) | {plan_configmap_name(model)}

@@ -4,7 +4,7 @@ The operator does not read the store (it holds no storage credentials: those are
 namespace's, or its models' cloud identity). It knows an artefact is complete because a
 compile Job that uploads it completed: the upload writes the completion marker last, and the
 Job completes only when the upload exits 0. Each such completion is recorded
-(:func:`children.compile_record`), so a model with the same key, or one deleted and created
+(:func:`compile.job.compile_record`), so a model with the same key, or one deleted and created
 again, starts from the artefact with no Job. A Job that failed is never recorded. While
 another model's Job compiles the key, the model waits for it; the Job is named after the
 artefact, so two models reconciled at once cannot start two.

@@ -79,7 +79,7 @@ def _node_of(nodes: Mapping[str, Iterable[Mapping[str, Any]]], pod: Obj) -> tupl
 
 
 def _answers(pod: Obj) -> bool:
-    """A group's workers answer nothing themselves (children.answering_selector)."""
+    """A group's workers answer nothing themselves (pod.meta.answering_selector)."""
     return pod.labels.get(WORKER_INDEX_LABEL, "0") == "0"
 
 

@@ -3,7 +3,7 @@ go to, so that a scale-up from one replica to three reads the store ahead of it,
 
 A replica fetches its artefact through its node's cache (fetch.py, batching/node_cache.py): only
 the first replica on a node reads the store. Replicas spread over nodes (a preference, weight
-100, children.serving_affinity), so each replica of a scale-up is usually the first on its node,
+100, pod.affinity.serving_affinity), so each replica of a scale-up is usually the first on its node,
 and without this each one reads the whole artefact (weights included: 141 GB for the 70B sample)
 while the traffic that asked for it waits.
 

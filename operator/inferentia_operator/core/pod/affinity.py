@@ -77,7 +77,7 @@ def serving_affinity(model: Model, grouped: bool = False) -> dict[str, Any]:
     """The operator's own affinity for serving pods: nodes of the planned instance types (with
     dra, the claim says it), nodes that hold the artefact, and, for a Deployment's replicas,
     a node each. ``grouped``: the pods of a LeaderWorkerSet's groups, which take a node each
-    by their chips, and keep a group within its topology domain (core/leaderworkerset.py)."""
+    by their chips, and keep a group within its topology domain (core/serving/groups.py)."""
     affinity: dict[str, Any] = {
         **({} if model.plan.allocation == "dra" else {"nodeAffinity": _instance_type_affinity(model)}),
         **_artefact_affinity(model),

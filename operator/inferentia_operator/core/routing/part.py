@@ -1,4 +1,4 @@
-"""Routing by queue: the model's InferencePool and its endpoint picker (core/routing.py)."""
+"""Routing by queue: the model's InferencePool and its endpoint picker (core/routing/pool.py)."""
 
 from __future__ import annotations
 

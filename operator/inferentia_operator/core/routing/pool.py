@@ -148,7 +148,7 @@ def picker_deployment(model: Model, image: str) -> dict[str, Any]:
 
 def parked_picker(model: Model, image: str) -> dict[str, Any]:
     """The picker of a model whose routing was turned off, at no replica (the operator deletes
-    no Deployment); it goes with the model. Whole, as children.parked_holder says why."""
+    no Deployment); it goes with the model. Whole, as scale_to_zero.holder.parked_holder says why."""
     body = picker_deployment(model, image)
     body["spec"]["replicas"] = 0
     return body

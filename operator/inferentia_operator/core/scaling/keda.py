@@ -12,7 +12,7 @@ from inferentia_operator.core.pod.ports import holder_scaler_address
 
 
 def scaled_object(model: Model, prometheus: Prometheus, has_artefact: bool = True, push: bool = True) -> dict[str, Any]:
-    """The KEDA ScaledObject of a model with spec.autoscaling (:mod:`autoscaling`); with ``push``,
+    """The KEDA ScaledObject of a model with spec.autoscaling (core/autoscaling.py builds its body); with ``push``,
     a model that scales to zero also has its holder's external scaler as a push trigger."""
     return autoscaling_object(
         model.spec, model.namespace, model.name, child_metadata(model, model.name, "autoscaling"), prometheus, has_artefact,

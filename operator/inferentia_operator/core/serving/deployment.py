@@ -202,7 +202,7 @@ def _serving_fetch_model(model: Model) -> dict[str, Any]:
 def serving_deployment(model: Model, replicas: int | None = None, grouped: bool = False) -> dict[str, Any]:
     """The serving Deployment, with ``replicas`` (default: what the spec alone gives, for
     a model that autoscales minReplicas, as before its ScaledObject exists); ``grouped``: its
-    template is for a LeaderWorkerSet's groups (core/leaderworkerset.py)."""
+    template is for a LeaderWorkerSet's groups (core/serving/groups.py)."""
     plan, spec = model.plan, model.spec
     dra = plan.allocation == "dra"  # devices from a resource claim, not the device plugin
     base = process_base_port(model)

@@ -5,7 +5,7 @@ LeaderWorkerSet (kubernetes-sigs/lws, ``leaderworkerset.x-k8s.io/v1``) creates, 
 restarts and scales a leader pod and ``size - 1`` workers as one; its pod webhook gives each
 pod LWS_WORKER_INDEX (0 on the leader), LWS_LEADER_ADDRESS and LWS_GROUP_SIZE
 (api/leaderworkerset/v1/leaderworkerset_types.go), from which each rank finds its place
-(children.multi_node_command). Its scale subresource and ``status.readyReplicas`` count groups,
+(serving.runtime.multi_node_command). Its scale subresource and ``status.readyReplicas`` count groups,
 so the model's replicas stay one number whatever a replica's size.
 
 The pods are the serving Deployment's pods, one a node: the leader's serves and is probed; a
