@@ -70,7 +70,9 @@ def service_account(model: Model) -> dict[str, Any]:
     return {"serviceAccountName": model.spec.service_account_name} if model.spec.service_account_name else {}
 
 
-# Scale to zero (autoscaling.minReplicas 0): the holder, and the Service it forwards through.
+# Scale to zero (autoscaling.minReplicas 0): the names of the holder (scale_to_zero/holder.py)
+# and of the Service it forwards through, and the holder's pods, which the model's Service
+# selects while no replica answers (serving/service.py).
 HOLDER_SUFFIX = "-holder"
 REPLICAS_SUFFIX = "-replicas"
 

@@ -12,8 +12,9 @@ from inferentia_operator.core.pod.ports import holder_scaler_address
 
 
 def scaled_object(model: Model, prometheus: Prometheus, has_artefact: bool = True, push: bool = True) -> dict[str, Any]:
-    """The KEDA ScaledObject of a model with spec.autoscaling (core/autoscaling.py builds its body); with ``push``,
-    a model that scales to zero also has its holder's external scaler as a push trigger."""
+    """The KEDA ScaledObject of a model with spec.autoscaling (core/autoscaling.py builds its
+    body); with ``push``, a model that scales to zero also has its holder's external scaler as
+    a push trigger."""
     return autoscaling_object(
         model.spec, model.namespace, model.name, child_metadata(model, model.name, "autoscaling"), prometheus, has_artefact,
         push_address=holder_scaler_address(model) if push and scales_to_zero(model.spec) else None,
