@@ -59,12 +59,12 @@ Superseded plan ConfigMaps and compile Jobs are deleted.
   resources: [configmaps]
   verbs: [get, list, watch, create, patch, delete]
 # patch: a serving pod's inferentia.dev/traffic label, "off" while its node's Neuron devices
-# report an error and another replica answers (core/parts/device_faults.py).
+# report an error and another replica answers (core/device_faults/part.py).
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch, patch]
 # A serving pod on a node whose Neuron devices report an error, once that node takes no new pods:
-# evicted, so that the model's PodDisruptionBudget paces it (core/parts/device_faults.py).
+# evicted, so that the model's PodDisruptionBudget paces it (core/device_faults/part.py).
 - apiGroups: [""]
   resources: [pods/eviction]
   verbs: [create]
