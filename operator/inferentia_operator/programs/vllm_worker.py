@@ -7,7 +7,7 @@ root communicator (NEURON_RT_ROOT_COMM_ID). That is the shape of vLLM's own exam
 vllm-project/vllm examples/neuron/multi_node/worker.py, through vLLM's public engine API:
 AsyncEngineArgs.add_cli_args / from_cli_args and AsyncLLMEngine.from_engine_args.
 
-Run by the operator's multi-node serving command (core/serving/runtime.py, multi_node_command) with
+Run by the operator's multi-node serving command (core/children.multi_node_command) with
 NEURON_RANK_ID set; it imports nothing of the operator."""
 
 from __future__ import annotations
