@@ -9,10 +9,10 @@ cluster/fleet.yaml Ready and runs pods through their lifecycle.
     python cluster/localcluster.py down [--state-dir DIR]
     python cluster/localcluster.py status [--state-dir DIR]
 
-With ``real_node=True`` (``make cluster-up``, ``make demo`` and the e2e suite's cluster) it
-also starts one real node (cluster/realnode.py): a kubelet with containerd, runc, a CNI
-bridge, kube-proxy and a Neuron device-plugin stand-in, where pods really run, with CoreDNS
-as their cluster DNS; :meth:`LocalCluster.add_real_node` starts a second such node for a test.
+With ``real_node=True`` (``make cluster-up``, ``make demo``, and the e2e suite's cluster when
+a test of the run needs the node) it also starts one real node (cluster/realnode.py): a
+kubelet with containerd, runc, a CNI bridge, kube-proxy and a Neuron device-plugin stand-in,
+where pods really run, with CoreDNS as their cluster DNS; :meth:`LocalCluster.add_real_node` starts a second such node for a test.
 That needs root; without it the cluster starts without the node and says why
 (:attr:`LocalCluster.real_node_skipped`).
 
@@ -67,7 +67,7 @@ class PortInUse(ClusterError):
     """A component could not bind the port it was given: start again on new ones."""
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Child side of fork: receive SIGKILL when the process that started us dies."""
     os.setsid()
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -256,7 +256,7 @@ class LocalCluster:
     # -- processes -------------------------------------------------------------------------
     def _start(self, name: str, argv: list[str], pids: dict[str, int], env: dict[str, str] | None = None) -> None:
         log = open(self.state / "logs" / f"{name}.log", "ab")
-        kwargs = {"preexec_fn": _die_with_parent} if self.die_with_parent else {"start_new_session": True}
+        kwargs = {"preexec_fn": die_with_parent} if self.die_with_parent else {"start_new_session": True}
         full_env = {**os.environ, **env} if env else None
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env, **kwargs)
         pids[name] = proc.pid

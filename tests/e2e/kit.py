@@ -114,6 +114,9 @@ class OperatorProcess:
             ],
             env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
             stdout=log, stderr=subprocess.STDOUT,
+            # Killed with the test run, as its control plane is: a run stopped outright (make
+            # test's runs beside each other are stopped with SIGTERM) runs no teardown.
+            preexec_fn=localcluster.die_with_parent,
         )  # fmt: skip
         import urllib.request
 
