@@ -395,6 +395,8 @@ def test_inputs_are_padded_to_their_bucket_and_too_large_ones_get_413():
     asyncio.run(with_front_end(scenario, buckets=[[4], [8]], max_latency=10.0))
 
 
+# Held to seconds of real time: make test runs it alone (pyproject's exclusive marker).
+@pytest.mark.exclusive
 @pytest.mark.parametrize("buckets", [None, [[4], [8]]])
 def test_hostile_bodies_get_400_at_a_bounded_cost_and_a_normal_client_is_answered(buckets):
     """100,000 nested arrays once answered 500 (RecursionError in the decoder); NaN and
@@ -455,6 +457,8 @@ def test_readyz_waits_for_every_model_process():
     asyncio.run(scenario())
 
 
+# Held to seconds of real time: make test runs it alone (pyproject's exclusive marker).
+@pytest.mark.exclusive
 def test_a_model_that_pauses_is_shed_then_served_again_within_two_seconds_of_its_return():
     """A model process that stops answering for two seconds (a GC pause, a runtime hiccup) under
     traffic: its slow batches leave no request within the budget, the front end sheds (503, and
