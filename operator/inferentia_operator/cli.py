@@ -20,9 +20,8 @@ from .core.catalogue import FAMILIES, GIB
 from .core.cores import device_memory_per_process
 from .core.crd import crd_yaml
 from .core.decide import rendered
-from .core.names import ALLOCATIONS, DEFAULT_OPERATOR_IMAGE, DEVICE_PLUGIN
+from .core.names import ALLOCATIONS, DEFAULT_EPP_IMAGE, DEFAULT_OPERATOR_IMAGE, DEVICE_PLUGIN
 from .core.pod.model import plan_document
-from .core.routing.pool import DEFAULT_EPP_IMAGE
 from .core.settings import DEFAULT_SETTINGS, Settings
 from .manifests import Loaded, ModelDocument, load_models
 

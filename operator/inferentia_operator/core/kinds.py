@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .autoscaling import SCALED_OBJECT_KIND
-from .names import GROUP_KIND
+from .names import GROUP_KIND, INFERENCE_POOL_KIND
 from .projection import project, project_pod
-from .routing.pool import INFERENCE_POOL_KIND
 
 
 @dataclass(frozen=True)

@@ -47,3 +47,8 @@ PLAN_FILE = f"{PLAN_MOUNT}/plan.json"
 # spec.compute.allocation, and the operator's default for it (run --allocation, chart value allocation).
 DEVICE_PLUGIN = "devicePlugin"
 ALLOCATIONS = (DEVICE_PLUGIN, "dra")
+
+# Routing by queue (core/routing/): the Gateway API Inference Extension's pool kind, and the
+# endpoint picker's image unless the operator's --endpoint-picker-image names another.
+INFERENCE_POOL_KIND = "InferencePool"
+DEFAULT_EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.1.0"

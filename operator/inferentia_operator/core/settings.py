@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .autoscaling import NO_PROMETHEUS, Prometheus
-from .names import DEFAULT_OPERATOR_IMAGE, DEVICE_PLUGIN
+from .names import DEFAULT_EPP_IMAGE, DEFAULT_OPERATOR_IMAGE, DEVICE_PLUGIN
 from .proof import NO_PROVER, Prover
-from .routing.pool import DEFAULT_EPP_IMAGE
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,10 @@ from typing import Any, Literal, TypeVar
 from . import api
 from .autoscaling import NOT_SERVED, SCALED_OBJECT_KIND, Engine, target_in_flight
 from .autoscaling import condition as autoscaling_condition
-from .names import COMPONENT_LABEL, GROUP_KIND, JOB_NAME_LABEL, PLAN_HASH_ANNOTATION, WORKER_INDEX_LABEL
+from .names import COMPONENT_LABEL, GROUP_KIND, INFERENCE_POOL_KIND, JOB_NAME_LABEL, PLAN_HASH_ANNOTATION, WORKER_INDEX_LABEL
 from .objects import Obj
 from .projection import FAILURE_MESSAGE_CHARS
-from .routing.pool import EPP_SUFFIX, INFERENCE_POOL_KIND, routing_child, routing_condition
+from .routing.pool import EPP_SUFFIX, routing_child, routing_condition
 
 # Flux's kstatus reads only observedGeneration and the "abnormal-true" Reconciling and
 # Stalled conditions of a custom resource (anything else counts as Current), so they

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from inferentia_operator.core.names import INFERENCE_POOL_KIND
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.ownership import foreign_owner
 from inferentia_operator.core.pod.model import Model
@@ -21,12 +22,12 @@ class RoutingPart(Part):
 
 def routing_part(model: Model, observed: Observed, settings: Settings) -> RoutingPart:
     pool_name, picker = model.name, routing.picker_name(model)
-    live_pool = observed.live(routing.INFERENCE_POOL_KIND, pool_name)
+    live_pool = observed.live(INFERENCE_POOL_KIND, pool_name)
     live_picker = observed.live("Deployment", picker)
     if model.spec.routing is None or model.spec.routing.inference_pool is None:
         # Turned off: the pool goes at once, so no gateway routes by it; the picker is parked
         # (the operator deletes no Deployment) and goes with the model, as its Service does.
-        gone = ((routing.INFERENCE_POOL_KIND, pool_name),) if _ours(live_pool, model) else ()
+        gone = ((INFERENCE_POOL_KIND, pool_name),) if _ours(live_pool, model) else ()
         running = _ours(live_picker, model) and Obj(live_picker).spec.get("replicas") != 0
         return RoutingPart((routing.parked_picker(model, settings.endpoint_picker_image),) if running else (), delete=gone)
     objects = (
@@ -36,7 +37,7 @@ def routing_part(model: Model, observed: Observed, settings: Settings) -> Routin
         routing.picker_deployment(model, settings.endpoint_picker_image),
         routing.picker_service(model),
     )
-    served = observed.served(routing.INFERENCE_POOL_KIND)
+    served = observed.served(INFERENCE_POOL_KIND)
     # The pool first: a picker without its pool would only fail to find it. Without the
     # Extension's CRDs (the pool's write answered 404), nothing is written.
     if not served:

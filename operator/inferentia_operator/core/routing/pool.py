@@ -21,14 +21,13 @@ from typing import Any
 
 from inferentia_operator.core import api
 from inferentia_operator.core.autoscaling import VLLM_GAUGES
-from inferentia_operator.core.names import COMPONENT_LABEL, MODEL_LABEL
+from inferentia_operator.core.names import COMPONENT_LABEL, INFERENCE_POOL_KIND, MODEL_LABEL
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.pod.containers import CONTAINER_SECURITY, non_root_pod_security
 from inferentia_operator.core.pod.meta import answering_selector, child_metadata, labels
 from inferentia_operator.core.pod.model import Model
 from inferentia_operator.core.pod.ports import process_base_port
 
-INFERENCE_POOL_KIND = "InferencePool"
 INFERENCE_POOL_API_VERSION = "inference.networking.k8s.io/v1"
 EPP_SUFFIX = "-epp"
 EPP_COMPONENT = "endpoint-picker"
@@ -38,7 +37,6 @@ EPP_HEALTH_PORT = 9003
 EPP_METRICS_PORT = 9090
 # Its gRPC health service's name, as the Extension's chart probes it with one replica.
 EPP_HEALTH_SERVICE = "inference-extension"
-DEFAULT_EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.1.0"
 EPP_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
 
 
