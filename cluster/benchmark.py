@@ -104,7 +104,7 @@ def decide_rate(seconds: float = 2.0, again: bool = False) -> float:
     latest models checked and planned)."""
     sys.path.insert(0, str(REPO / "operator"))
     from inferentia_operator.core.decide import decide
-    from inferentia_operator.core.status import Observed
+    from inferentia_operator.core.observed import Observed
 
     bodies = []
     for path in sorted((REPO / "manifests" / "samples").glob("*.yaml")):

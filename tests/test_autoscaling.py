@@ -7,6 +7,7 @@ from inferentia_operator.core import autoscaling, status
 from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.autoscaling import Prometheus
 from inferentia_operator.core.compile.job import compile_job
+from inferentia_operator.core.observed import WriteFailure
 from inferentia_operator.core.parsing import parse_spec
 from inferentia_operator.core.pod.ports import scrape_relabelings
 from inferentia_operator.core.scale_to_zero.holder import holder_deployment
@@ -14,7 +15,7 @@ from inferentia_operator.core.scale_to_zero.holder import replicas_service as re
 from inferentia_operator.core.scaling.keda import scaled_object
 from inferentia_operator.core.serving.deployment import serving_deployment
 from inferentia_operator.core.serving.service import service
-from inferentia_operator.core.status import WriteFailure, status_document
+from inferentia_operator.core.status import status_document
 from specs import make_spec
 from test_decide import NOW, UID, Observed, built, decide, live, model_body
 

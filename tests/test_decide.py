@@ -10,6 +10,7 @@ from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.autoscaling import Prometheus
 from inferentia_operator.core.compile.job import compile_job, compile_record, compile_record_name
 from inferentia_operator.core.device_claims.template import resource_claim_template
+from inferentia_operator.core.observed import Conflict, WriteFailure
 from inferentia_operator.core.planner import InvalidSpec, plan
 from inferentia_operator.core.pod.artefact import compile_hash, compiled_uri, job_output_uri
 from inferentia_operator.core.pod.model import Model, plan_configmap_name, plan_document
@@ -18,7 +19,7 @@ from inferentia_operator.core.serving.deployment import serving_deployment
 from inferentia_operator.core.serving.service import disruption_budget, plan_configmap
 from inferentia_operator.core.serving.service import service as service_of
 from inferentia_operator.core.settings import Settings
-from inferentia_operator.core.status import Conflict, WriteFailure, status_document, status_patch
+from inferentia_operator.core.status import status_document, status_patch
 from specs import DROP, make_spec
 
 NOW = "2026-11-22T10:00:00Z"

@@ -8,12 +8,12 @@ import pytest
 
 from inferentia_operator.core.device_faults.part import device_fault_part
 from inferentia_operator.core.names import TRAFFIC_LABEL, WORKER_INDEX_LABEL
+from inferentia_operator.core.observed import Observed
 from inferentia_operator.core.pod.nodes import selects, takes_pods, tolerates
 from inferentia_operator.core.projection import project_pod_spec
 from inferentia_operator.core.scale_to_zero.holder import replicas_service
 from inferentia_operator.core.serving.deployment import serving_deployment
 from inferentia_operator.core.serving.service import service
-from inferentia_operator.core.status import Observed
 from test_decide import built, model_body
 
 NEURON_TAINT = {"key": "aws.amazon.com/neuron", "value": "true", "effect": "NoSchedule"}

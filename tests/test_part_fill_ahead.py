@@ -13,10 +13,10 @@ from inferentia_operator.core.cleanup.part import cleanup_part
 from inferentia_operator.core.compile.job import compile_job
 from inferentia_operator.core.fill_ahead.part import MAX_FILL_NODES, fill_ahead_part, fill_job, fill_job_name
 from inferentia_operator.core.names import COMPONENT_LABEL
+from inferentia_operator.core.observed import Observed
 from inferentia_operator.core.pod.artefact import compiled_uri
 from inferentia_operator.core.pod.fetch import fetch_container
 from inferentia_operator.core.settings import Settings
-from inferentia_operator.core.status import Observed
 from test_decide import NOW, PROVER, built, conds, live, model_body
 from test_decide import Observed as Seen
 from test_decide import complete as done
@@ -183,7 +183,8 @@ def test_with_a_storage_class_a_fill_still_uses_an_emptydir_that_goes_with_its_p
 
 
 def test_a_failed_fill_quotes_what_its_fetch_said_and_is_a_warning():
-    from inferentia_operator.core.status import JOB_NAME_LABEL, WARNING_REASONS
+    from inferentia_operator.core.names import JOB_NAME_LABEL
+    from inferentia_operator.core.status import WARNING_REASONS
 
     wanted = part(FLEET).children
     name = wanted[0]["metadata"]["name"]
@@ -200,7 +201,8 @@ def test_a_failed_fill_quotes_what_its_fetch_said_and_is_a_warning():
 
 
 def test_a_fill_job_the_api_server_refuses_is_said_in_filled_ahead_and_leaves_ready_alone():
-    from inferentia_operator.core.status import WriteFailure, report
+    from inferentia_operator.core.observed import WriteFailure
+    from inferentia_operator.core.status import report
 
     body = model_body(**COMPILED, replicas=2)
     settings = Settings(prover=PROVER, node_cache_url=CACHE, node_cache_namespace="inferentia-system")
@@ -251,7 +253,8 @@ def test_a_node_whose_cache_pod_was_replaced_after_its_fill_and_holds_nothing_is
 
 
 def test_a_fill_job_that_cannot_be_deleted_once_the_model_fills_no_more_is_said_and_leaves_ready_alone():
-    from inferentia_operator.core.status import WriteFailure, report
+    from inferentia_operator.core.observed import WriteFailure
+    from inferentia_operator.core.status import report
 
     body = model_body(**COMPILED, replicas=2)
     with_cache = Settings(prover=PROVER, node_cache_url=CACHE, node_cache_namespace="inferentia-system")
@@ -270,7 +273,8 @@ def test_a_fill_job_that_cannot_be_deleted_once_the_model_fills_no_more_is_said_
 
 
 def test_only_the_fill_jobs_the_part_wrote_or_deleted_are_said_in_filled_ahead():
-    from inferentia_operator.core.status import WriteFailure, report
+    from inferentia_operator.core.observed import WriteFailure
+    from inferentia_operator.core.status import report
 
     body = model_body(**COMPILED, replicas=2)
     settings = Settings(prover=PROVER, node_cache_url=CACHE, node_cache_namespace="inferentia-system")

@@ -56,7 +56,7 @@ def test_a_scheduler_name_sends_device_plugin_pods_to_the_neuron_scheduler():
 
 def test_the_front_ends_network_policy_goes_with_the_front_end_and_never_someone_elses():
     """Left behind, it would keep the processes' ports closed once they are the model's doors."""
-    from inferentia_operator.core.status import Observed
+    from inferentia_operator.core.observed import Observed
     from test_decide import live
 
     batching = {"serving.batching": {"maxBatchSize": 4}, "processesPerReplica": 2}

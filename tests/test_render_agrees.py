@@ -18,10 +18,10 @@ from inferentia_operator.core.autoscaling import Prometheus
 from inferentia_operator.core.catalogue import FAMILIES
 from inferentia_operator.core.decide import decide, rendered
 from inferentia_operator.core.model import check_model
+from inferentia_operator.core.observed import Observed
 from inferentia_operator.core.pod.artefact import job_output_uri
 from inferentia_operator.core.proof import PROOF_ANNOTATION, Prover
 from inferentia_operator.core.settings import Settings
-from inferentia_operator.core.status import Observed
 from inferentia_operator.manifests import load_models
 from specs import make_model, make_spec
 

@@ -29,15 +29,16 @@ from .fill_ahead.part import FillAheadPart, fill_ahead_part
 from .kinds import WRITTEN_ONCE
 from .model import CheckedModel, check_model
 from .objects import Obj
+from .observed import Conflict, Observed
 from .ownership import foreign_owner
 from .pod.model import Model
 from .pod.part import Part
 from .routing.part import RoutingPart, routing_part
 from .scale_to_zero.part import ScaleToZeroPart, scale_to_zero_part
 from .scaling.part import ScalingPart, scaling_part
-from .serving.part import ServingPart, serving_part
+from .serving.part import ServingFacts, ServingPart, serving_part
 from .settings import DEFAULT_SETTINGS, Settings
-from .status import Conflict, Observed, Report, ReportBasis, ServingFacts
+from .status import Report, ReportBasis
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,11 @@ from typing import Any
 from inferentia_operator.core.decide import Decision
 from inferentia_operator.core.names import COMPONENT_LABEL, TRAFFIC_LABEL
 from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.observed import Conflict, Observed, WriteFailure
 from inferentia_operator.core.ownership import foreign_owner, is_compile_job_of_ours
 from inferentia_operator.core.pod.artefact import job_output_uri
 from inferentia_operator.core.projection import OWN_UPDATE_ENTRY, project, project_record
 from inferentia_operator.core.proof import PROOF_ANNOTATION, Prover
-from inferentia_operator.core.status import Conflict, Observed, WriteFailure
 
 from .cache import GONE
 from .kube import ApiError, Kube

@@ -18,8 +18,8 @@ from typing import Any
 from inferentia_operator.core import api
 from inferentia_operator.core.kinds import CHILD_KINDS, PODS
 from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.observed import Observed
 from inferentia_operator.core.projection import Key
-from inferentia_operator.core.status import Observed
 
 # What the overlay records for an object the operator deleted.
 GONE: dict[str, Any] = {"metadata": {"resourceVersion": "-1"}, "gone": True}

@@ -10,13 +10,13 @@ from collections.abc import Mapping
 
 from inferentia_operator.core.names import COMPILE_RECORD_COMPONENT, COMPONENT_LABEL, FILL_COMPONENT, GROUP_KIND
 from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.observed import Observed, job_state
 from inferentia_operator.core.ownership import foreign_owner
 from inferentia_operator.core.pod.artefact import compile_job_name
 from inferentia_operator.core.pod.jobs import newest_earlier_success
 from inferentia_operator.core.pod.model import Model, plan_configmap_name
 from inferentia_operator.core.pod.part import ChildRef, Part
 from inferentia_operator.core.settings import Settings
-from inferentia_operator.core.status import Observed, job_state
 
 
 def cleanup_part(model: Model, observed: Observed, settings: Settings) -> Part:

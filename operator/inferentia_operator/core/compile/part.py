@@ -21,7 +21,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from inferentia_operator.core import api, status
+from inferentia_operator.core import api
+from inferentia_operator.core.compile.facts import (
+    CompileFacts,
+    compile_pod_trouble,
+    compile_reported,
+    compiled_condition,
+    share,
+    with_neuron_share,
+)
+from inferentia_operator.core.compile.facts import revision as hub_revision
 from inferentia_operator.core.compile.job import compile_job, compile_record
 from inferentia_operator.core.names import (
     COMPILE_INPUTS_ANNOTATION,
@@ -31,6 +40,7 @@ from inferentia_operator.core.names import (
     MANAGED_BY_LABEL,
 )
 from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.observed import Observed, compile_failure, job_state
 from inferentia_operator.core.ownership import foreign_owner, is_compile_job_of_ours
 from inferentia_operator.core.pod.artefact import (
     compile_hash,
@@ -44,7 +54,6 @@ from inferentia_operator.core.pod.model import Model
 from inferentia_operator.core.pod.part import Part
 from inferentia_operator.core.proof import Prover
 from inferentia_operator.core.settings import Settings
-from inferentia_operator.core.status import CompileFacts, Observed, job_state
 
 
 @dataclass(frozen=True)
@@ -61,7 +70,7 @@ class CompilePart(Part):
 def compile_part(model: Model, observed: Observed, settings: Settings) -> CompilePart:
     body = compile_job(model)
     if body is None:
-        return CompilePart(facts=CompileFacts(status.compiled_condition(False, None, None, "")))
+        return CompilePart(facts=CompileFacts(compiled_condition(False, None, None, "")))
     prover = settings.prover
     name, uri, key = Obj(body).name, compiled_uri(model), compile_hash(model)
     changed = tuple(changed_compile_inputs(observed, prover, name, compile_inputs(model), uri))
@@ -73,40 +82,40 @@ def compile_part(model: Model, observed: Observed, settings: Settings) -> Compil
     ours = live is not None and name in made and foreign_owner(live, Obj(observed.model).uid, model.name) is None
     complete = sorted((j for j in made.values() if job_state(j).phase == "Complete"), key=lambda j: j is not live)
     known = trusted_record(observed.compile_records.get(uri), uri, prover)
-    reported = status.compile_reported(Obj(complete[0]).name, observed.pods) if complete else {}
-    ran, commit = status.share(reported.get("neuronPlacementPercent")), status.revision(reported.get("hubRevision"))
+    reported = compile_reported(Obj(complete[0]).name, observed.pods) if complete else {}
+    ran, commit = share(reported.get("neuronPlacementPercent")), hub_revision(reported.get("hubRevision"))
     record = compile_record(model, complete[0], prover, ran, commit) if complete and known is None else None
     recorded = (known if known is not None else record or {}).get("data") or {}
-    on_neuron = ran if ran is not None else status.share(recorded.get("neuronPlacementPercent"))
-    revision = commit or status.revision(recorded.get("hubRevision"))
+    on_neuron = ran if ran is not None else share(recorded.get("neuronPlacementPercent"))
+    revision = commit or hub_revision(recorded.get("hubRevision"))
 
     def facts(condition: api.Condition, hit: bool | None = False) -> CompileFacts:
         compiled = condition.status == "True"
         done = on_neuron if compiled else None
-        condition = status.with_neuron_share(condition, done)
+        condition = with_neuron_share(condition, done)
         return CompileFacts(
             condition, job=name if not hit else None, uri=uri, key=key, hit=hit, changed=changed, on_neuron=done,
             revision=revision if compiled else None,
         )  # fmt: skip
 
     if ours:
-        failure = status.compile_failure(name, observed.pods)
-        trouble = status.compile_pod_trouble(name, live, observed.pods, observed.job_events.get(name or "", ()))
-        condition = status.compiled_condition(True, name, live, uri, changed, failure, key=key, trouble=trouble)
+        failure = compile_failure(name, observed.pods)
+        trouble = compile_pod_trouble(name, live, observed.pods, observed.job_events.get(name or "", ()))
+        condition = compiled_condition(True, name, live, uri, changed, failure, key=key, trouble=trouble)
         return CompilePart((body,), facts=facts(condition), record=record)
     hit = _record_data(known) if known is not None else record["data"] if record is not None else None
     if hit is not None:
-        return CompilePart(facts=facts(status.compiled_condition(True, None, None, uri, key=key, hit=hit), hit=True), record=record)
+        return CompilePart(facts=facts(compiled_condition(True, None, None, uri, key=key, hit=hit), hit=True), record=record)
     if live is not None and name not in made and is_compile_job_of_ours(live):
         # Looks like the operator's, but it cannot show it made it: someone with rights in
         # the namespace did, or the operator stopped between its create and its proof.
-        condition = status.compiled_condition(True, name, live, uri, changed, key=key, unverified=True)
+        condition = compiled_condition(True, name, live, uri, changed, key=key, unverified=True)
         return CompilePart(facts=facts(condition, hit=None))
     if live is not None and is_compile_job_of_ours(live):
         # Another model's Job compiles this key (or failed to): this one waits for it.
         by = (Obj(live).controller or {}).get("name", "")
-        return CompilePart(facts=facts(status.compiled_condition(True, name, live, uri, changed, key=key, compiled_by=by), hit=None))
-    return CompilePart((body,), facts=facts(status.compiled_condition(True, name, None, uri, changed, key=key)))
+        return CompilePart(facts=facts(compiled_condition(True, name, live, uri, changed, key=key, compiled_by=by), hit=None))
+    return CompilePart((body,), facts=facts(compiled_condition(True, name, None, uri, changed, key=key)))
 
 
 def trusted_record(records: list[dict[str, Any]] | None, uri: str, prover: Prover) -> dict[str, Any] | None:

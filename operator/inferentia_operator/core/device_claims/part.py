@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from inferentia_operator.core.device_claims.template import resource_claim_template
 from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.observed import Observed
 from inferentia_operator.core.pod.model import Model
 from inferentia_operator.core.pod.part import Part
-from inferentia_operator.core.status import Observed
 
 
 def device_claims_part(model: Model, observed: Observed) -> Part:

@@ -34,13 +34,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from inferentia_operator.core import api, status
+from inferentia_operator.core import api
+from inferentia_operator.core.conditions import cond
 from inferentia_operator.core.names import TRAFFIC_LABEL, TRAFFIC_OFF, TRAFFIC_ON, WORKER_INDEX_LABEL
 from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.observed import Observed
 from inferentia_operator.core.pod.model import Model
 from inferentia_operator.core.pod.nodes import selects
 from inferentia_operator.core.pod.part import Part
-from inferentia_operator.core.status import DEVICE_FAULT, DEVICE_FAULT_REASON, Observed
+
+# Shown while a serving pod's node reports a Neuron hardware fault, absent otherwise (device_faults/part.py).
+DEVICE_FAULT = "DeviceFault"
+DEVICE_FAULT_REASON = "NeuronHardwareError"
 
 # AWS's remedy: its node recovery marks the instance unhealthy so that its Auto Scaling group
 # replaces it (the Neuron Helm chart's npd.nodeRecovery.enabled, off by default).
@@ -168,5 +173,5 @@ def device_fault_part(model: Model, observed: Observed) -> DeviceFaultPart:
     if stuck:
         kinds = ", ".join(types) if types else "a Neuron instance type"
         message += f". No other node of {kinds} is Ready, free of faults and open to the model's pods"
-    condition = status.cond(DEVICE_FAULT, "True", DEVICE_FAULT_REASON, message)
+    condition = cond(DEVICE_FAULT, "True", DEVICE_FAULT_REASON, message)
     return DeviceFaultPart(condition=condition, evict=tuple(evict), traffic=traffic)

@@ -40,11 +40,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from inferentia_operator.core import api, status
+from inferentia_operator.core import api
 from inferentia_operator.core.catalogue import INSTANCE_TYPE_LABEL
+from inferentia_operator.core.conditions import cond
 from inferentia_operator.core.holds import hold_key
 from inferentia_operator.core.names import COMPONENT_LABEL, FILL_COMPONENT
 from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.observed import Conflict, Observed, WriteFailure, compile_failure, job_state
 from inferentia_operator.core.placement import pod_placement
 from inferentia_operator.core.pod.affinity import NEURON_TOLERATION, serving_affinity
 from inferentia_operator.core.pod.artefact import compiled_uri, fetched_uris
@@ -56,7 +58,9 @@ from inferentia_operator.core.pod.nodes import selects
 from inferentia_operator.core.pod.part import Part, ref
 from inferentia_operator.core.pod.volumes import gib_quantity
 from inferentia_operator.core.projection import project_pod_spec
-from inferentia_operator.core.status import FILLED_AHEAD, Observed, job_state
+
+# Shown while a model fills the node cache ahead of its replicas, absent otherwise (fill_ahead/part.py).
+FILLED_AHEAD = "FilledAhead"
 
 # A model fills at most this many nodes ahead: each fill reads the whole artefact from the store.
 MAX_FILL_NODES = 16
@@ -213,33 +217,48 @@ def _condition(
 ) -> api.Condition:
     if not jobs:
         types = ", ".join(model.plan.instance_types)
-        return status.cond(
+        return cond(
             FILLED_AHEAD, "False", "NoNode",
             f"no node of {types} is Ready, free of Neuron faults and open to the model's pods (or the operator "
             "does not watch nodes: run --no-node-faults): none is filled ahead",
         )  # fmt: skip
     states = {node: job_state(live.get(name)) if name in live else None for name, node in jobs.items()}
     # What the fill itself said (fetch.fill's error, its termination message), else the Job's condition.
-    said = {node: status.compile_failure(name, pods) for name, node in jobs.items()}
+    said = {node: compile_failure(name, pods) for name, node in jobs.items()}
     failed = {node: said[node] or state.why for node, state in states.items() if state is not None and state.phase == "Failed"}
     if failed:
         first = sorted(failed)[0]
-        return status.cond(
+        return cond(
             FILLED_AHEAD, "False", "FillFailed",
             f"the node cache could not be filled on {_named(sorted(failed))} ({first}: {failed[first] or 'its fill Job failed'}); "
             "a replica placed there reads the store. Delete the fill Job to fill again",
         )  # fmt: skip
     filling = sorted(node for node, state in states.items() if state is None or state.phase == "Running")
     if filling:
-        return status.cond(
+        return cond(
             FILLED_AHEAD,
             "False",
             "Filling",
             f"filling the node cache on {_named(filling)} ({len(jobs) - len(filling)} of {len(jobs)} filled)",
         )
-    return status.cond(
+    return cond(
         FILLED_AHEAD,
         "True",
         "Filled",
         f"the node cache holds the artefact on {_named(sorted(jobs.values()))}, where the model's replicas go first",
     )
+
+
+def fill_ahead_said(said: api.Condition | None, found: Sequence[Conflict], failures: Sequence[WriteFailure]) -> api.Condition | None:
+    """FilledAhead as reported (core/status.py): what the part said, unless writing a fill Job met a refusal or a conflict."""
+    if not found and not failures:
+        return said
+    what = "; ".join(([f"{f.name}: {f.code} {f.message}" for f in failures] + [str(c) for c in found])[:3])
+    if said is None:
+        # The model fills ahead no more (no node cache, or served otherwise), and a fill Job of
+        # before could not be deleted: it holds nothing the model needs, but it is said.
+        return cond(
+            FILLED_AHEAD, "False", "FillFailed",
+            f"a fill Job no longer wanted could not be deleted ({what}); it is tried again at the next reconcile",
+        )  # fmt: skip
+    return cond(FILLED_AHEAD, "False", "FillFailed", f"a fill Job could not be written ({what}); a replica reads the store where it lands")

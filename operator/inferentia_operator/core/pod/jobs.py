@@ -4,9 +4,9 @@ succeeded, and the clean-up keeps that one for a rollback to reuse."""
 from __future__ import annotations
 
 from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.observed import Observed, job_state
 from inferentia_operator.core.pod.artefact import job_output_uri
 from inferentia_operator.core.proof import Prover
-from inferentia_operator.core.status import Observed, job_state
 
 
 def newest_earlier_success(observed: Observed, prover: Prover, current: str | None) -> Obj | None:

@@ -7,12 +7,20 @@ from typing import Any
 
 from inferentia_operator.core.names import INFERENCE_POOL_KIND
 from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.observed import Observed
 from inferentia_operator.core.ownership import foreign_owner
 from inferentia_operator.core.pod.model import Model
 from inferentia_operator.core.pod.part import Part, ref
 from inferentia_operator.core.routing import pool as routing
 from inferentia_operator.core.settings import Settings
-from inferentia_operator.core.status import Observed, RoutingFacts
+
+
+@dataclass(frozen=True)
+class RoutingFacts:
+    """What the routing part concluded (routing/part.py), for a model with spec.routing.inferencePool."""
+
+    served: bool  # the cluster serves InferencePools (the Extension's CRDs are installed)
+    pool: str | None  # the model's InferencePool, once the caches hold it
 
 
 @dataclass(frozen=True)

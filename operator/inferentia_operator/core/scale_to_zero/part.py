@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from inferentia_operator.core.autoscaling import scales_to_zero
 from inferentia_operator.core.objects import Obj
+from inferentia_operator.core.observed import Observed
 from inferentia_operator.core.ownership import foreign_owner
 from inferentia_operator.core.pod.meta import HOLDER_SUFFIX, holder_selector
 from inferentia_operator.core.pod.model import Model
@@ -28,7 +29,6 @@ from inferentia_operator.core.scale_to_zero.holder import (
     parked_holder,
     replicas_service,
 )
-from inferentia_operator.core.status import Observed
 
 
 class Scaling(Protocol):

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inferentia_operator.core import api
 from inferentia_operator.core.autoscaling import SCALED_OBJECT_KIND, desired_replicas, in_flight_query
+from inferentia_operator.core.observed import Observed
 from inferentia_operator.core.ownership import foreign_owner
 from inferentia_operator.core.pod.model import Model
 from inferentia_operator.core.pod.part import Part, ref
 from inferentia_operator.core.scaling.keda import scaled_object
 from inferentia_operator.core.settings import Settings
-from inferentia_operator.core.status import Observed, ScalingFacts
+
+
+@dataclass(frozen=True)
+class ScalingFacts:
+    """What the autoscaling part concluded (scaling/part.py), for a model with spec.autoscaling."""
+
+    spec: api.InferentiaModelSpec  # the Autoscaling condition is read against it
+    configured: bool  # the operator knows where Prometheus is
+    query: str | None  # the ScaledObject's query, when there is one
 
 
 @dataclass(frozen=True)

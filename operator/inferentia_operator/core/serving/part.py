@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from inferentia_operator.core import api
+from inferentia_operator.core.observed import Observed
 from inferentia_operator.core.ownership import foreign_owner
 from inferentia_operator.core.pod.meta import selector_string
 from inferentia_operator.core.pod.model import Model, plan_hash
@@ -15,7 +17,16 @@ from inferentia_operator.core.pod.part import ChildRef, Part, ref
 from inferentia_operator.core.serving.deployment import serving_deployment
 from inferentia_operator.core.serving.groups import serving_group
 from inferentia_operator.core.serving.service import disruption_budget, plan_configmap, service, serving_network_policy, serving_policy_name
-from inferentia_operator.core.status import Observed, ServingFacts
+
+
+@dataclass(frozen=True)
+class ServingFacts:
+    """What the serving part concluded (serving/part.py)."""
+
+    replicas: int  # the Deployment's desired replicas
+    plan_hash: str | None  # the current plan's, which an up-to-date Deployment carries
+    plan: api.Plan | None
+    selector: str | None
 
 
 @dataclass(frozen=True)
