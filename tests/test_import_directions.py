@@ -1,8 +1,9 @@
 """A feature is a folder: each concern owns one package under core/ (its part and its builders),
 and what the features share sits below them in core/pod/. A feature package never imports
 another feature package, and the shared package imports none: when two features need the same
-builder, it moves down into core/pod/. core/decide.py, which composes the parts, may import
-every feature."""
+builder, it moves down into core/pod/. core/decide.py, which composes the parts, and
+core/status.py, which reports what they concluded, sit above the features and may import every
+one; no feature imports them, and every other module of core/ is below the features."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ PACKAGE = "inferentia_operator.core"
 SHARED = "pod"
 # Packages under core/ that are not features: the shared one, and the rules of the spec.
 NOT_FEATURES = {SHARED, "rules"}
+# The modules at core/'s top that sit above the features: the decision, which composes the
+# parts, and the report, which reads the facts they concluded.
+ABOVE = {"decide", "status"}
 
 
 def packages() -> list[str]:
@@ -75,6 +79,41 @@ def test_the_shared_package_imports_no_feature():
         if feature_of(module) in features()
     ]
     assert not wrong, "core/pod/ is below the features: " + "; ".join(sorted(set(wrong)))
+
+
+def test_no_feature_package_imports_the_modules_above_it():
+    above = {f"{PACKAGE}.{name}" for name in ABOVE}
+    wrong = [
+        f"{path.relative_to(CORE)} imports {module}"
+        for feature in features()
+        for path in sorted((CORE / feature).rglob("*.py"))
+        for module in imported(path)
+        if module in above
+    ]
+    assert not wrong, "core/decide.py and core/status.py are above the features: " + "; ".join(sorted(set(wrong)))
+
+
+def below() -> list[Path]:
+    """Every module of core/ below the features: its top-level modules but those above, and the
+    packages that are no feature (the shared one, the rules)."""
+    top = [p for p in sorted(CORE.glob("*.py")) if p.stem not in ABOVE]
+    return top + [p for package in sorted(NOT_FEATURES) for p in sorted((CORE / package).rglob("*.py"))]
+
+
+def test_the_modules_below_the_features_import_no_feature_and_nothing_above():
+    above = {f"{PACKAGE}.{name}" for name in ABOVE}
+    wrong = [
+        f"{path.relative_to(CORE)} imports {module}"
+        for path in below()
+        for module in imported(path)
+        if feature_of(module) in features() or module in above
+    ]
+    assert not wrong, "a module below the features reaches up (move what it needs down): " + "; ".join(sorted(set(wrong)))
+
+
+def test_the_modules_above_are_found():
+    assert {p.stem for p in CORE.glob("*.py")} >= ABOVE
+    assert CORE / "observed.py" in below() and CORE / "status.py" not in below()
 
 
 def test_an_import_is_told_by_the_package_it_names():
