@@ -59,6 +59,16 @@ def complete(job):
 FLEET = {f"n{i}": node() for i in range(6)}
 
 
+def decided_with_the_cache():
+    """A compiled model of two replicas, the operator with the node cache: the model, what was
+    observed, and the decision (which writes its fill Jobs)."""
+    body = model_body(**COMPILED, replicas=2)
+    settings = Settings(prover=PROVER, node_cache_url=CACHE, node_cache_namespace="inferentia-system")
+    m = decision.placed(built(body), settings)
+    observed = Seen(body, jobs=[done(compile_job(m))], nodes=FLEET)
+    return m, observed, decision.decide(observed, NOW, settings)
+
+
 def test_a_fill_job_on_as_many_nodes_as_replicas_each_the_serving_fetch_with_fill_and_no_device():
     p = part(FLEET)
     assert len(p.children) == 3 and len({pinned_to(j) for j in p.children}) == 3
@@ -204,11 +214,7 @@ def test_a_fill_job_the_api_server_refuses_is_said_in_filled_ahead_and_leaves_re
     from inferentia_operator.core.observed import WriteFailure
     from inferentia_operator.core.status import report
 
-    body = model_body(**COMPILED, replicas=2)
-    settings = Settings(prover=PROVER, node_cache_url=CACHE, node_cache_namespace="inferentia-system")
-    m = decision.placed(built(body), settings)
-    observed = Seen(body, jobs=[done(compile_job(m))], nodes=FLEET)
-    d = decision.decide(observed, NOW, settings)
+    m, observed, d = decided_with_the_cache()
     fill = next(b for b in d.apply if b["metadata"]["labels"][COMPONENT_LABEL] == "fill")
     refused = WriteFailure("Job", fill["metadata"]["name"], 403, "exceeded quota: count/jobs.batch")
     after = {c.type: c for c in report(observed, NOW, d.basis, [refused]).status.conditions}
@@ -276,11 +282,7 @@ def test_only_the_fill_jobs_the_part_wrote_or_deleted_are_said_in_filled_ahead()
     from inferentia_operator.core.observed import WriteFailure
     from inferentia_operator.core.status import report
 
-    body = model_body(**COMPILED, replicas=2)
-    settings = Settings(prover=PROVER, node_cache_url=CACHE, node_cache_namespace="inferentia-system")
-    m = decision.placed(built(body), settings)
-    observed = Seen(body, jobs=[done(compile_job(m))], nodes=FLEET)
-    d = decision.decide(observed, NOW, settings)
+    m, observed, d = decided_with_the_cache()
     # A Job named like a fill that this decision did not write: not the fill part's to report.
     other = WriteFailure("Job", f"{m.name}-fill-0123456789ab", 403, "forbidden")
     after = {c.type: c for c in report(observed, NOW, d.basis, [other]).status.conditions}

@@ -255,10 +255,12 @@ def fill_ahead_said(said: api.Condition | None, found: Sequence[Conflict], failu
         return said
     what = "; ".join(([f"{f.name}: {f.code} {f.message}" for f in failures] + [str(c) for c in found])[:3])
     if said is None:
-        # The model fills ahead no more (no node cache, or served otherwise), and a fill Job of
-        # before could not be deleted: it holds nothing the model needs, but it is said.
+        # The model fills ahead no more (no node cache, served otherwise, compiling again, or at
+        # no replicas), and a fill Job of before could not be deleted: it holds nothing the
+        # model needs, but it is said.
         return cond(
             FILLED_AHEAD, "False", "FillFailed",
             f"a fill Job no longer wanted could not be deleted ({what}); it is tried again at the next reconcile",
         )  # fmt: skip
+    # A refused create or a refused delete (of a node no longer wanted): either is a write.
     return cond(FILLED_AHEAD, "False", "FillFailed", f"a fill Job could not be written ({what}); a replica reads the store where it lands")
