@@ -1,6 +1,8 @@
 """Status conditions from observed children: the rules kubectl wait, Argo CD and Flux rely on."""
 
 from inferentia_operator.core import status as c
+from inferentia_operator.core.compile.facts import compiled_condition
+from inferentia_operator.core.observed import compile_failure
 
 
 def deployment(*, hash_="h1", replicas=2, ready=2, updated=2, available=2, generation=3, observed=3, spec_replicas=2):
@@ -61,11 +63,11 @@ def test_unschedulable_pods_name_the_schedulers_reason():
 
 def test_compile_states():
     job = lambda t, s, **kw: {"status": {"conditions": [{"type": t, "status": s, **kw}]}}  # noqa: E731
-    assert c.compiled_condition(True, "j", job("Complete", "True"), "s3://out/").reason == "Compiled"
-    failed = c.compiled_condition(True, "j", job("Failed", "True", reason="BackoffLimitExceeded", message="too many"), "u")
+    assert compiled_condition(True, "j", job("Complete", "True"), "s3://out/").reason == "Compiled"
+    failed = compiled_condition(True, "j", job("Failed", "True", reason="BackoffLimitExceeded", message="too many"), "u")
     assert (failed.status, failed.reason, failed.message) == ("False", "CompileFailed", "Job j failed: BackoffLimitExceeded: too many")
-    assert c.compiled_condition(True, "j", None, "u").reason == "Compiling"
-    assert c.compiled_condition(False, None, None, "u").status == "True"
+    assert compiled_condition(True, "j", None, "u").reason == "Compiling"
+    assert compiled_condition(False, None, None, "u").status == "True"
 
 
 def test_a_failed_compile_quotes_what_its_compile_step_said():
@@ -86,14 +88,14 @@ def test_a_failed_compile_quotes_what_its_compile_step_said():
         })  # fmt: skip
 
     pods = [pod("other", 1, "not this one"), pod("j", 1, "line 1\nneuronx-cc failed: ERROR [NCC_EARG001] --lnc 2 is not supported")]
-    failure = c.compile_failure("j", pods)
+    failure = compile_failure("j", pods)
     assert failure.endswith("compile: line 1\nneuronx-cc failed: ERROR [NCC_EARG001] --lnc 2 is not supported")
     failed_job = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}}
-    failed = c.compiled_condition(True, "j", failed_job, "u", failure=failure)
+    failed = compiled_condition(True, "j", failed_job, "u", failure=failure)
     assert failed.message.startswith("Job j failed: BackoffLimitExceeded; compile: ") and "NCC_EARG001" in failed.message
-    assert c.compile_failure("j", [pod("j", 0, "fine")]) == ""
+    assert compile_failure("j", [pod("j", 0, "fine")]) == ""
     long = pod("j", 1, "x" * 5000)
-    assert len(c.compile_failure("j", [long])) < 500  # the end of a long log, not all of it
+    assert len(compile_failure("j", [long])) < 500  # the end of a long log, not all of it
 
 
 def test_a_failed_compile_keeps_ready_false_and_stops_progressing():

@@ -22,7 +22,6 @@ from . import api
 from .autoscaling import NOT_SERVED, SCALED_OBJECT_KIND, Engine, target_in_flight
 from .autoscaling import condition as autoscaling_condition
 from .compile.facts import CompileFacts
-from .compile.facts import compiled_condition as compiled_condition  # as status.* to the tests of conditions
 from .conditions import cond
 from .device_faults.part import DEVICE_FAULT, DEVICE_FAULT_REASON
 from .fill_ahead.part import FILLED_AHEAD, fill_ahead_said
@@ -42,7 +41,6 @@ from .observed import (
     rollout_of_groups,
     unready_because,
 )
-from .observed import compile_failure as compile_failure  # as status.* to the tests of conditions
 from .routing.part import RoutingFacts
 from .routing.pool import EPP_SUFFIX, routing_child, routing_condition
 from .scaling.part import ScalingFacts
