@@ -238,9 +238,13 @@ def bind_user_to_namespaced_roles(cluster: Cluster, user: str, namespaces: list[
     _bind_proof_key_role(cluster, docs, user)
 
 
-def listening_ports() -> set[int]:
-    """TCP ports in LISTEN state on this machine (from /proc, so no tool is needed)."""
-    ports = set()
+def listeners_of(state_dir: Path) -> dict[int, int]:
+    """Listening TCP ports owned by a process whose command line names `state_dir`: port to pid.
+
+    Every component of a local cluster names its state directory on its command line. Asking
+    who owns a port, not whether it is in use, keeps a check of "nothing of that run still
+    listens" true while other test runs on the machine bind the ports it freed."""
+    listening: dict[str, int] = {}  # socket inode to port
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             lines = Path(table).read_text().splitlines()[1:]
@@ -249,5 +253,18 @@ def listening_ports() -> set[int]:
         for line in lines:
             fields = line.split()
             if fields[3] == "0A":  # TCP_LISTEN
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
+                listening[fields[9]] = int(fields[1].rsplit(":", 1)[1], 16)
+    owners: dict[int, int] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if str(state_dir) not in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                continue
+            for fd in (proc / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:[") and (inode := target[8:-1]) in listening:
+                    owners[listening[inode]] = int(proc.name)
+        except OSError:  # the process ended while it was read
+            continue
+    return owners

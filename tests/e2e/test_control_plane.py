@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import yaml
-from kit import ROOT, listening_ports, wait_for
+from kit import ROOT, listeners_of, wait_for
 
 from corpus import CEL_CASES, DIVERGENCE_CORPUS
 from inferentia_operator.core.findings import errors
@@ -220,8 +220,8 @@ def test_cluster_down_leaves_no_process_or_port(cluster, tmp_path, monkeypatch):
         second.down()
         taken.close()
     assert not any(localcluster.alive(pid) for pid in pids.values())
-    still = {name: port for name, port in ports.items() if port in listening_ports()}
-    assert not still, f"still listening: {still}"
+    still = listeners_of(tmp_path / "second")
+    assert not still, f"still listening (port: pid): {still}"
     assert second.running() is False
 
 
@@ -252,10 +252,12 @@ def test_a_killed_test_run_takes_its_control_plane_with_it(cluster, tmp_path):
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     started = json.loads(runner.stdout.readline())
+    assert set(started["ports"].values()) <= set(listeners_of(tmp_path / "crashing"))  # the check below can see them
     runner.send_signal(signal.SIGKILL)  # no finalizer, no atexit: only the kernel can clean up
     runner.wait()
     wait_for(lambda: not any(localcluster.alive(p) for p in started["pids"].values()), 30, "the components to die")
-    assert not set(started["ports"].values()) & listening_ports()
+    still = listeners_of(tmp_path / "crashing")
+    assert not still, f"still listening (port: pid): {still}"
 
 
 @pytest.mark.parametrize("overrides", DIVERGENCE_CORPUS, ids=lambda o: repr(o)[:50])
