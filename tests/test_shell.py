@@ -307,6 +307,54 @@ def test_a_post_that_meets_its_own_child_unseen_makes_its_fields_the_applys_at_o
     ]
 
 
+class ProvingKube(FakeKube):
+    """FakeKube that also takes the proof's annotation (the compile Job's, after its create)."""
+
+    def annotate(self, kind: str, namespace: str, name: str, annotations: dict[str, str]) -> dict[str, Any]:
+        self._check("annotate", kind, name)
+        stored = self.objects[(kind, name)]
+        stored["metadata"]["annotations"] = {**stored["metadata"].get("annotations", {}), **annotations}
+        return stored
+
+
+def test_a_created_compile_job_is_proved_from_the_creates_answer_and_nothing_else_is():
+    """The proof names the Job's UID, which exists only once it is created: the annotation
+    follows its create at once, and no other child is annotated."""
+    kube = ProvingKube()
+    observed = observed_holding(stored_model(**{"compile.image": "example.com/neuron:1"}))
+    decision = decide(observed, NOW)
+    job = next(b for b in decision.apply if b["kind"] == "Job")["metadata"]["name"]
+    outcome = run_act(kube, observed, decision)
+    assert not outcome.failures and not outcome.conflicts
+    assert [c for c in kube.calls if c[0] == "annotate"] == [("annotate", "Job", job)]
+    assert "inferentia.dev/proof" in outcome.written[("Job", job)]["metadata"]["annotations"]
+
+
+def test_a_compile_job_name_taken_by_another_models_compile_job_is_waited_for_not_a_conflict():
+    """Compile Jobs are named after their artefact: a create's 409 on one that another model's
+    compile Job holds leaves it to that model (neither written nor a NameConflict); the same
+    name held by a Job the operator did not make is a conflict."""
+    observed = observed_holding(stored_model(**{"compile.image": "example.com/neuron:1"}))
+    decision = decide(observed, NOW)
+    body = next(b for b in decision.apply if b["kind"] == "Job")
+    name = body["metadata"]["name"]
+    others = copy.deepcopy(body)
+    others["metadata"]["ownerReferences"] = [{**others["metadata"]["ownerReferences"][0], "uid": "uid-other", "name": "other"}]
+    kube = ProvingKube()
+    kube.objects[("Job", name)] = others
+    outcome = run_act(kube, observed, decision)
+    assert not outcome.failures and not outcome.conflicts and ("Job", name) not in outcome.written
+    assert [c for c in kube.calls if c[1:] == ("Job", name)] == [("create", "Job", name), ("get", "Job", name)]
+    assert kube.objects[("Job", name)] is others
+
+    someone_elses = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": NS, "labels": {}}}
+    kube = ProvingKube()
+    kube.objects[("Job", name)] = someone_elses
+    outcome = run_act(kube, observed, decision)
+    assert [(c.kind, c.name) for c in outcome.conflicts] == [("Job", name)]
+    assert kube.objects[("Job", name)] is someone_elses
+
+
 # -- one decision per reconcile, and the triggers --------------------------------------------------
 
 
