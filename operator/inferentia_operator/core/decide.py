@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from . import api, status
@@ -30,9 +30,9 @@ from .kinds import WRITTEN_ONCE
 from .model import CheckedModel, check_model
 from .objects import Obj
 from .observed import Conflict, Observed
-from .ownership import foreign_owner
+from .ownership import WritePolicy, foreign_owner
 from .pod.model import Model
-from .pod.part import Part
+from .pod.part import ChildRef, Part
 from .routing.part import RoutingPart, routing_part
 from .scale_to_zero.part import ScaleToZeroPart, scale_to_zero_part
 from .scaling.part import ScalingPart, scaling_part
@@ -53,6 +53,9 @@ class Decision:
     evict: tuple[tuple[str, str], ...] = ()
     # Serving pods whose traffic label to set, (name, uid, value): device_faults/part.py.
     traffic: tuple[tuple[str, str, str], ...] = ()
+    # How a child is written where that differs from the rule, by (kind, name), as the part that
+    # builds it decided (core/ownership.py): the compile Job's proof and shared name.
+    policies: Mapping[ChildRef, WritePolicy] = field(default_factory=dict)
 
 
 class Parts(NamedTuple):
@@ -153,7 +156,10 @@ def decide(observed: Observed, now: str, settings: Settings = DEFAULT_SETTINGS) 
     )  # fmt: skip
     deletes = [gone for part in parts for gone in part.delete]
     report = status.report(observed, now, basis)
-    return Decision(to_apply, deletes, basis, report, parts.compile.record, parts.device_faults.evict, parts.device_faults.traffic)
+    return Decision(
+        to_apply, deletes, basis, report, parts.compile.record, parts.device_faults.evict, parts.device_faults.traffic,
+        parts.compile.policies,
+    )  # fmt: skip
 
 
 def writes(

@@ -1,8 +1,11 @@
-"""Whose an object is: the one test the operator applies before writing over any object."""
+"""Whose an object is: the one test the operator applies before writing over any object, and
+the write policies by which a part says how one of its children is written where that differs
+from the rule."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from . import api
@@ -29,9 +32,41 @@ def foreign_owner(live: Mapping[str, Any], uid: str | None, model: str | None) -
 def is_compile_job_of_ours(live: Mapping[str, Any]) -> bool:
     """A compile Job the operator made for some model: compile Jobs are named after their
     artefact, so a model finding one under its Job's name shares it rather than competing."""
+    return _of_a_model(live, "compile")
+
+
+def made_alike(live: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
+    """``live`` is a child the operator made for some model (this one or another), of the same
+    component as ``body``: under a name a part marked ``shared`` (:class:`WritePolicy`), the
+    one child of every model that has it."""
+    component = Obj(body).labels.get(COMPONENT_LABEL)
+    return component is not None and _of_a_model(live, component)
+
+
+def _of_a_model(live: Mapping[str, Any], component: str) -> bool:
     obj = Obj(live)
     return (
         obj.labels.get(MANAGED_BY_LABEL) == FIELD_MANAGER
-        and obj.labels.get(COMPONENT_LABEL) == "compile"
+        and obj.labels.get(COMPONENT_LABEL) == component
         and (obj.controller or {}).get("kind") == api.KIND
     )
+
+
+@dataclass(frozen=True)
+class WritePolicy:
+    """How the act step writes a child, where that differs from the rule (a create where the
+    caches hold nothing, else an apply of what is the model's, a NameConflict where the name is
+    someone else's). The part that builds the child decides it, the decision carries it by the
+    child's (kind, name) (``Decision.policies``), and the shell carries it out knowing no child
+    by its kind or component."""
+
+    # After the create, the operator's proof that it made the child (core/proof.py), added from
+    # the create's answer: the proof names the child's UID, which exists only from then on.
+    prove: bool = False
+    # The name is the same for every model with the same child (a compile Job is named after its
+    # artefact): where a create finds it taken by such a child the operator made for another
+    # model (made_alike), the model waits for that one, and it is no NameConflict.
+    shared: bool = False
+
+
+PLAIN = WritePolicy()  # the rule

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferentia_operator.core.decide import Decision
-from inferentia_operator.core.names import COMPONENT_LABEL, TRAFFIC_LABEL
+from inferentia_operator.core.names import TRAFFIC_LABEL
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.observed import Conflict, Observed, WriteFailure
-from inferentia_operator.core.ownership import foreign_owner, is_compile_job_of_ours
+from inferentia_operator.core.ownership import PLAIN, WritePolicy, foreign_owner, made_alike
 from inferentia_operator.core.pod.artefact import job_output_uri
 from inferentia_operator.core.projection import OWN_UPDATE_ENTRY, project, project_record
 from inferentia_operator.core.proof import PROOF_ANNOTATION, Prover
@@ -60,22 +60,25 @@ async def act(pool: Executor, kube: Kube, observed: Observed, decision: Decision
     """The decision's writes, each failure recorded, none stopping the rest. The children are
     independent (a pod waits for its plan ConfigMap by itself), so they are written at once,
     each a blocking call in ``pool`` (the reconciler's one pool of API calls): a reconcile
-    takes one or two round trips, not six."""
+    takes one or two round trips, not six. Each child is written by its write policy
+    (``decision.policies``, core/ownership.py), which the part that builds it decided."""
     out = Outcome()
     model = Obj(observed.model)
     namespace = model.namespace or ""
 
-    def after_conflict(kind: str, name: str) -> tuple[bool, dict[str, Any] | None]:
+    def after_conflict(body: dict[str, Any], policy: WritePolicy) -> tuple[bool, dict[str, Any] | None]:
         """After a create's 409: whether the model may write the object that holds the name (one
         it does not control is recorded as a conflict), and that object projected as the caches
         would hold it, so that the apply that follows sees what the watch has not delivered yet:
         the POST's Update entry among it, which is then made the apply's at once."""
+        kind, name = body["kind"], body["metadata"]["name"]
         existing = kube.get(kind, namespace, name)
         if existing is None:
             return True, None  # deleted since the 409: the apply creates it
-        if kind == "Job" and is_compile_job_of_ours(existing):
-            # Another model with the same compile inputs created it a moment ago: this
-            # model waits for it (the next reconcile sees it in the cache), never a conflict.
+        if policy.shared and made_alike(existing, body):
+            # Another model with the same child (a compile Job of the same inputs) created it a
+            # moment ago: this model waits for it (the next reconcile sees it in the cache),
+            # never a conflict.
             return False, None
         owner = foreign_owner(existing, model.uid, model.name)
         if owner is not None:
@@ -85,6 +88,7 @@ async def act(pool: Executor, kube: Kube, observed: Observed, decision: Decision
 
     def write(body: dict[str, Any]) -> None:
         kind, name = body["kind"], body["metadata"]["name"]
+        policy = decision.policies.get((kind, name), PLAIN)
         try:
             live = observed.live(kind, name)
             if live is None:
@@ -96,63 +100,66 @@ async def act(pool: Executor, kube: Kube, observed: Observed, decision: Decision
                 # if it is someone else's.
                 created = kube.create(body)
                 if created is not None:
-                    if kind == "Job" and Obj(created).labels.get(COMPONENT_LABEL) == "compile":
-                        created = prove_job(kube, created, prover)  # a fill Job vouches for nothing
-                    out.written[(kind, name)] = project(created)
+                    out.written[(kind, name)] = project(prove_job(kube, created, prover) if policy.prove else created)
                     return
-                ours, live = after_conflict(kind, name)
+                ours, live = after_conflict(body, policy)
                 if not ours:
                     return
             out.written[(kind, name)] = project(apply(kube, body, live))
         except ApiError as exc:
             out.failures.append(WriteFailure(kind, name, exc.code, exc.message))
 
-    def record_and_delete() -> None:
-        if decision.record is not None:
-            try:
-                # Taken (409): another reconcile recorded the same compile first; nothing to do.
-                created = kube.create(decision.record)
-                out.record = project_record(created) if created is not None else None
-            except ApiError as exc:
-                out.failures.append(WriteFailure("ConfigMap", decision.record["metadata"]["name"], exc.code, exc.message))
-        for kind, name in decision.delete:
-            try:
-                kube.delete(kind, namespace, name)
-                out.written[(kind, name)] = GONE
-            except ApiError as exc:
-                log.warning("could not delete superseded %s %s/%s: %s", kind, namespace, name, exc)
-        for name, uid in decision.evict:
-            # A serving pod on a node whose Neuron devices fail (device_faults/part.py): the
-            # model's status names it whatever happens here, and the next reconcile asks again.
-            try:
-                kube.evict(namespace, name, uid)
-                log.info("evicted pod %s/%s from a node whose Neuron devices report an error", namespace, name)
-            except ApiError as exc:
-                # 429: the model's disruption budget allows no eviction now; 409: another pod by that name.
-                log.log(logging.INFO if exc.code in (409, 429) else logging.WARNING, "could not evict pod %s/%s: %s", namespace, name, exc)
-
-    def label() -> None:
-        # Before the writes: a Service that starts selecting the traffic label (an upgrade of the
-        # operator) finds its pods already labelled.
-        for name, uid, value in decision.traffic:
-            try:
-                kube.label_pod(namespace, name, uid, {TRAFFIC_LABEL: value})
-                log.info("pod %s/%s: traffic %s (core/device_faults/part.py)", namespace, name, value)
-            except ApiError as exc:
-                log.log(logging.INFO if exc.code in (409, 422) else logging.WARNING, "could not label pod %s/%s: %s", namespace, name, exc)
-
     loop = asyncio.get_running_loop()
     if decision.traffic:
-        await loop.run_in_executor(pool, label)
+        await loop.run_in_executor(pool, label_traffic, kube, namespace, decision.traffic)
     await asyncio.gather(*(loop.run_in_executor(pool, write, body) for body in decision.apply))
-    await loop.run_in_executor(pool, record_and_delete)
+    await loop.run_in_executor(pool, record_and_delete, kube, namespace, decision, out)
     return out
+
+
+def label_traffic(kube: Kube, namespace: str, traffic: tuple[tuple[str, str, str], ...]) -> None:
+    """The serving pods' traffic labels (core/device_faults/part.py), before the writes: a
+    Service that starts selecting the label (an upgrade of the operator) finds its pods already
+    labelled."""
+    for name, uid, value in traffic:
+        try:
+            kube.label_pod(namespace, name, uid, {TRAFFIC_LABEL: value})
+            log.info("pod %s/%s: traffic %s (core/device_faults/part.py)", namespace, name, value)
+        except ApiError as exc:
+            log.log(logging.INFO if exc.code in (409, 422) else logging.WARNING, "could not label pod %s/%s: %s", namespace, name, exc)
+
+
+def record_and_delete(kube: Kube, namespace: str, decision: Decision, out: Outcome) -> None:
+    """After the writes: the record of a completed compile, the deletes and the evictions."""
+    if decision.record is not None:
+        try:
+            # Taken (409): another reconcile recorded the same compile first; nothing to do.
+            created = kube.create(decision.record)
+            out.record = project_record(created) if created is not None else None
+        except ApiError as exc:
+            out.failures.append(WriteFailure("ConfigMap", decision.record["metadata"]["name"], exc.code, exc.message))
+    for kind, name in decision.delete:
+        try:
+            kube.delete(kind, namespace, name)
+            out.written[(kind, name)] = GONE
+        except ApiError as exc:
+            log.warning("could not delete superseded %s %s/%s: %s", kind, namespace, name, exc)
+    for name, uid in decision.evict:
+        # A serving pod on a node whose Neuron devices fail (device_faults/part.py): the
+        # model's status names it whatever happens here, and the next reconcile asks again.
+        try:
+            kube.evict(namespace, name, uid)
+            log.info("evicted pod %s/%s from a node whose Neuron devices report an error", namespace, name)
+        except ApiError as exc:
+            # 429: the model's disruption budget allows no eviction now; 409: another pod by that name.
+            log.log(logging.INFO if exc.code in (409, 429) else logging.WARNING, "could not evict pod %s/%s: %s", namespace, name, exc)
 
 
 def prove_job(kube: Kube, job: dict[str, Any], prover: Prover) -> dict[str, Any]:
     """The proof that the operator made ``job`` (core/proof.py), added right after its create,
     from the create's answer: it names the Job's UID, which only exists from then on. Should
-    this fail, the Job is never trusted and its model says CompileJobUnverified."""
+    this fail, the Job is never trusted and its model says CompileJobUnverified. For a child
+    whose write policy says ``prove`` (the compile Job's; a fill Job vouches for nothing)."""
     meta = job["metadata"]
     proof = prover.job(meta["namespace"], meta["name"], meta["uid"], job_output_uri(job) or "")
     return kube.annotate("Job", meta["namespace"], meta["name"], {PROOF_ANNOTATION: proof})

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from inferentia_operator.core import api
@@ -41,7 +41,7 @@ from inferentia_operator.core.names import (
 )
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.observed import Observed, compile_failure, job_state
-from inferentia_operator.core.ownership import foreign_owner, is_compile_job_of_ours
+from inferentia_operator.core.ownership import WritePolicy, foreign_owner, is_compile_job_of_ours
 from inferentia_operator.core.pod.artefact import (
     compile_hash,
     compile_inputs,
@@ -51,7 +51,7 @@ from inferentia_operator.core.pod.artefact import (
 )
 from inferentia_operator.core.pod.jobs import newest_earlier_success
 from inferentia_operator.core.pod.model import Model
-from inferentia_operator.core.pod.part import Part
+from inferentia_operator.core.pod.part import ChildRef, Part, ref
 from inferentia_operator.core.proof import Prover
 from inferentia_operator.core.settings import Settings
 
@@ -61,10 +61,18 @@ class CompilePart(Part):
     facts: CompileFacts | None = None
     # The record of a completed compile to create: nobody's child, so not among ``children``.
     record: dict[str, Any] | None = None
+    # How its Job is written (JOB_POLICY), by (kind, name): decide() passes it to the act step.
+    policies: Mapping[ChildRef, WritePolicy] = field(default_factory=dict)
 
     @property
     def compiled(self) -> bool:
         return self.facts is None or self.facts.condition.status == "True"
+
+
+# The compile Job is proved right after its create (the proof names its UID: core/proof.py),
+# and its name is its artefact's, the same for every model with the same compile inputs: a model
+# whose create finds it taken by another model's compile Job waits for that one.
+JOB_POLICY = WritePolicy(prove=True, shared=True)
 
 
 def compile_part(model: Model, observed: Observed, settings: Settings) -> CompilePart:
@@ -102,7 +110,7 @@ def compile_part(model: Model, observed: Observed, settings: Settings) -> Compil
         failure = compile_failure(name, observed.pods)
         trouble = compile_pod_trouble(name, live, observed.pods, observed.job_events.get(name or "", ()))
         condition = compiled_condition(True, name, live, uri, changed, failure, key=key, trouble=trouble)
-        return CompilePart((body,), facts=facts(condition), record=record)
+        return CompilePart((body,), facts=facts(condition), record=record, policies={ref(body): JOB_POLICY})
     hit = _record_data(known) if known is not None else record["data"] if record is not None else None
     if hit is not None:
         return CompilePart(facts=facts(compiled_condition(True, None, None, uri, key=key, hit=hit), hit=True), record=record)
@@ -115,7 +123,8 @@ def compile_part(model: Model, observed: Observed, settings: Settings) -> Compil
         # Another model's Job compiles this key (or failed to): this one waits for it.
         by = (Obj(live).controller or {}).get("name", "")
         return CompilePart(facts=facts(compiled_condition(True, name, live, uri, changed, key=key, compiled_by=by), hit=None))
-    return CompilePart((body,), facts=facts(compiled_condition(True, name, None, uri, changed, key=key)))
+    condition = compiled_condition(True, name, None, uri, changed, key=key)
+    return CompilePart((body,), facts=facts(condition), policies={ref(body): JOB_POLICY})
 
 
 def trusted_record(records: list[dict[str, Any]] | None, uri: str, prover: Prover) -> dict[str, Any] | None:
