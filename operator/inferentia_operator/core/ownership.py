@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from . import api
 from .names import COMPONENT_LABEL, FIELD_MANAGER, MANAGED_BY_LABEL, MODEL_LABEL
@@ -27,6 +27,21 @@ def foreign_owner(live: Mapping[str, Any], uid: str | None, model: str | None) -
     if controller.get("uid") != uid:
         return f"controlled by {controller.get('kind')} {controller.get('name')}"
     return None
+
+
+class Owner(Protocol):
+    """A model as an owner: a Model (core/pod/model.py) or the model's object (objects.Obj)."""
+
+    @property
+    def uid(self) -> str | None: ...
+
+    @property
+    def name(self) -> str | None: ...
+
+
+def is_ours(live: Mapping[str, Any] | None, model: Owner) -> bool:
+    """``live`` exists and is ``model``'s to write: nobody else owns it (foreign_owner)."""
+    return live is not None and foreign_owner(live, model.uid, model.name) is None
 
 
 def is_compile_job_of_ours(live: Mapping[str, Any]) -> bool:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from inferentia_operator.core.names import COMPILE_RECORD_COMPONENT, COMPONENT_LABEL, FILL_COMPONENT, GROUP_KIND
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.observed import Observed, job_state
-from inferentia_operator.core.ownership import foreign_owner
+from inferentia_operator.core.ownership import is_ours
 from inferentia_operator.core.pod.artefact import compile_job_name
 from inferentia_operator.core.pod.jobs import newest_earlier_success
 from inferentia_operator.core.pod.model import Model, plan_configmap_name
@@ -34,8 +34,7 @@ def cleanup_part(model: Model, observed: Observed, settings: Settings) -> Part:
 
 def _other_shape(model: Model, observed: Observed) -> tuple[ChildRef, ...]:
     other = "Deployment" if model.plan.nodes else GROUP_KIND
-    live = observed.own(other)
-    return ((other, model.name),) if live is not None and foreign_owner(live, model.uid, model.name) is None else ()
+    return ((other, model.name),) if is_ours(observed.own(other), model) else ()
 
 
 def _plan_configmaps_in_use(observed: Observed) -> set[str]:

@@ -41,7 +41,7 @@ from inferentia_operator.core.names import (
 )
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.observed import Observed, compile_failure, job_state
-from inferentia_operator.core.ownership import WritePolicy, foreign_owner, is_compile_job_of_ours
+from inferentia_operator.core.ownership import WritePolicy, is_compile_job_of_ours, is_ours
 from inferentia_operator.core.pod.artefact import (
     compile_hash,
     compile_inputs,
@@ -87,7 +87,7 @@ def compile_part(model: Model, observed: Observed, settings: Settings) -> Compil
     jobs = {Obj(j).name: j for j in [*observed.compile_jobs.get(uri, ()), *observed.all("Job")] if job_output_uri(j) == uri}
     made = {n: j for n, j in jobs.items() if prover.made_job(j, uri)}
     live = jobs.get(name)
-    ours = live is not None and name in made and foreign_owner(live, Obj(observed.model).uid, model.name) is None
+    ours = name in made and is_ours(live, Obj(observed.model))
     complete = sorted((j for j in made.values() if job_state(j).phase == "Complete"), key=lambda j: j is not live)
     known = trusted_record(observed.compile_records.get(uri), uri, prover)
     reported = compile_reported(Obj(complete[0]).name, observed.pods) if complete else {}

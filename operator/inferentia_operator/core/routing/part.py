@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from inferentia_operator.core.names import INFERENCE_POOL_KIND
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.observed import Observed
-from inferentia_operator.core.ownership import foreign_owner
+from inferentia_operator.core.ownership import is_ours
 from inferentia_operator.core.pod.model import Model
 from inferentia_operator.core.pod.part import Part, ref
 from inferentia_operator.core.routing import pool as routing
@@ -35,8 +34,8 @@ def routing_part(model: Model, observed: Observed, settings: Settings) -> Routin
     if model.spec.routing is None or model.spec.routing.inference_pool is None:
         # Turned off: the pool goes at once, so no gateway routes by it; the picker is parked
         # (the operator deletes no Deployment) and goes with the model, as its Service does.
-        gone = ((INFERENCE_POOL_KIND, pool_name),) if _ours(live_pool, model) else ()
-        running = _ours(live_picker, model) and Obj(live_picker).spec.get("replicas") != 0
+        gone = ((INFERENCE_POOL_KIND, pool_name),) if is_ours(live_pool, model) else ()
+        running = is_ours(live_picker, model) and Obj(live_picker).spec.get("replicas") != 0
         return RoutingPart((routing.parked_picker(model, settings.endpoint_picker_image),) if running else (), delete=gone)
     objects = (
         routing.inference_pool(model),
@@ -54,8 +53,4 @@ def routing_part(model: Model, observed: Observed, settings: Settings) -> Routin
         held = frozenset(ref(o) for o in objects[1:])
     else:
         held = frozenset()
-    return RoutingPart(objects, held, facts=RoutingFacts(served=served, pool=pool_name if _ours(live_pool, model) else None))
-
-
-def _ours(live: dict[str, Any] | None, model: Model) -> bool:
-    return live is not None and foreign_owner(live, model.uid, model.name) is None
+    return RoutingPart(objects, held, facts=RoutingFacts(served=served, pool=pool_name if is_ours(live_pool, model) else None))

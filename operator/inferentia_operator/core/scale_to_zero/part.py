@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from inferentia_operator.core.autoscaling import scales_to_zero
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.observed import Observed
-from inferentia_operator.core.ownership import foreign_owner
+from inferentia_operator.core.ownership import is_ours
 from inferentia_operator.core.pod.meta import HOLDER_SUFFIX, holder_selector
 from inferentia_operator.core.pod.model import Model
 from inferentia_operator.core.pod.part import Part, ref
@@ -59,7 +59,7 @@ def scale_to_zero_part(model: Model, observed: Observed, scaling: Scaling) -> Sc
         # A model that no longer scales to zero: its holder is parked at no replica, not
         # deleted (the operator may delete no Deployment); its owner's deletion removes it.
         parked = observed.live("Deployment", holder_name)
-        if parked is not None and foreign_owner(parked, model.uid, model.name) is None and Obj(parked).spec.get("replicas") != 0:
+        if is_ours(parked, model) and Obj(parked).spec.get("replicas") != 0:
             return ScaleToZeroPart((parked_holder(model),), delete=stale, replicas=scaling.replicas)
         return ScaleToZeroPart(delete=stale, replicas=scaling.replicas)
     upstream = replicas_service(model)
@@ -88,6 +88,6 @@ def _stale_policy(model: Model, observed: Observed, wanted: dict[str, Any] | Non
     unset, push activation off): left, a namespace that is no longer KEDA's would keep it out."""
     name = model.name + HOLDER_SUFFIX
     live = observed.live("NetworkPolicy", name)
-    if wanted is None and live is not None and foreign_owner(live, model.uid, model.name) is None:
+    if wanted is None and is_ours(live, model):
         return (("NetworkPolicy", name),)
     return ()

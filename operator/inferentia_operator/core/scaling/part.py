@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from inferentia_operator.core import api
 from inferentia_operator.core.autoscaling import SCALED_OBJECT_KIND, desired_replicas, in_flight_query
 from inferentia_operator.core.observed import Observed
-from inferentia_operator.core.ownership import foreign_owner
+from inferentia_operator.core.ownership import is_ours
 from inferentia_operator.core.pod.model import Model
 from inferentia_operator.core.pod.part import Part, ref
 from inferentia_operator.core.scaling.keda import scaled_object
@@ -34,7 +34,7 @@ def scaling_part(model: Model, observed: Observed, settings: Settings, has_artef
     """``has_artefact``: a model that scales to zero stays at one replica at least until it has one."""
     spec = model.spec
     live = observed.own(SCALED_OBJECT_KIND)
-    ours = live is not None and foreign_owner(live, model.uid, model.name) is None
+    ours = is_ours(live, model)
     # The ScaledObject only where the operator knows where Prometheus is; without autoscaling,
     # or without Prometheus, one the operator made earlier goes.
     gone = ((SCALED_OBJECT_KIND, model.name),) if ours else ()

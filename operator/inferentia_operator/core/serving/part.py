@@ -10,7 +10,7 @@ from typing import Any
 
 from inferentia_operator.core import api
 from inferentia_operator.core.observed import Observed
-from inferentia_operator.core.ownership import foreign_owner
+from inferentia_operator.core.ownership import is_ours
 from inferentia_operator.core.pod.meta import selector_string
 from inferentia_operator.core.pod.model import Model, plan_hash
 from inferentia_operator.core.pod.part import ChildRef, Part, ref
@@ -52,6 +52,6 @@ def _stale_policy(model: Model, observed: Observed, policy: dict[str, Any] | Non
     port of its pods closed. Never someone else's of that name."""
     name = serving_policy_name(model)
     live = observed.live("NetworkPolicy", name)
-    if policy is not None or live is None or foreign_owner(live, model.uid, model.name) is not None:
+    if policy is not None or not is_ours(live, model):
         return ()
     return (("NetworkPolicy", name),)
