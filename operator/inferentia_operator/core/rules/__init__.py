@@ -11,13 +11,18 @@ twins rather than running the CEL, and which tests hold the two together. Parsin
 (pydantic's errors) is in :mod:`..parsing`.
 
 A new rule goes into its concern's module: the CrossFieldRule, its check beside it, and an
-entry in that module's RULES and CHECKS.
+entry in that module's RULES and CHECKS. A new module joins MODULES, below, once: every module
+has both RULES and CHECKS (an empty tuple where it has none), and the CRD's rules and the
+order findings are printed in both come from that one list.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
 from inferentia_operator.core.api import InferentiaModelSpec
-from inferentia_operator.core.catalogue import FAMILIES
+from inferentia_operator.core.catalogue import FAMILIES, Family
 from inferentia_operator.core.cel import CrossFieldRule
 from inferentia_operator.core.findings import Finding
 
@@ -27,6 +32,7 @@ from . import (
     autoscaling,
     child_values,
     groups,
+    identity,
     memory,
     nodes,
     placement,
@@ -39,38 +45,51 @@ from . import (
 from .identity import NAME, check_name, check_namespace
 from .memory import KV_FIT, NODES_KV_FIT, STATIC_WEIGHTS_TOO_LARGE
 
-# In this order in the CRD: each node's rules keep their order across releases.
-CEL_RULES: list[CrossFieldRule] = [
-    NAME,
-    *request.RULES,
-    *placement.RULES,
-    *groups.RULES,
-    *allocation.RULES,
-    *programs.RULES,
-    *memory.RULES,
-    *child_values.RULES,
-    *autoscaling.RULES,
-    *routing.RULES,
-    *nodes.RULES,
-    *scheduling.RULES,
-]
+Check = Callable[[InferentiaModelSpec, Family], list[Finding]]
 
-# The order findings are printed in: the children's values first (a quantity that does not
-# parse is named before any rule that would use it), advice last.
-_CHECKS = (
-    *child_values.CHECKS,
-    *request.CHECKS,
-    *placement.CHECKS,
-    *groups.CHECKS,
-    *allocation.CHECKS,
-    *programs.CHECKS,
-    *memory.CHECKS,
-    *autoscaling.CHECKS,
-    *routing.CHECKS,
-    *nodes.CHECKS,
-    *scheduling.CHECKS,
-    *sizing.CHECKS,
-    *advice.CHECKS,
+
+class RuleModule(Protocol):
+    """A module of rules, one concern: its CrossFieldRules (their CEL in the CRD) and its checks
+    (validate's and the operator's, the rules' Python twins and the rules CEL cannot express)."""
+
+    @property
+    def RULES(self) -> Sequence[CrossFieldRule]: ...
+
+    @property
+    def CHECKS(self) -> Sequence[Check]: ...
+
+
+# Every module of rules, in the order of their rules in the CRD: each schema node's rules keep
+# their order across releases, so a new module goes last but for the warnings (sizing, advice),
+# which have no rule in the CRD and are checked last.
+MODULES: tuple[RuleModule, ...] = (
+    identity,
+    request,
+    placement,
+    groups,
+    allocation,
+    programs,
+    memory,
+    child_values,
+    autoscaling,
+    routing,
+    nodes,
+    scheduling,
+    sizing,
+    advice,
+)
+
+CEL_RULES: list[CrossFieldRule] = [rule for module in MODULES for rule in module.RULES]
+
+# The order findings are printed in: the modules' own, but for the children's values, which come
+# first (a quantity that does not parse is named before any rule that would use it). That one is
+# the exception, not the CRD's order: child_values' rules share schema nodes (spec, spec.compute,
+# spec.compile) with the rules of the modules above it in MODULES, so moving it up the list would
+# reorder their rules in the CRD.
+CHECKED_FIRST = child_values
+_CHECKS: tuple[Check, ...] = (
+    *CHECKED_FIRST.CHECKS,
+    *(check for module in MODULES if module is not CHECKED_FIRST for check in module.CHECKS),
 )
 
 

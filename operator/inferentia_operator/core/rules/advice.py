@@ -89,4 +89,5 @@ def _check_advice(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     return found
 
 
+RULES = ()  # warnings only: nothing for the CRD to refuse
 CHECKS = (_check_advice,)

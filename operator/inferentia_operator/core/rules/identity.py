@@ -55,3 +55,6 @@ def check_namespace(namespace: Any) -> list[Finding]:
 RULES: list[CrossFieldRule] = [
     NAME,
 ]
+# No check of the spec: the name and namespace are checked apart (check_name, check_namespace),
+# since they are not the spec's.
+CHECKS = ()

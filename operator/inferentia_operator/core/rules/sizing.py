@@ -79,5 +79,6 @@ def _check_sizes(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     return found
 
 
+RULES = ()  # warnings only: nothing for the CRD to refuse
 CHECKS = (_check_sizes,)
-__all__ = ["CHECKS"]
+__all__ = ["CHECKS", "RULES"]
