@@ -15,7 +15,9 @@ import yaml
 
 from inferentia_operator.core.autoscaling import Prometheus
 from inferentia_operator.core.compile.job import compile_job, compile_record
+from inferentia_operator.core.compile.part import JOB_POLICY
 from inferentia_operator.core.decide import Decision, rendered
+from inferentia_operator.core.pod.part import ref
 from inferentia_operator.core.proof import Prover
 from inferentia_operator.core.settings import Settings
 from inferentia_operator.shell.act import act
@@ -76,7 +78,11 @@ def every_write() -> tuple[Any, Decision]:
     deletes = [(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] not in kept]
     # And a serving pod on a node whose Neuron devices fail, evicted, and another taken out of
     # traffic (device_faults/part.py).
-    decision = Decision(objects, deletes, None, None, record, evict=(("m-1", "uid-1"),), traffic=(("m-2", "uid-2", "off"),))
+    # The compile Job as its part writes it: proved right after its create (a patch of the Job).
+    policies = {ref(job): JOB_POLICY for job in objects if job["kind"] == "Job"}
+    decision = Decision(
+        objects, deletes, None, None, record, evict=(("m-1", "uid-1"),), traffic=(("m-2", "uid-2", "off"),), policies=policies
+    )
     return Observed(body), decision
 
 
