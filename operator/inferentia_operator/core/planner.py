@@ -17,6 +17,9 @@ Nothing here talks to Kubernetes. Sources (public documentation):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TypedDict
+
 from .api import FrontEnd, InferentiaModelSpec, Plan, ResourceList
 from .catalogue import (
     EFA_DEVICES,
@@ -26,6 +29,7 @@ from .catalogue import (
     HUGEPAGES_RESOURCE,
     NEURON_RESOURCE,
     NEURONCORE_RESOURCE,
+    Compiler,
     Family,
     host_fits,
 )
@@ -140,6 +144,119 @@ def process_env(fam: Family, lnc: int, cores: str, size: int, args: list[str], i
     }
 
 
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """What the pieces of the plan read of one replica: its family and logical cores, how
+    they split into groups, and the CPU and memory it asks of a host."""
+
+    fam: Family
+    lnc: int
+    per_chip: int  # logical cores on one chip at lnc
+    # A cores request shares its chip: the replica's cores are its whole world, and it
+    # sees only their share of the chip's device memory.
+    shares_chip: bool
+    chips: int  # chips an instance needs for the replica: its inf, or as many as its cores fill
+    total: int  # the replica's logical cores
+    groups: int  # one a serving process
+    size: int  # cores a group
+    millicpu: float
+    memory_bytes: float
+
+
+def replica_of(spec: InferentiaModelSpec) -> Replica:
+    fam = FAMILIES[spec.compute.family]
+    lnc = lnc_of(spec, fam)
+    total = replica_cores(spec, fam)
+    groups = spec.processes_per_replica
+    return Replica(
+        fam=fam,
+        lnc=lnc,
+        per_chip=fam.cores_per_chip(lnc),
+        shares_chip=spec.compute.cores is not None,
+        chips=chips_needed(spec, fam),
+        total=total,
+        groups=groups,
+        size=total // groups,
+        millicpu=float(quantity(spec.compute.cpu) or 0) * 1000,
+        memory_bytes=float(quantity(spec.compute.memory) or 0),
+    )
+
+
+class CoresPiece(TypedDict):
+    family: str
+    lnc: int | None
+    chips: int | None
+    cores_per_chip: int
+    total_cores: int
+    group_size: int
+    groups: int
+    visible_cores: list[str]
+    device_memory_per_group_bytes: int
+    device_memory_share_per_group_bytes: int
+
+
+def plan_cores(r: Replica) -> CoresPiece:
+    """The replica's cores and groups, the cores each group sees, and the device memory it addresses."""
+    fam, size = r.fam, r.size
+    # Contiguous groups from core 0: when a group fits in one chip it never crosses
+    # a chip boundary, and multi-chip groups start on a chip boundary.
+    firsts = [i * size for i in range(r.groups)]
+    if r.shares_chip:
+        seen = size * fam.memory_per_core_bytes(r.lnc)
+    else:
+        seen = max(chips_touched(first, size, r.per_chip) for first in firsts) * fam.memory_per_chip_bytes
+    return CoresPiece(
+        family=fam.name,
+        lnc=r.lnc if fam.neuronx else None,
+        chips=None if r.shares_chip else r.chips,
+        cores_per_chip=r.per_chip,
+        total_cores=r.total,
+        group_size=size,
+        groups=r.groups,
+        visible_cores=[core_range(first, size) for first in firsts],
+        device_memory_per_group_bytes=seen,
+        device_memory_share_per_group_bytes=size * fam.memory_per_core_bytes(r.lnc),
+    )
+
+
+class CompilerPiece(TypedDict):
+    compiler: Compiler
+    static_weights: bool
+    compiler_args: list[str]
+    batch_size: int
+    dynamic_batch_size: bool
+    buckets: list[list[int]]
+    input_dtype: str | None
+
+
+def plan_compiler(spec: InferentiaModelSpec, r: Replica) -> CompilerPiece:
+    """The family's compiler and its flags for one group, and the shapes the model is compiled for."""
+    static = static_weights_on(spec, r.fam, r.size)
+    return CompilerPiece(
+        compiler=r.fam.compiler,
+        static_weights=static,
+        compiler_args=compiler_args(spec, r.fam, r.lnc, r.size, static),
+        batch_size=spec.compile.batch_size,
+        dynamic_batch_size=spec.compile.dynamic_batch_size,
+        buckets=[list(b) for b in spec.compile.buckets or []],
+        input_dtype=spec.input_dtype if spec.compiles_with_program or spec.serves_with_program else None,
+    )
+
+
+class ProcessesPiece(TypedDict):
+    threads_per_process: int
+    env: list[dict[str, str]]
+
+
+def plan_processes(spec: InferentiaModelSpec, r: Replica, visible: list[str], args: list[str]) -> ProcessesPiece:
+    """Each serving process's threads and runtime environment, in group order."""
+    threads = spec.serving.threads_per_process or r.size + 3  # every outstanding inference gets a thread
+    return ProcessesPiece(
+        threads_per_process=threads,
+        env=[process_env(r.fam, r.lnc, cores, r.size, args, index, threads) for index, cores in enumerate(visible)],
+    )
+
+
 def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Plan:
     """The plan of a spec; raises InvalidSpec when any rule fails. ``checked``: the spec's
     findings, when the caller has already run :func:`rules.check_spec` on it."""
@@ -147,28 +264,11 @@ def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Pla
     if errors(findings):
         raise InvalidSpec(findings)
 
-    fam = FAMILIES[spec.compute.family]
-    lnc = lnc_of(spec, fam)
-    per_chip = fam.cores_per_chip(lnc)
-    # A cores request shares its chip: the replica's cores are its whole world, and it
-    # sees only their share of the chip's device memory.
-    shares_chip = spec.compute.cores is not None
-    chips = chips_needed(spec, fam)
-    total = replica_cores(spec, fam)
-    groups = spec.processes_per_replica
-    size = total // groups
-    # Contiguous groups from core 0: when a group fits in one chip it never crosses
-    # a chip boundary, and multi-chip groups start on a chip boundary.
-    firsts = [i * size for i in range(groups)]
-    visible = [core_range(first, size) for first in firsts]
-    if shares_chip:
-        seen = size * fam.memory_per_core_bytes(lnc)
-    else:
-        seen = max(chips_touched(first, size, per_chip) for first in firsts) * fam.memory_per_chip_bytes
-    static = static_weights_on(spec, fam, size)
-    args = compiler_args(spec, fam, lnc, size, static)
-    threads = spec.serving.threads_per_process or size + 3  # every outstanding inference gets a thread
-    env = [process_env(fam, lnc, cores, size, args, index, threads) for index, cores in enumerate(visible)]
+    replica = replica_of(spec)
+    cores = plan_cores(replica)
+    compiled = plan_compiler(spec, replica)
+    fam, lnc, per_chip, shares_chip = replica.fam, replica.lnc, replica.per_chip, replica.shares_chip
+    chips, total, groups = replica.chips, replica.total, replica.groups
 
     # Hugepages only when the model asks for them: AWS's examples for the Neuron Runtime 2.x
     # request none, and a request no node reserves leaves the pod unschedulable (sources
@@ -189,7 +289,7 @@ def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Pla
     wanted = spec.compute.instance_types
     # Types with the chips, and the CPU and memory a replica asks for after the kubelet's
     # reservations (a 4-CPU replica does not fit an inf2.xlarge, which has 4 vCPUs in all).
-    millicpu, memory_bytes = float(quantity(spec.compute.cpu) or 0) * 1000, float(quantity(spec.compute.memory) or 0)
+    millicpu, memory_bytes = replica.millicpu, replica.memory_bytes
     instance_types = [
         name
         for name, count in sorted(fam.instance_chips.items(), key=lambda item: item[1])
@@ -219,30 +319,14 @@ def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Pla
         )
 
     return Plan(
-        family=fam.name,
-        compiler=fam.compiler,
-        lnc=lnc if fam.neuronx else None,
+        **cores,
+        **compiled,
+        **plan_processes(spec, replica, cores["visible_cores"], compiled["compiler_args"]),
         allocation="dra" if dra else None,
         connected_devices=fam.dra_group(chips) if dra and chips > 1 else None,
-        chips=None if shares_chip else chips,
-        cores_per_chip=per_chip,
-        total_cores=total,
-        group_size=size,
-        groups=groups,
-        tensor_parallel_size=size * (nodes or 1) if fam.neuronx else None,
+        tensor_parallel_size=replica.size * (nodes or 1) if fam.neuronx else None,
         nodes=nodes,
         efa_devices=efa,
-        visible_cores=visible,
-        device_memory_per_group_bytes=seen,
-        device_memory_share_per_group_bytes=size * fam.memory_per_core_bytes(lnc),
-        static_weights=static,
-        batch_size=spec.compile.batch_size,
-        dynamic_batch_size=spec.compile.dynamic_batch_size,
-        buckets=[list(b) for b in spec.compile.buckets or []],
-        input_dtype=spec.input_dtype if spec.compiles_with_program or spec.serves_with_program else None,
-        compiler_args=args,
-        threads_per_process=threads,
-        env=env,
         resources=resources,
         instance_types=instance_types,
         front_end=front_end,
