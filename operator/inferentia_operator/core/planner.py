@@ -18,7 +18,7 @@ Nothing here talks to Kubernetes. Sources (public documentation):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import Literal, TypedDict
 
 from .api import FrontEnd, InferentiaModelSpec, Plan, ResourceList
 from .catalogue import (
@@ -257,19 +257,52 @@ def plan_processes(spec: InferentiaModelSpec, r: Replica, visible: list[str], ar
     )
 
 
-def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Plan:
-    """The plan of a spec; raises InvalidSpec when any rule fails. ``checked``: the spec's
-    findings, when the caller has already run :func:`rules.check_spec` on it."""
-    findings = check_spec(spec) if checked is None else checked
-    if errors(findings):
-        raise InvalidSpec(findings)
+class PlacementPiece(TypedDict):
+    instance_types: list[str]
 
-    replica = replica_of(spec)
-    cores = plan_cores(replica)
-    compiled = plan_compiler(spec, replica)
-    fam, lnc, per_chip, shares_chip = replica.fam, replica.lnc, replica.per_chip, replica.shares_chip
-    chips, total, groups = replica.chips, replica.total, replica.groups
 
+def plan_instance_types(spec: InferentiaModelSpec, r: Replica) -> PlacementPiece:
+    """The instance types that can hold one replica, smallest first."""
+    wanted = spec.compute.instance_types
+    # Types with the chips, and the CPU and memory a replica asks for after the kubelet's
+    # reservations (a 4-CPU replica does not fit an inf2.xlarge, which has 4 vCPUs in all).
+    return PlacementPiece(
+        instance_types=[
+            name
+            for name, count in sorted(r.fam.instance_chips.items(), key=lambda item: item[1])
+            if count >= r.chips and (wanted is None or name in wanted) and host_fits(name, r.millicpu, r.memory_bytes)
+        ]
+    )
+
+
+class AcrossNodesPiece(TypedDict):
+    nodes: int | None
+    efa_devices: int | None
+    tensor_parallel_size: int | None
+
+
+def plan_across_nodes(spec: InferentiaModelSpec, r: Replica, instance_types: list[str]) -> AcrossNodesPiece:
+    """A replica's nodes, the EFA devices each of its pods requests, and the tensor-parallel
+    size of the model its groups shard (a group of ranks on each node)."""
+    # A replica across nodes: one pod a node, each with the EFA devices every allowed type has
+    # (catalogue.EFA_DEVICES), so that the pod fits whichever of them it lands on.
+    nodes = spec.compute.nodes if spec.compute.nodes > 1 else None
+    return AcrossNodesPiece(
+        nodes=nodes,
+        efa_devices=min((EFA_DEVICES.get(t, 0) for t in instance_types), default=0) if nodes else None,
+        tensor_parallel_size=r.size * (nodes or 1) if r.fam.neuronx else None,
+    )
+
+
+class ResourcesPiece(TypedDict):
+    allocation: Literal["dra"] | None
+    connected_devices: int | None
+    resources: ResourceList
+
+
+def plan_resources(spec: InferentiaModelSpec, r: Replica, efa: int | None) -> ResourcesPiece:
+    """The serving container's requests and limits: its Neuron devices (or a DRA claim's
+    instead), hugepages, CPU, memory, and the EFA devices of a replica across nodes."""
     # Hugepages only when the model asks for them: AWS's examples for the Neuron Runtime 2.x
     # request none, and a request no node reserves leaves the pod unschedulable (sources
     # at catalogue.HUGEPAGES_RESOURCE).
@@ -279,63 +312,81 @@ def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Pla
     # With the Neuron DRA driver, the devices come from the pod's resource claim instead
     # (device_claims.template.resource_claim_template), and no extended resource is requested.
     dra = spec.compute.allocation == "dra"
-    neuron = {} if dra else dict([(NEURONCORE_RESOURCE, str(total)) if shares_chip else (NEURON_RESOURCE, str(chips))])
-    resources = ResourceList(
-        requests={**neuron, **hugepages, "cpu": spec.compute.cpu, "memory": spec.compute.memory},
-        # Extended resources and hugepages must have limits equal to their requests.
-        limits={**neuron, **hugepages, "memory": spec.compute.memory},
+    neuron = {} if dra else dict([(NEURONCORE_RESOURCE, str(r.total)) if r.shares_chip else (NEURON_RESOURCE, str(r.chips))])
+    # The EFA devices plan_across_nodes found, after everything else: an extended
+    # resource, so its limit equals its request.
+    efa_devices = {EFA_RESOURCE: str(efa)} if efa else {}
+    return ResourcesPiece(
+        allocation="dra" if dra else None,
+        connected_devices=r.fam.dra_group(r.chips) if dra and r.chips > 1 else None,
+        resources=ResourceList(
+            requests={**neuron, **hugepages, "cpu": spec.compute.cpu, "memory": spec.compute.memory, **efa_devices},
+            # Extended resources and hugepages must have limits equal to their requests.
+            limits={**neuron, **hugepages, "memory": spec.compute.memory, **efa_devices},
+        ),
     )
 
-    wanted = spec.compute.instance_types
-    # Types with the chips, and the CPU and memory a replica asks for after the kubelet's
-    # reservations (a 4-CPU replica does not fit an inf2.xlarge, which has 4 vCPUs in all).
-    millicpu, memory_bytes = replica.millicpu, replica.memory_bytes
-    instance_types = [
-        name
-        for name, count in sorted(fam.instance_chips.items(), key=lambda item: item[1])
-        if count >= chips and (wanted is None or name in wanted) and host_fits(name, millicpu, memory_bytes)
-    ]
 
-    # A replica across nodes: one pod a node, each with the EFA devices every allowed type has
-    # (catalogue.EFA_DEVICES), so that the pod fits whichever of them it lands on.
-    nodes = spec.compute.nodes if spec.compute.nodes > 1 else None
-    efa = min((EFA_DEVICES.get(t, 0) for t in instance_types), default=0) if nodes else None
-    if efa:
-        # An extended resource: its limit equals its request.
-        resources = ResourceList(
-            requests={**resources.requests, EFA_RESOURCE: str(efa)}, limits={**resources.limits, EFA_RESOURCE: str(efa)}
-        )
+class FrontEndPiece(TypedDict):
+    front_end: FrontEnd | None
 
+
+def plan_front_end(spec: InferentiaModelSpec) -> FrontEndPiece:
+    """The batching front end beside the model processes, when there is one."""
     # A batching front end takes the serving port and the processes move up one; vLLM
     # batches sequences itself and gets none.
     batching = spec.serving.batching
-    front_end = None
-    if batching is not None and spec.has_batching_front_end:
-        front_end = FrontEnd(
+    if batching is None or not spec.has_batching_front_end:
+        return FrontEndPiece(front_end=None)
+    return FrontEndPiece(
+        front_end=FrontEnd(
             port=spec.serving.port,
             process_base_port=spec.serving.port + 1,
             max_batch_size=batching.max_batch_size,
             max_latency_ms=batching.max_latency_ms,
         )
+    )
 
+
+class SharedChipPiece(TypedDict):
+    shares_chip: bool | None
+    chip_memory_share_bytes: int | None
+    replicas_per_instance: dict[str, int] | None
+
+
+def plan_shared_chip(r: Replica, instance_types: list[str]) -> SharedChipPiece:
+    """When the replica requests NeuronCores, not chips: its share of the chip's memory, and how
+    many such replicas an instance of each allowed type holds."""
+    if not r.shares_chip:
+        return SharedChipPiece(shares_chip=None, chip_memory_share_bytes=None, replicas_per_instance=None)
+    return SharedChipPiece(
+        shares_chip=True,
+        chip_memory_share_bytes=r.total * r.fam.memory_per_core_bytes(r.lnc),
+        replicas_per_instance={t: replicas_per_instance(r.fam, t, r.per_chip, r.total, r.millicpu, r.memory_bytes) for t in instance_types},
+    )
+
+
+def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Plan:
+    """The plan of a spec; raises InvalidSpec when any rule fails. ``checked``: the spec's
+    findings, when the caller has already run :func:`rules.check_spec` on it."""
+    findings = check_spec(spec) if checked is None else checked
+    if errors(findings):
+        raise InvalidSpec(findings)
+    replica = replica_of(spec)
+    cores = plan_cores(replica)
+    compiled = plan_compiler(spec, replica)
+    placed = plan_instance_types(spec, replica)
+    across = plan_across_nodes(spec, replica, placed["instance_types"])
     return Plan(
         **cores,
         **compiled,
         **plan_processes(spec, replica, cores["visible_cores"], compiled["compiler_args"]),
-        allocation="dra" if dra else None,
-        connected_devices=fam.dra_group(chips) if dra and chips > 1 else None,
-        tensor_parallel_size=replica.size * (nodes or 1) if fam.neuronx else None,
-        nodes=nodes,
-        efa_devices=efa,
-        resources=resources,
-        instance_types=instance_types,
-        front_end=front_end,
-        shares_chip=True if shares_chip else None,
-        chip_memory_share_bytes=total * fam.memory_per_core_bytes(lnc) if shares_chip else None,
-        replicas_per_instance={t: replicas_per_instance(fam, t, per_chip, total, millicpu, memory_bytes) for t in instance_types}
-        if shares_chip
-        else None,
-        sizes=pod_sizes(spec, fam, groups),
+        **plan_resources(spec, replica, across["efa_devices"]),
+        **placed,
+        **across,
+        **plan_front_end(spec),
+        **plan_shared_chip(replica, placed["instance_types"]),
+        sizes=pod_sizes(spec, replica.fam, replica.groups),
         warnings=[str(f) for f in findings if f.severity == "warning"],
     )
 
