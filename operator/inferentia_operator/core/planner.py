@@ -52,6 +52,69 @@ class InvalidSpec(ValueError):
         super().__init__("; ".join(str(f) for f in errors(findings)))
 
 
+def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Plan:
+    """The plan of a spec; raises InvalidSpec when any rule fails. ``checked``: the spec's
+    findings, when the caller has already run :func:`rules.check_spec` on it."""
+    findings = check_spec(spec) if checked is None else checked
+    if errors(findings):
+        raise InvalidSpec(findings)
+    replica = replica_of(spec)
+    cores = plan_cores(replica)
+    compiled = plan_compiler(spec, replica)
+    placed = plan_instance_types(spec, replica)
+    across = plan_across_nodes(spec, replica, placed["instance_types"])
+    return Plan(
+        **cores,
+        **compiled,
+        **plan_processes(spec, replica, cores["visible_cores"], compiled["compiler_args"]),
+        **placed,
+        **across,
+        **plan_resources(spec, replica, across["efa_devices"]),
+        **plan_front_end(spec),
+        **plan_shared_chip(replica, placed["instance_types"]),
+        sizes=pod_sizes(spec, replica.family, replica.groups),
+        warnings=[str(f) for f in findings if f.severity == "warning"],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """What the pieces of the plan read of one replica: its family and logical cores, how
+    they split into groups, and the CPU and memory it asks of a host."""
+
+    family: Family
+    lnc: int
+    cores_per_chip: int  # logical cores on one chip at lnc
+    # A cores request shares its chip: the replica's cores are its whole world, and it
+    # sees only their share of the chip's device memory.
+    shares_chip: bool
+    chips: int  # chips an instance needs for the replica: its inf, or as many as its cores fill
+    total_cores: int  # logical cores
+    groups: int  # one a serving process
+    group_size: int
+    millicpu: float
+    memory_bytes: float
+
+
+def replica_of(spec: InferentiaModelSpec) -> Replica:
+    fam = FAMILIES[spec.compute.family]
+    lnc = lnc_of(spec, fam)
+    total = replica_cores(spec, fam)
+    groups = spec.processes_per_replica
+    return Replica(
+        family=fam,
+        lnc=lnc,
+        cores_per_chip=fam.cores_per_chip(lnc),
+        shares_chip=spec.compute.cores is not None,
+        chips=chips_needed(spec, fam),
+        total_cores=total,
+        groups=groups,
+        group_size=total // groups,
+        millicpu=float(quantity(spec.compute.cpu) or 0) * 1000,
+        memory_bytes=float(quantity(spec.compute.memory) or 0),
+    )
+
+
 def core_range(first: int, count: int) -> str:
     """NEURON_RT_VISIBLE_CORES syntax: "5" for one core, "4-7" for several."""
     return str(first) if count == 1 else f"{first}-{first + count - 1}"
@@ -59,6 +122,67 @@ def core_range(first: int, count: int) -> str:
 
 def chips_touched(first_core: int, count: int, cores_per_chip: int) -> int:
     return (first_core + count - 1) // cores_per_chip - first_core // cores_per_chip + 1
+
+
+class CoresPiece(TypedDict):
+    family: str
+    lnc: int | None
+    chips: int | None
+    cores_per_chip: int
+    total_cores: int
+    group_size: int
+    groups: int
+    visible_cores: list[str]
+    device_memory_per_group_bytes: int
+    device_memory_share_per_group_bytes: int
+
+
+def plan_cores(replica: Replica) -> CoresPiece:
+    """The replica's cores and groups, the cores each group sees, and the device memory it addresses."""
+    fam, size = replica.family, replica.group_size
+    # Contiguous groups from core 0: when a group fits in one chip it never crosses
+    # a chip boundary, and multi-chip groups start on a chip boundary.
+    firsts = [i * size for i in range(replica.groups)]
+    if replica.shares_chip:
+        seen = size * fam.memory_per_core_bytes(replica.lnc)
+    else:
+        seen = max(chips_touched(first, size, replica.cores_per_chip) for first in firsts) * fam.memory_per_chip_bytes
+    return CoresPiece(
+        family=fam.name,
+        lnc=replica.lnc if fam.neuronx else None,
+        chips=None if replica.shares_chip else replica.chips,
+        cores_per_chip=replica.cores_per_chip,
+        total_cores=replica.total_cores,
+        group_size=size,
+        groups=replica.groups,
+        visible_cores=[core_range(first, size) for first in firsts],
+        device_memory_per_group_bytes=seen,
+        device_memory_share_per_group_bytes=size * fam.memory_per_core_bytes(replica.lnc),
+    )
+
+
+class CompilerPiece(TypedDict):
+    compiler: Compiler
+    static_weights: bool
+    compiler_args: list[str]
+    batch_size: int
+    dynamic_batch_size: bool
+    buckets: list[list[int]]
+    input_dtype: str | None
+
+
+def plan_compiler(spec: InferentiaModelSpec, replica: Replica) -> CompilerPiece:
+    """The family's compiler and its flags for one group, and the shapes the model is compiled for."""
+    static = static_weights_on(spec, replica.family, replica.group_size)
+    return CompilerPiece(
+        compiler=replica.family.compiler,
+        static_weights=static,
+        compiler_args=compiler_args(spec, replica.family, replica.lnc, replica.group_size, static),
+        batch_size=spec.compile.batch_size,
+        dynamic_batch_size=spec.compile.dynamic_batch_size,
+        buckets=[list(b) for b in spec.compile.buckets or []],
+        input_dtype=spec.input_dtype if spec.compiles_with_program or spec.serves_with_program else None,
+    )
 
 
 def process_env(fam: Family, lnc: int, cores: str, size: int, args: list[str], index: int, threads: int) -> dict[str, str]:
@@ -84,133 +208,35 @@ def process_env(fam: Family, lnc: int, cores: str, size: int, args: list[str], i
     }
 
 
-@dataclass(frozen=True, slots=True)
-class Replica:
-    """What the pieces of the plan read of one replica: its family and logical cores, how
-    they split into groups, and the CPU and memory it asks of a host."""
-
-    fam: Family
-    lnc: int
-    per_chip: int  # logical cores on one chip at lnc
-    # A cores request shares its chip: the replica's cores are its whole world, and it
-    # sees only their share of the chip's device memory.
-    shares_chip: bool
-    chips: int  # chips an instance needs for the replica: its inf, or as many as its cores fill
-    total: int  # the replica's logical cores
-    groups: int  # one a serving process
-    size: int  # cores a group
-    millicpu: float
-    memory_bytes: float
-
-
-def replica_of(spec: InferentiaModelSpec) -> Replica:
-    fam = FAMILIES[spec.compute.family]
-    lnc = lnc_of(spec, fam)
-    total = replica_cores(spec, fam)
-    groups = spec.processes_per_replica
-    return Replica(
-        fam=fam,
-        lnc=lnc,
-        per_chip=fam.cores_per_chip(lnc),
-        shares_chip=spec.compute.cores is not None,
-        chips=chips_needed(spec, fam),
-        total=total,
-        groups=groups,
-        size=total // groups,
-        millicpu=float(quantity(spec.compute.cpu) or 0) * 1000,
-        memory_bytes=float(quantity(spec.compute.memory) or 0),
-    )
-
-
-class CoresPiece(TypedDict):
-    family: str
-    lnc: int | None
-    chips: int | None
-    cores_per_chip: int
-    total_cores: int
-    group_size: int
-    groups: int
-    visible_cores: list[str]
-    device_memory_per_group_bytes: int
-    device_memory_share_per_group_bytes: int
-
-
-def plan_cores(r: Replica) -> CoresPiece:
-    """The replica's cores and groups, the cores each group sees, and the device memory it addresses."""
-    fam, size = r.fam, r.size
-    # Contiguous groups from core 0: when a group fits in one chip it never crosses
-    # a chip boundary, and multi-chip groups start on a chip boundary.
-    firsts = [i * size for i in range(r.groups)]
-    if r.shares_chip:
-        seen = size * fam.memory_per_core_bytes(r.lnc)
-    else:
-        seen = max(chips_touched(first, size, r.per_chip) for first in firsts) * fam.memory_per_chip_bytes
-    return CoresPiece(
-        family=fam.name,
-        lnc=r.lnc if fam.neuronx else None,
-        chips=None if r.shares_chip else r.chips,
-        cores_per_chip=r.per_chip,
-        total_cores=r.total,
-        group_size=size,
-        groups=r.groups,
-        visible_cores=[core_range(first, size) for first in firsts],
-        device_memory_per_group_bytes=seen,
-        device_memory_share_per_group_bytes=size * fam.memory_per_core_bytes(r.lnc),
-    )
-
-
-class CompilerPiece(TypedDict):
-    compiler: Compiler
-    static_weights: bool
-    compiler_args: list[str]
-    batch_size: int
-    dynamic_batch_size: bool
-    buckets: list[list[int]]
-    input_dtype: str | None
-
-
-def plan_compiler(spec: InferentiaModelSpec, r: Replica) -> CompilerPiece:
-    """The family's compiler and its flags for one group, and the shapes the model is compiled for."""
-    static = static_weights_on(spec, r.fam, r.size)
-    return CompilerPiece(
-        compiler=r.fam.compiler,
-        static_weights=static,
-        compiler_args=compiler_args(spec, r.fam, r.lnc, r.size, static),
-        batch_size=spec.compile.batch_size,
-        dynamic_batch_size=spec.compile.dynamic_batch_size,
-        buckets=[list(b) for b in spec.compile.buckets or []],
-        input_dtype=spec.input_dtype if spec.compiles_with_program or spec.serves_with_program else None,
-    )
-
-
 class ProcessesPiece(TypedDict):
     threads_per_process: int
     env: list[dict[str, str]]
 
 
-def plan_processes(spec: InferentiaModelSpec, r: Replica, visible: list[str], args: list[str]) -> ProcessesPiece:
+def plan_processes(spec: InferentiaModelSpec, replica: Replica, visible: list[str], args: list[str]) -> ProcessesPiece:
     """Each serving process's threads and runtime environment, in group order."""
-    threads = spec.serving.threads_per_process or r.size + 3  # every outstanding inference gets a thread
+    size = replica.group_size
+    threads = spec.serving.threads_per_process or size + 3  # every outstanding inference gets a thread
     return ProcessesPiece(
         threads_per_process=threads,
-        env=[process_env(r.fam, r.lnc, cores, r.size, args, index, threads) for index, cores in enumerate(visible)],
+        env=[process_env(replica.family, replica.lnc, cores, size, args, index, threads) for index, cores in enumerate(visible)],
     )
 
 
-class PlacementPiece(TypedDict):
+class InstanceTypesPiece(TypedDict):
     instance_types: list[str]
 
 
-def plan_instance_types(spec: InferentiaModelSpec, r: Replica) -> PlacementPiece:
+def plan_instance_types(spec: InferentiaModelSpec, replica: Replica) -> InstanceTypesPiece:
     """The instance types that can hold one replica, smallest first."""
     wanted = spec.compute.instance_types
     # Types with the chips, and the CPU and memory a replica asks for after the kubelet's
     # reservations (a 4-CPU replica does not fit an inf2.xlarge, which has 4 vCPUs in all).
-    return PlacementPiece(
+    return InstanceTypesPiece(
         instance_types=[
             name
-            for name, count in sorted(r.fam.instance_chips.items(), key=lambda item: item[1])
-            if count >= r.chips and (wanted is None or name in wanted) and host_fits(name, r.millicpu, r.memory_bytes)
+            for name, count in sorted(replica.family.instance_chips.items(), key=lambda item: item[1])
+            if count >= replica.chips and (wanted is None or name in wanted) and host_fits(name, replica.millicpu, replica.memory_bytes)
         ]
     )
 
@@ -221,7 +247,7 @@ class AcrossNodesPiece(TypedDict):
     tensor_parallel_size: int | None
 
 
-def plan_across_nodes(spec: InferentiaModelSpec, r: Replica, instance_types: list[str]) -> AcrossNodesPiece:
+def plan_across_nodes(spec: InferentiaModelSpec, replica: Replica, instance_types: list[str]) -> AcrossNodesPiece:
     """A replica's nodes, the EFA devices each of its pods requests, and the tensor-parallel
     size of the model its groups shard (a group of ranks on each node)."""
     # A replica across nodes: one pod a node, each with the EFA devices every allowed type has
@@ -230,7 +256,7 @@ def plan_across_nodes(spec: InferentiaModelSpec, r: Replica, instance_types: lis
     return AcrossNodesPiece(
         nodes=nodes,
         efa_devices=min((EFA_DEVICES.get(t, 0) for t in instance_types), default=0) if nodes else None,
-        tensor_parallel_size=r.size * (nodes or 1) if r.fam.neuronx else None,
+        tensor_parallel_size=replica.group_size * (nodes or 1) if replica.family.neuronx else None,
     )
 
 
@@ -240,7 +266,7 @@ class ResourcesPiece(TypedDict):
     resources: ResourceList
 
 
-def plan_resources(spec: InferentiaModelSpec, r: Replica, efa: int | None) -> ResourcesPiece:
+def plan_resources(spec: InferentiaModelSpec, replica: Replica, efa: int | None) -> ResourcesPiece:
     """The serving container's requests and limits: its Neuron devices (or a DRA claim's
     instead), hugepages, CPU, memory, and the EFA devices of a replica across nodes."""
     # Hugepages only when the model asks for them: AWS's examples for the Neuron Runtime 2.x
@@ -252,13 +278,15 @@ def plan_resources(spec: InferentiaModelSpec, r: Replica, efa: int | None) -> Re
     # With the Neuron DRA driver, the devices come from the pod's resource claim instead
     # (device_claims.template.resource_claim_template), and no extended resource is requested.
     dra = spec.compute.allocation == "dra"
-    neuron = {} if dra else dict([(NEURONCORE_RESOURCE, str(r.total)) if r.shares_chip else (NEURON_RESOURCE, str(r.chips))])
-    # The EFA devices plan_across_nodes found, after everything else: an extended
-    # resource, so its limit equals its request.
+    neuron: dict[str, str] = {}
+    if not dra:
+        neuron = {NEURONCORE_RESOURCE: str(replica.total_cores)} if replica.shares_chip else {NEURON_RESOURCE: str(replica.chips)}
+    # The EFA devices plan_across_nodes found: an extended resource, so its limit equals its
+    # request; last, where they have always been, so that the plan's JSON and hash keep their order.
     efa_devices = {EFA_RESOURCE: str(efa)} if efa else {}
     return ResourcesPiece(
         allocation="dra" if dra else None,
-        connected_devices=r.fam.dra_group(r.chips) if dra and r.chips > 1 else None,
+        connected_devices=replica.family.dra_group(replica.chips) if dra and replica.chips > 1 else None,
         resources=ResourceList(
             requests={**neuron, **hugepages, "cpu": spec.compute.cpu, "memory": spec.compute.memory, **efa_devices},
             # Extended resources and hugepages must have limits equal to their requests.
@@ -294,48 +322,24 @@ class SharedChipPiece(TypedDict):
     replicas_per_instance: dict[str, int] | None
 
 
-def plan_shared_chip(r: Replica, instance_types: list[str]) -> SharedChipPiece:
+def plan_shared_chip(replica: Replica, instance_types: list[str]) -> SharedChipPiece:
     """When the replica requests NeuronCores, not chips: its share of the chip's memory, and how
     many such replicas an instance of each allowed type holds."""
-    if not r.shares_chip:
+    if not replica.shares_chip:
         return SharedChipPiece(shares_chip=None, chip_memory_share_bytes=None, replicas_per_instance=None)
     return SharedChipPiece(
         shares_chip=True,
-        chip_memory_share_bytes=r.total * r.fam.memory_per_core_bytes(r.lnc),
-        replicas_per_instance={t: replicas_per_instance(r.fam, t, r.per_chip, r.total, r.millicpu, r.memory_bytes) for t in instance_types},
+        chip_memory_share_bytes=replica.total_cores * replica.family.memory_per_core_bytes(replica.lnc),
+        replicas_per_instance={t: replicas_per_instance(replica, t) for t in instance_types},
     )
 
 
-def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Plan:
-    """The plan of a spec; raises InvalidSpec when any rule fails. ``checked``: the spec's
-    findings, when the caller has already run :func:`rules.check_spec` on it."""
-    findings = check_spec(spec) if checked is None else checked
-    if errors(findings):
-        raise InvalidSpec(findings)
-    replica = replica_of(spec)
-    cores = plan_cores(replica)
-    compiled = plan_compiler(spec, replica)
-    placed = plan_instance_types(spec, replica)
-    across = plan_across_nodes(spec, replica, placed["instance_types"])
-    return Plan(
-        **cores,
-        **compiled,
-        **plan_processes(spec, replica, cores["visible_cores"], compiled["compiler_args"]),
-        **plan_resources(spec, replica, across["efa_devices"]),
-        **placed,
-        **across,
-        **plan_front_end(spec),
-        **plan_shared_chip(replica, placed["instance_types"]),
-        sizes=pod_sizes(spec, replica.fam, replica.groups),
-        warnings=[str(f) for f in findings if f.severity == "warning"],
-    )
-
-
-def replicas_per_instance(fam: Family, itype: str, per_chip: int, cores: int, millicpu: float, memory_bytes: float) -> int:
-    """How many replicas of ``cores`` NeuronCores one instance holds: by its cores (a
-    request within one chip never spans two, so each chip holds per_chip // cores), and
-    by the CPU and memory it leaves to pods."""
-    chips = fam.instance_chips[itype]
+def replicas_per_instance(replica: Replica, itype: str) -> int:
+    """How many replicas like this one an instance of ``itype`` holds: by its NeuronCores (a
+    request within one chip never spans two, so each chip holds cores_per_chip // total_cores),
+    and by the CPU and memory it leaves to pods."""
+    per_chip, cores, millicpu, memory_bytes = replica.cores_per_chip, replica.total_cores, replica.millicpu, replica.memory_bytes
+    chips = replica.family.instance_chips[itype]
     by_cores = chips * (per_chip // cores) if cores <= per_chip else chips * per_chip // cores
     host = HOSTS[itype]
     by_cpu = int(host.allocatable_millicpu // millicpu) if millicpu > 0 else by_cores
