@@ -20,8 +20,7 @@ Nothing here talks to Kubernetes. Sources (public documentation):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal, TypedDict
+from typing import Literal, NamedTuple, TypedDict
 
 from .api import FrontEnd, InferentiaModelSpec, Plan, ResourceList
 from .catalogue import (
@@ -77,8 +76,7 @@ def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Pla
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Replica:
+class Replica(NamedTuple):
     """What the pieces of the plan read of one replica: its family and logical cores, how
     they split into groups, and the CPU and memory it asks of a host."""
 
@@ -147,18 +145,18 @@ def plan_cores(replica: Replica) -> CoresPiece:
         seen = size * fam.memory_per_core_bytes(replica.lnc)
     else:
         seen = max(chips_touched(first, size, replica.cores_per_chip) for first in firsts) * fam.memory_per_chip_bytes
-    return CoresPiece(
-        family=fam.name,
-        lnc=replica.lnc if fam.neuronx else None,
-        chips=None if replica.shares_chip else replica.chips,
-        cores_per_chip=replica.cores_per_chip,
-        total_cores=replica.total_cores,
-        group_size=size,
-        groups=replica.groups,
-        visible_cores=[core_range(first, size) for first in firsts],
-        device_memory_per_group_bytes=seen,
-        device_memory_share_per_group_bytes=size * fam.memory_per_core_bytes(replica.lnc),
-    )
+    return {
+        "family": fam.name,
+        "lnc": replica.lnc if fam.neuronx else None,
+        "chips": None if replica.shares_chip else replica.chips,
+        "cores_per_chip": replica.cores_per_chip,
+        "total_cores": replica.total_cores,
+        "group_size": size,
+        "groups": replica.groups,
+        "visible_cores": [core_range(first, size) for first in firsts],
+        "device_memory_per_group_bytes": seen,
+        "device_memory_share_per_group_bytes": size * fam.memory_per_core_bytes(replica.lnc),
+    }
 
 
 class CompilerPiece(TypedDict):
@@ -174,15 +172,15 @@ class CompilerPiece(TypedDict):
 def plan_compiler(spec: InferentiaModelSpec, replica: Replica) -> CompilerPiece:
     """The family's compiler and its flags for one group, and the shapes the model is compiled for."""
     static = static_weights_on(spec, replica.family, replica.group_size)
-    return CompilerPiece(
-        compiler=replica.family.compiler,
-        static_weights=static,
-        compiler_args=compiler_args(spec, replica.family, replica.lnc, replica.group_size, static),
-        batch_size=spec.compile.batch_size,
-        dynamic_batch_size=spec.compile.dynamic_batch_size,
-        buckets=[list(b) for b in spec.compile.buckets or []],
-        input_dtype=spec.input_dtype if spec.compiles_with_program or spec.serves_with_program else None,
-    )
+    return {
+        "compiler": replica.family.compiler,
+        "static_weights": static,
+        "compiler_args": compiler_args(spec, replica.family, replica.lnc, replica.group_size, static),
+        "batch_size": spec.compile.batch_size,
+        "dynamic_batch_size": spec.compile.dynamic_batch_size,
+        "buckets": [list(b) for b in spec.compile.buckets or []],
+        "input_dtype": spec.input_dtype if spec.compiles_with_program or spec.serves_with_program else None,
+    }
 
 
 def process_env(fam: Family, lnc: int, cores: str, size: int, args: list[str], index: int, threads: int) -> dict[str, str]:
@@ -217,10 +215,10 @@ def plan_processes(spec: InferentiaModelSpec, replica: Replica, visible: list[st
     """Each serving process's threads and runtime environment, in group order."""
     size = replica.group_size
     threads = spec.serving.threads_per_process or size + 3  # every outstanding inference gets a thread
-    return ProcessesPiece(
-        threads_per_process=threads,
-        env=[process_env(replica.family, replica.lnc, cores, size, args, index, threads) for index, cores in enumerate(visible)],
-    )
+    return {
+        "threads_per_process": threads,
+        "env": [process_env(replica.family, replica.lnc, cores, size, args, index, threads) for index, cores in enumerate(visible)],
+    }
 
 
 class InstanceTypesPiece(TypedDict):
@@ -232,13 +230,13 @@ def plan_instance_types(spec: InferentiaModelSpec, replica: Replica) -> Instance
     wanted = spec.compute.instance_types
     # Types with the chips, and the CPU and memory a replica asks for after the kubelet's
     # reservations (a 4-CPU replica does not fit an inf2.xlarge, which has 4 vCPUs in all).
-    return InstanceTypesPiece(
-        instance_types=[
+    return {
+        "instance_types": [
             name
             for name, count in sorted(replica.family.instance_chips.items(), key=lambda item: item[1])
             if count >= replica.chips and (wanted is None or name in wanted) and host_fits(name, replica.millicpu, replica.memory_bytes)
         ]
-    )
+    }
 
 
 class AcrossNodesPiece(TypedDict):
@@ -253,11 +251,11 @@ def plan_across_nodes(spec: InferentiaModelSpec, replica: Replica, instance_type
     # A replica across nodes: one pod a node, each with the EFA devices every allowed type has
     # (catalogue.EFA_DEVICES), so that the pod fits whichever of them it lands on.
     nodes = spec.compute.nodes if spec.compute.nodes > 1 else None
-    return AcrossNodesPiece(
-        nodes=nodes,
-        efa_devices=min((EFA_DEVICES.get(t, 0) for t in instance_types), default=0) if nodes else None,
-        tensor_parallel_size=replica.group_size * (nodes or 1) if replica.family.neuronx else None,
-    )
+    return {
+        "nodes": nodes,
+        "efa_devices": min((EFA_DEVICES.get(t, 0) for t in instance_types), default=0) if nodes else None,
+        "tensor_parallel_size": replica.group_size * (nodes or 1) if replica.family.neuronx else None,
+    }
 
 
 class ResourcesPiece(TypedDict):
@@ -284,15 +282,15 @@ def plan_resources(spec: InferentiaModelSpec, replica: Replica, efa: int | None)
     # The EFA devices plan_across_nodes found: an extended resource, so its limit equals its
     # request; last, where they have always been, so that the plan's JSON and hash keep their order.
     efa_devices = {EFA_RESOURCE: str(efa)} if efa else {}
-    return ResourcesPiece(
-        allocation="dra" if dra else None,
-        connected_devices=replica.family.dra_group(replica.chips) if dra and replica.chips > 1 else None,
-        resources=ResourceList(
+    return {
+        "allocation": "dra" if dra else None,
+        "connected_devices": replica.family.dra_group(replica.chips) if dra and replica.chips > 1 else None,
+        "resources": ResourceList(
             requests={**neuron, **hugepages, "cpu": spec.compute.cpu, "memory": spec.compute.memory, **efa_devices},
             # Extended resources and hugepages must have limits equal to their requests.
             limits={**neuron, **hugepages, "memory": spec.compute.memory, **efa_devices},
         ),
-    )
+    }
 
 
 class FrontEndPiece(TypedDict):
@@ -305,15 +303,15 @@ def plan_front_end(spec: InferentiaModelSpec) -> FrontEndPiece:
     # batches sequences itself and gets none.
     batching = spec.serving.batching
     if batching is None or not spec.has_batching_front_end:
-        return FrontEndPiece(front_end=None)
-    return FrontEndPiece(
-        front_end=FrontEnd(
+        return {"front_end": None}
+    return {
+        "front_end": FrontEnd(
             port=spec.serving.port,
             process_base_port=spec.serving.port + 1,
             max_batch_size=batching.max_batch_size,
             max_latency_ms=batching.max_latency_ms,
         )
-    )
+    }
 
 
 class SharedChipPiece(TypedDict):
@@ -326,12 +324,12 @@ def plan_shared_chip(replica: Replica, instance_types: list[str]) -> SharedChipP
     """When the replica requests NeuronCores, not chips: its share of the chip's memory, and how
     many such replicas an instance of each allowed type holds."""
     if not replica.shares_chip:
-        return SharedChipPiece(shares_chip=None, chip_memory_share_bytes=None, replicas_per_instance=None)
-    return SharedChipPiece(
-        shares_chip=True,
-        chip_memory_share_bytes=replica.total_cores * replica.family.memory_per_core_bytes(replica.lnc),
-        replicas_per_instance={t: replicas_per_instance(replica, t) for t in instance_types},
-    )
+        return {"shares_chip": None, "chip_memory_share_bytes": None, "replicas_per_instance": None}
+    return {
+        "shares_chip": True,
+        "chip_memory_share_bytes": replica.total_cores * replica.family.memory_per_core_bytes(replica.lnc),
+        "replicas_per_instance": {t: replicas_per_instance(replica, t) for t in instance_types},
+    }
 
 
 def replicas_per_instance(replica: Replica, itype: str) -> int:
