@@ -57,6 +57,9 @@ def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Pla
     findings = check_spec(spec) if checked is None else checked
     if errors(findings):
         raise InvalidSpec(findings)
+    # The pieces that others read come first: the groups' cores and the compiler's flags (each
+    # process's environment), the instance types (the nodes' EFA devices, the shared chip's
+    # replicas an instance), and the EFA devices (the resources).
     replica = replica_of(spec)
     cores = plan_cores(replica)
     compiled = plan_compiler(spec, replica)
