@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from .api import InferentiaModelSpec
+from dataclasses import dataclass
+
+from .api import InferentiaModelSpec, PrefixCache
 from .catalogue import Family, bucket_budget_per_core
 
 
@@ -122,16 +124,24 @@ def sequences(spec: InferentiaModelSpec) -> tuple[int, int] | None:
     return None if tokens is None or batch is None else (tokens, batch)
 
 
-def kv_cache_bytes(spec: InferentiaModelSpec, family: Family, group: int) -> int | None:
-    """A group's KV cache: keys and values of every layer for every token of every sequence.
-    Tensor parallel over the group (neuronx families), each core holds its share of the KV
-    heads, and at least one: heads are replicated when the group has more cores than heads."""
-    m, seqs = spec.model, sequences(spec)
-    if seqs is None or m.layers is None or m.kv_heads is None or m.head_dim is None:
+def kv_bytes_per_token(spec: InferentiaModelSpec, family: Family, group: int) -> int | None:
+    """A group's KV cache for one token: keys and values of every layer. Tensor parallel over the
+    group (neuronx families), each core holds its share of the KV heads, and at least one: heads
+    are replicated when the group has more cores than heads. None when the shape is unknown."""
+    m = spec.model
+    if m.layers is None or m.kv_heads is None or m.head_dim is None:
         return None
     heads = -(-m.kv_heads // group) * group if family.neuronx else m.kv_heads
+    return 2 * m.layers * heads * m.head_dim * bytes_per_weight(m.precision)
+
+
+def kv_cache_bytes(spec: InferentiaModelSpec, family: Family, group: int) -> int | None:
+    """A group's KV cache: every token of every sequence (kv_bytes_per_token)."""
+    seqs, per_token = sequences(spec), kv_bytes_per_token(spec, family, group)
+    if seqs is None or per_token is None:
+        return None
     tokens, batch = seqs
-    return 2 * m.layers * heads * m.head_dim * tokens * batch * bytes_per_weight(m.precision)
+    return per_token * tokens * batch
 
 
 def memory_needed(spec: InferentiaModelSpec, family: Family, group: int, with_kv: bool = True) -> int | None:
@@ -180,3 +190,145 @@ def device_memory_per_process(spec: InferentiaModelSpec, family: Family, group: 
             "neededBytes": share(memory_needed(spec, family, world)),
         }
     return out
+
+
+# The vLLM Neuron plugin's KV cache (vLLM on trn2 and trn3). The plugin budgets device memory for
+# it per logical NeuronCore, each rank of the tensor-parallel group, by default as
+#     total_budget = int(total_hbm * gpu_memory_utilization)
+#     available = max(min(total_budget - bytes_used, int(total_budget * cap_fraction)), 0)
+# with bytes_used the rank's "model parameter + buffer sizes", cap_fraction
+# VLLM_NEURON_KV_GMU_BUDGET_CAP_FRACTION (0.30: "a safety-first value derived from worst-case
+# compile behavior"), and a budget under VLLM_NEURON_MIN_KV_BUDGET_GIB (1.0) raising
+# "RuntimeError: Computed KV cache budget is below minimum threshold" ("determine_available_memory
+# design", https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/vllm/determine_available_memory_design.html).
+# total_hbm is one logical core's HBM, "hbm_stack_bytes / logical_cores_per_hbm_stack", 1 at LNC 2
+# and 2 at LNC 1 (the same page for Neuron 2.33,
+# https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.0/vllm-neuron/docs/design/vllm/determine_available_memory_design.html):
+# the catalogue's memory per logical core. The CPU compile takes "the static HBM size for the target
+# platform" so as to "produce the same KV block count that the execution phase will use".
+# vLLM makes that budget available // (page size x layers) blocks, or num_gpu_blocks_override
+# blocks whatever the memory (vllm-project/vllm vllm/v1/core/kv_cache_utils.py, get_num_blocks and
+# may_override_num_blocks). A page is block_size tokens of the rank's KV heads, keys and values: the
+# "KV cache integration" page's 16384 blocks of 16 tokens of 4 bf16 heads of 128 are 536870912 bytes
+# a layer (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/vllm/vllm-integration-kv-cache.html).
+# Block 0 is vLLM's null block, never given to a request ("Block KV batching and padding",
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/vllm/padding-batching-block-kv.html),
+# so N blocks keep N - 1 for sequences and prefixes. On Neuron the cache is compiled into every
+# graph: "If the KV allocation is too large, the total tensor footprint exceeds this limit and the
+# compiler rejects the program (NCC_EVRF009)" (the determine_available_memory page); the cap is the
+# plugin's guard against it. So the blocks that fit are the plugin's own budget over a block's bytes:
+# what it would size itself, set explicitly, as its features guide asks ("On Neuron, block count is
+# set explicitly via num_gpu_blocks_override, and block_size must be specified", Prefix caching,
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/guides/features-guide.html),
+# so that the compile Job and the serving pods compile and load the same cache. block_size defaults
+# to 32 (the configuration reference, KV cache options,
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/guides/reference-configuration.html),
+# gpu_memory_utilization to 0.9 (the features guide, "KV cache budget too low"; vLLM's newest
+# releases default to 0.92, a larger budget, which this count stays within).
+# Assumed where the documentation is silent (and said in docs/api.md): a rank's bytes_used is its
+# even share of spec.model.weights at the precision's bytes; the cache is in the model's precision
+# (--kv-cache-dtype fp8 halves a block, and the count stays the model precision's).
+PLUGIN_BLOCK_SIZE = 32
+PLUGIN_GPU_MEMORY_UTILIZATION = 0.9
+PLUGIN_KV_CAP_FRACTION = 0.30
+PLUGIN_MIN_KV_BUDGET_GIB = 1.0
+KV_CAP_ENV = "VLLM_NEURON_KV_GMU_BUDGET_CAP_FRACTION"
+MIN_KV_BUDGET_ENV = "VLLM_NEURON_MIN_KV_BUDGET_GIB"
+
+
+def on_vllm_plugin(spec: InferentiaModelSpec, family: Family) -> bool:
+    """The vLLM preset on a family where vLLM runs on the vLLM Neuron plugin (trn2, trn3)."""
+    return spec.serving.runtime == "vllm" and family.vllm == "vllm-neuron-plugin"
+
+
+def serving_flag(spec: InferentiaModelSpec, flag: str) -> str | None:
+    """What serving.args gives a vLLM flag (``--flag value`` or ``--flag=value``): the last, as
+    vLLM's argument parser takes a flag given twice."""
+    args, found = spec.serving.args or [], None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith(flag + "="):
+            found = arg.partition("=")[2]
+    return found
+
+
+def serving_env(spec: InferentiaModelSpec, name: str) -> str | None:
+    """A variable's value in serving.env (the last of a name, as Kubernetes takes it); None when it
+    comes from valueFrom, which the operator cannot read."""
+    return next((e.value for e in reversed(spec.serving.env or []) if e.name == name), None)
+
+
+def _positive_int(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isdigit() and int(text) > 0 else None
+
+
+def _fraction(text: str | None, default: float, most: float = 1.0) -> float:
+    """A fraction the user set (above 0, at most ``most``), else the default: vLLM refuses others at start."""
+    try:
+        value = float(text) if text is not None else default
+    except ValueError:
+        return default
+    return value if 0 < value <= most else default
+
+
+def plugin_block_size(spec: InferentiaModelSpec) -> int:
+    """The KV cache's tokens a block: serving.args' --block-size, else the plugin's default."""
+    return _positive_int(serving_flag(spec, "--block-size")) or PLUGIN_BLOCK_SIZE
+
+
+def user_kv_blocks(spec: InferentiaModelSpec) -> int | None:
+    """serving.args' --num-gpu-blocks-override, where it is a count."""
+    return _positive_int(serving_flag(spec, "--num-gpu-blocks-override"))
+
+
+@dataclass(frozen=True)
+class PluginKvBudget:
+    """The plugin's KV cache budget on each logical core of a group (bytes), and what makes it."""
+
+    core_bytes: int  # the core's device memory
+    utilization: float  # gpu_memory_utilization
+    total: int  # int(core_bytes * utilization)
+    weights: int  # the core's share of the weights
+    cap_fraction: float
+    available: int  # the budget: max(min(total - weights, int(total * cap_fraction)), 0)
+    minimum: int  # below it the plugin does not start (VLLM_NEURON_MIN_KV_BUDGET_GIB)
+
+
+def plugin_kv_budget(spec: InferentiaModelSpec, family: Family, group: int) -> PluginKvBudget | None:
+    """The plugin's KV cache budget a core, with the user's gpu_memory_utilization (serving.args)
+    and cap fraction and minimum (serving.env) where set; None off the plugin or without the weights."""
+    weights = weights_bytes(spec)
+    if not on_vllm_plugin(spec, family) or weights is None:
+        return None
+    core = family.memory_per_core_bytes(lnc_of(spec, family))
+    utilization = _fraction(serving_flag(spec, "--gpu-memory-utilization"), PLUGIN_GPU_MEMORY_UTILIZATION)
+    cap = _fraction(serving_env(spec, KV_CAP_ENV), PLUGIN_KV_CAP_FRACTION)
+    minimum = _fraction(serving_env(spec, MIN_KV_BUDGET_ENV), PLUGIN_MIN_KV_BUDGET_GIB, most=float(2**20))
+    total = int(core * utilization)
+    share = -(-weights // group)
+    available = max(min(total - share, int(total * cap)), 0)
+    return PluginKvBudget(core, utilization, total, share, cap, available, int(minimum * 2**30))
+
+
+def plugin_block_bytes(spec: InferentiaModelSpec, family: Family, group: int) -> int | None:
+    """One block's bytes on each core of the group: block_size tokens of every layer, of the core's
+    share of the KV heads (kv_bytes_per_token replicates heads up to a multiple of the group)."""
+    per_token = kv_bytes_per_token(spec, family, group)
+    return None if per_token is None else plugin_block_size(spec) * per_token // group
+
+
+def plugin_kv_blocks(spec: InferentiaModelSpec, family: Family, group: int) -> int | None:
+    """The most KV cache blocks the plugin's budget holds on the group's cores (the null block among
+    them), or None where the model's shape or weights are unknown, or off the plugin."""
+    budget, block = plugin_kv_budget(spec, family, group), plugin_block_bytes(spec, family, group)
+    return None if budget is None or block is None else budget.available // block
+
+
+def prefix_cache(spec: InferentiaModelSpec, family: Family, group: int) -> PrefixCache | None:
+    """What the plan gives the plugin: serving.args' block count where set (the compile step must
+    build the cache the server loads), else the most that fit; None where neither is known."""
+    if not on_vllm_plugin(spec, family):
+        return None
+    blocks = user_kv_blocks(spec) or plugin_kv_blocks(spec, family, group)
+    return PrefixCache(blocks=blocks, block_size=plugin_block_size(spec)) if blocks else None

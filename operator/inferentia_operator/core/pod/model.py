@@ -11,6 +11,7 @@ from typing import Any
 
 from inferentia_operator.core.api import InferentiaModelSpec, Plan
 from inferentia_operator.core.catalogue import FAMILIES
+from inferentia_operator.core.cores import on_vllm_plugin
 from inferentia_operator.core.findings import Finding
 from inferentia_operator.core.launcher import LAUNCHER
 from inferentia_operator.core.names import DEFAULT_OPERATOR_IMAGE
@@ -79,7 +80,7 @@ def plan_hash(plan: Plan) -> str:
 
 def vllm_plugin(model: Model) -> bool:
     """The vLLM preset on a family where vLLM runs on the vLLM Neuron plugin (trn2, trn3)."""
-    return model.spec.serving.runtime == "vllm" and FAMILIES[model.plan.family].vllm == "vllm-neuron-plugin"
+    return on_vllm_plugin(model.spec, FAMILIES[model.plan.family])
 
 
 def vllm_nxd(model: Model) -> bool:

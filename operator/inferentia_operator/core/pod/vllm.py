@@ -7,7 +7,7 @@ from typing import Any
 
 from inferentia_operator.core import neuron_images
 from inferentia_operator.core.pod.dirs import MODEL_DIR, remote_model
-from inferentia_operator.core.pod.model import Model, vllm_nxd
+from inferentia_operator.core.pod.model import Model, vllm_nxd, vllm_plugin
 
 # The vLLM preset (spec.serving.runtime: vllm), on what AWS supports for the family
 # (catalogue.Family.vllm). Its OpenAI-compatible server answers /health once the model is loaded.
@@ -50,6 +50,12 @@ def vllm_engine_args(model: Model) -> dict[str, Any]:
         args["max_model_len"] = max(b[-1] for b in model.plan.buckets)
     if model.spec.serving.batching:
         args["max_num_seqs"] = model.spec.serving.batching.max_batch_size
+    if vllm_plugin(model) and model.plan.prefix_cache:
+        # The vLLM Neuron plugin: its KV cache blocks, which it compiles into every graph, so the
+        # compile step and the server must agree; its features guide asks for both on Neuron
+        # (cores.prefix_cache says what the plan gives and why).
+        args["block_size"] = model.plan.prefix_cache.block_size
+        args["num_gpu_blocks_override"] = model.plan.prefix_cache.blocks
     if vllm_nxd(model):
         # vLLM on NxD Inference, as its guide's known issues ask: "Users are required to provide a
         # num_gpu_blocks_override arg, which should be at least ceil(max_model_len // block_size) *

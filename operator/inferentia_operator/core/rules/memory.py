@@ -34,8 +34,13 @@ from inferentia_operator.core.cores import (
     lnc_of,
     max_buckets_per_group,
     memory_needed,
+    plugin_block_bytes,
+    plugin_block_size,
+    plugin_kv_blocks,
+    plugin_kv_budget,
     sequences,
     smallest_fitting_group,
+    user_kv_blocks,
 )
 from inferentia_operator.core.findings import Finding, and_list
 
@@ -312,6 +317,52 @@ def gib(size: int) -> str:
     return f"{size / 2**30:.3g} GiB"
 
 
+def _percent(fraction: float) -> str:
+    return f"{fraction * 100:g}%"
+
+
+# The vLLM Neuron plugin's KV cache (trn2, trn3; cores.plugin_kv_budget for its budget and the
+# sources). Warnings: the budget is the plugin's documented default, and what a rank really holds
+# (its buffers, the runtime's own figure of its memory) is known only on the device.
+PLUGIN_BUDGET = "the least of %s of its %s less its %s share of the weights, and %s of that %s"
+PLUGIN_BELOW_MINIMUM = (
+    "the vLLM Neuron plugin keeps %s of each NeuronCore's device memory for the KV cache (%s), less than the %s it needs "
+    'to start (VLLM_NEURON_MIN_KV_BUDGET_GIB): it stops with "Computed KV cache budget is below minimum threshold"; '
+    "valid values are more %s, or a higher serving.args --gpu-memory-utilization"
+)
+PLUGIN_BLOCKS_PAST_BUDGET = (
+    "--num-gpu-blocks-override %d is more KV cache blocks than the vLLM Neuron plugin's budget holds: %s keeps %s for "
+    "the KV cache (%s), and a block of %d tokens takes %s there; the plugin compiles the cache into its graphs, and a "
+    "larger one fails the compile (NCC_EVRF009) or the cache's allocation at start; valid values are at most %d"
+)
+
+
+def _check_prefix_cache(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    """What the vLLM Neuron plugin keeps for its KV cache: enough to start, and no fewer blocks than
+    serving.args asks for. Only where the weights fit the group (else _check_weights says so)."""
+    group = group_size_of(spec, fam)
+    budget = None if group is None else plugin_kv_budget(spec, fam, group)
+    if group is None or budget is None:
+        return []
+    if (memory_needed(spec, fam, group, with_kv=False) or 0) > group_memory_bytes(fam, lnc_of(spec, fam), group):
+        return []
+    u = _percent(budget.utilization)
+    made = PLUGIN_BUDGET % (u, gib(budget.core_bytes), gib(budget.weights), _percent(budget.cap_fraction), u)
+    if budget.available < budget.minimum:
+        request = "cores" if spec.compute.cores is not None else "inf"
+        more = "NeuronCores" if request == "cores" else "chips"
+        return [
+            Finding(f"spec.compute.{request}", PLUGIN_BELOW_MINIMUM % (gib(budget.available), made, gib(budget.minimum), more), "warning")
+        ]
+    given, fit, block = user_kv_blocks(spec), plugin_kv_blocks(spec, fam, group), plugin_block_bytes(spec, fam, group)
+    if given is None or fit is None or block is None or given <= fit:
+        return []
+    cores = f"each of the group's {group} NeuronCores" if group > 1 else "the group's NeuronCore"
+    tokens = plugin_block_size(spec)
+    text = PLUGIN_BLOCKS_PAST_BUDGET % (given, cores, gib(budget.available), made, tokens, f"{block / 2**20:.3g} MiB", fit)
+    return [Finding("spec.serving.args", text, "warning")]
+
+
 RULES: list[CrossFieldRule] = [
     BUCKET_DIMENSIONS,
     BUCKET_DUPLICATE,
@@ -319,4 +370,4 @@ RULES: list[CrossFieldRule] = [
     *WEIGHTS_FIT.values(),
     NODES_MEMORY,
 ]
-CHECKS = (_check_bucket_shapes, _check_weights)
+CHECKS = (_check_bucket_shapes, _check_weights, _check_prefix_cache)
