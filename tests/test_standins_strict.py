@@ -181,3 +181,79 @@ def test_vllm_offline_serves_a_hub_id_only_from_the_hub_cache(tmp_path, image):
         assert config_only.returncode == 1 and "RuntimeError: Cannot find any model weights with `gpt2`" in config_only.stderr
     else:  # NxD Inference without a compiled model loads the checkpoint's weights too
         assert config_only.returncode == 1 and "Cannot find any model weights" in config_only.stderr, config_only.stderr
+
+
+# -- the vLLM Neuron plugin's KV cache (trn2): what it refuses at start and in its CPU compile ----
+
+
+def llama_8b_checkpoint(where: Path) -> Path:
+    """A local checkpoint that stands for Llama-3.1-8B: its config.json's shape (32 layers, 8 KV
+    heads, 32 attention heads of a 4096 hidden size: head dimension 128), its parameters, and a
+    weights file for vLLM's loader to find."""
+    where.mkdir(parents=True)
+    config = {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16", "num_hidden_layers": 32,
+        "num_key_value_heads": 8, "num_attention_heads": 32, "hidden_size": 4096, "_standin_parameters": 8_030_000_000,
+    }  # fmt: skip
+    (where / "config.json").write_text(json.dumps(config))
+    (where / "model.safetensors").write_bytes(b"")
+    return where
+
+
+def trn2_chip(tmp_path: Path) -> dict[str, str]:
+    """One Trainium2 chip as the device plugin stand-in mounts it: 4 logical cores of 24 GiB at LNC 2."""
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    (dev / "neuron0").touch()
+    return {
+        "NEURON_STANDIN_DEV_DIR": str(dev), "NEURON_STANDIN_PLATFORM": "trn2", "NEURON_STANDIN_CORES_PER_DEVICE": "4",
+        "NEURON_STANDIN_LOCK_DIR": str(tmp_path / "locks"), "NEURON_RT_VISIBLE_CORES": "0-3", "NEURON_LOGICAL_NC_CONFIG": "2",
+        "VLLM_CACHE_ROOT": str(tmp_path / "cache"), "VLLM_NEURON_DISABLE_WARMUP_COMPILE": "1",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "flags,refused",
+    [
+        # 8.03e9 bf16 weights over 4 cores are 4015000000 bytes a core; a block of 32 tokens of 2 KV heads
+        # of 128, 32 layers, is 1048576 bytes: (25769803776 - 4015000000) // 1048576 = 20746 blocks fit a core.
+        (("--num-gpu-blocks-override", "20747"), 'nrt_tensor_allocate status=4 message="Allocation Failure" (initialize_kv_cache'),
+        # int(25769803776 * 0.19) - 4015000000 = 881262717 bytes: under the plugin's 1 GiB minimum budget.
+        (("--gpu-memory-utilization", "0.19"), "RuntimeError: Computed KV cache budget is below minimum threshold"),
+        # What fits starts: the server goes on to warm up, and misses the empty cache.
+        (("--num-gpu-blocks-override", "20746"), "VLLM_NEURON_DISABLE_WARMUP_COMPILE: local compile cache miss"),
+        (("--num-gpu-blocks-override", "6635", "--gpu-memory-utilization", "0.2"), "local compile cache miss"),
+    ],
+)
+def test_the_plugin_refuses_a_kv_cache_its_cores_cannot_hold_or_a_budget_under_its_minimum(tmp_path, flags, refused):
+    checkpoint = llama_8b_checkpoint(tmp_path / "llama")
+    argv = ("-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint), "--tensor-parallel-size", "4",
+            "--max-model-len", "256", "--block-size", "32", *flags)  # fmt: skip
+    done = run(tmp_path, PLUGIN, *argv, **trn2_chip(tmp_path))
+    assert done.returncode == 1 and refused in done.stderr, done.stderr
+    if "cache miss" in refused:
+        assert "Allocation Failure" not in done.stderr and "minimum threshold" not in done.stderr
+
+
+def test_the_plugins_cpu_compile_refuses_a_kv_cache_too_large_and_keys_its_graphs_by_the_cache(tmp_path):
+    """The compile Job's engine: the graph of a cache that does not fit is rejected as neuronx-cc
+    rejects it (NCC_EVRF009); the graphs compiled for one block count are not those of another,
+    since the cache is an input of every graph."""
+    checkpoint = llama_8b_checkpoint(tmp_path / "llama")
+    env = {**trn2_chip(tmp_path), "VLLM_NEURON_CPU_COMPILE": "1", "NEURON_PLATFORM_TARGET_OVERRIDE": "trn2"}
+    engine = {"model": str(checkpoint), "tensor_parallel_size": 4, "max_model_len": 256, "block_size": 32}
+
+    def compile_with(blocks: int) -> subprocess.CompletedProcess:
+        return run(tmp_path, PLUGIN, "-c", f"from vllm import LLM; LLM(**{ {**engine, 'num_gpu_blocks_override': blocks}!r})", **env)
+
+    too_large = compile_with(20747)
+    assert too_large.returncode == 1 and "RuntimeError: NCC_EVRF009" in too_large.stderr, too_large.stderr
+    assert not (tmp_path / "cache" / "neuron" / "compile_cache").exists()
+    assert compile_with(6635).returncode == 0
+    probe = (
+        "import neuron_standin as s\n"
+        f"print(s.plugin_warm_up({ {**engine, 'num_gpu_blocks_override': 6635}!r}, 'trn2', may_compile=False)[1])\n"
+        f"s.plugin_warm_up({ {**engine, 'num_gpu_blocks_override': 6000}!r}, 'trn2', may_compile=False)\n"
+    )
+    served = run(tmp_path, PLUGIN, "-c", probe, **env)
+    assert served.stdout.split() == ["False"] and "local compile cache miss" in served.stderr, served.stderr

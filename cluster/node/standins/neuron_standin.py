@@ -206,9 +206,14 @@ def plugin_graphs(engine: dict, target: str) -> dict[str, dict]:
     name stands for its graph, and there is one prefill graph at the sequence length and one
     decode graph at the sequences."""
     lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
+    # The KV cache is an input of every graph: "each NEFF is compiled with KV tensors sized by the
+    # allocated token count" (the plugin's determine_available_memory design page, below), so its
+    # blocks and their tokens are in the key (None where the plugin sizes them itself, which its
+    # CPU compile and its served engine do alike).
     common = {
         "model": engine["model"], "tensorParallelSize": engine.get("tensor_parallel_size") or 1, "target": target, "lnc": lnc,
         "compilerArgs": os.environ.get("NEURON_CC_FLAGS", ""), "versions": compiler_versions(),
+        "kvCacheBlocks": engine.get("num_gpu_blocks_override"), "blockSize": engine.get("block_size"),
     }  # fmt: skip
     graphs = {
         "prefill": {**common, "phase": "prefill", "tokens": engine.get("max_model_len") or 2048},
@@ -255,7 +260,14 @@ def llm(**engine) -> dict:
         raise RuntimeError("NEURON_PLATFORM_TARGET_OVERRIDE is required with VLLM_NEURON_CPU_COMPILE=1")
     if target not in PLUGIN_TARGETS:
         raise RuntimeError(f"the vLLM Neuron plugin supports Trn2 and Trn3, not {target}")
-    local_checkpoint(str(engine["model"]), weights=True)  # the engine loads the weights before it warms up
+    checkpoint = local_checkpoint(str(engine["model"]), weights=True)  # the engine loads the weights before it warms up
+    # CPU compile: "the static HBM size for the target platform", a logical core's share of a chip
+    # of 8 physical cores (Trainium2 and Trainium3) at NEURON_LOGICAL_NC_CONFIG.
+    lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
+    try:
+        plugin_kv_cache(checkpoint, engine, CHIP_MEMORY_GIB[target] * GIB // (8 // lnc), compiling=True)
+    except KvCacheError as exc:
+        raise RuntimeError(str(exc)) from None
     keys, _ = plugin_warm_up(engine, target, may_compile=True)
     return {"cacheKeys": keys, "target": target}
 
@@ -384,20 +396,93 @@ def model_parameters(model: str) -> int | None:
     return standin_parameters(model)
 
 
+def core_memory_bytes() -> int | None:
+    """A NeuronCore's device memory on this node: its chip's, by the platform the device plugin
+    stand-in names, over the cores it counts a device (None off a known platform)."""
+    platform, per_device = os.environ.get("NEURON_STANDIN_PLATFORM"), int(os.environ.get("NEURON_STANDIN_CORES_PER_DEVICE", "2"))
+    return CHIP_MEMORY_GIB[platform] * GIB // per_device if platform in CHIP_MEMORY_GIB else None
+
+
 def check_device_memory(model: str, world_cores: int, dtype: str) -> None:
     """Each rank holds its share of the weights on its NeuronCore: a share larger than a core's
     device memory fails as the runtime fails to allocate it (TDRV:dmem_alloc_internal "Failed to
     alloc DEVICE memory", and vLLM's nrt_tensor_allocate status=4 "Allocation Failure", vllm#12443)."""
-    platform, per_device = os.environ.get("NEURON_STANDIN_PLATFORM"), int(os.environ.get("NEURON_STANDIN_CORES_PER_DEVICE", "2"))
-    parameters = model_parameters(model)
-    if platform not in CHIP_MEMORY_GIB or not parameters or world_cores < 1:
+    parameters, core_memory = model_parameters(model), core_memory_bytes()
+    if core_memory is None or not parameters or world_cores < 1:
         return
     share = parameters * (4 if dtype == "float32" else 2) // world_cores
-    core_memory = CHIP_MEMORY_GIB[platform] * GIB // per_device
     if share > core_memory:
         print(f"ERROR  TDRV:dmem_alloc_internal  Failed to alloc DEVICE memory: {share}", file=sys.stderr, flush=True)
         fail("vllm", 'RuntimeError: nrt_tensor_allocate status=4 message="Allocation Failure" '
                      f"({share / GIB:.1f} GiB of weights a NeuronCore over {world_cores} cores, {core_memory / GIB:.0f} GiB each)")  # fmt: skip
+
+
+class KvCacheError(Exception):
+    """What the vLLM Neuron plugin refuses of its KV cache, with its words."""
+
+
+def kv_shape(checkpoint: str) -> tuple[int, int, int] | None:
+    """(layers, KV heads, head dimension) from the checkpoint's config.json, as vLLM reads them
+    (num_hidden_layers, num_key_value_heads, head_dim or hidden_size / num_attention_heads)."""
+    config = Path(checkpoint) / "config.json"
+    found = json.loads(config.read_text()) if config.is_file() else {}
+    layers, heads = found.get("num_hidden_layers"), found.get("num_key_value_heads")
+    head_dim = found.get("head_dim") or (
+        found["hidden_size"] // found["num_attention_heads"] if found.get("hidden_size") and found.get("num_attention_heads") else None
+    )
+    return (layers, heads, head_dim) if layers and heads and head_dim else None
+
+
+def plugin_kv_cache(checkpoint: str, engine: dict, core_memory: int, compiling: bool) -> dict | None:
+    """The vLLM Neuron plugin's KV cache on each logical core of the group, before warm-up; raises
+    KvCacheError with the plugin's reason where it would not start. Its budget ("determine_available_memory
+    design", https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/vllm/determine_available_memory_design.html):
+    total_budget = int(total_hbm * gpu_memory_utilization) (0.9 unless --gpu-memory-utilization),
+    available = max(min(total_budget - bytes_used, int(total_budget * VLLM_NEURON_KV_GMU_BUDGET_CAP_FRACTION)), 0)
+    (cap 0.30), and under VLLM_NEURON_MIN_KV_BUDGET_GIB (1.0) "RuntimeError: Computed KV cache
+    budget is below minimum threshold", in the CPU compile and on the device alike. bytes_used is
+    the rank's share of the parameters the checkpoint stands for. vLLM then allocates
+    --num-gpu-blocks-override blocks whatever the budget (vllm/v1/core/kv_cache_utils.py,
+    may_override_num_blocks): a cache that does not fit the core beside its weights fails, when
+    compiling as the compiler rejects the graph ("the total tensor footprint exceeds this limit and
+    the compiler rejects the program (NCC_EVRF009)", the same page), when serving as the runtime
+    fails to allocate it (initialize_kv_cache "physically allocate[s] the KV cache tensors on Neuron
+    devices", https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/vllm/vllm-integration-kv-cache.html).
+    Looser than the compiler, whose limit counts the graph's other tensors too: here only the
+    weights and the cache are counted against the core. Returns the budget and blocks, or None when
+    the checkpoint says nothing of its size."""
+    parameters = model_parameters(checkpoint)
+    tp = engine.get("tensor_parallel_size") or 1
+    if not parameters:
+        return None
+    width = 4 if checkpoint_dtype(checkpoint) == "float32" else 2
+    share = parameters * width // tp
+    total = int(core_memory * (engine.get("gpu_memory_utilization") or 0.9))
+    cap = float(os.environ.get("VLLM_NEURON_KV_GMU_BUDGET_CAP_FRACTION", "0.30"))
+    available = max(min(total - share, int(total * cap)), 0)
+    minimum = float(os.environ.get("VLLM_NEURON_MIN_KV_BUDGET_GIB", "1.0"))
+    if available < minimum * GIB:
+        raise KvCacheError(
+            f"Computed KV cache budget is below minimum threshold: {available / GIB:.3f} GiB < {minimum} GiB "
+            f"(VLLM_NEURON_MIN_KV_BUDGET_GIB) on a NeuronCore of {core_memory / GIB:.0f} GiB with {share / GIB:.2f} GiB of weights"
+        )
+    blocks, shape = engine.get("num_gpu_blocks_override"), kv_shape(checkpoint)
+    if blocks is None or shape is None:
+        return {"kvBudgetBytes": available, "kvCacheBlocks": blocks}
+    layers, heads, head_dim = shape
+    block = (engine.get("block_size") or 32) * 2 * layers * -(-heads // tp) * head_dim * width
+    if share + blocks * block > core_memory:
+        need = (share + blocks * block) / GIB
+        if compiling:
+            raise KvCacheError(
+                f"NCC_EVRF009: the tensors of the graph need {need:.1f} GiB, more than the {core_memory / GIB:.0f} GiB of a "
+                f"NeuronCore ({blocks} KV cache blocks of {block} bytes and {share / GIB:.2f} GiB of weights)"
+            )
+        raise KvCacheError(
+            f'nrt_tensor_allocate status=4 message="Allocation Failure" (initialize_kv_cache: {blocks} KV cache blocks of '
+            f"{block} bytes and {share / GIB:.2f} GiB of weights need {need:.1f} GiB, a NeuronCore has {core_memory / GIB:.0f} GiB)"
+        )
+    return {"kvBudgetBytes": available, "kvCacheBlocks": blocks}
 
 
 def nxd_inference_load(compiled: str) -> dict | None:
@@ -563,6 +648,7 @@ def vllm_parser(serving: str) -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int)
     p.add_argument("--block-size", type=int, choices=(1, 8, 16, 32, 64, 128))
     p.add_argument("--num-gpu-blocks-override", type=int)
+    p.add_argument("--gpu-memory-utilization", type=float, default=None)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--load-format", default="auto")
     p.add_argument("--dtype", default="auto")
@@ -703,8 +789,21 @@ def vllm_main(argv: list[str]) -> int:
     model = (args.served_model_name or [args.model])[0]
     if plugin:
         engine = {"model": args.model, "tensor_parallel_size": args.tensor_parallel_size,
-                  "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs}  # fmt: skip
+                  "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
+                  "block_size": args.block_size, "num_gpu_blocks_override": args.num_gpu_blocks_override}  # fmt: skip
         target = os.environ.get("NEURON_STANDIN_PLATFORM", "")
+        memory = core_memory_bytes()
+        try:
+            # vLLM sizes and allocates the KV cache before it warms up (compiles) the graphs.
+            kv = (
+                plugin_kv_cache(checkpoint, {**engine, "gpu_memory_utilization": args.gpu_memory_utilization}, memory, False)
+                if memory
+                else None
+            )
+        except KvCacheError as exc:
+            print(f"RuntimeError: {exc}", file=sys.stderr, flush=True)
+            return 1
+        found |= {"kvCache": kv}
         try:
             keys, compiled = plugin_warm_up(engine, target, may_compile=os.environ.get("VLLM_NEURON_DISABLE_WARMUP_COMPILE") != "1")
         except RuntimeError as exc:

@@ -14,9 +14,21 @@ __version__ = installed("vllm")
 
 
 class LLM:
-    """vLLM's offline engine: ``LLM(model, tensor_parallel_size=1, max_model_len=None, max_num_seqs=None, ...)``."""
+    """vLLM's offline engine: ``LLM(model, tensor_parallel_size=1, max_model_len=None, max_num_seqs=None, block_size=None,
+    num_gpu_blocks_override=None, gpu_memory_utilization=0.9, ...)``."""
 
     def __init__(
-        self, model: str, tensor_parallel_size: int = 1, max_model_len: int | None = None, max_num_seqs: int | None = None, **_: object
+        self,
+        model: str,
+        tensor_parallel_size: int = 1,
+        max_model_len: int | None = None,
+        max_num_seqs: int | None = None,
+        block_size: int | None = None,
+        num_gpu_blocks_override: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+        **_: object,
     ) -> None:
-        self.compiled = llm(model=model, tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len, max_num_seqs=max_num_seqs)
+        self.compiled = llm(
+            model=model, tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+            block_size=block_size, num_gpu_blocks_override=num_gpu_blocks_override, gpu_memory_utilization=gpu_memory_utilization,
+        )  # fmt: skip
