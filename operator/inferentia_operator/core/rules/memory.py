@@ -338,7 +338,7 @@ PLUGIN_BLOCKS_PAST_BUDGET = (
 
 
 def _check_prefix_cache(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
-    """What the vLLM Neuron plugin keeps for its KV cache: enough to start, and no fewer blocks than
+    """What the vLLM Neuron plugin keeps for its KV cache: enough to start, and room for the blocks
     serving.args asks for. Only where the weights fit the group (else _check_weights says so)."""
     group = group_size_of(spec, fam)
     budget = None if group is None else plugin_kv_budget(spec, fam, group)
