@@ -14,7 +14,8 @@ from inferentia_operator.core.catalogue import FAMILIES
 from inferentia_operator.core.cores import on_vllm_plugin
 from inferentia_operator.core.findings import Finding
 from inferentia_operator.core.launcher import LAUNCHER
-from inferentia_operator.core.names import DEFAULT_OPERATOR_IMAGE
+from inferentia_operator.core.names import DEFAULT_OPERATOR_IMAGE, PLAN_MOUNT
+from inferentia_operator.core.pod.contribution import PodContribution
 from inferentia_operator.programs import (
     COMPILE_PROGRAM,
     HUB_SNAPSHOT_MODULE,
@@ -146,3 +147,9 @@ def plan_configmap_name(model: Model) -> str:
 
 def plan_volume(model: Model) -> dict[str, Any]:
     return {"name": "plan", "configMap": {"name": plan_configmap_name(model)}}
+
+
+def mounted_plan(model: Model) -> PodContribution:
+    """The plan ConfigMap (the plan, each process's environment, the launcher and the operator's
+    programs), read-only where the main container reads it."""
+    return PodContribution(mounts=({"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},), volumes=(plan_volume(model),))

@@ -6,6 +6,7 @@ from typing import Any
 
 from inferentia_operator.core.catalogue import GIB
 from inferentia_operator.core.pod.containers import SCRATCH_PATHS
+from inferentia_operator.core.pod.contribution import PodContribution
 from inferentia_operator.core.pod.meta import selector
 from inferentia_operator.core.pod.model import Model
 
@@ -46,3 +47,9 @@ def scratch_volumes(model: Model, home_bytes: int) -> list[dict[str, Any]]:
 
 def scratch_mounts() -> list[dict[str, Any]]:
     return [{"name": name, "mountPath": path} for name, path in SCRATCH_PATHS.items()]
+
+
+def scratch(model: Model, home_bytes: int) -> PodContribution:
+    """Where the main container writes (its root file system is read-only): HOME, sized
+    ``home_bytes``, and /tmp. Its variables (SCRATCH_ENV) lead its environment."""
+    return PodContribution(mounts=tuple(scratch_mounts()), volumes=tuple(scratch_volumes(model, home_bytes)))

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from inferentia_operator.core.autoscaling import desired_replicas
-from inferentia_operator.core.names import PLAN_FILE, PLAN_HASH_ANNOTATION, PLAN_MOUNT, TRAFFIC_LABEL, TRAFFIC_ON
+from inferentia_operator.core.names import PLAN_HASH_ANNOTATION, PLAN_MOUNT, TRAFFIC_LABEL, TRAFFIC_ON
 from inferentia_operator.core.placement import pod_placement
 from inferentia_operator.core.pod.affinity import NEURON_TOLERATION, serving_affinity
 from inferentia_operator.core.pod.artefact import compiled_uri, serving_fetches_model
@@ -22,6 +22,7 @@ from inferentia_operator.core.pod.containers import (
     user_env_from,
     with_user_env,
 )
+from inferentia_operator.core.pod.contribution import PodContribution, combined, given
 from inferentia_operator.core.pod.dirs import COMPILED_DIR, HUB_CACHE_DIR, MODEL_DIR, model_path
 from inferentia_operator.core.pod.fetch import (
     fetch_container,
@@ -32,11 +33,11 @@ from inferentia_operator.core.pod.fetch import (
     through_node_cache,
 )
 from inferentia_operator.core.pod.meta import child_metadata, labels, selector, service_account
-from inferentia_operator.core.pod.model import Model, plan_hash, plan_volume, vllm_plugin
+from inferentia_operator.core.pod.model import Model, mounted_plan, plan_hash, vllm_plugin
 from inferentia_operator.core.pod.ports import EVERY_PROCESS, batching_front_end, process_base_port, scraped_at
 from inferentia_operator.core.pod.vllm import VLLM_ENV, VLLM_PRECOMPILED_ENV
-from inferentia_operator.core.pod.volumes import artefact_volume, model_volume, scratch_mounts, scratch_volumes
-from inferentia_operator.core.serving.runtime import multi_node_env, serving_args
+from inferentia_operator.core.pod.volumes import artefact_volume, model_volume, scratch
+from inferentia_operator.core.serving.runtime import multi_node_env, processes, serving_args
 from inferentia_operator.core.sizing import keeps_hub_snapshot
 
 # How often a starting server is asked whether it is up: often, so that a start (from zero,
@@ -45,19 +46,9 @@ from inferentia_operator.core.sizing import keeps_hub_snapshot
 STARTUP_PROBE_SECONDS = 2
 
 
-def _serving_env(model: Model) -> list[dict[str, str]]:
+def _serving_env(model: Model) -> dict[str, str]:
     plan = model.plan
-    env = {
-        **SCRATCH_ENV,
-        "INFERENTIA_MODEL_URI": model.spec.model.uri,
-        "INFERENTIA_PLAN_FILE": PLAN_FILE,
-        "INFERENTIA_PROCESSES": str(plan.groups),
-        "INFERENTIA_GROUP_SIZE": str(plan.group_size),
-        "INFERENTIA_BASE_PORT": str(process_base_port(model)),
-        "INFERENTIA_THREADS": str(plan.threads_per_process),
-        # Frameworks that compile at load time (torch-neuron, tensorflow-neuron) read this.
-        "NEURON_CC_FLAGS": " ".join(plan.compiler_args),
-    }
+    env: dict[str, str] = {}
     if model.spec.compile.image:
         env["INFERENTIA_COMPILED_MODEL_URI"] = compiled_uri(model)
         env["INFERENTIA_COMPILED_MODEL_DIR"] = COMPILED_DIR
@@ -90,7 +81,7 @@ def _serving_env(model: Model) -> list[dict[str, str]]:
         # The model id resolves to the commit the compile read, from the artefact's copy; the
         # Hub is never asked ("HF_HUB_OFFLINE", huggingface_hub's environment variables).
         env |= {"HF_HUB_CACHE": HUB_CACHE_DIR, "HF_HUB_OFFLINE": "1"}
-    return with_user_env(model, env)
+    return env
 
 
 def _startup_probe(model: Model, check: dict[str, Any]) -> dict[str, Any]:
@@ -199,22 +190,75 @@ def _serving_fetch_model(model: Model) -> dict[str, Any]:
     return container
 
 
-def serving_deployment(model: Model, replicas: int | None = None, grouped: bool = False) -> dict[str, Any]:
-    """The serving Deployment, with ``replicas`` (default: what the spec alone gives, for
-    a model that autoscales minReplicas, as before its ScaledObject exists); ``grouped``: its
-    template is for a LeaderWorkerSet's groups (core/serving/groups.py)."""
-    plan, spec = model.plan, model.spec
+def _not_yet_composed(model: Model) -> PodContribution:
+    plan = model.plan
     dra = plan.allocation == "dra"  # devices from a resource claim, not the device plugin
+    args = serving_args(model)
+    return PodContribution(
+        env=_serving_env(model),
+        mounts=(
+            # The plugin takes file locks in its cache, even to read it: writable for it alone.
+            # (No readOnly: false: the API server drops a false readOnly, and a field it drops
+            # would read as drift on every reconcile.)
+            *(
+                [{"name": "compiled", "mountPath": COMPILED_DIR, **({} if vllm_plugin(model) else {"readOnly": True})}]
+                if model.spec.compile.image
+                else []
+            ),
+            *([{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}] if serving_fetches_model(model) else []),
+            # What fetch linked to instead of copying, at the paths its links name.
+            *node_view_mounts(model),
+        ),
+        volumes=(
+            *([artefact_volume(model)] if model.spec.compile.image else []),
+            *([model_volume(model)] if serving_fetches_model(model) else []),
+            *node_cache_token_volumes(model),
+            *node_view_volumes(model),
+        ),
+        init_containers=tuple(serving_init_containers(model)),
+        containers=(batcher_container(model),) if batching_front_end(model) else (),
+        annotations=scrape_annotations(model),
+        probes=_probes(model),
+        # One process per NeuronCore Group, each started with its group's environment.
+        command=("/bin/sh", f"{PLAN_MOUNT}/launch.sh") if args else (),
+        args=tuple(args or ()),
+        claims=({"name": CLAIM},) if dra else (),
+        resource_claims=({"name": CLAIM, "resourceClaimTemplateName": claim_template_name(model)},) if dra else (),
+        # On EKS the Neuron scheduler extension places multi-device requests only
+        # through a second scheduler the pod names
+        # (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/k8s-multiple-scheduler.html);
+        # a DRA claim needs no extension.
+        scheduler_name=model.scheduler_name if not dra else "",
+    )
+
+
+def serving_pod(model: Model) -> PodContribution:
+    """Each concern's share of a serving pod, combined in this order: each list of the pod (the
+    serve container's environment and mounts, the volumes, the init containers, the containers
+    beside it, the annotations) holds the concerns' items in it."""
+    return combined(
+        (
+            mounted_plan(model),
+            scratch(model, model.plan.sizes.home_bytes),
+            processes(model),
+            _not_yet_composed(model),
+        )
+    )
+
+
+def _serve_container(model: Model, pod: PodContribution) -> dict[str, Any]:
+    """The model server's container: its processes' ports, the plan's resources, restricted."""
+    plan, spec = model.plan, model.spec
     base = process_base_port(model)
-    ports = [{"name": f"serve-{i}", "containerPort": base + i, "protocol": "TCP"} for i in range(plan.groups)]
-    container: dict[str, Any] = {
+    return {
         "name": "serve",
         "image": spec.serving.image,
         **user_env_from(model),
-        "env": _serving_env(model),
-        "ports": ports,
-        "resources": {**plan.resources.model_dump(), **({"claims": [{"name": CLAIM}]} if dra else {})},
-        **_probes(model),
+        # Scratch's variables first: every process writes under HOME and /tmp alone.
+        "env": with_user_env(model, {**SCRATCH_ENV, **pod.env}),
+        "ports": [{"name": f"serve-{i}", "containerPort": base + i, "protocol": "TCP"} for i in range(plan.groups)],
+        "resources": {**plan.resources.model_dump(), **given("claims", list(pod.claims))},
+        **pod.probes,
         "securityContext": {**CONTAINER_SECURITY, "readOnlyRootFilesystem": spec.serving.read_only_root_filesystem},
         # The launcher's last words ("serving process 41 exited with 137; stopping the others")
         # become the termination message, which the model's status quotes.
@@ -222,28 +266,16 @@ def serving_deployment(model: Model, replicas: int | None = None, grouped: bool 
         # Behind the front end, the processes outlive its drain and the requests it holds;
         # alone, they drain as it would, then the launcher passes SIGTERM on to each.
         "lifecycle": _pre_stop_sleep(DRAIN_SECONDS + (longest_request_seconds(model) if batching_front_end(model) else 0)),
-        "volumeMounts": [
-            {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
-            *scratch_mounts(),
-            # The plugin takes file locks in its cache, even to read it: writable for it alone.
-            # (No readOnly: false: the API server drops a false readOnly, and a field it drops
-            # would read as drift on every reconcile.)
-            *(
-                [{"name": "compiled", "mountPath": COMPILED_DIR, **({} if vllm_plugin(model) else {"readOnly": True})}]
-                if spec.compile.image
-                else []
-            ),
-            *([{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}] if serving_fetches_model(model) else []),
-            # What fetch linked to instead of copying, at the paths its links name.
-            *node_view_mounts(model),
-        ],
+        "volumeMounts": list(pod.mounts),
+        **({"command": list(pod.command), "args": list(pod.args)} if pod.command else {}),
     }
-    args = serving_args(model)
-    if args:
-        # One process per NeuronCore Group, each started with its group's environment.
-        container["command"] = ["/bin/sh", f"{PLAN_MOUNT}/launch.sh"]
-        container["args"] = list(args)
-    template_labels = {**labels(model, "serving"), TRAFFIC_LABEL: TRAFFIC_ON}
+
+
+def serving_deployment(model: Model, replicas: int | None = None, grouped: bool = False) -> dict[str, Any]:
+    """The serving Deployment, with ``replicas`` (default: what the spec alone gives, for
+    a model that autoscales minReplicas, as before its ScaledObject exists); ``grouped``: its
+    template is for a LeaderWorkerSet's groups (core/serving/groups.py)."""
+    spec, pod = model.spec, serving_pod(model)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -257,32 +289,21 @@ def serving_deployment(model: Model, replicas: int | None = None, grouped: bool 
             },
             "template": {
                 "metadata": {
-                    "labels": template_labels,
-                    "annotations": {PLAN_HASH_ANNOTATION: plan_hash(plan), **scrape_annotations(model)},
+                    "labels": {**labels(model, "serving"), TRAFFIC_LABEL: TRAFFIC_ON},
+                    "annotations": {PLAN_HASH_ANNOTATION: plan_hash(model.plan), **pod.annotations},
                 },
                 "spec": {
                     # A model server has no business with the Kubernetes API.
                     "automountServiceAccountToken": False,
-                    # On EKS the Neuron scheduler extension places multi-device requests only
-                    # through a second scheduler the pod names
-                    # (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/k8s-multiple-scheduler.html);
-                    # a DRA claim needs no extension.
-                    **({"schedulerName": model.scheduler_name} if model.scheduler_name and not dra else {}),
+                    **given("schedulerName", pod.scheduler_name),
                     "terminationGracePeriodSeconds": termination_grace_seconds(model),
                     **service_account(model),
                     "securityContext": pod_security(model),
-                    **({"initContainers": init} if (init := serving_init_containers(model)) else {}),
-                    "containers": [container, *([batcher_container(model)] if batching_front_end(model) else [])],
-                    "volumes": [
-                        plan_volume(model),
-                        *scratch_volumes(model, plan.sizes.home_bytes),
-                        *([artefact_volume(model)] if spec.compile.image else []),
-                        *([model_volume(model)] if serving_fetches_model(model) else []),
-                        *node_cache_token_volumes(model),
-                        *node_view_volumes(model),
-                    ],
-                    **({"resourceClaims": [{"name": CLAIM, "resourceClaimTemplateName": claim_template_name(model)}]} if dra else {}),
-                    **pod_placement(model.spec.placement, tolerations=(NEURON_TOLERATION,), affinity=serving_affinity(model, grouped)),
+                    **given("initContainers", list(pod.init_containers)),
+                    "containers": [_serve_container(model, pod), *pod.containers],
+                    "volumes": list(pod.volumes),
+                    **given("resourceClaims", list(pod.resource_claims)),
+                    **pod_placement(spec.placement, tolerations=(NEURON_TOLERATION,), affinity=serving_affinity(model, grouped)),
                 },
             },
         },

@@ -6,10 +6,30 @@ from __future__ import annotations
 import json
 
 from inferentia_operator.core.catalogue import ROOT_COMM_PORT
-from inferentia_operator.core.names import PLAN_MOUNT
+from inferentia_operator.core.names import PLAN_FILE, PLAN_MOUNT
+from inferentia_operator.core.pod.contribution import PodContribution
 from inferentia_operator.core.pod.model import Model
+from inferentia_operator.core.pod.ports import process_base_port
 from inferentia_operator.core.pod.vllm import VLLM_SERVER, vllm_engine_args
 from inferentia_operator.programs import SERVE_PROGRAM, VLLM_WORKER_PROGRAM
+
+
+def processes(model: Model) -> PodContribution:
+    """What the launcher and every process read: the model, the plan, how many processes of
+    how many cores, the first one's port, their threads and the compiler's flags."""
+    plan = model.plan
+    return PodContribution(
+        env={
+            "INFERENTIA_MODEL_URI": model.spec.model.uri,
+            "INFERENTIA_PLAN_FILE": PLAN_FILE,
+            "INFERENTIA_PROCESSES": str(plan.groups),
+            "INFERENTIA_GROUP_SIZE": str(plan.group_size),
+            "INFERENTIA_BASE_PORT": str(process_base_port(model)),
+            "INFERENTIA_THREADS": str(plan.threads_per_process),
+            # Frameworks that compile at load time (torch-neuron, tensorflow-neuron) read this.
+            "NEURON_CC_FLAGS": " ".join(plan.compiler_args),
+        }
+    )
 
 
 def vllm_args(model: Model) -> list[str]:
