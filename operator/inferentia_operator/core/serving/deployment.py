@@ -11,7 +11,7 @@ from inferentia_operator.core.autoscaling import desired_replicas
 from inferentia_operator.core.names import PLAN_HASH_ANNOTATION, PLAN_MOUNT, TRAFFIC_LABEL, TRAFFIC_ON
 from inferentia_operator.core.placement import pod_placement
 from inferentia_operator.core.pod.affinity import NEURON_TOLERATION, serving_affinity
-from inferentia_operator.core.pod.artefact import compiled_uri, serving_fetches_model
+from inferentia_operator.core.pod.artefact import serving_fetches_model
 from inferentia_operator.core.pod.claims import CLAIM, claim_template_name
 from inferentia_operator.core.pod.containers import (
     BATCHER_RESOURCES,
@@ -25,7 +25,6 @@ from inferentia_operator.core.pod.containers import (
 from inferentia_operator.core.pod.contribution import PodContribution, combined, given
 from inferentia_operator.core.pod.dirs import COMPILED_DIR, HUB_CACHE_DIR, MODEL_DIR, model_path
 from inferentia_operator.core.pod.fetch import (
-    fetch_container,
     fetch_model_container,
     node_cache_token_volumes,
     node_view_mounts,
@@ -36,7 +35,8 @@ from inferentia_operator.core.pod.meta import child_metadata, labels, selector, 
 from inferentia_operator.core.pod.model import Model, mounted_plan, plan_hash, vllm_plugin
 from inferentia_operator.core.pod.ports import EVERY_PROCESS, batching_front_end, process_base_port, scraped_at
 from inferentia_operator.core.pod.vllm import VLLM_ENV, VLLM_PRECOMPILED_ENV
-from inferentia_operator.core.pod.volumes import artefact_volume, model_volume, scratch
+from inferentia_operator.core.pod.volumes import model_volume, scratch
+from inferentia_operator.core.serving.artefact import compiled_artefact
 from inferentia_operator.core.serving.runtime import multi_node_env, processes, serving_args
 from inferentia_operator.core.sizing import keeps_hub_snapshot
 
@@ -49,10 +49,7 @@ STARTUP_PROBE_SECONDS = 2
 def _serving_env(model: Model) -> dict[str, str]:
     plan = model.plan
     env: dict[str, str] = {}
-    if model.spec.compile.image:
-        env["INFERENTIA_COMPILED_MODEL_URI"] = compiled_uri(model)
-        env["INFERENTIA_COMPILED_MODEL_DIR"] = COMPILED_DIR
-    elif model.spec.serves_with_program:
+    if model.spec.serves_with_program and not model.spec.compile.image:
         # No compile step: the operator's model server traces the model at start.
         env["INFERENTIA_MODEL_PATH"] = model_path(model)
     if plan.groups == 1:
@@ -174,9 +171,7 @@ def scrape_annotations(model: Model) -> dict[str, str]:
 
 
 def serving_init_containers(model: Model) -> list[dict[str, Any]]:
-    """The compiled artefact, or (no compile step, the operator's server) the model, fetched first."""
-    if model.spec.compile.image:
-        return [fetch_container(model), *([_serving_fetch_model(model)] if serving_fetches_model(model) else [])]
+    """(no compile step, the operator's server) the model, fetched first."""
     return [_serving_fetch_model(model)] if serving_fetches_model(model) else []
 
 
@@ -197,20 +192,11 @@ def _not_yet_composed(model: Model) -> PodContribution:
     return PodContribution(
         env=_serving_env(model),
         mounts=(
-            # The plugin takes file locks in its cache, even to read it: writable for it alone.
-            # (No readOnly: false: the API server drops a false readOnly, and a field it drops
-            # would read as drift on every reconcile.)
-            *(
-                [{"name": "compiled", "mountPath": COMPILED_DIR, **({} if vllm_plugin(model) else {"readOnly": True})}]
-                if model.spec.compile.image
-                else []
-            ),
             *([{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}] if serving_fetches_model(model) else []),
             # What fetch linked to instead of copying, at the paths its links name.
             *node_view_mounts(model),
         ),
         volumes=(
-            *([artefact_volume(model)] if model.spec.compile.image else []),
             *([model_volume(model)] if serving_fetches_model(model) else []),
             *node_cache_token_volumes(model),
             *node_view_volumes(model),
@@ -241,6 +227,7 @@ def serving_pod(model: Model) -> PodContribution:
             mounted_plan(model),
             scratch(model, model.plan.sizes.home_bytes),
             processes(model),
+            compiled_artefact(model),
             _not_yet_composed(model),
         )
     )
