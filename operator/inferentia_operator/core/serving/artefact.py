@@ -1,14 +1,17 @@
 """What a serving pod reads before its server starts, fetched into the pod by the operator's
-image: the compiled artefact the compile Job uploaded."""
+image: the compiled artefact the compile Job uploaded, and the model itself where the server
+reads it too."""
 
 from __future__ import annotations
 
-from inferentia_operator.core.pod.artefact import compiled_uri
+from typing import Any
+
+from inferentia_operator.core.pod.artefact import compiled_uri, serving_fetches_model
 from inferentia_operator.core.pod.contribution import NOTHING, PodContribution
-from inferentia_operator.core.pod.dirs import COMPILED_DIR
-from inferentia_operator.core.pod.fetch import fetch_container
+from inferentia_operator.core.pod.dirs import COMPILED_DIR, MODEL_DIR, model_path
+from inferentia_operator.core.pod.fetch import fetch_container, fetch_model_container, through_node_cache
 from inferentia_operator.core.pod.model import Model, vllm_plugin
-from inferentia_operator.core.pod.volumes import artefact_volume
+from inferentia_operator.core.pod.volumes import artefact_volume, model_volume
 
 
 def compiled_artefact(model: Model) -> PodContribution:
@@ -25,3 +28,30 @@ def compiled_artefact(model: Model) -> PodContribution:
         volumes=(artefact_volume(model),),
         init_containers=(fetch_container(model),),
     )
+
+
+def uncompiled_model(model: Model) -> PodContribution:
+    """The model itself: where the operator's server finds it to trace at start (no compile
+    step), and, where the server reads a remote model (serving_fetches_model), fetched first."""
+    env = {}
+    if model.spec.serves_with_program and not model.spec.compile.image:
+        # No compile step: the operator's model server traces the model at start.
+        env["INFERENTIA_MODEL_PATH"] = model_path(model)
+    if not serving_fetches_model(model):
+        return PodContribution(env=env)
+    return PodContribution(
+        env=env,
+        mounts=({"name": "model", "mountPath": MODEL_DIR, "readOnly": True},),
+        volumes=(model_volume(model),),
+        init_containers=(_fetch_model(model),),
+    )
+
+
+def _fetch_model(model: Model) -> dict[str, Any]:
+    container = fetch_model_container(model)
+    if model.node_cache_url:
+        # Only on serving pods, which run where the node cache's DaemonSet does: a compile Job
+        # may run on any node. A model with a marker (its weights, its configuration and
+        # tokenizer beside a compiled artefact) is read through it, each file checked.
+        through_node_cache(model, container)
+    return container

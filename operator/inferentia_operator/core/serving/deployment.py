@@ -11,7 +11,6 @@ from inferentia_operator.core.autoscaling import desired_replicas
 from inferentia_operator.core.names import PLAN_HASH_ANNOTATION, PLAN_MOUNT, TRAFFIC_LABEL, TRAFFIC_ON
 from inferentia_operator.core.placement import pod_placement
 from inferentia_operator.core.pod.affinity import NEURON_TOLERATION, serving_affinity
-from inferentia_operator.core.pod.artefact import serving_fetches_model
 from inferentia_operator.core.pod.claims import CLAIM, claim_template_name
 from inferentia_operator.core.pod.containers import (
     BATCHER_RESOURCES,
@@ -23,20 +22,18 @@ from inferentia_operator.core.pod.containers import (
     with_user_env,
 )
 from inferentia_operator.core.pod.contribution import PodContribution, combined, given
-from inferentia_operator.core.pod.dirs import COMPILED_DIR, HUB_CACHE_DIR, MODEL_DIR, model_path
+from inferentia_operator.core.pod.dirs import COMPILED_DIR, HUB_CACHE_DIR
 from inferentia_operator.core.pod.fetch import (
-    fetch_model_container,
     node_cache_token_volumes,
     node_view_mounts,
     node_view_volumes,
-    through_node_cache,
 )
 from inferentia_operator.core.pod.meta import child_metadata, labels, selector, service_account
 from inferentia_operator.core.pod.model import Model, mounted_plan, plan_hash, vllm_plugin
 from inferentia_operator.core.pod.ports import EVERY_PROCESS, batching_front_end, process_base_port, scraped_at
 from inferentia_operator.core.pod.vllm import VLLM_ENV, VLLM_PRECOMPILED_ENV
-from inferentia_operator.core.pod.volumes import model_volume, scratch
-from inferentia_operator.core.serving.artefact import compiled_artefact
+from inferentia_operator.core.pod.volumes import scratch
+from inferentia_operator.core.serving.artefact import compiled_artefact, uncompiled_model
 from inferentia_operator.core.serving.runtime import multi_node_env, processes, serving_args
 from inferentia_operator.core.sizing import keeps_hub_snapshot
 
@@ -49,9 +46,6 @@ STARTUP_PROBE_SECONDS = 2
 def _serving_env(model: Model) -> dict[str, str]:
     plan = model.plan
     env: dict[str, str] = {}
-    if model.spec.serves_with_program and not model.spec.compile.image:
-        # No compile step: the operator's model server traces the model at start.
-        env["INFERENTIA_MODEL_PATH"] = model_path(model)
     if plan.groups == 1:
         # One process: the container's own environment is its group's, but never its cores.
         # The device plugin sets NEURON_RT_VISIBLE_CORES to the cores of the devices it
@@ -170,21 +164,6 @@ def scrape_annotations(model: Model) -> dict[str, str]:
     return {}
 
 
-def serving_init_containers(model: Model) -> list[dict[str, Any]]:
-    """(no compile step, the operator's server) the model, fetched first."""
-    return [_serving_fetch_model(model)] if serving_fetches_model(model) else []
-
-
-def _serving_fetch_model(model: Model) -> dict[str, Any]:
-    container = fetch_model_container(model)
-    if model.node_cache_url:
-        # Only on serving pods, which run where the node cache's DaemonSet does: a compile Job
-        # may run on any node. A model with a marker (its weights, its configuration and
-        # tokenizer beside a compiled artefact) is read through it, each file checked.
-        through_node_cache(model, container)
-    return container
-
-
 def _not_yet_composed(model: Model) -> PodContribution:
     plan = model.plan
     dra = plan.allocation == "dra"  # devices from a resource claim, not the device plugin
@@ -192,16 +171,13 @@ def _not_yet_composed(model: Model) -> PodContribution:
     return PodContribution(
         env=_serving_env(model),
         mounts=(
-            *([{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}] if serving_fetches_model(model) else []),
             # What fetch linked to instead of copying, at the paths its links name.
             *node_view_mounts(model),
         ),
         volumes=(
-            *([model_volume(model)] if serving_fetches_model(model) else []),
             *node_cache_token_volumes(model),
             *node_view_volumes(model),
         ),
-        init_containers=tuple(serving_init_containers(model)),
         containers=(batcher_container(model),) if batching_front_end(model) else (),
         annotations=scrape_annotations(model),
         probes=_probes(model),
@@ -228,6 +204,7 @@ def serving_pod(model: Model) -> PodContribution:
             scratch(model, model.plan.sizes.home_bytes),
             processes(model),
             compiled_artefact(model),
+            uncompiled_model(model),
             _not_yet_composed(model),
         )
     )
