@@ -8,6 +8,7 @@ from typing import Any
 from inferentia_operator.core.holds import NODE_CACHE_AUDIENCE, NODE_VIEW_DIR, NODE_VIEW_DRIVER, hold_key
 from inferentia_operator.core.pod.artefact import compiled_uri, fetched_uris
 from inferentia_operator.core.pod.containers import BATCHER_RESOURCES, CONTAINER_SECURITY, SCRATCH_ENV
+from inferentia_operator.core.pod.contribution import PodContribution
 from inferentia_operator.core.pod.dirs import COMPILED_DIR, MODEL_DIR
 from inferentia_operator.core.pod.model import Model, vllm_plugin
 from inferentia_operator.core.pod.volumes import scratch_mounts
@@ -68,6 +69,16 @@ def through_node_cache(model: Model, container: dict[str, Any]) -> None:
         {"name": NODE_CACHE_TOKEN["volume"], "mountPath": NODE_CACHE_TOKEN["dir"], "readOnly": True},
         *node_view_mounts(model),
     ]
+
+
+def node_cache(model: Model) -> PodContribution:
+    """A serving pod's share of the node cache: the token its fetches show it, and the views of
+    what they fetch, mounted in the serving container too."""
+    return PodContribution(
+        # What fetch linked to instead of copying, at the paths its links name.
+        mounts=tuple(node_view_mounts(model)),
+        volumes=(*node_cache_token_volumes(model), *node_view_volumes(model)),
+    )
 
 
 def node_view_mounts(model: Model) -> list[dict[str, Any]]:

@@ -24,9 +24,7 @@ from inferentia_operator.core.pod.containers import (
 from inferentia_operator.core.pod.contribution import PodContribution, combined, given
 from inferentia_operator.core.pod.dirs import COMPILED_DIR, HUB_CACHE_DIR
 from inferentia_operator.core.pod.fetch import (
-    node_cache_token_volumes,
-    node_view_mounts,
-    node_view_volumes,
+    node_cache,
 )
 from inferentia_operator.core.pod.meta import child_metadata, labels, selector, service_account
 from inferentia_operator.core.pod.model import Model, mounted_plan, plan_hash, vllm_plugin
@@ -170,14 +168,6 @@ def _not_yet_composed(model: Model) -> PodContribution:
     args = serving_args(model)
     return PodContribution(
         env=_serving_env(model),
-        mounts=(
-            # What fetch linked to instead of copying, at the paths its links name.
-            *node_view_mounts(model),
-        ),
-        volumes=(
-            *node_cache_token_volumes(model),
-            *node_view_volumes(model),
-        ),
         containers=(batcher_container(model),) if batching_front_end(model) else (),
         annotations=scrape_annotations(model),
         probes=_probes(model),
@@ -205,6 +195,7 @@ def serving_pod(model: Model) -> PodContribution:
             processes(model),
             compiled_artefact(model),
             uncompiled_model(model),
+            node_cache(model),
             _not_yet_composed(model),
         )
     )
