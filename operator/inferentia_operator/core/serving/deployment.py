@@ -32,7 +32,7 @@ from inferentia_operator.core.pod.ports import EVERY_PROCESS, batching_front_end
 from inferentia_operator.core.pod.vllm import VLLM_ENV, VLLM_PRECOMPILED_ENV
 from inferentia_operator.core.pod.volumes import scratch
 from inferentia_operator.core.serving.artefact import compiled_artefact, uncompiled_model
-from inferentia_operator.core.serving.runtime import multi_node_env, processes, serving_args
+from inferentia_operator.core.serving.runtime import lone_process, multi_node_env, processes, serving_args
 from inferentia_operator.core.sizing import keeps_hub_snapshot
 
 # How often a starting server is asked whether it is up: often, so that a start (from zero,
@@ -42,16 +42,7 @@ STARTUP_PROBE_SECONDS = 2
 
 
 def _serving_env(model: Model) -> dict[str, str]:
-    plan = model.plan
     env: dict[str, str] = {}
-    if plan.groups == 1:
-        # One process: the container's own environment is its group's, but never its cores.
-        # The device plugin sets NEURON_RT_VISIBLE_CORES to the cores of the devices it
-        # granted (a pod granted /dev/neuron1 sees 2,3: the Neuron scheduler extension's flow,
-        # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/k8s-neuron-scheduler-flow.html),
-        # and a literal value in the pod spec would win over it. The launcher falls back to the
-        # planned range only where no device plugin set the variable.
-        env |= {k: v for k, v in plan.env[0].items() if k != "NEURON_RT_VISIBLE_CORES"}
     if model.spec.serving.batching:
         env["INFERENTIA_MAX_BATCH_SIZE"] = str(model.spec.serving.batching.max_batch_size)
         env["INFERENTIA_MAX_LATENCY_MS"] = str(model.spec.serving.batching.max_latency_ms)
@@ -196,6 +187,7 @@ def serving_pod(model: Model) -> PodContribution:
             compiled_artefact(model),
             uncompiled_model(model),
             node_cache(model),
+            lone_process(model),
             _not_yet_composed(model),
         )
     )

@@ -7,7 +7,7 @@ import json
 
 from inferentia_operator.core.catalogue import ROOT_COMM_PORT
 from inferentia_operator.core.names import PLAN_FILE, PLAN_MOUNT
-from inferentia_operator.core.pod.contribution import PodContribution
+from inferentia_operator.core.pod.contribution import NOTHING, PodContribution
 from inferentia_operator.core.pod.model import Model
 from inferentia_operator.core.pod.ports import process_base_port
 from inferentia_operator.core.pod.vllm import VLLM_SERVER, vllm_engine_args
@@ -30,6 +30,19 @@ def processes(model: Model) -> PodContribution:
             "NEURON_CC_FLAGS": " ".join(plan.compiler_args),
         }
     )
+
+
+def lone_process(model: Model) -> PodContribution:
+    """A container of one process has its group's environment as its own."""
+    if model.plan.groups != 1:
+        return NOTHING
+    # One process: the container's own environment is its group's, but never its cores.
+    # The device plugin sets NEURON_RT_VISIBLE_CORES to the cores of the devices it
+    # granted (a pod granted /dev/neuron1 sees 2,3: the Neuron scheduler extension's flow,
+    # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/k8s-neuron-scheduler-flow.html),
+    # and a literal value in the pod spec would win over it. The launcher falls back to the
+    # planned range only where no device plugin set the variable.
+    return PodContribution(env={k: v for k, v in model.plan.env[0].items() if k != "NEURON_RT_VISIBLE_CORES"})
 
 
 def vllm_args(model: Model) -> list[str]:
