@@ -20,7 +20,8 @@ from inferentia_operator.core.pod.meta import selector
 from inferentia_operator.core.pod.model import Model, plan_configmap_name, plan_document, plan_hash
 from inferentia_operator.core.pod.vllm import vllm_engine_args
 from inferentia_operator.core.scale_to_zero.holder import replicas_service
-from inferentia_operator.core.serving.deployment import DRAIN_SECONDS, UNBOUNDED_REQUEST_SECONDS, serving_deployment
+from inferentia_operator.core.serving.deployment import serving_deployment
+from inferentia_operator.core.serving.drain import DRAIN_SECONDS, UNBOUNDED_REQUEST_SECONDS
 from inferentia_operator.core.serving.runtime import vllm_args
 from inferentia_operator.core.serving.service import plan_configmap, serving_network_policy
 from inferentia_operator.core.serving.service import service as service_of

@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from inferentia_operator.batching import model_server
 from inferentia_operator.batching.frontend import FrontEnd
 from inferentia_operator.batching.limits import MAX_DEPTH, BadInput, Budget, Limits, depth_of, parse_input
-from inferentia_operator.core.serving.deployment import batcher_container
+from inferentia_operator.core.serving.front_end import batcher_container
 from test_children import THROUGHPUT, model
 
 

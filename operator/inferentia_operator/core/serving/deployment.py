@@ -3,8 +3,6 @@ the fetches before it), their environment, probes and drain."""
 
 from __future__ import annotations
 
-import json
-import math
 from typing import Any
 
 from inferentia_operator.core.autoscaling import desired_replicas
@@ -13,10 +11,8 @@ from inferentia_operator.core.placement import pod_placement
 from inferentia_operator.core.pod.affinity import NEURON_TOLERATION, serving_affinity
 from inferentia_operator.core.pod.claims import CLAIM, claim_template_name
 from inferentia_operator.core.pod.containers import (
-    BATCHER_RESOURCES,
     CONTAINER_SECURITY,
     SCRATCH_ENV,
-    own_server_probes,
     pod_security,
     user_env_from,
     with_user_env,
@@ -28,10 +24,12 @@ from inferentia_operator.core.pod.fetch import (
 )
 from inferentia_operator.core.pod.meta import child_metadata, labels, selector, service_account
 from inferentia_operator.core.pod.model import Model, mounted_plan, plan_hash, vllm_plugin
-from inferentia_operator.core.pod.ports import EVERY_PROCESS, batching_front_end, process_base_port, scraped_at
+from inferentia_operator.core.pod.ports import EVERY_PROCESS, process_base_port, scraped_at
 from inferentia_operator.core.pod.vllm import VLLM_ENV, VLLM_PRECOMPILED_ENV
 from inferentia_operator.core.pod.volumes import scratch
 from inferentia_operator.core.serving.artefact import compiled_artefact, uncompiled_model
+from inferentia_operator.core.serving.drain import serving_pre_stop, termination_grace_seconds
+from inferentia_operator.core.serving.front_end import batching
 from inferentia_operator.core.serving.runtime import lone_process, multi_node_env, processes, serving_args
 from inferentia_operator.core.sizing import keeps_hub_snapshot
 
@@ -43,9 +41,6 @@ STARTUP_PROBE_SECONDS = 2
 
 def _serving_env(model: Model) -> dict[str, str]:
     env: dict[str, str] = {}
-    if model.spec.serving.batching:
-        env["INFERENTIA_MAX_BATCH_SIZE"] = str(model.spec.serving.batching.max_batch_size)
-        env["INFERENTIA_MAX_LATENCY_MS"] = str(model.spec.serving.batching.max_latency_ms)
     if vllm_plugin(model):
         if model.spec.compile.image:
             # The plugin's local cache, as the compile Job filled it and the fetch init container copied it.
@@ -89,66 +84,14 @@ def _probes(model: Model) -> dict[str, Any]:
     }
 
 
-# A pod being deleted is taken out of its Service's endpoints at the same time as its
-# containers are told to stop; the endpoints controller and every node's kube-proxy take a
-# moment to stop sending it new connections. A preStop sleep keeps each container serving
-# for that moment (the Kubernetes docs' "Pod termination" flow; the sleep action is GA
-# since Kubernetes 1.34), and only then does SIGTERM start the graceful stop.
-DRAIN_SECONDS = 5
-# The longest request a process may hold when no batching budget bounds it.
-UNBOUNDED_REQUEST_SECONDS = 30
-
-
-def longest_request_seconds(model: Model) -> int:
-    """With the batching front end, a request is answered within maxLatencyMs or refused."""
-    front = model.plan.front_end
-    return math.ceil(front.max_latency_ms / 1000) + 1 if front else UNBOUNDED_REQUEST_SECONDS
-
-
-def termination_grace_seconds(model: Model) -> int:
-    """The drain, the longest request, and ten seconds for the processes to exit."""
-    return DRAIN_SECONDS + longest_request_seconds(model) + 10
-
-
-def _pre_stop_sleep(seconds: int) -> dict[str, Any]:
-    return {"preStop": {"sleep": {"seconds": seconds}}}
-
-
-def batcher_container(model: Model) -> dict[str, Any]:
-    front, batching = model.plan.front_end, model.spec.serving.batching
-    assert front is not None and batching is not None
-    args = [
-        "batch", "--port", str(front.port),
-        "--processes", str(model.plan.groups), "--process-base-port", str(front.process_base_port),
-        "--max-batch-size", str(front.max_batch_size), "--max-latency-ms", str(front.max_latency_ms),
-    ]  # fmt: skip
-    if model.plan.buckets:
-        args += ["--buckets", json.dumps(model.plan.buckets)]
-    return {
-        "name": "batcher",
-        "image": batching.image or model.operator_image,
-        "args": args,
-        "ports": [{"name": "batch", "containerPort": front.port, "protocol": "TCP"}],
-        "resources": BATCHER_RESOURCES,
-        # Ready only when every model process answers: the pod's readiness is the front end's.
-        **own_server_probes("batch"),
-        "securityContext": CONTAINER_SECURITY,
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        # Serve through the drain; then SIGTERM: stop listening, answer what it holds, exit.
-        "lifecycle": _pre_stop_sleep(DRAIN_SECONDS),
-    }
-
-
-def scrape_annotations(model: Model) -> dict[str, str]:
+def _vllm_scrape_annotations(model: Model) -> dict[str, str]:
     """Where Prometheus finds the pod's request gauges: the batching front end's
     inferentia_num_requests_waiting and _running on its one port, or vLLM's
     vllm:num_requests_waiting and _running on every process's port (each vLLM process serves
     its own /metrics, and the ScaledObject's target is the whole replica's). The
     prometheus.io annotations, which Prometheus's example Kubernetes configuration relabels
     on, name one port, the first; the metrics-port annotation names them all (SCRAPED_PORTS)."""
-    if model.plan.front_end is not None:  # batching_front_end(m)
-        return scraped_at(model.plan.front_end.port, "batch")
-    if model.spec.serving.runtime == "vllm":
+    if model.spec.serving.runtime == "vllm" and model.plan.front_end is None:
         return scraped_at(process_base_port(model), EVERY_PROCESS)
     return {}
 
@@ -159,8 +102,7 @@ def _not_yet_composed(model: Model) -> PodContribution:
     args = serving_args(model)
     return PodContribution(
         env=_serving_env(model),
-        containers=(batcher_container(model),) if batching_front_end(model) else (),
-        annotations=scrape_annotations(model),
+        annotations=_vllm_scrape_annotations(model),
         probes=_probes(model),
         # One process per NeuronCore Group, each started with its group's environment.
         command=("/bin/sh", f"{PLAN_MOUNT}/launch.sh") if args else (),
@@ -188,6 +130,7 @@ def serving_pod(model: Model) -> PodContribution:
             uncompiled_model(model),
             node_cache(model),
             lone_process(model),
+            batching(model),
             _not_yet_composed(model),
         )
     )
@@ -210,9 +153,7 @@ def _serve_container(model: Model, pod: PodContribution) -> dict[str, Any]:
         # The launcher's last words ("serving process 41 exited with 137; stopping the others")
         # become the termination message, which the model's status quotes.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        # Behind the front end, the processes outlive its drain and the requests it holds;
-        # alone, they drain as it would, then the launcher passes SIGTERM on to each.
-        "lifecycle": _pre_stop_sleep(DRAIN_SECONDS + (longest_request_seconds(model) if batching_front_end(model) else 0)),
+        "lifecycle": serving_pre_stop(model),
         "volumeMounts": list(pod.mounts),
         **({"command": list(pod.command), "args": list(pod.args)} if pod.command else {}),
     }
