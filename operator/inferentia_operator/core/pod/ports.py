@@ -52,6 +52,9 @@ def scrape_relabelings(meta: str = "__meta_kubernetes_pod_") -> list[dict[str, A
 
 
 def scraped_at(port: int, port_name: str) -> dict[str, str]:
+    """The annotations that say where Prometheus finds the pod's request gauges. The
+    prometheus.io annotations, which Prometheus's example Kubernetes configuration relabels
+    on, name one port, the first; the metrics-port annotation names them all (SCRAPED_PORTS)."""
     return {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(port),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from inferentia_operator.core.autoscaling import desired_replicas
-from inferentia_operator.core.names import PLAN_HASH_ANNOTATION, PLAN_MOUNT, TRAFFIC_LABEL, TRAFFIC_ON
+from inferentia_operator.core.names import PLAN_HASH_ANNOTATION, TRAFFIC_LABEL, TRAFFIC_ON
 from inferentia_operator.core.placement import pod_placement
 from inferentia_operator.core.pod.affinity import NEURON_TOLERATION, serving_affinity
 from inferentia_operator.core.pod.claims import CLAIM, claim_template_name
@@ -18,40 +18,23 @@ from inferentia_operator.core.pod.containers import (
     with_user_env,
 )
 from inferentia_operator.core.pod.contribution import PodContribution, combined, given
-from inferentia_operator.core.pod.dirs import COMPILED_DIR, HUB_CACHE_DIR
+from inferentia_operator.core.pod.dirs import HUB_CACHE_DIR
 from inferentia_operator.core.pod.fetch import (
     node_cache,
 )
 from inferentia_operator.core.pod.meta import child_metadata, labels, selector, service_account
-from inferentia_operator.core.pod.model import Model, mounted_plan, plan_hash, vllm_plugin
-from inferentia_operator.core.pod.ports import EVERY_PROCESS, process_base_port, scraped_at
-from inferentia_operator.core.pod.vllm import VLLM_ENV, VLLM_PRECOMPILED_ENV
+from inferentia_operator.core.pod.model import Model, mounted_plan, plan_hash
+from inferentia_operator.core.pod.ports import process_base_port
 from inferentia_operator.core.pod.volumes import scratch
 from inferentia_operator.core.serving.artefact import compiled_artefact, uncompiled_model
 from inferentia_operator.core.serving.drain import serving_pre_stop, termination_grace_seconds
 from inferentia_operator.core.serving.front_end import batching
-from inferentia_operator.core.serving.runtime import lone_process, multi_node_env, processes, serving_args
+from inferentia_operator.core.serving.runtime import lone_process, processes, runtime
 from inferentia_operator.core.sizing import keeps_hub_snapshot
-
-# How often a starting server is asked whether it is up: often, so that a start (from zero,
-# or a scale-up) is seen ready within seconds of the model loading. How long it may take is
-# the plan's (sizing.startup_seconds).
-STARTUP_PROBE_SECONDS = 2
 
 
 def _serving_env(model: Model) -> dict[str, str]:
     env: dict[str, str] = {}
-    if vllm_plugin(model):
-        if model.spec.compile.image:
-            # The plugin's local cache, as the compile Job filled it and the fetch init container copied it.
-            env |= {"VLLM_CACHE_ROOT": COMPILED_DIR, **VLLM_PRECOMPILED_ENV}
-    elif model.spec.serving.runtime == "vllm":
-        env |= VLLM_ENV
-        if model.plan.nodes:
-            env |= multi_node_env(model)
-        if model.spec.compile.image:
-            # A local directory, as vLLM's Neuron loader reads it: the fetch init container filled it.
-            env |= {"NEURON_COMPILED_ARTIFACTS": COMPILED_DIR, **VLLM_PRECOMPILED_ENV}
     if keeps_hub_snapshot(model.spec):
         # The model id resolves to the commit the compile read, from the artefact's copy; the
         # Hub is never asked ("HF_HUB_OFFLINE", huggingface_hub's environment variables).
@@ -59,54 +42,11 @@ def _serving_env(model: Model) -> dict[str, str]:
     return env
 
 
-def _startup_probe(model: Model, check: dict[str, Any]) -> dict[str, Any]:
-    """Asked every STARTUP_PROBE_SECONDS, for as long as the plan says a start may take (loading,
-    a download, a compile at start): the liveness probe takes over only after it."""
-    budget = model.plan.sizes.startup_seconds
-    return {**check, "periodSeconds": STARTUP_PROBE_SECONDS, "failureThreshold": -(-budget // STARTUP_PROBE_SECONDS)}
-
-
-def _probes(model: Model) -> dict[str, Any]:
-    if model.spec.serving.runtime == "vllm":
-        # vLLM's OpenAI-compatible server answers /health once the model is loaded.
-        health: dict[str, Any] = {"httpGet": {"path": "/health", "port": "serve-0"}}
-    elif model.spec.serves_with_program:
-        # The operator's server answers /healthz once its artefacts are loaded onto the cores
-        # (or, without a compile step, traced).
-        health = {"httpGet": {"path": "/healthz", "port": "serve-0"}}
-    else:
-        # A custom server says nothing of its health: it is up once it accepts connections.
-        health = {"tcpSocket": {"port": "serve-0"}}
-    return {
-        "startupProbe": _startup_probe(model, health),
-        "readinessProbe": {**health, "periodSeconds": 5},
-        "livenessProbe": {**health, "periodSeconds": 10, "failureThreshold": 6},
-    }
-
-
-def _vllm_scrape_annotations(model: Model) -> dict[str, str]:
-    """Where Prometheus finds the pod's request gauges: the batching front end's
-    inferentia_num_requests_waiting and _running on its one port, or vLLM's
-    vllm:num_requests_waiting and _running on every process's port (each vLLM process serves
-    its own /metrics, and the ScaledObject's target is the whole replica's). The
-    prometheus.io annotations, which Prometheus's example Kubernetes configuration relabels
-    on, name one port, the first; the metrics-port annotation names them all (SCRAPED_PORTS)."""
-    if model.spec.serving.runtime == "vllm" and model.plan.front_end is None:
-        return scraped_at(process_base_port(model), EVERY_PROCESS)
-    return {}
-
-
 def _not_yet_composed(model: Model) -> PodContribution:
     plan = model.plan
     dra = plan.allocation == "dra"  # devices from a resource claim, not the device plugin
-    args = serving_args(model)
     return PodContribution(
         env=_serving_env(model),
-        annotations=_vllm_scrape_annotations(model),
-        probes=_probes(model),
-        # One process per NeuronCore Group, each started with its group's environment.
-        command=("/bin/sh", f"{PLAN_MOUNT}/launch.sh") if args else (),
-        args=tuple(args or ()),
         claims=({"name": CLAIM},) if dra else (),
         resource_claims=({"name": CLAIM, "resourceClaimTemplateName": claim_template_name(model)},) if dra else (),
         # On EKS the Neuron scheduler extension places multi-device requests only
@@ -131,6 +71,7 @@ def serving_pod(model: Model) -> PodContribution:
             node_cache(model),
             lone_process(model),
             batching(model),
+            runtime(model),
             _not_yet_composed(model),
         )
     )

@@ -1,17 +1,25 @@
 """What each serving process runs: vLLM's server (a replica's ranks across nodes too), the
-operator's model server, or serving.args."""
+operator's model server, or serving.args; what the launcher and its processes read, how each
+is known to be up, and where Prometheus reads vLLM's gauges."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from inferentia_operator.core.catalogue import ROOT_COMM_PORT
 from inferentia_operator.core.names import PLAN_FILE, PLAN_MOUNT
 from inferentia_operator.core.pod.contribution import NOTHING, PodContribution
-from inferentia_operator.core.pod.model import Model
-from inferentia_operator.core.pod.ports import process_base_port
-from inferentia_operator.core.pod.vllm import VLLM_SERVER, vllm_engine_args
+from inferentia_operator.core.pod.dirs import COMPILED_DIR
+from inferentia_operator.core.pod.model import Model, vllm_plugin
+from inferentia_operator.core.pod.ports import EVERY_PROCESS, process_base_port, scraped_at
+from inferentia_operator.core.pod.vllm import VLLM_ENV, VLLM_PRECOMPILED_ENV, VLLM_SERVER, vllm_engine_args
 from inferentia_operator.programs import SERVE_PROGRAM, VLLM_WORKER_PROGRAM
+
+# How often a starting server is asked whether it is up: often, so that a start (from zero,
+# or a scale-up) is seen ready within seconds of the model loading. How long it may take is
+# the plan's (sizing.startup_seconds).
+STARTUP_PROBE_SECONDS = 2
 
 
 def processes(model: Model) -> PodContribution:
@@ -114,3 +122,68 @@ def serving_args(model: Model) -> list[str] | None:
     if model.spec.serves_with_program:
         return ["python3", f"{PLAN_MOUNT}/{SERVE_PROGRAM}"]
     return model.spec.serving.args
+
+
+def runtime(model: Model) -> PodContribution:
+    """What each process runs, started by the launcher, the variables its runtime reads, how it
+    is known to be up, and where Prometheus reads vLLM's gauges."""
+    args = serving_args(model)
+    return PodContribution(
+        env=_vllm_env(model),
+        annotations=_vllm_scrape_annotations(model),
+        probes=_probes(model),
+        # One process per NeuronCore Group, each started with its group's environment.
+        command=("/bin/sh", f"{PLAN_MOUNT}/launch.sh") if args else (),
+        args=tuple(args or ()),
+    )
+
+
+def _vllm_env(model: Model) -> dict[str, str]:
+    env: dict[str, str] = {}
+    if vllm_plugin(model):
+        if model.spec.compile.image:
+            # The plugin's local cache, as the compile Job filled it and the fetch init container copied it.
+            env |= {"VLLM_CACHE_ROOT": COMPILED_DIR, **VLLM_PRECOMPILED_ENV}
+    elif model.spec.serving.runtime == "vllm":
+        env |= VLLM_ENV
+        if model.plan.nodes:
+            env |= multi_node_env(model)
+        if model.spec.compile.image:
+            # A local directory, as vLLM's Neuron loader reads it: the fetch init container filled it.
+            env |= {"NEURON_COMPILED_ARTIFACTS": COMPILED_DIR, **VLLM_PRECOMPILED_ENV}
+    return env
+
+
+def _startup_probe(model: Model, check: dict[str, Any]) -> dict[str, Any]:
+    """Asked every STARTUP_PROBE_SECONDS, for as long as the plan says a start may take (loading,
+    a download, a compile at start): the liveness probe takes over only after it."""
+    budget = model.plan.sizes.startup_seconds
+    return {**check, "periodSeconds": STARTUP_PROBE_SECONDS, "failureThreshold": -(-budget // STARTUP_PROBE_SECONDS)}
+
+
+def _probes(model: Model) -> dict[str, Any]:
+    if model.spec.serving.runtime == "vllm":
+        # vLLM's OpenAI-compatible server answers /health once the model is loaded.
+        health: dict[str, Any] = {"httpGet": {"path": "/health", "port": "serve-0"}}
+    elif model.spec.serves_with_program:
+        # The operator's server answers /healthz once its artefacts are loaded onto the cores
+        # (or, without a compile step, traced).
+        health = {"httpGet": {"path": "/healthz", "port": "serve-0"}}
+    else:
+        # A custom server says nothing of its health: it is up once it accepts connections.
+        health = {"tcpSocket": {"port": "serve-0"}}
+    return {
+        "startupProbe": _startup_probe(model, health),
+        "readinessProbe": {**health, "periodSeconds": 5},
+        "livenessProbe": {**health, "periodSeconds": 10, "failureThreshold": 6},
+    }
+
+
+def _vllm_scrape_annotations(model: Model) -> dict[str, str]:
+    """Where Prometheus finds the pod's request gauges with vLLM, where no batching front end
+    answers for them (serving/front_end.py): vLLM's vllm:num_requests_waiting and _running on
+    every process's port (each vLLM process serves its own /metrics, and the ScaledObject's
+    target is the whole replica's)."""
+    if model.spec.serving.runtime == "vllm" and model.plan.front_end is None:
+        return scraped_at(process_base_port(model), EVERY_PROCESS)
+    return {}
