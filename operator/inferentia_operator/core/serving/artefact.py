@@ -1,6 +1,6 @@
 """What a serving pod reads before its server starts, fetched into the pod by the operator's
-image: the compiled artefact the compile Job uploaded, and the model itself where the server
-reads it too."""
+image: the compiled artefact the compile Job uploaded, the model itself where the server
+reads it too, and the Hub snapshot the artefact keeps."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from typing import Any
 
 from inferentia_operator.core.pod.artefact import compiled_uri, serving_fetches_model
 from inferentia_operator.core.pod.contribution import NOTHING, PodContribution
-from inferentia_operator.core.pod.dirs import COMPILED_DIR, MODEL_DIR, model_path
+from inferentia_operator.core.pod.dirs import COMPILED_DIR, HUB_CACHE_DIR, MODEL_DIR, model_path
 from inferentia_operator.core.pod.fetch import fetch_container, fetch_model_container, through_node_cache
 from inferentia_operator.core.pod.model import Model, vllm_plugin
 from inferentia_operator.core.pod.volumes import artefact_volume, model_volume
+from inferentia_operator.core.sizing import keeps_hub_snapshot
 
 
 def compiled_artefact(model: Model) -> PodContribution:
@@ -55,3 +56,12 @@ def _fetch_model(model: Model) -> dict[str, Any]:
         # tokenizer beside a compiled artefact) is read through it, each file checked.
         through_node_cache(model, container)
     return container
+
+
+def hub_snapshot(model: Model) -> PodContribution:
+    """A Hugging Face model compiled ahead for vLLM, read from the artefact's copy, offline."""
+    if not keeps_hub_snapshot(model.spec):
+        return NOTHING
+    # The model id resolves to the commit the compile read, from the artefact's copy; the
+    # Hub is never asked ("HF_HUB_OFFLINE", huggingface_hub's environment variables).
+    return PodContribution(env={"HF_HUB_CACHE": HUB_CACHE_DIR, "HF_HUB_OFFLINE": "1"})

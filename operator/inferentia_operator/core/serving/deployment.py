@@ -18,7 +18,6 @@ from inferentia_operator.core.pod.containers import (
     with_user_env,
 )
 from inferentia_operator.core.pod.contribution import PodContribution, combined, given
-from inferentia_operator.core.pod.dirs import HUB_CACHE_DIR
 from inferentia_operator.core.pod.fetch import (
     node_cache,
 )
@@ -26,27 +25,16 @@ from inferentia_operator.core.pod.meta import child_metadata, labels, selector, 
 from inferentia_operator.core.pod.model import Model, mounted_plan, plan_hash
 from inferentia_operator.core.pod.ports import process_base_port
 from inferentia_operator.core.pod.volumes import scratch
-from inferentia_operator.core.serving.artefact import compiled_artefact, uncompiled_model
+from inferentia_operator.core.serving.artefact import compiled_artefact, hub_snapshot, uncompiled_model
 from inferentia_operator.core.serving.drain import serving_pre_stop, termination_grace_seconds
 from inferentia_operator.core.serving.front_end import batching
 from inferentia_operator.core.serving.runtime import lone_process, processes, runtime
-from inferentia_operator.core.sizing import keeps_hub_snapshot
-
-
-def _serving_env(model: Model) -> dict[str, str]:
-    env: dict[str, str] = {}
-    if keeps_hub_snapshot(model.spec):
-        # The model id resolves to the commit the compile read, from the artefact's copy; the
-        # Hub is never asked ("HF_HUB_OFFLINE", huggingface_hub's environment variables).
-        env |= {"HF_HUB_CACHE": HUB_CACHE_DIR, "HF_HUB_OFFLINE": "1"}
-    return env
 
 
 def _not_yet_composed(model: Model) -> PodContribution:
     plan = model.plan
     dra = plan.allocation == "dra"  # devices from a resource claim, not the device plugin
     return PodContribution(
-        env=_serving_env(model),
         claims=({"name": CLAIM},) if dra else (),
         resource_claims=({"name": CLAIM, "resourceClaimTemplateName": claim_template_name(model)},) if dra else (),
         # On EKS the Neuron scheduler extension places multi-device requests only
@@ -72,6 +60,7 @@ def serving_pod(model: Model) -> PodContribution:
             lone_process(model),
             batching(model),
             runtime(model),
+            hub_snapshot(model),
             _not_yet_composed(model),
         )
     )
