@@ -1,11 +1,13 @@
 """The serving pods' claim on their Neuron devices (allocation dra): its name and content, which
-the serving pods name and the device-claims part makes the template of."""
+the serving pods name and the device-claims part makes the template of; and how a serving pod
+gets its devices, from that claim or from the device plugin."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from inferentia_operator.core.catalogue import DRA_CONFIG_API_VERSION, DRA_DRIVER, DRA_GROUP_ATTRIBUTE, FAMILIES
+from inferentia_operator.core.pod.contribution import PodContribution
 from inferentia_operator.core.pod.model import Model, stable_hash
 
 # The pod's claim on its Neuron devices, with allocation dra.
@@ -43,3 +45,17 @@ def claim_spec(model: Model) -> dict[str, Any]:
         parameters = {"apiVersion": DRA_CONFIG_API_VERSION, "kind": "NeuronConfig", "logicalNeuronCore": plan.lnc}
         devices["config"] = [{"requests": [CLAIM], "opaque": {"driver": DRA_DRIVER, "parameters": parameters}}]
     return {"devices": devices}
+
+
+def devices(model: Model) -> PodContribution:
+    """Where a serving pod's Neuron devices come from: with allocation dra, a claim made from the
+    template the device-claims part writes, named by the serve container; else the device
+    plugin, whose devices the scheduler the operator names places."""
+    if model.plan.allocation == "dra":  # devices from a resource claim, not the device plugin
+        template = {"name": CLAIM, "resourceClaimTemplateName": claim_template_name(model)}
+        return PodContribution(claims=({"name": CLAIM},), resource_claims=(template,))
+    # On EKS the Neuron scheduler extension places multi-device requests only
+    # through a second scheduler the pod names
+    # (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/k8s-multiple-scheduler.html);
+    # a DRA claim needs no extension.
+    return PodContribution(scheduler_name=model.scheduler_name)

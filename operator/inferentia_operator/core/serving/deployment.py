@@ -1,5 +1,5 @@
-"""The serving Deployment: its containers (the model server, the batching front end beside it,
-the fetches before it), their environment, probes and drain."""
+"""The serving Deployment: its pod composed from the contribution of each concern, in a fixed
+order (serving_pod), the serve container and the Deployment around them."""
 
 from __future__ import annotations
 
@@ -9,18 +9,10 @@ from inferentia_operator.core.autoscaling import desired_replicas
 from inferentia_operator.core.names import PLAN_HASH_ANNOTATION, TRAFFIC_LABEL, TRAFFIC_ON
 from inferentia_operator.core.placement import pod_placement
 from inferentia_operator.core.pod.affinity import NEURON_TOLERATION, serving_affinity
-from inferentia_operator.core.pod.claims import CLAIM, claim_template_name
-from inferentia_operator.core.pod.containers import (
-    CONTAINER_SECURITY,
-    SCRATCH_ENV,
-    pod_security,
-    user_env_from,
-    with_user_env,
-)
+from inferentia_operator.core.pod.claims import devices
+from inferentia_operator.core.pod.containers import CONTAINER_SECURITY, SCRATCH_ENV, pod_security, user_env_from, with_user_env
 from inferentia_operator.core.pod.contribution import PodContribution, combined, given
-from inferentia_operator.core.pod.fetch import (
-    node_cache,
-)
+from inferentia_operator.core.pod.fetch import node_cache
 from inferentia_operator.core.pod.meta import child_metadata, labels, selector, service_account
 from inferentia_operator.core.pod.model import Model, mounted_plan, plan_hash
 from inferentia_operator.core.pod.ports import process_base_port
@@ -31,37 +23,24 @@ from inferentia_operator.core.serving.front_end import batching
 from inferentia_operator.core.serving.runtime import lone_process, processes, runtime
 
 
-def _not_yet_composed(model: Model) -> PodContribution:
-    plan = model.plan
-    dra = plan.allocation == "dra"  # devices from a resource claim, not the device plugin
-    return PodContribution(
-        claims=({"name": CLAIM},) if dra else (),
-        resource_claims=({"name": CLAIM, "resourceClaimTemplateName": claim_template_name(model)},) if dra else (),
-        # On EKS the Neuron scheduler extension places multi-device requests only
-        # through a second scheduler the pod names
-        # (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/k8s-multiple-scheduler.html);
-        # a DRA claim needs no extension.
-        scheduler_name=model.scheduler_name if not dra else "",
-    )
-
-
 def serving_pod(model: Model) -> PodContribution:
     """Each concern's share of a serving pod, combined in this order: each list of the pod (the
     serve container's environment and mounts, the volumes, the init containers, the containers
-    beside it, the annotations) holds the concerns' items in it."""
+    beside it, the annotations) holds the concerns' items in it. A concern that changes the pod
+    adds its contribution here, where its items belong in those lists."""
     return combined(
         (
-            mounted_plan(model),
-            scratch(model, model.plan.sizes.home_bytes),
-            processes(model),
-            compiled_artefact(model),
-            uncompiled_model(model),
-            node_cache(model),
-            lone_process(model),
-            batching(model),
-            runtime(model),
-            hub_snapshot(model),
-            _not_yet_composed(model),
+            mounted_plan(model),  # the plan ConfigMap (pod/model.py)
+            scratch(model, model.plan.sizes.home_bytes),  # HOME and /tmp (pod/volumes.py)
+            processes(model),  # what the launcher and every process read (serving/runtime.py)
+            compiled_artefact(model),  # fetched first, with a compile step (serving/artefact.py)
+            uncompiled_model(model),  # traced at start, or fetched where the server reads it (serving/artefact.py)
+            node_cache(model),  # its token and views (pod/fetch.py)
+            lone_process(model),  # one process: its group's environment (serving/runtime.py)
+            batching(model),  # the bounds, and the front end beside the processes (serving/front_end.py)
+            runtime(model),  # what each process runs, its variables and probes (serving/runtime.py)
+            hub_snapshot(model),  # a Hub model's snapshot in the artefact (serving/artefact.py)
+            devices(model),  # a DRA claim, or the device plugin's scheduler (pod/claims.py)
         )
     )
 
