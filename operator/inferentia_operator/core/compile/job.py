@@ -6,6 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from inferentia_operator.core.compile.program import compile_program
 from inferentia_operator.core.names import (
     COMPILE_HASH_LABEL,
     COMPILE_INPUTS_ANNOTATION,
@@ -14,7 +15,6 @@ from inferentia_operator.core.names import (
     FIELD_MANAGER,
     MANAGED_BY_LABEL,
     MODEL_LABEL,
-    PLAN_FILE,
     PLAN_MOUNT,
 )
 from inferentia_operator.core.objects import Obj
@@ -28,15 +28,16 @@ from inferentia_operator.core.pod.artefact import (
     compiled_uri,
 )
 from inferentia_operator.core.pod.containers import CONTAINER_SECURITY, SCRATCH_ENV, pod_security, user_env_from, with_user_env
-from inferentia_operator.core.pod.dirs import COMPILED_DIR, HUB_CACHE_DIR, MODEL_DIR, model_path
+from inferentia_operator.core.pod.contribution import NOTHING, PodContribution, combined
+from inferentia_operator.core.pod.dirs import COMPILED_DIR, HUB_CACHE_DIR, MODEL_DIR
 from inferentia_operator.core.pod.fetch import fetch_model_container, operator_container
 from inferentia_operator.core.pod.meta import child_metadata, labels, service_account
-from inferentia_operator.core.pod.model import Model, plan_volume, vllm_nxd, vllm_plugin
+from inferentia_operator.core.pod.model import Model, mounted_plan, vllm_nxd, vllm_plugin
 from inferentia_operator.core.pod.vllm import VLLM_PLUGIN_COMPILE_ENV, vllm_engine_args
-from inferentia_operator.core.pod.volumes import artefact_volume, model_volume, scratch_mounts, scratch_volumes
+from inferentia_operator.core.pod.volumes import artefact_volume, model_volume, scratch
 from inferentia_operator.core.proof import PROOF_ANNOTATION, Prover
 from inferentia_operator.core.sizing import keeps_hub_snapshot
-from inferentia_operator.programs import COMPILE_PROGRAM, NXDI_COMPILE_PROGRAM, VLLM_COMPILE_PROGRAM
+from inferentia_operator.programs import NXDI_COMPILE_PROGRAM, VLLM_COMPILE_PROGRAM
 
 
 def compile_record_name(model: Model) -> str:
@@ -106,25 +107,9 @@ def compile_resources(model: Model) -> dict[str, dict[str, str]]:
     return {"requests": {"cpu": sizes.compile_cpu, "memory": sizes.compile_memory}, "limits": {"memory": sizes.compile_memory}}
 
 
-def compile_job(model: Model) -> dict[str, Any] | None:
-    """The compile Job of this plan, or None when nothing is compiled ahead.
-
-    Its pod runs three steps in order: the operator's image fetches the model (when it is
-    remote), the compile container traces it in compile.image and writes the artefact to a
-    shared emptyDir, and the operator's image uploads it, completion marker last. The
-    compile step needs nothing of the operator's image and the upload nothing of the user's."""
-    if not model.spec.compile.image:
-        return None
-    env = {
-        "INFERENTIA_MODEL_URI": model.spec.model.uri,
-        "INFERENTIA_MODEL_PATH": model_path(model),
-        "INFERENTIA_COMPILER": model.plan.compiler,
-        "INFERENTIA_OUTPUT_URI": compiled_uri(model),
-        "INFERENTIA_COMPILED_MODEL_DIR": COMPILED_DIR,
-        "NEURON_CC_FLAGS": " ".join(model.plan.compiler_args),
-        "INFERENTIA_PLAN_FILE": PLAN_FILE,
-    }
-    command = ["python3", f"{PLAN_MOUNT}/{COMPILE_PROGRAM}"]
+def _not_yet_composed(model: Model) -> PodContribution:
+    env: dict[str, str] = {}
+    command: tuple[str, ...] = ()
     if model.plan.compiler == "neuronx-cc":
         # No Neuron device in the Job: torch-neuronx traces on the CPU (cpu_backend=True, the
         # program's docstring) for the target set before it is imported, as optimum-neuron does
@@ -134,12 +119,12 @@ def compile_job(model: Model) -> dict[str, Any] | None:
         # vLLM on NxD Inference: its compiled model, through NxD Inference's own API, for the
         # family's target (the Job has no device to detect it from), into the directory the
         # upload step uploads and the serving pods' NEURON_COMPILED_ARTIFACTS names.
-        command = ["python3", f"{PLAN_MOUNT}/{NXDI_COMPILE_PROGRAM}"]
+        command = ("python3", f"{PLAN_MOUNT}/{NXDI_COMPILE_PROGRAM}")
         env["INFERENTIA_VLLM_ENGINE_ARGS"] = json.dumps(vllm_engine_args(model), sort_keys=True)
     if vllm_plugin(model):
         # The plugin's own compile at warm-up, on the CPU for the family's target, into the
         # directory the upload step uploads.
-        command = ["python3", f"{PLAN_MOUNT}/{VLLM_COMPILE_PROGRAM}"]
+        command = ("python3", f"{PLAN_MOUNT}/{VLLM_COMPILE_PROGRAM}")
         env |= {
             **VLLM_PLUGIN_COMPILE_ENV,
             "NEURON_LOGICAL_NC_CONFIG": str(model.plan.lnc),
@@ -148,32 +133,61 @@ def compile_job(model: Model) -> dict[str, Any] | None:
         }
     if keeps_hub_snapshot(model.spec):
         env["INFERENTIA_HUB_CACHE"] = HUB_CACHE_DIR
+    return PodContribution(env=env, command=command)
+
+
+def written_artefact(model: Model) -> PodContribution:
+    """Where the compile step writes the artefact (writable, unlike a serving pod's copy), and
+    the upload that follows it."""
+    return PodContribution(
+        mounts=({"name": "compiled", "mountPath": COMPILED_DIR},),
+        volumes=(artefact_volume(model),),
+        containers=(upload_container(model),),
+    )
+
+
+def fetched_model(model: Model) -> PodContribution:
+    """A remote model the compile step reads (compile_fetches_model), fetched first."""
+    if not compile_fetches_model(model):
+        return NOTHING
+    return PodContribution(
+        mounts=({"name": "model", "mountPath": MODEL_DIR, "readOnly": True},),
+        volumes=(model_volume(model),),
+        init_containers=(fetch_model_container(model),),
+    )
+
+
+def compile_pod(model: Model) -> PodContribution:
+    """Each concern's share of the compile Job's pod, combined in this order, as for the serving
+    pod (serving/deployment.py): the compile step's environment and mounts, the volumes, the
+    init containers before it and the containers after it hold the concerns' items in it."""
+    sizes = model.plan.sizes
+    return combined(
+        (
+            mounted_plan(model),  # the plan ConfigMap (pod/model.py)
+            compile_program(model),  # what compiles, and what every compile step reads (compile/program.py)
+            written_artefact(model),  # written, then uploaded
+            fetched_model(model),  # a remote model, fetched first
+            scratch(model, sizes.compile_home_bytes or sizes.home_bytes),  # HOME and /tmp (pod/volumes.py)
+            _not_yet_composed(model),
+        )
+    )
+
+
+def compile_job(model: Model) -> dict[str, Any] | None:
+    """The compile Job of this plan, or None when nothing is compiled ahead.
+
+    Its pod runs three steps in order: the operator's image fetches the model (when it is
+    remote), the compile container traces it in compile.image and writes the artefact to a
+    shared emptyDir, and the operator's image uploads it, completion marker last. The
+    compile step needs nothing of the operator's image and the upload nothing of the user's."""
+    if not model.spec.compile.image:
+        return None
+    pod = compile_pod(model)
     metadata = child_metadata(model, compile_job_name(model), "compile")
     metadata["labels"][COMPILE_HASH_LABEL] = compile_hash(model)
     # What was compiled, so that status can say which part of the key a new compile changed.
     metadata["annotations"] = {COMPILE_INPUTS_ANNOTATION: json.dumps(compile_inputs(model), sort_keys=True, separators=(",", ":"))}
-    compile_step: dict[str, Any] = {
-        "name": "compile",
-        # The user's Neuron framework image: its python3, torch and torch-neuron(x) run the
-        # operator's compile program from the plan; for the vLLM preset, its vLLM Neuron plugin
-        # (trn2, trn3) or its NxD Inference (inf2, trn1) runs the operator's compile step for it.
-        "command": command,
-        "image": model.spec.compile.image,
-        # The serving container's own variables and sources too (an HF_TOKEN for a gated
-        # model, say): the compile reads the same model, and yours win over the planned ones.
-        **user_env_from(model),
-        "env": with_user_env(model, {**SCRATCH_ENV, **env}),
-        "resources": compile_resources(model),
-        "securityContext": CONTAINER_SECURITY,
-        # The program's last words become the container's termination message, which status reports.
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": [
-            {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
-            {"name": "compiled", "mountPath": COMPILED_DIR},
-            *([{"name": "model", "mountPath": MODEL_DIR, "readOnly": True}] if compile_fetches_model(model) else []),
-            *scratch_mounts(),
-        ],
-    }
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -197,15 +211,31 @@ def compile_job(model: Model) -> dict[str, Any] | None:
                     # Neuron toleration unless it lists one.
                     **pod_placement(model.spec.compile.placement),
                     "securityContext": pod_security(model),
-                    "initContainers": [*([fetch_model_container(model)] if compile_fetches_model(model) else []), compile_step],
-                    "containers": [upload_container(model)],
-                    "volumes": [
-                        plan_volume(model),
-                        artefact_volume(model),
-                        *([model_volume(model)] if compile_fetches_model(model) else []),
-                        *scratch_volumes(model, model.plan.sizes.compile_home_bytes or model.plan.sizes.home_bytes),
-                    ],
+                    "initContainers": [*pod.init_containers, _compile_step(model, pod)],
+                    "containers": list(pod.containers),
+                    "volumes": list(pod.volumes),
                 },
             },
         },
+    }
+
+
+def _compile_step(model: Model, pod: PodContribution) -> dict[str, Any]:
+    return {
+        "name": "compile",
+        # The user's Neuron framework image: its python3, torch and torch-neuron(x) run the
+        # operator's compile program from the plan; for the vLLM preset, its vLLM Neuron plugin
+        # (trn2, trn3) or its NxD Inference (inf2, trn1) runs the operator's compile step for it.
+        "command": list(pod.command),
+        "image": model.spec.compile.image,
+        # The serving container's own variables and sources too (an HF_TOKEN for a gated
+        # model, say): the compile reads the same model, and yours win over the planned ones.
+        **user_env_from(model),
+        # Scratch's variables first, as in the serving container.
+        "env": with_user_env(model, {**SCRATCH_ENV, **pod.env}),
+        "resources": compile_resources(model),
+        "securityContext": CONTAINER_SECURITY,
+        # The program's last words become the container's termination message, which status reports.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": list(pod.mounts),
     }
