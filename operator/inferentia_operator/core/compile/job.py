@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from inferentia_operator.core.compile.program import compile_program
+from inferentia_operator.core.compile.program import compile_program, cpu_target, vllm_compile
 from inferentia_operator.core.names import (
     COMPILE_HASH_LABEL,
     COMPILE_INPUTS_ANNOTATION,
@@ -15,7 +15,6 @@ from inferentia_operator.core.names import (
     FIELD_MANAGER,
     MANAGED_BY_LABEL,
     MODEL_LABEL,
-    PLAN_MOUNT,
 )
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.placement import pod_placement
@@ -32,12 +31,10 @@ from inferentia_operator.core.pod.contribution import NOTHING, PodContribution, 
 from inferentia_operator.core.pod.dirs import COMPILED_DIR, HUB_CACHE_DIR, MODEL_DIR
 from inferentia_operator.core.pod.fetch import fetch_model_container, operator_container
 from inferentia_operator.core.pod.meta import child_metadata, labels, service_account
-from inferentia_operator.core.pod.model import Model, mounted_plan, vllm_nxd, vllm_plugin
-from inferentia_operator.core.pod.vllm import VLLM_PLUGIN_COMPILE_ENV, vllm_engine_args
+from inferentia_operator.core.pod.model import Model, mounted_plan
 from inferentia_operator.core.pod.volumes import artefact_volume, model_volume, scratch
 from inferentia_operator.core.proof import PROOF_ANNOTATION, Prover
 from inferentia_operator.core.sizing import keeps_hub_snapshot
-from inferentia_operator.programs import NXDI_COMPILE_PROGRAM, VLLM_COMPILE_PROGRAM
 
 
 def compile_record_name(model: Model) -> str:
@@ -109,31 +106,9 @@ def compile_resources(model: Model) -> dict[str, dict[str, str]]:
 
 def _not_yet_composed(model: Model) -> PodContribution:
     env: dict[str, str] = {}
-    command: tuple[str, ...] = ()
-    if model.plan.compiler == "neuronx-cc":
-        # No Neuron device in the Job: torch-neuronx traces on the CPU (cpu_backend=True, the
-        # program's docstring) for the target set before it is imported, as optimum-neuron does
-        # (huggingface/optimum-neuron PR #961); NxD Inference and the plugin read it too.
-        env["NEURON_PLATFORM_TARGET_OVERRIDE"] = model.plan.family
-    if vllm_nxd(model):
-        # vLLM on NxD Inference: its compiled model, through NxD Inference's own API, for the
-        # family's target (the Job has no device to detect it from), into the directory the
-        # upload step uploads and the serving pods' NEURON_COMPILED_ARTIFACTS names.
-        command = ("python3", f"{PLAN_MOUNT}/{NXDI_COMPILE_PROGRAM}")
-        env["INFERENTIA_VLLM_ENGINE_ARGS"] = json.dumps(vllm_engine_args(model), sort_keys=True)
-    if vllm_plugin(model):
-        # The plugin's own compile at warm-up, on the CPU for the family's target, into the
-        # directory the upload step uploads.
-        command = ("python3", f"{PLAN_MOUNT}/{VLLM_COMPILE_PROGRAM}")
-        env |= {
-            **VLLM_PLUGIN_COMPILE_ENV,
-            "NEURON_LOGICAL_NC_CONFIG": str(model.plan.lnc),
-            "VLLM_CACHE_ROOT": COMPILED_DIR,
-            "INFERENTIA_VLLM_ENGINE_ARGS": json.dumps(vllm_engine_args(model), sort_keys=True),
-        }
     if keeps_hub_snapshot(model.spec):
         env["INFERENTIA_HUB_CACHE"] = HUB_CACHE_DIR
-    return PodContribution(env=env, command=command)
+    return PodContribution(env=env)
 
 
 def written_artefact(model: Model) -> PodContribution:
@@ -169,6 +144,8 @@ def compile_pod(model: Model) -> PodContribution:
             written_artefact(model),  # written, then uploaded
             fetched_model(model),  # a remote model, fetched first
             scratch(model, sizes.compile_home_bytes or sizes.home_bytes),  # HOME and /tmp (pod/volumes.py)
+            cpu_target(model),  # the family a compile without a device targets (compile/program.py)
+            vllm_compile(model),  # vLLM's compile step instead of the program (compile/program.py)
             _not_yet_composed(model),
         )
     )
