@@ -1,4 +1,5 @@
-"""The compile Job of a plan, with the upload of its artefact, and the record of a completed compile."""
+"""The compile Job of a plan, its pod composed from the contribution of each concern in a fixed order
+(compile_pod), with the upload of its artefact; and the record of a completed compile."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from inferentia_operator.core.compile.program import compile_program, cpu_target, vllm_compile
+from inferentia_operator.core.compile.program import compile_program, cpu_target, hub_snapshot, vllm_compile
 from inferentia_operator.core.names import (
     COMPILE_HASH_LABEL,
     COMPILE_INPUTS_ANNOTATION,
@@ -28,13 +29,12 @@ from inferentia_operator.core.pod.artefact import (
 )
 from inferentia_operator.core.pod.containers import CONTAINER_SECURITY, SCRATCH_ENV, pod_security, user_env_from, with_user_env
 from inferentia_operator.core.pod.contribution import NOTHING, PodContribution, combined
-from inferentia_operator.core.pod.dirs import COMPILED_DIR, HUB_CACHE_DIR, MODEL_DIR
+from inferentia_operator.core.pod.dirs import COMPILED_DIR, MODEL_DIR
 from inferentia_operator.core.pod.fetch import fetch_model_container, operator_container
 from inferentia_operator.core.pod.meta import child_metadata, labels, service_account
 from inferentia_operator.core.pod.model import Model, mounted_plan
 from inferentia_operator.core.pod.volumes import artefact_volume, model_volume, scratch
 from inferentia_operator.core.proof import PROOF_ANNOTATION, Prover
-from inferentia_operator.core.sizing import keeps_hub_snapshot
 
 
 def compile_record_name(model: Model) -> str:
@@ -104,13 +104,6 @@ def compile_resources(model: Model) -> dict[str, dict[str, str]]:
     return {"requests": {"cpu": sizes.compile_cpu, "memory": sizes.compile_memory}, "limits": {"memory": sizes.compile_memory}}
 
 
-def _not_yet_composed(model: Model) -> PodContribution:
-    env: dict[str, str] = {}
-    if keeps_hub_snapshot(model.spec):
-        env["INFERENTIA_HUB_CACHE"] = HUB_CACHE_DIR
-    return PodContribution(env=env)
-
-
 def written_artefact(model: Model) -> PodContribution:
     """Where the compile step writes the artefact (writable, unlike a serving pod's copy), and
     the upload that follows it."""
@@ -146,7 +139,7 @@ def compile_pod(model: Model) -> PodContribution:
             scratch(model, sizes.compile_home_bytes or sizes.home_bytes),  # HOME and /tmp (pod/volumes.py)
             cpu_target(model),  # the family a compile without a device targets (compile/program.py)
             vllm_compile(model),  # vLLM's compile step instead of the program (compile/program.py)
-            _not_yet_composed(model),
+            hub_snapshot(model),  # a Hub model's snapshot, kept in the artefact (compile/program.py)
         )
     )
 

@@ -1,7 +1,7 @@
 """What the compile step runs in compile.image, and what it reads: the operator's compile program
 by default, the model, the compiler and its flags, where the artefact is written and uploaded;
 the target it compiles for on the CPU; and for the vLLM preset, the operator's compile step on
-NxD Inference or on the vLLM Neuron plugin instead."""
+NxD Inference or on the vLLM Neuron plugin instead, and where it keeps a Hub model's snapshot."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import json
 from inferentia_operator.core.names import PLAN_FILE, PLAN_MOUNT
 from inferentia_operator.core.pod.artefact import compiled_uri
 from inferentia_operator.core.pod.contribution import NOTHING, PodContribution
-from inferentia_operator.core.pod.dirs import COMPILED_DIR, model_path
+from inferentia_operator.core.pod.dirs import COMPILED_DIR, HUB_CACHE_DIR, model_path
 from inferentia_operator.core.pod.model import Model, vllm_nxd, vllm_plugin
 from inferentia_operator.core.pod.vllm import VLLM_PLUGIN_COMPILE_ENV, vllm_engine_args
+from inferentia_operator.core.sizing import keeps_hub_snapshot
 from inferentia_operator.programs import COMPILE_PROGRAM, NXDI_COMPILE_PROGRAM, VLLM_COMPILE_PROGRAM
 
 
@@ -67,3 +68,11 @@ def vllm_compile(model: Model) -> PodContribution:
             command=("python3", f"{PLAN_MOUNT}/{VLLM_COMPILE_PROGRAM}"),
         )
     return NOTHING
+
+
+def hub_snapshot(model: Model) -> PodContribution:
+    """A vLLM model named by a Hugging Face id: the compile step downloads it once into the
+    artefact (programs/hub_snapshot.py), and every serving pod reads it from there, offline."""
+    if not keeps_hub_snapshot(model.spec):
+        return NOTHING
+    return PodContribution(env={"INFERENTIA_HUB_CACHE": HUB_CACHE_DIR})
