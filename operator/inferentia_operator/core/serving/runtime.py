@@ -16,11 +16,6 @@ from inferentia_operator.core.pod.ports import EVERY_PROCESS, process_base_port,
 from inferentia_operator.core.pod.vllm import VLLM_ENV, VLLM_PRECOMPILED_ENV, VLLM_SERVER, vllm_engine_args
 from inferentia_operator.programs import SERVE_PROGRAM, VLLM_WORKER_PROGRAM
 
-# How often a starting server is asked whether it is up: often, so that a start (from zero,
-# or a scale-up) is seen ready within seconds of the model loading. How long it may take is
-# the plan's (sizing.startup_seconds).
-STARTUP_PROBE_SECONDS = 2
-
 
 def processes(model: Model) -> PodContribution:
     """What the launcher and every process read: the model, the plan, how many processes of
@@ -152,6 +147,12 @@ def _vllm_env(model: Model) -> dict[str, str]:
             # A local directory, as vLLM's Neuron loader reads it: the fetch init container filled it.
             env |= {"NEURON_COMPILED_ARTIFACTS": COMPILED_DIR, **VLLM_PRECOMPILED_ENV}
     return env
+
+
+# How often a starting server is asked whether it is up: often, so that a start (from zero,
+# or a scale-up) is seen ready within seconds of the model loading. How long it may take is
+# the plan's (sizing.startup_seconds).
+STARTUP_PROBE_SECONDS = 2
 
 
 def _startup_probe(model: Model, check: dict[str, Any]) -> dict[str, Any]:
