@@ -11,9 +11,11 @@ from inferentia_operator.core.autoscaling import Prometheus
 from inferentia_operator.core.compile.job import compile_job, compile_record, compile_record_name
 from inferentia_operator.core.device_claims.template import resource_claim_template
 from inferentia_operator.core.observed import Conflict, WriteFailure
+from inferentia_operator.core.ownership import WritePolicy
 from inferentia_operator.core.planner import InvalidSpec, plan
 from inferentia_operator.core.pod.artefact import compile_hash, compiled_uri, job_output_uri
 from inferentia_operator.core.pod.model import Model, plan_configmap_name, plan_document
+from inferentia_operator.core.pod.part import Part
 from inferentia_operator.core.proof import PROOF_ANNOTATION, Prover
 from inferentia_operator.core.serving.deployment import serving_deployment
 from inferentia_operator.core.serving.service import disruption_budget, plan_configmap
@@ -590,3 +592,16 @@ def test_a_model_reconciled_again_over_the_same_inputs_is_checked_and_planned_on
     tupled = body()
     tupled["spec"]["compile"]["extraArgs"] = ("--opt-level", "2")
     assert decide(Observed(tupled), NOW).apply == first.apply and len(planned) == 6
+
+
+def test_every_parts_write_policies_reach_the_decision():
+    """A write policy set by any part, not only the compile part's, is carried to the act step;
+    two parts giving one child different policies, or ``prove`` on a kind other than Job, is a
+    bug that decide refuses."""
+    shared, proved = WritePolicy(shared=True), WritePolicy(prove=True, shared=True)
+    parts = [Part(policies={("ConfigMap", "a"): shared}), Part(), Part(policies={("Job", "b"): proved})]
+    assert decision.write_policies(parts) == {("ConfigMap", "a"): shared, ("Job", "b"): proved}
+    with pytest.raises(AssertionError):
+        decision.write_policies([Part(policies={("Job", "b"): shared}), Part(policies={("Job", "b"): proved})])
+    with pytest.raises(AssertionError):
+        decision.write_policies([Part(policies={("ConfigMap", "a"): proved})])

@@ -54,7 +54,8 @@ class Decision:
     # Serving pods whose traffic label to set, (name, uid, value): device_faults/part.py.
     traffic: tuple[tuple[str, str, str], ...] = ()
     # How a child is written where that differs from the rule, by (kind, name), as the part that
-    # builds it decided (core/ownership.py): the compile Job's proof and shared name.
+    # builds it decided (core/ownership.py), every part's (write_policies): today the compile
+    # Job's proof and shared name.
     policies: Mapping[ChildRef, WritePolicy] = field(default_factory=dict)
 
 
@@ -158,8 +159,21 @@ def decide(observed: Observed, now: str, settings: Settings = DEFAULT_SETTINGS) 
     report = status.report(observed, now, basis)
     return Decision(
         to_apply, deletes, basis, report, parts.compile.record, parts.device_faults.evict, parts.device_faults.traffic,
-        parts.compile.policies,
+        write_policies(parts),
     )  # fmt: skip
+
+
+def write_policies(parts: Sequence[Part]) -> dict[ChildRef, WritePolicy]:
+    """Every part's write policies (core/ownership.py), by (kind, name). A child is one part's,
+    so two parts never give one; should they give it different ones, that is a bug, not a
+    choice to make here. ``prove`` is for Jobs: the proof covers a Job's output URI."""
+    policies: dict[ChildRef, WritePolicy] = {}
+    for part in parts:
+        for child, policy in part.policies.items():
+            assert policies.get(child, policy) == policy, f"two parts give {child} different write policies"
+            assert not policy.prove or child[0] == "Job", f"{child}: only a Job can be proved (its output URI)"
+            policies[child] = policy
+    return policies
 
 
 def writes(

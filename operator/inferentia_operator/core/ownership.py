@@ -77,6 +77,8 @@ class WritePolicy:
 
     # After the create, the operator's proof that it made the child (core/proof.py), added from
     # the create's answer: the proof names the child's UID, which exists only from then on.
+    # For Jobs only (the proof covers a Job's output URI: shell/act.py prove_job); decide()
+    # refuses it on any other kind.
     prove: bool = False
     # The name is the same for every model with the same child (a compile Job is named after its
     # artefact): where a create finds it taken by such a child the operator made for another

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from inferentia_operator.core import api
@@ -51,7 +51,7 @@ from inferentia_operator.core.pod.artefact import (
 )
 from inferentia_operator.core.pod.jobs import newest_earlier_success
 from inferentia_operator.core.pod.model import Model
-from inferentia_operator.core.pod.part import ChildRef, Part, ref
+from inferentia_operator.core.pod.part import Part, ref
 from inferentia_operator.core.proof import Prover
 from inferentia_operator.core.settings import Settings
 
@@ -61,8 +61,6 @@ class CompilePart(Part):
     facts: CompileFacts | None = None
     # The record of a completed compile to create: nobody's child, so not among ``children``.
     record: dict[str, Any] | None = None
-    # How its Job is written (JOB_POLICY), by (kind, name): decide() passes it to the act step.
-    policies: Mapping[ChildRef, WritePolicy] = field(default_factory=dict)
 
     @property
     def compiled(self) -> bool:
