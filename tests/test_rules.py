@@ -1,7 +1,10 @@
 """Table-driven tests of every validation rule, messages included."""
 
+import pkgutil
+
 import pytest
 
+from inferentia_operator.core import rules
 from inferentia_operator.core.findings import errors
 from inferentia_operator.core.parsing import parse_spec
 from specs import DROP, make_spec
@@ -684,3 +687,16 @@ def test_an_instance_type_too_small_for_the_request_is_refused_by_its_chips():
         "spec.compute.instanceTypes: none of the listed instance types has 4 chips; trn2 types with at least 4 chips: "
         "trn2.48xlarge, trn2u.48xlarge"
     ]
+
+
+def test_every_module_of_the_rules_package_is_in_MODULES():
+    """A module of core/rules/ left out of ``rules.MODULES`` would have its CEL missing from the
+    CRD and its checks never run, silently. Every module is a rule module (identity too: the
+    name's and namespace's rules); there is no helper module to except, so a new one would
+    have to be named here, with why."""
+    in_package = {info.name for info in pkgutil.iter_modules(rules.__path__)}
+    listed = [module.__name__.rpartition(".")[2] for module in rules.MODULES]
+    assert len(listed) == len(set(listed)), "a module listed twice in rules.MODULES"
+    assert set(listed) == in_package
+    for module in rules.MODULES:
+        assert isinstance(module.RULES, tuple | list) and isinstance(module.CHECKS, tuple | list), module.__name__
