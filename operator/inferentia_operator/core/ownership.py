@@ -50,7 +50,7 @@ def is_compile_job_of_ours(live: Mapping[str, Any]) -> bool:
     return _of_a_model(live, "compile")
 
 
-def made_alike(live: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
+def same_component_of_ours(live: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
     """``live`` is a child the operator made for some model (this one or another), of the same
     component as ``body``: under a name a part marked ``shared`` (:class:`WritePolicy`), the
     one child of every model that has it."""
@@ -82,8 +82,10 @@ class WritePolicy:
     prove: bool = False
     # The name is the same for every model with the same child (a compile Job is named after its
     # artefact): where a create finds it taken by such a child the operator made for another
-    # model (made_alike), the model waits for that one, and it is no NameConflict.
+    # model (same_component_of_ours), the model waits for that one, and it is no NameConflict.
     shared: bool = False
 
 
-PLAIN = WritePolicy()  # the rule
+# The rule, for a child no part gives a policy: created where the caches hold nothing, else
+# applied where it is the model's, a NameConflict where the name is someone else's.
+CREATE_THEN_APPLY = WritePolicy()

@@ -19,7 +19,7 @@ from inferentia_operator.core.decide import Decision
 from inferentia_operator.core.names import TRAFFIC_LABEL
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.observed import Conflict, Observed, WriteFailure
-from inferentia_operator.core.ownership import PLAIN, WritePolicy, foreign_owner, made_alike
+from inferentia_operator.core.ownership import CREATE_THEN_APPLY, WritePolicy, foreign_owner, same_component_of_ours
 from inferentia_operator.core.pod.artefact import job_output_uri
 from inferentia_operator.core.projection import OWN_UPDATE_ENTRY, project, project_record
 from inferentia_operator.core.proof import PROOF_ANNOTATION, Prover
@@ -75,7 +75,7 @@ async def act(pool: Executor, kube: Kube, observed: Observed, decision: Decision
         existing = kube.get(kind, namespace, name)
         if existing is None:
             return True, None  # deleted since the 409: the apply creates it
-        if policy.shared and made_alike(existing, body):
+        if policy.shared and same_component_of_ours(existing, body):
             # Another model with the same child (a compile Job of the same inputs) created it a
             # moment ago: this model waits for it (the next reconcile sees it in the cache),
             # never a conflict.
@@ -88,7 +88,7 @@ async def act(pool: Executor, kube: Kube, observed: Observed, decision: Decision
 
     def write(body: dict[str, Any]) -> None:
         kind, name = body["kind"], body["metadata"]["name"]
-        policy = decision.policies.get((kind, name), PLAIN)
+        policy = decision.policies.get((kind, name), CREATE_THEN_APPLY)
         try:
             live = observed.live(kind, name)
             if live is None:

@@ -64,7 +64,7 @@ def combined(contributions: Iterable[PodContribution]) -> PodContribution:
     )
 
 
-def given(field_name: str, value: Any) -> dict[str, Any]:
+def field_if_nonempty(field_name: str, value: Any) -> dict[str, Any]:
     """``{field_name: value}``, or nothing where the value is empty: a pod field that only some
     concerns fill (initContainers, resourceClaims, schedulerName) is written only when one does."""
     return {field_name: value} if value else {}

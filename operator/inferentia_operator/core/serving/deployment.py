@@ -11,7 +11,7 @@ from inferentia_operator.core.placement import pod_placement
 from inferentia_operator.core.pod.affinity import NEURON_TOLERATION, serving_affinity
 from inferentia_operator.core.pod.claims import devices
 from inferentia_operator.core.pod.containers import CONTAINER_SECURITY, SCRATCH_ENV, pod_security, user_env_from, with_user_env
-from inferentia_operator.core.pod.contribution import PodContribution, combined, given
+from inferentia_operator.core.pod.contribution import PodContribution, combined, field_if_nonempty
 from inferentia_operator.core.pod.fetch import node_cache
 from inferentia_operator.core.pod.meta import child_metadata, labels, selector, service_account
 from inferentia_operator.core.pod.model import Model, mounted_plan, plan_hash
@@ -56,7 +56,7 @@ def _serve_container(model: Model, pod: PodContribution) -> dict[str, Any]:
         # Scratch's variables first: every process writes under HOME and /tmp alone.
         "env": with_user_env(model, {**SCRATCH_ENV, **pod.env}),
         "ports": [{"name": f"serve-{i}", "containerPort": base + i, "protocol": "TCP"} for i in range(plan.groups)],
-        "resources": {**plan.resources.model_dump(), **given("claims", list(pod.claims))},
+        "resources": {**plan.resources.model_dump(), **field_if_nonempty("claims", list(pod.claims))},
         **pod.probes,
         "securityContext": {**CONTAINER_SECURITY, "readOnlyRootFilesystem": spec.serving.read_only_root_filesystem},
         # The launcher's last words ("serving process 41 exited with 137; stopping the others")
@@ -92,14 +92,14 @@ def serving_deployment(model: Model, replicas: int | None = None, grouped: bool 
                 "spec": {
                     # A model server has no business with the Kubernetes API.
                     "automountServiceAccountToken": False,
-                    **given("schedulerName", pod.scheduler_name),
+                    **field_if_nonempty("schedulerName", pod.scheduler_name),
                     "terminationGracePeriodSeconds": termination_grace_seconds(model),
                     **service_account(model),
                     "securityContext": pod_security(model),
-                    **given("initContainers", list(pod.init_containers)),
+                    **field_if_nonempty("initContainers", list(pod.init_containers)),
                     "containers": [_serve_container(model, pod), *pod.containers],
                     "volumes": list(pod.volumes),
-                    **given("resourceClaims", list(pod.resource_claims)),
+                    **field_if_nonempty("resourceClaims", list(pod.resource_claims)),
                     **pod_placement(spec.placement, tolerations=(NEURON_TOLERATION,), affinity=serving_affinity(model, grouped)),
                 },
             },
