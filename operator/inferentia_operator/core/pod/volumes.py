@@ -51,5 +51,8 @@ def scratch_mounts() -> list[dict[str, Any]]:
 
 def scratch(model: Model, home_bytes: int) -> PodContribution:
     """Where the main container writes (its root file system is read-only): HOME, sized
-    ``home_bytes``, and /tmp. Its variables (SCRATCH_ENV) lead its environment."""
+    ``home_bytes``, and /tmp: their mounts and volumes. The variables that point at them
+    (SCRATCH_ENV, pod/containers.py) are not part of it: each builder (serving/deployment.py,
+    compile/job.py) puts them first in the main container's environment, before every
+    contribution's variables, whatever this contribution's place in its list."""
     return PodContribution(mounts=tuple(scratch_mounts()), volumes=tuple(scratch_volumes(model, home_bytes)))
