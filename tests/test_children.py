@@ -15,6 +15,7 @@ from inferentia_operator.core.planner import plan
 from inferentia_operator.core.pod import model as model_module
 from inferentia_operator.core.pod.artefact import compile_hash, compile_inputs, compile_job_name, compiled_uri
 from inferentia_operator.core.pod.containers import CONTAINER_SECURITY
+from inferentia_operator.core.pod.contribution import PodContribution, combined
 from inferentia_operator.core.pod.dirs import COMPILED_DIR, MODEL_DIR
 from inferentia_operator.core.pod.meta import selector
 from inferentia_operator.core.pod.model import Model, plan_configmap_name, plan_document, plan_hash
@@ -875,3 +876,16 @@ def test_behind_the_front_end_only_its_port_admits_other_pods():
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     assert policy["spec"]["ingress"] == [{"ports": [{"port": 8500, "protocol": "TCP"}]}]
     assert serving_network_policy(model(**THROUGHPUT)) is None
+
+
+def test_a_command_and_its_args_are_one_choice_when_contributions_are_combined():
+    """The last contribution that gives a command gives the args too: a later command without
+    args drops an earlier one's args rather than running with them; args alone are refused."""
+    first = PodContribution(command=("a",), args=("--x",))
+    assert (combined([first]).command, combined([first]).args) == (("a",), ("--x",))
+    later = combined([first, PodContribution(command=("b",))])
+    assert (later.command, later.args) == (("b",), ())
+    kept = combined([first, PodContribution(env={"K": "v"})])
+    assert (kept.command, kept.args) == (("a",), ("--x",))
+    with pytest.raises(AssertionError):
+        combined([PodContribution(args=("--y",))])

@@ -28,7 +28,7 @@ from inferentia_operator.core.pod.artefact import (
     compiled_uri,
 )
 from inferentia_operator.core.pod.containers import CONTAINER_SECURITY, SCRATCH_ENV, pod_security, user_env_from, with_user_env
-from inferentia_operator.core.pod.contribution import NOTHING, PodContribution, combined
+from inferentia_operator.core.pod.contribution import NOTHING, PodContribution, combined, field_if_nonempty
 from inferentia_operator.core.pod.dirs import COMPILED_DIR, MODEL_DIR
 from inferentia_operator.core.pod.fetch import fetch_model_container, operator_container
 from inferentia_operator.core.pod.meta import child_metadata, labels, service_account
@@ -197,6 +197,8 @@ def _compile_step(model: Model, pod: PodContribution) -> dict[str, Any]:
         # operator's compile program from the plan; for the vLLM preset, its vLLM Neuron plugin
         # (trn2, trn3) or its NxD Inference (inf2, trn1) runs the operator's compile step for it.
         "command": list(pod.command),
+        # Its arguments, where the contribution that gives the command gives any (none does today).
+        **field_if_nonempty("args", list(pod.args)),
         "image": model.spec.compile.image,
         # The serving container's own variables and sources too (an HF_TOKEN for a gated
         # model, say): the compile reads the same model, and yours win over the planned ones.

@@ -30,7 +30,8 @@ class PodContribution:
     annotations: Mapping[str, str] = field(default_factory=dict)
     # The main container's startupProbe, readinessProbe and livenessProbe.
     probes: Mapping[str, dict[str, Any]] = field(default_factory=dict)
-    # What the main container runs instead of its image's entry point.
+    # What the main container runs instead of its image's entry point, and its arguments: one
+    # choice, so args come only with a command (combined() takes both from one contribution).
     command: tuple[str, ...] = ()
     args: tuple[str, ...] = ()
     # The main container's resource claims and the pod's resourceClaims they name (allocation
@@ -46,8 +47,11 @@ NOTHING = PodContribution()
 def combined(contributions: Iterable[PodContribution]) -> PodContribution:
     """Every concern's share, in the order given: each list in that order; a variable, an
     annotation or a probe set again takes the later value in the earlier one's place (as
-    dict.update does); the last command, args and scheduler given."""
+    dict.update does); the last command given, with that contribution's args (never one
+    contribution's command with another's args); the last scheduler given."""
     shares = list(contributions)
+    assert all(share.command or not share.args for share in shares), "args without a command"
+    runs = next((share for share in reversed(shares) if share.command), NOTHING)
     return PodContribution(
         env={name: value for share in shares for name, value in share.env.items()},
         mounts=tuple(mount for share in shares for mount in share.mounts),
@@ -56,8 +60,8 @@ def combined(contributions: Iterable[PodContribution]) -> PodContribution:
         containers=tuple(container for share in shares for container in share.containers),
         annotations={name: value for share in shares for name, value in share.annotations.items()},
         probes={name: probe for share in shares for name, probe in share.probes.items()},
-        command=next((share.command for share in reversed(shares) if share.command), ()),
-        args=next((share.args for share in reversed(shares) if share.args), ()),
+        command=runs.command,
+        args=runs.args,
         claims=tuple(claim for share in shares for claim in share.claims),
         resource_claims=tuple(claim for share in shares for claim in share.resource_claims),
         scheduler_name=next((share.scheduler_name for share in reversed(shares) if share.scheduler_name), ""),
