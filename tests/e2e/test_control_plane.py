@@ -216,6 +216,7 @@ def test_cluster_down_leaves_no_process_or_port(cluster, tmp_path, monkeypatch):
         assert set(ports.values()).isdisjoint(cluster.local.ports().values())
         assert ports["apiserver"] != taken.getsockname()[1]
         assert "address already in use" in (tmp_path / "second" / "logs" / "kube-apiserver.log").read_text()
+        assert set(ports.values()) <= set(listeners_of(tmp_path / "second"))  # the check below can see them
     finally:
         second.down()
         taken.close()
