@@ -73,7 +73,7 @@ class WritePolicy:
     caches hold nothing, else an apply of what is the model's, a NameConflict where the name is
     someone else's). The part that builds the child decides it, the decision carries it by the
     child's (kind, name) (``Decision.policies``), and the shell carries it out knowing no child
-    by its kind or component."""
+    by its component (nor by its kind, but that ``prove`` is a Job's)."""
 
     # After the create, the operator's proof that it made the child (core/proof.py), added from
     # the create's answer: the proof names the child's UID, which exists only from then on.
