@@ -114,19 +114,62 @@ def test_the_plan_shows_the_blocks_and_their_size():
     assert on_trn3 == {"blocks": 9953, "blockSize": 32}
 
 
-def test_the_serving_flags_and_the_compile_step_give_the_plugin_the_same_blocks():
-    """On Neuron the KV cache is in every compiled graph: the compile Job and the server must agree."""
-    m = model_of(**LLAMA_8B_TRN2)
+def serving_flags(m: Model) -> list[str]:
     [container] = serving_deployment(m)["spec"]["template"]["spec"]["containers"]
-    args = container["args"]
-    assert args[args.index("--block-size") + 1] == "32" and args[args.index("--num-gpu-blocks-override") + 1] == "6635"
+    return container["args"]
+
+
+def compile_engine_args(m: Model) -> dict:
     compile_step = compile_job(m)["spec"]["template"]["spec"]["initContainers"][-1]
-    engine = json.loads({e["name"]: e["value"] for e in compile_step["env"]}["INFERENTIA_VLLM_ENGINE_ARGS"])
+    return json.loads({e["name"]: e["value"] for e in compile_step["env"]}["INFERENTIA_VLLM_ENGINE_ARGS"])
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[len(args) - 1 - args[::-1].index(name) + 1]  # the last, as vLLM takes it
+
+
+def test_the_serving_flags_and_the_compile_step_give_the_plugin_the_same_blocks():
+    """On Neuron the KV cache is in every compiled graph: the serving Deployment's flags and the
+    compile Job's engine arguments must both carry it."""
+    m = model_of(**LLAMA_8B_TRN2)
+    args = serving_flags(m)
+    assert (flag(args, "--block-size"), flag(args, "--num-gpu-blocks-override")) == ("32", "6635")
+    engine = compile_engine_args(m)
     assert (engine["block_size"], engine["num_gpu_blocks_override"]) == (32, 6635)
-    flags = args[4:]
-    assert dict(zip(flags[::2], flags[1::2], strict=True)) == {f"--{k.replace('_', '-')}": str(v) for k, v in engine.items()}
+    assert "gpu_memory_utilization" not in engine and "--gpu-memory-utilization" not in args
     # The compile key has them: another block count is another compile.
     assert compile_inputs(m)["engineArgs"] == engine
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["--gpu-memory-utilization", "0.8"],
+        ["--gpu-memory-utilization=0.8"],
+        ["--gpu_memory_utilization", "0.8"],
+        ["--gpu_memory_utilization=0.8"],
+    ],
+)
+def test_a_users_gpu_memory_utilization_sizes_the_plan_and_reaches_the_compile_step(given):
+    """The plugin's CPU compile sizes the cache (and checks its minimum) from gpu_memory_utilization:
+    the user's, not the plugin's default, or compile and serve disagree."""
+    m = model_of(**{**LLAMA_8B_TRN2, "serving.args": given})
+    # int(int(25769803776 * 0.8) * 0.3) // 1048576 = 6184752906 // 1048576 = 5898
+    assert compile_engine_args(m)["gpu_memory_utilization"] == 0.8
+    assert compile_engine_args(m)["num_gpu_blocks_override"] == 5898
+    assert flag(serving_flags(m), "--num-gpu-blocks-override") == "5898"
+
+
+@pytest.mark.parametrize("given", [["--block_size", "64"], ["--block-size=64"], ["--block_size=64"]])
+def test_a_users_block_size_with_underscores_is_read_and_reaches_the_compile_step(given):
+    """vLLM's FlexibleArgumentParser takes --block_size as --block-size."""
+    m = model_of(**{**LLAMA_8B_TRN2, "serving.args": given})
+    assert plan_document(m.plan)["prefixCache"] == {"blocks": 3317, "blockSize": 64}
+    assert (compile_engine_args(m)["block_size"], compile_engine_args(m)["num_gpu_blocks_override"]) == (64, 3317)
+    # Without the model's shape there is no count, and the user's block size still reaches the compile.
+    unsized = model_of(**{**LLAMA_8B_TRN2, "serving.args": given, "model.layers": DROP})
+    assert unsized.plan.prefix_cache is None
+    assert compile_engine_args(unsized)["block_size"] == 64
 
 
 def test_a_users_block_count_that_fits_is_given_to_both_and_warns_of_nothing():
@@ -167,6 +210,7 @@ def test_weights_that_leave_the_plugin_less_than_its_minimum_kv_budget_are_a_war
         "spec.compute.inf: the vLLM Neuron plugin keeps 0.645 GiB of each NeuronCore's device memory for the KV cache (the "
         "least of 90% of its 24 GiB less its 21 GiB share of the weights, and 30% of that 90%), less than the 1 GiB it needs to start "
         '(VLLM_NEURON_MIN_KV_BUDGET_GIB): it stops with "Computed KV cache budget is below minimum threshold"; valid values '
-        "are more chips, or a higher serving.args --gpu-memory-utilization" in found
+        "are more chips, a higher serving.args --gpu-memory-utilization (the compile Job is given it too), or a lower "
+        "VLLM_NEURON_MIN_KV_BUDGET_GIB in serving.env (0 turns the check off)" in found
     ), found
     assert not [w for w in warnings(**LLAMA_8B_TRN2) if "minimum" in w]

@@ -241,15 +241,29 @@ def on_vllm_plugin(spec: InferentiaModelSpec, family: Family) -> bool:
     return spec.serving.runtime == "vllm" and family.vllm == "vllm-neuron-plugin"
 
 
+def flag_name(arg: str) -> str:
+    """A command-line flag's name as vLLM's argument parser reads it: what comes before ``=``, with
+    underscores as dashes up to the first ``.`` (``--block_size`` is ``--block-size``). vLLM's
+    FlexibleArgumentParser, "ArgumentParser that allows both underscore and dash in names", converts
+    them so in parse_args (vllm-project/vllm, vllm/utils/argparse_utils.py)."""
+    name = arg.split("=", 1)[0]
+    if not name.startswith("--"):
+        return name
+    head, dot, tail = name[2:].partition(".")
+    return "--" + head.replace("_", "-") + dot + tail
+
+
 def serving_flag(spec: InferentiaModelSpec, flag: str) -> str | None:
-    """What serving.args gives a vLLM flag (``--flag value`` or ``--flag=value``): the last, as
-    vLLM's argument parser takes a flag given twice."""
+    """What serving.args gives a vLLM flag (``--flag value`` or ``--flag=value``, dashes or
+    underscores): the last, as vLLM's argument parser takes a flag given twice."""
     args, found = spec.serving.args or [], None
     for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            found = args[i + 1]
-        elif arg.startswith(flag + "="):
+        if not arg.startswith("--") or flag_name(arg) != flag:
+            continue
+        if "=" in arg:
             found = arg.partition("=")[2]
+        elif i + 1 < len(args):
+            found = args[i + 1]
     return found
 
 
@@ -272,14 +286,26 @@ def _fraction(text: str | None, default: float, most: float = 1.0) -> float:
     return value if 0 < value <= most else default
 
 
+def user_block_size(spec: InferentiaModelSpec) -> int | None:
+    """serving.args' --block-size, where it is a count."""
+    return _positive_int(serving_flag(spec, "--block-size"))
+
+
 def plugin_block_size(spec: InferentiaModelSpec) -> int:
     """The KV cache's tokens a block: serving.args' --block-size, else the plugin's default."""
-    return _positive_int(serving_flag(spec, "--block-size")) or PLUGIN_BLOCK_SIZE
+    return user_block_size(spec) or PLUGIN_BLOCK_SIZE
 
 
 def user_kv_blocks(spec: InferentiaModelSpec) -> int | None:
     """serving.args' --num-gpu-blocks-override, where it is a count."""
     return _positive_int(serving_flag(spec, "--num-gpu-blocks-override"))
+
+
+def user_gpu_memory_utilization(spec: InferentiaModelSpec) -> float | None:
+    """serving.args' --gpu-memory-utilization, where it is a fraction (above 0, at most 1)."""
+    text = serving_flag(spec, "--gpu-memory-utilization")
+    value = _fraction(text, -1.0)
+    return None if value < 0 else value
 
 
 @dataclass(frozen=True)
@@ -302,7 +328,7 @@ def plugin_kv_budget(spec: InferentiaModelSpec, family: Family, group: int) -> P
     if not on_vllm_plugin(spec, family) or weights is None:
         return None
     core = family.memory_per_core_bytes(lnc_of(spec, family))
-    utilization = _fraction(serving_flag(spec, "--gpu-memory-utilization"), PLUGIN_GPU_MEMORY_UTILIZATION)
+    utilization = user_gpu_memory_utilization(spec) or PLUGIN_GPU_MEMORY_UTILIZATION
     cap = _fraction(serving_env(spec, KV_CAP_ENV), PLUGIN_KV_CAP_FRACTION)
     minimum = _fraction(serving_env(spec, MIN_KV_BUDGET_ENV), PLUGIN_MIN_KV_BUDGET_GIB, most=float(2**20))
     total = int(core * utilization)

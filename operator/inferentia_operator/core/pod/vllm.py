@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from inferentia_operator.core import neuron_images
+from inferentia_operator.core.cores import user_block_size, user_gpu_memory_utilization
 from inferentia_operator.core.pod.dirs import MODEL_DIR, remote_model
 from inferentia_operator.core.pod.model import Model, vllm_nxd, vllm_plugin
 
@@ -50,12 +51,20 @@ def vllm_engine_args(model: Model) -> dict[str, Any]:
         args["max_model_len"] = max(b[-1] for b in model.plan.buckets)
     if model.spec.serving.batching:
         args["max_num_seqs"] = model.spec.serving.batching.max_batch_size
-    if vllm_plugin(model) and model.plan.prefix_cache:
+    if vllm_plugin(model):
         # The vLLM Neuron plugin: its KV cache blocks, which it compiles into every graph, so the
         # compile step and the server must agree; its features guide asks for both on Neuron
-        # (cores.prefix_cache says what the plan gives and why).
-        args["block_size"] = model.plan.prefix_cache.block_size
-        args["num_gpu_blocks_override"] = model.plan.prefix_cache.blocks
+        # (cores.prefix_cache says what the plan gives and why). The user's own --block-size and
+        # --gpu-memory-utilization (serving.args) go to the compile step too: the first is the
+        # cache's shape, the second the budget the plugin's CPU compile sizes it from and checks
+        # against its minimum, which must be the budget the server has.
+        if model.plan.prefix_cache:
+            args["block_size"] = model.plan.prefix_cache.block_size
+            args["num_gpu_blocks_override"] = model.plan.prefix_cache.blocks
+        elif (size := user_block_size(model.spec)) is not None:
+            args["block_size"] = size
+        if (utilization := user_gpu_memory_utilization(model.spec)) is not None:
+            args["gpu_memory_utilization"] = utilization
     if vllm_nxd(model):
         # vLLM on NxD Inference, as its guide's known issues ask: "Users are required to provide a
         # num_gpu_blocks_override arg, which should be at least ceil(max_model_len // block_size) *

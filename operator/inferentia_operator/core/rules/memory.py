@@ -328,7 +328,8 @@ PLUGIN_BUDGET = "the least of %s of its %s less its %s share of the weights, and
 PLUGIN_BELOW_MINIMUM = (
     "the vLLM Neuron plugin keeps %s of each NeuronCore's device memory for the KV cache (%s), less than the %s it needs "
     'to start (VLLM_NEURON_MIN_KV_BUDGET_GIB): it stops with "Computed KV cache budget is below minimum threshold"; '
-    "valid values are more %s, or a higher serving.args --gpu-memory-utilization"
+    "valid values are more %s, a higher serving.args --gpu-memory-utilization (the compile Job is given it too), or a "
+    "lower VLLM_NEURON_MIN_KV_BUDGET_GIB in serving.env (0 turns the check off)"
 )
 PLUGIN_BLOCKS_PAST_BUDGET = (
     "--num-gpu-blocks-override %d is more KV cache blocks than the vLLM Neuron plugin's budget holds: %s keeps %s for "
