@@ -666,6 +666,9 @@ def test_serving_flags_that_change_a_compiled_nxd_inference_model_are_warned_of(
         f for f in findings_of(make_spec(**{**base, "serving.args": ["--enable-prefix-caching", "--max-num-seqs=4"]})) if "serving" in f
     ]
     assert line.startswith("warning: spec.serving.args: --enable-prefix-caching, --max-num-seqs change the model vLLM on NxD Inference")
+    # vLLM's FlexibleArgumentParser takes underscores as dashes: --max_num_seqs is --max-num-seqs.
+    [line] = [f for f in findings_of(make_spec(**{**base, "serving.args": ["--max_num_seqs", "4", "--block_size=64"]})) if "serving" in f]
+    assert line.startswith("warning: spec.serving.args: --block-size, --max-num-seqs change the model vLLM on NxD Inference")
     env = [{"name": "DISABLE_NEURON_CUSTOM_SCHEDULER", "value": "1"}]
     [line] = [f for f in findings_of(make_spec(**{**base, "serving.env": env})) if "serving" in f]
     assert line.startswith("warning: spec.serving.env: DISABLE_NEURON_CUSTOM_SCHEDULER change the model")

@@ -11,6 +11,7 @@ from inferentia_operator.core.cel import (
     CrossFieldRule,
     literal,
 )
+from inferentia_operator.core.cores import flag_name
 from inferentia_operator.core.findings import Finding
 
 # The vLLM preset: the operator runs vLLM on NxD Inference on inf2 and trn1
@@ -44,7 +45,7 @@ def _check_compiled_shape(spec: InferentiaModelSpec) -> list[Finding]:
     """A compiled NxD Inference model is loaded as it is ("any differing model configurations passed
     in to the vllm API will not trigger re-compilation"): serving.args or serving.env that change
     what the loader builds serve a model compiled for another engine."""
-    given = [a.split("=", 1)[0] for a in spec.serving.args or [] if a.startswith("-")]
+    given = [flag_name(a) for a in spec.serving.args or [] if a.startswith("-")]
     flags = sorted(
         {a for a in given if a in NXDI_SHAPE_FLAGS or a.removeprefix("--no-") in {f.removeprefix("--") for f in NXDI_SHAPE_FLAGS}}
     )
