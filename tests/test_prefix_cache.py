@@ -214,3 +214,37 @@ def test_weights_that_leave_the_plugin_less_than_its_minimum_kv_budget_are_a_war
         "VLLM_NEURON_MIN_KV_BUDGET_GIB in serving.env (0 turns the check off)" in found
     ), found
     assert not [w for w in warnings(**LLAMA_8B_TRN2) if "minimum" in w]
+
+
+@pytest.mark.parametrize(("count", "warned"), [(100, True), (128, True), (129, False)])
+def test_a_users_block_count_under_one_max_length_request_is_a_warning(count, warned):
+    """max_model_len 4096 in blocks of 32 is 128 blocks; block 0 is vLLM's null block, so 129 are the
+    fewest with which vLLM starts (check_enough_kv_cache_memory)."""
+    found = warnings(**{**LLAMA_8B_TRN2, "serving.args": ["--num-gpu-blocks-override", str(count)]})
+    expected = (
+        f"spec.serving.args: --num-gpu-blocks-override {count} gives the vLLM Neuron plugin {count} KV cache blocks of 32 "
+        f"tokens, which leave {(count - 1) * 32} tokens for requests (block 0 is vLLM's null block), fewer than one request "
+        "of max_model_len 4096 needs (128 blocks): vLLM refuses to start (check_enough_kv_cache_memory); valid values are "
+        f"at least 129 blocks, or a largest bucket (its last dimension is max_model_len) of at most {(count - 1) * 32}"
+    )
+    assert (expected in found) is warned, found
+    # Without the model's shape the user's count is checked all the same.
+    unsized = warnings(**{**LLAMA_8B_TRN2, "serving.args": ["--num-gpu-blocks-override", str(count)], "model.layers": DROP})
+    assert (expected in unsized) is warned, unsized
+
+
+def test_the_plans_own_count_under_one_max_length_request_is_a_warning_on_the_buckets():
+    """43e9 bf16 weights leave each core int(25769803776 * 0.9) - 21500000000 = 1692823398 bytes, 1614
+    blocks of 1 MiB; 1613 * 32 = 51616 tokens, and a bucket of 65536 needs 2048 blocks."""
+    heavy = {**LLAMA_8B_TRN2, "model.weights": 43_000_000_000, "serving.batching": {"maxBatchSize": 1}}
+    found = warnings(**{**heavy, "compile.buckets": [[65536]]})
+    assert (
+        "spec.compile.buckets: the plan (the most blocks the plugin's budget holds) gives the vLLM Neuron plugin 1614 KV "
+        "cache blocks of 32 tokens, which leave 51616 tokens for requests (block 0 is vLLM's null block), fewer than one "
+        "request of max_model_len 65536 needs (2048 blocks): vLLM refuses to start (check_enough_kv_cache_memory); valid "
+        "values are a largest bucket (its last dimension is max_model_len) of at most 51616, or more NeuronCores" in found
+    ), found
+    assert not [w for w in warnings(**heavy) if "null block" in w]
+    # serving.args' --max-model-len is vLLM's, over the buckets'.
+    given = warnings(**{**heavy, "serving.args": ["--max_model_len=65536"]})
+    assert [w for w in given if w.startswith("spec.serving.args: the plan") and "of at most 51616, or more" in w], given

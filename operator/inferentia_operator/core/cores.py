@@ -277,6 +277,11 @@ def _positive_int(text: str | None) -> int | None:
     return int(text) if text is not None and text.isdigit() and int(text) > 0 else None
 
 
+def serving_count(spec: InferentiaModelSpec, flag: str) -> int | None:
+    """What serving.args gives a vLLM flag, where it is a count (above 0)."""
+    return _positive_int(serving_flag(spec, flag))
+
+
 def _fraction(text: str | None, default: float, most: float = 1.0) -> float:
     """A fraction the user set (above 0, at most ``most``), else the default: vLLM refuses others at start."""
     try:

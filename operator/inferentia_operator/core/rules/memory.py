@@ -38,7 +38,9 @@ from inferentia_operator.core.cores import (
     plugin_block_size,
     plugin_kv_blocks,
     plugin_kv_budget,
+    prefix_cache,
     sequences,
+    serving_count,
     smallest_fitting_group,
     user_kv_blocks,
 )
@@ -342,26 +344,67 @@ def _check_prefix_cache(spec: InferentiaModelSpec, fam: Family) -> list[Finding]
     """What the vLLM Neuron plugin keeps for its KV cache: enough to start, and room for the blocks
     serving.args asks for. Only where the weights fit the group (else _check_weights says so)."""
     group = group_size_of(spec, fam)
-    budget = None if group is None else plugin_kv_budget(spec, fam, group)
-    if group is None or budget is None:
+    if group is None:
         return []
+    # A count the user gives is checked against max_model_len whatever the operator knows of the memory.
+    found = _check_one_request_fits(spec, fam, group)
+    budget = plugin_kv_budget(spec, fam, group)
+    if budget is None:
+        return found
     if (memory_needed(spec, fam, group, with_kv=False) or 0) > group_memory_bytes(fam, lnc_of(spec, fam), group):
-        return []
+        return found
     u = _percent(budget.utilization)
     made = PLUGIN_BUDGET % (u, gib(budget.core_bytes), gib(budget.weights), _percent(budget.cap_fraction), u)
     if budget.available < budget.minimum:
         request = "cores" if spec.compute.cores is not None else "inf"
         more = "NeuronCores" if request == "cores" else "chips"
         return [
-            Finding(f"spec.compute.{request}", PLUGIN_BELOW_MINIMUM % (gib(budget.available), made, gib(budget.minimum), more), "warning")
+            *found,
+            Finding(f"spec.compute.{request}", PLUGIN_BELOW_MINIMUM % (gib(budget.available), made, gib(budget.minimum), more), "warning"),
         ]
     given, fit, block = user_kv_blocks(spec), plugin_kv_blocks(spec, fam, group), plugin_block_bytes(spec, fam, group)
     if given is None or fit is None or block is None or given <= fit:
-        return []
+        return found
     cores = f"each of the group's {group} NeuronCores" if group > 1 else "the group's NeuronCore"
     tokens = plugin_block_size(spec)
     text = PLUGIN_BLOCKS_PAST_BUDGET % (given, cores, gib(budget.available), made, tokens, f"{block / 2**20:.3g} MiB", fit)
-    return [Finding("spec.serving.args", text, "warning")]
+    return [*found, Finding("spec.serving.args", text, "warning")]
+
+
+# vLLM refuses to start when the KV cache cannot hold one request of max_model_len: "Checks whether
+# `available_memory` is enough for the KV cache to hold at least one request with the model's
+# max_model_len", raising "To serve at least one request with the models's max seq len ..."; it
+# plans against the usable blocks, less "the null block BlockPool permanently holds back"
+# (vllm-project/vllm, vllm/v1/core/kv_cache_utils.py, check_enough_kv_cache_memory).
+PLUGIN_BLOCKS_UNDER_ONE_REQUEST = (
+    "%s gives the vLLM Neuron plugin %d KV cache blocks of %d tokens, which leave %d tokens for requests (block 0 is "
+    "vLLM's null block), fewer than one "
+    "request of max_model_len %d needs (%d blocks): vLLM refuses to start (check_enough_kv_cache_memory); valid values "
+    "are %s"
+)
+
+
+def _check_one_request_fits(spec: InferentiaModelSpec, fam: Family, group: int) -> list[Finding]:
+    """The plan's blocks (the user's count, else the most that fit) less the null block hold one
+    request of max_model_len (serving.args' --max-model-len, else the largest bucket's last dimension)."""
+    cache = prefix_cache(spec, fam, group)
+    user_len = serving_count(spec, "--max-model-len")
+    longest = user_len or max((b[-1] for b in spec.compile.buckets or [] if b), default=None)
+    if cache is None or longest is None:
+        return []
+    needed = -(-longest // cache.block_size)
+    if cache.blocks - 1 >= needed:
+        return []
+    given = user_kv_blocks(spec)
+    what = f"--num-gpu-blocks-override {given}" if given else "the plan (the most blocks the plugin's budget holds)"
+    field = "spec.serving.args" if given or user_len else "spec.compile.buckets"
+    usable = (cache.blocks - 1) * cache.block_size
+    length = "--max-model-len" if user_len else "a largest bucket (its last dimension is max_model_len)"
+    valid = (
+        f"at least {needed + 1} blocks, or {length} of at most {usable}" if given else f"{length} of at most {usable}, or more NeuronCores"
+    )
+    text = PLUGIN_BLOCKS_UNDER_ONE_REQUEST % (what, cache.blocks, cache.block_size, usable, longest, needed, valid)
+    return [Finding(field, text, "warning")]
 
 
 RULES: list[CrossFieldRule] = [
