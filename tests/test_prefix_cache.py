@@ -1,8 +1,8 @@
 """The vLLM Neuron plugin's KV cache blocks (trn2, trn3): the count that fits a group, as the
-plugin budgets its device memory (cores.plugin_kv_blocks), in the plan (Plan.prefixCache), in the
+plugin budgets its device memory (cores.plugin_kv_blocks), in the plan (Plan.kvCache), in the
 serving pods' flags and the compile step's engine arguments alike, and the warnings of the rules.
 
-The figures are worked by hand from the plugin's documented budget (docs/api.md, "The prefix
+The figures are worked by hand from the plugin's documented budget (docs/api.md, "The KV
 cache on trn2 and trn3"), per logical core, for Llama-3.1-8B (8.03e9 bf16 weights, 32 layers, 8
 KV heads of dimension 128) on trn2 at LNC 2 (24 GiB = 25769803776 bytes a logical core):
 
@@ -103,12 +103,12 @@ def test_the_blocks_that_fit_are_the_plugins_budget_over_a_blocks_bytes(override
 def test_no_figure_where_the_shape_or_the_weights_are_unknown_or_the_plugin_does_not_serve(overrides):
     assert blocks(**{**LLAMA_8B_TRN2, **overrides}) is None
     spec = spec_of(**{**LLAMA_8B_TRN2, **overrides})
-    assert plan(spec).prefix_cache is None and "prefixCache" not in plan_document(plan(spec))
+    assert plan(spec).kv_cache is None and "kvCache" not in plan_document(plan(spec))
 
 
 def test_the_plan_shows_the_blocks_and_their_size():
-    assert plan_document(plan(spec_of(**LLAMA_8B_TRN2)))["prefixCache"] == {"blocks": 6635, "blockSize": 32}
-    on_trn3 = plan_document(plan(spec_of(**{**LLAMA_8B_TRN2, "compute.family": "trn3"})))["prefixCache"]
+    assert plan_document(plan(spec_of(**LLAMA_8B_TRN2)))["kvCache"] == {"blocks": 6635, "blockSize": 32}
+    on_trn3 = plan_document(plan(spec_of(**{**LLAMA_8B_TRN2, "compute.family": "trn3"})))["kvCache"]
     # trn3 at LNC 2: 144 GiB over 4 logical cores, 36 GiB = 38654705664 bytes a core; total =
     # int(38654705664 * 0.9) = 34789235097, cap = int(34789235097 * 0.3) = 10436770529; // 1048576.
     assert on_trn3 == {"blocks": 9953, "blockSize": 32}
@@ -164,18 +164,18 @@ def test_a_users_gpu_memory_utilization_sizes_the_plan_and_reaches_the_compile_s
 def test_a_users_block_size_with_underscores_is_read_and_reaches_the_compile_step(given):
     """vLLM's FlexibleArgumentParser takes --block_size as --block-size."""
     m = model_of(**{**LLAMA_8B_TRN2, "serving.args": given})
-    assert plan_document(m.plan)["prefixCache"] == {"blocks": 3317, "blockSize": 64}
+    assert plan_document(m.plan)["kvCache"] == {"blocks": 3317, "blockSize": 64}
     assert (compile_engine_args(m)["block_size"], compile_engine_args(m)["num_gpu_blocks_override"]) == (64, 3317)
     # Without the model's shape there is no count, and the user's block size still reaches the compile.
     unsized = model_of(**{**LLAMA_8B_TRN2, "serving.args": given, "model.layers": DROP})
-    assert unsized.plan.prefix_cache is None
+    assert unsized.plan.kv_cache is None
     assert compile_engine_args(unsized)["block_size"] == 64
 
 
 def test_a_users_block_count_that_fits_is_given_to_both_and_warns_of_nothing():
     user = {**LLAMA_8B_TRN2, "serving.args": ["--num-gpu-blocks-override", "4000"]}
     m = model_of(**user)
-    assert plan_document(m.plan)["prefixCache"] == {"blocks": 4000, "blockSize": 32}
+    assert plan_document(m.plan)["kvCache"] == {"blocks": 4000, "blockSize": 32}
     compile_step = compile_job(m)["spec"]["template"]["spec"]["initContainers"][-1]
     engine = json.loads({e["name"]: e["value"] for e in compile_step["env"]}["INFERENTIA_VLLM_ENGINE_ARGS"])
     assert engine["num_gpu_blocks_override"] == 4000
@@ -184,7 +184,7 @@ def test_a_users_block_count_that_fits_is_given_to_both_and_warns_of_nothing():
     assert not [w for w in warnings(**user) if "--num-gpu-blocks-override" in w]
     # Without the model's shape the operator cannot size the cache, and still gives both the user's count.
     unsized = model_of(**{**user, "model.layers": DROP})
-    assert plan_document(unsized.plan)["prefixCache"] == {"blocks": 4000, "blockSize": 32}
+    assert plan_document(unsized.plan)["kvCache"] == {"blocks": 4000, "blockSize": 32}
 
 
 @pytest.mark.parametrize("given", [["--num-gpu-blocks-override", "9000"], ["--num-gpu-blocks-override=9000"]])
@@ -198,7 +198,7 @@ def test_a_users_block_count_past_the_plugins_budget_is_a_warning_naming_the_lar
         "valid values are at most 6635" in found
     ), found
     # The plan gives the plugin what the user asked for all the same: the warning says what may follow.
-    assert plan_document(model_of(**{**LLAMA_8B_TRN2, "serving.args": given}).plan)["prefixCache"]["blocks"] == 9000
+    assert plan_document(model_of(**{**LLAMA_8B_TRN2, "serving.args": given}).plan)["kvCache"]["blocks"] == 9000
 
 
 def test_weights_that_leave_the_plugin_less_than_its_minimum_kv_budget_are_a_warning():

@@ -119,8 +119,8 @@ def _table(records: list[dict[str, Any]]) -> str:
         ("DPxTP", lambda r: f"{r['groups']}x{r['tensorParallelSize']}" if r.get("tensorParallelSize") else "-"),
         ("VISIBLE-CORES", lambda r: ",".join(r["visibleCores"])),
         ("DEVICE-MEMORY", _device_memory),
-        # vLLM on trn2 and trn3: the plugin's KV cache blocks and their tokens (status.plan.prefixCache).
-        ("KV-BLOCKS", lambda r: f"{r['prefixCache']['blocks']}x{r['prefixCache']['blockSize']}" if r.get("prefixCache") else "-"),
+        # vLLM on trn2 and trn3: the plugin's KV cache blocks and their tokens (status.plan.kvCache).
+        ("KV-BLOCKS", lambda r: f"{r['kvCache']['blocks']}x{r['kvCache']['blockSize']}" if r.get("kvCache") else "-"),
         ("STATIC-WEIGHTS", lambda r: str(r["staticWeights"]).lower()),
         ("INSTANCE-TYPES", _instance_types),
     ]

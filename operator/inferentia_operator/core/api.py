@@ -436,11 +436,11 @@ class FrontEnd(ApiModel):
     """Latency budget; requests that cannot meet it are answered 503."""
 
 
-class PrefixCache(ApiModel):
-    """The KV cache blocks the vLLM Neuron plugin is given (trn2, trn3), the room its prefix cache has."""
+class KvCache(ApiModel):
+    """The KV cache blocks the vLLM Neuron plugin is given (trn2, trn3), its size in blocks, set whether prefix caching is on or off (--no-enable-prefix-caching)."""
 
     blocks: int
-    """--num-gpu-blocks-override: serving.args' own, else the most that fit the plugin's KV budget (docs/api.md, "The prefix cache on trn2 and trn3")."""
+    """--num-gpu-blocks-override: serving.args' own, else the most that fit the plugin's KV budget (docs/api.md, "The KV cache on trn2 and trn3")."""
     block_size: int
     """--block-size: tokens a block holds (serving.args' own, else 32, the plugin's default)."""
 
@@ -540,8 +540,8 @@ class Plan(ApiModel):
     """When the replica shares a chip: how many such replicas one instance of each allowed type holds, by NeuronCores, CPU and memory."""
     front_end: FrontEnd | None = None
     """The batching front end beside the model processes, when there is one."""
-    prefix_cache: PrefixCache | None = None
-    """vLLM on trn2 and trn3: the KV cache blocks its serving flags and compile step give the plugin, where the model's shape or serving.args say."""
+    kv_cache: KvCache | None = None
+    """vLLM on trn2 and trn3: the KV cache's size in blocks, which its serving flags and compile step give the plugin (with prefix caching on or off), where the model's shape or serving.args say."""
     sizes: Sizes
     """What the pods need, sized from the model."""
     warnings: list[str]

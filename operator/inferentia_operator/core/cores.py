@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .api import InferentiaModelSpec, PrefixCache
+from .api import InferentiaModelSpec, KvCache
 from .catalogue import Family, bucket_budget_per_core
 
 
@@ -356,10 +356,10 @@ def plugin_kv_blocks(spec: InferentiaModelSpec, family: Family, group: int) -> i
     return None if budget is None or block is None else budget.available // block
 
 
-def prefix_cache(spec: InferentiaModelSpec, family: Family, group: int) -> PrefixCache | None:
+def kv_cache(spec: InferentiaModelSpec, family: Family, group: int) -> KvCache | None:
     """What the plan gives the plugin: serving.args' block count where set (the compile step must
     build the cache the server loads), else the most that fit; None where neither is known."""
     if not on_vllm_plugin(spec, family):
         return None
     blocks = user_kv_blocks(spec) or plugin_kv_blocks(spec, family, group)
-    return PrefixCache(blocks=blocks, block_size=plugin_block_size(spec)) if blocks else None
+    return KvCache(blocks=blocks, block_size=plugin_block_size(spec)) if blocks else None

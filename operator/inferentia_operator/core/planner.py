@@ -36,7 +36,7 @@ from .catalogue import (
     host_fits,
 )
 from .compiler_flags import compiler_args, static_weights_on
-from .cores import chips_needed, lnc_of, prefix_cache, replica_cores
+from .cores import chips_needed, kv_cache, lnc_of, replica_cores
 from .drift import quantity
 from .findings import Finding, errors
 from .rules import check_spec
@@ -75,7 +75,7 @@ def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Pla
         **plan_front_end(spec),
         **plan_shared_chip(replica, placed["instance_types"]),
         sizes=pod_sizes(spec, replica.family, replica.groups),
-        prefix_cache=prefix_cache(spec, replica.family, replica.group_size),
+        kv_cache=kv_cache(spec, replica.family, replica.group_size),
         warnings=[str(f) for f in findings if f.severity == "warning"],
     )
 

@@ -54,13 +54,13 @@ def vllm_engine_args(model: Model) -> dict[str, Any]:
     if vllm_plugin(model):
         # The vLLM Neuron plugin: its KV cache blocks, which it compiles into every graph, so the
         # compile step and the server must agree; its features guide asks for both on Neuron
-        # (cores.prefix_cache says what the plan gives and why). The user's own --block-size and
+        # (cores.kv_cache says what the plan gives and why). The user's own --block-size and
         # --gpu-memory-utilization (serving.args) go to the compile step too: the first is the
         # cache's shape, the second the budget the plugin's CPU compile sizes it from and checks
         # against its minimum, which must be the budget the server has.
-        if model.plan.prefix_cache:
-            args["block_size"] = model.plan.prefix_cache.block_size
-            args["num_gpu_blocks_override"] = model.plan.prefix_cache.blocks
+        if model.plan.kv_cache:
+            args["block_size"] = model.plan.kv_cache.block_size
+            args["num_gpu_blocks_override"] = model.plan.kv_cache.blocks
         elif (size := user_block_size(model.spec)) is not None:
             args["block_size"] = size
         if (utilization := user_gpu_memory_utilization(model.spec)) is not None:

@@ -30,6 +30,7 @@ from inferentia_operator.core.cores import (
     bytes_per_weight,
     group_memory_bytes,
     group_size_of,
+    kv_cache,
     kv_cache_bytes,
     lnc_of,
     max_buckets_per_group,
@@ -38,7 +39,6 @@ from inferentia_operator.core.cores import (
     plugin_block_size,
     plugin_kv_blocks,
     plugin_kv_budget,
-    prefix_cache,
     sequences,
     serving_count,
     smallest_fitting_group,
@@ -340,7 +340,7 @@ PLUGIN_BLOCKS_PAST_BUDGET = (
 )
 
 
-def _check_prefix_cache(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+def _check_kv_cache(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     """What the vLLM Neuron plugin keeps for its KV cache: enough to start, and room for the blocks
     serving.args asks for. Only where the weights fit the group (else _check_weights says so)."""
     group = group_size_of(spec, fam)
@@ -387,7 +387,7 @@ PLUGIN_BLOCKS_UNDER_ONE_REQUEST = (
 def _check_one_request_fits(spec: InferentiaModelSpec, fam: Family, group: int) -> list[Finding]:
     """The plan's blocks (the user's count, else the most that fit) less the null block hold one
     request of max_model_len (serving.args' --max-model-len, else the largest bucket's last dimension)."""
-    cache = prefix_cache(spec, fam, group)
+    cache = kv_cache(spec, fam, group)
     user_len = serving_count(spec, "--max-model-len")
     longest = user_len or max((b[-1] for b in spec.compile.buckets or [] if b), default=None)
     if cache is None or longest is None:
@@ -414,4 +414,4 @@ RULES: list[CrossFieldRule] = [
     *WEIGHTS_FIT.values(),
     NODES_MEMORY,
 ]
-CHECKS = (_check_bucket_shapes, _check_weights, _check_prefix_cache)
+CHECKS = (_check_bucket_shapes, _check_weights, _check_kv_cache)
