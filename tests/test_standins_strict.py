@@ -257,3 +257,38 @@ def test_the_plugins_cpu_compile_refuses_a_kv_cache_too_large_and_keys_its_graph
     )
     served = run(tmp_path, PLUGIN, "-c", probe, **env)
     assert served.stdout.split() == ["False"] and "local compile cache miss" in served.stderr, served.stderr
+
+
+def test_the_plugins_graphs_are_the_same_for_its_default_block_size_unset_or_given(tmp_path):
+    """block_size unset is the plugin's 32: a compile without it serves an engine given --block-size 32."""
+    env = {**trn2_chip(tmp_path), "VLLM_NEURON_CPU_COMPILE": "1", "NEURON_PLATFORM_TARGET_OVERRIDE": "trn2"}
+    probe = (
+        "import neuron_standin as s\n"
+        "e = {'model': 'm', 'tensor_parallel_size': 4, 'num_gpu_blocks_override': 100}\n"
+        "print(sorted(s.plugin_graphs(e, 'trn2')) == sorted(s.plugin_graphs({**e, 'block_size': 32}, 'trn2')))\n"
+        "print(sorted(s.plugin_graphs(e, 'trn2')) == sorted(s.plugin_graphs({**e, 'block_size': 64}, 'trn2')))\n"
+    )
+    done = run(tmp_path, PLUGIN, "-c", probe, **env)
+    assert done.stdout.split() == ["True", "False"], done.stderr
+
+
+def test_the_compile_and_the_server_take_one_core_memory_at_the_logical_nc_config(tmp_path):
+    """The plugin's CPU compile and the device give a logical core the same HBM: a Trainium2 chip's
+    96 GiB over 8 physical cores at NEURON_LOGICAL_NC_CONFIG, whatever the device plugin counts."""
+    probe = "import neuron_standin as s\nprint(s.core_memory_bytes(), s.core_memory_bytes('trn2'))\n"
+    chip = trn2_chip(tmp_path)
+    at_2 = run(tmp_path, PLUGIN, "-c", probe, **{**chip, "NEURON_STANDIN_CORES_PER_DEVICE": "8"})
+    assert at_2.stdout.split() == [str(24 << 30)] * 2, at_2.stderr
+    at_1 = run(tmp_path, PLUGIN, "-c", probe, **{**chip, "NEURON_LOGICAL_NC_CONFIG": "1"})
+    assert at_1.stdout.split() == [str(12 << 30)] * 2, at_1.stderr
+
+
+def test_the_plugins_server_takes_flags_with_underscores_as_vllm_does(tmp_path):
+    """vLLM's FlexibleArgumentParser reads --block_size as --block-size; a cache that fits starts and
+    goes on to miss the empty compile cache."""
+    checkpoint = llama_8b_checkpoint(tmp_path / "llama")
+    argv = ("-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint), "--tensor_parallel_size", "4",
+            "--max_model_len=256", "--block_size", "32", "--num_gpu_blocks_override", "6635")  # fmt: skip
+    done = run(tmp_path, PLUGIN, *argv, **trn2_chip(tmp_path))
+    assert done.returncode == 1 and "local compile cache miss" in done.stderr, done.stderr
+    assert "unrecognized arguments" not in done.stderr

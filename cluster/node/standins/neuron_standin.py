@@ -185,6 +185,11 @@ def compiler(argv: list[str], prog: str) -> int:
 
 NXD_INFERENCE = "neuronx-distributed-inference"
 PLUGIN_TARGETS = {"trn2", "trn3"}  # "the vLLM Neuron plugin for Trn2 and Trn3"
+# The plugin's KV cache defaults, as the operator assumes them (core/cores.py, where they are cited):
+# block_size 32 (the plugin's configuration reference, KV cache options) and gpu_memory_utilization
+# 0.9 (the plugin's features guide, "KV cache budget too low").
+PLUGIN_BLOCK_SIZE = 32
+PLUGIN_GPU_MEMORY_UTILIZATION = 0.9
 GRAPH = "graph.neff.json"
 
 
@@ -208,12 +213,12 @@ def plugin_graphs(engine: dict, target: str) -> dict[str, dict]:
     lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
     # The KV cache is an input of every graph: "each NEFF is compiled with KV tensors sized by the
     # allocated token count" (the plugin's determine_available_memory design page, below), so its
-    # blocks and their tokens are in the key (None where the plugin sizes them itself, which its
-    # CPU compile and its served engine do alike).
+    # blocks and their tokens are in the key (blocks None where the plugin sizes them itself, which
+    # its CPU compile and its served engine do alike; block_size unset is the plugin's 32, the same graph).
     common = {
         "model": engine["model"], "tensorParallelSize": engine.get("tensor_parallel_size") or 1, "target": target, "lnc": lnc,
         "compilerArgs": os.environ.get("NEURON_CC_FLAGS", ""), "versions": compiler_versions(),
-        "kvCacheBlocks": engine.get("num_gpu_blocks_override"), "blockSize": engine.get("block_size"),
+        "kvCacheBlocks": engine.get("num_gpu_blocks_override"), "blockSize": engine.get("block_size") or PLUGIN_BLOCK_SIZE,
     }  # fmt: skip
     graphs = {
         "prefill": {**common, "phase": "prefill", "tokens": engine.get("max_model_len") or 2048},
@@ -261,11 +266,11 @@ def llm(**engine) -> dict:
     if target not in PLUGIN_TARGETS:
         raise RuntimeError(f"the vLLM Neuron plugin supports Trn2 and Trn3, not {target}")
     checkpoint = local_checkpoint(str(engine["model"]), weights=True)  # the engine loads the weights before it warms up
-    # CPU compile: "the static HBM size for the target platform", a logical core's share of a chip
-    # of 8 physical cores (Trainium2 and Trainium3) at NEURON_LOGICAL_NC_CONFIG.
-    lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
+    # CPU compile: "the static HBM size for the target platform", a logical core's, as on the device.
+    memory = core_memory_bytes(target)
+    assert memory is not None  # a plugin target
     try:
-        plugin_kv_cache(checkpoint, engine, CHIP_MEMORY_GIB[target] * GIB // (8 // lnc), compiling=True)
+        plugin_kv_cache(checkpoint, engine, memory, compiling=True)
     except KvCacheError as exc:
         raise RuntimeError(str(exc)) from None
     keys, _ = plugin_warm_up(engine, target, may_compile=True)
@@ -396,11 +401,20 @@ def model_parameters(model: str) -> int | None:
     return standin_parameters(model)
 
 
-def core_memory_bytes() -> int | None:
-    """A NeuronCore's device memory on this node: its chip's, by the platform the device plugin
-    stand-in names, over the cores it counts a device (None off a known platform)."""
-    platform, per_device = os.environ.get("NEURON_STANDIN_PLATFORM"), int(os.environ.get("NEURON_STANDIN_CORES_PER_DEVICE", "2"))
-    return CHIP_MEMORY_GIB[platform] * GIB // per_device if platform in CHIP_MEMORY_GIB else None
+def core_memory_bytes(platform: str | None = None) -> int | None:
+    """A NeuronCore's device memory: its chip's, by the platform (the device plugin stand-in's
+    unless given), over its cores. On Trainium2 and Trainium3 a logical core's, the chip's 8
+    physical cores over NEURON_LOGICAL_NC_CONFIG (2 unless set, the runtime's default there): "the
+    static HBM size" the plugin's CPU compile takes and the device's are one figure, as the plugin's
+    determine_available_memory design page has them ("hbm_stack_bytes / logical_cores_per_hbm_stack").
+    Elsewhere the cores the device plugin stand-in counts a device. None off a known platform."""
+    platform = platform or os.environ.get("NEURON_STANDIN_PLATFORM")
+    if platform not in CHIP_MEMORY_GIB:
+        return None
+    if platform in LNC_TARGETS:
+        lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG") or "2")
+        return CHIP_MEMORY_GIB[platform] * GIB // (8 // lnc)
+    return CHIP_MEMORY_GIB[platform] * GIB // int(os.environ.get("NEURON_STANDIN_CORES_PER_DEVICE", "2"))
 
 
 def check_device_memory(model: str, world_cores: int, dtype: str) -> None:
@@ -457,7 +471,7 @@ def plugin_kv_cache(checkpoint: str, engine: dict, core_memory: int, compiling: 
         return None
     width = 4 if checkpoint_dtype(checkpoint) == "float32" else 2
     share = parameters * width // tp
-    total = int(core_memory * (engine.get("gpu_memory_utilization") or 0.9))
+    total = int(core_memory * (engine.get("gpu_memory_utilization") or PLUGIN_GPU_MEMORY_UTILIZATION))
     cap = float(os.environ.get("VLLM_NEURON_KV_GMU_BUDGET_CAP_FRACTION", "0.30"))
     available = max(min(total - share, int(total * cap)), 0)
     minimum = float(os.environ.get("VLLM_NEURON_MIN_KV_BUDGET_GIB", "1.0"))
@@ -470,7 +484,7 @@ def plugin_kv_cache(checkpoint: str, engine: dict, core_memory: int, compiling: 
     if blocks is None or shape is None:
         return {"kvBudgetBytes": available, "kvCacheBlocks": blocks}
     layers, heads, head_dim = shape
-    block = (engine.get("block_size") or 32) * 2 * layers * -(-heads // tp) * head_dim * width
+    block = (engine.get("block_size") or PLUGIN_BLOCK_SIZE) * 2 * layers * -(-heads // tp) * head_dim * width
     if share + blocks * block > core_memory:
         need = (share + blocks * block) / GIB
         if compiling:
@@ -631,6 +645,16 @@ def serve(port: int, model: str, found: dict, max_num_seqs: int | None = None, g
     server.server_close()
 
 
+def flexible_flag(arg: str) -> str:
+    """A flag as vLLM's FlexibleArgumentParser, "ArgumentParser that allows both underscore and dash
+    in names", reads it: underscores as dashes in the name, up to the first ``.`` (vllm/utils)."""
+    if not arg.startswith("--"):
+        return arg
+    name, eq, value = arg.partition("=")
+    head, dot, tail = name[2:].partition(".")
+    return "--" + head.replace("_", "-") + dot + tail + eq + value
+
+
 def vllm_parser(serving: str) -> argparse.ArgumentParser:
     """vLLM's server flags that this stand-in implements, as the release's own parser takes them:
     vLLM's OpenAI server parses with ``parse_args`` (FlexibleArgumentParser), so an unknown flag
@@ -750,7 +774,7 @@ def vllm_main(argv: list[str]) -> int:
     serving = vllm_serving()
     if serving is None:
         fail("vllm", "this image's vLLM has no Neuron platform (no V0 Neuron worker, no vllm-neuron)")
-    args = vllm_parser(serving).parse_args(argv)
+    args = vllm_parser(serving).parse_args([flexible_flag(a) for a in argv])
     if serving == VLLM_V0 and os.environ.get("VLLM_NEURON_FRAMEWORK", NXD_INFERENCE) != NXD_INFERENCE:
         # vLLM 0.9's Neuron platform reads VLLM_NEURON_FRAMEWORK; AWS's images carry NxD Inference.
         fail("vllm", f"VLLM_NEURON_FRAMEWORK={os.environ['VLLM_NEURON_FRAMEWORK']}: that framework is not installed in this image")

@@ -8,14 +8,15 @@ from standin_versions import installed
 if installed("vllm") is None:
     raise ModuleNotFoundError("No module named 'vllm'", name="vllm")
 
-from neuron_standin import llm
+from neuron_standin import PLUGIN_GPU_MEMORY_UTILIZATION, llm
 
 __version__ = installed("vllm")
 
 
 class LLM:
     """vLLM's offline engine: ``LLM(model, tensor_parallel_size=1, max_model_len=None, max_num_seqs=None, block_size=None,
-    num_gpu_blocks_override=None, gpu_memory_utilization=0.9, ...)``."""
+    num_gpu_blocks_override=None, gpu_memory_utilization=0.9, ...)``, 0.9 as the plugin's budget assumes
+    (neuron_standin.PLUGIN_GPU_MEMORY_UTILIZATION)."""
 
     def __init__(
         self,
@@ -25,7 +26,7 @@ class LLM:
         max_num_seqs: int | None = None,
         block_size: int | None = None,
         num_gpu_blocks_override: int | None = None,
-        gpu_memory_utilization: float = 0.9,
+        gpu_memory_utilization: float = PLUGIN_GPU_MEMORY_UTILIZATION,
         **_: object,
     ) -> None:
         self.compiled = llm(
