@@ -194,7 +194,7 @@ def test_a_users_block_count_past_the_plugins_budget_is_a_warning_naming_the_lar
         "spec.serving.args: --num-gpu-blocks-override 9000 is more KV cache blocks than the vLLM Neuron plugin's budget "
         "holds: each of the group's 4 NeuronCores keeps 6.48 GiB for the KV cache (the least of 90% of its 24 GiB less its "
         "3.74 GiB share of the weights, and 30% of that 90%), and a block of 32 tokens takes 1 MiB there; the plugin compiles "
-        "the cache into its graphs, and a larger one fails the compile (NCC_EVRF009) or the cache's allocation at start; "
+        "the cache into its graphs, and a larger one may fail the compile (NCC_EVRF009) or the cache's allocation at start; "
         "valid values are at most 6635" in found
     ), found
     # The plan gives the plugin what the user asked for all the same: the warning says what may follow.
@@ -248,3 +248,11 @@ def test_the_plans_own_count_under_one_max_length_request_is_a_warning_on_the_bu
     # serving.args' --max-model-len is vLLM's, over the buckets'.
     given = warnings(**{**heavy, "serving.args": ["--max_model_len=65536"]})
     assert [w for w in given if w.startswith("spec.serving.args: the plan") and "of at most 51616, or more" in w], given
+
+
+def test_a_minimum_kv_budget_of_zero_turns_the_plugins_guard_off():
+    """VLLM_NEURON_MIN_KV_BUDGET_GIB=0 is the guard off, not unset."""
+    heavy = {**LLAMA_8B_TRN2, "model.weights": 45_000_000_000, "model.layers": DROP}
+    off = [{"name": "VLLM_NEURON_MIN_KV_BUDGET_GIB", "value": "0"}]
+    assert not [w for w in warnings(**{**heavy, "serving.env": off}) if "minimum threshold" in w]
+    assert [w for w in warnings(**heavy) if "minimum threshold" in w]

@@ -225,9 +225,14 @@ def device_memory_per_process(spec: InferentiaModelSpec, family: Family, group: 
 # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/guides/reference-configuration.html),
 # gpu_memory_utilization to 0.9 (the features guide, "KV cache budget too low"; vLLM's newest
 # releases default to 0.92, a larger budget, which this count stays within).
+# The cap is the plugin's heuristic ("a safety-first value"), not the compiler's limit: a count
+# above the budget may fail the compile or the allocation, and may also work.
 # Assumed where the documentation is silent (and said in docs/api.md): a rank's bytes_used is its
-# even share of spec.model.weights at the precision's bytes; the cache is in the model's precision
-# (--kv-cache-dtype fp8 halves a block, and the count stays the model precision's).
+# even share of spec.model.weights at the precision's bytes; every layer is full attention of
+# spec.model.kvHeads heads (sliding-window or mixed layers, gpt-oss's for one, page otherwise);
+# the cache is in the model's precision, fp32 at 4 bytes and all else at 2 (--kv-cache-dtype fp8
+# halves a block, and the count stays the model precision's); the budget is the utilization and
+# cap policy, not Neuron 2.33's "headroom" policy, which is not modelled.
 PLUGIN_BLOCK_SIZE = 32
 PLUGIN_GPU_MEMORY_UTILIZATION = 0.9
 PLUGIN_KV_CAP_FRACTION = 0.30
@@ -283,7 +288,8 @@ def serving_count(spec: InferentiaModelSpec, flag: str) -> int | None:
 
 
 def _fraction(text: str | None, default: float, most: float = 1.0) -> float:
-    """A fraction the user set (above 0, at most ``most``), else the default: vLLM refuses others at start."""
+    """A fraction the user set (above 0, at most ``most``), else the default, which the plan then
+    assumes for a value it cannot take as the budget's."""
     try:
         value = float(text) if text is not None else default
     except ValueError:
@@ -335,11 +341,21 @@ def plugin_kv_budget(spec: InferentiaModelSpec, family: Family, group: int) -> P
     core = family.memory_per_core_bytes(lnc_of(spec, family))
     utilization = user_gpu_memory_utilization(spec) or PLUGIN_GPU_MEMORY_UTILIZATION
     cap = _fraction(serving_env(spec, KV_CAP_ENV), PLUGIN_KV_CAP_FRACTION)
-    minimum = _fraction(serving_env(spec, MIN_KV_BUDGET_ENV), PLUGIN_MIN_KV_BUDGET_GIB, most=float(2**20))
+    minimum = _min_kv_budget_gib(serving_env(spec, MIN_KV_BUDGET_ENV))
     total = int(core * utilization)
     share = -(-weights // group)
     available = max(min(total - share, int(total * cap)), 0)
     return PluginKvBudget(core, utilization, total, share, cap, available, int(minimum * 2**30))
+
+
+def _min_kv_budget_gib(text: str | None) -> float:
+    """VLLM_NEURON_MIN_KV_BUDGET_GIB as the plugin reads it: GiB, 0 turning its guard off (so not
+    the default); the default where unset or not a number."""
+    try:
+        value = float(text) if text is not None else PLUGIN_MIN_KV_BUDGET_GIB
+    except ValueError:
+        return PLUGIN_MIN_KV_BUDGET_GIB
+    return value if 0 <= value <= 2**20 else PLUGIN_MIN_KV_BUDGET_GIB
 
 
 def plugin_block_bytes(spec: InferentiaModelSpec, family: Family, group: int) -> int | None:

@@ -336,7 +336,7 @@ PLUGIN_BELOW_MINIMUM = (
 PLUGIN_BLOCKS_PAST_BUDGET = (
     "--num-gpu-blocks-override %d is more KV cache blocks than the vLLM Neuron plugin's budget holds: %s keeps %s for "
     "the KV cache (%s), and a block of %d tokens takes %s there; the plugin compiles the cache into its graphs, and a "
-    "larger one fails the compile (NCC_EVRF009) or the cache's allocation at start; valid values are at most %d"
+    "larger one may fail the compile (NCC_EVRF009) or the cache's allocation at start; valid values are at most %d"
 )
 
 
@@ -355,7 +355,7 @@ def _check_kv_cache(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
         return found
     u = _percent(budget.utilization)
     made = PLUGIN_BUDGET % (u, gib(budget.core_bytes), gib(budget.weights), _percent(budget.cap_fraction), u)
-    if budget.available < budget.minimum:
+    if budget.minimum > 0 and budget.available < budget.minimum:
         request = "cores" if spec.compute.cores is not None else "inf"
         more = "NeuronCores" if request == "cores" else "chips"
         return [
