@@ -340,10 +340,11 @@ def test_on_trn2_and_trn3_vllm_runs_on_the_neuron_plugin_from_the_cache_its_comp
         COMPILED_DIR,
     )
     engine = json.loads(jenv["INFERENTIA_VLLM_ENGINE_ARGS"])
+    # serving.args' --block-size is the cache's shape, which the plugin compiles in: the compile step gets it too.
     assert engine == {"model": MODEL_DIR, "served_model_name": "s3://models/llama-3.1-8b/", "tensor_parallel_size": 4,
-                      "max_model_len": 4096, "max_num_seqs": 8}  # fmt: skip
+                      "max_model_len": 4096, "max_num_seqs": 8, "block_size": 32}  # fmt: skip
     # The same engine as the serving flags: the graphs the server warms up are those compiled.
-    flags = container["args"][4:14]
+    flags = container["args"][4:16]
     assert dict(zip(flags[::2], flags[1::2], strict=True)) == {f"--{k.replace('_', '-')}": str(v) for k, v in engine.items()}
     assert "vllm_compile.py" in plan_configmap(m)["data"]
     assert compile_inputs(m)["engineArgs"] == engine
