@@ -8,6 +8,7 @@ the checkout, keyed by the bounds, so only a change of bounds downloads again.""
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -44,12 +45,22 @@ def test_every_import_of_the_package_is_a_declared_dependency():
     for path in (ROOT / "operator" / "inferentia_operator").rglob("*.py"):
         if "programs" in path.parts:
             continue  # they run in the user's Neuron image, with its torch (tests/test_programs.py checks their imports)
-        for line in path.read_text().splitlines():
-            match = re.match(r"^(?:from|import) ([a-z_0-9]+)", line)
-            if match and match.group(1) not in sys.stdlib_module_names and match.group(1) != "inferentia_operator":
-                imported.add(names.get(match.group(1), match.group(1)))
-    optional = {"boto3"}  # the [s3] extra, imported only by `fetch`
+        # The import statements themselves, at any depth: a line of prose that starts with
+        # "from the" is none, and an import inside a function is one.
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                tops = [alias.name.split(".")[0] for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                tops = [node.module.split(".")[0]]
+            else:
+                continue
+            imported |= {names.get(t, t) for t in tops if t not in sys.stdlib_module_names and t != "inferentia_operator"}
+    # The extras' packages (boto3 for `fetch`, kubernetes for a kubeconfig's login), imported only where they are used.
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    optional = {re.split(r"[<>=\[ ]", r)[0].lower().replace("-", "_") for extra in ("s3", "kubeconfig") for r in extras[extra]}
+    assert optional == {"boto3", "kubernetes"}
     assert imported - optional <= declared, imported - optional - declared
+    assert {"boto3", "kubernetes", "pydantic", "kopf"} <= imported  # the check sees imports at every depth
 
 
 @pytest.fixture(scope="module")
