@@ -833,13 +833,19 @@ def test_a_namespace_user_cannot_forge_a_compile_cache_hit(cluster, operator, na
     }  # fmt: skip
     for forged in (record, job):
         cluster.kubectl("--kubeconfig", str(as_mallory), "apply", "-f", "-", input=json.dumps(forged))
-    wait_for(
-        # kwok completes the Job's pod in seconds; a loaded machine (the suite's other runs
-        # beside it) has taken over a minute.
-        lambda: condition(cluster.get("job", "compile-forged", "-n", namespace), "Complete").get("status") == "True",
-        180,
-        "the forged Job",
-    )
+    try:
+        wait_for(
+            # kwok completes the Job's pod in seconds; a loaded machine (the suite's other runs
+            # beside it) has taken over a minute.
+            lambda: condition(cluster.get("job", "compile-forged", "-n", namespace), "Complete").get("status") == "True",
+            180,
+            "the forged Job",
+        )
+    except AssertionError as timed_out:
+        # It has timed out twice in make test, on a quiet machine too: say where the Job stood.
+        seen = cluster.kubectl("get", "job,pods,events", "-n", namespace, "-o", "wide", check=False)
+        nodes = cluster.kubectl("get", "nodes", "-o", "wide", check=False)
+        raise AssertionError(f"{timed_out}\n{seen.stdout}{seen.stderr}\n{nodes.stdout}") from None
 
     apply_model(cluster, namespace, "m", **spec)
     body = wait_ready(cluster, namespace, "m")
