@@ -835,14 +835,17 @@ def test_a_namespace_user_cannot_forge_a_compile_cache_hit(cluster, operator, na
         cluster.kubectl("--kubeconfig", str(as_mallory), "apply", "-f", "-", input=json.dumps(forged))
     try:
         wait_for(
-            # kwok completes the Job's pod in seconds; a loaded machine (the suite's other runs
-            # beside it) has taken over a minute.
+            # Only kwok and the Job controller complete it, no code of the operator's: 5 s alone,
+            # 25 s after the rest of this file, and past 180 s twice in make test, where this
+            # cluster (scheduler, controller-manager and kwok, children of a run niced to 10)
+            # gets what CPU the real node's run leaves. The bound is on that starvation, not on
+            # anything under test.
             lambda: condition(cluster.get("job", "compile-forged", "-n", namespace), "Complete").get("status") == "True",
-            180,
+            600,
             "the forged Job",
         )
     except AssertionError as timed_out:
-        # It has timed out twice in make test, on a quiet machine too: say where the Job stood.
+        # Should it still time out, say where the Job stood.
         seen = cluster.kubectl("get", "job,pods,events", "-n", namespace, "-o", "wide", check=False)
         nodes = cluster.kubectl("get", "nodes", "-o", "wide", check=False)
         raise AssertionError(f"{timed_out}\n{seen.stdout}{seen.stderr}\n{nodes.stdout}") from None
