@@ -299,7 +299,7 @@ def _fraction(text: str | None, default: float, most: float = 1.0) -> float:
 
 def user_block_size(spec: InferentiaModelSpec) -> int | None:
     """serving.args' --block-size, where it is a count."""
-    return _positive_int(serving_flag(spec, "--block-size"))
+    return serving_count(spec, "--block-size")
 
 
 def plugin_block_size(spec: InferentiaModelSpec) -> int:
@@ -309,7 +309,7 @@ def plugin_block_size(spec: InferentiaModelSpec) -> int:
 
 def user_kv_blocks(spec: InferentiaModelSpec) -> int | None:
     """serving.args' --num-gpu-blocks-override, where it is a count."""
-    return _positive_int(serving_flag(spec, "--num-gpu-blocks-override"))
+    return serving_count(spec, "--num-gpu-blocks-override")
 
 
 def user_gpu_memory_utilization(spec: InferentiaModelSpec) -> float | None:
