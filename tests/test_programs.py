@@ -58,6 +58,9 @@ ALLOWED_IMPORTS = {
     "fnmatch",
     "shutil",
     "subprocess",
+    # The proxy in front of disaggregated prefill and decode servers: the standard library only.
+    "itertools",
+    "uuid",
 }
 
 
@@ -65,7 +68,7 @@ def test_the_programs_import_only_what_a_neuron_image_has():
     """They run with the user's image's Python, torch and Neuron framework, never with this package."""
     for name in (
         programs.COMPILE_PROGRAM, programs.SERVE_PROGRAM, programs.VLLM_COMPILE_PROGRAM, programs.NXDI_COMPILE_PROGRAM,
-        programs.VLLM_WORKER_PROGRAM, programs.HUB_SNAPSHOT_MODULE,
+        programs.VLLM_WORKER_PROGRAM, programs.HUB_SNAPSHOT_MODULE, programs.PD_PROXY_PROGRAM,
     ):  # fmt: skip
         tree = ast.parse(programs.source(name))
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}

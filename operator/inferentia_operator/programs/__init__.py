@@ -3,7 +3,8 @@ ConfigMap: the compile program (``neuron_compile.py``), the model server
 (``neuron_serve.py``), the vLLM Neuron plugin's compile step (``vllm_compile.py``) and vLLM on
 NxD Inference's compile step (``nxdi_compile.py``) with the module both keep a Hub model's
 snapshot with (``hub_snapshot.py``), and the worker ranks of vLLM across nodes
-(``vllm_worker.py``). They run with that image's Python, torch and Neuron framework, so they
+(``vllm_worker.py``), and the proxy in front of disaggregated prefill and decode servers
+(``pd_proxy.py``). They run with that image's Python, torch and Neuron framework, so they
 import nothing of this package (tests/test_programs.py checks it)."""
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ SERVE_PROGRAM = "neuron_serve.py"
 VLLM_COMPILE_PROGRAM = "vllm_compile.py"
 NXDI_COMPILE_PROGRAM = "nxdi_compile.py"
 VLLM_WORKER_PROGRAM = "vllm_worker.py"
+# The proxy in front of disaggregated prefill and decode servers (the toy proxy's command line; its
+# docstring says why the project ships it rather than the plugin).
+PD_PROXY_PROGRAM = "pd_proxy.py"
 # Imported by both vLLM compile steps: the Hub snapshot they read, kept in the artefact.
 HUB_SNAPSHOT_MODULE = "hub_snapshot.py"
 # Where, under the compiled directory, the artefact keeps a Hub model's snapshot (its layout

@@ -1,0 +1,167 @@
+"""The proxy in front of disaggregated prefill and decode servers (programs/pd_proxy.py), run as a
+real process on 127.0.0.1 before stub servers that record what it sends them: the toy proxy's
+command line and routing, and the bounds it keeps (its docstring). Each wait is for an event; the
+timeouts are only a safety net."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from inferentia_operator import programs
+from ports import free_port
+
+PROXY = Path(__file__).resolve().parent.parent / "operator" / "inferentia_operator" / "programs" / programs.PD_PROXY_PROGRAM
+SAFETY = 60  # seconds: only if something hangs
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=SAFETY)
+    try:
+        conn.request("GET", path)
+        answer = conn.getresponse()
+        return answer.status, answer.read().decode()
+    finally:
+        conn.close()
+
+
+def post(port: int, path: str, body: object, raw: bytes | None = None) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=SAFETY)
+    try:
+        conn.request("POST", path, body=raw if raw is not None else json.dumps(body).encode())
+        answer = conn.getresponse()
+        return answer.status, answer.read().decode()
+    finally:
+        conn.close()
+
+
+def start_proxy(prefill: list[int], decode: list[int], **env: str) -> tuple[subprocess.Popen, int]:
+    """The proxy, once it answers /healthcheck."""
+    port = free_port()
+    argv = [sys.executable, str(PROXY), "--port", str(port), "--prefiller-hosts", *["127.0.0.1"] * len(prefill),
+            "--prefiller-ports", *map(str, prefill), "--decoder-hosts", *["127.0.0.1"] * len(decode),
+            "--decoder-ports", *map(str, decode)]  # fmt: skip
+    proc = subprocess.Popen(argv, env={"PATH": "/usr/bin:/bin", **env}, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + SAFETY
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        try:
+            if get(port, "/healthcheck")[0] == 200:
+                return proc, port
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError("the proxy never answered /healthcheck")
+
+
+@pytest.fixture
+def proxies():
+    started: list[subprocess.Popen] = []
+
+    def start(prefill: list[int], decode: list[int], **env: str) -> int:
+        proc, port = start_proxy(prefill, decode, **env)
+        started.append(proc)
+        return port
+
+    yield start
+    for proc in started:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=SAFETY)
+
+
+class Stub:
+    """A server that records what it was sent and answers as a prefill or decode server would."""
+
+    def __init__(self, role: str, hold: threading.Event | None = None) -> None:
+        self.role, self.hold, self.seen = role, hold, []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                stub.seen.append(body)
+                if stub.hold is not None:
+                    stub.hold.wait(SAFETY)
+                answer = {"choices": [{"text": stub.role}]}
+                if stub.role == "prefill":
+                    answer["kv_transfer_params"] = {"remote_engine_id": f"e{self.server.server_port}"}
+                data = json.dumps(answer).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_port
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_the_proxy_round_robins_each_list_on_its_own_and_sends_what_the_toy_proxy_sends(proxies):
+    prefills, decodes = [Stub("prefill") for _ in range(2)], [Stub("decode") for _ in range(3)]
+    proxy = proxies([s.port for s in prefills], [s.port for s in decodes])
+    for _ in range(6):
+        body = {"model": "m", "prompt": "p", "max_tokens": 9, "stream": True, "stream_options": {}, "min_tokens": 2}
+        status, text = post(proxy, "/v1/completions", body)
+        assert status == 200 and json.loads(text)["choices"][0]["text"] == "decode", text
+    assert [len(s.seen) for s in prefills] == [3, 3] and [len(s.seen) for s in decodes] == [2, 2, 2]
+    sent = prefills[0].seen[0]
+    assert sent["max_tokens"] == 1 and sent["stream"] is False and "stream_options" not in sent and "min_tokens" not in sent
+    assert sent["kv_transfer_params"] == {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                                          "remote_block_ids": None, "remote_host": None, "remote_port": None}  # fmt: skip
+    to_decode = decodes[0].seen[0]
+    assert to_decode["max_tokens"] == 9 and to_decode["min_tokens"] == 2
+    assert to_decode["kv_transfer_params"] == {"remote_engine_id": f"e{prefills[0].port}"}
+
+
+def test_the_proxy_bounds_bodies_and_a_requests_time(proxies):
+    hold = threading.Event()
+    prefill, decode = Stub("prefill"), Stub("decode", hold)
+    try:
+        proxy = proxies([prefill.port], [decode.port], INFERENTIA_PD_PROXY_MAX_BODY_MIB="0.001",
+                              INFERENTIA_PD_PROXY_DEADLINE_S="1")  # fmt: skip
+        assert post(proxy, "/v1/completions", None, raw=b"x" * 2000)[0] == 413
+        assert post(proxy, "/v1/completions", None, raw=b"[1, 2]")[0] == 400
+        assert post(proxy, "/v1/completions", None, raw=b"{not json")[0] == 400
+        status, text = post(proxy, "/v1/completions", {"prompt": "p"})  # the decode holds past the deadline
+        assert status == 504, text
+    finally:
+        hold.set()
+    assert post(proxy, "/v1/completions", {"prompt": "p"})[0] == 200
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--prefiller-hosts", "a", "b", "--prefiller-ports", "1"], "Number of prefiller hosts must match number of prefiller ports"),
+    (["--decoder-host", "a", "--decoder-port", "1", "2"], "Number of decoder hosts must match number of decoder ports"),
+])  # fmt: skip
+def test_the_proxy_takes_the_toy_proxys_command_line(flags, said):
+    done = subprocess.run([sys.executable, str(PROXY), *flags], capture_output=True, text=True, timeout=SAFETY)
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+
+
+def test_the_proxy_answers_503_past_its_connections(proxies):
+    """A connection that sends nothing holds its slot (until INFERENTIA_PD_PROXY_CLIENT_TIMEOUT_S);
+    the next one is refused at once. The idle connection may itself meet the slot of a check that
+    has just closed, not yet released: then it is the one refused, and the test takes another."""
+    proxy = proxies([free_port()], [free_port()], INFERENTIA_PD_PROXY_MAX_CONNECTIONS="1")
+    for _ in range(50):
+        with socket.create_connection(("127.0.0.1", proxy), timeout=SAFETY):
+            if get(proxy, "/healthcheck")[0] == 503:
+                break
+    else:
+        raise AssertionError("an idle connection never held the proxy's only slot")
+    deadline = time.monotonic() + SAFETY
+    while get(proxy, "/healthcheck")[0] != 200:  # the slot is free once the idle connection closed
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
