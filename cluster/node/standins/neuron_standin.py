@@ -45,6 +45,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import vllm_disagg
 from neuron_collectives import CollectiveError, RootCommunicator, fatal, multi_node_config
 from standin_versions import VLLM_NEURON_NXDI, VLLM_NEURON_PLUGIN, VLLM_V0, compiler_versions, installed, vllm_serving
 
@@ -681,6 +682,8 @@ def vllm_parser(serving: str) -> argparse.ArgumentParser:
         p.add_argument("--override-neuron-config", type=json.loads)
     else:
         p.add_argument("--additional-config", type=json.loads)
+        # Disaggregated prefill and decode's flags (vllm_disagg, where each is cited).
+        vllm_disagg.add_flags(p)
     return p
 
 
@@ -803,6 +806,13 @@ def vllm_main(argv: list[str]) -> int:
     except CollectiveError as exc:
         fatal(exc)
         return 1
+    disagg = getattr(args, "kv_transfer_config", None)
+    if disagg is not None and disagg.kv_connector is not None:
+        try:
+            vllm_disagg.check_connector(disagg, plugin)
+        except vllm_disagg.ConnectorRefused as exc:
+            print(f"ValueError: {exc}", file=sys.stderr, flush=True)
+            return 1
     if layout and layout["node_rank"] != 0:
         fatal(CollectiveError(f"NEURON_RANK_ID is {layout['node_rank']}: rank 0 serves the API, the others run the worker"))
         return 1
@@ -849,6 +859,8 @@ def vllm_main(argv: list[str]) -> int:
         except CollectiveError as exc:
             fatal(exc)
             return 1
+    if disagg is not None and disagg.kv_connector is not None:
+        return vllm_disagg.run(args, model, found, checkpoint)
     serve(args.port, model, found, args.max_num_seqs, group)
     return 0
 

@@ -1,0 +1,776 @@
+"""Stand-in for vLLM's disaggregated prefill and decode on the vLLM Neuron plugin: a server given
+``--kv-transfer-config`` is a prefill server (``kv_producer``) or a decode server (``kv_consumer``),
+and the decode server pulls each request's KV cache from the prefill server that made it.
+
+Sources (read for this stand-in):
+
+- AWS, "Tutorial: Configure disaggregated inference with 1P1D and xPyD"
+  (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/tutorials/tutorial-di-1p1d-xpyd.html;
+  aws-neuron/aws-neuron-sdk a3247f5b, vllm-neuron/docs/tutorials/tutorial-di-1p1d-xpyd.md): the
+  servers' command lines, ``VLLM_NIXL_SIDE_CHANNEL_HOST``/``_PORT``, the request flow in read mode.
+- AWS, "Disaggregated Inference — Design Document"
+  (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/vllm/disaggregated-inference.html;
+  the same commit, vllm-neuron/docs/design/vllm/disaggregated-inference.md): the connectors the
+  plugin uses (``NixlConnector``, ``NeuronNixlConnector``), the side channel's defaults
+  (127.0.0.1, 5557), the prefill's discarded token, the decode's ``WAITING_FOR_REMOTE_KVS``.
+- vLLM ``vllm/config/kv_transfer.py`` (KVTransferConfig's fields, its Literal kv_role and
+  kv_load_failure_policy, default "fail", and its __post_init__ checks), parsed from the flag by
+  ``parse_dataclass`` in ``vllm/engine/arg_utils.py`` (``TypeAdapter(cls).validate_json(val)``,
+  a ValidationError raised as ``argparse.ArgumentTypeError(repr(e))``).
+- vLLM's NixlConnector (``vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py``,
+  ``request_finished``): the prefill's ``kv_transfer_params`` (do_remote_prefill,
+  do_remote_decode, remote_block_ids, remote_engine_id, remote_request_id, remote_host,
+  remote_port, tp_size); a request without a usable set is computed locally; blocks unread after
+  ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT`` (480 s) are released by the prefill.
+
+What is not Neuron here is everything: the "KV cache" is bytes of the model's KV shape, made by
+the prefill and read over loopback TCP by the decode through the side channel, which stands for
+both NIXL's handshake and its RDMA READ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+# -- KVTransferConfig ------------------------------------------------------------------------
+
+KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+FAILURE_POLICIES = ("recompute", "fail")
+# The connectors the plugin's DI design page names: "Neuron DI uses the upstream NixlConnector for
+# standard TP topologies. NeuronNixlConnector extends it" (DCP, sliding-window models).
+PLUGIN_CONNECTORS = ("NixlConnector", "NeuronNixlConnector")
+# KVTransferConfig's fields and their JSON types (vllm/config/kv_transfer.py).
+FIELDS: dict[str, tuple[type, ...]] = {
+    "kv_connector": (str, type(None)),
+    "engine_id": (str, type(None)),
+    "kv_buffer_device": (str,),
+    "kv_buffer_size": (int, float),
+    "kv_role": (str, type(None)),
+    "kv_rank": (int, type(None)),
+    "kv_parallel_size": (int,),
+    "kv_ip": (str,),
+    "kv_port": (int,),
+    "kv_connector_extra_config": (dict,),
+    "kv_connector_module_path": (str, type(None)),
+    "enable_permute_local_kv": (bool,),
+    "kv_load_failure_policy": (str,),
+}
+_TYPE_WORDS = {str: "a valid string", int: "a valid integer", float: "a valid number", dict: "a valid dictionary",
+               bool: "a valid boolean"}  # fmt: skip
+
+
+def _pydantic_error(loc: str | None, message: str, kind: str, value: Any) -> str:
+    """One error as pydantic v2's ValidationError prints it (its repr, which vLLM passes to argparse)."""
+    where = f"{loc}\n" if loc else ""
+    return f"1 validation error for KVTransferConfig\n{where}  {message} [type={kind}, input_value={value!r}, input_type={type(value).__name__}]"
+
+
+@dataclass
+class KVTransferConfig:
+    kv_connector: str | None = None
+    engine_id: str | None = None
+    kv_buffer_device: str = "cuda"
+    kv_buffer_size: float = 1e9
+    kv_role: str | None = None
+    kv_rank: int | None = None
+    kv_parallel_size: int = 1
+    kv_ip: str = "127.0.0.1"
+    kv_port: int = 14579
+    kv_connector_extra_config: dict = field(default_factory=dict)
+    kv_connector_module_path: str | None = None
+    enable_permute_local_kv: bool = False
+    kv_load_failure_policy: str = "fail"
+
+    @property
+    def is_kv_producer(self) -> bool:
+        return self.kv_connector is not None and self.kv_role in ("kv_producer", "kv_both")
+
+    @property
+    def is_kv_consumer(self) -> bool:
+        return self.kv_connector is not None and self.kv_role in ("kv_consumer", "kv_both")
+
+
+def parse_kv_transfer_config(text: str) -> KVTransferConfig:
+    """``--kv-transfer-config`` as vLLM's parser reads it, or argparse.ArgumentTypeError with the
+    ValidationError's text. Stricter than vLLM in one way: a key KVTransferConfig does not have is
+    refused ("Unexpected keyword argument"), where a pydantic dataclass may ignore it."""
+    try:
+        found = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(_pydantic_error(None, f"Invalid JSON: {exc.msg}", "json_invalid", text)) from None
+    if not isinstance(found, dict):
+        raise argparse.ArgumentTypeError(
+            _pydantic_error(None, "Input should be a dictionary or an instance of KVTransferConfig", "dataclass_type", found)
+        )
+    for key, value in found.items():
+        if key not in FIELDS:
+            raise argparse.ArgumentTypeError(_pydantic_error(key, "Unexpected keyword argument", "unexpected_keyword_argument", value))
+        if key == "kv_role" and value is not None and value not in KV_ROLES:
+            raise argparse.ArgumentTypeError(
+                _pydantic_error(key, "Input should be 'kv_producer', 'kv_consumer' or 'kv_both'", "literal_error", value)
+            )
+        if key == "kv_load_failure_policy" and value not in FAILURE_POLICIES:
+            raise argparse.ArgumentTypeError(_pydantic_error(key, "Input should be 'recompute' or 'fail'", "literal_error", value))
+        allowed = FIELDS[key]
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            word = _TYPE_WORDS[next(t for t in allowed if t is not type(None))]
+            raise argparse.ArgumentTypeError(_pydantic_error(key, f"Input should be {word}", "type_error", value))
+    config = KVTransferConfig(**found)
+    if config.kv_connector is not None and config.kv_role is None:
+        # __post_init__'s check, which pydantic reports as a "Value error".
+        raise argparse.ArgumentTypeError(
+            _pydantic_error(
+                None,
+                f"Value error, Please specify kv_disagg_role when kv_connector is set, supported roles are {KV_ROLES}",
+                "value_error",
+                found,
+            )
+        )
+    if config.engine_id is None:
+        config.engine_id = str(uuid.uuid4())
+    return config
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """vLLM's flags that the tutorial's prefill and decode commands use besides the stand-in's
+    others, with vLLM's types (vllm/engine/arg_utils.py): --kv-transfer-config (KVTransferConfig,
+    above), --data-parallel-size, --enable-expert-parallel, --max-num-batched-tokens,
+    --[no-]disable-hybrid-kv-cache-manager, --hf-overrides (JSON), --optimization-level (0 to 3)
+    and --max-logprobs. Each is taken and changes nothing the stand-in models, except
+    --kv-transfer-config."""
+    parser.add_argument("--kv-transfer-config", type=parse_kv_transfer_config, default=None)
+    parser.add_argument("--data-parallel-size", "-dp", type=int, default=1)
+    parser.add_argument("--enable-expert-parallel", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--disable-hybrid-kv-cache-manager", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--hf-overrides", type=json.loads, default=None)
+    parser.add_argument("--optimization-level", type=int, choices=(0, 1, 2, 3), default=None)
+    parser.add_argument("--max-logprobs", type=int, default=20)
+
+
+class ConnectorRefused(Exception):
+    """What vLLM's engine raises at start for a KV connector it cannot build."""
+
+
+def check_connector(config: KVTransferConfig, plugin: bool) -> None:
+    """The engine builds the connector at start (KVConnectorFactory.create_connector, "Unsupported
+    connector type: <name>" for a name it has not registered). Stricter: on the plugin only the two
+    NIXL connectors of its DI design page are taken, and off the plugin (vllm-neuron on NxD
+    Inference, V0) none: the DI pages are the plugin's, for Trn2 and Trn3."""
+    if config.kv_connector is None:
+        return
+    if not plugin:
+        raise ConnectorRefused(
+            f"Unsupported connector type: {config.kv_connector} (disaggregated inference is the vLLM Neuron plugin's, on Trn2 and Trn3)"
+        )
+    if config.kv_connector not in PLUGIN_CONNECTORS:
+        raise ConnectorRefused(
+            f"Unsupported connector type: {config.kv_connector} (the vLLM Neuron plugin transfers KV with {' or '.join(PLUGIN_CONNECTORS)})"
+        )
+    if config.kv_buffer_device not in ("cuda", "cpu"):
+        # NixlConnector's own check of the buffer device against the platform's supported ones.
+        raise ConnectorRefused(f"neuron with {config.kv_buffer_device} kv_buffer is not supported.")
+
+
+# -- the timing model -------------------------------------------------------------------------
+
+# The share of a decode step that one more sequence of the batch adds (its KV's read), the
+# weights' read being the step's fixed part; and how many prompt tokens a prefill processes in
+# the time of one decode step.
+SEQUENCE_SHARE = 1 / 8
+PROMPT_TOKENS_PER_STEP = 10
+
+
+def token_seconds() -> float:
+    return float(os.environ.get("NEURON_STANDIN_TOKEN_SECONDS", "0"))
+
+
+def prefill_seconds(prompt_tokens: int) -> float:
+    """A prefill's time: ``NEURON_STANDIN_CALL_SECONDS + NEURON_STANDIN_TOKEN_SECONDS * p / 10``
+    for a prompt of p tokens.
+
+    Prefill is the forward pass over the whole prompt at once, bound by compute, so its time grows
+    with the prompt's tokens ("prefill and decode have different compute profiles"; the plugin's
+    tutorials: "a compute-bound prefill over the prompt with memory-bandwidth-bound token
+    generation, which loads the model weights from HBM once per token", EPD tutorial,
+    https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/tutorials/tutorial-epd-1e-1pd-xeypd.html).
+    One decode step's time (NEURON_STANDIN_TOKEN_SECONDS, the stand-in's existing per-token knob)
+    processes 10 prompt tokens in the prefill: the ratio is the stand-in's, not a measurement.
+    NEURON_STANDIN_CALL_SECONDS, the stand-in's per-call time, is paid once per request."""
+    return float(os.environ.get("NEURON_STANDIN_CALL_SECONDS", "0")) + token_seconds() * prompt_tokens / PROMPT_TOKENS_PER_STEP
+
+
+def step_seconds(sequences: int) -> float:
+    """One decode step's time with ``s`` sequences in the batch:
+    ``NEURON_STANDIN_TOKEN_SECONDS * (1 + (s - 1) / 8)``.
+
+    A decode step is bound by memory bandwidth: it reads the weights once for the whole batch (the
+    fixed part, one NEURON_STANDIN_TOKEN_SECONDS) and each sequence's KV cache (the part that grows
+    with the batch; 1/8 of the weights' read a sequence, the stand-in's figure). Source for the
+    shape: the DI design page ("decode ... optimized for memory-bandwidth-bound generation") and the
+    EPD tutorial above ("loads the model weights from HBM once per token")."""
+    return token_seconds() * (1 + max(sequences - 1, 0) * SEQUENCE_SHARE)
+
+
+# -- metrics, as vLLM names them -----------------------------------------------------------------
+# vLLM's V1 PrometheusStatLogger (vllm/v1/metrics/loggers.py) and its docs/usage/metrics.md, for the
+# plugin's vLLM 0.21 and later: vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds
+# (vllm:time_per_output_token_seconds was renamed to it in 0.11 and is hidden from 0.12 unless
+# --show-hidden-metrics-for-version), vllm:request_time_per_output_token_seconds (one observation
+# per request), vllm:e2e_request_latency_seconds, vllm:kv_cache_usage_perc (vllm:gpu_cache_usage_perc
+# before 0.10), vllm:prompt_tokens_total, vllm:generation_tokens_total, vllm:request_success_total.
+# NIXL's, on the side that reads (NixlPromMetrics, vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py):
+# vllm:nixl_bytes_transferred and vllm:nixl_xfer_time_seconds (histograms, one observation per
+# transfer), vllm:nixl_num_failed_transfers and vllm:nixl_num_kv_expired_reqs (counters). The
+# plugin's own vllm_neuron: metrics (its metrics design page,
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/vllm/metrics.html):
+# vllm_neuron:neff_execution_count (a counter by bucket_name, prefill_s<tokens> or decode_b<seqs>).
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+                160.0, 640.0, 2560.0)  # fmt: skip
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
+               1920.0, 7680.0)  # fmt: skip
+BYTES_BUCKETS = tuple(float(2**k) for k in range(11, 35, 2))  # 2 KiB to 16 GiB, as NixlPromMetrics's span
+XFER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class Histogram:
+    def __init__(self, name: str, help_: str, buckets: tuple[float, ...]) -> None:
+        self.name, self.help, self.buckets = name, help_, buckets
+        self.counts = [0] * len(buckets)
+        self.count, self.sum = 0, 0.0
+
+    def observe(self, value: float) -> None:
+        self.count += 1
+        self.sum += value
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+
+    def text(self, label: str) -> str:
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        lines += [f'{self.name}_bucket{{le="{b}",{label}}} {c}' for b, c in zip(self.buckets, self.counts, strict=True)]
+        lines += [f'{self.name}_bucket{{le="+Inf",{label}}} {self.count}', f"{self.name}_count{{{label}}} {self.count}",
+                  f"{self.name}_sum{{{label}}} {self.sum}"]  # fmt: skip
+        return "\n".join(lines) + "\n"
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
+        self.tpot = Histogram(
+            "vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS
+        )
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", E2E_BUCKETS)
+        self.nixl_bytes = Histogram("vllm:nixl_bytes_transferred", "Bytes transferred per NIXL KV Cache transfer.", BYTES_BUCKETS)
+        self.nixl_time = Histogram("vllm:nixl_xfer_time_seconds", "Transfer duration for NIXL KV Cache transfers.", XFER_BUCKETS)
+        self.counters: dict[str, float] = {
+            "vllm:prompt_tokens_total": 0, "vllm:generation_tokens_total": 0, "vllm:nixl_num_failed_transfers_total": 0,
+            "vllm:nixl_num_kv_expired_reqs_total": 0,
+        }  # fmt: skip
+        self.success: dict[str, int] = {}
+        self.neff: dict[str, int] = {}
+
+    def add(self, name: str, value: float = 1) -> None:
+        with self.lock:
+            self.counters[name] += value
+
+    def finished(self, reason: str) -> None:
+        with self.lock:
+            self.success[reason] = self.success.get(reason, 0) + 1
+
+    def executed(self, bucket: str) -> None:
+        with self.lock:
+            self.neff[bucket] = self.neff.get(bucket, 0) + 1
+
+    def observe(self, histogram: Histogram, value: float) -> None:
+        with self.lock:
+            histogram.observe(value)
+
+    def text(self, model: str, running: int, waiting: int, kv_usage: float) -> str:
+        label = f"model_name={json.dumps(model)}"
+        with self.lock:
+            out = [
+                "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+                "# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running{{{label}}} {running}",
+                "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+                "# TYPE vllm:num_requests_waiting gauge", f"vllm:num_requests_waiting{{{label}}} {waiting}",
+                "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
+                "# TYPE vllm:kv_cache_usage_perc gauge", f"vllm:kv_cache_usage_perc{{{label}}} {kv_usage}",
+            ]  # fmt: skip
+            for name, value in self.counters.items():
+                out += [f"# TYPE {name.removesuffix('_total')} counter", f"{name}{{{label}}} {value}"]
+            out += ["# TYPE vllm:request_success counter"]
+            out += [f'vllm:request_success_total{{finished_reason="{r}",{label}}} {n}' for r, n in sorted(self.success.items())]
+            out += ["# TYPE vllm_neuron:neff_execution_count counter"]
+            out += [f'vllm_neuron:neff_execution_count_total{{bucket_name="{b}",{label}}} {n}' for b, n in sorted(self.neff.items())]
+            text = "\n".join(out) + "\n"
+            for h in (self.ttft, self.itl, self.tpot, self.e2e, self.nixl_bytes, self.nixl_time):
+                text += h.text(label)
+        return text
+
+
+# -- the KV cache and its transfer ----------------------------------------------------------------
+
+
+def prompt_tokens(prompt: Any) -> int:
+    """The prompt's tokens: a list of token ids as it is; a string one token a whitespace-separated
+    word (the stand-in has no tokenizer)."""
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        return len(prompt)
+    if isinstance(prompt, str):
+        return max(len(prompt.split()), 1)
+    raise ValueError("prompt must be a string or a list of token ids")
+
+
+def kv_bytes_per_token(shape: tuple[int, int, int], width: int) -> int:
+    """layers x 2 (K and V) x KV heads x head dimension x dtype bytes: one token's KV cache."""
+    layers, heads, head_dim = shape
+    return layers * 2 * heads * head_dim * width
+
+
+class KvError(Exception):
+    """A KV transfer that failed, with what NIXL's side reported."""
+
+
+@dataclass
+class Held:
+    tokens: int
+    blocks: list[int]
+    expires: float
+
+
+class BlockPool:
+    """The engine's KV blocks: a request holds ceil(tokens / block_size) of them while it runs, and
+    a prefill's stay held for the decode to read, until it has, or VLLM_NIXL_ABORT_REQUEST_TIMEOUT."""
+
+    def __init__(self, total: int, block_size: int) -> None:
+        self.total, self.block_size = max(total, 1), block_size
+        self.lock = threading.Lock()
+        self.free = list(range(self.total))
+
+    def take(self, tokens: int) -> list[int]:
+        need = max(math.ceil(tokens / self.block_size), 1)
+        with self.lock:
+            if need > len(self.free):
+                raise KvError(f"no KV cache blocks free: {need} needed, {len(self.free)} of {self.total} free")
+            taken, self.free = self.free[:need], self.free[need:]
+        return taken
+
+    def give(self, blocks: list[int]) -> None:
+        with self.lock:
+            self.free.extend(blocks)
+
+    def usage(self) -> float:
+        with self.lock:
+            return (self.total - len(self.free)) / self.total
+
+
+PATTERN = bytes(range(256)) * 256  # 64 KiB
+MAX_HEADER = 64 * 1024
+
+
+def _read_line(sock: socket.socket) -> bytes:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(1)
+        if not chunk:
+            raise KvError("the side channel closed before its header")
+        data += chunk
+        if len(data) > MAX_HEADER:
+            raise KvError("the side channel's header is too long")
+    return data
+
+
+class SideChannel:
+    """The prefill's NIXL side channel at VLLM_NIXL_SIDE_CHANNEL_HOST:VLLM_NIXL_SIDE_CHANNEL_PORT,
+    standing for NIXL's handshake and its RDMA READ: a decode sends one JSON line naming the engine
+    and the request, and reads a JSON line and the request's KV bytes."""
+
+    def __init__(self, engine: Engine, host: str, port: int) -> None:
+        self.engine = engine
+        self.server = socket.create_server((host, port), reuse_port=False)
+        self.server.settimeout(None)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(30)
+            try:
+                ask = json.loads(_read_line(conn))
+                held = self.engine.take_held(ask.get("engine_id"), ask.get("request_id"), ask.get("block_ids"))
+            except (KvError, ValueError, AttributeError, OSError) as exc:
+                try:
+                    conn.sendall(json.dumps({"error": str(exc)}).encode() + b"\n")
+                except OSError:
+                    pass
+                return
+            size = held.tokens * self.engine.token_bytes
+            header = {"bytes": size, "block_size": self.engine.pool.block_size, "token_bytes": self.engine.token_bytes}
+            try:
+                conn.sendall(json.dumps(header).encode() + b"\n")
+                sent = 0
+                while sent < size:
+                    piece = PATTERN[: min(len(PATTERN), size - sent)]
+                    conn.sendall(piece)
+                    sent += len(piece)
+            except OSError:
+                pass
+            finally:
+                self.engine.pool.give(held.blocks)  # the decode's notification: the blocks are freed
+
+
+def pull(params: dict, token_bytes: int, tokens: int) -> int:
+    """The decode's read of a request's KV from the prefill named in ``params``; returns the bytes
+    read, or raises KvError."""
+    host, port = params["remote_host"], int(params["remote_port"])
+    try:
+        sock = socket.create_connection((host, port), timeout=30)
+    except OSError as exc:
+        raise KvError(f"NIXL handshake with {host}:{port} failed: {exc}") from None
+    with sock:
+        ask = {"engine_id": params["remote_engine_id"], "request_id": params.get("remote_request_id"),
+               "block_ids": params["remote_block_ids"]}  # fmt: skip
+        try:
+            sock.sendall(json.dumps(ask).encode() + b"\n")
+            header = json.loads(_read_line(sock))
+            if "error" in header:
+                raise KvError(header["error"])
+            if header["token_bytes"] != token_bytes:
+                raise KvError(
+                    f"the prefill's KV is {header['token_bytes']} bytes a token, this engine's {token_bytes}: another model's cache"
+                )
+            want, got = int(header["bytes"]), 0
+            while got < want:
+                chunk = sock.recv(min(1 << 20, want - got))
+                if not chunk:
+                    raise KvError(f"the prefill at {host}:{port} closed the transfer at {got} of {want} bytes")
+                got += len(chunk)
+        except OSError as exc:
+            raise KvError(f"NIXL transfer from {host}:{port} failed: {exc}") from None
+    if got != tokens * token_bytes:
+        raise KvError(f"read {got} bytes of KV for {tokens} prompt tokens, {tokens * token_bytes} expected")
+    return got
+
+
+class Engine:
+    """One server's engine: its role, its blocks, its held prefills, its metrics."""
+
+    def __init__(self, config: KVTransferConfig, shape: tuple[int, int, int] | None, width: int, block_size: int,
+                 blocks: int, tp: int) -> None:  # fmt: skip
+        self.config = config
+        self.engine_id = config.engine_id or str(uuid.uuid4())
+        self.token_bytes = kv_bytes_per_token(shape, width) if shape else 0
+        self.pool = BlockPool(blocks, block_size)
+        self.tp = tp
+        self.metrics = Metrics()
+        self.lock = threading.Lock()
+        self.held: dict[str, Held] = {}
+        self.timeout = float(os.environ.get("VLLM_NIXL_ABORT_REQUEST_TIMEOUT", "480"))
+        # vLLM's envs: VLLM_NIXL_SIDE_CHANNEL_HOST, VLLM_NIXL_SIDE_CHANNEL_PORT (the DI design page's defaults).
+        self.side_host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
+        self.side_port = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5557"))
+        self.side: SideChannel | None = None
+
+    def listen(self) -> None:
+        if self.config.is_kv_producer:
+            self.side = SideChannel(self, self.side_host, self.side_port)
+
+    def expire(self) -> None:
+        now = time.monotonic()
+        with self.lock:
+            gone = [r for r, h in self.held.items() if h.expires < now]
+            for request in gone:
+                held = self.held.pop(request)
+                self.pool.give(held.blocks)
+                self.metrics.add("vllm:nixl_num_kv_expired_reqs_total")
+                print(
+                    f"WARNING Releasing expired KV blocks for request {request} which were retrieved by 0 decode worker(s) "
+                    f"within {self.timeout:g} seconds.",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+    def hold(self, request: str, tokens: int, blocks: list[int]) -> None:
+        self.expire()
+        with self.lock:
+            self.held[request] = Held(tokens, blocks, time.monotonic() + self.timeout)
+
+    def take_held(self, engine_id: Any, request: Any, block_ids: Any) -> Held:
+        self.expire()
+        if engine_id != self.engine_id:
+            raise KvError(f"Remote NIXL agent engine ID mismatch. Expected {engine_id}, received {self.engine_id}.")
+        with self.lock:
+            held = self.held.get(request) if isinstance(request, str) else None
+            if held is None or held.blocks != block_ids:
+                raise KvError(f"no KV blocks {block_ids} held for request {request}: released, already read, or never made")
+            del self.held[request]
+        return held
+
+
+# -- the server ----------------------------------------------------------------------------------
+
+MAX_BODY = 4 * 1024 * 1024
+
+
+def serve(port: int, model: str, found: dict, engine: Engine, max_num_seqs: int | None, max_model_len: int | None) -> None:
+    """vLLM's OpenAI server as a prefill or decode server: /health, /metrics, /v1/completions
+    (stream or not), /standin."""
+    from neuron_standin import Sequences
+
+    sequences = Sequences(max_num_seqs)
+    started = time.time()
+    ids = itertools.count()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        timeout = 60
+
+        def _json(self, code: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _error(self, code: int, message: str, kind: str) -> None:
+            # vLLM's ErrorResponse (vllm/entrypoints/openai/protocol.py).
+            self._json(code, {"error": {"message": message, "type": kind, "param": None, "code": code}})
+
+        def do_GET(self):
+            if self.path == "/health":
+                self._json(200, {})
+            elif self.path == "/metrics":
+                engine.expire()
+                text = engine.metrics.text(model, sequences.running, sequences.waiting, engine.pool.usage()).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(text)))
+                self.end_headers()
+                self.wfile.write(text)
+            elif self.path == "/standin":
+                role = engine.config.kv_role
+                self._json(200, {**found, "kvRole": role, "engineId": engine.engine_id, "pid": os.getpid(),
+                                 "uptime": time.time() - started})  # fmt: skip
+            else:
+                self._error(404, "Not Found", "NotFoundError")
+
+        def do_POST(self):
+            length = self.headers.get("Content-Length") or ""
+            if not length.isdigit() or int(length) > MAX_BODY:
+                self._error(413 if length.isdigit() else 411, "request body refused", "BadRequestError")
+                return
+            try:
+                body = json.loads(self.rfile.read(int(length)) or b"{}")
+            except ValueError:
+                self._error(400, "body is not JSON", "BadRequestError")
+                return
+            if self.path != "/v1/completions" or not isinstance(body, dict):
+                self._error(404, "Not Found", "NotFoundError")
+                return
+            try:
+                tokens = prompt_tokens(body.get("prompt", ""))
+            except ValueError as exc:
+                self._error(400, str(exc), "BadRequestError")
+                return
+            max_tokens = body.get("max_tokens", 16)
+            if not isinstance(max_tokens, int) or max_tokens < 1:
+                self._error(400, f"max_tokens must be at least 1, got {max_tokens}.", "BadRequestError")
+                return
+            if max_model_len and tokens + max_tokens > max_model_len:
+                self._error(
+                    400,
+                    f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+                    f"{tokens + max_tokens} tokens ({tokens} in the messages, {max_tokens} in the completion).",
+                    "BadRequestError",
+                )
+                return
+            with sequences:
+                self._complete(body, tokens, max_tokens)
+
+        def _complete(self, body: dict, tokens: int, max_tokens: int) -> None:
+            arrived = time.monotonic()
+            request = f"cmpl-{self.headers.get('X-Request-Id') or uuid.uuid4().hex}-{next(ids)}"
+            params = body.get("kv_transfer_params") if isinstance(body.get("kv_transfer_params"), dict) else None
+            try:
+                blocks = engine.pool.take(tokens + max_tokens)
+            except KvError as exc:
+                self._error(503, str(exc), "ServiceUnavailableError")
+                return
+            keep = False
+            try:
+                remote = (
+                    engine.config.is_kv_consumer and params is not None and params.get("do_remote_prefill")
+                    and all(params.get(k) is not None for k in ("remote_engine_id", "remote_host", "remote_port", "remote_block_ids"))
+                )  # fmt: skip
+                if engine.config.is_kv_consumer and params is not None and params.get("do_remote_prefill") and not remote:
+                    # NixlConnector.update_state_after_alloc: "Got invalid KVTransferParams".
+                    print(f"WARNING Got invalid KVTransferParams: {params}. This request will not utilize KVTransfer",
+                          file=sys.stderr, flush=True)  # fmt: skip
+                if remote:
+                    # WAITING_FOR_REMOTE_KVS: the decode reads the prefill's blocks before it runs.
+                    began = time.monotonic()
+                    try:
+                        moved = pull(params, engine.token_bytes, tokens)
+                    except KvError as exc:
+                        engine.metrics.add("vllm:nixl_num_failed_transfers_total")
+                        print(f"ERROR KV transfer for request {request} failed: {exc}", file=sys.stderr, flush=True)
+                        if engine.config.kv_load_failure_policy == "fail":
+                            engine.metrics.finished("error")
+                            # The request finishes with FinishReason.ERROR, which the OpenAI server
+                            # answers as an internal error (kv_load_failure_policy "fail", vLLM's default).
+                            self._error(500, "Internal server error", "InternalServerError")
+                            return
+                        self._prefill(tokens)  # "recompute": the blocks are computed here
+                    else:
+                        engine.metrics.observe(engine.metrics.nixl_bytes, moved)
+                        engine.metrics.observe(engine.metrics.nixl_time, time.monotonic() - began)
+                        print(f"INFO KV transfer for request {request}: {moved} bytes from {params['remote_host']}:"
+                              f"{params['remote_port']}", flush=True)  # fmt: skip
+                else:
+                    self._prefill(tokens)
+                engine.metrics.add("vllm:prompt_tokens_total", tokens)
+                producing = engine.config.is_kv_producer and params is not None and params.get("do_remote_decode")
+                if producing:
+                    max_tokens = 1  # the proxy's max_tokens=1; the token sampled is discarded by the design
+                kv_params = None
+                if producing:
+                    engine.hold(request, tokens, blocks)
+                    keep = True
+                    kv_params = {
+                        "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": blocks,
+                        "remote_engine_id": engine.engine_id, "remote_request_id": request, "remote_host": engine.side_host,
+                        "remote_port": engine.side_port, "tp_size": engine.tp,
+                    }  # fmt: skip
+                self._generate(body, request, tokens, max_tokens, arrived, kv_params)
+            finally:
+                if not keep:
+                    engine.pool.give(blocks)
+
+        def _prefill(self, tokens: int) -> None:
+            time.sleep(prefill_seconds(tokens))
+            engine.metrics.executed(f"prefill_s{tokens}")
+
+        def _step(self) -> None:
+            # The batch is the requests the server runs now (at most --max-num-seqs).
+            batch = sequences.running
+            time.sleep(step_seconds(batch))
+            engine.metrics.executed(f"decode_b{batch}")
+
+        def _generate(self, body: dict, request: str, tokens: int, max_tokens: int, arrived: float, kv_params: dict | None) -> None:
+            model_name = body.get("model") or model
+            cores = f"[cores {found['cores']}]"
+            stream = bool(body.get("stream"))
+            created = int(time.time())
+            first = last = 0.0
+            if stream:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+            words: list[str] = []
+            for i in range(max_tokens):
+                if i:
+                    self._step()
+                now = time.monotonic()
+                if i == 0:
+                    first = now
+                    engine.metrics.observe(engine.metrics.ttft, now - arrived)
+                else:
+                    engine.metrics.observe(engine.metrics.itl, now - last)
+                last = now
+                word = f" tok{i}"
+                words.append(word)
+                if stream:
+                    chunk = {"id": request, "object": "text_completion", "created": created, "model": model_name,
+                             "choices": [{"index": 0, "text": (f" {cores}" if i == 0 else "") + word, "logprobs": None,
+                                          "finish_reason": "length" if i == max_tokens - 1 else None}]}  # fmt: skip
+                    if i == max_tokens - 1 and kv_params is not None:
+                        chunk["kv_transfer_params"] = kv_params
+                    self._chunk(f"data: {json.dumps(chunk)}\n\n".encode())
+            engine.metrics.add("vllm:generation_tokens_total", max_tokens)
+            if max_tokens > 1:
+                engine.metrics.observe(engine.metrics.tpot, (last - first) / (max_tokens - 1))
+            engine.metrics.observe(engine.metrics.e2e, time.monotonic() - arrived)
+            engine.metrics.finished("length")
+            usage = {"prompt_tokens": tokens, "completion_tokens": max_tokens, "total_tokens": tokens + max_tokens}
+            if stream:
+                self._chunk(b"data: [DONE]\n\n")
+                self._chunk(b"")
+                return
+            answer = {
+                "id": request, "object": "text_completion", "created": created, "model": model_name,
+                "choices": [{"index": 0, "text": f" {cores}" + "".join(words),
+                             "logprobs": None, "finish_reason": "length", "stop_reason": None}],
+                "usage": usage, "kv_transfer_params": kv_params,
+            }  # fmt: skip
+            self._json(200, answer)
+
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    server.daemon_threads = True
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
+    role = engine.config.kv_role
+    print(f"serving {model} on :{port} as {role} (engine {engine.engine_id}, side channel {engine.side_host}:{engine.side_port}) "
+          f"with NeuronCores {found['cores']}", flush=True)  # fmt: skip
+    print("INFO:     Application startup complete.", flush=True)
+    server.serve_forever()
+    server.server_close()
+
+
+def run(args: argparse.Namespace, model: str, found: dict, checkpoint: str) -> int:
+    """Serve ``args.kv_transfer_config``'s role, after vllm_main's checks and warm-up."""
+    from neuron_standin import PLUGIN_BLOCK_SIZE, checkpoint_dtype, kv_shape
+
+    config: KVTransferConfig = args.kv_transfer_config
+    shape = kv_shape(checkpoint)
+    width = 4 if checkpoint_dtype(checkpoint) == "float32" else 2
+    block_size = args.block_size or PLUGIN_BLOCK_SIZE
+    tp = args.tensor_parallel_size or 1
+    blocks = args.num_gpu_blocks_override
+    kv = found.get("kvCache") or {}
+    if blocks is None and kv.get("kvBudgetBytes") and shape:
+        layers, heads, head_dim = shape
+        blocks = kv["kvBudgetBytes"] // (block_size * 2 * layers * -(-heads // tp) * head_dim * width)
+    if blocks is None:
+        blocks = (args.max_num_seqs or 256) * -(-(args.max_model_len or 2048) // block_size)
+    engine = Engine(config, shape, width, block_size, blocks, tp)
+    try:
+        engine.listen()
+    except OSError as exc:
+        print(f"RuntimeError: the NIXL side channel cannot listen on {engine.side_host}:{engine.side_port}: {exc}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return 1
+    serve(args.port, model, found, engine, args.max_num_seqs, args.max_model_len)
+    return 0

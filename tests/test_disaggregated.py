@@ -1,0 +1,296 @@
+"""Disaggregated prefill and decode on the vLLM Neuron plugin's stand-in, and the operator's proxy
+in front of them, run as real processes on 127.0.0.1 (vllm_disagg, programs/pd_proxy.py;
+docs/development.md, "Stand-ins and the interfaces they keep").
+
+Each wait is for an event (a server answering /health, a process exiting); the timeouts are
+only a safety net."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import images
+from inferentia_operator import programs
+from inferentia_operator.core import neuron_images
+from ports import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+STANDINS = ROOT / "cluster" / "node" / "standins"
+PROXY = ROOT / "operator" / "inferentia_operator" / "programs" / programs.PD_PROXY_PROGRAM
+PLUGIN = "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.24.0.1.1.0-neuronx-py313-sdk2.32.0-ubuntu24.04"
+NXDI = "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.16.0-neuronx-py312-sdk2.31.0-ubuntu24.04"
+# The checkpoint's KV shape: 4 layers, 2 KV heads, head dimension 512 / 8 = 64, bfloat16.
+TOKEN_BYTES = 4 * 2 * 2 * 64 * 2
+SAFETY = 60  # seconds: only if something hangs
+
+
+def checkpoint(where: Path) -> Path:
+    where.mkdir(parents=True, exist_ok=True)
+    config = {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16", "num_hidden_layers": 4,
+        "num_key_value_heads": 2, "num_attention_heads": 8, "hidden_size": 512, "_standin_parameters": 100_000_000,
+    }  # fmt: skip
+    (where / "config.json").write_text(json.dumps(config))
+    (where / "model.safetensors").write_bytes(b"")
+    return where
+
+
+def site(where: Path, image: str) -> str:
+    images.write_distributions(where, neuron_images.CATALOGUE[image].distributions)
+    return f"{where}:{STANDINS}"
+
+
+def environment(tmp_path: Path, image: str, cores: str, side_port: int, **extra: str) -> dict[str, str]:
+    """One Trainium2 chip (4 logical cores at LNC 2) shared by the servers, each on its own cores."""
+    dev = tmp_path / "dev"
+    dev.mkdir(exist_ok=True)
+    (dev / "neuron0").touch()
+    return {
+        "PATH": "/usr/bin:/bin", "PYTHONPATH": site(tmp_path / "site", image), "HOME": str(tmp_path),
+        "NEURON_STANDIN_DEV_DIR": str(dev), "NEURON_STANDIN_PLATFORM": "trn2", "NEURON_STANDIN_CORES_PER_DEVICE": "4",
+        "NEURON_STANDIN_LOCK_DIR": str(tmp_path / "locks"), "NEURON_RT_VISIBLE_CORES": cores, "NEURON_LOGICAL_NC_CONFIG": "2",
+        "VLLM_CACHE_ROOT": str(tmp_path / f"cache-{cores}"), "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+        "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port), **extra,
+    }  # fmt: skip
+
+
+def kv_config(role: str, **more: object) -> str:
+    """The tutorial's --kv-transfer-config, with the design page's NixlConnector."""
+    return json.dumps({"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cuda",
+                       "kv_connector_extra_config": {"backends": ["LIBFABRIC"]}, **more})  # fmt: skip
+
+
+def server_argv(model: Path, port: int, config: str, *more: str) -> list[str]:
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", str(port),
+            "--tensor-parallel-size", "2", "--max-num-seqs", "4", "--max-model-len", "1024", "--block-size", "32",
+            "--data-parallel-size", "1", "--dtype", "bfloat16", "--max-num-batched-tokens", "1024",
+            "--no-disable-hybrid-kv-cache-manager", "--kv-transfer-config", config, *more]  # fmt: skip
+
+
+def wait_healthy(proc: subprocess.Popen, port: int, path: str = "/health") -> None:
+    deadline = time.monotonic() + SAFETY
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"exited {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
+        try:
+            if get(port, path)[0] == 200:
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"port {port} never answered {path}")
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=SAFETY)
+    try:
+        conn.request("GET", path)
+        answer = conn.getresponse()
+        return answer.status, answer.read().decode()
+    finally:
+        conn.close()
+
+
+def post(port: int, path: str, body: object, raw: bytes | None = None) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=SAFETY)
+    try:
+        data = raw if raw is not None else json.dumps(body).encode()
+        conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+        answer = conn.getresponse()
+        return answer.status, answer.read().decode()
+    finally:
+        conn.close()
+
+
+def metric(text: str, name: str) -> float:
+    """The sum of a metric's samples (over its labels)."""
+    found = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    assert found, f"{name} not in metrics"
+    return sum(float(v) for v in found)
+
+
+class Cluster:
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path, self.model, self.procs = tmp_path, checkpoint(tmp_path / "model"), []
+
+    def start(self, argv: list[str], env: dict[str, str], port: int, health: str = "/health") -> subprocess.Popen:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.procs.append(proc)
+        wait_healthy(proc, port, health)
+        return proc
+
+    def server(self, role: str, cores: str, *more: str, config: str | None = None, **env: str) -> tuple[int, int, subprocess.Popen]:
+        port, side = free_port(), free_port()
+        environ = environment(self.tmp_path, PLUGIN, cores, side, **env)
+        return port, side, self.start(server_argv(self.model, port, config or kv_config(role), *more), environ, port)
+
+    def proxy(self, prefill: list[int], decode: list[int], **env: str) -> int:
+        port = free_port()
+        argv = [sys.executable, str(PROXY), "--port", str(port), "--prefiller-hosts", *["127.0.0.1"] * len(prefill),
+                "--prefiller-ports", *map(str, prefill), "--decoder-hosts", *["127.0.0.1"] * len(decode),
+                "--decoder-ports", *map(str, decode)]  # fmt: skip
+        self.start(argv, {"PATH": "/usr/bin:/bin", **env}, port, "/healthcheck")
+        return port
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+            proc.communicate(timeout=SAFETY)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    made = Cluster(tmp_path)
+    yield made
+    made.stop()
+
+
+def test_a_completion_is_prefilled_then_decoded_and_the_kv_moved_is_the_models_shape(cluster):
+    """1P1D as the tutorial runs it: the answer is the decode server's (its cores), the decode read
+    the prompt's KV from the prefill (layers x 2 x KV heads x head dim x 2 bytes x prompt tokens),
+    and each server's vLLM metrics carry the request's TTFT and time per output token."""
+    p_port, _, _ = cluster.server("kv_producer", "0-1")
+    d_port, _, _ = cluster.server("kv_consumer", "2-3")
+    proxy = cluster.proxy([p_port], [d_port])
+    prompt = "count the numbers one two three"
+    status, text = post(proxy, "/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 5})
+    assert status == 200, text
+    answer = json.loads(text)
+    assert answer["choices"][0]["text"].startswith(" [cores [2, 3]]"), answer
+    assert answer["usage"]["completion_tokens"] == 5 and answer["kv_transfer_params"] is None
+    decode, prefill = get(d_port, "/metrics")[1], get(p_port, "/metrics")[1]
+    assert metric(decode, "vllm:nixl_bytes_transferred_sum") == 6 * TOKEN_BYTES
+    assert metric(decode, "vllm:nixl_bytes_transferred_count") == 1
+    assert metric(decode, "vllm:time_to_first_token_seconds_count") == 1
+    assert metric(decode, "vllm:inter_token_latency_seconds_count") == 4
+    assert metric(decode, "vllm:request_time_per_output_token_seconds_count") == 1
+    assert metric(decode, "vllm:generation_tokens_total") == 5
+    # The prefill ran max_tokens=1 (its token discarded), and freed its blocks once the decode read them.
+    assert metric(prefill, "vllm:generation_tokens_total") == 1
+    assert metric(prefill, "vllm:prompt_tokens_total") == 6
+    assert metric(prefill, "vllm:kv_cache_usage_perc") == 0.0
+    assert metric(prefill, "vllm:time_to_first_token_seconds_count") == 1
+    assert metric(decode, "vllm:num_requests_running") == 0 and metric(decode, "vllm:num_requests_waiting") == 0
+    assert 'vllm_neuron:neff_execution_count_total{bucket_name="prefill_s6"' in prefill
+
+
+def test_the_proxy_streams_the_decodes_answer(cluster):
+    p_port, _, _ = cluster.server("kv_producer", "0-1")
+    d_port, _, _ = cluster.server("kv_consumer", "2-3")
+    proxy = cluster.proxy([p_port], [d_port])
+    status, text = post(proxy, "/v1/completions", {"model": "m", "prompt": "a b c", "max_tokens": 3, "stream": True})
+    assert status == 200, text
+    events = [line.removeprefix("data: ") for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and len(events) == 4, text
+    assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == " [cores [2, 3]] tok0 tok1 tok2"
+    assert metric(get(d_port, "/metrics")[1], "vllm:nixl_bytes_transferred_sum") == 3 * TOKEN_BYTES
+
+
+def test_timing_follows_the_stated_formula(cluster):
+    """Prefill: CALL + TOKEN * p / 10; a decode step: TOKEN * (1 + (s - 1) / 8). A sleep lasts at
+    least its time, so each sum is bounded below by the formula."""
+    timing = {"NEURON_STANDIN_TOKEN_SECONDS": "0.02", "NEURON_STANDIN_CALL_SECONDS": "0.01"}
+    p_port, _, _ = cluster.server("kv_producer", "0-1", **timing)
+    d_port, _, _ = cluster.server("kv_consumer", "2-3", **timing)
+    proxy = cluster.proxy([p_port], [d_port])
+    status, text = post(proxy, "/v1/completions", {"model": "m", "prompt": " ".join(["w"] * 20), "max_tokens": 4})
+    assert status == 200, text
+    prefill, decode = get(p_port, "/metrics")[1], get(d_port, "/metrics")[1]
+    assert metric(prefill, "vllm:time_to_first_token_seconds_sum") >= 0.01 + 0.02 * 20 / 10
+    assert metric(decode, "vllm:inter_token_latency_seconds_sum") >= 3 * 0.02
+    assert metric(decode, "vllm:request_time_per_output_token_seconds_sum") >= 0.02
+
+
+def test_a_decode_request_without_kv_params_is_computed_locally_as_nixl_does(cluster):
+    """NixlConnector reads KV only for a request whose params say do_remote_prefill with a remote
+    engine, host and port; without them vLLM prefills the request itself, and nothing is read."""
+    d_port, _, proc = cluster.server("kv_consumer", "2-3")
+    status, text = post(d_port, "/v1/completions", {"prompt": "a b", "max_tokens": 2})
+    assert status == 200, text
+    status, text = post(d_port, "/v1/completions", {"prompt": "a b", "max_tokens": 2, "kv_transfer_params": {"do_remote_prefill": True}})
+    assert status == 200, text
+    metrics = get(d_port, "/metrics")[1]
+    assert metric(metrics, "vllm:nixl_bytes_transferred_count") == 0
+    assert metric(metrics, "vllm:prompt_tokens_total") == 4
+
+
+def test_stale_params_and_a_prefill_gone_fail_the_request_and_only_it(cluster):
+    """kv_load_failure_policy "fail" (vLLM's default): params read once already, and a prefill
+    server that went away, fail the decode's request with an internal error; the proxy answers
+    that request 502 and goes on serving."""
+    p_port, _, prefill = cluster.server("kv_producer", "0-1")
+    d_port, _, _ = cluster.server("kv_consumer", "2-3")
+    proxy = cluster.proxy([p_port], [d_port])
+    status, text = post(p_port, "/v1/completions", {"prompt": "a b c d", "max_tokens": 1,
+                                                    "kv_transfer_params": {"do_remote_decode": True}})  # fmt: skip
+    assert status == 200, text
+    params = json.loads(text)["kv_transfer_params"]
+    assert {"remote_engine_id", "remote_block_ids", "remote_host", "remote_port", "remote_request_id"} <= set(params)
+    asked = {"prompt": "a b c d", "max_tokens": 2, "kv_transfer_params": params}
+    assert post(d_port, "/v1/completions", asked)[0] == 200
+    status, text = post(d_port, "/v1/completions", asked)  # the same blocks again: released after the first read
+    assert status == 500 and json.loads(text)["error"]["message"] == "Internal server error", text
+    assert metric(get(d_port, "/metrics")[1], "vllm:nixl_num_failed_transfers_total") == 1
+    assert post(proxy, "/v1/completions", {"prompt": "x y", "max_tokens": 2})[0] == 200
+    fresh = json.loads(post(p_port, "/v1/completions", {"prompt": "a b c d", "max_tokens": 1,
+                                                        "kv_transfer_params": {"do_remote_decode": True}})[1])  # fmt: skip
+    prefill.send_signal(signal.SIGKILL)
+    prefill.wait(timeout=SAFETY)
+    status, text = post(d_port, "/v1/completions", {**asked, "kv_transfer_params": fresh["kv_transfer_params"]})
+    assert status == 500, text
+    assert metric(get(d_port, "/metrics")[1], "vllm:nixl_num_failed_transfers_total") == 2
+    status, text = post(proxy, "/v1/completions", {"prompt": "x y", "max_tokens": 2})
+    assert status == 502 and "prefill server" in text, text
+    assert get(proxy, "/healthcheck")[0] == 200
+
+
+def test_recompute_policy_serves_locally_when_the_read_fails(cluster):
+    d_port, _, _ = cluster.server("kv_consumer", "2-3", config=kv_config("kv_consumer", kv_load_failure_policy="recompute"))
+    params = {"do_remote_prefill": True, "remote_engine_id": "gone", "remote_block_ids": [0], "remote_host": "127.0.0.1",
+              "remote_port": free_port(), "remote_request_id": "r"}  # fmt: skip
+    status, text = post(d_port, "/v1/completions", {"prompt": "a", "max_tokens": 1, "kv_transfer_params": params})
+    assert status == 200, text
+
+
+def run(tmp_path: Path, image: str, *argv: str) -> subprocess.CompletedProcess:
+    env = environment(tmp_path, image, "0-1", free_port())
+    return subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=SAFETY)
+
+
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [
+        ('{"kv_connector": "NixlConnector", "kv_role": "kv_sender"}',
+         "kv_role\n  Input should be 'kv_producer', 'kv_consumer' or 'kv_both' [type=literal_error, input_value='kv_sender'"),
+        ('{"kv_connector": "NixlConnector"}', "Value error, Please specify kv_disagg_role when kv_connector is set"),
+        ('{"kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_load_failure_policy": "retry"}',
+         "Input should be 'recompute' or 'fail' [type=literal_error"),
+        ("{not json", "Invalid JSON"),
+    ],
+)  # fmt: skip
+def test_a_bad_kv_transfer_config_is_refused_as_vllms_parser_refuses_it(tmp_path, config, said):
+    model = checkpoint(tmp_path / "model")
+    done = run(tmp_path, PLUGIN, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--kv-transfer-config", config)
+    assert done.returncode == 2, done.stderr
+    assert "error: argument --kv-transfer-config: 1 validation error for KVTransferConfig" in done.stderr and said in done.stderr, (
+        done.stderr
+    )
+
+
+@pytest.mark.parametrize(("image", "connector"), [(PLUGIN, "P2pNcclConnector"), (PLUGIN, "NoSuchConnector"), (NXDI, "NixlConnector")])
+def test_a_connector_the_plugin_does_not_transfer_with_is_refused_at_start(tmp_path, image, connector):
+    model = checkpoint(tmp_path / "model")
+    config = json.dumps({"kv_connector": connector, "kv_role": "kv_producer"})
+    argv = ("-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--tensor-parallel-size", "2",
+            "--block-size", "32", "--kv-transfer-config", config)  # fmt: skip
+    done = run(tmp_path, image, *argv)
+    assert done.returncode == 1 and f"ValueError: Unsupported connector type: {connector}" in done.stderr, done.stderr
