@@ -11,6 +11,7 @@ import http.client
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -286,11 +287,40 @@ def test_a_bad_kv_transfer_config_is_refused_as_vllms_parser_refuses_it(tmp_path
     )
 
 
-@pytest.mark.parametrize(("image", "connector"), [(PLUGIN, "P2pNcclConnector"), (PLUGIN, "NoSuchConnector"), (NXDI, "NixlConnector")])
-def test_a_connector_the_plugin_does_not_transfer_with_is_refused_at_start(tmp_path, image, connector):
+@pytest.mark.parametrize(
+    ("image", "connector", "said"),
+    [
+        (PLUGIN, {"kv_connector": "P2pNcclConnector"}, "Unsupported connector type: P2pNcclConnector"),
+        (PLUGIN, {"kv_connector": "NoSuchConnector"}, "Unsupported connector type: NoSuchConnector"),
+        (NXDI, {"kv_connector": "NixlConnector"}, "Unsupported connector type: NixlConnector"),
+        (PLUGIN, {"kv_connector": "NixlConnector", "kv_buffer_device": "xpu"}, "neuron with xpu kv_buffer is not supported."),
+    ],
+)
+def test_a_connector_the_plugin_does_not_transfer_with_is_refused_at_start(tmp_path, image, connector, said):
     model = checkpoint(tmp_path / "model")
-    config = json.dumps({"kv_connector": connector, "kv_role": "kv_producer"})
+    config = json.dumps({**connector, "kv_role": "kv_producer"})
     argv = ("-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--tensor-parallel-size", "2",
             "--block-size", "32", "--kv-transfer-config", config)  # fmt: skip
     done = run(tmp_path, image, *argv)
-    assert done.returncode == 1 and f"ValueError: Unsupported connector type: {connector}" in done.stderr, done.stderr
+    assert done.returncode == 1 and f"ValueError: {said}" in done.stderr, done.stderr
+
+
+def test_another_engines_id_is_refused_as_nixls_handshake_refuses_it(cluster):
+    p_port, _, _ = cluster.server("kv_producer", "0-1")
+    d_port, _, decode = cluster.server("kv_consumer", "2-3")
+    status, text = post(p_port, "/v1/completions", {"prompt": "a b", "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}})
+    params = {**json.loads(text)["kv_transfer_params"], "remote_engine_id": "another-engine"}
+    status, text = post(d_port, "/v1/completions", {"prompt": "a b", "max_tokens": 1, "kv_transfer_params": params})
+    assert status == 500, text
+    decode.send_signal(signal.SIGTERM)
+    _, err = decode.communicate(timeout=SAFETY)
+    assert "Remote NIXL agent engine ID mismatch. Expected another-engine" in err, err
+
+
+def test_a_side_channel_port_already_taken_stops_the_server(tmp_path):
+    model = checkpoint(tmp_path / "model")
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        env = environment(tmp_path, PLUGIN, "0-1", taken.getsockname()[1])
+        argv = [*server_argv(model, free_port(), kv_config("kv_producer"))]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=SAFETY)
+    assert done.returncode == 1 and "the NIXL side channel cannot listen on 127.0.0.1" in done.stderr, done.stderr

@@ -228,8 +228,8 @@ def step_seconds(sequences: int) -> float:
 # -- metrics, as vLLM names them -----------------------------------------------------------------
 # vLLM's V1 PrometheusStatLogger (vllm/v1/metrics/loggers.py) and its docs/usage/metrics.md, for the
 # plugin's vLLM 0.21 and later: vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds
-# (vllm:time_per_output_token_seconds was renamed to it in 0.11 and is hidden from 0.12 unless
-# --show-hidden-metrics-for-version), vllm:request_time_per_output_token_seconds (one observation
+# (vllm:time_per_output_token_seconds, "Deprecated in 0.11 - Renamed as vllm:inter_token_latency_seconds",
+# "in 0.12, only enable if show_hidden_metrics=True"), vllm:request_time_per_output_token_seconds (one observation
 # per request), vllm:e2e_request_latency_seconds, vllm:kv_cache_usage_perc (vllm:gpu_cache_usage_perc
 # before 0.10), vllm:prompt_tokens_total, vllm:generation_tokens_total, vllm:request_success_total.
 # NIXL's, on the side that reads (NixlPromMetrics, vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py):
