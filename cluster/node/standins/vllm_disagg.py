@@ -438,10 +438,15 @@ class SideChannel:
                     piece = PATTERN[: min(len(PATTERN), size - sent)]
                     conn.sendall(piece)
                     sent += len(piece)
-            except OSError:
+                _read_line(conn)  # the decode's notification that it has read them ("Notify P to free blocks")
+            except (OSError, KvError):
                 pass
             finally:
-                self.engine.pool.give(held.blocks)  # the decode's notification: the blocks are freed
+                self.engine.pool.give(held.blocks)
+            try:
+                conn.sendall(b"freed\n")  # so that the decode goes on only once the blocks are free here
+            except OSError:
+                pass
 
 
 def pull(params: dict, token_bytes: int, tokens: int) -> int:
@@ -470,6 +475,8 @@ def pull(params: dict, token_bytes: int, tokens: int) -> int:
                 if not chunk:
                     raise KvError(f"the prefill at {host}:{port} closed the transfer at {got} of {want} bytes")
                 got += len(chunk)
+            sock.sendall(b"read\n")
+            _read_line(sock)
         except OSError as exc:
             raise KvError(f"NIXL transfer from {host}:{port} failed: {exc}") from None
     if got != tokens * token_bytes:
