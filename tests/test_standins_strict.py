@@ -292,3 +292,105 @@ def test_the_plugins_server_takes_flags_with_underscores_as_vllm_does(tmp_path):
     done = run(tmp_path, PLUGIN, *argv, **trn2_chip(tmp_path))
     assert done.returncode == 1 and "local compile cache miss" in done.stderr, done.stderr
     assert "unrecognized arguments" not in done.stderr
+
+
+# -- EAGLE3 speculative decoding on the vLLM Neuron plugin (trn2) ------------------------------
+# vLLM parses --speculative-config as JSON and checks num_speculative_tokens in SpeculativeConfig
+# (vllm/config/speculative.py); the plugin supports the "eagle3" method only and turns async
+# scheduling off with it (the features guide, "Speculative decoding (EAGLE3)",
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/guides/features-guide.html).
+
+
+def eagle3_draft(where: Path, parameters: int = 1_000_000_000) -> Path:
+    """A local EAGLE3 draft checkpoint: one decoder layer ("a single decoder layer", the speculative
+    decoding design page) of the target's attention shape, its parameters, and a weights file."""
+    where.mkdir(parents=True)
+    config = {
+        "model_type": "llama", "architectures": ["LlamaForCausalLMEagle3"], "torch_dtype": "bfloat16", "num_hidden_layers": 1,
+        "num_key_value_heads": 8, "num_attention_heads": 32, "hidden_size": 4096, "_standin_parameters": parameters,
+    }  # fmt: skip
+    (where / "config.json").write_text(json.dumps(config))
+    (where / "model.safetensors").write_bytes(b"")
+    return where
+
+
+def speculative(draft: Path, **fields: object) -> str:
+    return json.dumps({"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3, **fields})
+
+
+@pytest.mark.parametrize(
+    "config,code,refused",
+    [
+        ("{method: eagle3}", 2, "argument --speculative-config: invalid loads value"),
+        (None, 1, "Expected num_speculative_tokens to be greater than zero (0)."),
+        ("no-tokens", 1, "num_speculative_tokens must be provided with speculative model unless the draft model config"),
+        ("ngram", 1, "the vLLM Neuron plugin supports the speculative method \"eagle3\" only, not 'ngram'"),
+    ],
+)
+def test_the_plugins_server_refuses_a_speculative_config_vllm_or_the_plugin_refuses(tmp_path, config, code, refused):
+    draft = eagle3_draft(tmp_path / "draft")
+    given = {
+        None: speculative(draft, num_speculative_tokens=0),
+        "no-tokens": json.dumps({"method": "eagle3", "model": str(draft)}),
+        "ngram": speculative(draft, method="ngram"),
+    }.get(config, config)
+    checkpoint = llama_8b_checkpoint(tmp_path / "llama")
+    argv = ("-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint), "--tensor-parallel-size", "4",
+            "--max-model-len", "256", "--block-size", "32", "--speculative-config", str(given))  # fmt: skip
+    done = run(tmp_path, PLUGIN, *argv, **trn2_chip(tmp_path))
+    assert done.returncode == code and refused in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    "blocks,refused",
+    [
+        # The draft's 1e9 bf16 parameters join the target's, 4 ways: (16060000000 + 2000000000) / 4 = 4515000000
+        # bytes a core, and its layer joins every block: 32 * 2 * 33 * 2 * 128 * 2 = 1081344 bytes, so
+        # (25769803776 - 4515000000) // 1081344 = 19655 blocks fit, 1091 fewer than without the draft.
+        ("19656", 'nrt_tensor_allocate status=4 message="Allocation Failure" (initialize_kv_cache'),
+        ("19655", "VLLM_NEURON_DISABLE_WARMUP_COMPILE: local compile cache miss"),
+    ],
+)
+def test_the_plugins_server_counts_the_drafts_weights_and_layer_in_its_kv_cache(tmp_path, blocks, refused):
+    checkpoint, draft = llama_8b_checkpoint(tmp_path / "llama"), eagle3_draft(tmp_path / "draft")
+    argv = ("-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint), "--tensor-parallel-size", "4",
+            "--max-model-len", "256", "--block-size", "32", "--num-gpu-blocks-override", blocks,
+            "--speculative_config", speculative(draft))  # fmt: skip
+    done = run(tmp_path, PLUGIN, *argv, **trn2_chip(tmp_path))
+    assert done.returncode == 1 and refused in done.stderr, done.stderr
+
+
+def test_the_plugin_turns_async_scheduling_off_with_speculation_and_says_so(tmp_path):
+    """ "Setting --speculative-config disables async scheduling automatically with a startup warning"
+    (the features guide): the server goes on, to its warm-up, which misses the empty cache."""
+    checkpoint, draft = llama_8b_checkpoint(tmp_path / "llama"), eagle3_draft(tmp_path / "draft")
+    argv = ("-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint), "--tensor-parallel-size", "4",
+            "--max-model-len", "256", "--block-size", "32", "--async-scheduling", "--speculative-config", speculative(draft))  # fmt: skip
+    done = run(tmp_path, PLUGIN, *argv, **trn2_chip(tmp_path))
+    assert done.returncode == 1 and "local compile cache miss" in done.stderr, done.stderr
+    assert "WARNING" in done.stderr and "async scheduling is disabled with speculative decoding" in done.stderr
+
+
+def test_the_plugins_graphs_with_a_draft_are_not_those_without_and_the_compile_makes_them(tmp_path):
+    """With speculation the plugin warms up the draft's graphs and the target's verification graphs
+    (the design page, "Warmup with Speculation Enabled"): a cache compiled without the draft serves no
+    engine with it, and the CPU compile given the same speculative_config fills what that engine reads."""
+    checkpoint, draft = llama_8b_checkpoint(tmp_path / "llama"), eagle3_draft(tmp_path / "draft")
+    env = {**trn2_chip(tmp_path), "VLLM_NEURON_CPU_COMPILE": "1", "NEURON_PLATFORM_TARGET_OVERRIDE": "trn2"}
+    config = json.loads(speculative(draft))
+    engine = {"model": str(checkpoint), "tensor_parallel_size": 4, "max_model_len": 256, "block_size": 32, "num_gpu_blocks_override": 6000}
+    compiled = run(
+        tmp_path,
+        PLUGIN,
+        "-c",
+        f"from vllm import LLM; LLM(**{ {**engine, 'speculative_config': config, 'async_scheduling': False}!r})",
+        **env,
+    )
+    assert compiled.returncode == 0, compiled.stderr
+    probe = (
+        "import neuron_standin as s\n"
+        f"print(s.plugin_warm_up({ {**engine, 'speculative_config': config}!r}, 'trn2', may_compile=False)[1])\n"
+        f"s.plugin_warm_up({engine!r}, 'trn2', may_compile=False)\n"
+    )
+    served = run(tmp_path, PLUGIN, "-c", probe, **env)
+    assert served.stdout.split() == ["False"] and "local compile cache miss" in served.stderr, served.stderr

@@ -221,6 +221,10 @@ def plugin_graphs(engine: dict, target: str) -> dict[str, dict]:
         "compilerArgs": os.environ.get("NEURON_CC_FLAGS", ""), "versions": compiler_versions(),
         "kvCacheBlocks": engine.get("num_gpu_blocks_override"), "blockSize": engine.get("block_size") or PLUGIN_BLOCK_SIZE,
     }  # fmt: skip
+    if engine.get("speculative_config") is not None:
+        # With speculation the warm-up compiles the draft's graphs and the target's verification graphs,
+        # which process 1 + num_speculative_tokens tokens a sequence (the speculative decoding design page).
+        common["speculativeConfig"] = engine["speculative_config"]
     graphs = {
         "prefill": {**common, "phase": "prefill", "tokens": engine.get("max_model_len") or 2048},
         "decode": {**common, "phase": "decode", "sequences": engine.get("max_num_seqs") or 256},
@@ -252,6 +256,53 @@ def plugin_warm_up(engine: dict, target: str, may_compile: bool) -> tuple[list[s
     return sorted(graphs), compiled
 
 
+# -- EAGLE3 speculative decoding on the plugin ----------------------------------------------------
+# vLLM takes --speculative-config as a JSON object and checks it in SpeculativeConfig.__post_init__
+# (vllm/config/speculative.py): "num_speculative_tokens must be provided with speculative model unless
+# the draft model config contains an n_predict parameter.", "Expected num_speculative_tokens to be
+# greater than zero (N)."; the draft is loaded at the target's dtype (draft_model_config's
+# dtype=self.target_model_config.dtype). The plugin: method "Must be "eagle3". Currently the only
+# supported speculation method on Neuron", the draft is "a single decoder layer" whose KV layers join
+# the target's in one cache, and its warm-up compiles the draft's graphs and the target's verification
+# graphs (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/speculation/speculative_decoding_design.html;
+# the plugin's own message for another method is not documented: the stand-in says the page's words);
+# "Setting --speculative-config disables async scheduling automatically with a startup warning"
+# (the features guide, https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/guides/features-guide.html).
+PLUGIN_SPECULATIVE_METHODS = ("eagle3",)
+
+
+def check_speculative_config(config: object) -> str:
+    """The draft model a speculative config names, as vLLM and the plugin accept it; fails with their reason."""
+    if not isinstance(config, dict):
+        fail("vllm", f"ValueError: --speculative-config must be a JSON object, got {config!r}")
+    assert isinstance(config, dict)
+    tokens = config.get("num_speculative_tokens")
+    if tokens is None:
+        fail("vllm", "ValueError: num_speculative_tokens must be provided with speculative model unless the draft model "
+                     "config contains an n_predict parameter.")  # fmt: skip
+    if not isinstance(tokens, int) or isinstance(tokens, bool):
+        fail("vllm", f"ValueError: num_speculative_tokens: Input should be a valid integer, got {tokens!r}")
+    if tokens <= 0:
+        fail("vllm", f"ValueError: Expected num_speculative_tokens to be greater than zero ({tokens}).")
+    method = config.get("method")
+    if method not in PLUGIN_SPECULATIVE_METHODS:
+        fail("vllm", f'ValueError: the vLLM Neuron plugin supports the speculative method "eagle3" only, not {method!r} '
+                     '("Currently the only supported speculation method on Neuron")')  # fmt: skip
+    if not isinstance(config.get("model"), str) or not config["model"]:
+        fail("vllm", "ValueError: an eagle3 speculative config needs the draft's model (a path or a Hugging Face id)")
+    return str(config["model"])
+
+
+def speculation_off_async(async_scheduling: bool | None, config: object) -> bool | None:
+    """Async scheduling as the plugin runs it: off with a speculative config, with its startup warning."""
+    if config is None:
+        return async_scheduling
+    if async_scheduling:
+        print("WARNING  vllm-neuron  async scheduling is disabled with speculative decoding (--speculative-config): "
+              "the two are mutually exclusive on Neuron", file=sys.stderr, flush=True)  # fmt: skip
+    return False
+
+
 def llm(**engine) -> dict:
     """vLLM's offline engine, as far as compiling goes: on the plugin with VLLM_NEURON_CPU_COMPILE=1,
     the graphs are compiled for NEURON_PLATFORM_TARGET_OVERRIDE and never run."""
@@ -267,6 +318,10 @@ def llm(**engine) -> dict:
     if target not in PLUGIN_TARGETS:
         raise RuntimeError(f"the vLLM Neuron plugin supports Trn2 and Trn3, not {target}")
     checkpoint = local_checkpoint(str(engine["model"]), weights=True)  # the engine loads the weights before it warms up
+    speculation_off_async(engine.get("async_scheduling"), engine.get("speculative_config"))
+    if engine.get("speculative_config") is not None:
+        # The draft is loaded beside the target, before the warm-up compiles its graphs.
+        engine = {**engine, "draft_checkpoint": local_checkpoint(check_speculative_config(engine["speculative_config"]), weights=True)}
     # CPU compile: "the static HBM size for the target platform", a logical core's, as on the device.
     memory = core_memory_bytes(target)
     assert memory is not None  # a plugin target
@@ -470,6 +525,9 @@ def plugin_kv_cache(checkpoint: str, engine: dict, core_memory: int, compiling: 
     tp = engine.get("tensor_parallel_size") or 1
     if not parameters:
         return None
+    draft = engine.get("draft_checkpoint")
+    # The draft's weights are on the core beside the target's, at the target's dtype (vLLM's draft_model_config).
+    parameters += (model_parameters(draft) or 0) if draft else 0
     width = 4 if checkpoint_dtype(checkpoint) == "float32" else 2
     share = parameters * width // tp
     total = int(core_memory * (engine.get("gpu_memory_utilization") or PLUGIN_GPU_MEMORY_UTILIZATION))
@@ -485,6 +543,8 @@ def plugin_kv_cache(checkpoint: str, engine: dict, core_memory: int, compiling: 
     if blocks is None or shape is None:
         return {"kvBudgetBytes": available, "kvCacheBlocks": blocks}
     layers, heads, head_dim = shape
+    # One cache for both models: its blocks span "all layers (target + draft)" (the speculative decoding design page).
+    layers += (kv_shape(draft) or (1, 0, 0))[0] if draft else 0
     block = (engine.get("block_size") or PLUGIN_BLOCK_SIZE) * 2 * layers * -(-heads // tp) * head_dim * width
     if share + blocks * block > core_memory:
         need = (share + blocks * block) / GIB
@@ -675,6 +735,8 @@ def vllm_parser(serving: str) -> argparse.ArgumentParser:
     p.add_argument("--num-gpu-blocks-override", type=int)
     p.add_argument("--gpu-memory-utilization", type=float, default=None)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    # vLLM parses its config flags' JSON with json.loads ("--speculative-config", a SpeculativeConfig as a JSON object).
+    p.add_argument("--speculative-config", type=json.loads, default=None)
     p.add_argument("--load-format", default="auto")
     p.add_argument("--dtype", default="auto")
     if serving == VLLM_V0:
@@ -684,6 +746,8 @@ def vllm_parser(serving: str) -> argparse.ArgumentParser:
         p.add_argument("--additional-config", type=json.loads)
         # Disaggregated prefill and decode's flags (vllm_disagg, where each is cited).
         vllm_disagg.add_flags(p)
+        # V1's scheduler option (vllm/config/scheduler.py, SchedulerConfig.async_scheduling), which V0 never had.
+        p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
     return p
 
 
@@ -825,6 +889,10 @@ def vllm_main(argv: list[str]) -> int:
         engine = {"model": args.model, "tensor_parallel_size": args.tensor_parallel_size,
                   "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
                   "block_size": args.block_size, "num_gpu_blocks_override": args.num_gpu_blocks_override}  # fmt: skip
+        if args.speculative_config is not None:
+            draft = local_checkpoint(check_speculative_config(args.speculative_config), weights=True)
+            engine |= {"speculative_config": args.speculative_config, "draft_checkpoint": draft}
+        found["asyncScheduling"] = speculation_off_async(getattr(args, "async_scheduling", None), args.speculative_config)
         target = os.environ.get("NEURON_STANDIN_PLATFORM", "")
         memory = core_memory_bytes()
         try:
