@@ -597,6 +597,28 @@ def test_the_plugin_compile_step_keeps_the_hub_model_it_read_and_a_replica_serve
     assert not downloads.exists()
 
 
+def test_the_plugin_compile_step_keeps_an_eagle3_draft_from_the_hub_beside_its_target(tmp_path):
+    """A replica reads the artefact's Hub snapshot offline (HF_HUB_OFFLINE=1), so a draft named by a
+    Hub id must be in it too: the compile step downloads the draft as it does the target, weights
+    and all (vLLM loads the draft's checkpoint itself), and the engine then reads both offline."""
+    cache, downloads = tmp_path / "compiled", tmp_path / "downloads"
+    hub = cache / programs.HUB_SNAPSHOT_DIR
+    draft = "RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3"
+    engine = {**ENGINE, "speculative_config": {"method": "eagle3", "model": draft, "num_speculative_tokens": 3}, "async_scheduling": False}
+    env = plugin_env(
+        tmp_path, cache, INFERENTIA_VLLM_ENGINE_ARGS=json.dumps(engine), VLLM_NEURON_CPU_COMPILE="1",
+        NEURON_PLATFORM_TARGET_OVERRIDE="trn2", HF_TOKEN="hf_local", INFERENTIA_HUB_CACHE=str(hub),
+        INFERENTIA_TERMINATION_LOG=str(tmp_path / "termination-log"), NEURON_STANDIN_HUB_LOG=str(downloads),
+    )  # fmt: skip
+    done = subprocess.run(["/usr/bin/python3", str(PROGRAMS / programs.VLLM_COMPILE_PROGRAM)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    for repo in (ENGINE["model"], draft):
+        _, files = hub_files(hub, repo)
+        assert "model.safetensors" in files and not any(p.is_symlink() for p in files.values()), repo
+    assert len(downloads.read_text().splitlines()) == 2  # each once, by the compile step; the engine read both offline
+    assert f"kept {draft}" in done.stdout
+
+
 def test_the_plugin_compile_step_fails_with_the_plugins_reason(tmp_path):
     """Without the CPU-compilation settings there is no device to compile on, and the Job says so."""
     cache = tmp_path / "compiled"

@@ -20,7 +20,9 @@ The operator runs it with:
   ``VLLM_CACHE_ROOT`` where the model's files are downloaded first (``HF_TOKEN`` from your
   serving.env for a gated model), which the engine then reads offline and the serving pods read
   with it (``hub_snapshot.py``, shipped beside this program). The commit goes into the
-  termination message.
+  termination message. An EAGLE3 draft the engine arguments name by a Hugging Face id
+  (``speculative_config.model``) is downloaded and kept there too, weights and all: vLLM loads the
+  draft's checkpoint itself, and the serving pods read the cache offline.
 
 It needs only the image's Python and vLLM with the plugin: it is shipped in the plan ConfigMap
 and never imports inferentia_operator. Exit status 0 once the engine is built (every bucket
@@ -47,8 +49,14 @@ def engine_args() -> dict[str, Any]:
     return args
 
 
+def draft_model(args: dict[str, Any]) -> str | None:
+    """The draft model a speculative config names (vLLM's speculative_config "model"), if any."""
+    config = args.get("speculative_config")
+    return str(config["model"]) if isinstance(config, dict) and config.get("model") else None
+
+
 def main() -> int:
-    snapshot = hub = None
+    snapshot = hub = draft_snapshot = None
     try:
         args = engine_args()
         cache = Path(os.environ["VLLM_CACHE_ROOT"]) / CACHE
@@ -57,6 +65,10 @@ def main() -> int:
             # Downloaded once, here; the engine then reads that very commit from the cache, as
             # the serving pods will (vLLM takes the same model id, so the plugin's cache keys match).
             snapshot = hub_snapshot.download_served(str(args["model"]), hub)
+            draft = draft_model(args)
+            if draft is not None and hub_snapshot.is_repo_id(draft):
+                # The pods read the cache offline: a draft left out of it could not be loaded there.
+                draft_snapshot = hub_snapshot.download_served(draft, hub)
             os.environ |= {"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
         from vllm import LLM  # the image's vLLM, with the Neuron plugin registered through its entry point
 
@@ -72,6 +84,19 @@ def main() -> int:
     if snapshot is not None and hub is not None:
         if not hub_snapshot.keep_and_report(snapshot, str(args["model"]), hub, weights=True, failed="vllm compile failed"):
             return 1
+    if draft_snapshot is not None and hub is not None:
+        return keep_draft(draft_snapshot, str(draft_model(args)), hub)
+    return 0
+
+
+def keep_draft(snapshot: Path, repo_id: str, hub: Path) -> int:
+    """The draft's snapshot kept beside the target's (the termination message names the target's commit only)."""
+    try:
+        commit = hub_snapshot.keep(snapshot, repo_id, hub, weights=True)
+    except (OSError, ValueError) as exc:
+        print(f"vllm compile failed: keeping the Hub snapshot of the draft {repo_id} in {hub}: {exc}", file=sys.stderr)
+        return 1
+    print(f"kept {repo_id} (the EAGLE3 draft) at commit {commit} under {hub}")
     return 0
 
 
