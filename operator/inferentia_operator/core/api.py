@@ -271,6 +271,24 @@ class EnvFromSource(ApiModel):
     """A ConfigMap."""
 
 
+class Draft(ApiModel):
+    """The EAGLE3 draft model: a checkpoint trained against the target (spec.model), such as RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3 for meta-llama/Llama-3.1-8B-Instruct."""
+
+    uri: Annotated[str, Field(min_length=1, max_length=MAX_STRING)]
+    """A Hugging Face model id (org/name), as vLLM takes it, or an absolute path in the serving image. With compile.image and a target named by a Hugging Face id, the compile Job downloads a Hub draft once and keeps it in the artefact beside the target, and the serving pods read both from there, offline; otherwise vLLM downloads the draft in each serving pod at start (and in the compile Job). Not fetched from s3:// or https://."""
+    weights: Annotated[StrictInt | None, Field(ge=1, le=MAX_WEIGHTS)] = None
+    """Number of the draft's parameters, at the target's precision (vLLM loads the draft at the target's dtype). With the target's weights and shape, the plan sizes the vLLM Neuron plugin's KV cache with the draft's weights and its decoder layer counted; without it, the plugin sizes the cache itself."""
+
+
+class Speculation(ApiModel):
+    """EAGLE3 speculative decoding with the vLLM Neuron plugin: a draft model and how many tokens it proposes a step."""
+
+    draft: Draft
+    """The draft model."""
+    num_speculative_tokens: Annotated[StrictInt, Field(ge=1, le=MAX_SHAPE)] = 3
+    """Draft tokens proposed a step (vLLM's num_speculative_tokens, above 0, and below the largest bucket's last dimension, vLLM's max_model_len). Default 3, where the plugin's guidance starts: raise it when acceptance is high, lower it when acceptance is low."""
+
+
 class Serving(ApiModel):
     """The serving container of each replica."""
 
@@ -300,6 +318,8 @@ class Serving(ApiModel):
     """Mount the serving container's root file system read-only (it writes to HOME and /tmp). false for images that write elsewhere."""
     runtime: Literal["custom", "vllm"] = "custom"
     """custom: your image runs args (one process per NeuronCore Group). vllm (inf2, trn1, trn2, trn3): the operator runs vLLM's OpenAI-compatible server in each process, tensor parallel over its group; args are appended to vLLM's own."""
+    speculation: Speculation | None = None
+    """EAGLE3 speculative decoding, with runtime vllm on trn2 and trn3 (the vLLM Neuron plugin): the draft proposes numSpeculativeTokens tokens a step and the target verifies them in one forward pass. Rendered as vLLM's --speculative-config {"method":"eagle3","model":<draft.uri>,"num_speculative_tokens":<n>} and --no-async-scheduling, in every serving process's flags and in the compile step's engine alike. Off when unset."""
 
 
 class Rollout(ApiModel):

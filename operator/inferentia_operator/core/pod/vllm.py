@@ -65,6 +65,7 @@ def vllm_engine_args(model: Model) -> dict[str, Any]:
             args["block_size"] = size
         if (utilization := user_gpu_memory_utilization(model.spec)) is not None:
             args["gpu_memory_utilization"] = utilization
+        args |= speculation_args(model)
     if vllm_nxd(model):
         # vLLM on NxD Inference, as its guide's known issues ask: "Users are required to provide a
         # num_gpu_blocks_override arg, which should be at least ceil(max_model_len // block_size) *
@@ -85,3 +86,23 @@ def vllm_engine_args(model: Model) -> dict[str, Any]:
         if "max_num_seqs" in args and "max_model_len" in args and not v0:
             args["num_gpu_blocks_override"] = args["max_num_seqs"]
     return args
+
+
+def speculation_args(model: Model) -> dict[str, Any]:
+    """EAGLE3 speculative decoding (spec.serving.speculation), as the vLLM Neuron plugin documents it:
+    vLLM's speculative_config with "method": "eagle3", the draft's "model" and
+    "num_speculative_tokens" (the EAGLE3 tutorial for Llama 3.1,
+    https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/tutorials/tutorial-eagle3-speculative-decoding-llama-3-1.html,
+    and the design page's "speculative_config fields",
+    https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/speculation/speculative_decoding_design.html).
+    Async scheduling off: "Mutually exclusive with async scheduling. Setting --speculative-config
+    disables async scheduling automatically with a startup warning" (the features guide,
+    https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/guides/features-guide.html);
+    said here, so that the engine served is the engine asked for, and the compile step's is the same.
+    The same arguments go to the compile step: the plugin's warm-up compiles the draft's graphs and
+    the target's verification graphs, which the serving pods must find in the artefact."""
+    speculation = model.spec.serving.speculation
+    if speculation is None:
+        return {}
+    config = {"method": "eagle3", "model": speculation.draft.uri, "num_speculative_tokens": speculation.num_speculative_tokens}
+    return {"speculative_config": config, "async_scheduling": False}

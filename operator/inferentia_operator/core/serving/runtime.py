@@ -62,10 +62,14 @@ def vllm_args(model: Model) -> list[str]:
 
 def _vllm_flags(model: Model) -> list[str]:
     """The engine arguments as vLLM's flags, then serving.args: each a separate argument. A
-    boolean is vLLM's --x or --no-x (its BooleanOptionalAction flags)."""
+    boolean is vLLM's --x or --no-x (its BooleanOptionalAction flags); an object is JSON, as vLLM
+    parses its config flags (--speculative-config '{"method": "eagle3", ...}')."""
     flags = []
     for name, value in vllm_engine_args(model).items():
         flag = f"--{name.replace('_', '-')}"
+        if isinstance(value, dict):
+            flags += [flag, json.dumps(value, separators=(",", ":"))]
+            continue
         flags += ([flag] if value else [f"--no-{flag[2:]}"]) if isinstance(value, bool) else [flag, str(value)]
     return [*flags, *(model.spec.serving.args or [])]
 

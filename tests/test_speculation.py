@@ -1,0 +1,149 @@
+"""EAGLE3 speculative decoding with the vLLM Neuron plugin (spec.serving.speculation): the flags
+the serving processes and the compile step get, the rules, and the KV cache sized with the draft.
+
+The flags are held to the plugin's own example commands:
+- the Llama 3.1 8B EAGLE3 tutorial,
+  https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/tutorials/tutorial-eagle3-speculative-decoding-llama-3-1.html:
+  ``--speculative-config '{"method": "eagle3", "model": "RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3",
+  "num_speculative_tokens": 3}'`` beside ``--tensor-parallel-size 8 --max-num-seqs 2 --max-model-len 2048``;
+- the features guide, "Speculative decoding (EAGLE3)",
+  https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/guides/features-guide.html:
+  "Mutually exclusive with async scheduling. Setting --speculative-config disables async
+  scheduling automatically", and async scheduling is turned off with ``--no-async-scheduling``.
+
+The KV figures are worked by hand (docs/api.md, "The KV cache on trn2 and trn3", and
+"Speculative decoding"): the draft's weights join the target's in each core's bytes_used, and its
+one decoder layer joins the target's layers in every block, since the target and the draft share
+one KV cache whose block tables span "all layers (target + draft)" (the speculative decoding design
+page, "KV Cache Sharing",
+https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/speculation/speculative_decoding_design.html).
+Llama-3.1-8B (8.03e9 bf16 weights, 32 layers, 8 KV heads of 128) on two trn2 chips at LNC 2, 8
+ways, with a draft of 1e9 parameters:
+
+    total  = int(25769803776 * 0.9) = 23192823398, cap = int(23192823398 * 0.30) = 6957847019
+    weights a core: (16060000000 + 2000000000) / 8 = 2257500000, leaving 20935323398: the cap binds
+    a block: 32 tokens * 2 * (32 + 1) layers * 1 KV head * 128 * 2 bytes = 540672
+    blocks = 6957847019 // 540672 = 12868        (13271 without the draft: 524288 a block)
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from inferentia_operator.core.api import InferentiaModelSpec
+from inferentia_operator.core.compile.job import compile_job
+from inferentia_operator.core.model import check_model
+from inferentia_operator.core.planner import plan
+from inferentia_operator.core.pod.artefact import compile_inputs
+from inferentia_operator.core.pod.model import Model
+from inferentia_operator.core.serving.deployment import serving_deployment
+from specs import DROP, make_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "manifests" / "samples" / "trn2-eagle3.yaml"
+DRAFT = "RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3"
+TARGET = "meta-llama/Llama-3.1-8B-Instruct"
+# The tutorial's model details: "tensor-parallel-size 8, max-num-seqs 2, max-model-len 2048,
+# num_speculative_tokens 3", on a trn2.48xlarge (two chips at LNC 2 are 8 logical cores).
+EAGLE3_TRN2 = {
+    "model.uri": TARGET, "model.architecture": "transformer", "model.precision": "bf16",
+    "model.weights": 8_030_000_000, "model.layers": 32, "model.kvHeads": 8, "model.headDim": 128,
+    "compute.family": "trn2", "compute.inf": 2, "compute.memory": "64Gi", "processesPerReplica": 1,
+    "compile.buckets": [[2048]], "compile.image": "example.com/vllm-neuronx:2.32", "compile.outputUri": "s3://models/compiled/",
+    "serving.runtime": "vllm", "serving.batching": {"maxBatchSize": 2}, "serving.port": 8000,
+    "serving.speculation": {"draft": {"uri": DRAFT, "weights": 1_000_000_000}, "numSpeculativeTokens": 3},
+}  # fmt: skip
+# The tutorial's EAGLE3 server (Step 2), as its page gives it.
+TUTORIAL_COMMAND = """vllm serve meta-llama/Llama-3.1-8B-Instruct \\
+    --tensor-parallel-size 8 \\
+    --max-num-seqs 2 \\
+    --max-model-len 2048 \\
+    --no-enable-prefix-caching \\
+    --speculative-config '{
+        "method": "eagle3",
+        "model": "RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3",
+        "num_speculative_tokens": 3
+      }' \\
+    --port 8000"""
+
+
+def spec_of(**overrides) -> InferentiaModelSpec:
+    return InferentiaModelSpec.model_validate(make_spec(**overrides))
+
+
+def model_of(**overrides) -> Model:
+    spec = spec_of(**overrides)
+    return Model("llama", "team", "uid-1", spec, plan(spec))
+
+
+def serving_flags(m: Model) -> list[str]:
+    [container] = serving_deployment(m)["spec"]["template"]["spec"]["containers"]
+    return container["args"]
+
+
+def compile_engine_args(m: Model) -> dict:
+    compile_step = compile_job(m)["spec"]["template"]["spec"]["initContainers"][-1]
+    return json.loads({e["name"]: e["value"] for e in compile_step["env"]}["INFERENTIA_VLLM_ENGINE_ARGS"])
+
+
+def flag_values(args: list[str]) -> dict[str, str | bool]:
+    """``--name value`` and bare ``--name`` flags, as a table (the last of a name, as vLLM takes it)."""
+    found: dict[str, str | bool] = {}
+    for i, arg in enumerate(args):
+        if not arg.startswith("--"):
+            continue
+        value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else True
+        found[arg] = value
+    return found
+
+
+def problems(**overrides) -> tuple[list[str], list[str]]:
+    """(errors, warnings) of validate, each as ``path: message``."""
+    # Two chips a pod need the Neuron scheduler extension's scheduler, which validate is told of here.
+    checked = check_model("llama", "team", make_spec(**overrides), scheduler_name="my-scheduler")
+    said = [(f.severity, f"{f.path}: {f.message}") for f in checked.findings]
+    return [t for s, t in said if s == "error"], [t for s, t in said if s == "warning"]
+
+
+def test_the_serving_flags_are_the_tutorials_speculative_config_with_async_scheduling_off():
+    m = model_of(**EAGLE3_TRN2)
+    ours = flag_values(serving_flags(m))
+    theirs = flag_values(shlex.split(TUTORIAL_COMMAND)[2:])
+    assert json.loads(str(ours["--speculative-config"])) == json.loads(str(theirs["--speculative-config"]))
+    for name in ("--tensor-parallel-size", "--max-num-seqs", "--max-model-len"):
+        assert ours[name] == theirs[name], name
+    # The features guide: speculation and async scheduling are mutually exclusive; said, not left to the plugin's warning.
+    assert ours["--no-async-scheduling"] is True and "--async-scheduling" not in ours
+
+
+def test_the_compile_step_compiles_the_engine_that_is_served():
+    """The plugin warms up (compiles) the draft's graphs and the target's verification graphs with
+    speculation on: the compile Job's engine must have the same speculative_config, or the served
+    engine misses the cache. The compile key has it: another draft is another compile."""
+    m = model_of(**EAGLE3_TRN2)
+    engine = compile_engine_args(m)
+    assert engine["speculative_config"] == {"method": "eagle3", "model": DRAFT, "num_speculative_tokens": 3}
+    assert engine["async_scheduling"] is False
+    assert json.loads(str(flag_values(serving_flags(m))["--speculative-config"])) == engine["speculative_config"]
+    assert compile_inputs(m)["engineArgs"] == engine
+    other = model_of(**{**EAGLE3_TRN2, "serving.speculation.numSpeculativeTokens": 4})
+    assert compile_inputs(other) != compile_inputs(m)
+
+
+def test_without_speculation_nothing_of_it_is_rendered():
+    m = model_of(**{**EAGLE3_TRN2, "serving.speculation": DROP})
+    assert "speculative_config" not in compile_engine_args(m) and "async_scheduling" not in compile_engine_args(m)
+    assert not any(a.startswith(("--speculative", "--no-async")) for a in serving_flags(m))
+
+
+def test_a_hub_draft_is_kept_in_the_artefact_beside_the_target_for_replicas_that_read_it_offline():
+    """The serving pods read a Hub target offline from the artefact's snapshot (HF_HUB_OFFLINE=1):
+    the draft must be there too, or vLLM cannot load it. The compile step downloads every Hub id
+    the engine names, the draft with it."""
+    m = model_of(**EAGLE3_TRN2)
+    [container] = serving_deployment(m)["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env.get("HF_HUB_OFFLINE") == "1"
+    assert compile_engine_args(m)["speculative_config"]["model"] == DRAFT
