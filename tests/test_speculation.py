@@ -32,12 +32,14 @@ import json
 import shlex
 from pathlib import Path
 
+import pytest
+
 from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.compile.job import compile_job
 from inferentia_operator.core.model import check_model
 from inferentia_operator.core.planner import plan
 from inferentia_operator.core.pod.artefact import compile_inputs
-from inferentia_operator.core.pod.model import Model
+from inferentia_operator.core.pod.model import Model, plan_document
 from inferentia_operator.core.serving.deployment import serving_deployment
 from specs import DROP, make_spec
 
@@ -53,7 +55,9 @@ EAGLE3_TRN2 = {
     "compute.family": "trn2", "compute.inf": 2, "compute.memory": "64Gi", "processesPerReplica": 1,
     "compile.buckets": [[2048]], "compile.image": "example.com/vllm-neuronx:2.32", "compile.outputUri": "s3://models/compiled/",
     "serving.runtime": "vllm", "serving.batching": {"maxBatchSize": 2}, "serving.port": 8000,
-    "serving.speculation": {"draft": {"uri": DRAFT, "weights": 1_000_000_000}, "numSpeculativeTokens": 3},
+    # Dotted, so that each spec gets its own speculation object (make_spec sets a dict value as it is).
+    "serving.speculation.draft.uri": DRAFT, "serving.speculation.draft.weights": 1_000_000_000,
+    "serving.speculation.numSpeculativeTokens": 3,
 }  # fmt: skip
 # The tutorial's EAGLE3 server (Step 2), as its page gives it.
 TUTORIAL_COMMAND = """vllm serve meta-llama/Llama-3.1-8B-Instruct \\
@@ -67,6 +71,10 @@ TUTORIAL_COMMAND = """vllm serve meta-llama/Llama-3.1-8B-Instruct \\
         "num_speculative_tokens": 3
       }' \\
     --port 8000"""
+
+
+def without_speculation(overrides: dict) -> dict:
+    return {k: v for k, v in overrides.items() if not k.startswith("serving.speculation")}
 
 
 def spec_of(**overrides) -> InferentiaModelSpec:
@@ -133,9 +141,37 @@ def test_the_compile_step_compiles_the_engine_that_is_served():
 
 
 def test_without_speculation_nothing_of_it_is_rendered():
-    m = model_of(**{**EAGLE3_TRN2, "serving.speculation": DROP})
+    m = model_of(**{**without_speculation(EAGLE3_TRN2), "serving.speculation": DROP})
     assert "speculative_config" not in compile_engine_args(m) and "async_scheduling" not in compile_engine_args(m)
     assert not any(a.startswith(("--speculative", "--no-async")) for a in serving_flags(m))
+
+
+@pytest.mark.parametrize(
+    "overrides,with_draft,without",
+    [
+        # The module's figure: the cap binds, and the draft's layer makes each block larger.
+        ({}, 12868, 13271),
+        # Llama-3.1-70B (70.6e9 weights, 80 layers) over the same 8 cores is bound by its weights:
+        # 23192823398 - (141200000000 + 2000000000) / 8 = 5292823398, a block of 81 layers is 1327104
+        # bytes: 3988 blocks (4228 without the draft: 5542823398 // 1310720).
+        ({"model.weights": 70_600_000_000, "model.layers": 80}, 3988, 4228),
+    ],
+)
+def test_the_kv_blocks_leave_room_for_the_drafts_weights_and_layer(overrides, with_draft, without):
+    spec = {**EAGLE3_TRN2, **overrides}
+    assert plan_document(plan(spec_of(**spec)))["kvCache"] == {"blocks": with_draft, "blockSize": 32}
+    no_draft = without_speculation(spec)
+    assert plan_document(plan(spec_of(**no_draft)))["kvCache"] == {"blocks": without, "blockSize": 32}
+    m = model_of(**spec)
+    assert flag_values(serving_flags(m))["--num-gpu-blocks-override"] == str(with_draft)
+    assert compile_engine_args(m)["num_gpu_blocks_override"] == with_draft
+
+
+@pytest.mark.parametrize("tokens", [0, -1, "3", 1.5])
+def test_num_speculative_tokens_is_a_count_of_at_least_one(tokens):
+    """vLLM: "Expected num_speculative_tokens to be greater than zero" (vllm/config/speculative.py)."""
+    errors, _ = problems(**{**EAGLE3_TRN2, "serving.speculation.numSpeculativeTokens": tokens})
+    assert any(e.startswith("spec.serving.speculation.numSpeculativeTokens:") for e in errors), errors
 
 
 def test_a_hub_draft_is_kept_in_the_artefact_beside_the_target_for_replicas_that_read_it_offline():

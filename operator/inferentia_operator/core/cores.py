@@ -319,6 +319,38 @@ def user_gpu_memory_utilization(spec: InferentiaModelSpec) -> float | None:
     return None if value < 0 else value
 
 
+# EAGLE3 speculative decoding (spec.serving.speculation) on the plugin: the draft's weights are on
+# every rank beside the target's ("Applies the same TP group sharding as the target model"), and its
+# layers share the target's KV cache: "vLLM allocates block tables spanning all layers (target +
+# draft)", the draft being "a single decoder layer" (the speculative decoding design page,
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/speculation/speculative_decoding_design.html),
+# so a block holds DRAFT_LAYERS more layers, and vLLM's budget // (page size x layers) counts them.
+# vLLM loads the draft at the target's dtype (SpeculativeConfig's draft_model_config,
+# dtype=self.target_model_config.dtype, vllm-project/vllm vllm/config/speculative.py): its weights
+# at the model's precision's bytes. Assumed where the documentation is silent (docs/api.md says so):
+# the plugin's bytes_used ("model parameter + buffer sizes") counts the draft's parameters once
+# loaded, and the draft's layer has the target's KV heads and head dimension, as the EAGLE3 drafts
+# of the plugin's tutorials do.
+DRAFT_LAYERS = 1
+
+
+def draft_weights_bytes(spec: InferentiaModelSpec) -> int | None:
+    """The EAGLE3 draft's weights at the target's precision: 0 without speculation, None where unknown."""
+    speculation = spec.serving.speculation
+    if speculation is None:
+        return 0
+    weights = speculation.draft.weights
+    return None if weights is None else weights * bytes_per_weight(spec.model.precision)
+
+
+def kv_layers(spec: InferentiaModelSpec) -> int | None:
+    """The layers whose keys and values one KV cache block holds: the target's, and the draft's with speculation."""
+    layers = spec.model.layers
+    if layers is None:
+        return None
+    return layers + (DRAFT_LAYERS if spec.serving.speculation is not None else 0)
+
+
 @dataclass(frozen=True)
 class PluginKvBudget:
     """The plugin's KV cache budget on each logical core of a group (bytes), and what makes it."""
@@ -334,10 +366,12 @@ class PluginKvBudget:
 
 def plugin_kv_budget(spec: InferentiaModelSpec, family: Family, group: int) -> PluginKvBudget | None:
     """The plugin's KV cache budget a core, with the user's gpu_memory_utilization (serving.args)
-    and cap fraction and minimum (serving.env) where set; None off the plugin or without the weights."""
-    weights = weights_bytes(spec)
-    if not on_vllm_plugin(spec, family) or weights is None:
+    and cap fraction and minimum (serving.env) where set, the EAGLE3 draft's weights beside the
+    target's; None off the plugin or without the weights (the draft's too, with speculation)."""
+    weights, draft = weights_bytes(spec), draft_weights_bytes(spec)
+    if not on_vllm_plugin(spec, family) or weights is None or draft is None:
         return None
+    weights += draft  # both models' weights are on every rank before the cache is sized
     core = family.memory_per_core_bytes(lnc_of(spec, family))
     utilization = user_gpu_memory_utilization(spec) or PLUGIN_GPU_MEMORY_UTILIZATION
     cap = _fraction(serving_env(spec, KV_CAP_ENV), PLUGIN_KV_CAP_FRACTION)
@@ -359,10 +393,13 @@ def _min_kv_budget_gib(text: str | None) -> float:
 
 
 def plugin_block_bytes(spec: InferentiaModelSpec, family: Family, group: int) -> int | None:
-    """One block's bytes on each core of the group: block_size tokens of every layer, of the core's
-    share of the KV heads (kv_bytes_per_token replicates heads up to a multiple of the group)."""
-    per_token = kv_bytes_per_token(spec, family, group)
-    return None if per_token is None else plugin_block_size(spec) * per_token // group
+    """One block's bytes on each core of the group: block_size tokens of every layer (the draft's too,
+    with speculation: kv_layers), of the core's share of the KV heads (kv_bytes_per_token replicates
+    heads up to a multiple of the group)."""
+    per_token, layers = kv_bytes_per_token(spec, family, group), kv_layers(spec)
+    if per_token is None or layers is None or spec.model.layers is None:
+        return None
+    return plugin_block_size(spec) * (per_token // spec.model.layers * layers) // group
 
 
 def plugin_kv_blocks(spec: InferentiaModelSpec, family: Family, group: int) -> int | None:
