@@ -153,6 +153,21 @@ _PLACED = {
 CEL_CASES |= {f"{where}-{what}": spec(bad) for where, spec in _PLACED.items() for what, bad in _BAD_PLACEMENTS.items()}
 
 
+def _speculating(**overrides: object) -> dict:
+    """vLLM on trn2 with an EAGLE3 draft, and the overrides (each spec its own speculation object)."""
+    base = {"compute.family": "trn2", "serving.runtime": "vllm", "serving.speculation.draft.uri": "org/draft-eagle3"}
+    return make_spec(**{**base, **overrides})
+
+
+# The rules of spec.serving.speculation (rules.speculation): where it runs, the draft's source, and
+# what serving.args may not set beside it.
+CEL_CASES |= {
+    "speculation-plugin": _speculating(**{"serving.runtime": "custom", "serving.args": ["serve"]}),
+    "speculation-draft": _speculating(**{"serving.speculation.draft.uri": "s3://b/draft/"}),
+    "speculation-second-config": _speculating(**{"serving.args": ["--speculative-config", "{}"]}),
+    "speculation-async": _speculating(**{"serving.args": ["--async_scheduling"]}),
+}
+
 SECRET = {"secretKeyRef": {"name": "hf", "key": "token"}}
 ENV_SOURCES = [
     {},

@@ -29,7 +29,7 @@ from corpus import CEL_CASES, DIVERGENCE_CORPUS
 from crd_cel import KUBERNETES_LIBRARY, node_at, spec_rules
 from inferentia_operator.core.findings import Finding, errors
 from inferentia_operator.core.parsing import parse_spec
-from inferentia_operator.core.rules import KV_FIT, NODES_KV_FIT, STATIC_WEIGHTS_TOO_LARGE
+from inferentia_operator.core.rules import KV_FIT, NODES_KV_FIT, STATIC_WEIGHTS_TOO_LARGE, TOKENS_PAST_MAX_MODEL_LEN
 from specs import DROP, make_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,8 +58,9 @@ def refused_by_cel(spec: dict[str, Any]) -> list[str]:
 
 
 def _without_twin(finding: Finding) -> bool:
-    """Rules that CEL cannot express (rules.memory says why): the KV cache and static weights."""
-    templates = [*KV_FIT.values(), NODES_KV_FIT, STATIC_WEIGHTS_TOO_LARGE]
+    """Rules that CEL cannot express (rules.memory says why): the KV cache, static weights and the
+    speculative tokens against max_model_len (rules.speculation)."""
+    templates = [*KV_FIT.values(), NODES_KV_FIT, STATIC_WEIGHTS_TOO_LARGE, TOKENS_PAST_MAX_MODEL_LEN]
     pattern = [re.escape(t).replace("%d", r"-?\d+").replace("%s", ".*") for t in templates]
     return any(re.fullmatch(p, finding.message) for p in pattern)
 

@@ -167,11 +167,97 @@ def test_the_kv_blocks_leave_room_for_the_drafts_weights_and_layer(overrides, wi
     assert compile_engine_args(m)["num_gpu_blocks_override"] == with_draft
 
 
+def test_without_the_drafts_weights_the_plan_gives_no_block_count_and_says_why():
+    """The count that fits cannot be known without the draft's weights: the plugin sizes its cache
+    itself, as it does for a model of unknown shape, and validate says what to set."""
+    spec = {**EAGLE3_TRN2, "serving.speculation.draft.weights": DROP}
+    assert plan(spec_of(**spec)).kv_cache is None
+    errors, warnings = problems(**spec)
+    assert errors == []
+    assert warnings == [
+        "spec.serving.speculation.draft.weights: not set, so the KV cache blocks are left to the vLLM Neuron plugin: the "
+        "draft's weights share each core's memory with the target's; set the draft's parameters to have the plan size the cache"
+    ]
+
+
+@pytest.mark.parametrize(
+    "overrides,refused",
+    [
+        (
+            {"serving.runtime": "custom", "serving.args": ["serve"]},
+            "spec.serving.speculation: EAGLE3 speculative decoding runs on the vLLM Neuron plugin, and serving.runtime is "
+            "custom on trn2; valid specs set serving.runtime: vllm and compute.family trn2 or trn3",
+        ),
+        (
+            {"compute.family": "inf2", "compute.inf": 2},
+            "spec.serving.speculation: EAGLE3 speculative decoding runs on the vLLM Neuron plugin, and serving.runtime is "
+            "vllm on inf2; valid specs set serving.runtime: vllm and compute.family trn2 or trn3",
+        ),
+        (
+            {"serving.args": ["--speculative-config", '{"method": "eagle3"}']},
+            "spec.serving.args: --speculative-config sets vLLM's speculative config a second time, beside "
+            "spec.serving.speculation, and the compile step would not compile it; valid specs set it in "
+            "spec.serving.speculation only",
+        ),
+        (
+            {"serving.args": ["--speculative_config.num_speculative_tokens=5"]},
+            "spec.serving.args: --speculative_config.num_speculative_tokens=5 sets vLLM's speculative config a second "
+            "time, beside spec.serving.speculation, and the compile step would not compile it; valid specs set it in "
+            "spec.serving.speculation only",
+        ),
+        (
+            {"serving.args": ["--async-scheduling"]},
+            "spec.serving.args: --async-scheduling turns on async scheduling, which the vLLM Neuron plugin runs only without "
+            "spec.serving.speculation (it turns it off); valid specs drop --async-scheduling or spec.serving.speculation",
+        ),
+        (
+            {"serving.args": ["--async_scheduling"]},
+            "spec.serving.args: --async_scheduling turns on async scheduling, which the vLLM Neuron plugin runs only without "
+            "spec.serving.speculation (it turns it off); valid specs drop --async_scheduling or spec.serving.speculation",
+        ),
+        (
+            {"serving.speculation.draft.uri": "s3://models/eagle3/"},
+            "spec.serving.speculation.draft.uri: s3://models/eagle3/ is not a model vLLM reads itself, and the draft is "
+            "not fetched; valid values are a Hugging Face model id (org/name) or an absolute path in the serving image",
+        ),
+        (
+            {"serving.speculation.numSpeculativeTokens": 2048},
+            "spec.serving.speculation.numSpeculativeTokens: 2048 leaves no position to speculate at: the plugin speculates "
+            "only below max_model_len - numSpeculativeTokens, and max_model_len is 2048; valid values are 1 to 2047",
+        ),
+    ],
+)
+def test_what_the_plugin_does_not_take_with_eagle3_is_refused_naming_both(overrides, refused):
+    errors, _ = problems(**{**EAGLE3_TRN2, **overrides})
+    assert refused in errors, errors
+
+
 @pytest.mark.parametrize("tokens", [0, -1, "3", 1.5])
 def test_num_speculative_tokens_is_a_count_of_at_least_one(tokens):
     """vLLM: "Expected num_speculative_tokens to be greater than zero" (vllm/config/speculative.py)."""
     errors, _ = problems(**{**EAGLE3_TRN2, "serving.speculation.numSpeculativeTokens": tokens})
     assert any(e.startswith("spec.serving.speculation.numSpeculativeTokens:") for e in errors), errors
+
+
+def test_async_scheduling_turned_off_again_or_other_flags_are_taken():
+    errors, warnings = problems(**{**EAGLE3_TRN2, "serving.args": ["--no-async-scheduling", "--max-num-batched-tokens", "2048"]})
+    assert errors == [] and warnings == []
+
+
+def test_a_hand_written_speculative_config_is_a_warning_where_the_plan_sizes_the_cache():
+    """serving.args' own --speculative-config still reaches vLLM, as before the field; but the plan's
+    block count leaves no room for a draft it does not know of, and the compile step compiles none."""
+    config = json.dumps({"method": "eagle3", "model": DRAFT, "num_speculative_tokens": 3})
+    spec = {**without_speculation(EAGLE3_TRN2), "serving.args": ["--speculative-config", config]}
+    errors, warnings = problems(**spec)
+    assert errors == []
+    assert warnings == [
+        "spec.serving.args: --speculative-config sets a speculative config the plan does not know of: the KV cache "
+        "blocks it gives the plugin leave no room for a draft's weights and layer, and the compile step compiles no "
+        "draft; valid specs set spec.serving.speculation instead"
+    ]
+    # The user's own block count is theirs to size.
+    assert problems(**{**spec, "serving.args": ["--speculative-config", config, "--num-gpu-blocks-override", "6000"]}) == ([], [])
 
 
 def test_a_hub_draft_is_kept_in_the_artefact_beside_the_target_for_replicas_that_read_it_offline():

@@ -41,9 +41,11 @@ from . import (
     routing,
     scheduling,
     sizing,
+    speculation,
 )
 from .identity import NAME, check_name, check_namespace
 from .memory import KV_FIT, NODES_KV_FIT, STATIC_WEIGHTS_TOO_LARGE
+from .speculation import TOKENS_PAST_MAX_MODEL_LEN
 
 Check = Callable[[InferentiaModelSpec, Family], list[Finding]]
 
@@ -75,6 +77,7 @@ MODULES: tuple[RuleModule, ...] = (
     routing,
     nodes,
     scheduling,
+    speculation,
     sizing,
     advice,
 )
@@ -99,4 +102,14 @@ def check_spec(spec: InferentiaModelSpec) -> list[Finding]:
     return [finding for check in _CHECKS for finding in check(spec, family)]
 
 
-__all__ = ["CEL_RULES", "KV_FIT", "NAME", "NODES_KV_FIT", "STATIC_WEIGHTS_TOO_LARGE", "check_name", "check_namespace", "check_spec"]
+__all__ = [
+    "CEL_RULES",
+    "KV_FIT",
+    "NAME",
+    "NODES_KV_FIT",
+    "STATIC_WEIGHTS_TOO_LARGE",
+    "TOKENS_PAST_MAX_MODEL_LEN",
+    "check_name",
+    "check_namespace",
+    "check_spec",
+]
