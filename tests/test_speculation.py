@@ -35,7 +35,9 @@ from pathlib import Path
 import pytest
 
 from inferentia_operator.core.api import InferentiaModelSpec
+from inferentia_operator.core.catalogue import FAMILIES
 from inferentia_operator.core.compile.job import compile_job
+from inferentia_operator.core.cores import device_memory_per_process
 from inferentia_operator.core.model import check_model
 from inferentia_operator.core.planner import plan
 from inferentia_operator.core.pod.artefact import compile_inputs
@@ -93,7 +95,7 @@ def serving_flags(m: Model) -> list[str]:
 
 def compile_engine_args(m: Model) -> dict:
     compile_step = compile_job(m)["spec"]["template"]["spec"]["initContainers"][-1]
-    return json.loads({e["name"]: e["value"] for e in compile_step["env"]}["INFERENTIA_VLLM_ENGINE_ARGS"])
+    return json.loads({e["name"]: e.get("value") for e in compile_step["env"]}["INFERENTIA_VLLM_ENGINE_ARGS"])
 
 
 def flag_values(args: list[str]) -> dict[str, str | bool]:
@@ -165,6 +167,15 @@ def test_the_kv_blocks_leave_room_for_the_drafts_weights_and_layer(overrides, wi
     m = model_of(**spec)
     assert flag_values(serving_flags(m))["--num-gpu-blocks-override"] == str(with_draft)
     assert compile_engine_args(m)["num_gpu_blocks_override"] == with_draft
+
+
+def test_the_plans_device_memory_counts_the_drafts_weights_on_the_same_cores():
+    """plan's DEVICE-MEMORY (deviceMemoryPerProcess.neededBytes): the draft's 1e9 bf16 weights are 2e9 bytes more."""
+    trn2 = FAMILIES["trn2"]
+    with_draft = device_memory_per_process(spec_of(**EAGLE3_TRN2), trn2, 8)
+    without = device_memory_per_process(spec_of(**without_speculation(EAGLE3_TRN2)), trn2, 8)
+    assert with_draft["neededBytes"] is not None and without["neededBytes"] is not None
+    assert with_draft["neededBytes"] - without["neededBytes"] == 2_000_000_000
 
 
 def test_without_the_drafts_weights_the_plan_gives_no_block_count_and_says_why():

@@ -145,12 +145,15 @@ def kv_cache_bytes(spec: InferentiaModelSpec, family: Family, group: int) -> int
 
 
 def memory_needed(spec: InferentiaModelSpec, family: Family, group: int, with_kv: bool = True) -> int | None:
-    """Device memory one group needs (weights, the KV cache where known, the runtime's reserve)."""
+    """Device memory one group needs (weights, the KV cache where known, the runtime's reserve). With
+    the KV cache, an EAGLE3 draft's weights too, where known (they are on the same cores): that count
+    is validate's and the operator's; the weights alone are the CRD's CEL rule, which reads spec.model."""
     weights = weights_bytes(spec)
     if weights is None:
         return None
     kv = kv_cache_bytes(spec, family, group) if with_kv else None
-    return weights + (kv or 0) + runtime_reserve_bytes(lnc_of(spec, family), group)
+    draft = (draft_weights_bytes(spec) or 0) if with_kv else 0
+    return weights + draft + (kv or 0) + runtime_reserve_bytes(lnc_of(spec, family), group)
 
 
 def smallest_fitting_group(spec: InferentiaModelSpec, family: Family, with_kv: bool, most: int | None = None) -> int:

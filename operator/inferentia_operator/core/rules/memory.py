@@ -258,7 +258,7 @@ def _check_one_node_memory_fit(spec: InferentiaModelSpec, fam: Family, lnc: int,
         if spec.serving.batching is None:
             missing.append("serving.batching.maxBatchSize (the sequences at once)")
         return [Finding("spec.model", KV_UNKNOWN % and_list(missing), "warning")] if missing else []
-    need = weights_only + kv
+    need = memory_needed(spec, fam, group) or 0  # the weights (an EAGLE3 draft's too), the cache, the reserve
     if need <= has:
         return []
     seqs = sequences(spec)
