@@ -47,6 +47,8 @@ def test_valid_samples_pass():
     assert code == 0
     assert out.splitlines() == [
         "default/bert-base: ok", "default/distilbert: ok", "default/gpt2: ok", "default/llama-8b: ok", "default/resnet50: ok",
+        # With its EAGLE3 draft's weights, the KV cache is sized with the draft: nothing to warn of.
+        "default/llama-8b-eagle3: ok",
         # Its shape, its sequence length and its sequences at once are all in the sample: the
         # KV cache is checked too, and nothing is left to warn of.
         "default/llama-70b-trn2: ok",

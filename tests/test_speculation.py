@@ -33,6 +33,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 
 from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.catalogue import FAMILIES
@@ -280,3 +281,13 @@ def test_a_hub_draft_is_kept_in_the_artefact_beside_the_target_for_replicas_that
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env.get("HF_HUB_OFFLINE") == "1"
     assert compile_engine_args(m)["speculative_config"]["model"] == DRAFT
+
+
+def test_the_sample_is_the_tutorials_pair_and_validates_without_a_warning():
+    doc = yaml.safe_load(SAMPLE.read_text())
+    checked = check_model(doc["metadata"]["name"], doc["metadata"]["namespace"], doc["spec"], scheduler_name="my-scheduler")
+    assert [f"{f.severity} {f.path}: {f.message}" for f in checked.findings] == []
+    assert checked.model is not None
+    engine = compile_engine_args(checked.model)
+    assert engine["model"] == TARGET and engine["speculative_config"]["model"] == DRAFT
+    assert (engine["tensor_parallel_size"], engine["max_num_seqs"], engine["max_model_len"]) == (8, 2, 2048)
