@@ -35,6 +35,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from inferentia_operator.core import sizing
 from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.catalogue import FAMILIES
 from inferentia_operator.core.compile.job import compile_job
@@ -281,6 +282,24 @@ def test_a_hub_draft_is_kept_in_the_artefact_beside_the_target_for_replicas_that
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env.get("HF_HUB_OFFLINE") == "1"
     assert compile_engine_args(m)["speculative_config"]["model"] == DRAFT
+
+
+def test_a_hub_draft_is_sized_where_it_is_written():
+    """Kept in the artefact beside a Hub target's snapshot, the draft takes room in its volume; read by
+    vLLM itself (a target in S3), it is downloaded into HOME, in the serving pods and the compile Job,
+    and the start-up budget waits for it at 100 MiB/s."""
+    kept = spec_of(**EAGLE3_TRN2)
+    assert sizing.artefact_bytes(kept) == sizing.with_room(16_060_000_000 + 2_000_000_000)
+    assert sizing.home_bytes(kept) == sizing.HOME_BYTES
+    big = {**EAGLE3_TRN2, "model.uri": "s3://models/llama-3.1-8b/", "serving.speculation.draft.weights": 10_000_000_000}
+    downloaded = spec_of(**big)
+    assert sizing.artefact_bytes(downloaded) == sizing.with_room(16_060_000_000)
+    assert sizing.home_bytes(downloaded) == sizing.compile_home_bytes(downloaded) == sizing.with_room(20_000_000_000)
+    no_draft = spec_of(**without_speculation(big))
+    assert sizing.startup_seconds(downloaded) - sizing.startup_seconds(no_draft) == -(-20_000_000_000 // (100 * 2**20))
+    # A draft in the image is nobody's download.
+    in_image = spec_of(**{**big, "serving.speculation.draft.uri": "/opt/drafts/llama-eagle3"})
+    assert sizing.home_bytes(in_image) == sizing.home_bytes(no_draft)
 
 
 def test_the_sample_is_the_tutorials_pair_and_validates_without_a_warning():

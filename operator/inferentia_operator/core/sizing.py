@@ -9,7 +9,9 @@ What each estimate rests on:
   https://awsdocs-neuron.readthedocs-hosted.com/en/latest/frameworks/torch/torch-neuronx/api-reference-guide/inference/api-torch-neuronx-trace.html).
   vLLM's artefacts are counted as one copy of the weights, the size of a sharded checkpoint.
 - A model vLLM downloads from the Hugging Face Hub lands in HF_HOME (under HOME) at its
-  stored dtype, the precision's bytes a weight. An uncompiled model fetched from a store is
+  stored dtype, the precision's bytes a weight. So does an EAGLE3 draft named by a Hub id
+  (serving.speculation.draft.weights, at the target's precision), unless the compile Job keeps it
+  in the artefact beside the target's snapshot, whose volume then holds it. An uncompiled model fetched from a store is
   counted at four bytes a weight: a module saved at fp32, which the compiler casts.
 - Host memory: each serving process holds its weights in host memory while it loads them
   onto its cores. A compile in the pod needs what a compile Job gets: twice the weights, at
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 from .api import InferentiaModelSpec, Sizes
 from .catalogue import GIB, Family
-from .cores import weights_bytes
+from .cores import draft_weights_bytes, weights_bytes
 from .drift import quantity
 
 HOME_BYTES = 20 * GIB  # the floor of HOME, and its size for a model of unknown size
@@ -68,6 +70,20 @@ def keeps_hub_snapshot(spec: InferentiaModelSpec) -> bool:
 def replica_downloads_from_hub(spec: InferentiaModelSpec) -> bool:
     """Each serving pod downloads the Hub model into its HOME: unless the artefact keeps it."""
     return downloads_from_hub(spec) and not keeps_hub_snapshot(spec)
+
+
+def draft_from_hub(spec: InferentiaModelSpec) -> bool:
+    """An EAGLE3 draft named by a Hugging Face id, which vLLM downloads (not a path in the image)."""
+    speculation = spec.serving.speculation
+    return speculation is not None and not speculation.draft.uri.startswith(("/", *FETCHED_SCHEMES))
+
+
+def draft_download_bytes(spec: InferentiaModelSpec, kept: bool) -> int:
+    """A Hub draft's weights where they are written: in the artefact beside a kept Hub snapshot
+    (``kept``), else in HOME by whoever starts vLLM; 0 for a draft of unknown size or none."""
+    if not draft_from_hub(spec) or kept != keeps_hub_snapshot(spec):
+        return 0
+    return draft_weights_bytes(spec) or 0
 
 
 def compiles_in_pod(spec: InferentiaModelSpec) -> bool:
@@ -119,7 +135,8 @@ def artefact_bytes(spec: InferentiaModelSpec) -> int:
     if weights is None:
         return ARTEFACT_BYTES
     copies = 1 if spec.serving.runtime == "vllm" else _buckets(spec)
-    return with_room(copies * weights)
+    # A Hub draft kept in the artefact beside the target's snapshot (programs/vllm_compile.py).
+    return with_room(copies * weights + draft_download_bytes(spec, kept=True))
 
 
 def model_bytes(spec: InferentiaModelSpec) -> int:
@@ -133,21 +150,23 @@ def home_bytes(spec: InferentiaModelSpec) -> int:
     if weights is None:
         return HOME_BYTES
     written = (weights if replica_downloads_from_hub(spec) else 0) + (weights * _buckets(spec) if compiles_in_pod(spec) else 0)
+    written += draft_download_bytes(spec, kept=False)  # a Hub draft vLLM downloads at start
     return max(HOME_BYTES, with_room(written)) if written else HOME_BYTES
 
 
 def compile_home_bytes(spec: InferentiaModelSpec) -> int:
     """HOME of the compile Job: the Hub download when the compile reads the model from the Hub."""
     weights = weights_bytes(spec)
-    if weights is None or not downloads_from_hub(spec):
+    draft = draft_download_bytes(spec, kept=False)  # a Hub draft the compile's engine downloads itself
+    if weights is None or not (downloads_from_hub(spec) or draft):
         return HOME_BYTES
-    return max(HOME_BYTES, with_room(weights))
+    return max(HOME_BYTES, with_room((weights if downloads_from_hub(spec) else 0) + draft))
 
 
 def startup_seconds(spec: InferentiaModelSpec) -> int:
     """Loading, the download, and a compile at start."""
     weights = weights_bytes(spec) or 0
-    downloaded = weights if replica_downloads_from_hub(spec) else 0
+    downloaded = (weights if replica_downloads_from_hub(spec) else 0) + draft_download_bytes(spec, kept=False)
     compile_budget = spec.compile.timeout_seconds if compiles_in_pod(spec) else 0
     return LOAD_SECONDS + -(-downloaded // DOWNLOAD_BYTES_PER_SECOND) + compile_budget
 
