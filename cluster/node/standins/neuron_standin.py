@@ -836,6 +836,42 @@ def check_compiled_config(compiled: dict, expected: dict) -> None:
         fail("vllm", f"the model in NEURON_COMPILED_ARTIFACTS was compiled for another engine: {said}")
 
 
+def plugin_engine(args: argparse.Namespace) -> dict:
+    """The engine the plugin builds from the server's flags, with an EAGLE3 draft loaded beside the target."""
+    engine = {"model": args.model, "tensor_parallel_size": args.tensor_parallel_size,
+              "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
+              "block_size": args.block_size, "num_gpu_blocks_override": args.num_gpu_blocks_override}  # fmt: skip
+    if args.speculative_config is not None:
+        draft = local_checkpoint(check_speculative_config(args.speculative_config), weights=True)
+        engine |= {"speculative_config": args.speculative_config, "draft_checkpoint": draft}
+    return engine
+
+
+def plugin_start(args: argparse.Namespace, checkpoint: str) -> dict | None:
+    """The plugin's start before it serves: its engine, its KV cache, its warm-up; what it found, or
+    None once it has said on stderr why it stops."""
+    engine = plugin_engine(args)
+    async_scheduling = speculation_off_async(getattr(args, "async_scheduling", None), args.speculative_config)
+    target = os.environ.get("NEURON_STANDIN_PLATFORM", "")
+    memory = core_memory_bytes()
+    try:
+        # vLLM sizes and allocates the KV cache before it warms up (compiles) the graphs.
+        kv = (
+            plugin_kv_cache(checkpoint, {**engine, "gpu_memory_utilization": args.gpu_memory_utilization}, memory, False)
+            if memory
+            else None
+        )
+        keys, compiled = plugin_warm_up(engine, target, may_compile=os.environ.get("VLLM_NEURON_DISABLE_WARMUP_COMPILE") != "1")
+    except (KvCacheError, RuntimeError) as exc:
+        print(f"RuntimeError: {exc}", file=sys.stderr, flush=True)
+        return None
+    return {
+        "kvCache": kv, "asyncScheduling": async_scheduling,
+        "runtime": "vllm-neuron-plugin", "target": target, "cacheKeys": keys, "compiledAtStart": compiled,
+        "loaded": "compiled-at-load" if compiled else "compile-cache",
+    }  # fmt: skip
+
+
 def vllm_main(argv: list[str]) -> int:
     """vLLM's OpenAI-compatible server, as the image's installed vLLM would run it."""
     serving = vllm_serving()
@@ -886,35 +922,10 @@ def vllm_main(argv: list[str]) -> int:
         check_compiled_config(found["artefact"]["neuron_config"], nxdi_neuron_config(args, serving, checkpoint))
     model = (args.served_model_name or [args.model])[0]
     if plugin:
-        engine = {"model": args.model, "tensor_parallel_size": args.tensor_parallel_size,
-                  "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
-                  "block_size": args.block_size, "num_gpu_blocks_override": args.num_gpu_blocks_override}  # fmt: skip
-        if args.speculative_config is not None:
-            draft = local_checkpoint(check_speculative_config(args.speculative_config), weights=True)
-            engine |= {"speculative_config": args.speculative_config, "draft_checkpoint": draft}
-        found["asyncScheduling"] = speculation_off_async(getattr(args, "async_scheduling", None), args.speculative_config)
-        target = os.environ.get("NEURON_STANDIN_PLATFORM", "")
-        memory = core_memory_bytes()
-        try:
-            # vLLM sizes and allocates the KV cache before it warms up (compiles) the graphs.
-            kv = (
-                plugin_kv_cache(checkpoint, {**engine, "gpu_memory_utilization": args.gpu_memory_utilization}, memory, False)
-                if memory
-                else None
-            )
-        except KvCacheError as exc:
-            print(f"RuntimeError: {exc}", file=sys.stderr, flush=True)
+        started = plugin_start(args, checkpoint)
+        if started is None:
             return 1
-        found |= {"kvCache": kv}
-        try:
-            keys, compiled = plugin_warm_up(engine, target, may_compile=os.environ.get("VLLM_NEURON_DISABLE_WARMUP_COMPILE") != "1")
-        except RuntimeError as exc:
-            print(f"RuntimeError: {exc}", file=sys.stderr, flush=True)
-            return 1
-        found |= {
-            "runtime": "vllm-neuron-plugin", "target": target, "cacheKeys": keys, "compiledAtStart": compiled,
-            "loaded": "compiled-at-load" if compiled else "compile-cache",
-        }  # fmt: skip
+        found |= started
     else:
         found["runtime"] = NXD_INFERENCE
     found["vllm"] = {"version": installed("vllm"), "serving": serving}
