@@ -11,6 +11,8 @@ _VLLM_TRN1 = {"serving.runtime": "vllm", "model.architecture": "transformer", "s
 _TWO_TRN1_NODES = {"compute.family": "trn1", "compute.inf": 16, "compute.nodes": 2, **_VLLM_TRN1}
 
 # One invalid spec for every CEL rule, so each rule is seen refusing input on a real API server.
+# A trn2 vLLM model with default prefill and decode pools (spec.disaggregation).
+_PD = {"compute.family": "trn2", "serving.runtime": "vllm", "model.architecture": "transformer", "disaggregation": {}}
 CEL_CASES = {
     "fits-family": make_spec(**{"compute.inf": 17}),
     "one-request-neither": make_spec(**{"compute.inf": DROP}),
@@ -84,6 +86,20 @@ CEL_CASES = {
             "routing": {"inferencePool": {}},
         }
     ),  # fmt: skip
+    # Prefill and decode pools (spec.disaggregation): the vLLM Neuron plugin's, alone of what they cannot combine with.
+    "disaggregation-runtime": make_spec(disaggregation={}),
+    "disaggregation-batching": make_spec(**{**_PD, "serving.batching": {"maxBatchSize": 2}}),
+    "disaggregation-autoscaling": make_spec(**{**_PD, "autoscaling": {"maxReplicas": 2, "targetInFlight": 4}}),
+    "disaggregation-routing": make_spec(**{**_PD, "routing": {"inferencePool": {}}}),
+    "disaggregation-processes": make_spec(**{**_PD, "processesPerReplica": 2}),
+    "disaggregation-cores": make_spec(**{**_PD, "compute.inf": DROP, "compute.cores": 2, "compute.lnc": 1}),
+    "disaggregation-nodes": make_spec(**{**_PD, "compute.nodes": 2}),
+    **{
+        f"disaggregation-{role}-{what}": make_spec(**{**_PD, "disaggregation": {role: bad}})
+        for role in ("prefill", "decode")
+        for what, bad in (("inf", {"inf": 17}), ("dp", {"dataParallelSize": 3}), ("tp", {"inf": 2, "tensorParallelSize": 3}))
+    },
+    "disaggregation-compile": make_spec(**{**_PD, "compile.image": "example.com/c:1", "disaggregation": {"decode": {"inf": 2}}}),
     # Replicas across nodes (spec.compute.nodes): trn1's whole 32xlarge nodes, one vLLM process each.
     "nodes-family": make_spec(**{"compute.family": "inf2", "compute.inf": 12, "compute.nodes": 2, **_VLLM_TRN1}),
     "nodes-whole": make_spec(**{"compute.family": "trn1", "compute.inf": 8, "compute.nodes": 2, **_VLLM_TRN1}),
@@ -320,6 +336,15 @@ DIVERGENCE_CORPUS = [
     {"compile.image": "example.com/c:1", "serving.batching": {"maxBatchSize": 2}, "autoscaling": {"minReplicas": 0, "maxReplicas": 1}},
     {"autoscaling": {"maxReplicas": 2}},
     {"autoscaling": None},
+    # Prefill and decode pools: valid shapes, and each pool's parallelism against its cores.
+    _PD,
+    {**_PD, "disaggregation": {"prefill": {"replicas": 2}, "decode": {"inf": 2, "dataParallelSize": 2}}},
+    {**_PD, "compute.lnc": 1, "disaggregation": {"decode": {"inf": 4, "tensorParallelSize": 8, "dataParallelSize": 4}}},
+    {**_PD, "compute.family": "trn3", "disaggregation": {"decode": {"dataParallelSize": 5}}},
+    {**_PD, "compute.lnc": 4, "disaggregation": {"decode": {"dataParallelSize": 3}}},
+    {**_PD, "compile.image": "example.com/c:1", "disaggregation": {"prefill": {"inf": 1, "tensorParallelSize": 4}}},
+    {**_PD, "compile.image": "example.com/c:1", "disaggregation": {"prefill": {"dataParallelSize": 2}, "decode": {"inf": 3}}},
+    {**_PD, "compute.family": "trn1", "disaggregation": {"decode": {"inf": 99}}},
     # Routing: a pool needs an OpenAI-compatible server (vLLM), and at most 8 ports a pod.
     {"routing": {"inferencePool": {}}},
     {"serving.batching": {"maxBatchSize": 2}, "routing": {"inferencePool": {"failureMode": "FailOpen"}}},

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple, TypedDict
 
-from .api import FrontEnd, InferentiaModelSpec, Plan, ResourceList
+from .api import DisaggregationPlan, FrontEnd, InferentiaModelSpec, Plan, Pool, PoolPlan, ResourceList
 from .catalogue import (
     EFA_DEVICES,
     EFA_RESOURCE,
@@ -74,6 +74,7 @@ def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Pla
         **plan_resources(spec, replica, across["efa_devices"]),
         **plan_front_end(spec),
         **plan_shared_chip(replica, placed["instance_types"]),
+        **plan_disaggregation(spec, replica),
         sizes=pod_sizes(spec, replica.family, replica.groups),
         kv_cache=kv_cache(spec, replica.family, replica.group_size),
         warnings=[str(f) for f in findings if f.severity == "warning"],
@@ -347,3 +348,26 @@ def replicas_per_instance(replica: Replica, itype: str) -> int:
     by_cpu = int(host.allocatable_millicpu // millicpu) if millicpu > 0 else by_cores
     by_memory = int(host.allocatable_memory_mib * 2**20 // memory_bytes) if memory_bytes > 0 else by_cores
     return min(by_cores, by_cpu, by_memory)
+
+
+class DisaggregationPiece(TypedDict):
+    disaggregation: DisaggregationPlan | None
+
+
+def pool_plan(pool: Pool, replica: Replica) -> PoolPlan:
+    """A pool's replica: its chips (the pool's inf, else the model's), their logical cores, and
+    vLLM's parallelism over them (tensor parallel over what data parallelism leaves)."""
+    chips = pool.inf if pool.inf is not None else replica.chips
+    cores = chips * replica.cores_per_chip
+    tp = pool.tensor_parallel_size or max(1, cores // pool.data_parallel_size)
+    return PoolPlan(chips=chips, cores=cores, tensor_parallel_size=tp, data_parallel_size=pool.data_parallel_size)
+
+
+def plan_disaggregation(spec: InferentiaModelSpec, replica: Replica) -> DisaggregationPiece:
+    """spec.disaggregation: each pool's replica (rules/disaggregation.py holds their parallelism
+    to their cores). Not the pools' replicas: a scaled pool must not change the plan, which every
+    pod carries, and so roll the other pool."""
+    d = spec.disaggregation
+    if d is None:
+        return {"disaggregation": None}
+    return {"disaggregation": DisaggregationPlan(prefill=pool_plan(d.prefill, replica), decode=pool_plan(d.decode, replica))}

@@ -31,6 +31,7 @@ from . import (
     allocation,
     autoscaling,
     child_values,
+    disaggregation,
     groups,
     identity,
     memory,
@@ -78,6 +79,7 @@ MODULES: tuple[RuleModule, ...] = (
     nodes,
     scheduling,
     speculation,
+    disaggregation,
     sizing,
     advice,
 )

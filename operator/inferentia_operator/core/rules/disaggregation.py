@@ -1,0 +1,222 @@
+"""Prefill and decode pools (spec.disaggregation): what the vLLM Neuron plugin serves that way, and
+what of this operator's spec the pools do not combine with yet.
+
+The plugin's disaggregated inference is Trn2's and Trn3's ("DI is supported on Trn2 and Trn3",
+https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/tutorials/tutorial-di-1p1d-xpyd.html,
+Prerequisites), so the pools need the vLLM runtime on those families. Each pool replica is one
+vLLM server over all its cores: the tutorial gives its TP4 prefill exactly four NeuronCores
+("exposes exactly four host-level NeuronCores to the TP4 prefill process") and its DP4 x TP8
+decode 32, so tensorParallelSize times dataParallelSize is the replica's cores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from inferentia_operator.core.api import InferentiaModelSpec, Pool
+from inferentia_operator.core.catalogue import FAMILIES, Family
+from inferentia_operator.core.cel import (
+    CEL_DIVISORS,
+    CEL_FAMILY,
+    CEL_LNC,
+    CEL_LNC_VALUES,
+    CEL_MAX,
+    CEL_PHYSICAL_CORES,
+    CrossFieldRule,
+    literal,
+)
+from inferentia_operator.core.cores import divisors, lnc_of
+from inferentia_operator.core.findings import Finding, format_list
+
+PLUGIN_FAMILIES = [f.name for f in FAMILIES.values() if f.vllm == "vllm-neuron-plugin"]
+_POOLS = "has(self.disaggregation)"
+
+DISAGGREGATION_RUNTIME = CrossFieldRule(
+    "spec.disaggregation",
+    "spec",
+    f"needs the vLLM Neuron plugin, which serves prefill and decode pools: valid specs set spec.serving.runtime vllm "
+    f"and spec.compute.family {' or '.join(PLUGIN_FAMILIES)}; the runtime is %s and the family %s",
+    f"!{_POOLS} || (has(self.serving.runtime) && self.serving.runtime == 'vllm' && has(self.compute.family)"
+    f" && self.compute.family in {literal(PLUGIN_FAMILIES)})",
+    (
+        "has(self.serving.runtime) ? self.serving.runtime : 'custom'",
+        "has(self.compute.family) ? self.compute.family : 'inf1'",
+    ),
+)
+
+
+def _refused(path: str, cel_absent: str, why: str) -> CrossFieldRule:
+    """A field the pools cannot be combined with today, refused rather than silently ignored."""
+    return CrossFieldRule(
+        path, "spec", f"cannot be combined with spec.disaggregation: {why}; valid specs leave it out", f"!{_POOLS} || {cel_absent}", ()
+    )
+
+
+REFUSED = (
+    _refused(
+        "spec.serving.batching",
+        "!has(self.serving.batching)",
+        "each pool's vLLM server batches its own sequences, and the proxy takes no bounds",
+    ),
+    _refused("spec.autoscaling", "!has(self.autoscaling)", "the pools are scaled by their replicas; neither is autoscaled yet"),
+    _refused(
+        "spec.routing.inferencePool",
+        "!has(self.routing) || !has(self.routing.inferencePool)",
+        "the endpoint picker would route past the proxy to servers of one role",
+    ),
+    _refused(
+        "spec.processesPerReplica",
+        "!has(self.processesPerReplica) || self.processesPerReplica == 1",
+        "each pool replica is one vLLM server over its cores (dataParallelSize runs more engines in it)",
+    ),
+    _refused("spec.compute.cores", "!has(self.compute.cores)", "a pool replica takes whole chips (its inf)"),
+    _refused(
+        "spec.compute.nodes",
+        "!has(self.compute.nodes) || self.compute.nodes == 1",
+        "a pool replica is one pod on one node",
+    ),
+)
+_REFUSED_SET: dict[str, Callable[[InferentiaModelSpec], bool]] = {
+    "spec.serving.batching": lambda s: s.serving.batching is not None,
+    "spec.autoscaling": lambda s: s.autoscaling is not None,
+    "spec.routing.inferencePool": lambda s: s.routing is not None and s.routing.inference_pool is not None,
+    "spec.processesPerReplica": lambda s: s.processes_per_replica != 1,
+    "spec.compute.cores": lambda s: s.compute.cores is not None,
+    "spec.compute.nodes": lambda s: s.compute.nodes != 1,
+}
+
+
+def _check_runtime(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    if spec.disaggregation is None:
+        return []
+    found = []
+    if spec.serving.runtime != "vllm" or fam.name not in PLUGIN_FAMILIES:
+        found.append(DISAGGREGATION_RUNTIME.finding(spec.serving.runtime, fam.name))
+    found += [rule.finding() for rule in REFUSED if _REFUSED_SET[rule.path](spec)]
+    return found
+
+
+def _pool_cores(spec: InferentiaModelSpec, fam: Family, pool: Pool) -> tuple[int, int]:
+    chips = pool.inf if pool.inf is not None else (spec.compute.inf or 1)
+    return chips, chips * fam.cores_per_chip(lnc_of(spec, fam))
+
+
+# The same in CEL (self = spec), for the pool at ``p`` (self.disaggregation.prefill or .decode).
+_PLUGIN = f"{CEL_FAMILY} in {literal(PLUGIN_FAMILIES)}"
+_COMPUTE_CHIPS = "(has(self.compute.inf) ? self.compute.inf : 1)"
+
+
+def _cel_chips(p: str) -> str:
+    return f"(has({p}.inf) ? {p}.inf : {_COMPUTE_CHIPS})"
+
+
+def _cel_cores(p: str) -> str:
+    return f"({_cel_chips(p)} * ({CEL_PHYSICAL_CORES}[{CEL_FAMILY}] / {CEL_LNC}))"
+
+
+def _cel_dp(p: str) -> str:
+    return f"(has({p}.dataParallelSize) ? {p}.dataParallelSize : 1)"
+
+
+def _pool_rules(role: str) -> tuple[CrossFieldRule, CrossFieldRule, CrossFieldRule]:
+    """A pool's chips fit the family; its dataParallelSize divides its cores; tensorParallelSize
+    times dataParallelSize is its cores. Each only where the one before holds."""
+    p, path = f"self.disaggregation.{role}", f"spec.disaggregation.{role}"
+    guard = f"!{_POOLS} || !has({p}) || !({_PLUGIN}) || !({CEL_LNC} in {CEL_LNC_VALUES}[{CEL_FAMILY}])"
+    fits = f"{_cel_chips(p)} <= {CEL_MAX}[{CEL_FAMILY}]"
+    chips = CrossFieldRule(
+        f"{path}.inf",
+        "spec",
+        "is %d, more chips than any %s instance has; valid values are 1 to %d",
+        f"{guard} || {fits}",
+        (_cel_chips(p), CEL_FAMILY, f"{CEL_MAX}[{CEL_FAMILY}]"),
+    )
+    cores, dp, tp = _cel_cores(p), _cel_dp(p), f"{p}.tensorParallelSize"
+    divides = CrossFieldRule(
+        f"{path}.dataParallelSize",
+        "spec",
+        "is %d, which does not divide the replica's %d NeuronCores (%d chips); valid values are %s",
+        f"{guard} || !({fits}) || has({tp}) || {cores} % {dp} == 0",
+        (dp, cores, _cel_chips(p), f"{CEL_DIVISORS}[{cores}]"),
+    )
+    covers = CrossFieldRule(
+        f"{path}.tensorParallelSize",
+        "spec",
+        "is %d, and %d x dataParallelSize %d is %d, not the replica's %d NeuronCores (%d chips): one vLLM server takes them all; "
+        "valid values multiply with dataParallelSize to %d",
+        f"{guard} || !({fits}) || !has({tp}) || {tp} * {dp} == {cores}",
+        (tp, tp, dp, f"{tp} * {dp}", cores, _cel_chips(p), cores),
+    )
+    return chips, divides, covers
+
+
+POOL_RULES = {role: _pool_rules(role) for role in ("prefill", "decode")}
+
+
+def _check_pool(spec: InferentiaModelSpec, fam: Family, role: str, pool: Pool) -> list[Finding]:
+    chips_rule, divides_rule, covers_rule = POOL_RULES[role]
+    chips, cores = _pool_cores(spec, fam, pool)
+    if chips > fam.max_chips:
+        return [chips_rule.finding(chips, fam.name, fam.max_chips)]
+    dp, tp = pool.data_parallel_size, pool.tensor_parallel_size
+    if tp is None and cores % dp:
+        return [divides_rule.finding(dp, cores, chips, format_list(divisors(cores)))]
+    if tp is not None and tp * dp != cores:
+        return [covers_rule.finding(tp, tp, dp, tp * dp, cores, chips, cores)]
+    return []
+
+
+def _check_pools(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    d = spec.disaggregation
+    if d is None or fam.name not in PLUGIN_FAMILIES or lnc_of(spec, fam) not in fam.lnc_values:
+        return []
+    return [*_check_pool(spec, fam, "prefill", d.prefill), *_check_pool(spec, fam, "decode", d.decode)]
+
+
+# The compile Job makes one artefact, of spec.compute's shape (its tensor parallelism is part of
+# the compile key): both pools load it only where they have that shape. Compiling each pool's own
+# shape ahead is not done yet; without compile.image each pool compiles at start.
+def _cel_same_shape(role: str) -> str:
+    p = f"self.disaggregation.{role}"
+    return (
+        f"(!has({p}) || ((!has({p}.inf) || {p}.inf == self.compute.inf) && {_cel_dp(p)} == 1"
+        f" && (!has({p}.tensorParallelSize) || {p}.tensorParallelSize == {_cel_cores(p)})))"
+    )
+
+
+COMPILE_AHEAD = CrossFieldRule(
+    "spec.compile.image",
+    "spec",
+    "compiles one artefact, of spec.compute's shape (%d chips, tensor parallel over their %d NeuronCores), and the %s would need "
+    "another; valid specs give both pools that shape (no inf, tensorParallelSize or dataParallelSize of their own), or leave "
+    "compile.image out, so that each pool compiles at start",
+    f"!{_POOLS} || !has(self.compile.image) || !has(self.compute.inf) || !({_PLUGIN})"
+    f" || ({_cel_same_shape('prefill')} && {_cel_same_shape('decode')})",
+    (
+        "self.compute.inf",
+        f"self.compute.inf * ({CEL_PHYSICAL_CORES}[{CEL_FAMILY}] / {CEL_LNC})",
+        f"{_cel_same_shape('prefill')} ? 'decode pool' : ({_cel_same_shape('decode')} ? 'prefill pool' : 'prefill and decode pools')",
+    ),
+)
+
+
+def _same_shape(spec: InferentiaModelSpec, fam: Family, pool: Pool, cores: int) -> bool:
+    return (
+        (pool.inf is None or pool.inf == spec.compute.inf) and pool.data_parallel_size == 1 and pool.tensor_parallel_size in (None, cores)
+    )
+
+
+def _check_compile_ahead(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    d = spec.disaggregation
+    if d is None or spec.compile.image is None or fam.name not in PLUGIN_FAMILIES or spec.compute.inf is None:
+        return []
+    cores = spec.compute.inf * fam.cores_per_chip(lnc_of(spec, fam))
+    odd = [role for role, pool in (("prefill", d.prefill), ("decode", d.decode)) if not _same_shape(spec, fam, pool, cores)]
+    if not odd:
+        return []
+    which = f"{odd[0]} pool" if len(odd) == 1 else "prefill and decode pools"
+    return [COMPILE_AHEAD.finding(spec.compute.inf, cores, which)]
+
+
+RULES: list[CrossFieldRule] = [DISAGGREGATION_RUNTIME, *REFUSED, *(r for rules in POOL_RULES.values() for r in rules), COMPILE_AHEAD]
+CHECKS = (_check_runtime, _check_pools, _check_compile_ahead)

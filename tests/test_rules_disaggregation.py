@@ -1,0 +1,50 @@
+"""The rules of prefill and decode pools (spec.disaggregation, core/rules/disaggregation.py): the
+plugin's runtime and families, what the pools cannot combine with, each pool's parallelism against
+its cores, and the one artefact a compile ahead makes."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferentia_operator.core.api import InferentiaModelSpec
+from inferentia_operator.core.rules import check_spec
+from specs import PD_IMAGE as IMAGE
+from specs import pd_spec
+
+
+def messages(spec: dict) -> list[str]:
+    return [str(f) for f in check_spec(InferentiaModelSpec.model_validate(spec)) if f.severity == "error"]
+
+
+def test_the_sample_shape_is_valid():
+    assert messages(pd_spec()) == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        ({"serving.runtime": "custom"}, "spec.disaggregation"),
+        ({"compute.family": "trn1", "compute.inf": 1}, "trn2 or trn3"),
+        ({"serving.batching": {"maxBatchSize": 4}}, "spec.serving.batching"),
+        ({"autoscaling": {"minReplicas": 1, "maxReplicas": 2}}, "spec.autoscaling"),
+        ({"routing": {"inferencePool": {}}}, "spec.routing.inferencePool"),
+        ({"processesPerReplica": 2}, "spec.processesPerReplica"),
+        ({"disaggregation.decode.tensorParallelSize": 3}, "spec.disaggregation.decode"),
+        ({"disaggregation.prefill.dataParallelSize": 3}, "spec.disaggregation.prefill"),
+    ],
+)
+def test_what_the_pools_cannot_combine_with_is_refused(overrides, words):
+    found = messages(pd_spec(**overrides))
+    assert any(words in m for m in found), found
+
+
+def test_parallelism_that_does_not_fill_the_pools_cores_names_them():
+    (message,) = [m for m in messages(pd_spec(**{"disaggregation.decode.tensorParallelSize": 3})) if "decode" in m]
+    assert "3" in message and "8 NeuronCores" in message
+
+
+def test_a_compile_ahead_needs_pools_of_the_computes_shape():
+    found = messages(pd_spec(**{"compile.image": IMAGE, "compile.outputUri": "s3://b/c/"}))
+    assert any("spec.compile.image" in m and "decode" in m for m in found), found
+    same = {"prefill": {"replicas": 1}, "decode": {"replicas": 2}}
+    assert messages(pd_spec(**{"compile.image": IMAGE, "compile.outputUri": "s3://b/c/", "disaggregation": same})) == []
