@@ -52,3 +52,5 @@ ALLOCATIONS = (DEVICE_PLUGIN, "dra")
 # endpoint picker's image unless the operator's --endpoint-picker-image names another.
 INFERENCE_POOL_KIND = "InferencePool"
 DEFAULT_EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.1.0"
+# Which pool of a disaggregated model (spec.disaggregation) a serving pod is in: prefill or decode.
+POOL_LABEL = f"{GROUP}/pool"

@@ -44,7 +44,7 @@ from .observed import (
 from .routing.part import RoutingFacts
 from .routing.pool import EPP_SUFFIX, routing_child, routing_condition
 from .scaling.part import ScalingFacts
-from .serving.part import ServingFacts
+from .serving.part import ServingFacts, pools_rollout
 
 # Flux's kstatus reads only observedGeneration and the "abnormal-true" Reconciling and
 # Stalled conditions of a custom resource (anything else counts as Current), so they
@@ -371,8 +371,11 @@ def report(
     previous = list(model.status.get("conditions") or ())
     serving, compiled, scaling = basis.serving, basis.compile, basis.scaling
     deployment = observed.own("Deployment")
+    pools = None
     if serving.plan is not None and serving.plan.nodes:
         rollout = rollout_of_groups(observed.own(GROUP_KIND), serving.replicas, serving.plan_hash)
+    elif serving.pools:
+        rollout, pools = pools_rollout(observed, serving)
     else:
         rollout = rollout_of(deployment, serving.replicas, serving.plan_hash)
     found = list(dict.fromkeys([*basis.conflicts, *conflicts]))
@@ -411,6 +414,7 @@ def report(
         ready_replicas=rollout.ready,
         updated_replicas=rollout.updated,
         autoscaling=scaling_status,
+        pools=pools,
         pods=pod_counts(observed.serving_pods),
         plan=serving.plan,
         selector=serving.selector,

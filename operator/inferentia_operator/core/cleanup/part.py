@@ -16,6 +16,7 @@ from inferentia_operator.core.pod.artefact import compile_job_name
 from inferentia_operator.core.pod.jobs import newest_earlier_success
 from inferentia_operator.core.pod.model import Model, plan_configmap_name
 from inferentia_operator.core.pod.part import ChildRef, Part
+from inferentia_operator.core.pod.pools import pool_models
 from inferentia_operator.core.settings import Settings
 
 
@@ -26,7 +27,8 @@ def cleanup_part(model: Model, observed: Observed, settings: Settings) -> Part:
     # Fill Jobs are the fill-ahead part's to keep or delete (fill_ahead/part.py).
     compile_jobs = [Obj(j).name for j in observed.all("Job") if Obj(j).labels.get(COMPONENT_LABEL) != FILL_COMPONENT]
     jobs = [("Job", name) for name in compile_jobs if name is not None and name not in keep]
-    in_use = _plan_configmaps_in_use(observed) | {plan_configmap_name(model)}
+    # The current plan's, and each prefill and decode pool's, before any pod mounts them.
+    in_use = _plan_configmaps_in_use(observed) | {plan_configmap_name(m) for m in (model, *pool_models(model))}
     plans = [c for c in map(Obj, observed.all("ConfigMap")) if c.labels.get(COMPONENT_LABEL) != COMPILE_RECORD_COMPONENT]
     unused = [("ConfigMap", c.name) for c in plans if c.name is not None and c.name not in in_use]
     return Part(delete=(*jobs, *unused, *_other_shape(model, observed)))

@@ -40,8 +40,15 @@ def traffic_selector(model: Model) -> dict[str, str]:
 def answering_selector(model: Model) -> dict[str, str]:
     """The pods that answer requests, for the Service and the InferencePool: every serving pod
     whose traffic is on, or of a group across nodes its leader alone, whose workers hold ranks
-    and serve no API."""
+    and serve no API; with prefill and decode pools, their proxy (serving/pools.py)."""
+    if model.spec.disaggregation is not None:
+        return proxy_selector(model)
     return {**traffic_selector(model), WORKER_INDEX_LABEL: "0"} if model.plan.nodes else traffic_selector(model)
+
+
+def proxy_selector(model: Model) -> dict[str, str]:
+    """The proxy in front of a disaggregated model's pools: the model's own Deployment's pods."""
+    return {MODEL_LABEL: model.name, COMPONENT_LABEL: "proxy"}
 
 
 def selector_string(model: Model) -> str:

@@ -9,13 +9,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferentia_operator.core import api
-from inferentia_operator.core.observed import Observed
+from inferentia_operator.core.observed import Observed, Rollout, rollout_of, rollout_of_all
 from inferentia_operator.core.ownership import is_ours
 from inferentia_operator.core.pod.meta import selector_string
 from inferentia_operator.core.pod.model import Model, plan_hash
 from inferentia_operator.core.pod.part import ChildRef, Part, ref
+from inferentia_operator.core.pod.pools import ROLES
 from inferentia_operator.core.serving.deployment import serving_deployment
 from inferentia_operator.core.serving.groups import serving_group
+from inferentia_operator.core.serving.pools import pools, proxy_deployment
 from inferentia_operator.core.serving.service import disruption_budget, plan_configmap, service, serving_network_policy, serving_policy_name
 
 
@@ -27,6 +29,8 @@ class ServingFacts:
     plan_hash: str | None  # the current plan's, which an up-to-date Deployment carries
     plan: api.Plan | None
     selector: str | None
+    # With prefill and decode pools: each pool's Deployment and the replicas it runs, by role.
+    pools: tuple[tuple[str, str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,8 @@ def serving_part(model: Model, compiled: bool, replicas: int, to_holder: bool, o
     """``compiled``: the current plan's artefact exists (or nothing compiles ahead of serving);
     ``replicas``: what autoscaling and scale to zero leave the Deployment; ``to_holder``: the
     model's Service points at the scale-to-zero holder."""
+    if model.spec.disaggregation is not None:
+        return _pools_part(model, compiled, replicas)
     workload = serving_group(model, replicas) if model.plan.nodes else serving_deployment(model, replicas)
     facts = ServingFacts(replicas, plan_hash(model.plan), model.plan, selector_string(model))
     held = frozenset() if compiled else frozenset({ref(workload)})
@@ -45,6 +51,28 @@ def serving_part(model: Model, compiled: bool, replicas: int, to_holder: bool, o
     policy = serving_network_policy(model)
     stale = _stale_policy(model, observed, policy) if observed is not None else ()
     return ServingPart((*made, *([policy] if policy else [])), held, delete=stale, facts=facts)
+
+
+def _pools_part(model: Model, compiled: bool, replicas: int) -> ServingPart:
+    """Prefill and decode pools (serving/pools.py): the model's Deployment is their proxy, and
+    each pool's Deployment waits for the compiled artefact as the serving Deployment does. The
+    disruption budget covers both pools' servers (they are the serving pods), not the proxy."""
+    around, workloads = pools(model)
+    proxy = proxy_deployment(model, replicas)
+    held = frozenset() if compiled else frozenset(ref(w) for w in workloads)
+    made = (plan_configmap(model), service(model), proxy, *around, *workloads, disruption_budget(model))
+    roles = tuple((role, w["metadata"]["name"], w["spec"]["replicas"]) for role, w in zip(ROLES, workloads, strict=True))
+    facts = ServingFacts(replicas, plan_hash(model.plan), model.plan, selector_string(model), roles)
+    return ServingPart(made, held, facts=facts)
+
+
+def pools_rollout(observed: Observed, facts: ServingFacts) -> tuple[Rollout, api.PoolsStatus]:
+    """A disaggregated model's proxy and pools as one rollout, which status reports as the
+    serving Deployment's (Ready once all three are), and each pool's pods."""
+    proxy = rollout_of(observed.own("Deployment"), facts.replicas, facts.plan_hash)
+    each = {role: rollout_of(observed.live("Deployment", name), n, facts.plan_hash) for role, name, n in facts.pools}
+    counts = {role: api.PoolStatus(replicas=r.replicas, ready_replicas=r.ready) for role, r in each.items()}
+    return rollout_of_all([proxy, *each.values()]), api.PoolsStatus(**counts)
 
 
 def _stale_policy(model: Model, observed: Observed, policy: dict[str, Any] | None) -> tuple[ChildRef, ...]:

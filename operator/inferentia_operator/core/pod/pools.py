@@ -1,0 +1,37 @@
+"""The prefill and decode pools of a disaggregated model (spec.disaggregation), each as the
+:class:`Model` of one vLLM server a replica: the serving pod's builders then make a pool's pod as
+they make any vLLM model's. Here, below the features, because the serving part builds the pools
+and the clean-up keeps their plan ConfigMaps."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Literal
+
+from inferentia_operator.core.api import InferentiaModelSpec
+from inferentia_operator.core.planner import plan
+from inferentia_operator.core.pod.model import Model
+
+Role = Literal["prefill", "decode"]
+ROLES: tuple[Role, ...] = ("prefill", "decode")
+# vLLM's kv_role for each pool (vllm/config/kv_transfer.py; the tutorial's Steps 1 and 2).
+KV_ROLES: dict[Role, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
+
+
+def pool_spec(spec: InferentiaModelSpec, role: Role) -> InferentiaModelSpec:
+    """The spec of one replica of the pool: the model's, on the pool's chips, one process."""
+    assert spec.disaggregation is not None
+    pool = getattr(spec.disaggregation, role)
+    compute = spec.compute.model_copy(update={"inf": pool.inf if pool.inf is not None else spec.compute.inf})
+    return spec.model_copy(update={"compute": compute, "replicas": pool.replicas, "disaggregation": None})
+
+
+def pool_model(model: Model, role: Role) -> Model:
+    """The pool's model, planned for its chips. Its spec passed the model's rules
+    (rules/disaggregation.py), so it is planned without checking them again."""
+    spec = pool_spec(model.spec, role)
+    return replace(model, spec=spec, plan=plan(spec, checked=[]))
+
+
+def pool_models(model: Model) -> tuple[Model, ...]:
+    return tuple(pool_model(model, role) for role in ROLES) if model.spec.disaggregation else ()

@@ -1,0 +1,165 @@
+"""Prefill and decode pools (spec.disaggregation): a Deployment and a Service per pool, and the
+proxy, the model's own Deployment, which the model's Service points at.
+
+Each pool replica is one vLLM server as AWS's tutorial starts it ("Tutorial: Configure
+disaggregated inference with 1P1D and xPyD",
+https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/tutorials/tutorial-di-1p1d-xpyd.html,
+Steps 1 and 2): the serving pod of any vLLM model on the pool's chips (pod/pools.py), with the
+pool's --tensor-parallel-size and --data-parallel-size, and --kv-transfer-config naming the
+connector and the pool's kv_role. NixlConnector is the plugin's for standard tensor-parallel
+models ("Neuron DI uses the upstream NixlConnector for standard TP topologies"; NeuronNixlConnector
+is for DCP and sliding-window models such as GPT-OSS: the DI design page,
+https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/vllm/disaggregated-inference.html).
+
+How the proxy finds the servers: through one ClusterIP Service per pool, which it is given as the
+toy proxy's --prefiller-host and --decoder-host. The proxy opens a connection per request
+(programs/pd_proxy.py), and kube-proxy spreads connections over the pool's ready pods, so a pool
+scales, and its pods come and go, without the proxy being told or restarted; the tutorial's way,
+a host list per pod, would roll the proxy at every change of a pool. The decode server reaches
+the prefill server that made a request's KV cache directly, at the address that server's
+kv_transfer_params name: its side channel on its pod's IP.
+
+EFA: the tutorial moves KV over NIXL's LIBFABRIC backend, EFA between instances. The pools do
+not request AWS's EFA device plugin resource (vpc.amazonaws.com/efa) yet: no field asks for it,
+and the count a pod should take is the instance type's, which a pool's allowed types do not fix.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from inferentia_operator.core.names import PLAN_HASH_ANNOTATION, POOL_LABEL, TRAFFIC_LABEL, TRAFFIC_ON
+from inferentia_operator.core.placement import pod_placement
+from inferentia_operator.core.pod.containers import BATCHER_RESOURCES, CONTAINER_SECURITY, non_root_pod_security
+from inferentia_operator.core.pod.meta import child_metadata, labels, proxy_selector, selector
+from inferentia_operator.core.pod.model import Model, plan_configmap_name, plan_hash
+from inferentia_operator.core.pod.pools import KV_ROLES, ROLES, Role, pool_model
+from inferentia_operator.core.pod.ports import process_base_port
+from inferentia_operator.core.serving.deployment import serving_deployment
+from inferentia_operator.core.serving.service import plan_configmap
+
+# NIXL's side channel, where a decode server asks a prefill server for a request's blocks:
+# VLLM_NIXL_SIDE_CHANNEL_PORT's default, 5557 (the DI design page, Environment Variables). One
+# server a pod, so every pod may use the same port; the tutorial moves it only for two servers
+# on one host.
+SIDE_CHANNEL_PORT = 5557
+# As the tutorial writes it: the buffer device and the LIBFABRIC backend (Steps 1 and 2).
+KV_TRANSFER = {"kv_buffer_device": "cuda", "kv_connector_extra_config": {"backends": ["LIBFABRIC"]}}
+KV_CONNECTOR = "NixlConnector"
+PROXY_PROGRAM = ["python3", "-m", "inferentia_operator.programs.pd_proxy"]
+
+
+def pool_name(model: Model, role: Role) -> str:
+    return f"{model.name}-{role}"
+
+
+def pool_selector(model: Model, role: Role) -> dict[str, str]:
+    return {**selector(model), POOL_LABEL: role}
+
+
+def kv_transfer_config(role: Role) -> str:
+    return json.dumps({"kv_connector": KV_CONNECTOR, "kv_role": KV_ROLES[role], **KV_TRANSFER})
+
+
+def _pool_flags(model: Model, role: Role, args: list[str]) -> list[str]:
+    """The serving args with the pool's parallelism and its role: vLLM's --tensor-parallel-size
+    takes the pool's (the plan gave the replica's cores), then --data-parallel-size and
+    --kv-transfer-config, before serving.args, which may still set any other flag."""
+    assert model.plan.disaggregation is not None
+    pool = getattr(model.plan.disaggregation, role)
+    at = args.index("--tensor-parallel-size") + 1
+    extra = ["--data-parallel-size", str(pool.data_parallel_size)] if pool.data_parallel_size > 1 else []
+    return [*args[:at], str(pool.tensor_parallel_size), *extra, "--kv-transfer-config", kv_transfer_config(role), *args[at + 1 :]]
+
+
+def pool_deployment(model: Model, role: Role, compiled_model: Model | None = None) -> dict[str, Any]:
+    """The pool's Deployment: its servers, selected apart from the other pool's, carrying the
+    model's plan hash (the plan holds both pools, so a change of either rolls the one it changes
+    and status reads every Deployment against one plan)."""
+    pool = compiled_model or pool_model(model, role)
+    body = serving_deployment(pool, pool.spec.replicas)
+    body["metadata"] = child_metadata(model, pool_name(model, role), "serving")
+    spec, template = body["spec"], body["spec"]["template"]
+    spec["selector"] = {"matchLabels": pool_selector(model, role)}
+    template["metadata"]["labels"][POOL_LABEL] = role
+    template["metadata"]["annotations"][PLAN_HASH_ANNOTATION] = plan_hash(model.plan)
+    container = template["spec"]["containers"][0]
+    container["args"] = _pool_flags(model, role, container["args"])
+    # The side channel's address is the one its kv_transfer_params name to the decode servers:
+    # the pod's own IP (the tutorial's 0.0.0.0 is for servers on hosts that reach one another as
+    # themselves). FI_EFA_ENABLE_SHM_TRANSFER=0: the tutorial's "required for single-node DI",
+    # and two pools' pods may share a node.
+    container["env"] = [
+        *container["env"],
+        {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(SIDE_CHANNEL_PORT)},
+        {"name": "FI_EFA_ENABLE_SHM_TRANSFER", "value": "0"},
+    ]
+    container["ports"] = [*container["ports"], {"name": "nixl", "containerPort": SIDE_CHANNEL_PORT, "protocol": "TCP"}]
+    return body
+
+
+def pool_service(model: Model, role: Role) -> dict[str, Any]:
+    """What the proxy sends a pool's requests to: its ready servers, on the serving port."""
+    port = process_base_port(model)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": child_metadata(model, pool_name(model, role), "serving"),
+        "spec": {
+            "selector": {**pool_selector(model, role), TRAFFIC_LABEL: TRAFFIC_ON},
+            "ports": [{"name": "serve-0", "port": port, "targetPort": "serve-0", "protocol": "TCP"}],
+        },
+    }
+
+
+def proxy_deployment(model: Model, replicas: int) -> dict[str, Any]:
+    """The model's Deployment: the operator's proxy (programs/pd_proxy.py) in its own image, on no
+    Neuron device, listening on the serving port that the model's Service targets."""
+    port = process_base_port(model)
+    endpoints = [
+        *("--prefiller-host", pool_name(model, "prefill"), "--prefiller-port", str(port)),
+        *("--decoder-host", pool_name(model, "decode"), "--decoder-port", str(port)),
+    ]
+    health = {"httpGet": {"path": "/healthcheck", "port": "serve-0"}}
+    container = {
+        "name": "proxy",
+        "image": model.operator_image,
+        "command": PROXY_PROGRAM,
+        "args": ["--host", "0.0.0.0", "--port", str(port), *endpoints],
+        "ports": [{"name": "serve-0", "containerPort": port, "protocol": "TCP"}],
+        "resources": BATCHER_RESOURCES,
+        "readinessProbe": {**health, "periodSeconds": 5},
+        "livenessProbe": {**health, "periodSeconds": 10, "failureThreshold": 6},
+        "securityContext": CONTAINER_SECURITY,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": child_metadata(model, model.name, "proxy"),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": proxy_selector(model)},
+            "template": {
+                "metadata": {"labels": labels(model, "proxy"), "annotations": {PLAN_HASH_ANNOTATION: plan_hash(model.plan)}},
+                "spec": {
+                    "automountServiceAccountToken": False,
+                    # The operator's own image: non-root whatever the model's runAsRoot says.
+                    "securityContext": non_root_pod_security(),
+                    "containers": [container],
+                    **pod_placement(model.spec.placement),
+                },
+            },
+        },
+    }
+
+
+def pools(model: Model) -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...]]:
+    """Each pool's plan ConfigMap (one where both pools plan alike) and Service, then each pool's
+    Deployment, which waits for the compiled artefact as the serving Deployment does."""
+    planned = {role: pool_model(model, role) for role in ROLES}
+    configmaps = {plan_configmap_name(m): plan_configmap(m) for m in planned.values()}
+    services = tuple(pool_service(model, role) for role in ROLES)
+    return (*configmaps.values(), *services), tuple(pool_deployment(model, role, planned[role]) for role in ROLES)

@@ -1,0 +1,187 @@
+"""Prefill and decode pools (spec.disaggregation): the objects a disaggregated model renders,
+the flags its vLLM servers get, checked against AWS's tutorial, and what its status reports.
+
+The tutorial ("Tutorial: Configure disaggregated inference with 1P1D and xPyD",
+https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/tutorials/tutorial-di-1p1d-xpyd.html)
+runs the prefill server with ``--kv-transfer-config '{"kv_connector": ..., "kv_role": "kv_producer",
+"kv_buffer_device": "cuda", "kv_connector_extra_config": {"backends": ["LIBFABRIC"]}}'`` and
+``VLLM_NIXL_SIDE_CHANNEL_PORT``, the decode server the same with ``kv_consumer`` (Steps 1 and 2),
+``FI_EFA_ENABLE_SHM_TRANSFER=0`` in both ("Prepare your environment"), and the proxy with
+``--prefiller-host``/``--prefiller-port`` and ``--decoder-host``/``--decoder-port`` (Step 5).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from inferentia_operator.core.api import InferentiaModelSpec
+from inferentia_operator.core.decide import decide, rendered
+from inferentia_operator.core.observed import Observed
+from inferentia_operator.core.planner import plan
+from inferentia_operator.core.pod.model import Model, plan_hash
+from inferentia_operator.programs import pd_proxy
+from specs import pd_spec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "cluster" / "node" / "standins"))
+import vllm_disagg
+
+UID = "0c6a1d2e-0000-4000-8000-000000000001"
+
+
+def pd_model(**overrides) -> Model:
+    spec = InferentiaModelSpec.model_validate(pd_spec(**overrides))
+    return Model("m", "ns", UID, spec, plan(spec))
+
+
+def children(model: Model) -> dict[tuple[str, str], dict]:
+    return {(c["kind"], c["metadata"]["name"]): c for c in rendered(model)}
+
+
+def serve_args(deployment: dict) -> list[str]:
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return container["args"]
+
+
+def env_of(deployment: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def flag(args: list[str], name: str) -> str:
+    assert args.count(name) == 1, (name, args)
+    return args[args.index(name) + 1]
+
+
+def test_the_model_renders_a_deployment_and_a_service_per_pool_and_the_proxy():
+    kids = children(pd_model())
+    for name in ("m", "m-prefill", "m-decode"):
+        assert ("Deployment", name) in kids and ("Service", name) in kids
+    # The model's Service answers through the proxy alone; each pool's Service selects its pool.
+    selectors = {name: kids[("Service", name)]["spec"]["selector"] for name in ("m", "m-prefill", "m-decode")}
+    assert selectors["m"]["app.kubernetes.io/component"] == "proxy"
+    assert selectors["m-prefill"]["inferentia.dev/pool"] == "prefill"
+    assert selectors["m-decode"]["inferentia.dev/pool"] == "decode"
+    # The three Deployments select disjoint pods.
+    matches = [kids[("Deployment", n)]["spec"]["selector"]["matchLabels"] for n in ("m", "m-prefill", "m-decode")]
+    assert len({json.dumps(m, sort_keys=True) for m in matches}) == 3
+
+
+def test_each_pool_runs_its_replicas_on_its_chips():
+    kids = children(pd_model())
+    prefill, decode = kids[("Deployment", "m-prefill")], kids[("Deployment", "m-decode")]
+    assert (prefill["spec"]["replicas"], decode["spec"]["replicas"]) == (2, 1)
+    requests = [d["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"] for d in (prefill, decode)]
+    assert [r["aws.amazon.com/neuron"] for r in requests] == ["1", "2"]
+
+
+@pytest.mark.parametrize(("pool", "role", "tp", "dp"), [("prefill", "kv_producer", "4", None), ("decode", "kv_consumer", "4", "2")])
+def test_each_pools_servers_get_the_tutorials_flags(pool, role, tp, dp):
+    args = serve_args(children(pd_model())[("Deployment", f"m-{pool}")])
+    assert flag(args, "--tensor-parallel-size") == tp
+    assert (flag(args, "--data-parallel-size") if dp else "--data-parallel-size" not in args) == (dp or True)
+    config = json.loads(flag(args, "--kv-transfer-config"))
+    assert config == {
+        "kv_connector": "NixlConnector",
+        "kv_role": role,
+        "kv_buffer_device": "cuda",
+        "kv_connector_extra_config": {"backends": ["LIBFABRIC"]},
+    }
+    # The stand-in parses it as vLLM's KVTransferConfig does and takes it as the plugin would.
+    parsed = vllm_disagg.parse_kv_transfer_config(flag(args, "--kv-transfer-config"))
+    vllm_disagg.check_connector(parsed, plugin=True)
+    assert parsed.kv_role == role
+
+
+def test_each_pools_servers_advertise_their_side_channel_on_the_pods_address():
+    for pool in ("prefill", "decode"):
+        deployment = children(pd_model())[("Deployment", f"m-{pool}")]
+        env = env_of(deployment)
+        assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+        assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"]["value"] == "5557"
+        assert env["FI_EFA_ENABLE_SHM_TRANSFER"]["value"] == "0"
+        ports = deployment["spec"]["template"]["spec"]["containers"][0]["ports"]
+        assert {"name": "nixl", "containerPort": 5557, "protocol": "TCP"} in ports
+
+
+def test_the_proxy_is_the_operators_program_given_each_pools_service():
+    kids = children(pd_model())
+    container = kids[("Deployment", "m")]["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"][:3] == ["python3", "-m", "inferentia_operator.programs.pd_proxy"]
+    args = pd_proxy.parse_args(container["args"])
+    assert (args.host, args.port) == ("0.0.0.0", 8000)
+    assert (args.prefiller_hosts, args.prefiller_ports) == (["m-prefill"], [8000])
+    assert (args.decoder_hosts, args.decoder_ports) == (["m-decode"], [8000])
+    assert "aws.amazon.com/neuron" not in container["resources"]["requests"]
+    pool_ports = [p["port"] for p in kids[("Service", "m-prefill")]["spec"]["ports"]]
+    assert pool_ports == [8000]
+
+
+def test_the_plan_says_each_pools_parallelism():
+    p = pd_model().plan.disaggregation
+    assert (p.prefill.chips, p.prefill.tensor_parallel_size, p.prefill.data_parallel_size) == (1, 4, 1)
+    assert (p.decode.chips, p.decode.tensor_parallel_size, p.decode.data_parallel_size) == (2, 4, 2)
+
+
+def test_a_model_without_pools_renders_as_before():
+    spec = InferentiaModelSpec.model_validate({k: v for k, v in pd_spec().items() if k != "disaggregation"})
+    kinds = [(c["kind"], c["metadata"]["name"]) for c in rendered(Model("m", "ns", UID, spec, plan(spec)))]
+    assert ("Deployment", "m-prefill") not in kinds and ("Deployment", "m") in kinds
+
+
+# --- status ------------------------------------------------------------------------------------
+
+
+def live(obj: dict, replicas: int, ready: int) -> dict:
+    meta = {**obj["metadata"], "generation": 1, "uid": "u-" + obj["metadata"]["name"]}
+    conditions = [{"type": "Available", "status": "True"}, {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}]
+    status = {"observedGeneration": 1, "replicas": replicas, "readyReplicas": ready, "updatedReplicas": replicas}
+    return {**obj, "metadata": meta, "status": {**status, "availableReplicas": ready, "conditions": conditions}}
+
+
+def observe(model: Model, ready: dict[str, int]) -> Observed:
+    body = {"metadata": {"name": "m", "namespace": "ns", "uid": UID, "generation": 1}, "spec": pd_spec(), "status": {}}
+    objs = []
+    for child in rendered(model):
+        name = child["metadata"]["name"]
+        if child["kind"] == "Deployment":
+            want = child["spec"]["replicas"]
+            objs.append(live(child, want, ready.get(name, want)))
+        else:
+            objs.append({**child, "metadata": {**child["metadata"], "uid": "u-" + name}})
+    return Observed.of(body, *objs)
+
+
+def test_status_reports_each_pools_replicas_and_is_ready_once_both_are():
+    model = pd_model()
+    decision = decide(observe(model, {}), "2026-01-01T00:00:00Z")
+    status = decision.report.status
+    assert (status.pools.prefill.replicas, status.pools.prefill.ready_replicas) == (2, 2)
+    assert (status.pools.decode.replicas, status.pools.decode.ready_replicas) == (1, 1)
+    assert {c.type: c.status for c in status.conditions}["Ready"] == "True"
+
+
+def test_a_pool_short_of_ready_replicas_holds_back_ready():
+    status = decide(observe(pd_model(), {"m-prefill": 1}), "2026-01-01T00:00:00Z").report.status
+    assert status.pools.prefill.ready_replicas == 1
+    assert {c.type: c.status for c in status.conditions}["Ready"] == "False"
+
+
+def test_every_deployment_carries_the_models_plan():
+    model = pd_model()
+    for name in ("m", "m-prefill", "m-decode"):
+        template = children(model)[("Deployment", name)]["spec"]["template"]
+        assert template["metadata"]["annotations"]["inferentia.dev/plan-hash"] == plan_hash(model.plan)
+
+
+def test_the_pools_plan_configmaps_are_kept_before_any_pod_mounts_them():
+    from inferentia_operator.core.cleanup.part import cleanup_part
+    from inferentia_operator.core.settings import DEFAULT_SETTINGS
+
+    model = pd_model()
+    maps = [c for c in rendered(model) if c["kind"] == "ConfigMap"]
+    assert len(maps) >= 2  # the model's, and the pools' (one where both plan alike)
+    body = {"metadata": {"name": "m", "namespace": "ns", "uid": UID}, "spec": pd_spec(), "status": {}}
+    assert cleanup_part(model, Observed.of(body, *maps), DEFAULT_SETTINGS).delete == ()
