@@ -88,7 +88,6 @@ CEL_CASES = {
     ),  # fmt: skip
     # Prefill and decode pools (spec.disaggregation): the vLLM Neuron plugin's, alone of what they cannot combine with.
     "disaggregation-runtime": make_spec(disaggregation={}),
-    "disaggregation-batching": make_spec(**{**_PD, "serving.batching": {"maxBatchSize": 2}}),
     "disaggregation-autoscaling": make_spec(**{**_PD, "autoscaling": {"maxReplicas": 2, "targetInFlight": 4}}),
     "disaggregation-routing": make_spec(**{**_PD, "routing": {"inferencePool": {}}}),
     "disaggregation-processes": make_spec(**{**_PD, "processesPerReplica": 2}),
@@ -339,6 +338,7 @@ DIVERGENCE_CORPUS = [
     # Prefill and decode pools: valid shapes, and each pool's parallelism against its cores.
     _PD,
     {**_PD, "disaggregation": {"prefill": {"replicas": 2}, "decode": {"inf": 2, "dataParallelSize": 2}}},
+    {**_PD, "serving.batching": {"maxBatchSize": 4}},
     {**_PD, "compute.lnc": 1, "disaggregation": {"decode": {"inf": 4, "tensorParallelSize": 8, "dataParallelSize": 4}}},
     {**_PD, "compute.family": "trn3", "disaggregation": {"decode": {"dataParallelSize": 5}}},
     {**_PD, "compute.lnc": 4, "disaggregation": {"decode": {"dataParallelSize": 3}}},

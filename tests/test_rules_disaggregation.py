@@ -20,12 +20,16 @@ def test_the_sample_shape_is_valid():
     assert messages(pd_spec()) == []
 
 
+def test_batching_with_vllm_is_its_max_num_seqs_in_both_pools():
+    """With vLLM, serving.batching is --max-num-seqs and runs no front end: the pools take it."""
+    assert messages(pd_spec(**{"serving.batching": {"maxBatchSize": 4}})) == []
+
+
 @pytest.mark.parametrize(
     ("overrides", "words"),
     [
         ({"serving.runtime": "custom"}, "spec.disaggregation"),
         ({"compute.family": "trn1", "compute.inf": 1}, "trn2 or trn3"),
-        ({"serving.batching": {"maxBatchSize": 4}}, "spec.serving.batching"),
         ({"autoscaling": {"minReplicas": 1, "maxReplicas": 2}}, "spec.autoscaling"),
         ({"routing": {"inferencePool": {}}}, "spec.routing.inferencePool"),
         ({"processesPerReplica": 2}, "spec.processesPerReplica"),

@@ -53,11 +53,6 @@ def _refused(path: str, cel_absent: str, why: str) -> CrossFieldRule:
 
 
 REFUSED = (
-    _refused(
-        "spec.serving.batching",
-        "!has(self.serving.batching)",
-        "each pool's vLLM server batches its own sequences, and the proxy takes no bounds",
-    ),
     _refused("spec.autoscaling", "!has(self.autoscaling)", "the pools are scaled by their replicas; neither is autoscaled yet"),
     _refused(
         "spec.routing.inferencePool",
@@ -77,7 +72,6 @@ REFUSED = (
     ),
 )
 _REFUSED_SET: dict[str, Callable[[InferentiaModelSpec], bool]] = {
-    "spec.serving.batching": lambda s: s.serving.batching is not None,
     "spec.autoscaling": lambda s: s.autoscaling is not None,
     "spec.routing.inferencePool": lambda s: s.routing is not None and s.routing.inference_pool is not None,
     "spec.processesPerReplica": lambda s: s.processes_per_replica != 1,
