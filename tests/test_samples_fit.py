@@ -15,7 +15,7 @@ from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.catalogue import FAMILIES
 from inferentia_operator.core.cores import group_size_of, replica_cores
 from inferentia_operator.core.drift import quantity
-from inferentia_operator.core.names import PLAN_MOUNT
+from inferentia_operator.core.names import COMPONENT_LABEL, PLAN_MOUNT
 from inferentia_operator.programs import COMPILE_PROGRAM, NXDI_COMPILE_PROGRAM, VLLM_COMPILE_PROGRAM
 
 SAMPLES = sorted((Path(__file__).parents[1] / "manifests" / "samples").glob("*.yaml"))
@@ -45,17 +45,21 @@ def test_every_sample_sizes_its_pods_for_its_model(path, capsys):
     groups = replica_cores(spec, fam) // group_size_of(spec, fam)
     objects = rendered(path, capsys)
 
-    (deployment,) = [o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == doc["metadata"]["name"]]
-    pod = deployment["spec"]["template"]["spec"]
-    serve = pod["containers"][0]
-    assert volume_bytes(pod, "home") >= sizing.home_bytes(spec)
-    if spec.compile.image:
-        assert volume_bytes(pod, "compiled") >= sizing.artefact_bytes(spec)
-    assert quantity(serve["resources"]["requests"]["memory"]) >= sizing.replica_memory_bytes(spec, fam, groups)
-    if sizing.compiles_in_pod(spec):
-        assert quantity(serve["resources"]["requests"]["cpu"]) >= groups * int(sizing.compile_cpu(spec, fam))
-    probe = serve["startupProbe"]
-    assert probe["periodSeconds"] * probe["failureThreshold"] >= sizing.startup_seconds(spec)
+    # The serving Deployment, or with prefill and decode pools each pool's.
+    serving = [o for o in objects if o["kind"] == "Deployment" and o["metadata"]["labels"][COMPONENT_LABEL] == "serving"]
+    name = doc["metadata"]["name"]
+    assert [d["metadata"]["name"] for d in serving] == ([f"{name}-prefill", f"{name}-decode"] if spec.disaggregation else [name])
+    for deployment in serving:
+        pod = deployment["spec"]["template"]["spec"]
+        serve = pod["containers"][0]
+        assert volume_bytes(pod, "home") >= sizing.home_bytes(spec)
+        if spec.compile.image:
+            assert volume_bytes(pod, "compiled") >= sizing.artefact_bytes(spec)
+        assert quantity(serve["resources"]["requests"]["memory"]) >= sizing.replica_memory_bytes(spec, fam, groups)
+        if sizing.compiles_in_pod(spec):
+            assert quantity(serve["resources"]["requests"]["cpu"]) >= groups * int(sizing.compile_cpu(spec, fam))
+        probe = serve["startupProbe"]
+        assert probe["periodSeconds"] * probe["failureThreshold"] >= sizing.startup_seconds(spec)
 
     jobs = [o for o in objects if o["kind"] == "Job"]
     assert len(jobs) == (1 if spec.compile.image else 0)
