@@ -47,6 +47,7 @@ def test_valid_samples_pass():
     assert code == 0
     assert out.splitlines() == [
         "default/bert-base: ok", "default/distilbert: ok", "default/gpt2: ok", "default/llama-8b: ok", "default/resnet50: ok",
+        "default/llama-8b-pd: ok",
         # With its EAGLE3 draft's weights, the KV cache is sized with the draft: nothing to warn of.
         "default/llama-8b-eagle3: ok",
         # Its shape, its sequence length and its sequences at once are all in the sample: the
@@ -261,6 +262,7 @@ def test_render_prints_what_the_operator_applies_for_every_sample():
     from inferentia_operator.core.compile.job import compile_job
     from inferentia_operator.core.pod.model import Model
     from inferentia_operator.core.serving.deployment import serving_deployment
+    from inferentia_operator.core.serving.part import serving_part
     from inferentia_operator.core.serving.service import disruption_budget, plan_configmap, service, serving_network_policy
     from inferentia_operator.manifests import load_models
 
@@ -272,6 +274,10 @@ def test_render_prints_what_the_operator_applies_for_every_sample():
     for doc in load_models(paths).models:
         # The plan as checked, with its warnings (the scheduler extension's, with no --scheduler-name).
         m = Model(doc.name, doc.namespace, PLACEHOLDER_UID, doc.spec, doc.model.plan)
+        if doc.spec.disaggregation is not None:
+            # Prefill and decode pools: the proxy as the model's Deployment, and each pool's (serving/pools.py).
+            expected += [*serving_part(m, compiled=True, replicas=doc.spec.replicas, to_holder=False).children, compile_job(m)]
+            continue
         expected += [
             plan_configmap(m),
             service(m),
