@@ -185,3 +185,53 @@ def test_the_pools_plan_configmaps_are_kept_before_any_pod_mounts_them():
     assert len(maps) >= 2  # the model's, and the pools' (one where both plan alike)
     body = {"metadata": {"name": "m", "namespace": "ns", "uid": UID}, "spec": pd_spec(), "status": {}}
     assert cleanup_part(model, Observed.of(body, *maps), DEFAULT_SETTINGS).delete == ()
+
+
+# --- the rendered servers and proxy, run ---------------------------------------------------------
+
+
+def test_the_rendered_pools_and_proxy_serve_a_completion(tmp_path):
+    """The flags and environment rendered for each pool start the plugin's stand-in servers in
+    their roles, and the proxy's rendered command line, pointed at them, serves a completion that
+    the decode server generated from the prefill's KV cache (tests/test_disaggregated.py runs the
+    tutorial's own commands the same way). Only the addresses are the test's: the Services' names
+    and the pods' IPs become loopback ports."""
+    from ports import free_port
+    from test_disaggregated import PLUGIN, Cluster, environment, get, metric, post
+
+    # Each pool one chip, TP4: the stand-in takes --data-parallel-size but models no data
+    # parallelism, and refuses visible cores beyond the tensor-parallel size.
+    model = pd_model(**{"disaggregation.decode": {}, "serving.image": PLUGIN})
+    kids, cluster = children(model), Cluster(tmp_path)
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "neuron1").touch()
+    try:
+        ports = {}
+        for pool, cores in (("prefill", "0-3"), ("decode", "4-7")):
+            deployment = kids[("Deployment", f"m-{pool}")]
+            flags = serve_args(deployment)[4:]  # after /bin/sh -c '<script>' vllm: the engine's flags
+            flags[flags.index("--model") + 1] = str(cluster.model)
+            port, side = free_port(), free_port()
+            planned = {k: v["value"] for k, v in env_of(deployment).items() if "value" in v}
+            env = environment(tmp_path, PLUGIN, cores, side, FI_EFA_ENABLE_SHM_TRANSFER=planned["FI_EFA_ENABLE_SHM_TRANSFER"])
+            cluster.start([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--port", str(port), *flags], env, port)
+            ports[pool] = port
+        proxy = kids[("Deployment", "m")]["spec"]["template"]["spec"]["containers"][0]["args"]
+        argv = ["127.0.0.1" if a in ("m-prefill", "m-decode") else a for a in proxy]
+        listen = free_port()
+        argv[argv.index("--port") + 1] = str(listen)
+        argv[argv.index("--host") + 1] = "127.0.0.1"
+        argv[argv.index("--prefiller-port") + 1] = str(ports["prefill"])
+        argv[argv.index("--decoder-port") + 1] = str(ports["decode"])
+        cluster.start(
+            [sys.executable, "-m", "inferentia_operator.programs.pd_proxy", *argv],
+            {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "operator")},
+            listen,
+            "/healthcheck",
+        )
+        status, text = post(listen, "/v1/completions", {"model": str(cluster.model), "prompt": "one two three", "max_tokens": 3})
+        assert status == 200, text
+        assert metric(get(ports["decode"], "/metrics")[1], "vllm:nixl_bytes_transferred_count") == 1
+        assert metric(get(ports["prefill"], "/metrics")[1], "vllm:generation_tokens_total") == 1
+    finally:
+        cluster.stop()
