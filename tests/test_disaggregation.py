@@ -161,6 +161,8 @@ def test_status_reports_each_pools_replicas_and_is_ready_once_both_are():
     assert (status.pools.prefill.replicas, status.pools.prefill.ready_replicas) == (2, 2)
     assert (status.pools.decode.replicas, status.pools.decode.ready_replicas) == (1, 1)
     assert {c.type: c.status for c in status.conditions}["Ready"] == "True"
+    # The counts and selector of the scale subresource are the proxy's, which spec.replicas scales.
+    assert (status.replicas, status.ready_replicas, status.selector) == (1, 1, "inferentia.dev/model=m,app.kubernetes.io/component=proxy")
 
 
 def test_a_pool_short_of_ready_replicas_holds_back_ready():

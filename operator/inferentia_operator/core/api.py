@@ -699,7 +699,7 @@ class InferentiaModelStatus(ApiModel):
     updated_replicas: int | None = None
     """Serving pods running the current plan."""
     pools: PoolsStatus | None = None
-    """With spec.disaggregation: each pool's replicas and ready replicas (replicas and readyReplicas above count the proxy's and both pools' pods together)."""
+    """With spec.disaggregation: each pool's replicas and ready replicas. replicas, readyReplicas, updatedReplicas and selector are then the proxy's, which spec.replicas and the scale subresource scale."""
     autoscaling: AutoscalingStatus | None = None
     """With spec.autoscaling: the range, the target and the replicas the Deployment runs now."""
     pods: PodCounts | None = None

@@ -371,11 +371,11 @@ def report(
     previous = list(model.status.get("conditions") or ())
     serving, compiled, scaling = basis.serving, basis.compile, basis.scaling
     deployment = observed.own("Deployment")
-    pools = None
+    pools = counted = None
     if serving.plan is not None and serving.plan.nodes:
         rollout = rollout_of_groups(observed.own(GROUP_KIND), serving.replicas, serving.plan_hash)
     elif serving.pools:
-        rollout, pools = pools_rollout(observed, serving)
+        rollout, counted, pools = pools_rollout(observed, serving)
     else:
         rollout = rollout_of(deployment, serving.replicas, serving.plan_hash)
     found = list(dict.fromkeys([*basis.conflicts, *conflicts]))
@@ -410,9 +410,9 @@ def report(
     status = api.InferentiaModelStatus(
         observed_generation=generation,
         conditions=stamped(new, previous, generation, at),
-        replicas=rollout.replicas,
-        ready_replicas=rollout.ready,
-        updated_replicas=rollout.updated,
+        replicas=(counted or rollout).replicas,
+        ready_replicas=(counted or rollout).ready,
+        updated_replicas=(counted or rollout).updated,
         autoscaling=scaling_status,
         pools=pools,
         pods=pod_counts(observed.serving_pods),

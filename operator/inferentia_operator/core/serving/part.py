@@ -11,7 +11,7 @@ from typing import Any
 from inferentia_operator.core import api
 from inferentia_operator.core.observed import Observed, Rollout, rollout_of, rollout_of_all
 from inferentia_operator.core.ownership import is_ours
-from inferentia_operator.core.pod.meta import selector_string
+from inferentia_operator.core.pod.meta import proxy_selector, selector_string
 from inferentia_operator.core.pod.model import Model, plan_hash
 from inferentia_operator.core.pod.part import ChildRef, Part, ref
 from inferentia_operator.core.pod.pools import ROLES
@@ -62,17 +62,20 @@ def _pools_part(model: Model, compiled: bool, replicas: int) -> ServingPart:
     held = frozenset() if compiled else frozenset(ref(w) for w in workloads)
     made = (plan_configmap(model), service(model), proxy, *around, *workloads, disruption_budget(model))
     roles = tuple((role, w["metadata"]["name"], w["spec"]["replicas"]) for role, w in zip(ROLES, workloads, strict=True))
-    facts = ServingFacts(replicas, plan_hash(model.plan), model.plan, selector_string(model), roles)
+    proxies = ",".join(f"{k}={v}" for k, v in proxy_selector(model).items())
+    facts = ServingFacts(replicas, plan_hash(model.plan), model.plan, proxies, roles)
     return ServingPart(made, held, facts=facts)
 
 
-def pools_rollout(observed: Observed, facts: ServingFacts) -> tuple[Rollout, api.PoolsStatus]:
-    """A disaggregated model's proxy and pools as one rollout, which status reports as the
-    serving Deployment's (Ready once all three are), and each pool's pods."""
+def pools_rollout(observed: Observed, facts: ServingFacts) -> tuple[Rollout, Rollout, api.PoolsStatus]:
+    """A disaggregated model's proxy and pools as one rollout, which the conditions read as the
+    serving Deployment's (Ready once all three are); the proxy's alone, whose pods status.replicas
+    counts (spec.replicas is the proxy's, and the scale subresource's selector selects it); and
+    each pool's pods."""
     proxy = rollout_of(observed.own("Deployment"), facts.replicas, facts.plan_hash)
     each = {role: rollout_of(observed.live("Deployment", name), n, facts.plan_hash) for role, name, n in facts.pools}
     counts = {role: api.PoolStatus(replicas=r.replicas, ready_replicas=r.ready) for role, r in each.items()}
-    return rollout_of_all([proxy, *each.values()]), api.PoolsStatus(**counts)
+    return rollout_of_all([proxy, *each.values()]), proxy, api.PoolsStatus(**counts)
 
 
 def _stale_policy(model: Model, observed: Observed, policy: dict[str, Any] | None) -> tuple[ChildRef, ...]:
