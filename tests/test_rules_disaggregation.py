@@ -52,3 +52,11 @@ def test_a_compile_ahead_needs_pools_of_the_computes_shape():
     assert any("spec.compile.image" in m and "decode" in m for m in found), found
     same = {"prefill": {"replicas": 1}, "decode": {"replicas": 2}}
     assert messages(pd_spec(**{"compile.image": IMAGE, "compile.outputUri": "s3://b/c/", "disaggregation": same})) == []
+
+
+def test_a_pool_on_chips_of_its_own_is_checked_as_a_replica_of_that_size():
+    """70B in bf16 needs two trn2 chips: a decode pool of one is refused, under the pool."""
+    big = {"model.weights": 70_600_000_000, "compute.inf": 2, "disaggregation": {"decode": {"inf": 1}}}
+    (message,) = messages(pd_spec(**big))
+    assert message.startswith("spec.disaggregation.decode.inf: is 1, and on 1 chips spec.compute.inf:"), message
+    assert messages(pd_spec(**{**big, "disaggregation": {"decode": {"inf": 4}}})) == []

@@ -468,6 +468,15 @@ class InferentiaModelSpec(ApiModel):
         sequences itself and gets none (the CRD's CEL port rule restates this)."""
         return self.serving.batching is not None and self.serving.runtime != "vllm"
 
+    def pool_spec(self, role: Literal["prefill", "decode"]) -> InferentiaModelSpec:
+        """With spec.disaggregation: the spec of one replica of the pool, the model's on the
+        pool's chips, with its replicas and no pools of its own (what the pool's pods are built
+        from, and what the rules check the pool's chips with)."""
+        assert self.disaggregation is not None
+        pool = getattr(self.disaggregation, role)
+        compute = self.compute.model_copy(update={"inf": pool.inf if pool.inf is not None else self.compute.inf})
+        return self.model_copy(update={"compute": compute, "replicas": pool.replicas, "disaggregation": None})
+
 
 class FrontEnd(ApiModel):
     """The batching front end of each serving pod (spec.serving.batching, not with vLLM)."""

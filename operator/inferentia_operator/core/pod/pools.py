@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Literal
 
-from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.planner import plan
 from inferentia_operator.core.pod.model import Model
 
@@ -18,18 +17,10 @@ ROLES: tuple[Role, ...] = ("prefill", "decode")
 KV_ROLES: dict[Role, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
 
 
-def pool_spec(spec: InferentiaModelSpec, role: Role) -> InferentiaModelSpec:
-    """The spec of one replica of the pool: the model's, on the pool's chips, one process."""
-    assert spec.disaggregation is not None
-    pool = getattr(spec.disaggregation, role)
-    compute = spec.compute.model_copy(update={"inf": pool.inf if pool.inf is not None else spec.compute.inf})
-    return spec.model_copy(update={"compute": compute, "replicas": pool.replicas, "disaggregation": None})
-
-
 def pool_model(model: Model, role: Role) -> Model:
     """The pool's model, planned for its chips. Its spec passed the model's rules
     (rules/disaggregation.py), so it is planned without checking them again."""
-    spec = pool_spec(model.spec, role)
+    spec = model.spec.pool_spec(role)
     return replace(model, spec=spec, plan=plan(spec, checked=[]))
 
 

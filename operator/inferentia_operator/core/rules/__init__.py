@@ -101,7 +101,9 @@ _CHECKS: tuple[Check, ...] = (
 def check_spec(spec: InferentiaModelSpec) -> list[Finding]:
     """Every cross-field finding for a spec that parsed."""
     family = FAMILIES[spec.compute.family]
-    return [finding for check in _CHECKS for finding in check(spec, family)]
+    found = [finding for check in _CHECKS for finding in check(spec, family)]
+    # Prefill and decode pools on chips of their own are checked again at their size.
+    return found + disaggregation.pool_spec_findings(spec, family, check_spec)
 
 
 __all__ = [

@@ -12,6 +12,7 @@ decode 32, so tensorParallelSize times dataParallelSize is the replica's cores.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 from inferentia_operator.core.api import InferentiaModelSpec, Pool
 from inferentia_operator.core.catalogue import FAMILIES, Family
@@ -160,11 +161,34 @@ def _check_pool(spec: InferentiaModelSpec, fam: Family, role: str, pool: Pool) -
     return []
 
 
-def _check_pools(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+def _pools(spec: InferentiaModelSpec, fam: Family) -> tuple[tuple[Literal["prefill", "decode"], Pool], ...]:
+    """The pools whose rules can be judged: on the plugin's families, at an LNC the family has."""
     d = spec.disaggregation
     if d is None or fam.name not in PLUGIN_FAMILIES or lnc_of(spec, fam) not in fam.lnc_values:
-        return []
-    return [*_check_pool(spec, fam, "prefill", d.prefill), *_check_pool(spec, fam, "decode", d.decode)]
+        return ()
+    return (("prefill", d.prefill), ("decode", d.decode))
+
+
+def _check_pools(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    return [finding for role, pool in _pools(spec, fam) for finding in _check_pool(spec, fam, role, pool)]
+
+
+def pool_spec_findings(spec: InferentiaModelSpec, fam: Family, check: Callable[[InferentiaModelSpec], list[Finding]]) -> list[Finding]:
+    """A pool on chips of its own is a replica of another size: every rule (``check``, the
+    package's check_spec, which calls this) runs on it again, its weights and KV cache against its
+    chips, its host against its CPU and memory, and what it breaks is named under the pool. Only
+    where the pool's own rules hold. No CEL twin: the CRD's rules read spec.compute; the operator
+    and validate refuse such a spec (Validated=False)."""
+    found = []
+    for role, pool in _pools(spec, fam):
+        if pool.inf is None or pool.inf == spec.compute.inf or _check_pool(spec, fam, role, pool):
+            continue  # the model's own shape (its findings are the model's), or a pool already refused
+        found += [
+            Finding(f"spec.disaggregation.{role}.inf", f"is {pool.inf}, and on {pool.inf} chips {f.path}: {f.message}")
+            for f in check(spec.pool_spec(role))
+            if f.severity == "error"
+        ]
+    return found
 
 
 # The compile Job makes one artefact, of spec.compute's shape (its tensor parallelism is part of
