@@ -171,6 +171,19 @@ def test_a_pool_short_of_ready_replicas_holds_back_ready():
     assert {c.type: c.status for c in status.conditions}["Ready"] == "False"
 
 
+def test_a_converged_pooled_model_writes_and_deletes_nothing():
+    """Every child live as rendered, with what the API server defaults (a fieldRef's apiVersion):
+    the next reconcile writes nothing, and the clean-up keeps every pool's plan ConfigMap."""
+    observed = observe(pd_model(), {})
+    for deployment in observed.children["Deployment"]:
+        for container in deployment["spec"]["template"]["spec"]["containers"]:
+            for env in container.get("env", []):
+                if "fieldRef" in env.get("valueFrom", {}):
+                    env["valueFrom"]["fieldRef"]["apiVersion"] = "v1"
+    decision = decide(observed, "2026-01-01T00:00:00Z")
+    assert (decision.apply, decision.delete) == ([], [])
+
+
 def test_every_deployment_carries_the_models_plan():
     model = pd_model()
     for name in ("m", "m-prefill", "m-decode"):
