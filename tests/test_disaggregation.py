@@ -115,6 +115,9 @@ def test_the_proxy_is_the_operators_program_given_each_pools_service():
     assert (args.prefiller_hosts, args.prefiller_ports) == (["m-prefill"], [8000])
     assert (args.decoder_hosts, args.decoder_ports) == (["m-decode"], [8000])
     assert "aws.amazon.com/neuron" not in container["resources"]["requests"]
+    # A request in flight at SIGTERM is relayed to its end, within the proxy's deadline.
+    grace = kids[("Deployment", "m")]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace > pd_proxy.DEADLINE
     pool_ports = [p["port"] for p in kids[("Service", "m-prefill")]["spec"]["ports"]]
     assert pool_ports == [8000]
 

@@ -48,6 +48,8 @@ SIDE_CHANNEL_PORT = 5557
 KV_TRANSFER = {"kv_buffer_device": "cuda", "kv_connector_extra_config": {"backends": ["LIBFABRIC"]}}
 KV_CONNECTOR = "NixlConnector"
 PROXY_PROGRAM = ["python3", "-m", "inferentia_operator.programs.pd_proxy"]
+# The longest one request may take through the proxy: its default deadline (programs/pd_proxy.py).
+PROXY_DEADLINE_SECONDS = 300
 
 
 def pool_name(model: Model, role: Role) -> str:
@@ -146,6 +148,9 @@ def proxy_deployment(model: Model, replicas: int) -> dict[str, Any]:
                 "metadata": {"labels": labels(model, "proxy"), "annotations": {PLAN_HASH_ANNOTATION: plan_hash(model.plan)}},
                 "spec": {
                     "automountServiceAccountToken": False,
+                    # On SIGTERM the proxy stops accepting and finishes what it relays, each
+                    # request within its deadline (pd_proxy's INFERENTIA_PD_PROXY_DEADLINE_S).
+                    "terminationGracePeriodSeconds": PROXY_DEADLINE_SECONDS + 10,
                     # The operator's own image: non-root whatever the model's runAsRoot says.
                     "securityContext": non_root_pod_security(),
                     "containers": [container],
