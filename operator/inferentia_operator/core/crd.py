@@ -39,6 +39,10 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             continue
         if key == "default" and value is None:
             continue
+        if key == "default" and isinstance(value, dict):
+            # A structural schema's default is validated against the schema, where a null is not
+            # an integer: the API server refuses the CRD. An absent field says what null does.
+            value = _without_nulls(value)
         if key == "const":  # a one-value Literal
             out.setdefault("type", "string")
             out["enum"] = [value]
@@ -55,6 +59,12 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     if "properties" in out:
         out.setdefault("type", "object")
     return out
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    return value
 
 
 def _schema_of(model: type[ApiModel]) -> dict[str, Any]:
