@@ -328,3 +328,39 @@ def test_a_side_channel_port_already_taken_stops_the_server(tmp_path):
         argv = [*server_argv(model, free_port(), kv_config("kv_producer"))]
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=SAFETY)
     assert done.returncode == 1 and "the NIXL side channel cannot listen on 127.0.0.1" in done.stderr, done.stderr
+
+
+def test_data_parallel_ranks_each_take_a_tp_group_and_their_own_sequences(cluster):
+    """--data-parallel-size 2 with --tensor-parallel-size 2 on 4 visible cores: two TP groups of
+    consecutive cores (the plugin's data-parallelism design page), each a replica of the model with
+    its own --max-num-seqs and its own KV cache, so the server runs twice one rank's sequences."""
+    import threading
+
+    port, _, _ = cluster.server("kv_consumer", "0-3", "--data-parallel-size", "2", "--max-num-seqs", "1",
+                                NEURON_STANDIN_TOKEN_SECONDS="0.1")  # fmt: skip
+    described = json.loads(get(port, "/standin")[1])
+    assert described["dataParallel"] == {"size": 2, "groups": [[0, 1], [2, 3]]}
+    assert described["kvCache"] is not None
+    assert len(described["kvCacheRanks"]) == 2 and described["kvCacheRanks"][0] == described["kvCacheRanks"][1]
+    answers: list[tuple[int, str]] = []
+    calls = [threading.Thread(target=lambda: answers.append(post(port, "/v1/completions", {"prompt": "a b", "max_tokens": 10})))
+             for _ in range(2)]  # fmt: skip
+    for call in calls:
+        call.start()
+    deadline, running = time.monotonic() + SAFETY, 0.0
+    while running < 2 and time.monotonic() < deadline and any(c.is_alive() for c in calls):
+        running = metric(get(port, "/metrics")[1], "vllm:num_requests_running")
+    for call in calls:
+        call.join(SAFETY)
+    assert running == 2  # one sequence on each rank at once, none waiting
+    assert sorted(json.loads(text)["choices"][0]["text"].split("]]")[0] for _, text in answers) == [" [cores [0, 1", " [cores [2, 3"]
+
+
+@pytest.mark.parametrize(("cores", "dp"), [("0-2", "2"), ("0-1", "2")])
+def test_visible_cores_other_than_dp_times_tp_are_refused(tmp_path, cores, dp):
+    model = checkpoint(tmp_path / "model")
+    port = free_port()
+    argv = server_argv(model, port, kv_config("kv_consumer"), "-dp", dp)
+    done = subprocess.run(argv, env=environment(tmp_path, PLUGIN, cores, free_port()), capture_output=True, text=True, timeout=SAFETY)
+    assert done.returncode != 0
+    assert f"data parallel size {dp}" in done.stderr and "tensor parallel size 2" in done.stderr, done.stderr

@@ -31,6 +31,7 @@ Nothing here is Neuron: it only enforces the contract a real node puts on a pod.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import glob
 import hashlib
@@ -42,6 +43,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -381,10 +383,14 @@ def held_message(requested: str, cores: list[int], busy: list[int]) -> str:
     )
 
 
-def runtime_checks(tp: int | None, local_ranks: int | None = None) -> dict:
+def runtime_checks(tp: int | None, local_ranks: int | None = None, dp: int = 1) -> dict:
     """What the Neuron runtime and vLLM check when a server starts; returns what it found.
     ``local_ranks``: across nodes, the ranks of this node (--override-neuron-config's
-    local_ranks_size), one a visible NeuronCore."""
+    local_ranks_size), one a visible NeuronCore. ``dp``: the plugin's --data-parallel-size, DP
+    ranks each a TP group of ``tp`` consecutive visible cores (the plugin's data-parallelism design
+    page, https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/parallelism/data_parallelism.html:
+    "--tensor-parallel-size 8 --data-parallel-size 4 on 32 Neuron cores", TP group 0 ranks 0-7,
+    group 1 ranks 8-15, ...), so the visible cores must be dp x tp."""
     # NEURON_STANDIN_DEV_DIR: where the tests outside a pod keep stand-in device files.
     dev = os.environ.get("NEURON_STANDIN_DEV_DIR", "/dev")
     devices = sorted(glob.glob(f"{dev}/neuron[0-9]*"), key=lambda d: int(d.removeprefix(f"{dev}/neuron")))
@@ -430,12 +436,25 @@ def runtime_checks(tp: int | None, local_ranks: int | None = None) -> dict:
         fail(
             "NRT:nrt_init", f"local_ranks_size {local_ranks} needs {local_ranks} NeuronCores on this node, {len(cores)} visible ({visible})"
         )
-    if tp is not None and tp != len(cores):
+    if dp > 1 and (tp or 1) * dp != len(cores):
+        # Neither vLLM nor the plugin documents the words it fails with when the visible cores are
+        # not dp x tp (the design page says only that DP4 x TP8 runs "on 32 Neuron cores"); this
+        # message is the stand-in's, naming both sizes.
+        fail(
+            "NRT:nrt_init",
+            f"tensor parallel size {tp or 1} x data parallel size {dp} needs {(tp or 1) * dp} NeuronCores, "
+            f"{len(cores)} visible ({visible})",
+        )
+    if dp == 1 and tp is not None and tp != len(cores):
         fail("NRT:nrt_init", f"tensor parallel size {tp} needs {tp} NeuronCores, {len(cores)} visible ({visible})")
     busy = hold_cores(cores)
     if busy:
         fail("NRT:nrt_allocate_neuron_cores", held_message(visible or ",".join(map(str, cores)), cores, busy))
-    return {"cores": cores, "devices": devices, "artefact": artefact, "loaded": "compiled" if artefact else "compiled-at-load"}
+    found = {"cores": cores, "devices": devices, "artefact": artefact, "loaded": "compiled" if artefact else "compiled-at-load"}
+    if dp > 1:
+        size = tp or 1
+        found["dataParallel"] = {"size": dp, "groups": [cores[r * size : (r + 1) * size] for r in range(dp)]}
+    return found
 
 
 # Device memory a chip has, by the platform the device plugin stand-in names (the Neuron
@@ -609,9 +628,48 @@ class Sequences:
             self.slots.release()
 
 
+class Ranks:
+    """A server's data-parallel ranks (one unless --data-parallel-size): each a replica of the model
+    on its TP group of cores with its own scheduler, so its own ``max_num_seqs`` ("Each DP rank (a
+    group of TP ranks) serves requests independently", the plugin's data-parallelism design page).
+    A request goes to the rank with the fewest requests assigned, as vLLM's front end balances its
+    DP engines by their load. ``running`` and ``waiting`` are the server's, over its ranks."""
+
+    def __init__(self, max_num_seqs: int | None, groups: list[list[int]]) -> None:
+        self.groups = groups
+        self.ranks = [Sequences(max_num_seqs) for _ in groups]
+        self.assigned = [0] * len(groups)
+        self.lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def rank(self) -> Iterator[tuple[int, Sequences]]:
+        with self.lock:
+            r = min(range(len(self.ranks)), key=lambda k: self.assigned[k])
+            self.assigned[r] += 1
+        try:
+            with self.ranks[r] as sequences:
+                yield r, sequences
+        finally:
+            with self.lock:
+                self.assigned[r] -= 1
+
+    @property
+    def running(self) -> int:
+        return sum(s.running for s in self.ranks)
+
+    @property
+    def waiting(self) -> int:
+        return sum(s.waiting for s in self.ranks)
+
+
+def rank_groups(found: dict) -> list[list[int]]:
+    """The cores of each DP rank: the TP groups runtime_checks made, else all the visible cores."""
+    return found.get("dataParallel", {}).get("groups") or [found["cores"]]
+
+
 def serve(port: int, model: str, found: dict, max_num_seqs: int | None = None, group: RootCommunicator | None = None) -> None:
     started = time.time()
-    sequences = Sequences(max_num_seqs)
+    sequences = Ranks(max_num_seqs, rank_groups(found))
 
     class Handler(BaseHTTPRequestHandler):
         def _json(self, code: int, body: dict | list) -> None:
@@ -649,10 +707,10 @@ def serve(port: int, model: str, found: dict, max_num_seqs: int | None = None, g
                 self._json(404, {"error": "not found"})
 
         def do_POST(self):
-            with sequences:
-                self._post()
+            with sequences.rank() as (rank, _):
+                self._post(sequences.groups[rank])
 
-        def _post(self):
+        def _post(self, cores: list[int]):
             # A model's time per call, for the autoscaling tests (nothing the operator runs sets it).
             time.sleep(float(os.environ.get("NEURON_STANDIN_CALL_SECONDS", "0")))
             length = int(self.headers.get("Content-Length") or 0)
@@ -668,7 +726,7 @@ def serve(port: int, model: str, found: dict, max_num_seqs: int | None = None, g
                 time.sleep(per_token * max(0, min(body["max_tokens"], 4096)))
             if self.path == "/v1/completions" and isinstance(body, dict):
                 prompt = body.get("prompt", "")
-                ran = f"[cores {found['cores']}]"
+                ran = f"[cores {cores}]"
                 if group is not None:
                     try:
                         nodes = group.step()
@@ -689,7 +747,7 @@ def serve(port: int, model: str, found: dict, max_num_seqs: int | None = None, g
             elif self.path == "/" and isinstance(body, list):
                 # The model-process contract the batching front end speaks: a JSON list of
                 # inputs, answered by a list of outputs of the same length and order.
-                self._json(200, [{"cores": found["cores"], "input": i} for i in body])
+                self._json(200, [{"cores": cores, "input": i} for i in body])
             else:
                 self._json(404, {"error": "not found"})
 
@@ -916,8 +974,13 @@ def vllm_main(argv: list[str]) -> int:
     if layout and layout["node_rank"] != 0:
         fatal(CollectiveError(f"NEURON_RANK_ID is {layout['node_rank']}: rank 0 serves the API, the others run the worker"))
         return 1
-    found = runtime_checks(args.tensor_parallel_size, layout["local_ranks_size"] if layout else None)
-    check_device_memory(checkpoint, layout["world_size"] if layout else len(found["cores"]), checkpoint_dtype(checkpoint))
+    # Data parallelism is the plugin's (its data-parallelism design page); V0's parser has no
+    # --data-parallel-size here, and vllm-neuron on NxD Inference takes it and runs a world of one
+    # (its worker's world_size=1), so off the plugin the flag changes nothing, as before.
+    dp = (getattr(args, "data_parallel_size", None) or 1) if plugin else 1
+    found = runtime_checks(args.tensor_parallel_size, layout["local_ranks_size"] if layout else None, dp)
+    # Each DP rank is a whole replica: a core holds its TP rank's share of the weights, not a DP x TP'th.
+    check_device_memory(checkpoint, layout["world_size"] if layout else len(found["cores"]) // dp, checkpoint_dtype(checkpoint))
     if found["artefact"] and not layout:
         check_compiled_config(found["artefact"]["neuron_config"], nxdi_neuron_config(args, serving, checkpoint))
     model = (args.served_model_name or [args.model])[0]
@@ -926,6 +989,9 @@ def vllm_main(argv: list[str]) -> int:
         if started is None:
             return 1
         found |= started
+        if dp > 1:
+            # Each DP rank sizes and allocates its own KV cache on its own TP group, the same cache.
+            found["kvCacheRanks"] = [started["kvCache"]] * dp
     else:
         found["runtime"] = NXD_INFERENCE
     found["vllm"] = {"version": installed("vllm"), "serving": serving}

@@ -150,7 +150,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     above), --data-parallel-size, --enable-expert-parallel, --max-num-batched-tokens,
     --[no-]disable-hybrid-kv-cache-manager, --hf-overrides (JSON), --optimization-level (0 to 3)
     and --max-logprobs. Each is taken and changes nothing the stand-in models, except
-    --kv-transfer-config."""
+    --kv-transfer-config, and --data-parallel-size (``-dp``, as vLLM's parser has it) on the
+    plugin: DP ranks, each a TP group of the visible cores (neuron_standin.runtime_checks, Ranks)."""
     parser.add_argument("--kv-transfer-config", type=parse_kv_transfer_config, default=None)
     parser.add_argument("--data-parallel-size", "-dp", type=int, default=1)
     parser.add_argument("--enable-expert-parallel", action=argparse.BooleanOptionalAction, default=False)
@@ -354,6 +355,7 @@ class Held:
     tokens: int
     blocks: list[int]
     expires: float
+    rank: int = 0  # the DP rank whose blocks they are
 
 
 class BlockPool:
@@ -442,7 +444,7 @@ class SideChannel:
             except (OSError, KvError):
                 pass
             finally:
-                self.engine.pool.give(held.blocks)
+                self.engine.pools[held.rank].give(held.blocks)
             try:
                 conn.sendall(b"freed\n")  # so that the decode goes on only once the blocks are free here
             except OSError:
@@ -488,11 +490,13 @@ class Engine:
     """One server's engine: its role, its blocks, its held prefills, its metrics."""
 
     def __init__(self, config: KVTransferConfig, shape: tuple[int, int, int] | None, width: int, block_size: int,
-                 blocks: int, tp: int) -> None:  # fmt: skip
+                 blocks: int, tp: int, dp: int = 1) -> None:  # fmt: skip
         self.config = config
         self.engine_id = config.engine_id or str(uuid.uuid4())
         self.token_bytes = kv_bytes_per_token(shape, width) if shape else 0
-        self.pool = BlockPool(blocks, block_size)
+        # Each DP rank its own KV cache of ``blocks`` (a replica of the model on its own TP group).
+        self.pools = [BlockPool(blocks, block_size) for _ in range(dp)]
+        self.pool = self.pools[0]
         self.tp = tp
         self.metrics = Metrics()
         self.lock = threading.Lock()
@@ -513,7 +517,7 @@ class Engine:
             gone = [r for r, h in self.held.items() if h.expires < now]
             for request in gone:
                 held = self.held.pop(request)
-                self.pool.give(held.blocks)
+                self.pools[held.rank].give(held.blocks)
                 self.metrics.add("vllm:nixl_num_kv_expired_reqs_total")
                 print(
                     f"WARNING Releasing expired KV blocks for request {request} which were retrieved by 0 decode worker(s) "
@@ -522,10 +526,14 @@ class Engine:
                     flush=True,
                 )
 
-    def hold(self, request: str, tokens: int, blocks: list[int]) -> None:
+    def hold(self, request: str, tokens: int, blocks: list[int], rank: int = 0) -> None:
         self.expire()
         with self.lock:
-            self.held[request] = Held(tokens, blocks, time.monotonic() + self.timeout)
+            self.held[request] = Held(tokens, blocks, time.monotonic() + self.timeout, rank)
+
+    def usage(self) -> float:
+        """The KV cache's use over the server's DP ranks."""
+        return sum(pool.usage() for pool in self.pools) / len(self.pools)
 
     def take_held(self, engine_id: Any, request: Any, block_ids: Any) -> Held:
         self.expire()
@@ -547,15 +555,16 @@ MAX_BODY = 4 * 1024 * 1024
 def serve(port: int, model: str, found: dict, engine: Engine, max_num_seqs: int | None, max_model_len: int | None) -> None:
     """vLLM's OpenAI server as a prefill or decode server: /health, /metrics, /v1/completions
     (stream or not), /standin."""
-    from neuron_standin import Sequences
+    from neuron_standin import Ranks, rank_groups
 
-    sequences = Sequences(max_num_seqs)
+    sequences = Ranks(max_num_seqs, rank_groups(found))
     started = time.time()
     ids = itertools.count()
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         timeout = 60
+        rank = 0  # the DP rank a request runs on, and its scheduler (set per request)
 
         def _json(self, code: int, body: dict) -> None:
             data = json.dumps(body).encode()
@@ -574,7 +583,7 @@ def serve(port: int, model: str, found: dict, engine: Engine, max_num_seqs: int 
                 self._json(200, {})
             elif self.path == "/metrics":
                 engine.expire()
-                text = engine.metrics.text(model, sequences.running, sequences.waiting, engine.pool.usage()).encode()
+                text = engine.metrics.text(model, sequences.running, sequences.waiting, engine.usage()).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(text)))
@@ -617,7 +626,8 @@ def serve(port: int, model: str, found: dict, engine: Engine, max_num_seqs: int 
                     "BadRequestError",
                 )
                 return
-            with sequences:
+            with sequences.rank() as (rank, scheduler):
+                self.rank, self.scheduler = rank, scheduler
                 self._complete(body, tokens, max_tokens)
 
         def _complete(self, body: dict, tokens: int, max_tokens: int) -> None:
@@ -625,7 +635,7 @@ def serve(port: int, model: str, found: dict, engine: Engine, max_num_seqs: int 
             request = f"cmpl-{self.headers.get('X-Request-Id') or uuid.uuid4().hex}-{next(ids)}"
             params = body.get("kv_transfer_params") if isinstance(body.get("kv_transfer_params"), dict) else None
             try:
-                blocks = engine.pool.take(tokens + max_tokens)
+                blocks = engine.pools[self.rank].take(tokens + max_tokens)
             except KvError as exc:
                 self._error(503, str(exc), "ServiceUnavailableError")
                 return
@@ -667,7 +677,7 @@ def serve(port: int, model: str, found: dict, engine: Engine, max_num_seqs: int 
                     max_tokens = 1  # the proxy's max_tokens=1; the token sampled is discarded by the design
                 kv_params = None
                 if producing:
-                    engine.hold(request, tokens, blocks)
+                    engine.hold(request, tokens, blocks, self.rank)
                     keep = True
                     kv_params = {
                         "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": blocks,
@@ -677,21 +687,21 @@ def serve(port: int, model: str, found: dict, engine: Engine, max_num_seqs: int 
                 self._generate(body, request, tokens, max_tokens, arrived, kv_params)
             finally:
                 if not keep:
-                    engine.pool.give(blocks)
+                    engine.pools[self.rank].give(blocks)
 
         def _prefill(self, tokens: int) -> None:
             time.sleep(prefill_seconds(tokens))
             engine.metrics.executed(f"prefill_s{tokens}")
 
         def _step(self) -> None:
-            # The batch is the requests the server runs now (at most --max-num-seqs).
-            batch = sequences.running
+            # The batch is the requests this DP rank runs now (at most --max-num-seqs).
+            batch = self.scheduler.running
             time.sleep(step_seconds(batch))
             engine.metrics.executed(f"decode_b{batch}")
 
         def _generate(self, body: dict, request: str, tokens: int, max_tokens: int, arrived: float, kv_params: dict | None) -> None:
             model_name = body.get("model") or model
-            cores = f"[cores {found['cores']}]"
+            cores = f"[cores {sequences.groups[self.rank]}]"
             stream = bool(body.get("stream"))
             created = int(time.time())
             first = last = 0.0
@@ -772,7 +782,7 @@ def run(args: argparse.Namespace, model: str, found: dict, checkpoint: str) -> i
         blocks = kv["kvBudgetBytes"] // (block_size * 2 * layers * -(-heads // tp) * head_dim * width)
     if blocks is None:
         blocks = (args.max_num_seqs or 256) * -(-(args.max_model_len or 2048) // block_size)
-    engine = Engine(config, shape, width, block_size, blocks, tp)
+    engine = Engine(config, shape, width, block_size, blocks, tp, found.get("dataParallel", {}).get("size", 1))
     try:
         engine.listen()
     except OSError as exc:
