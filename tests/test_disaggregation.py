@@ -217,8 +217,7 @@ def test_the_rendered_pools_and_proxy_serve_a_completion(tmp_path):
     from ports import free_port
     from test_disaggregated import PLUGIN, Cluster, environment, get, metric, post
 
-    # Each pool one chip, TP4: the stand-in takes --data-parallel-size but models no data
-    # parallelism, and refuses visible cores beyond the tensor-parallel size.
+    # Each pool one chip, TP4 (the decode pool of two DP ranks is the test below).
     model = pd_model(**{"disaggregation.decode": {}, "serving.image": PLUGIN})
     kids, cluster = children(model), Cluster(tmp_path)
     (tmp_path / "dev").mkdir()
@@ -251,5 +250,54 @@ def test_the_rendered_pools_and_proxy_serve_a_completion(tmp_path):
         assert status == 200, text
         assert metric(get(ports["decode"], "/metrics")[1], "vllm:nixl_bytes_transferred_count") == 1
         assert metric(get(ports["prefill"], "/metrics")[1], "vllm:generation_tokens_total") == 1
+    finally:
+        cluster.stop()
+
+
+def test_a_decode_pool_of_two_data_parallel_ranks_serves_a_completion_through_the_proxy(tmp_path):
+    """The decode pool as pd_spec has it, two chips with --tensor-parallel-size 4
+    --data-parallel-size 2: one server given the replica's 8 logical cores, which the plugin splits
+    into two TP groups of consecutive cores (the data-parallelism design page's process groups),
+    each a replica of the model. The completion, through the proxy, is one rank's, and the decode
+    read the prefill's KV."""
+    from ports import free_port
+    from test_disaggregated import PLUGIN, Cluster, environment, get, metric, post
+
+    model = pd_model(**{"serving.image": PLUGIN})
+    kids, cluster = children(model), Cluster(tmp_path)
+    (tmp_path / "dev").mkdir()
+    for device in ("neuron1", "neuron2"):
+        (tmp_path / "dev" / device).touch()
+    try:
+        ports = {}
+        for pool, cores in (("prefill", "0-3"), ("decode", "4-11")):
+            deployment = kids[("Deployment", f"m-{pool}")]
+            flags = serve_args(deployment)[4:]
+            flags[flags.index("--model") + 1] = str(cluster.model)
+            port, side = free_port(), free_port()
+            env = environment(tmp_path, PLUGIN, cores, side, FI_EFA_ENABLE_SHM_TRANSFER="0")
+            cluster.start([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--port", str(port), *flags], env, port)
+            ports[pool] = port
+        assert flag(serve_args(kids[("Deployment", "m-decode")]), "--data-parallel-size") == "2"
+        described = json.loads(get(ports["decode"], "/standin")[1])
+        assert described["dataParallel"] == {"size": 2, "groups": [[4, 5, 6, 7], [8, 9, 10, 11]]}
+        proxy = kids[("Deployment", "m")]["spec"]["template"]["spec"]["containers"][0]["args"]
+        argv = ["127.0.0.1" if a in ("m-prefill", "m-decode") else a for a in proxy]
+        listen = free_port()
+        argv[argv.index("--port") + 1] = str(listen)
+        argv[argv.index("--host") + 1] = "127.0.0.1"
+        argv[argv.index("--prefiller-port") + 1] = str(ports["prefill"])
+        argv[argv.index("--decoder-port") + 1] = str(ports["decode"])
+        cluster.start(
+            [sys.executable, "-m", "inferentia_operator.programs.pd_proxy", *argv],
+            {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "operator")},
+            listen,
+            "/healthcheck",
+        )
+        status, text = post(listen, "/v1/completions", {"model": str(cluster.model), "prompt": "one two three", "max_tokens": 3})
+        assert status == 200, text
+        said = json.loads(text)["choices"][0]["text"]
+        assert said.startswith((" [cores [4, 5, 6, 7]]", " [cores [8, 9, 10, 11]]")), said
+        assert metric(get(ports["decode"], "/metrics")[1], "vllm:nixl_bytes_transferred_count") == 1
     finally:
         cluster.stop()
