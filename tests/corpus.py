@@ -280,6 +280,11 @@ DIVERGENCE_CORPUS = [
     *[{"serving.envFrom": [f]} for f in ENV_FROM_SOURCES],
     {"serving.image": "example.com/a b:1"},
     {"serving.image": "example.com/ab:1\t"},
+    # An EAGLE3 draft's Hub id: Python's $ matches before a last newline, RE2's (CEL's) does not.
+    *[
+        {"compute.family": "trn2", "serving.runtime": "vllm", "serving.speculation.draft.uri": u}
+        for u in ("org/draft", "org/draft\n", "org/draft\n\n", "draft", "/opt/draft", "/")
+    ],
     # NeuronCore requests (spec.compute.cores), valid and invalid, on every family.
     *[
         {"compute.inf": DROP, "compute.family": family, "compute.cores": cores, **extra}

@@ -245,6 +245,14 @@ def test_what_the_plugin_does_not_take_with_eagle3_is_refused_naming_both(overri
     assert refused in errors, errors
 
 
+@pytest.mark.parametrize("uri", [f"{DRAFT}\n", "org/draft\n"])
+def test_a_draft_id_with_a_trailing_newline_is_refused_as_the_api_server_refuses_it(uri):
+    """CEL's matches() is RE2, whose $ is the end of the text; Python's re.match lets $ match before a
+    last newline. validate must refuse what the API server refuses (tests/corpus.py holds the case)."""
+    errors, _ = problems(**{**EAGLE3_TRN2, "serving.speculation.draft.uri": uri})
+    assert any(e.startswith("spec.serving.speculation.draft.uri:") for e in errors), errors
+
+
 @pytest.mark.parametrize("tokens", [0, -1, "3", 1.5])
 def test_num_speculative_tokens_is_a_count_of_at_least_one(tokens):
     """vLLM: "Expected num_speculative_tokens to be greater than zero" (vllm/config/speculative.py)."""

@@ -51,7 +51,7 @@ def hub_cache() -> Path | None:
 
 
 def is_repo_id(model: str) -> bool:
-    return bool(REPO_ID.match(model)) and not Path(model).exists()
+    return bool(REPO_ID.fullmatch(model)) and not Path(model).exists()  # fullmatch: $ alone lets a last newline in
 
 
 def repo_folder(cache: Path, repo_id: str) -> Path:

@@ -47,6 +47,8 @@ SPECULATION_PLUGIN = CrossFieldRule(
 
 # A Hugging Face model id as huggingface_hub's validate_repo_id takes it ("name" or "org/name"), the
 # same pattern the compile step's hub_snapshot.REPO_ID uses; or an absolute path in the image.
+# Python matches it with re.fullmatch: CEL's matches() is RE2, whose $ is the end of the text, while
+# re.match's $ also matches before a last newline ("org/name\n"), which the API server refuses.
 HUB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$"
 _DRAFT_URI = "self.serving.speculation.draft.uri"
 DRAFT_SOURCE = CrossFieldRule(
@@ -106,7 +108,7 @@ def _check_where(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
 
 def _check_draft(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     speculation = spec.serving.speculation
-    if speculation is None or speculation.draft.uri.startswith("/") or re.match(HUB_ID_PATTERN, speculation.draft.uri):
+    if speculation is None or speculation.draft.uri.startswith("/") or re.fullmatch(HUB_ID_PATTERN, speculation.draft.uri):
         return []
     return [DRAFT_SOURCE.finding(speculation.draft.uri)]
 
