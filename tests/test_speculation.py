@@ -39,7 +39,7 @@ from inferentia_operator.core import sizing
 from inferentia_operator.core.api import InferentiaModelSpec
 from inferentia_operator.core.catalogue import FAMILIES
 from inferentia_operator.core.compile.job import compile_job
-from inferentia_operator.core.cores import device_memory_per_process
+from inferentia_operator.core.cores import device_memory_per_process, kv_cache_bytes
 from inferentia_operator.core.model import check_model
 from inferentia_operator.core.planner import plan
 from inferentia_operator.core.pod.artefact import compile_inputs
@@ -171,13 +171,14 @@ def test_the_kv_blocks_leave_room_for_the_drafts_weights_and_layer(overrides, wi
     assert compile_engine_args(m)["num_gpu_blocks_override"] == with_draft
 
 
-def test_the_plans_device_memory_counts_the_drafts_weights_on_the_same_cores():
-    """plan's DEVICE-MEMORY (deviceMemoryPerProcess.neededBytes): the draft's 1e9 bf16 weights are 2e9 bytes more."""
+def test_the_plans_device_memory_counts_the_drafts_weights_and_layer_on_the_same_cores():
+    """plan's DEVICE-MEMORY (deviceMemoryPerProcess.neededBytes): the draft's 1e9 bf16 weights are 2e9 bytes
+    more, and its layer in the KV cache 2 * 8 heads * 128 * 2 bytes a token, 2048 tokens of 2 sequences, 16777216."""
     trn2 = FAMILIES["trn2"]
     with_draft = device_memory_per_process(spec_of(**EAGLE3_TRN2), trn2, 8)
     without = device_memory_per_process(spec_of(**without_speculation(EAGLE3_TRN2)), trn2, 8)
     assert with_draft["neededBytes"] is not None and without["neededBytes"] is not None
-    assert with_draft["neededBytes"] - without["neededBytes"] == 2_000_000_000
+    assert with_draft["neededBytes"] - without["neededBytes"] == 2_000_000_000 + 16_777_216
 
 
 def test_without_the_drafts_weights_the_plan_gives_no_block_count_and_says_why():
@@ -251,6 +252,14 @@ def test_a_draft_id_with_a_trailing_newline_is_refused_as_the_api_server_refuses
     last newline. validate must refuse what the API server refuses (tests/corpus.py holds the case)."""
     errors, _ = problems(**{**EAGLE3_TRN2, "serving.speculation.draft.uri": uri})
     assert any(e.startswith("spec.serving.speculation.draft.uri:") for e in errors), errors
+
+
+def test_the_kv_cache_bytes_count_the_drafts_layer_as_the_plugins_blocks_do():
+    """kv_cache_bytes (memory_needed, the fit rules) and plugin_block_bytes both hold kv_layers: the
+    target's 32 layers and the draft's one. 2 KV bytes * 33 layers * 8 heads * 128 * 2 (bf16), 2048 tokens, 2 sequences."""
+    trn2 = FAMILIES["trn2"]
+    assert kv_cache_bytes(spec_of(**EAGLE3_TRN2), trn2, 8) == 2 * 33 * 8 * 128 * 2 * 2048 * 2
+    assert kv_cache_bytes(spec_of(**without_speculation(EAGLE3_TRN2)), trn2, 8) == 2 * 32 * 8 * 128 * 2 * 2048 * 2
 
 
 @pytest.mark.parametrize("tokens", [0, -1, "3", 1.5])

@@ -136,12 +136,13 @@ def kv_bytes_per_token(spec: InferentiaModelSpec, family: Family, group: int) ->
 
 
 def kv_cache_bytes(spec: InferentiaModelSpec, family: Family, group: int) -> int | None:
-    """A group's KV cache: every token of every sequence (kv_bytes_per_token)."""
-    seqs, per_token = sequences(spec), kv_bytes_per_token(spec, family, group)
-    if seqs is None or per_token is None:
+    """A group's KV cache: every token of every sequence (kv_bytes_per_token), of every layer the
+    cache holds (kv_layers: an EAGLE3 draft's too, as plugin_block_bytes counts them)."""
+    seqs, per_token, layers = sequences(spec), kv_bytes_per_token(spec, family, group), kv_layers(spec)
+    if seqs is None or per_token is None or layers is None or spec.model.layers is None:
         return None
     tokens, batch = seqs
-    return per_token * tokens * batch
+    return per_token // spec.model.layers * layers * tokens * batch
 
 
 def memory_needed(spec: InferentiaModelSpec, family: Family, group: int, with_kv: bool = True) -> int | None:
