@@ -262,6 +262,16 @@ def test_the_kv_cache_bytes_count_the_drafts_layer_as_the_plugins_blocks_do():
     assert kv_cache_bytes(spec_of(**without_speculation(EAGLE3_TRN2)), trn2, 8) == 2 * 32 * 8 * 128 * 2 * 2048 * 2
 
 
+def test_a_kv_cache_that_does_not_fit_names_the_drafts_weights_it_counted():
+    """KV_FIT's need holds the draft's weights (memory_needed): its words name them too."""
+    errors, _ = problems(**{**EAGLE3_TRN2, "serving.batching": {"maxBatchSize": 1024}})
+    [kv] = [e for e in errors if "a KV cache of" in e]
+    assert kv.startswith("spec.compute.inf: 8030000000 bf16 weights and an EAGLE3 draft of 1000000000 weights, a KV cache of"), kv
+    errors, _ = problems(**{**without_speculation(EAGLE3_TRN2), "serving.batching": {"maxBatchSize": 1024}})
+    [kv] = [e for e in errors if "a KV cache of" in e]
+    assert kv.startswith("spec.compute.inf: 8030000000 bf16 weights, a KV cache of"), kv
+
+
 @pytest.mark.parametrize("tokens", [0, -1, "3", 1.5])
 def test_num_speculative_tokens_is_a_count_of_at_least_one(tokens):
     """vLLM: "Expected num_speculative_tokens to be greater than zero" (vllm/config/speculative.py)."""

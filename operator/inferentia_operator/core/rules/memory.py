@@ -167,11 +167,13 @@ NODES_KV_FIT = (
 # With the KV cache: no CEL twin, since the sequence length is the largest bucket's last
 # dimension, a maximum over a list of lists that the API server's cost estimator cannot
 # bound. The operator reports it in status, and validate prints it.
+# The second %s names an EAGLE3 draft's weights where memory_needed counts them (DRAFT_WEIGHTS), else is empty.
 KV_NEEDS = (
-    "%d %s weights, a KV cache of %d GiB (%d layers, %d KV heads of dimension %d, %d tokens, %d sequences) and the "
+    "%d %s weights%s, a KV cache of %d GiB (%d layers, %d KV heads of dimension %d, %d tokens, %d sequences) and the "
     "Neuron runtime's reserve need %d GiB of device memory a process, and a process has %d GiB on its %d %s; "
 )
 KV_FIT = {request: KV_NEEDS + valid for request, valid in AT_LEAST.items()}
+DRAFT_WEIGHTS = " and an EAGLE3 draft of %d weights"
 KV_UNKNOWN = "only the weights were checked against the device memory: vLLM also holds a KV cache; set %s to check that it fits too"
 
 
@@ -263,8 +265,11 @@ def _check_one_node_memory_fit(spec: InferentiaModelSpec, fam: Family, lnc: int,
         return []
     seqs = sequences(spec)
     assert seqs is not None and m.layers and m.kv_heads and m.head_dim
+    # need (memory_needed) holds an EAGLE3 draft's weights where they are known: named beside the target's.
+    speculation = spec.serving.speculation
+    drafted = DRAFT_WEIGHTS % speculation.draft.weights if speculation is not None and speculation.draft.weights else ""
     text = KV_FIT[request] % (
-        m.weights, m.precision, -(-kv // GIB), m.layers, m.kv_heads, m.head_dim, *seqs,
+        m.weights, m.precision, drafted, -(-kv // GIB), m.layers, m.kv_heads, m.head_dim, *seqs,
         -(-need // GIB), has // GIB, group, core_word, *valid(True),
     )  # fmt: skip
     return [Finding(f"spec.compute.{request}", text)]
