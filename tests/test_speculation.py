@@ -234,11 +234,6 @@ def test_without_the_drafts_weights_the_plan_gives_no_block_count_and_says_why()
             "spec.serving.speculation.draft.uri: s3://models/eagle3/ is not a model vLLM reads itself, and the draft is "
             "not fetched; valid values are a Hugging Face model id (org/name) or an absolute path in the serving image",
         ),
-        (
-            {"serving.speculation.numSpeculativeTokens": 2048},
-            "spec.serving.speculation.numSpeculativeTokens: 2048 leaves no position to speculate at: the plugin speculates "
-            "only below max_model_len - numSpeculativeTokens, and max_model_len is 2048; valid values are 1 to 2047",
-        ),
     ],
 )
 def test_what_the_plugin_does_not_take_with_eagle3_is_refused_naming_both(overrides, refused):
@@ -270,6 +265,17 @@ def test_a_kv_cache_that_does_not_fit_names_the_drafts_weights_it_counted():
     errors, _ = problems(**{**without_speculation(EAGLE3_TRN2), "serving.batching": {"maxBatchSize": 1024}})
     [kv] = [e for e in errors if "a KV cache of" in e]
     assert kv.startswith("spec.compute.inf: 8030000000 bf16 weights, a KV cache of"), kv
+
+
+def test_speculating_past_max_model_len_is_a_warning_since_the_plugin_starts_and_decodes_without_it():
+    """The design page: "Speculation is automatically skipped when a sequence's position reaches
+    max_model_len - num_speculative_tokens": the server starts, and never speculates."""
+    errors, warnings = problems(**{**EAGLE3_TRN2, "serving.speculation.numSpeculativeTokens": 2048})
+    assert errors == []
+    assert warnings == [
+        "spec.serving.speculation.numSpeculativeTokens: 2048 leaves no position to speculate at: the plugin skips "
+        "speculation from max_model_len - numSpeculativeTokens on, and max_model_len is 2048; valid values are 1 to 2047"
+    ]
 
 
 @pytest.mark.parametrize("tokens", [0, -1, "3", 1.5])

@@ -288,7 +288,7 @@ class Speculation(ApiModel):
     draft: Draft
     """The draft model."""
     num_speculative_tokens: Annotated[StrictInt, Field(ge=1, le=MAX_SHAPE)] = 3
-    """Draft tokens proposed a step (vLLM's num_speculative_tokens, above 0, and below the largest bucket's last dimension, vLLM's max_model_len). Default 3, where the plugin's guidance starts: raise it when acceptance is high, lower it when acceptance is low."""
+    """Draft tokens proposed a step (vLLM's num_speculative_tokens, above 0; at or above vLLM's max_model_len, the largest bucket's last dimension, a warning: the plugin never speculates). Default 3, where the plugin's guidance starts: raise it when acceptance is high, lower it when acceptance is low."""
 
 
 class Serving(ApiModel):

@@ -14,7 +14,8 @@ What the plugin documents, and each rule rests on:
   https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/guides/features-guide.html):
   a user's ``--async-scheduling`` would be overridden, so it is refused, naming both;
 - "Speculation is automatically skipped when a sequence's position reaches max_model_len -
-  num_speculative_tokens" (the design page): a count of max_model_len or more never speculates;
+  num_speculative_tokens" (the design page): a count of max_model_len or more never speculates,
+  and the server still starts, so it is a warning;
   vLLM itself asks for more than zero ("Expected num_speculative_tokens to be greater than zero",
   vllm/config/speculative.py), which the schema's minimum holds.
 The draft is read by vLLM itself (a Hugging Face id, or a path in the image): the operator fetches
@@ -84,11 +85,16 @@ ASYNC_WITH_SPECULATION = CrossFieldRule(
     (f"self.serving.args.filter(a, {_ASYNC})[0]", f"self.serving.args.filter(a, {_ASYNC})[0]"),
 )
 
+# A warning, not an error: "Speculation is automatically skipped when a sequence's position reaches
+# max_model_len - num_speculative_tokens", and "the system falls back to standard single-token
+# decoding" (the speculative decoding design page,
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/speculation/speculative_decoding_design.html):
+# the server starts and serves, only never speculating, with the draft's weights and layer for nothing.
 # No CEL twin: max_model_len is the largest bucket's last dimension, a maximum over a list of lists
 # the API server's cost estimator cannot bound (rules.memory says the same of the KV cache).
 TOKENS_PAST_MAX_MODEL_LEN = (
-    "%d leaves no position to speculate at: the plugin speculates only below max_model_len - numSpeculativeTokens, "
-    "and max_model_len is %d; valid values are 1 to %d"
+    "%d leaves no position to speculate at: the plugin skips speculation from max_model_len - numSpeculativeTokens "
+    "on, and max_model_len is %d; valid values are 1 to %d"
 )
 DRAFT_WEIGHTS_UNKNOWN = (
     "not set, so the KV cache blocks are left to the vLLM Neuron plugin: the draft's weights share each core's memory "
@@ -136,7 +142,7 @@ def _check_tokens(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
         return []
     tokens = speculation.num_speculative_tokens
     text = TOKENS_PAST_MAX_MODEL_LEN % (tokens, longest, longest - 1)
-    return [Finding("spec.serving.speculation.numSpeculativeTokens", text)]
+    return [Finding("spec.serving.speculation.numSpeculativeTokens", text, "warning")]
 
 
 def _check_sizing(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
