@@ -619,6 +619,28 @@ def test_the_plugin_compile_step_keeps_an_eagle3_draft_from_the_hub_beside_its_t
     assert f"kept {draft}" in done.stdout
 
 
+def test_the_plugin_compile_step_keeps_the_draft_before_it_reports_the_targets_commit(tmp_path, monkeypatch):
+    """The termination message (the target's commit) is what the operator reads of a finished
+    artefact: a draft that cannot be kept fails the step before anything is written there."""
+    monkeypatch.syspath_prepend(str(PROGRAMS))
+    import hub_snapshot  # type: ignore[import-not-found]
+    import vllm_compile  # type: ignore[import-not-found]
+
+    def keep(snapshot: Path, repo_id: str, cache: Path, weights: bool) -> str:
+        if repo_id == "org/draft":
+            raise OSError("No space left on device")
+        return "0" * 40
+
+    monkeypatch.setattr(hub_snapshot, "keep", keep)
+    log = tmp_path / "termination-log"
+    monkeypatch.setenv("INFERENTIA_TERMINATION_LOG", str(log))
+    hub = tmp_path / "hub"
+    assert vllm_compile.keep_snapshots(hub, tmp_path / "target", "org/target", tmp_path / "draft", "org/draft") == 1
+    assert not log.exists()
+    assert vllm_compile.keep_snapshots(hub, tmp_path / "target", "org/target", None, None) == 0
+    assert json.loads(log.read_text()) == {"hubRevision": "0" * 40}
+
+
 def test_the_plugin_compile_step_fails_with_the_plugins_reason(tmp_path):
     """Without the CPU-compilation settings there is no device to compile on, and the Job says so."""
     cache = tmp_path / "compiled"

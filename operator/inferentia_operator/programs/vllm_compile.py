@@ -82,11 +82,16 @@ def main() -> int:
         return 1
     print(f"compiled {args['model']} into {len(entries)} cache entries under {cache}: {', '.join(entries)}")
     if snapshot is not None and hub is not None:
-        if not hub_snapshot.keep_and_report(snapshot, str(args["model"]), hub, weights=True, failed="vllm compile failed"):
-            return 1
-    if draft_snapshot is not None and hub is not None:
-        return keep_draft(draft_snapshot, str(draft_model(args)), hub)
+        return keep_snapshots(hub, snapshot, str(args["model"]), draft_snapshot, draft_model(args))
     return 0
+
+
+def keep_snapshots(hub: Path, snapshot: Path, repo_id: str, draft_snapshot: Path | None, draft: str | None) -> int:
+    """The draft's snapshot kept first, then the target's with its commit in the termination
+    message: that message reads as a whole artefact, so nothing is written there once a part failed."""
+    if draft_snapshot is not None and draft is not None and keep_draft(draft_snapshot, draft, hub) != 0:
+        return 1
+    return 0 if hub_snapshot.keep_and_report(snapshot, repo_id, hub, weights=True, failed="vllm compile failed") else 1
 
 
 def keep_draft(snapshot: Path, repo_id: str, hub: Path) -> int:
