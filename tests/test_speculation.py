@@ -234,6 +234,11 @@ def test_without_the_drafts_weights_the_plan_gives_no_block_count_and_says_why()
             "spec.serving.speculation.draft.uri: s3://models/eagle3/ is not a model vLLM reads itself, and the draft is "
             "not fetched; valid values are a Hugging Face model id (org/name) or an absolute path in the serving image",
         ),
+        (
+            {"serving.speculation.draft.uri": "/"},
+            "spec.serving.speculation.draft.uri: / is not a model vLLM reads itself, and the draft is not fetched; valid "
+            "values are a Hugging Face model id (org/name) or an absolute path in the serving image",
+        ),
     ],
 )
 def test_what_the_plugin_does_not_take_with_eagle3_is_refused_naming_both(overrides, refused):

@@ -51,13 +51,15 @@ SPECULATION_PLUGIN = CrossFieldRule(
 # Python matches it with re.fullmatch: CEL's matches() is RE2, whose $ is the end of the text, while
 # re.match's $ also matches before a last newline ("org/name\n"), which the API server refuses.
 HUB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$"
+# An absolute path names a folder: "/" (or "//") alone is the image's root, no model.
+ABSOLUTE_PATH_PATTERN = r"^/.*[^/]"
 _DRAFT_URI = "self.serving.speculation.draft.uri"
 DRAFT_SOURCE = CrossFieldRule(
     "spec.serving.speculation.draft.uri",
     "spec",
     "%s is not a model vLLM reads itself, and the draft is not fetched; valid values are a Hugging Face model id "
     "(org/name) or an absolute path in the serving image",
-    f"!{_SPECULATES} || {_DRAFT_URI}.startsWith('/') || {_DRAFT_URI}.matches({json.dumps(HUB_ID_PATTERN)})",
+    f"!{_SPECULATES} || {_DRAFT_URI}.matches({json.dumps(ABSOLUTE_PATH_PATTERN)}) || {_DRAFT_URI}.matches({json.dumps(HUB_ID_PATTERN)})",
     (_DRAFT_URI,),
 )
 
@@ -76,13 +78,14 @@ SECOND_SPECULATIVE_CONFIG = CrossFieldRule(
 
 ASYNC_FLAGS = ("--async-scheduling", "--async_scheduling")
 _ASYNC = " || ".join(f"a == {json.dumps(f)}" for f in ASYNC_FLAGS)
+_FIRST_ASYNC = f"self.serving.args.filter(a, {_ASYNC})[0]"
 ASYNC_WITH_SPECULATION = CrossFieldRule(
     "spec.serving.args",
     "spec",
     "%s turns on async scheduling, which the vLLM Neuron plugin runs only without spec.serving.speculation (it turns "
     "it off); valid specs drop %s or spec.serving.speculation",
     f"!{_SPECULATES} || !has(self.serving.args) || !self.serving.args.exists(a, {_ASYNC})",
-    (f"self.serving.args.filter(a, {_ASYNC})[0]", f"self.serving.args.filter(a, {_ASYNC})[0]"),
+    (_FIRST_ASYNC, _FIRST_ASYNC),  # the message names the flag twice
 )
 
 # A warning, not an error: "Speculation is automatically skipped when a sequence's position reaches
@@ -114,7 +117,8 @@ def _check_where(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
 
 def _check_draft(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     speculation = spec.serving.speculation
-    if speculation is None or speculation.draft.uri.startswith("/") or re.fullmatch(HUB_ID_PATTERN, speculation.draft.uri):
+    uri = speculation.draft.uri if speculation is not None else ""
+    if speculation is None or re.match(ABSOLUTE_PATH_PATTERN, uri) or re.fullmatch(HUB_ID_PATTERN, uri):
         return []
     return [DRAFT_SOURCE.finding(speculation.draft.uri)]
 
