@@ -124,6 +124,9 @@ def test_the_serving_flags_are_the_tutorials_speculative_config_with_async_sched
     ours = flag_values(serving_flags(m))
     theirs = flag_values(shlex.split(TUTORIAL_COMMAND)[2:])
     assert json.loads(str(ours["--speculative-config"])) == json.loads(str(theirs["--speculative-config"]))
+    # The tutorial's --no-enable-prefix-caching is not compared: this test holds the flags that
+    # spec.serving.speculation and the batching set, and the operator leaves prefix caching to
+    # serving.args (the tutorial's page gives no reason tying it to speculation).
     for name in ("--tensor-parallel-size", "--max-num-seqs", "--max-model-len"):
         assert ours[name] == theirs[name], name
     # The features guide: speculation and async scheduling are mutually exclusive; said, not left to the plugin's warning.
@@ -311,10 +314,11 @@ def test_a_hand_written_speculative_config_is_a_warning_where_the_plan_sizes_the
     assert problems(**{**spec, "serving.args": ["--speculative-config", config, "--num-gpu-blocks-override", "6000"]}) == ([], [])
 
 
-def test_a_hub_draft_is_kept_in_the_artefact_beside_the_target_for_replicas_that_read_it_offline():
-    """The serving pods read a Hub target offline from the artefact's snapshot (HF_HUB_OFFLINE=1):
-    the draft must be there too, or vLLM cannot load it. The compile step downloads every Hub id
-    the engine names, the draft with it."""
+def test_a_hub_target_is_served_offline_and_the_compile_engine_names_the_hub_draft():
+    """What this checks: the serving pods read a Hub target offline (HF_HUB_OFFLINE=1), and the
+    compile Job's engine names the Hub draft, so the compile step, which downloads every Hub id the
+    engine names, fetches it. That the compile step keeps it in the artefact is
+    tests/test_programs.py's test_the_plugin_compile_step_keeps_an_eagle3_draft_from_the_hub_beside_its_target."""
     m = model_of(**EAGLE3_TRN2)
     [container] = serving_deployment(m)["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
