@@ -296,7 +296,7 @@ def test_the_plugins_server_takes_flags_with_underscores_as_vllm_does(tmp_path):
 
 # -- EAGLE3 speculative decoding on the vLLM Neuron plugin (trn2) ------------------------------
 # vLLM parses --speculative-config as JSON and checks num_speculative_tokens in SpeculativeConfig
-# (vllm/config/speculative.py); the plugin supports the "eagle3" method only and turns async
+# (vllm/config/speculative.py); the plugin's docs name "eagle3" (2.31) and "dflash" (2.33), and it turns async
 # scheduling off with it (the features guide, "Speculative decoding (EAGLE3)",
 # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/guides/features-guide.html).
 
@@ -324,7 +324,9 @@ def speculative(draft: Path, **fields: object) -> str:
         ("{method: eagle3}", 2, "argument --speculative-config: invalid loads value"),
         (None, 1, "Expected num_speculative_tokens to be greater than zero (0)."),
         ("no-tokens", 1, "num_speculative_tokens must be provided with speculative model unless the draft model config"),
-        ("ngram", 1, "the vLLM Neuron plugin supports the speculative method \"eagle3\" only, not 'ngram'"),
+        ("ngram", 1, "the vLLM Neuron plugin documents the speculative methods eagle3, dflash only, not 'ngram'"),
+        # No method: vLLM infers one from the draft's name, here none it knows, so draft_model.
+        ("no-method", 1, "the vLLM Neuron plugin documents the speculative methods eagle3, dflash only, not 'draft_model'"),
     ],
 )
 def test_the_plugins_server_refuses_a_speculative_config_vllm_or_the_plugin_refuses(tmp_path, config, code, refused):
@@ -333,12 +335,34 @@ def test_the_plugins_server_refuses_a_speculative_config_vllm_or_the_plugin_refu
         None: speculative(draft, num_speculative_tokens=0),
         "no-tokens": json.dumps({"method": "eagle3", "model": str(draft)}),
         "ngram": speculative(draft, method="ngram"),
+        "no-method": json.dumps({"model": str(draft), "num_speculative_tokens": 3}),
     }.get(config, config)
     checkpoint = llama_8b_checkpoint(tmp_path / "llama")
     argv = ("-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint), "--tensor-parallel-size", "4",
             "--max-model-len", "256", "--block-size", "32", "--speculative-config", str(given))  # fmt: skip
     done = run(tmp_path, PLUGIN, *argv, **trn2_chip(tmp_path))
     assert done.returncode == code and refused in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("form", ["inferred-eagle3", "n_predict", "dflash"])
+def test_the_plugins_server_takes_the_speculative_configs_vllm_and_the_plugin_take(tmp_path, form):
+    """vLLM infers the method from the draft's name and takes num_speculative_tokens from its config's
+    n_predict (vllm/config/speculative.py); the 2.33 docs add {"method": "dflash", ...}. Each gets past the
+    config to the warm-up."""
+    draft = eagle3_draft(tmp_path / "llama-eagle3-draft")
+    if form == "n_predict":
+        config = json.loads((draft / "config.json").read_text())
+        (draft / "config.json").write_text(json.dumps({**config, "n_predict": 3}))
+    flags = {
+        "inferred-eagle3": ["--speculative-config", json.dumps({"model": str(draft), "num_speculative_tokens": 3})],
+        "n_predict": ["--speculative-config", json.dumps({"method": "eagle3", "model": str(draft)})],
+        "dflash": ["--speculative-config", speculative(draft, method="dflash")],
+    }[form]  # fmt: skip
+    checkpoint = llama_8b_checkpoint(tmp_path / "llama")
+    argv = ("-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint), "--tensor-parallel-size", "4",
+            "--max-model-len", "256", "--block-size", "32", "--num-gpu-blocks-override", "19655", *flags)  # fmt: skip
+    done = run(tmp_path, PLUGIN, *argv, **trn2_chip(tmp_path))
+    assert done.returncode == 1 and "VLLM_NEURON_DISABLE_WARMUP_COMPILE: local compile cache miss" in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize(

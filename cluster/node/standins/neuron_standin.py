@@ -258,27 +258,49 @@ def plugin_warm_up(engine: dict, target: str, may_compile: bool) -> tuple[list[s
     return sorted(graphs), compiled
 
 
-# -- EAGLE3 speculative decoding on the plugin ----------------------------------------------------
-# vLLM takes --speculative-config as a JSON object and checks it in SpeculativeConfig.__post_init__
-# (vllm/config/speculative.py): "num_speculative_tokens must be provided with speculative model unless
-# the draft model config contains an n_predict parameter.", "Expected num_speculative_tokens to be
-# greater than zero (N)."; the draft is loaded at the target's dtype (draft_model_config's
-# dtype=self.target_model_config.dtype). The plugin: method "Must be "eagle3". Currently the only
-# supported speculation method on Neuron", the draft is "a single decoder layer" whose KV layers join
-# the target's in one cache, and its warm-up compiles the draft's graphs and the target's verification
-# graphs (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/speculation/speculative_decoding_design.html;
-# the plugin's own message for another method is not documented: the stand-in says the page's words);
+# -- Speculative decoding on the plugin (EAGLE3; DFlash from Neuron 2.33) ------------------------
+# vLLM takes --speculative-config as a JSON object and builds
+# SpeculativeConfig (vllm/config/speculative.py): without "method" it infers one from the draft
+# ("eagle-" in its name is eagle, "eagle3" eagle3, "dflash" dflash, else draft_model); without
+# num_speculative_tokens it takes the draft config's n_predict ("It will default to the number in
+# the draft model config if present, otherwise, it is required"), else "num_speculative_tokens must be
+# provided with speculative model unless the draft model config contains an n_predict parameter.";
+# "Expected num_speculative_tokens to be greater than zero (N).". The draft is loaded at the target's
+# dtype (draft_model_config's dtype=self.target_model_config.dtype).
+# The plugin's methods, as the docs of each release give them: the EAGLE3 design page's method row,
+# "Must be "eagle3". Currently the only supported speculation method on Neuron"
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/speculation/speculative_decoding_design.html,
+# from a release whose speculation index lists EAGLE3 only); the 2.33 docs' speculation index adds
+# "Speculative decoding (DFlash)", {"method": "dflash", "model": ..., "num_speculative_tokens": 9}
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/v2.33.0/vllm-neuron/docs/design/speculation/index.html and
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/speculation/dflash_speculative_decoding_design.html).
+# The plugin's version does not name the SDK release, so the stand-in takes both; a method neither
+# documents is refused in the stand-in's words (the plugin's own message is not documented). The
+# draft's KV layers join the target's in one cache ("all layers (target + draft)"), and the warm-up
+# compiles the draft's graphs and the target's verification graphs
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/speculation/speculative_decoding_design.html);
 # "Setting --speculative-config disables async scheduling automatically with a startup warning"
-# (the features guide, https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/guides/features-guide.html).
-PLUGIN_SPECULATIVE_METHODS = ("eagle3",)
+# (the features guide).
+PLUGIN_SPECULATIVE_METHODS = ("eagle3", "dflash")
+
+
+def inferred_method(draft: str) -> str:
+    """vLLM's method for a draft named without one (SpeculativeConfig.__post_init__)."""
+    name = draft.lower()
+    return next((m for key, m in (("eagle-", "eagle"), ("eagle3", "eagle3"), ("dflash", "dflash")) if key in name), "draft_model")
 
 
 def check_speculative_config(config: object) -> str:
-    """The draft model a speculative config names, as vLLM and the plugin accept it; fails with their reason."""
+    """The draft's checkpoint folder, for a speculative config vLLM and the plugin accept; fails with their reason."""
     if not isinstance(config, dict):
         fail("vllm", f"ValueError: --speculative-config must be a JSON object, got {config!r}")
     assert isinstance(config, dict)
-    tokens = config.get("num_speculative_tokens")
+    if not isinstance(config.get("model"), str) or not config["model"]:
+        fail("vllm", "ValueError: num_speculative_tokens was provided but without speculative model.")
+    folder = local_checkpoint(str(config["model"]), weights=True)
+    draft_config = Path(folder) / "config.json"
+    n_predict = json.loads(draft_config.read_text()).get("n_predict") if draft_config.is_file() else None
+    tokens = config.get("num_speculative_tokens", n_predict)
     if tokens is None:
         fail("vllm", "ValueError: num_speculative_tokens must be provided with speculative model unless the draft model "
                      "config contains an n_predict parameter.")  # fmt: skip
@@ -286,13 +308,11 @@ def check_speculative_config(config: object) -> str:
         fail("vllm", f"ValueError: num_speculative_tokens: Input should be a valid integer, got {tokens!r}")
     if tokens <= 0:
         fail("vllm", f"ValueError: Expected num_speculative_tokens to be greater than zero ({tokens}).")
-    method = config.get("method")
+    method = config.get("method") or inferred_method(str(config["model"]))
     if method not in PLUGIN_SPECULATIVE_METHODS:
-        fail("vllm", f'ValueError: the vLLM Neuron plugin supports the speculative method "eagle3" only, not {method!r} '
-                     '("Currently the only supported speculation method on Neuron")')  # fmt: skip
-    if not isinstance(config.get("model"), str) or not config["model"]:
-        fail("vllm", "ValueError: an eagle3 speculative config needs the draft's model (a path or a Hugging Face id)")
-    return str(config["model"])
+        fail("vllm", f"ValueError: the vLLM Neuron plugin documents the speculative methods {', '.join(PLUGIN_SPECULATIVE_METHODS)} "
+                     f"only, not {method!r}")  # fmt: skip
+    return folder
 
 
 def speculation_off_async(async_scheduling: bool | None, config: object) -> bool | None:
@@ -323,7 +343,7 @@ def llm(**engine) -> dict:
     speculation_off_async(engine.get("async_scheduling"), engine.get("speculative_config"))
     if engine.get("speculative_config") is not None:
         # The draft is loaded beside the target, before the warm-up compiles its graphs.
-        engine = {**engine, "draft_checkpoint": local_checkpoint(check_speculative_config(engine["speculative_config"]), weights=True)}
+        engine = {**engine, "draft_checkpoint": check_speculative_config(engine["speculative_config"])}
     # CPU compile: "the static HBM size for the target platform", a logical core's, as on the device.
     memory = core_memory_bytes(target)
     assert memory is not None  # a plugin target
@@ -900,7 +920,7 @@ def plugin_engine(args: argparse.Namespace) -> dict:
               "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
               "block_size": args.block_size, "num_gpu_blocks_override": args.num_gpu_blocks_override}  # fmt: skip
     if args.speculative_config is not None:
-        draft = local_checkpoint(check_speculative_config(args.speculative_config), weights=True)
+        draft = check_speculative_config(args.speculative_config)
         engine |= {"speculative_config": args.speculative_config, "draft_checkpoint": draft}
     return engine
 

@@ -5,8 +5,11 @@ What the plugin documents, and each rule rests on:
 - it runs on trn2 and trn3 ("This document is relevant for: Trn2, Trn3"), as vLLM's platform there:
   the speculative decoding design page,
   https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/speculation/speculative_decoding_design.html;
-- "method ... Must be "eagle3". Currently the only supported speculation method on Neuron" (the
-  same page), so the operator renders the one speculative config, and a second one in serving.args
+- the EAGLE3 design page's method row says "Must be "eagle3". Currently the only supported
+  speculation method on Neuron"; the 2.33 docs add DFlash ("Speculative decoding (DFlash)",
+  {"method": "dflash", ...},
+  https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/speculation/dflash_speculative_decoding_design.html).
+  The operator renders EAGLE3 only, the one speculative config, and a second one in serving.args
   (``--speculative-config``, or one of its keys as ``--speculative-config.<key>``, vLLM's dotted JSON
   flags) would change what the serving processes run and not what the compile step compiled;
 - "Mutually exclusive with async scheduling. Setting --speculative-config disables async scheduling
