@@ -344,11 +344,11 @@ def test_the_plugins_server_refuses_a_speculative_config_vllm_or_the_plugin_refu
     assert done.returncode == code and refused in done.stderr, done.stderr
 
 
-@pytest.mark.parametrize("form", ["inferred-eagle3", "n_predict", "dflash"])
+@pytest.mark.parametrize("form", ["inferred-eagle3", "n_predict", "dflash", "dotted"])
 def test_the_plugins_server_takes_the_speculative_configs_vllm_and_the_plugin_take(tmp_path, form):
     """vLLM infers the method from the draft's name and takes num_speculative_tokens from its config's
-    n_predict (vllm/config/speculative.py); the 2.33 docs add {"method": "dflash", ...}. Each gets past the
-    config to the warm-up."""
+    n_predict (vllm/config/speculative.py); the 2.33 docs add {"method": "dflash", ...}; and vLLM reads
+    --speculative-config.<key> as one key of the object. Each gets past the config to the warm-up."""
     draft = eagle3_draft(tmp_path / "llama-eagle3-draft")
     if form == "n_predict":
         config = json.loads((draft / "config.json").read_text())
@@ -357,6 +357,8 @@ def test_the_plugins_server_takes_the_speculative_configs_vllm_and_the_plugin_ta
         "inferred-eagle3": ["--speculative-config", json.dumps({"model": str(draft), "num_speculative_tokens": 3})],
         "n_predict": ["--speculative-config", json.dumps({"method": "eagle3", "model": str(draft)})],
         "dflash": ["--speculative-config", speculative(draft, method="dflash")],
+        "dotted": ["--speculative-config.method", "eagle3", f"--speculative_config.model={draft}",
+                   "--speculative-config.num_speculative_tokens", "3"],
     }[form]  # fmt: skip
     checkpoint = llama_8b_checkpoint(tmp_path / "llama")
     argv = ("-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint), "--tensor-parallel-size", "4",

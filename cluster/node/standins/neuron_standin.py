@@ -259,7 +259,9 @@ def plugin_warm_up(engine: dict, target: str, may_compile: bool) -> tuple[list[s
 
 
 # -- Speculative decoding on the plugin (EAGLE3; DFlash from Neuron 2.33) ------------------------
-# vLLM takes --speculative-config as a JSON object and builds
+# vLLM takes --speculative-config as a JSON object (or its keys as --speculative-config.<key>, vLLM's
+# dotted JSON flags: "--json-arg.key1 value1" is "--json-arg '{"key1": "value1"}'", the engine
+# arguments page, https://docs.vllm.ai/en/v0.13.0/configuration/engine_args/) and builds
 # SpeculativeConfig (vllm/config/speculative.py): without "method" it infers one from the draft
 # ("eagle-" in its name is eagle, "eagle3" eagle3, "dflash" dflash, else draft_model); without
 # num_speculative_tokens it takes the draft config's n_predict ("It will default to the number in
@@ -282,6 +284,7 @@ def plugin_warm_up(engine: dict, target: str, may_compile: bool) -> tuple[list[s
 # "Setting --speculative-config disables async scheduling automatically with a startup warning"
 # (the features guide).
 PLUGIN_SPECULATIVE_METHODS = ("eagle3", "dflash")
+SPECULATIVE_CONFIG_FLAG = "--speculative-config"
 
 
 def inferred_method(draft: str) -> str:
@@ -313,6 +316,30 @@ def check_speculative_config(config: object) -> str:
         fail("vllm", f"ValueError: the vLLM Neuron plugin documents the speculative methods {', '.join(PLUGIN_SPECULATIVE_METHODS)} "
                      f"only, not {method!r}")  # fmt: skip
     return folder
+
+
+def dotted_json_flags(argv: list[str]) -> list[str]:
+    """--speculative-config.<key> <value> (or =<value>) folded into one --speculative-config object,
+    as vLLM's FlexibleArgumentParser folds dotted JSON flags (flexible_flag has made the name dashed).
+    A value is read as JSON where it is JSON (3, true), else as the string it is: the stand-in's
+    reading, since the engine arguments page shows string values only."""
+    folded: dict[str, object] = {}
+    rest, i = [], 0
+    while i < len(argv):
+        name, eq, value = argv[i].partition("=")
+        if not name.startswith(SPECULATIVE_CONFIG_FLAG + "."):
+            rest.append(argv[i])
+            i += 1
+            continue
+        if not eq:
+            i += 1
+            value = argv[i] if i < len(argv) else ""
+        try:
+            folded[name.removeprefix(SPECULATIVE_CONFIG_FLAG + ".")] = json.loads(value)
+        except ValueError:
+            folded[name.removeprefix(SPECULATIVE_CONFIG_FLAG + ".")] = value
+        i += 1
+    return [*rest, SPECULATIVE_CONFIG_FLAG, json.dumps(folded)] if folded else rest
 
 
 def speculation_off_async(async_scheduling: bool | None, config: object) -> bool | None:
@@ -955,7 +982,7 @@ def vllm_main(argv: list[str]) -> int:
     serving = vllm_serving()
     if serving is None:
         fail("vllm", "this image's vLLM has no Neuron platform (no V0 Neuron worker, no vllm-neuron)")
-    args = vllm_parser(serving).parse_args([flexible_flag(a) for a in argv])
+    args = vllm_parser(serving).parse_args(dotted_json_flags([flexible_flag(a) for a in argv]))
     if serving == VLLM_V0 and os.environ.get("VLLM_NEURON_FRAMEWORK", NXD_INFERENCE) != NXD_INFERENCE:
         # vLLM 0.9's Neuron platform reads VLLM_NEURON_FRAMEWORK; AWS's images carry NxD Inference.
         fail("vllm", f"VLLM_NEURON_FRAMEWORK={os.environ['VLLM_NEURON_FRAMEWORK']}: that framework is not installed in this image")
