@@ -166,3 +166,165 @@ def test_the_proxy_answers_503_past_its_connections(proxies):
     while get(proxy, "/healthcheck")[0] != 200:  # the slot is free once the idle connection closed
         assert time.monotonic() < deadline
         time.sleep(0.05)
+
+
+def exchange(port: int, data: bytes, source: str = "127.0.0.1") -> bytes:
+    """What the proxy answers to these bytes, up to its closing the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=SAFETY, source_address=(source, 0)) as s:
+        s.sendall(data)
+        answer = b""
+        while piece := s.recv(65536):
+            answer += piece
+        return answer
+
+
+@pytest.mark.parametrize("length", ["²", "9" * 5000, "-1", "1_0"])
+def test_an_odd_content_length_is_refused_and_fails_only_its_request(proxies, length):
+    proxy = proxies([free_port()], [free_port()])
+    # Headers are read as Latin-1: the byte 0xb2 is "²", which str.isdigit takes and int refuses.
+    answer = exchange(proxy, f"POST /v1/completions HTTP/1.1\r\nContent-Length: {length}\r\n\r\n".encode("latin-1"))
+    assert answer.startswith((b"HTTP/1.1 400", b"HTTP/1.1 413")), answer
+    assert get(proxy, "/healthcheck")[0] == 200
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("INFERENTIA_PD_PROXY_MAX_CONNECTIONS", "many"), ("INFERENTIA_PD_PROXY_MAX_CONNECTIONS", "0"),
+    ("INFERENTIA_PD_PROXY_MAX_PEER_CONNECTIONS", "-2"), ("INFERENTIA_PD_PROXY_MAX_BODY_MIB", "0"),
+    ("INFERENTIA_PD_PROXY_CLIENT_TIMEOUT_S", "nan"), ("INFERENTIA_PD_PROXY_DEADLINE_S", "-1"),
+    ("INFERENTIA_PD_PROXY_HEADER_TIMEOUT_S", "inf"), ("INFERENTIA_PD_PROXY_IDLE_TIMEOUT_S", "0"),
+    ("INFERENTIA_PD_PROXY_PREFILL_ANSWER_KIB", "0.0001"),
+])  # fmt: skip
+def test_a_bad_limit_stops_the_proxy_with_its_name(name, value):
+    done = subprocess.run([sys.executable, str(PROXY), "--port", str(free_port())], capture_output=True, text=True,
+                          timeout=SAFETY, env={"PATH": "/usr/bin:/bin", name: value})  # fmt: skip
+    assert done.returncode == 2 and name in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def trickle(port: int, head: bytes, data: bytes, every: float = 0.1) -> bytes | None:
+    """Sends `head`, then `data` a byte at a time, each `every` seconds after the last, until the
+    proxy closes the connection: what it answered then, or None if the bytes ran out first."""
+    with socket.create_connection(("127.0.0.1", port), timeout=SAFETY) as s:
+        closed, answer = threading.Event(), bytearray()
+
+        def read() -> None:
+            while piece := s.recv(65536):
+                answer.extend(piece)
+            closed.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        s.sendall(head)
+        for byte in data:
+            try:
+                s.sendall(bytes([byte]))
+            except OSError:
+                break
+            if closed.wait(every):
+                break
+        return bytes(answer) if closed.wait(SAFETY) else None
+
+
+def test_headers_sent_a_byte_at_a_time_lose_the_connection_at_the_header_deadline(proxies):
+    """Each byte comes well within the read timeout, so only the deadline from accept ends it."""
+    proxy = proxies([free_port()], [free_port()], INFERENTIA_PD_PROXY_HEADER_TIMEOUT_S="1")
+    assert trickle(proxy, b"", b"GET /healthcheck HTTP/1.1\r\nX: " + b"y" * 60_000) == b""
+
+
+def test_a_kept_alive_connection_goes_when_idle(proxies):
+    proxy = proxies([free_port()], [free_port()], INFERENTIA_PD_PROXY_IDLE_TIMEOUT_S="0.2")
+    with socket.create_connection(("127.0.0.1", proxy), timeout=10) as s:
+        s.sendall(b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        while piece := s.recv(65536):  # closed well before the 10 s here, and the 30 s a read may take
+            answer += piece
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+
+
+def test_a_body_sent_a_byte_at_a_time_gets_408_at_the_body_deadline(proxies):
+    proxy = proxies([free_port()], [free_port()], INFERENTIA_PD_PROXY_CLIENT_TIMEOUT_S="1")
+    answer = trickle(proxy, b"POST /v1/completions HTTP/1.1\r\nContent-Length: 100000\r\n\r\n", b" " * 100_000)
+    assert answer is not None and answer.startswith(b"HTTP/1.1 408"), answer
+
+
+def test_a_read_ends_at_its_deadline_not_at_the_read_timeout():
+    """The reader the proxy puts under each socket: a peer that sends nothing is cut at the
+    phase's deadline, though a read alone may take far longer."""
+    from inferentia_operator.programs import pd_proxy
+
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        reader = pd_proxy.Timed(ours.makefile("rb", buffering=0), ours, per_read=SAFETY * 10)
+        reader.until = time.monotonic() + 0.2
+        theirs.sendall(b"x")
+        assert reader.read(10) == b"x"
+        with pytest.raises(TimeoutError):
+            reader.read(10)
+
+
+def post_from(source: str, port: int, results: list[int]) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=SAFETY, source_address=(source, 0))
+    try:
+        conn.request("POST", "/v1/completions", body=b'{"prompt": "p"}')
+        results.append(conn.getresponse().status)
+    finally:
+        conn.close()
+
+
+def test_one_address_holds_at_most_its_share_of_the_connections(proxies):
+    """Two requests from one address, held at the decode, take that address's share; its next
+    connection gets 503 while another address is still served."""
+    hold = threading.Event()
+    prefill, decode = Stub("prefill"), Stub("decode", hold)
+    proxy = proxies([prefill.port], [decode.port], INFERENTIA_PD_PROXY_MAX_PEER_CONNECTIONS="2")
+    results: list[int] = []
+    held = [threading.Thread(target=post_from, args=("127.0.0.3", proxy, results)) for _ in range(2)]
+    try:
+        for t in held:
+            t.start()
+        deadline = time.monotonic() + SAFETY
+        while len(decode.seen) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert exchange(proxy, b"GET /healthcheck HTTP/1.1\r\n\r\n", source="127.0.0.3").startswith(b"HTTP/1.1 503")
+        assert get(proxy, "/healthcheck")[0] == 200
+    finally:
+        hold.set()
+        for t in held:
+            t.join(SAFETY)
+    assert results == [200, 200]
+
+
+class Trickler:
+    """A prefill server whose answer comes a byte at a time, each well within any read timeout."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        trickler = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self.send_response(200)
+                self.send_header("Content-Length", "100000")
+                self.end_headers()
+                try:
+                    while not trickler.stop.wait(0.05):
+                        self.wfile.write(b" ")
+                        self.wfile.flush()
+                except OSError:
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_port
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_a_prefill_answer_that_trickles_is_held_to_the_requests_deadline(proxies):
+    prefill = Trickler()
+    try:
+        proxy = proxies([prefill.port], [free_port()], INFERENTIA_PD_PROXY_DEADLINE_S="1")
+        assert post(proxy, "/v1/completions", {"prompt": "p"})[0] == 504
+    finally:
+        prefill.stop.set()

@@ -59,7 +59,12 @@ ALLOWED_IMPORTS = {
     "shutil",
     "subprocess",
     # The proxy in front of disaggregated prefill and decode servers: the standard library only.
+    "collections",
+    "dataclasses",
+    "functools",
+    "io",
     "itertools",
+    "socket",
     "uuid",
 }
 
