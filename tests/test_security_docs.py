@@ -13,6 +13,7 @@ import yaml
 
 from inferentia_operator import cli, fetch, manifests
 from inferentia_operator.batching import limits, node_cache, scaler
+from inferentia_operator.programs import pd_proxy
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "security.md"
@@ -49,6 +50,8 @@ def in_code(reference: str) -> float:
     known: dict[str, float] = {
         # First: the front end's MAX_DEPTH is the plain name; the model server's is neuron_serve.MAX_DEPTH.
         **serve_defaults(),
+        # The disaggregated proxy's variables, each read through the field of Limits it sets.
+        **{name: getattr(pd_proxy.Limits(), field) for name, (field, _) in pd_proxy.VARIABLES.items()},
         **{
             f"Limits.{f}": getattr(d, f)
             for f in ("header_timeout", "body_timeout", "max_connections", "max_body", "body_budget", "process_timeout")
