@@ -288,8 +288,9 @@ def call_decode(conn: Upstream, where: tuple[str, int], api: str, body: dict[str
 
 def content_length(value: str | None, most: int) -> int:
     """A body's declared length, or Failed: 411 without one, 400 for anything but ASCII digits
-    (``str.isdigit`` takes '²', which int refuses), 413 above ``most``, which a string of more
-    digits than ``most`` has always is (and int refuses past 4,300 of them)."""
+    (``str.isdigit`` takes '²', which int refuses), 413 above ``most``. The digits are counted
+    before int reads them: more than ``most`` has is always above it, and int refuses more than
+    4,300."""
     if value is None:
         raise Failed(411, "a request needs a Content-Length")
     if not (value.isascii() and value.isdigit()):
