@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import ipaddress
 import json
 import os
 import shlex
@@ -203,6 +204,7 @@ class KindCluster:
             c["cluster"]["server"] = self.server()
         self.kubeconfig.write_text(yaml.safe_dump(config))
         self.kubeconfig.chmod(0o600)
+        self.host_address(node_ip)
         for subnet in (POD_SUBNET, SERVICE_SUBNET):
             run("ip", "route", "replace", subnet, "via", node_ip)
         self._save(routes=[POD_SUBNET, SERVICE_SUBNET])
@@ -229,6 +231,48 @@ class KindCluster:
             return
         run(self.engine, "network", "create", "--internal", "--subnet", NETWORK_SUBNET, NETWORK, env=self.env)
         self._save(made_network=True)
+
+    def network_details(self) -> tuple[str, str | None]:
+        """The network's bridge on this machine and its gateway address, as the engine has them."""
+        inspected = json.loads(run(self.engine, "network", "inspect", NETWORK, env=self.env).stdout)
+        net = inspected[0] if isinstance(inspected, list) else inspected
+        if self.engine == "podman":  # podman 4 and 5, either backend
+            gateways = [s.get("gateway") for s in net.get("subnets") or [] if s.get("subnet") == NETWORK_SUBNET]
+            return net["network_interface"], next(filter(None, gateways), None)
+        # Docker: br-<the first 12 of its id>, unless the network names its bridge itself.
+        bridge = (net.get("Options") or {}).get("com.docker.network.bridge.name") or f"br-{net['Id'][:12]}"
+        gateways = [c.get("Gateway") for c in (net.get("IPAM") or {}).get("Config") or [] if c.get("Subnet") == NETWORK_SUBNET]
+        return bridge, next(filter(None, gateways), None)
+
+    def host_address(self, node_ip: str) -> None:
+        """This machine's own address on the node's network, which the routes to the pod and
+        Service ranges go through: the bridge's, when the engine gave it one, else the
+        network's gateway address, given to the bridge here.
+
+        netavark and Docker give an internal network's bridge its gateway address (they only
+        leave out the NAT and the default route); podman's CNI backend gives it none (its bridge
+        plugin runs with isGateway false for an internal network), so this machine had no route
+        to the node and ``ip route replace ... via <node>`` failed with "Nexthop has invalid
+        gateway". The address is the one the engine reserved as the network's gateway, so no
+        container holds it; it only makes this machine a neighbour on the bridge. Nothing more
+        reaches past the machine: the network stays internal (no default route in the node, so
+        the node and its pods send nothing through this machine, and nothing is masqueraded),
+        and the address is on the bridge alone. Done after the cluster exists, since a bridge
+        is made when its first container joins. ``down`` removes the address (the bridge may go
+        with the network anyway), as the state records it."""
+        bridge, gateway = self.network_details()
+        subnet = ipaddress.ip_network(NETWORK_SUBNET)
+        shown = json.loads(run("ip", "-j", "-4", "addr", "show", "dev", bridge).stdout or "[]")
+        have = [a["local"] for link in shown for a in link.get("addr_info", []) if ipaddress.ip_address(a["local"]) in subnet]
+        self._save(bridge=bridge)
+        if have:
+            return
+        address = gateway or str(next(subnet.hosts()))
+        if address == node_ip:
+            raise KindError(f"the network's gateway {address} is the node's own address")
+        log(f"{bridge} has no address in {NETWORK_SUBNET} ({self.engine}): giving it {address}")
+        run("ip", "addr", "add", f"{address}/{subnet.prefixlen}", "dev", bridge)
+        self._save(bridge_address=f"{address}/{subnet.prefixlen}")
 
     def _load_images(self) -> str:
         """The project's images, and the support image (device plugin stand-in, object store)."""
@@ -274,12 +318,14 @@ class KindCluster:
     def down(self) -> list[str]:
         """Removes everything ``up`` made; returns what is left of it (nothing, or a defect)."""
         data = self.recorded()
+        for subnet in data.get("routes", []):
+            run("ip", "route", "del", subnet, check=False)
+        if data.get("bridge_address") and _link_exists(data["bridge"]):
+            run("ip", "addr", "del", data["bridge_address"], "dev", data["bridge"], check=False)
         if shutil.which(self.engine):
             self.kind("delete", "cluster", "--name", NAME, check=False)
             if data.get("made_network", True):
                 run(self.engine, "network", "rm", NETWORK, env=self.env, check=False)
-        for subnet in data.get("routes", []):
-            run("ip", "route", "del", subnet, check=False)
         if self.engine == "podman" and self._podman_idle():
             remove_netavark_chains()
         if data.get("made_lib_modules") and Path("/lib/modules").is_dir() and not any(Path("/lib/modules").iterdir()):
@@ -302,9 +348,26 @@ class KindCluster:
             left += [f"iptables chain {table}/{chain}" for table, chain in netavark_chains()]
         routes = run("ip", "route", "show", check=False).stdout
         left += [f"route {s}" for s in (POD_SUBNET, SERVICE_SUBNET) if routes.startswith(s) or f"\n{s} " in routes]
+        left += [f"address {a} on {dev}" for dev, a in host_addresses(NETWORK_SUBNET)]
         if self.state.exists():
             left.append(str(self.state))
         return left
+
+
+def _link_exists(name: str) -> bool:
+    return run("ip", "link", "show", "dev", name, check=False).returncode == 0
+
+
+def host_addresses(subnet: str) -> list[tuple[str, str]]:
+    """(interface, address) for each of this machine's addresses in ``subnet``."""
+    network = ipaddress.ip_network(subnet)
+    shown = json.loads(run("ip", "-j", "-4", "addr", "show", check=False).stdout or "[]")
+    return [
+        (link["ifname"], f"{a['local']}/{a['prefixlen']}")
+        for link in shown
+        for a in link.get("addr_info", [])
+        if ipaddress.ip_address(a["local"]) in network
+    ]
 
 
 def netavark_chains() -> list[tuple[str, str]]:

@@ -71,3 +71,65 @@ def test_the_device_plugin_daemonset_takes_each_shape():
         # The kubelet's device-plugin directory, where the stand-in registers.
         assert {"name": "device-plugins", "mountPath": str(realnode.DEVICE_PLUGIN_DIR)} in plugin["volumeMounts"]
         assert plugin["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+class FakeRun:
+    """kindcluster.run, answering the commands ``up`` asks of the engine and of ip(8)."""
+
+    def __init__(self, inspected: dict, addresses: list[str], backend: str = "cni"):
+        self.inspected, self.addresses, self.backend, self.calls = inspected, addresses, backend, []
+
+    def __call__(self, *argv, env=None, input=None, check=True):
+        import json
+        import subprocess
+
+        self.calls.append(argv)
+        out = ""
+        if argv[1:3] == ("network", "inspect"):
+            out = json.dumps([self.inspected])
+        elif argv[:4] == ("ip", "-j", "-4", "addr"):
+            out = json.dumps([{"ifname": argv[-1], "addr_info": [{"local": a, "prefixlen": 24} for a in self.addresses]}])
+        elif argv[1:2] == ("info",):
+            out = self.backend + "\n"
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+
+def kind_on(engine: str, tmp_path, monkeypatch) -> kindcluster.KindCluster:
+    monkeypatch.setenv("KIND_EXPERIMENTAL_PROVIDER", engine)
+    return kindcluster.KindCluster(tmp_path / ".kind", bins=tmp_path)
+
+
+def test_a_bridge_without_an_address_in_the_network_gets_the_gateway_and_down_takes_it_back(tmp_path, monkeypatch):
+    kind = kind_on("podman", tmp_path, monkeypatch)
+    # podman's CNI backend, an internal network: no gateway recorded, none on the bridge.
+    inspected = {"network_interface": "cni-podman1", "subnets": [{"subnet": kindcluster.NETWORK_SUBNET}], "internal": True}
+    fake = FakeRun(inspected, [])
+    monkeypatch.setattr(kindcluster, "run", fake)
+    kind.host_address("10.87.0.2")
+    assert ("ip", "addr", "add", "10.87.0.1/24", "dev", "cni-podman1") in fake.calls
+    assert kind.recorded()["bridge_address"] == "10.87.0.1/24" and kind.recorded()["bridge"] == "cni-podman1"
+    fake.calls.clear()
+    kind.down()
+    assert ("ip", "addr", "del", "10.87.0.1/24", "dev", "cni-podman1") in fake.calls
+    assert not kind.state.exists()
+
+
+def test_a_bridge_with_its_gateway_is_left_as_the_engine_made_it(tmp_path, monkeypatch):
+    # netavark: the bridge carries the gateway the network records.
+    kind = kind_on("podman", tmp_path, monkeypatch)
+    inspected = {"network_interface": "podman1", "subnets": [{"subnet": kindcluster.NETWORK_SUBNET, "gateway": "10.87.0.1"}]}
+    fake = FakeRun(inspected, ["10.87.0.1"])
+    monkeypatch.setattr(kindcluster, "run", fake)
+    kind.host_address("10.87.0.2")
+    assert not [c for c in fake.calls if c[:3] == ("ip", "addr", "add")]
+    assert "bridge_address" not in kind.recorded()
+
+
+def test_dockers_bridge_is_br_and_its_id_unless_the_network_names_one(tmp_path, monkeypatch):
+    kind = kind_on("docker", tmp_path, monkeypatch)
+    config = {"Subnet": kindcluster.NETWORK_SUBNET, "Gateway": "10.87.0.1"}
+    fake = FakeRun({"Id": "0123456789abcdef", "Options": {}, "IPAM": {"Config": [config]}}, [])
+    monkeypatch.setattr(kindcluster, "run", fake)
+    assert kind.network_details() == ("br-0123456789ab", "10.87.0.1")
+    fake.inspected["Options"] = {"com.docker.network.bridge.name": "kindbr0"}
+    assert kind.network_details() == ("kindbr0", "10.87.0.1")
