@@ -55,6 +55,12 @@ STORE_PORT = 5000
 FLEET_POD_CIDR = "10.246.0.0/16"
 # Where the DaemonSet keeps the stand-in /dev/neuronN files and the runtime stand-in's core locks.
 NODE_DIR = "/var/lib/inferentia"
+# podman's network backend for the run (cni or netavark), written into kindcluster's own
+# containers.conf; unset, podman's own choice (podman 4 picks netavark when it is installed and
+# nothing of podman's exists yet, else CNI, and remembers the choice in its storage). A cluster
+# keeps the backend it was made with until ``down``.
+BACKEND_VARIABLE = "INFERENTIA_KIND_NETWORK_BACKEND"
+NETWORK_BACKENDS = ("cni", "netavark")
 
 
 class KindError(RuntimeError):
@@ -70,6 +76,14 @@ def provider() -> str:
     if shutil.which("docker") and subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
         return "docker"
     return "podman"
+
+
+def network_backend() -> str | None:
+    """The podman network backend INFERENTIA_KIND_NETWORK_BACKEND asks for, or None for podman's own."""
+    chosen = os.environ.get(BACKEND_VARIABLE, "").strip().lower()
+    if chosen and chosen not in NETWORK_BACKENDS:
+        raise KindError(f"{BACKEND_VARIABLE}={chosen}: podman's network backends are {' and '.join(NETWORK_BACKENDS)}")
+    return chosen or None
 
 
 def log(message: str) -> None:
@@ -173,7 +187,7 @@ class KindCluster:
         self.state.mkdir(parents=True, exist_ok=True)
         self._save(provider=self.engine)
         if self.engine == "podman":
-            self._containers_conf()
+            self.containers_conf()
         if not Path("/lib/modules").exists():
             # kind mounts the host's /lib/modules into its nodes; a machine without modules has none.
             Path("/lib/modules").mkdir()
@@ -212,7 +226,7 @@ class KindCluster:
         self._install(support)
         return self.kubeconfig
 
-    def _containers_conf(self) -> None:
+    def containers_conf(self) -> None:
         """podman's default limits for a container are above what this machine lets a process
         raise them to ("error setting rlimit ... operation not permitted"): the nodes get the
         limits this process has, as the real node's processes do. Its own file, named by
@@ -222,9 +236,24 @@ class KindCluster:
 
         nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         nproc = min(resource.getrlimit(resource.RLIMIT_NPROC)[1], 32768)
-        (self.state / "containers.conf").write_text(
-            f'[containers]\ndefault_ulimits = ["nofile={nofile}:{nofile}", "nproc={nproc}:{nproc}"]\n'
-        )
+        conf = f'[containers]\ndefault_ulimits = ["nofile={nofile}:{nofile}", "nproc={nproc}:{nproc}"]\n'
+        # The network backend: INFERENTIA_KIND_NETWORK_BACKEND's, else the one this cluster was
+        # made with, else podman's own choice. A network lives in one backend's configuration
+        # only (CNI's /etc/cni/net.d, netavark's /etc/containers/networks): a cluster made with
+        # one is neither seen nor removed by the other, so it keeps its backend until down.
+        asked, made_with = network_backend(), self.recorded().get("network_backend")
+        if asked and made_with and asked != made_with:
+            raise KindError(
+                f"the kind cluster of {self.state} runs on podman's {made_with} network backend, not {asked}: make kind-down first"
+            )
+        backend = asked or made_with
+        if backend:
+            conf += f'[network]\nnetwork_backend = "{backend}"\n'
+        (self.state / "containers.conf").write_text(conf)
+        info = run("podman", "info", "--format", "{{.Host.NetworkBackend}}", env=self.env, check=False)
+        if info.returncode or not info.stdout.strip():
+            raise KindError(f"podman refuses the {backend or 'default'} network backend: {info.stderr.strip()}")
+        self._save(network_backend=info.stdout.strip())
 
     def _network(self) -> None:
         if run(self.engine, "network", "inspect", NETWORK, env=self.env, check=False).returncode == 0:
@@ -270,7 +299,7 @@ class KindCluster:
         address = gateway or str(next(subnet.hosts()))
         if address == node_ip:
             raise KindError(f"the network's gateway {address} is the node's own address")
-        log(f"{bridge} has no address in {NETWORK_SUBNET} ({self.engine}): giving it {address}")
+        log(f"{bridge} has no address in {NETWORK_SUBNET} ({self.recorded().get('network_backend') or self.engine}): giving it {address}")
         run("ip", "addr", "add", f"{address}/{subnet.prefixlen}", "dev", bridge)
         self._save(bridge_address=f"{address}/{subnet.prefixlen}")
 
@@ -330,8 +359,11 @@ class KindCluster:
             remove_netavark_chains()
         if data.get("made_lib_modules") and Path("/lib/modules").is_dir() and not any(Path("/lib/modules").iterdir()):
             Path("/lib/modules").rmdir()
+        # What is left is looked for while the state's containers.conf still names the backend
+        # the network was made with: the other backend would not see it.
+        left = [x for x in self.leftovers() if x != str(self.state)]
         shutil.rmtree(self.state, ignore_errors=True)
-        return self.leftovers()
+        return left + ([str(self.state)] if self.state.exists() else [])
 
     def _podman_idle(self) -> bool:
         """No container of podman's left, ours or anyone's: its firewall chains serve nothing."""

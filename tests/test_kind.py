@@ -99,6 +99,28 @@ def kind_on(engine: str, tmp_path, monkeypatch) -> kindcluster.KindCluster:
     return kindcluster.KindCluster(tmp_path / ".kind", bins=tmp_path)
 
 
+def test_the_network_backend_is_the_one_asked_for_and_kept_until_down(tmp_path, monkeypatch):
+    import pytest
+
+    kind = kind_on("podman", tmp_path, monkeypatch)
+    fake = FakeRun({}, [], backend="cni")
+    monkeypatch.setattr(kindcluster, "run", fake)
+    monkeypatch.delenv(kindcluster.BACKEND_VARIABLE, raising=False)
+    kind.state.mkdir()
+    kind.containers_conf()  # podman's own choice: no [network] of ours
+    assert "network_backend" not in (kind.state / "containers.conf").read_text()
+    assert kind.recorded()["network_backend"] == "cni"
+    monkeypatch.setenv(kindcluster.BACKEND_VARIABLE, "netavark")
+    with pytest.raises(kindcluster.KindError, match="make kind-down first"):
+        kind.containers_conf()
+    monkeypatch.setenv(kindcluster.BACKEND_VARIABLE, "CNI")
+    kind.containers_conf()
+    assert '[network]\nnetwork_backend = "cni"\n' in (kind.state / "containers.conf").read_text()
+    monkeypatch.setenv(kindcluster.BACKEND_VARIABLE, "slirp")
+    with pytest.raises(kindcluster.KindError, match="cni and netavark"):
+        kindcluster.network_backend()
+
+
 def test_a_bridge_without_an_address_in_the_network_gets_the_gateway_and_down_takes_it_back(tmp_path, monkeypatch):
     kind = kind_on("podman", tmp_path, monkeypatch)
     # podman's CNI backend, an internal network: no gateway recorded, none on the bridge.
