@@ -356,7 +356,7 @@ class KindCluster:
             if data.get("made_network", True):
                 run(self.engine, "network", "rm", NETWORK, env=self.env, check=False)
         if self.engine == "podman" and self._podman_idle():
-            remove_netavark_chains()
+            remove_chains(netavark_chains() + cni_residue())
         if data.get("made_lib_modules") and Path("/lib/modules").is_dir() and not any(Path("/lib/modules").iterdir()):
             Path("/lib/modules").rmdir()
         # What is left is looked for while the state's containers.conf still names the backend
@@ -377,7 +377,7 @@ class KindCluster:
             if run(self.engine, "network", "inspect", NETWORK, env=self.env, check=False).returncode == 0:
                 left.append(f"network {NETWORK}")
         if self.engine == "podman" and self._podman_idle():
-            left += [f"iptables chain {table}/{chain}" for table, chain in netavark_chains()]
+            left += [f"iptables chain {table}/{chain}" for table, chain in netavark_chains() + cni_residue()]
         routes = run("ip", "route", "show", check=False).stdout
         left += [f"route {s}" for s in (POD_SUBNET, SERVICE_SUBNET) if routes.startswith(s) or f"\n{s} " in routes]
         left += [f"address {a} on {dev}" for dev, a in host_addresses(NETWORK_SUBNET)]
@@ -412,15 +412,43 @@ def netavark_chains() -> list[tuple[str, str]]:
     return chains
 
 
-def remove_netavark_chains() -> None:
+# The chains podman's CNI plugins make on a container's start and leave behind when the last
+# one goes: the portmap plugin's (the kind node publishes its API server's port) and the
+# firewall plugin's.
+CNI_PLUGIN_CHAINS = ("CNI-HOSTPORT-DNAT", "CNI-HOSTPORT-MASQ", "CNI-HOSTPORT-SETMARK", "CNI-FORWARD", "CNI-ADMIN")
+
+
+def cni_residue() -> list[tuple[str, str]]:
+    """The CNI plugins' chains, when all they hold is what the plugins leave once no container of
+    theirs is left: no chain of a container's own (CNI-DN-*, CNI-<hash>) and no rule naming an
+    address or a port. Anything more belongs to a container some CNI user still runs (the local
+    cluster's real node runs the portmap plugin too, in this same network namespace), and then
+    all of them are left alone."""
+    chains = []
     for table in ("filter", "nat"):
         for line in run("iptables", "-t", table, "-S", check=False).stdout.splitlines():
-            # The jumps into them from the built-in chains first, then the chains themselves.
-            if line.startswith("-A ") and " -j NETAVARK" in line and not line.split()[1].startswith("NETAVARK"):
-                run("iptables", "-t", table, "-D", *shlex.split(line)[1:], check=False)
-    for table, chain in netavark_chains():
+            words = line.split()
+            if line.startswith("-N CNI-"):
+                if words[1] not in CNI_PLUGIN_CHAINS:
+                    return []
+                chains.append((table, words[1]))
+            elif line.startswith("-A CNI-") and {"-s", "-d", "--dport", "--dports"} & set(words):
+                return []
+    return chains
+
+
+def remove_chains(chains: list[tuple[str, str]]) -> None:
+    """Removes ``chains`` ((table, chain)): the jumps into them from other chains first, then
+    their rules, then the chains."""
+    for table in {t for t, _ in chains}:
+        names = {c for t, c in chains if t == table}
+        for line in run("iptables", "-t", table, "-S", check=False).stdout.splitlines():
+            words = shlex.split(line)
+            if words[:1] == ["-A"] and words[1] not in names and "-j" in words and words[words.index("-j") + 1] in names:
+                run("iptables", "-t", table, "-D", *words[1:], check=False)
+    for table, chain in chains:
         run("iptables", "-t", table, "-F", chain, check=False)
-    for table, chain in netavark_chains():
+    for table, chain in chains:
         run("iptables", "-t", table, "-X", chain, check=False)
 
 

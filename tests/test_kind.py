@@ -155,3 +155,54 @@ def test_dockers_bridge_is_br_and_its_id_unless_the_network_names_one(tmp_path, 
     assert kind.network_details() == ("br-0123456789ab", "10.87.0.1")
     fake.inspected["Options"] = {"com.docker.network.bridge.name": "kindbr0"}
     assert kind.network_details() == ("kindbr0", "10.87.0.1")
+
+
+# What `iptables -S` showed here after podman's CNI backend ran the kind node and it was gone.
+CNI_LEFT = {
+    "filter": ["-P FORWARD ACCEPT", "-N CNI-ADMIN", "-N CNI-FORWARD", '-A FORWARD -m comment --comment "CNI firewall plugin rules" -j CNI-FORWARD',
+               '-A CNI-FORWARD -m comment --comment "CNI firewall plugin admin overrides" -j CNI-ADMIN'],
+    "nat": ["-N CNI-HOSTPORT-DNAT", "-N CNI-HOSTPORT-MASQ", "-N CNI-HOSTPORT-SETMARK",
+            "-A PREROUTING -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT",
+            "-A CNI-HOSTPORT-MASQ -m mark --mark 0x2000/0x2000 -j MASQUERADE"],
+}  # fmt: skip
+
+
+def test_the_cni_plugins_chains_are_removed_only_when_no_container_of_anyones_uses_them(monkeypatch):
+    import subprocess
+
+    tables = {t: list(lines) for t, lines in CNI_LEFT.items()}
+    calls = []
+
+    def fake(*argv, env=None, input=None, check=True):
+        calls.append(argv)
+        out = "\n".join(tables.get(argv[2], [])) if argv[0] == "iptables" and argv[3] == "-S" else ""
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    monkeypatch.setattr(kindcluster, "run", fake)
+    residue = kindcluster.cni_residue()
+    assert set(residue) == {("filter", "CNI-ADMIN"), ("filter", "CNI-FORWARD"), ("nat", "CNI-HOSTPORT-DNAT"),
+                            ("nat", "CNI-HOSTPORT-MASQ"), ("nat", "CNI-HOSTPORT-SETMARK")}  # fmt: skip
+    kindcluster.remove_chains(residue)
+    # The jumps from the built-in chains go first; the rules inside the chains go with -F.
+    assert (
+        "iptables",
+        "-t",
+        "filter",
+        "-D",
+        "FORWARD",
+        "-m",
+        "comment",
+        "--comment",
+        "CNI firewall plugin rules",
+        "-j",
+        "CNI-FORWARD",
+    ) in calls
+    assert ("iptables", "-t", "nat", "-D", "PREROUTING", "-m", "addrtype", "--dst-type", "LOCAL", "-j", "CNI-HOSTPORT-DNAT") in calls
+    assert not [c for c in calls if c[3] == "-D" and c[4].startswith("CNI-")]
+    assert ("iptables", "-t", "nat", "-X", "CNI-HOSTPORT-DNAT") in calls
+    # A container of some CNI user's (a published port, a firewall rule): nothing is touched.
+    tables["nat"] += ["-N CNI-DN-f69b429e65671ebf00ebd"]
+    assert kindcluster.cni_residue() == []
+    tables["nat"].pop()
+    tables["filter"] += ["-A CNI-FORWARD -d 10.85.0.5/32 -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"]
+    assert kindcluster.cni_residue() == []
