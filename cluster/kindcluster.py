@@ -55,6 +55,9 @@ STORE_PORT = 5000
 FLEET_POD_CIDR = "10.246.0.0/16"
 # Where the DaemonSet keeps the stand-in /dev/neuronN files and the runtime stand-in's core locks.
 NODE_DIR = "/var/lib/inferentia"
+# Where the CNI plugins' host-local IPAM keeps the network's addresses (podman's CNI backend):
+# network rm leaves it behind.
+CNI_IPAM_DIR = Path("/var/lib/cni/networks") / NETWORK
 # podman's network backend for the run (cni or netavark), written into kindcluster's own
 # containers.conf; unset, podman's own choice (podman 4 picks netavark when it is installed and
 # nothing of podman's exists yet, else CNI, and remembers the choice in its storage). A cluster
@@ -357,6 +360,9 @@ class KindCluster:
                 run(self.engine, "network", "rm", NETWORK, env=self.env, check=False)
         if self.engine == "podman" and self._podman_idle():
             remove_chains(netavark_chains() + cni_residue())
+        if data.get("made_network", True) and CNI_IPAM_DIR.is_dir() and not self._network_exists():
+            # Its last reservation and its lock: no address is held once the network is gone.
+            shutil.rmtree(CNI_IPAM_DIR, ignore_errors=True)
         if data.get("made_lib_modules") and Path("/lib/modules").is_dir() and not any(Path("/lib/modules").iterdir()):
             Path("/lib/modules").rmdir()
         # What is left is looked for while the state's containers.conf still names the backend
@@ -364,6 +370,9 @@ class KindCluster:
         left = [x for x in self.leftovers() if x != str(self.state)]
         shutil.rmtree(self.state, ignore_errors=True)
         return left + ([str(self.state)] if self.state.exists() else [])
+
+    def _network_exists(self) -> bool:
+        return run(self.engine, "network", "inspect", NETWORK, env=self.env, check=False).returncode == 0
 
     def _podman_idle(self) -> bool:
         """No container of podman's left, ours or anyone's: its firewall chains serve nothing."""
@@ -374,13 +383,15 @@ class KindCluster:
         if shutil.which(self.engine):
             containers = run(self.engine, "ps", "-a", "--filter", f"label=io.x-k8s.kind.cluster={NAME}", "-q", env=self.env, check=False)
             left += [f"container {c}" for c in containers.stdout.split()]
-            if run(self.engine, "network", "inspect", NETWORK, env=self.env, check=False).returncode == 0:
+            if self._network_exists():
                 left.append(f"network {NETWORK}")
         if self.engine == "podman" and self._podman_idle():
             left += [f"iptables chain {table}/{chain}" for table, chain in netavark_chains() + cni_residue()]
         routes = run("ip", "route", "show", check=False).stdout
         left += [f"route {s}" for s in (POD_SUBNET, SERVICE_SUBNET) if routes.startswith(s) or f"\n{s} " in routes]
         left += [f"address {a} on {dev}" for dev, a in host_addresses(NETWORK_SUBNET)]
+        if CNI_IPAM_DIR.exists():
+            left.append(str(CNI_IPAM_DIR))
         if self.state.exists():
             left.append(str(self.state))
         return left
