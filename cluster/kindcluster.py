@@ -58,6 +58,7 @@ NODE_DIR = "/var/lib/inferentia"
 # Where the CNI plugins' host-local IPAM keeps the network's addresses (podman's CNI backend):
 # network rm leaves it behind.
 CNI_IPAM_DIR = Path("/var/lib/cni/networks") / NETWORK
+IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 # podman's network backend for the run (cni or netavark), written into kindcluster's own
 # containers.conf; unset, podman's own choice (podman 4 picks netavark when it is installed and
 # nothing of podman's exists yet, else CNI, and remembers the choice in its storage). A cluster
@@ -195,6 +196,8 @@ class KindCluster:
             # kind mounts the host's /lib/modules into its nodes; a machine without modules has none.
             Path("/lib/modules").mkdir()
             self._save(made_lib_modules=True)
+        if "ip_forward" not in self.recorded():
+            self._save(ip_forward=IP_FORWARD.read_text().strip())
         self._network()
         node_image = kindnode.build(self.bins, self.engine)
         if not self.exists():
@@ -360,6 +363,8 @@ class KindCluster:
                 run(self.engine, "network", "rm", NETWORK, env=self.env, check=False)
         if self.engine == "podman" and self._podman_idle():
             remove_chains(netavark_chains() + cni_residue())
+        if self._forwarding_left_on(data):
+            IP_FORWARD.write_text("0\n")
         if data.get("made_network", True) and CNI_IPAM_DIR.is_dir() and not self._network_exists():
             # Its last reservation and its lock: no address is held once the network is gone.
             shutil.rmtree(CNI_IPAM_DIR, ignore_errors=True)
@@ -370,6 +375,19 @@ class KindCluster:
         left = [x for x in self.leftovers() if x != str(self.state)]
         shutil.rmtree(self.state, ignore_errors=True)
         return left + ([str(self.state)] if self.state.exists() else [])
+
+    def _forwarding_left_on(self, data: dict) -> bool:
+        """netavark turns the machine's IPv4 forwarding on when it sets up a bridge network, even
+        an internal one, and leaves it on (CNI's bridge plugin does not, for an internal
+        network). Off before ``up``, it goes off again once podman runs no container, unless
+        the local cluster's real node, which needs it and restores it itself, is running."""
+        return (
+            data.get("ip_forward") == "0"
+            and IP_FORWARD.read_text().strip() == "1"
+            and self.engine == "podman"
+            and self._podman_idle()
+            and not _link_exists(realnode.BRIDGE)
+        )
 
     def _network_exists(self) -> bool:
         return run(self.engine, "network", "inspect", NETWORK, env=self.env, check=False).returncode == 0
@@ -392,6 +410,8 @@ class KindCluster:
         left += [f"address {a} on {dev}" for dev, a in host_addresses(NETWORK_SUBNET)]
         if CNI_IPAM_DIR.exists():
             left.append(str(CNI_IPAM_DIR))
+        if self._forwarding_left_on(self.recorded()):
+            left.append("net.ipv4.ip_forward on (off before up)")
         if self.state.exists():
             left.append(str(self.state))
         return left

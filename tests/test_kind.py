@@ -206,3 +206,29 @@ def test_the_cni_plugins_chains_are_removed_only_when_no_container_of_anyones_us
     tables["nat"].pop()
     tables["filter"] += ["-A CNI-FORWARD -d 10.85.0.5/32 -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"]
     assert kindcluster.cni_residue() == []
+
+
+def test_forwarding_netavark_turned_on_goes_off_at_down_unless_the_real_node_runs(tmp_path, monkeypatch):
+    import subprocess
+
+    links = {"cni-podman1"}
+
+    def fake(*argv, env=None, input=None, check=True):
+        if argv[:3] == ("ip", "link", "show"):
+            return subprocess.CompletedProcess(argv, 0 if argv[-1] in links else 1, "", "")
+        if argv[1:3] == ("network", "inspect"):
+            return subprocess.CompletedProcess(argv, 1, "", "no such network")
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(kindcluster, "run", fake)
+    forward = tmp_path / "ip_forward"
+    monkeypatch.setattr(kindcluster, "IP_FORWARD", forward)
+    kind = kind_on("podman", tmp_path, monkeypatch)
+    forward.write_text("1\n")
+    kind.state.mkdir()
+    (kind.state / "state.json").write_text('{"provider": "podman", "ip_forward": "0"}')
+    links.add(realnode.BRIDGE)  # the local cluster's real node runs: it needs forwarding
+    assert kind.leftovers() == [str(kind.state)]
+    links.remove(realnode.BRIDGE)
+    assert "net.ipv4.ip_forward on (off before up)" in kind.leftovers()
+    assert kind.down() == [] and forward.read_text() == "0\n"
