@@ -215,11 +215,19 @@ def build(bins: Path, engine: str) -> str:
     if subprocess.run([engine, "image", "inspect", name], capture_output=True).returncode:
         log(f"{name}: importing into {engine}")
         # The base image's ENTRYPOINT, ENV and STOPSIGNAL (images/base/Dockerfile).
-        _run(
-            engine, "import", "--change", 'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]',
-            "--change", "ENV container=docker", "--change", "STOPSIGNAL SIGRTMIN+3", str(archive), name,
-            stdout=subprocess.DEVNULL,
-        )  # fmt: skip
+        changes = ['ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]', "ENV container=docker", "STOPSIGNAL SIGRTMIN+3"]
+        argv = [engine, "import", *(a for c in changes for a in ("--change", c)), str(archive), name]
+        imported = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if imported.returncode and "stopsignal is not a valid change command" in imported.stderr.lower():
+            # Docker before 23 (Debian bookworm's docker.io 20.10) takes no STOPSIGNAL in an
+            # import. Without it a graceful `docker stop` of the node waits out its timeout
+            # (systemd re-executes on SIGTERM); kind deletes its nodes with `docker rm -f`.
+            log(f"{engine} import takes no STOPSIGNAL: the node image goes without it")
+            argv = [engine, "import", *(a for c in changes[:-1] for a in ("--change", c)), str(archive), name]
+            imported = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if imported.returncode:
+            sys.stderr.write(imported.stderr)
+            raise subprocess.CalledProcessError(imported.returncode, argv, stderr=imported.stderr)
         # Older builds go (about 1 GB each); one a node still runs is refused, and stays.
         listed = subprocess.run(
             [engine, "images", "--format", "{{.Repository}}:{{.Tag}}", "--filter", f"reference={NODE_IMAGE_REPO}"],
