@@ -204,10 +204,22 @@ class KindCluster:
             log(f"creating cluster {NAME} from {node_image}")
             config = self.state / "kind-config.yaml"
             config.write_text(yaml.safe_dump(kind_config(upstream_image="INFERENTIA_KIND_NODE_IMAGE" in os.environ)))
-            self.kind(
+            created = self.kind(
                 "create", "cluster", "--name", NAME, "--image", node_image, "--config", str(config),
-                "--kubeconfig", str(self.kubeconfig), "--wait", "120s",
+                "--kubeconfig", str(self.kubeconfig), "--wait", "120s", check=False,
             )  # fmt: skip
+            # Docker publishes no port of a container on an --internal network, so kind's last
+            # step, the kubeconfig with the API server's published port, fails ("failed to get
+            # api server port") once the cluster is up and ready; podman publishes it. The
+            # kubeconfig's server is the node's address anyway (below): kind's --internal
+            # kubeconfig is written instead.
+            if created.returncode:
+                if "failed to get api server port" not in created.stderr or not self.exists():
+                    raise KindError(f"kind create cluster failed: {created.stderr}")
+                log(f"{self.engine} published no API server port on the internal network: kind's --internal kubeconfig")
+                self.kubeconfig.unlink(missing_ok=True)
+        if not self.kubeconfig.exists():
+            self.kubeconfig.write_text(self.kind("get", "kubeconfig", "--internal", "--name", NAME).stdout)
         node_ip = run(
             self.engine,
             "inspect",
@@ -217,6 +229,13 @@ class KindCluster:
             env=self.env,
         ).stdout.strip()
         self._save(node_ip=node_ip)
+        # Docker 20.10 gives a container on an --internal network a default route through the
+        # network's gateway all the same (its firewall drops what the bridge would forward off
+        # the network); podman gives none. The node goes without one on every engine: nothing
+        # it or a pod sends can then leave the network, whatever this machine forwards.
+        if self.node_exec("ip", "-4", "route", "show", "default").stdout.strip():
+            log(f"{self.engine} gave the node a default route on the internal network: removing it")
+            self.node_exec("ip", "-4", "route", "del", "default")
         # The API server by the node's address: a port published on an internal network does not
         # forward, and kubeadm's serving certificate names the node's address.
         config = yaml.safe_load(self.kubeconfig.read_text())
