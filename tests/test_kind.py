@@ -96,6 +96,10 @@ class FakeRun:
 
 def kind_on(engine: str, tmp_path, monkeypatch) -> kindcluster.KindCluster:
     monkeypatch.setenv("KIND_EXPERIMENTAL_PROVIDER", engine)
+    # Not this machine's: a kind cluster may be running here.
+    monkeypatch.setattr(kindcluster, "CNI_IPAM_DIR", tmp_path / "cni-networks" / kindcluster.NETWORK)
+    (tmp_path / "ip_forward").write_text("0\n")
+    monkeypatch.setattr(kindcluster, "IP_FORWARD", tmp_path / "ip_forward")
     return kindcluster.KindCluster(tmp_path / ".kind", bins=tmp_path)
 
 
@@ -221,9 +225,8 @@ def test_forwarding_netavark_turned_on_goes_off_at_down_unless_the_real_node_run
         return subprocess.CompletedProcess(argv, 0, "", "")
 
     monkeypatch.setattr(kindcluster, "run", fake)
-    forward = tmp_path / "ip_forward"
-    monkeypatch.setattr(kindcluster, "IP_FORWARD", forward)
     kind = kind_on("podman", tmp_path, monkeypatch)
+    forward = kindcluster.IP_FORWARD
     forward.write_text("1\n")
     kind.state.mkdir()
     (kind.state / "state.json").write_text('{"provider": "podman", "ip_forward": "0"}')
