@@ -208,14 +208,53 @@ def test_the_pools_plan_configmaps_are_kept_before_any_pod_mounts_them():
 # --- the rendered servers and proxy, run ---------------------------------------------------------
 
 
+def start_pools(kids, cluster, tmp_path: Path, cores: dict[str, str]) -> dict[str, int]:
+    """Each pool's one server as its Deployment renders it (the engine's flags and the planned
+    environment), on the given NeuronCores and a free port; the pools' ports by pool."""
+    from ports import free_port
+    from test_disaggregated import PLUGIN, environment
+
+    ports = {}
+    for pool, visible in cores.items():
+        deployment = kids[("Deployment", f"m-{pool}")]
+        flags = serve_args(deployment)[4:]  # after /bin/sh -c '<script>' vllm: the engine's flags
+        flags[flags.index("--model") + 1] = str(cluster.model)
+        port, side = free_port(), free_port()
+        planned = {k: v["value"] for k, v in env_of(deployment).items() if "value" in v}
+        env = environment(tmp_path, PLUGIN, visible, side, FI_EFA_ENABLE_SHM_TRANSFER=planned["FI_EFA_ENABLE_SHM_TRANSFER"])
+        cluster.start([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--port", str(port), *flags], env, port)
+        ports[pool] = port
+    return ports
+
+
+def start_proxy(kids, cluster, ports: dict[str, int]) -> int:
+    """The proxy's rendered command line with the pools' Services and its own address swapped for
+    loopback ports; its port once it answers."""
+    from ports import free_port
+
+    proxy = kids[("Deployment", "m")]["spec"]["template"]["spec"]["containers"][0]["args"]
+    argv = ["127.0.0.1" if a in ("m-prefill", "m-decode") else a for a in proxy]
+    listen = free_port()
+    argv[argv.index("--port") + 1] = str(listen)
+    argv[argv.index("--host") + 1] = "127.0.0.1"
+    argv[argv.index("--prefiller-port") + 1] = str(ports["prefill"])
+    argv[argv.index("--decoder-port") + 1] = str(ports["decode"])
+    cluster.start(
+        [sys.executable, "-m", "inferentia_operator.programs.pd_proxy", *argv],
+        {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "operator")},
+        listen,
+        "/healthcheck",
+    )
+    return listen
+
+
 def test_the_rendered_pools_and_proxy_serve_a_completion(tmp_path):
     """The flags and environment rendered for each pool start the plugin's stand-in servers in
     their roles, and the proxy's rendered command line, pointed at them, serves a completion that
     the decode server generated from the prefill's KV cache (tests/test_disaggregated.py runs the
     tutorial's own commands the same way). Only the addresses are the test's: the Services' names
     and the pods' IPs become loopback ports."""
-    from ports import free_port
-    from test_disaggregated import PLUGIN, Cluster, environment, get, metric, post
+    from test_disaggregated import PLUGIN, Cluster, get, metric, post
 
     # Each pool one chip, TP4 (the decode pool of two DP ranks is the test below).
     model = pd_model(**{"disaggregation.decode": {}, "serving.image": PLUGIN})
@@ -223,29 +262,8 @@ def test_the_rendered_pools_and_proxy_serve_a_completion(tmp_path):
     (tmp_path / "dev").mkdir()
     (tmp_path / "dev" / "neuron1").touch()
     try:
-        ports = {}
-        for pool, cores in (("prefill", "0-3"), ("decode", "4-7")):
-            deployment = kids[("Deployment", f"m-{pool}")]
-            flags = serve_args(deployment)[4:]  # after /bin/sh -c '<script>' vllm: the engine's flags
-            flags[flags.index("--model") + 1] = str(cluster.model)
-            port, side = free_port(), free_port()
-            planned = {k: v["value"] for k, v in env_of(deployment).items() if "value" in v}
-            env = environment(tmp_path, PLUGIN, cores, side, FI_EFA_ENABLE_SHM_TRANSFER=planned["FI_EFA_ENABLE_SHM_TRANSFER"])
-            cluster.start([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--port", str(port), *flags], env, port)
-            ports[pool] = port
-        proxy = kids[("Deployment", "m")]["spec"]["template"]["spec"]["containers"][0]["args"]
-        argv = ["127.0.0.1" if a in ("m-prefill", "m-decode") else a for a in proxy]
-        listen = free_port()
-        argv[argv.index("--port") + 1] = str(listen)
-        argv[argv.index("--host") + 1] = "127.0.0.1"
-        argv[argv.index("--prefiller-port") + 1] = str(ports["prefill"])
-        argv[argv.index("--decoder-port") + 1] = str(ports["decode"])
-        cluster.start(
-            [sys.executable, "-m", "inferentia_operator.programs.pd_proxy", *argv],
-            {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "operator")},
-            listen,
-            "/healthcheck",
-        )
+        ports = start_pools(kids, cluster, tmp_path, {"prefill": "0-3", "decode": "4-7"})
+        listen = start_proxy(kids, cluster, ports)
         status, text = post(listen, "/v1/completions", {"model": str(cluster.model), "prompt": "one two three", "max_tokens": 3})
         assert status == 200, text
         assert metric(get(ports["decode"], "/metrics")[1], "vllm:nixl_bytes_transferred_count") == 1
@@ -260,8 +278,7 @@ def test_a_decode_pool_of_two_data_parallel_ranks_serves_a_completion_through_th
     into two TP groups of consecutive cores (the data-parallelism design page's process groups),
     each a replica of the model. The completion, through the proxy, is one rank's, and the decode
     read the prefill's KV."""
-    from ports import free_port
-    from test_disaggregated import PLUGIN, Cluster, environment, get, metric, post
+    from test_disaggregated import PLUGIN, Cluster, get, metric, post
 
     model = pd_model(**{"serving.image": PLUGIN})
     kids, cluster = children(model), Cluster(tmp_path)
@@ -269,31 +286,11 @@ def test_a_decode_pool_of_two_data_parallel_ranks_serves_a_completion_through_th
     for device in ("neuron1", "neuron2"):
         (tmp_path / "dev" / device).touch()
     try:
-        ports = {}
-        for pool, cores in (("prefill", "0-3"), ("decode", "4-11")):
-            deployment = kids[("Deployment", f"m-{pool}")]
-            flags = serve_args(deployment)[4:]
-            flags[flags.index("--model") + 1] = str(cluster.model)
-            port, side = free_port(), free_port()
-            env = environment(tmp_path, PLUGIN, cores, side, FI_EFA_ENABLE_SHM_TRANSFER="0")
-            cluster.start([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--port", str(port), *flags], env, port)
-            ports[pool] = port
+        ports = start_pools(kids, cluster, tmp_path, {"prefill": "0-3", "decode": "4-11"})
         assert flag(serve_args(kids[("Deployment", "m-decode")]), "--data-parallel-size") == "2"
         described = json.loads(get(ports["decode"], "/standin")[1])
         assert described["dataParallel"] == {"size": 2, "groups": [[4, 5, 6, 7], [8, 9, 10, 11]]}
-        proxy = kids[("Deployment", "m")]["spec"]["template"]["spec"]["containers"][0]["args"]
-        argv = ["127.0.0.1" if a in ("m-prefill", "m-decode") else a for a in proxy]
-        listen = free_port()
-        argv[argv.index("--port") + 1] = str(listen)
-        argv[argv.index("--host") + 1] = "127.0.0.1"
-        argv[argv.index("--prefiller-port") + 1] = str(ports["prefill"])
-        argv[argv.index("--decoder-port") + 1] = str(ports["decode"])
-        cluster.start(
-            [sys.executable, "-m", "inferentia_operator.programs.pd_proxy", *argv],
-            {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "operator")},
-            listen,
-            "/healthcheck",
-        )
+        listen = start_proxy(kids, cluster, ports)
         status, text = post(listen, "/v1/completions", {"model": str(cluster.model), "prompt": "one two three", "max_tokens": 3})
         assert status == 200, text
         said = json.loads(text)["choices"][0]["text"]

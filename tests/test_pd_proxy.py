@@ -20,29 +20,10 @@ import pytest
 
 from inferentia_operator import programs
 from ports import free_port
+from test_disaggregated import get, post
 
 PROXY = Path(__file__).resolve().parent.parent / "operator" / "inferentia_operator" / "programs" / programs.PD_PROXY_PROGRAM
 SAFETY = 60  # seconds: only if something hangs
-
-
-def get(port: int, path: str) -> tuple[int, str]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=SAFETY)
-    try:
-        conn.request("GET", path)
-        answer = conn.getresponse()
-        return answer.status, answer.read().decode()
-    finally:
-        conn.close()
-
-
-def post(port: int, path: str, body: object, raw: bytes | None = None) -> tuple[int, str]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=SAFETY)
-    try:
-        conn.request("POST", path, body=raw if raw is not None else json.dumps(body).encode())
-        answer = conn.getresponse()
-        return answer.status, answer.read().decode()
-    finally:
-        conn.close()
 
 
 def start_proxy(prefill: list[int], decode: list[int], **env: str) -> tuple[subprocess.Popen, int]:
