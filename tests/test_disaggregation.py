@@ -205,6 +205,103 @@ def test_the_pools_plan_configmaps_are_kept_before_any_pod_mounts_them():
     assert cleanup_part(model, Observed.of(body, *maps), DEFAULT_SETTINGS).delete == ()
 
 
+def single_spec() -> dict:
+    """pd_spec() as one Deployment: no pools, the replica on one chip."""
+    spec = pd_spec()
+    del spec["disaggregation"]
+    spec["compute"]["inf"] = 1
+    return spec
+
+
+def switched(was: dict, now: dict) -> Observed:
+    """A model converged on ``was`` (each child live as rendered, what the API server defaults
+    added) whose spec is now ``now``."""
+    old = Model("m", "ns", UID, InferentiaModelSpec.model_validate(was), plan(InferentiaModelSpec.model_validate(was)))
+    body = {"metadata": {"name": "m", "namespace": "ns", "uid": UID, "generation": 2}, "spec": now, "status": {}}
+    objs = []
+    for child in rendered(old):
+        name = child["metadata"]["name"]
+        if child["kind"] == "Deployment":
+            child = live(child, child["spec"]["replicas"], child["spec"]["replicas"])
+            for container in child["spec"]["template"]["spec"]["containers"]:
+                for env in container.get("env", []):
+                    if "fieldRef" in env.get("valueFrom", {}):
+                        env["valueFrom"]["fieldRef"]["apiVersion"] = "v1"
+        else:
+            child = {**child, "metadata": {**child["metadata"], "uid": "u-" + name}}
+        objs.append(child)
+    return Observed.of(body, *objs)
+
+
+def progressing(decision) -> tuple[str, str]:
+    said = {c.type: c for c in decision.report.status.conditions}["Progressing"]
+    return said.status, said.reason
+
+
+def test_a_live_model_given_pools_deletes_its_deployment_and_creates_the_proxy_once_it_is_gone():
+    """A Deployment's selector cannot change: the serving pods' Deployment is deleted rather than
+    re-applied with the proxy's selector, and the proxy is created on the pass that sees it gone."""
+    observed = switched(single_spec(), pd_spec())
+    decision = decide(observed, "2026-01-01T00:00:00Z")
+    assert ("Deployment", "m") in decision.delete
+    assert ("Deployment", "m") not in {(c["kind"], c["metadata"]["name"]) for c in decision.apply}
+    assert progressing(decision) == ("True", "ReplacingDeployment")
+    # Once the delete is seen, the proxy is created with its own selector.
+    observed.children["Deployment"] = [d for d in observed.children["Deployment"] if d["metadata"]["name"] != "m"]
+    decision = decide(observed, "2026-01-01T00:00:00Z")
+    assert ("Deployment", "m") not in decision.delete
+    proxy = [c for c in decision.apply if (c["kind"], c["metadata"]["name"]) == ("Deployment", "m")]
+    assert proxy and proxy[0]["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "proxy"
+
+
+def test_a_live_pooled_model_without_pools_deletes_the_proxy_and_each_pools_deployment_and_service():
+    observed = switched(pd_spec(), single_spec())
+    decision = decide(observed, "2026-01-01T00:00:00Z")
+    for name in ("m-prefill", "m-decode"):
+        assert {("Deployment", name), ("Service", name)} <= set(decision.delete)
+    assert ("Deployment", "m") in decision.delete
+    assert ("Deployment", "m") not in {(c["kind"], c["metadata"]["name"]) for c in decision.apply}
+    assert progressing(decision) == ("True", "ReplacingDeployment")
+    # The plan ConfigMaps the live pools' Deployments mount stay until those are gone.
+    mounted = {
+        v["configMap"]["name"]
+        for d in observed.children["Deployment"] if d["metadata"]["name"] in ("m-prefill", "m-decode")
+        for v in d["spec"]["template"]["spec"]["volumes"] if "configMap" in v
+    }  # fmt: skip
+    assert mounted and not mounted & {name for kind, name in decision.delete if kind == "ConfigMap"}
+    # Once the proxy is gone, the serving Deployment is created with the serving pods' selector.
+    observed.children["Deployment"] = [d for d in observed.children["Deployment"] if d["metadata"]["name"] != "m"]
+    decision = decide(observed, "2026-01-01T00:00:00Z")
+    serving = [c for c in decision.apply if (c["kind"], c["metadata"]["name"]) == ("Deployment", "m")]
+    assert serving and serving[0]["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "serving"
+
+
+def test_someone_elses_deployment_and_service_named_like_a_pool_are_left_alone():
+    foreign = [
+        {"apiVersion": api_version, "kind": kind, "metadata": {"name": "m-prefill", "namespace": "ns", "uid": "x"}, "spec": {}}
+        for kind, api_version in (("Deployment", "apps/v1"), ("Service", "v1"))
+    ]
+    body = {"metadata": {"name": "m", "namespace": "ns", "uid": UID, "generation": 1}, "spec": single_spec(), "status": {}}
+    decision = decide(Observed.of(body, *foreign), "2026-01-01T00:00:00Z")
+    assert not {("Deployment", "m-prefill"), ("Service", "m-prefill")} & set(decision.delete)
+
+
+def test_a_pools_plan_configmap_is_kept_while_a_live_pool_deployment_mounts_it():
+    """Clean-up keeps a plan ConfigMap that a pool's live Deployment mounts, though the model
+    has no pools any more (its Deployments not yet gone) or plans otherwise now."""
+    from inferentia_operator.core.cleanup.part import cleanup_part
+    from inferentia_operator.core.settings import DEFAULT_SETTINGS
+
+    observed = switched(pd_spec(), single_spec())
+    single = Model(
+        "m", "ns", UID, InferentiaModelSpec.model_validate(single_spec()), plan(InferentiaModelSpec.model_validate(single_spec()))
+    )
+    deleted = {name for kind, name in cleanup_part(single, observed, DEFAULT_SETTINGS).delete if kind == "ConfigMap"}
+    for d in observed.children["Deployment"]:
+        if d["metadata"]["name"] in ("m-prefill", "m-decode"):
+            assert not {v["configMap"]["name"] for v in d["spec"]["template"]["spec"]["volumes"] if "configMap" in v} & deleted
+
+
 # --- the rendered servers and proxy, run ---------------------------------------------------------
 
 

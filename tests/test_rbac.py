@@ -72,9 +72,10 @@ def every_write() -> tuple[Any, Decision]:
     record = compile_record(m, complete(compile_job(m)), Prover(b"k" * 32))
     # What decide() deletes: superseded plans, compile Jobs and claim templates, and the
     # ScaledObject once autoscaling is turned off, the InferencePool once routing is, the holder's
-    # NetworkPolicy once it is not wanted. Never a Deployment, a Service, a ServiceAccount or a
-    # RoleBinding.
-    kept = ("Deployment", "Service", "ServiceAccount", "RoleBinding")
+    # NetworkPolicy once it is not wanted, a Deployment whose selector must change (it is created
+    # again), and each pool's Deployment and Service once a model has no pools. Never a
+    # ServiceAccount or a RoleBinding.
+    kept = ("ServiceAccount", "RoleBinding")
     deletes = [(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] not in kept]
     # And a serving pod on a node whose Neuron devices fail, evicted, and another taken out of
     # traffic (device_faults/part.py).

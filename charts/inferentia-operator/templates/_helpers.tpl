@@ -52,9 +52,10 @@ Superseded plan ConfigMaps and compile Jobs are deleted.
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [get, list, watch, create, patch, delete]
+# delete: a prefill or decode pool's Service once the model has no pools (serving/part.py).
 - apiGroups: [""]
   resources: [services]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, list, watch, create, patch, delete]

@@ -391,6 +391,9 @@ def report(
     blocked = blocked_by(other_found, other_failures)
     if serving.plan is not None and serving.plan.nodes and blocked is None:
         blocked = groups_unserved(observed, other_failures)
+    if blocked is None and serving.replacing is not None:
+        # Not a refusal: the Deployment comes back on a later pass, once its delete is seen.
+        blocked = Blocked("ReplacingDeployment", serving.replacing, permanent=False)
     new = conditions(
         valid=basis.valid, invalid_message=basis.message, compiled=compiled.condition if compiled else None, rollout=rollout,
         pods=observed.serving_pods, blocked=blocked,

@@ -16,7 +16,7 @@ from inferentia_operator.core.pod.artefact import compile_job_name
 from inferentia_operator.core.pod.jobs import newest_earlier_success
 from inferentia_operator.core.pod.model import Model, plan_configmap_name
 from inferentia_operator.core.pod.part import ChildRef, Part
-from inferentia_operator.core.pod.pools import pool_models
+from inferentia_operator.core.pod.pools import ROLES, pool_models
 from inferentia_operator.core.settings import Settings
 
 
@@ -28,7 +28,7 @@ def cleanup_part(model: Model, observed: Observed, settings: Settings) -> Part:
     compile_jobs = [Obj(j).name for j in observed.all("Job") if Obj(j).labels.get(COMPONENT_LABEL) != FILL_COMPONENT]
     jobs = [("Job", name) for name in compile_jobs if name is not None and name not in keep]
     # The current plan's, and each prefill and decode pool's, before any pod mounts them.
-    in_use = _plan_configmaps_in_use(observed) | {plan_configmap_name(m) for m in (model, *pool_models(model))}
+    in_use = _plan_configmaps_in_use(model, observed) | {plan_configmap_name(m) for m in (model, *pool_models(model))}
     plans = [c for c in map(Obj, observed.all("ConfigMap")) if c.labels.get(COMPONENT_LABEL) != COMPILE_RECORD_COMPONENT]
     unused = [("ConfigMap", c.name) for c in plans if c.name is not None and c.name not in in_use]
     return Part(delete=(*jobs, *unused, *_other_shape(model, observed)))
@@ -39,12 +39,15 @@ def _other_shape(model: Model, observed: Observed) -> tuple[ChildRef, ...]:
     return ((other, model.name),) if is_ours(observed.own(other), model) else ()
 
 
-def _plan_configmaps_in_use(observed: Observed) -> set[str]:
-    """Plan ConfigMaps that a running pod, an unfinished Job or the Deployment (or
-    LeaderWorkerSet) of the model still mounts (a finished pod or Job never reads its plan again)."""
+def _plan_configmaps_in_use(model: Model, observed: Observed) -> set[str]:
+    """Plan ConfigMaps that a running pod, an unfinished Job, the Deployment (or
+    LeaderWorkerSet) of the model or a prefill or decode pool's Deployment still mounts (a
+    finished pod or Job never reads its plan again). A pool's Deployment counts while it is live,
+    pools or not: one held back for its compile, or one not yet deleted after the pools went."""
     group = Obj(observed.own(GROUP_KIND)).spec.get("leaderWorkerTemplate")
     group = group if isinstance(group, Mapping) else {}
     templates = [Obj(observed.own("Deployment")).spec.get("template"), group.get("leaderTemplate"), group.get("workerTemplate")]
+    templates += [Obj(observed.live("Deployment", f"{model.name}-{role}")).spec.get("template") for role in ROLES]
     templates += [Obj(j).spec.get("template") for j in observed.all("Job") if not job_state(j).finished]
     volumes = [v for t in templates for v in Obj(t).spec.get("volumes") or ()]
     running = [p for p in map(Obj, observed.pods) if p.status.get("phase") not in ("Succeeded", "Failed")]

@@ -17,7 +17,7 @@ from inferentia_operator.core.pod.part import ChildRef, Part, ref
 from inferentia_operator.core.pod.pools import ROLES
 from inferentia_operator.core.serving.deployment import serving_deployment
 from inferentia_operator.core.serving.groups import serving_group
-from inferentia_operator.core.serving.pools import pools, proxy_deployment
+from inferentia_operator.core.serving.pools import pool_name, pools, proxy_deployment
 from inferentia_operator.core.serving.service import disruption_budget, plan_configmap, service, serving_network_policy, serving_policy_name
 
 
@@ -31,6 +31,10 @@ class ServingFacts:
     selector: str | None
     # With prefill and decode pools: each pool's Deployment and the replicas it runs, by role.
     pools: tuple[tuple[str, str, int], ...] = ()
+    # Why the model's own Deployment is being deleted, to be created again once it is gone: its
+    # selector, which the API server never lets change, is not the one wanted any more (to or
+    # from prefill and decode pools: the serving pods' or the proxy's).
+    replacing: str | None = None
 
 
 @dataclass(frozen=True)
@@ -43,28 +47,52 @@ def serving_part(model: Model, compiled: bool, replicas: int, to_holder: bool, o
     ``replicas``: what autoscaling and scale to zero leave the Deployment; ``to_holder``: the
     model's Service points at the scale-to-zero holder."""
     if model.spec.disaggregation is not None:
-        return _pools_part(model, compiled, replicas)
+        return _pools_part(model, compiled, replicas, observed)
     workload = serving_group(model, replicas) if model.plan.nodes else serving_deployment(model, replicas)
-    facts = ServingFacts(replicas, plan_hash(model.plan), model.plan, selector_string(model))
-    held = frozenset() if compiled else frozenset({ref(workload)})
+    replacing = _replacing(model, observed, workload)
+    facts = ServingFacts(replicas, plan_hash(model.plan), model.plan, selector_string(model), replacing=replacing)
+    held = frozenset({ref(workload)}) if replacing is not None or not compiled else frozenset()
     made = (plan_configmap(model), service(model, to_holder), workload, disruption_budget(model, replicas))
     policy = serving_network_policy(model)
-    stale = _stale_policy(model, observed, policy) if observed is not None else ()
+    stale = (*_stale_policy(model, observed, policy), *_stale_pools(model, observed)) if observed is not None else ()
+    if replacing is not None:
+        stale = (*stale, ref(workload))
     return ServingPart((*made, *([policy] if policy else [])), held, delete=stale, facts=facts)
 
 
-def _pools_part(model: Model, compiled: bool, replicas: int) -> ServingPart:
+def _replacing(model: Model, observed: Observed | None, wanted: dict[str, Any]) -> str | None:
+    """The model's own live Deployment, when its selector is not ``wanted``'s: the API server
+    refuses any change of a Deployment's selector, so it is deleted, and ``wanted`` is held back
+    until it is gone (every pass decides the same until then). Never someone else's."""
+    if observed is None or wanted["kind"] != "Deployment":
+        return None
+    live = observed.own("Deployment")
+    if live is None or not is_ours(live, model) or (live.get("spec") or {}).get("selector") == wanted["spec"]["selector"]:
+        return None
+    return f"Deployment {model.name} selects other pods than it should and a selector cannot change: deleted, to be created again"
+
+
+def _stale_pools(model: Model, observed: Observed) -> tuple[ChildRef, ...]:
+    """A model without prefill and decode pools any more: each pool's Deployment and Service,
+    which would keep their Neuron chips until the model is deleted. Never someone else's."""
+    names = (pool_name(model, role) for role in ROLES)
+    return tuple((kind, n) for n in names for kind in ("Deployment", "Service") if is_ours(observed.live(kind, n), model))
+
+
+def _pools_part(model: Model, compiled: bool, replicas: int, observed: Observed | None = None) -> ServingPart:
     """Prefill and decode pools (serving/pools.py): the model's Deployment is their proxy, and
     each pool's Deployment waits for the compiled artefact as the serving Deployment does. The
     disruption budget covers both pools' servers (they are the serving pods), not the proxy."""
     around, workloads = pools(model)
     proxy = proxy_deployment(model, replicas)
+    replacing = _replacing(model, observed, proxy)
     held = frozenset() if compiled else frozenset(ref(w) for w in workloads)
+    held |= {ref(proxy)} if replacing is not None else frozenset()
     made = (plan_configmap(model), service(model), proxy, *around, *workloads, disruption_budget(model))
     roles = tuple((role, w["metadata"]["name"], w["spec"]["replicas"]) for role, w in zip(ROLES, workloads, strict=True))
     proxies = ",".join(f"{k}={v}" for k, v in proxy_selector(model).items())
-    facts = ServingFacts(replicas, plan_hash(model.plan), model.plan, proxies, roles)
-    return ServingPart(made, held, facts=facts)
+    facts = ServingFacts(replicas, plan_hash(model.plan), model.plan, proxies, roles, replacing=replacing)
+    return ServingPart(made, held, delete=(ref(proxy),) if replacing is not None else (), facts=facts)
 
 
 def pools_rollout(observed: Observed, facts: ServingFacts) -> tuple[Rollout, Rollout, api.PoolsStatus]:
