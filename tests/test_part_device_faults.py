@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from inferentia_operator.core.device_faults.part import device_fault_part
-from inferentia_operator.core.names import TRAFFIC_LABEL, WORKER_INDEX_LABEL
+from inferentia_operator.core.names import POOL_LABEL, TRAFFIC_LABEL, WORKER_INDEX_LABEL
 from inferentia_operator.core.observed import Observed
 from inferentia_operator.core.pod.nodes import selects, takes_pods, tolerates
 from inferentia_operator.core.projection import project_pod_spec
@@ -232,3 +232,29 @@ def test_a_bounded_number_of_pods_is_decided_a_reconcile():
     pods = [pod(f"p{i}", "a") for i in range(MAX_DECIDED + 5)]
     part = decided({"a": node(fault=FAULT, unschedulable=True), "b": node()}, *pods)
     assert len(part.evict) == MAX_DECIDED
+
+
+def pool_pod(name: str, on: str, role: str, **labels: str) -> dict:
+    """A server of a prefill or decode pool, made by its pool Deployment's ReplicaSet."""
+    made = pod(name, on, **{POOL_LABEL: role, **labels})
+    made["metadata"]["ownerReferences"][0]["name"] = f"m-{role}-7c9d6f"
+    return made
+
+
+def test_a_pool_server_on_a_failing_node_leaves_the_traffic_while_another_of_its_pool_answers():
+    part = decided({"a": node(fault=FAULT), "b": node()}, pool_pod("p", "a", "decode"), pool_pod("q", "b", "decode"))
+    assert part.traffic == (("p", "uid-p", "off"),)
+
+
+def test_the_last_server_of_a_pool_keeps_its_traffic_though_the_other_pool_answers():
+    """Each pool's Service selects its own servers: a prefill server answers no decode request."""
+    part = decided({"a": node(fault=FAULT), "b": node()}, pool_pod("p", "a", "decode"), pool_pod("q", "b", "prefill"))
+    assert part.traffic == ()
+    assert "still receives requests" in part.condition.message
+
+
+def test_a_pool_label_does_not_make_another_deployments_pod_the_models():
+    stray = pool_pod("p", "a", "decode")
+    stray["metadata"]["ownerReferences"][0]["name"] = "other-7c9d6f"
+    part = decided({"a": node(fault=FAULT), "b": node()}, stray, pool_pod("q", "b", "decode"))
+    assert ("p", "uid-p", "off") not in part.traffic

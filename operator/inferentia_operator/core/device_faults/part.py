@@ -36,12 +36,13 @@ from typing import Any
 
 from inferentia_operator.core import api
 from inferentia_operator.core.conditions import cond
-from inferentia_operator.core.names import TRAFFIC_LABEL, TRAFFIC_OFF, TRAFFIC_ON, WORKER_INDEX_LABEL
+from inferentia_operator.core.names import POOL_LABEL, TRAFFIC_LABEL, TRAFFIC_OFF, TRAFFIC_ON, WORKER_INDEX_LABEL
 from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.observed import Observed
 from inferentia_operator.core.pod.model import Model
 from inferentia_operator.core.pod.nodes import selects
 from inferentia_operator.core.pod.part import Part
+from inferentia_operator.core.pod.pools import ROLES
 
 # Shown while a serving pod's node reports a Neuron hardware fault, absent otherwise (device_faults/part.py).
 DEVICE_FAULT = "DeviceFault"
@@ -89,13 +90,16 @@ def _answers(pod: Obj) -> bool:
 
 
 def _made_by_the_model(model: Model, pod: Obj) -> bool:
-    """The pod's controller is one of the model's: a ReplicaSet of its Deployment (``<model>-<hash>``)
-    or a StatefulSet of its LeaderWorkerSet (``<model>``, ``<model>-<group>``). Labels alone are
-    anyone's to write; the operator labels only pods its children made."""
+    """The pod's controller is one of the model's: a ReplicaSet of its Deployment (``<model>-<hash>``),
+    of a prefill or decode pool's the pod's pool label names (``<model>-<pool>-<hash>``), or a
+    StatefulSet of its LeaderWorkerSet (``<model>``, ``<model>-<group>``). Labels alone are anyone's
+    to write; the operator labels only pods its children made."""
     owner = pod.controller or {}
     owner_name = str(owner.get("name") or "")
     if owner.get("kind") == "ReplicaSet":
-        return owner_name.rpartition("-")[0] == model.name
+        pool = pod.labels.get(POOL_LABEL)
+        deployment = f"{model.name}-{pool}" if pool in ROLES else model.name
+        return owner_name.rpartition("-")[0] == deployment
     return owner.get("kind") == "StatefulSet" and (owner_name == model.name or owner_name.rpartition("-")[0] == model.name)
 
 
@@ -105,13 +109,16 @@ def traffic_changes(model: Model, observed: Observed) -> tuple[tuple[str, str, s
     while another answers from a node reporting none; "on" for every other."""
     answering = [pod for pod in map(Obj, observed.serving_pods) if not pod.deleting and _answers(pod) and _made_by_the_model(model, pod)]
     faulted = {pod.uid for pod in answering if (_node_of(observed.nodes, pod)[1] or {}).get("fault")}
-    others_answer = any(
-        pod.uid not in faulted and pod.labels.get(TRAFFIC_LABEL) != TRAFFIC_OFF and pod.condition("Ready").get("status") == "True"
+    # Per prefill or decode pool (one group without pools): a pool's requests go to its own pods
+    # alone, so another pool answering never lets the last of a pool go.
+    others_answer = {
+        pod.labels.get(POOL_LABEL)
         for pod in answering
-    )
+        if pod.uid not in faulted and pod.labels.get(TRAFFIC_LABEL) != TRAFFIC_OFF and pod.condition("Ready").get("status") == "True"
+    }
     changes = []
     for pod in answering:
-        wanted = TRAFFIC_OFF if pod.uid in faulted and others_answer else TRAFFIC_ON
+        wanted = TRAFFIC_OFF if pod.uid in faulted and pod.labels.get(POOL_LABEL) in others_answer else TRAFFIC_ON
         if pod.labels.get(TRAFFIC_LABEL) != wanted:
             changes.append((pod.name or "", pod.uid or "", wanted))
     return tuple(changes[:MAX_DECIDED])
