@@ -62,7 +62,7 @@ def proxies():
 class Stub:
     """A server that records what it was sent and answers as a prefill or decode server would."""
 
-    def __init__(self, role: str, hold: threading.Event | None = None) -> None:
+    def __init__(self, role: str, hold: threading.Event | None = None, params: bool = True) -> None:
         self.role, self.hold, self.seen = role, hold, []
         stub = self
 
@@ -73,7 +73,7 @@ class Stub:
                 if stub.hold is not None:
                     stub.hold.wait(SAFETY)
                 answer = {"choices": [{"text": stub.role}]}
-                if stub.role == "prefill":
+                if stub.role == "prefill" and params:
                     answer["kv_transfer_params"] = {"remote_engine_id": f"e{self.server.server_port}"}
                 data = json.dumps(answer).encode()
                 self.send_response(200)
@@ -104,6 +104,24 @@ def test_the_proxy_round_robins_each_list_on_its_own_and_sends_what_the_toy_prox
     to_decode = decodes[0].seen[0]
     assert to_decode["max_tokens"] == 9 and to_decode["min_tokens"] == 2
     assert to_decode["kv_transfer_params"] == {"remote_engine_id": f"e{prefills[0].port}"}
+
+
+@pytest.mark.parametrize("params", [True, False])
+def test_a_clients_own_kv_transfer_params_reach_neither_server(proxies, params):
+    """A client's kv_transfer_params would have the decode server connect to whatever host and
+    port they name: the prefill sees only the proxy's, the decode only the prefill's or none."""
+    prefill, decode = Stub("prefill", params=params), Stub("decode")
+    proxy = proxies([prefill.port], [decode.port])
+    theirs = {"do_remote_prefill": True, "remote_engine_id": "x", "remote_block_ids": [1, 2],
+              "remote_host": "attacker.example", "remote_port": 5557}  # fmt: skip
+    status, text = post(proxy, "/v1/completions", {"model": "m", "prompt": "p", "kv_transfer_params": theirs})
+    assert status == 200, text
+    assert "attacker.example" not in json.dumps(prefill.seen) and "attacker.example" not in json.dumps(decode.seen)
+    assert prefill.seen[0]["kv_transfer_params"]["do_remote_decode"] is True
+    if params:
+        assert decode.seen[0]["kv_transfer_params"] == {"remote_engine_id": f"e{prefill.port}"}
+    else:
+        assert "kv_transfer_params" not in decode.seen[0]
 
 
 def test_the_proxy_bounds_bodies_and_a_requests_time(proxies):

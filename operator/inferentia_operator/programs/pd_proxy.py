@@ -396,9 +396,13 @@ class Handler(BaseHTTPRequestHandler):
         deadline = time.monotonic() + server.limits.deadline
         request_id = str(uuid.uuid4())
         found = call_prefill(server.prefill.next(), api, body, request_id, deadline, server.limits.prefill_answer)
+        # The client's own kv_transfer_params never reach the decode: they would have it fetch
+        # blocks from whatever host and port they name. Without the prefill's, the decode
+        # computes the prompt itself, as NixlConnector does for a request without them.
+        body = {key: value for key, value in body.items() if key != "kv_transfer_params"}
         kv = found.get("kv_transfer_params")
         if kv:
-            body = {**body, "kv_transfer_params": kv}
+            body["kv_transfer_params"] = kv
         where = server.decode.next()
         conn = Upstream(where, deadline)
         try:
