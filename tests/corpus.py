@@ -350,6 +350,8 @@ DIVERGENCE_CORPUS = [
     {**_PD, "compile.image": "example.com/c:1", "disaggregation": {"prefill": {"inf": 1, "tensorParallelSize": 4}}},
     {**_PD, "compile.image": "example.com/c:1", "disaggregation": {"prefill": {"dataParallelSize": 2}, "decode": {"inf": 3}}},
     {**_PD, "compute.family": "trn1", "disaggregation": {"decode": {"inf": 99}}},
+    # Data-parallel pools are refused: each engine holds all the weights (70B bf16 over 16 chips, DP16).
+    {**_PD, "model.weights": 70_600_000_000, "compute.inf": 2, "disaggregation": {"decode": {"inf": 16, "dataParallelSize": 16}}},
     # Routing: a pool needs an OpenAI-compatible server (vLLM), and at most 8 ports a pod.
     {"routing": {"inferencePool": {}}},
     {"serving.batching": {"maxBatchSize": 2}, "routing": {"inferencePool": {"failureMode": "FailOpen"}}},

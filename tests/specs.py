@@ -52,12 +52,12 @@ PD_IMAGE = "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.29.0.1.2.0-ne
 
 def pd_spec(**overrides):
     """A trn2 vLLM model with a prefill pool of one chip (TP4) and a decode pool of two chips
-    (DP2 x TP4), the tutorial's shape scaled down."""
+    (TP8), the tutorial's shape scaled down (without its data parallelism, which is refused)."""
     base = {
         "model": {"uri": "meta-llama/Llama-3.1-8B-Instruct", "framework": "pytorch", "architecture": "transformer", "precision": "bf16"},
         "compute": {"family": "trn2", "inf": 1, "cpu": "4", "memory": "32Gi"},
         "compile": {"buckets": [[4096]]},
         "serving": {"runtime": "vllm", "image": PD_IMAGE, "port": 8000},
-        "disaggregation": {"prefill": {"replicas": 2}, "decode": {"inf": 2, "dataParallelSize": 2}},
+        "disaggregation": {"prefill": {"replicas": 2}, "decode": {"inf": 2}},
     }
     return make_spec(base, **overrides)

@@ -77,7 +77,7 @@ def test_each_pool_runs_its_replicas_on_its_chips():
     assert [r["aws.amazon.com/neuron"] for r in requests] == ["1", "2"]
 
 
-@pytest.mark.parametrize(("pool", "role", "tp", "dp"), [("prefill", "kv_producer", "4", None), ("decode", "kv_consumer", "4", "2")])
+@pytest.mark.parametrize(("pool", "role", "tp", "dp"), [("prefill", "kv_producer", "4", None), ("decode", "kv_consumer", "8", None)])
 def test_each_pools_servers_get_the_tutorials_flags(pool, role, tp, dp):
     args = serve_args(children(pd_model())[("Deployment", f"m-{pool}")])
     assert flag(args, "--tensor-parallel-size") == tp
@@ -125,7 +125,7 @@ def test_the_proxy_is_the_operators_program_given_each_pools_service():
 def test_the_plan_says_each_pools_parallelism():
     p = pd_model().plan.disaggregation
     assert (p.prefill.chips, p.prefill.tensor_parallel_size, p.prefill.data_parallel_size) == (1, 4, 1)
-    assert (p.decode.chips, p.decode.tensor_parallel_size, p.decode.data_parallel_size) == (2, 4, 2)
+    assert (p.decode.chips, p.decode.tensor_parallel_size, p.decode.data_parallel_size) == (2, 8, 1)
 
 
 def test_a_model_without_pools_renders_as_before():
@@ -369,15 +369,16 @@ def test_the_rendered_pools_and_proxy_serve_a_completion(tmp_path):
         cluster.stop()
 
 
+@pytest.mark.skip(reason="dataParallelSize above 1 is refused until memory is planned per engine")
 def test_a_decode_pool_of_two_data_parallel_ranks_serves_a_completion_through_the_proxy(tmp_path):
-    """The decode pool as pd_spec has it, two chips with --tensor-parallel-size 4
-    --data-parallel-size 2: one server given the replica's 8 logical cores, which the plugin splits
+    """A decode pool of two chips with --tensor-parallel-size 4 --data-parallel-size 2 (a shape
+    validation refuses until memory is planned per engine, which will run this again): one server given the replica's 8 logical cores, which the plugin splits
     into two TP groups of consecutive cores (the data-parallelism design page's process groups),
     each a replica of the model. The completion, through the proxy, is one rank's, and the decode
     read the prefill's KV."""
     from test_disaggregated import PLUGIN, Cluster, get, metric, post
 
-    model = pd_model(**{"serving.image": PLUGIN})
+    model = pd_model(**{"serving.image": PLUGIN, "disaggregation.decode.dataParallelSize": 2})
     kids, cluster = children(model), Cluster(tmp_path)
     (tmp_path / "dev").mkdir()
     for device in ("neuron1", "neuron2"):

@@ -60,3 +60,14 @@ def test_a_pool_on_chips_of_its_own_is_checked_as_a_replica_of_that_size():
     (message,) = messages(pd_spec(**big))
     assert message.startswith("spec.disaggregation.decode.inf: is 1, and on 1 chips spec.compute.inf:"), message
     assert messages(pd_spec(**{**big, "disaggregation": {"decode": {"inf": 4}}})) == []
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_data_parallel_pools_are_refused_until_memory_is_checked_per_engine(role):
+    """Each data-parallel engine holds all the weights over its own TP cores, and vLLM gives each
+    --num-gpu-blocks-override: the memory check, over the replica's chips as one engine, cannot
+    judge that, so dataParallelSize above 1 is refused (a 70B bf16 decode DP16 over 16 chips
+    passed it)."""
+    big = {"model.weights": 70_600_000_000, "compute.inf": 2, "disaggregation": {role: {"inf": 16, "dataParallelSize": 16}}}
+    found = messages(pd_spec(**big))
+    assert any(m.startswith(f"spec.disaggregation.{role}.dataParallelSize: is 16") and "valid values are 1" in m for m in found), found

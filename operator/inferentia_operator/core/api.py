@@ -398,7 +398,7 @@ class Pool(ApiModel):
     tensor_parallel_size: Annotated[StrictInt | None, Field(ge=1, le=MAX_PARALLEL)] = None
     """vLLM's --tensor-parallel-size, in logical NeuronCores. tensorParallelSize times dataParallelSize must be the replica's NeuronCores (inf times the chip's logical cores). Default: those cores / dataParallelSize."""
     data_parallel_size: Annotated[StrictInt, Field(ge=1, le=MAX_PARALLEL)] = 1
-    """vLLM's --data-parallel-size: engines in the replica's one server, each tensor parallel over tensorParallelSize cores (AWS's tutorial runs its decode server DP4 x TP8)."""
+    """vLLM's --data-parallel-size: engines in the replica's one server, each tensor parallel over tensorParallelSize cores (AWS's tutorial runs its decode server DP4 x TP8). Only 1 is accepted for now: each engine holds all the weights and its own KV cache blocks, which the memory check does not plan per engine yet."""
     replicas: Annotated[StrictInt, Field(ge=0, le=INT32_MAX)] = 1
     """Replicas (pods) of the pool."""
 

@@ -148,6 +148,26 @@ def _pool_rules(role: str) -> tuple[CrossFieldRule, CrossFieldRule, CrossFieldRu
 POOL_RULES = {role: _pool_rules(role) for role in ("prefill", "decode")}
 
 
+def _data_parallel_rule(role: str) -> CrossFieldRule:
+    """dataParallelSize above 1 runs that many engines in the replica's server, each holding all
+    the weights over its own tensorParallelSize cores (AWS's data-parallelism design page:
+    "replicates the entire model across multiple independent groups"), and vLLM gives each engine
+    --num-gpu-blocks-override. The memory check and the plan take the replica as one engine over
+    all its cores, so they cannot judge that: refused until they plan each engine."""
+    p = f"self.disaggregation.{role}"
+    return CrossFieldRule(
+        f"spec.disaggregation.{role}.dataParallelSize",
+        "spec",
+        "is %d: each data-parallel engine would hold all the weights over its own cores and its own KV cache blocks, "
+        "which the memory check does not plan yet; valid values are 1 (one engine over the replica's cores; scale with replicas)",
+        f"!{_POOLS} || !has({p}) || {_cel_dp(p)} == 1",
+        (_cel_dp(p),),
+    )
+
+
+DATA_PARALLEL_RULES = {role: _data_parallel_rule(role) for role in ("prefill", "decode")}
+
+
 def _check_pool(spec: InferentiaModelSpec, fam: Family, role: str, pool: Pool) -> list[Finding]:
     chips_rule, divides_rule, covers_rule = POOL_RULES[role]
     chips, cores = _pool_cores(spec, fam, pool)
@@ -171,6 +191,14 @@ def _pools(spec: InferentiaModelSpec, fam: Family) -> tuple[tuple[Literal["prefi
 
 def _check_pools(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     return [finding for role, pool in _pools(spec, fam) for finding in _check_pool(spec, fam, role, pool)]
+
+
+def _check_data_parallel(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    d = spec.disaggregation
+    if d is None:
+        return []
+    pools = (("prefill", d.prefill), ("decode", d.decode))
+    return [DATA_PARALLEL_RULES[role].finding(pool.data_parallel_size) for role, pool in pools if pool.data_parallel_size != 1]
 
 
 def pool_spec_findings(spec: InferentiaModelSpec, fam: Family, check: Callable[[InferentiaModelSpec], list[Finding]]) -> list[Finding]:
@@ -236,5 +264,11 @@ def _check_compile_ahead(spec: InferentiaModelSpec, fam: Family) -> list[Finding
     return [COMPILE_AHEAD.finding(spec.compute.inf, cores, which)]
 
 
-RULES: list[CrossFieldRule] = [DISAGGREGATION_RUNTIME, *REFUSED, *(r for rules in POOL_RULES.values() for r in rules), COMPILE_AHEAD]
-CHECKS = (_check_runtime, _check_pools, _check_compile_ahead)
+RULES: list[CrossFieldRule] = [
+    DISAGGREGATION_RUNTIME,
+    *REFUSED,
+    *(r for rules in POOL_RULES.values() for r in rules),
+    *DATA_PARALLEL_RULES.values(),
+    COMPILE_AHEAD,
+]
+CHECKS = (_check_runtime, _check_pools, _check_data_parallel, _check_compile_ahead)
