@@ -93,6 +93,7 @@ CEL_CASES = {
     "disaggregation-processes": make_spec(**{**_PD, "processesPerReplica": 2}),
     "disaggregation-cores": make_spec(**{**_PD, "compute.inf": DROP, "compute.cores": 2, "compute.lnc": 1}),
     "disaggregation-nodes": make_spec(**{**_PD, "compute.nodes": 2}),
+    "disaggregation-dra": make_spec(**{**_PD, "compute.inf": 1, "compute.allocation": "dra"}),
     **{
         f"disaggregation-{role}-{what}": make_spec(**{**_PD, "disaggregation": {role: bad}})
         for role in ("prefill", "decode")
@@ -350,6 +351,7 @@ DIVERGENCE_CORPUS = [
     {**_PD, "compile.image": "example.com/c:1", "disaggregation": {"prefill": {"inf": 1, "tensorParallelSize": 4}}},
     {**_PD, "compile.image": "example.com/c:1", "disaggregation": {"prefill": {"dataParallelSize": 2}, "decode": {"inf": 3}}},
     {**_PD, "compute.family": "trn1", "disaggregation": {"decode": {"inf": 99}}},
+    {**_PD, "compute.inf": 2, "compute.allocation": "dra", "disaggregation": {"decode": {"inf": 4}}},
     # Data-parallel pools are refused: each engine holds all the weights (70B bf16 over 16 chips, DP16).
     {**_PD, "model.weights": 70_600_000_000, "compute.inf": 2, "disaggregation": {"decode": {"inf": 16, "dataParallelSize": 16}}},
     # Routing: a pool needs an OpenAI-compatible server (vLLM), and at most 8 ports a pod.

@@ -71,3 +71,16 @@ def test_data_parallel_pools_are_refused_until_memory_is_checked_per_engine(role
     big = {"model.weights": 70_600_000_000, "compute.inf": 2, "disaggregation": {role: {"inf": 16, "dataParallelSize": 16}}}
     found = messages(pd_spec(**big))
     assert any(m.startswith(f"spec.disaggregation.{role}.dataParallelSize: is 16") and "valid values are 1" in m for m in found), found
+
+
+def test_pools_with_dra_allocation_are_refused_written_or_by_the_operators_default():
+    """With allocation dra a pool's own inf names ResourceClaimTemplates nothing writes: the pools
+    take devices from the device plugin only, whether the spec or the operator's --allocation
+    says dra."""
+    from inferentia_operator.core.model import check_model
+
+    found = messages(pd_spec(**{"compute.allocation": "dra"}))
+    assert any(m.startswith("spec.compute.allocation: is dra") and "devicePlugin" in m for m in found), found
+    checked = check_model("m", "ns", pd_spec(), allocation="dra")
+    assert any(f.path == "spec.compute.allocation" for f in checked.findings if f.severity == "error"), checked.findings
+    assert check_model("m", "ns", pd_spec(), allocation="devicePlugin").model is not None

@@ -72,6 +72,18 @@ REFUSED = (
         "a pool replica is one pod on one node",
     ),
 )
+# With allocation dra, a pool's pods would claim from ResourceClaimTemplates of the pool's own
+# shape, which the device-claims part does not write (it writes the model's one). The operator
+# applies its --allocation default to the spec before the rules run, so the Python rule refuses
+# that too; the CEL twin sees only what the spec says.
+DRA_ALLOCATION = CrossFieldRule(
+    "spec.compute.allocation",
+    "spec",
+    "is %s, and spec.disaggregation's pools take their devices from the Neuron device plugin only (no claim templates are "
+    "written for them yet); valid values with spec.disaggregation are devicePlugin",
+    f"!{_POOLS} || !has(self.compute.allocation) || self.compute.allocation != 'dra'",
+    ("self.compute.allocation",),
+)
 _REFUSED_SET: dict[str, Callable[[InferentiaModelSpec], bool]] = {
     "spec.autoscaling": lambda s: s.autoscaling is not None,
     "spec.routing.inferencePool": lambda s: s.routing is not None and s.routing.inference_pool is not None,
@@ -88,6 +100,8 @@ def _check_runtime(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     if spec.serving.runtime != "vllm" or fam.name not in PLUGIN_FAMILIES:
         found.append(DISAGGREGATION_RUNTIME.finding(spec.serving.runtime, fam.name))
     found += [rule.finding() for rule in REFUSED if _REFUSED_SET[rule.path](spec)]
+    if spec.compute.allocation == "dra":
+        found.append(DRA_ALLOCATION.finding("dra"))
     return found
 
 
@@ -267,6 +281,7 @@ def _check_compile_ahead(spec: InferentiaModelSpec, fam: Family) -> list[Finding
 RULES: list[CrossFieldRule] = [
     DISAGGREGATION_RUNTIME,
     *REFUSED,
+    DRA_ALLOCATION,
     *(r for rules in POOL_RULES.values() for r in rules),
     *DATA_PARALLEL_RULES.values(),
     COMPILE_AHEAD,
