@@ -94,6 +94,9 @@ CEL_CASES = {
     "disaggregation-cores": make_spec(**{**_PD, "compute.inf": DROP, "compute.cores": 2, "compute.lnc": 1}),
     "disaggregation-nodes": make_spec(**{**_PD, "compute.nodes": 2}),
     "disaggregation-dra": make_spec(**{**_PD, "compute.inf": 1, "compute.allocation": "dra"}),
+    "disaggregation-side-channel": make_spec(**{**_PD, "serving.port": 5557}),
+    "disaggregation-pool-flag": make_spec(**{**_PD, "serving.args": ["-tp", "8"]}),
+    **{f"disaggregation-{role}-empty": make_spec(**{**_PD, "disaggregation": {role: {"replicas": 0}}}) for role in ("prefill", "decode")},
     **{
         f"disaggregation-{role}-{what}": make_spec(**{**_PD, "disaggregation": {role: bad}})
         for role in ("prefill", "decode")
@@ -352,6 +355,12 @@ DIVERGENCE_CORPUS = [
     {**_PD, "compile.image": "example.com/c:1", "disaggregation": {"prefill": {"dataParallelSize": 2}, "decode": {"inf": 3}}},
     {**_PD, "compute.family": "trn1", "disaggregation": {"decode": {"inf": 99}}},
     {**_PD, "compute.inf": 2, "compute.allocation": "dra", "disaggregation": {"decode": {"inf": 4}}},
+    {**_PD, "serving.args": ["--kv_transfer_config={}"]},
+    {**_PD, "serving.args": ["--data-parallel-size-local", "2", "-dp=2"]},
+    {**_PD, "serving.args": ["-tpx", "--tensor-parallel", "--max-model-len", "4096"]},
+    {**_PD, "serving.port": 5558},
+    {**_PD, "replicas": 0, "disaggregation": {"prefill": {"replicas": 0}, "decode": {"replicas": 0}}},
+    {**_PD, "replicas": 2, "disaggregation": {"decode": {"replicas": 0}}},
     # Data-parallel pools are refused: each engine holds all the weights (70B bf16 over 16 chips, DP16).
     {**_PD, "model.weights": 70_600_000_000, "compute.inf": 2, "disaggregation": {"decode": {"inf": 16, "dataParallelSize": 16}}},
     # Routing: a pool needs an OpenAI-compatible server (vLLM), and at most 8 ports a pod.

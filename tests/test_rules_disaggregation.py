@@ -84,3 +84,29 @@ def test_pools_with_dra_allocation_are_refused_written_or_by_the_operators_defau
     checked = check_model("m", "ns", pd_spec(), allocation="dra")
     assert any(f.path == "spec.compute.allocation" for f in checked.findings if f.severity == "error"), checked.findings
     assert check_model("m", "ns", pd_spec(), allocation="devicePlugin").model is not None
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_an_empty_pool_is_refused_while_the_proxy_serves(role):
+    """The proxy would send every request to a pool with no server: 0 only with spec.replicas 0."""
+    found = messages(pd_spec(**{f"disaggregation.{role}.replicas": 0}))
+    assert any(m.startswith(f"spec.disaggregation.{role}.replicas: is 0") and "valid values are 1" in m for m in found), found
+    assert messages(pd_spec(**{f"disaggregation.{role}.replicas": 0, "replicas": 0})) == []
+
+
+def test_the_serving_port_may_not_be_nixls_side_channel():
+    found = messages(pd_spec(**{"serving.port": 5557}))
+    assert any(m.startswith("spec.serving.port: is 5557") for m in found), found
+
+
+@pytest.mark.parametrize(
+    "flag",
+    ["--tensor-parallel-size", "--tensor_parallel_size", "-tp", "--data-parallel-size", "--data_parallel_size", "-dp",
+     "--kv-transfer-config", "--kv_transfer_config", "--tensor-parallel-size=8"],
+)  # fmt: skip
+def test_serving_args_may_not_set_what_each_pool_sets(flag):
+    """Each pool's --tensor-parallel-size, --data-parallel-size and --kv-transfer-config are its
+    own: serving.args come last and would override them in both pools."""
+    found = messages(pd_spec(**{"serving.args": [flag, "8"] if "=" not in flag else [flag]}))
+    assert any(m.startswith(f"spec.serving.args: {flag} ") for m in found), found
+    assert messages(pd_spec(**{"serving.args": ["--max-model-len", "4096"]})) == []

@@ -84,6 +84,63 @@ DRA_ALLOCATION = CrossFieldRule(
     f"!{_POOLS} || !has(self.compute.allocation) || self.compute.allocation != 'dra'",
     ("self.compute.allocation",),
 )
+# NIXL's side channel, where a decode server asks a prefill server for a request's blocks:
+# VLLM_NIXL_SIDE_CHANNEL_PORT's default, 5557 (the DI design page, Environment Variables), which
+# serving/pools.py gives each pool's servers. It listens on that port plus the engine's
+# data-parallel index; with dataParallelSize held to 1, on 5557 alone.
+SIDE_CHANNEL_PORT = 5557
+SIDE_CHANNEL = CrossFieldRule(
+    "spec.serving.port",
+    "spec",
+    f"is %d, the port NIXL's side channel listens on in each pool's servers (VLLM_NIXL_SIDE_CHANNEL_PORT {SIDE_CHANNEL_PORT}); "
+    f"valid values with spec.disaggregation are any other port",
+    f"!{_POOLS} || !has(self.serving.port) || self.serving.port != {SIDE_CHANNEL_PORT}",
+    ("self.serving.port",),
+)
+
+# Each pool's servers get the pool's own --tensor-parallel-size, --data-parallel-size and
+# --kv-transfer-config; serving.args come after them and would win in both pools. vLLM's
+# FlexibleArgumentParser reads underscores as dashes; -tp and -dp are its short forms.
+POOL_FLAGS = (
+    "--tensor-parallel-size", "--tensor_parallel_size", "--data-parallel-size", "--data_parallel_size",
+    "--kv-transfer-config", "--kv_transfer_config",
+)  # fmt: skip
+SHORT_POOL_FLAGS = ("-tp", "-dp")
+
+
+def is_pool_flag(arg: str) -> bool:
+    return arg.startswith(POOL_FLAGS) or arg in SHORT_POOL_FLAGS or arg.startswith(tuple(f"{f}=" for f in SHORT_POOL_FLAGS))
+
+
+_CEL_POOL_FLAG = " || ".join(
+    [f"a.startsWith({literal(f)})" for f in POOL_FLAGS]
+    + [f"a == {literal(f)} || a.startsWith({literal(f + '=')})" for f in SHORT_POOL_FLAGS]
+)
+POOL_FLAG_IN_ARGS = CrossFieldRule(
+    "spec.serving.args",
+    "spec",
+    "%s sets what spec.disaggregation sets for each pool (its tensorParallelSize, dataParallelSize and NIXL "
+    "--kv-transfer-config), and would override both pools' own; valid specs set the pools' parallelism in "
+    "spec.disaggregation and leave these flags out of spec.serving.args",
+    f"!{_POOLS} || !has(self.serving.args) || !self.serving.args.exists(a, {_CEL_POOL_FLAG})",
+    (f"self.serving.args.filter(a, {_CEL_POOL_FLAG})[0]",),
+)
+
+
+def _empty_pool_rule(role: str) -> CrossFieldRule:
+    p = f"self.disaggregation.{role}"
+    return CrossFieldRule(
+        f"spec.disaggregation.{role}.replicas",
+        "spec",
+        "is 0 while the proxy serves (spec.replicas %d): every request would go to a pool with no server; valid values "
+        "are 1 or more, or spec.replicas 0 as well",
+        f"!{_POOLS} || !has({p}) || !has({p}.replicas) || {p}.replicas != 0 || (has(self.replicas) && self.replicas == 0)",
+        ("has(self.replicas) ? self.replicas : 1",),
+    )
+
+
+EMPTY_POOL_RULES = {role: _empty_pool_rule(role) for role in ("prefill", "decode")}
+
 _REFUSED_SET: dict[str, Callable[[InferentiaModelSpec], bool]] = {
     "spec.autoscaling": lambda s: s.autoscaling is not None,
     "spec.routing.inferencePool": lambda s: s.routing is not None and s.routing.inference_pool is not None,
@@ -102,6 +159,15 @@ def _check_runtime(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     found += [rule.finding() for rule in REFUSED if _REFUSED_SET[rule.path](spec)]
     if spec.compute.allocation == "dra":
         found.append(DRA_ALLOCATION.finding("dra"))
+    if spec.serving.port == SIDE_CHANNEL_PORT:
+        found.append(SIDE_CHANNEL.finding(spec.serving.port))
+    if flag := next((a for a in spec.serving.args or [] if is_pool_flag(a)), None):
+        found.append(POOL_FLAG_IN_ARGS.finding(flag))
+    d = spec.disaggregation
+    if spec.replicas != 0:
+        found += [
+            EMPTY_POOL_RULES[r].finding(spec.replicas) for r, pool in (("prefill", d.prefill), ("decode", d.decode)) if pool.replicas == 0
+        ]
     return found
 
 
@@ -282,6 +348,9 @@ RULES: list[CrossFieldRule] = [
     DISAGGREGATION_RUNTIME,
     *REFUSED,
     DRA_ALLOCATION,
+    SIDE_CHANNEL,
+    POOL_FLAG_IN_ARGS,
+    *EMPTY_POOL_RULES.values(),
     *(r for rules in POOL_RULES.values() for r in rules),
     *DATA_PARALLEL_RULES.values(),
     COMPILE_AHEAD,

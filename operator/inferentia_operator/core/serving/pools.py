@@ -36,14 +36,13 @@ from inferentia_operator.core.pod.meta import child_metadata, labels, proxy_sele
 from inferentia_operator.core.pod.model import Model, plan_configmap_name, plan_hash
 from inferentia_operator.core.pod.pools import KV_ROLES, ROLES, Role, pool_model
 from inferentia_operator.core.pod.ports import process_base_port
+from inferentia_operator.core.rules.disaggregation import SIDE_CHANNEL_PORT
 from inferentia_operator.core.serving.deployment import serving_deployment
 from inferentia_operator.core.serving.service import plan_configmap
 
-# NIXL's side channel, where a decode server asks a prefill server for a request's blocks:
-# VLLM_NIXL_SIDE_CHANNEL_PORT's default, 5557 (the DI design page, Environment Variables). One
-# server a pod, so every pod may use the same port; the tutorial moves it only for two servers
-# on one host.
-SIDE_CHANNEL_PORT = 5557
+# NIXL's side channel (SIDE_CHANNEL_PORT, rules/disaggregation.py, which keeps serving.port off
+# it). One server a pod, so every pod may use the same port; the tutorial moves it only for two
+# servers on one host.
 # As the tutorial writes it: the buffer device and the LIBFABRIC backend (Steps 1 and 2).
 KV_TRANSFER = {"kv_buffer_device": "cuda", "kv_connector_extra_config": {"backends": ["LIBFABRIC"]}}
 KV_CONNECTOR = "NixlConnector"
