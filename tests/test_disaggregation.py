@@ -174,6 +174,16 @@ def test_a_pool_short_of_ready_replicas_holds_back_ready():
     assert {c.type: c.status for c in status.conditions}["Ready"] == "False"
 
 
+@pytest.mark.parametrize("empty", ["m-prefill", "m-decode"])
+def test_a_pool_with_no_available_server_is_not_available(empty):
+    """A one-replica Deployment counts itself Available with no pod (maxUnavailable 1), and the
+    other Deployments' pods would carry the sum: the model is Available and Ready only when every
+    Deployment that should run a pod has one available."""
+    status = decide(observe(pd_model(), {empty: 0}), "2026-01-01T00:00:00Z").report.status
+    conditions = {c.type: c.status for c in status.conditions}
+    assert (conditions["Available"], conditions["Ready"]) == ("False", "False"), status.conditions
+
+
 def test_a_converged_pooled_model_writes_and_deletes_nothing():
     """Every child live as rendered, with what the API server defaults (a fieldRef's apiVersion):
     the next reconcile writes nothing, and the clean-up keeps every pool's plan ConfigMap."""

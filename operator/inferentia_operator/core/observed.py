@@ -202,12 +202,15 @@ def rollout_of(deployment: Mapping[str, Any] | None, desired_replicas: int, plan
 
 def rollout_of_all(rollouts: Sequence[Rollout]) -> Rollout:
     """Several Deployments read as one (a disaggregated model's proxy and pools): rolled out,
-    available and settled when each is, their pods counted together, the first one's trouble."""
+    available and settled when each is, their pods counted together, the first one's trouble.
+    Each is available only with a pod available where it should run one: a one-replica
+    Deployment counts itself Available with none (maxUnavailable 1), and the others' pods would
+    carry the sum (status.py's Available reads the sum)."""
     return Rollout(
         sum(r.desired for r in rollouts), all(r.current for r in rollouts), all(r.complete for r in rollouts),
         sum(r.replicas for r in rollouts), sum(r.ready for r in rollouts), sum(r.updated for r in rollouts),
         sum(r.available for r in rollouts), exists=all(r.exists for r in rollouts),
-        available_condition=all(r.available_condition for r in rollouts),
+        available_condition=all(r.available_condition and (r.available > 0 or r.desired == 0) for r in rollouts),
         failed_create=next((r.failed_create for r in rollouts if r.failed_create), None),
         stuck=next((r.stuck for r in rollouts if r.stuck), None), settled=all(r.settled for r in rollouts),
     )  # fmt: skip
