@@ -293,7 +293,9 @@ def prove_rbac(cluster, namespace, service_account, peering, tmp_path, model_nam
         op.stop()
     who = f"--as=system:serviceaccount:{namespace}:{service_account}"
     for verb, resource in [("get", "secrets"), ("list", "secrets"), ("patch", "nodes"), ("create", "pods"),
-                           ("delete", "services"), ("create", "clusterrolebindings"), ("delete", "inferentiamodels")]:  # fmt: skip
+                           ("delete", "persistentvolumeclaims"), ("create", "clusterrolebindings"), ("delete", "inferentiamodels")]:  # fmt: skip
+        # (It may delete Services now: a prefill or decode pool's own, once the model has none.
+        # A claim holds a user's data, and the operator makes none.)
         answer = cluster.kubectl("auth", "can-i", verb, resource, "-A", who, check=False).stdout.strip()
         assert answer == "no", f"the operator may {verb} {resource}"
 
