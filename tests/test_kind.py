@@ -225,6 +225,8 @@ def test_forwarding_netavark_turned_on_goes_off_at_down_unless_the_real_node_run
         return subprocess.CompletedProcess(argv, 0, "", "")
 
     monkeypatch.setattr(kindcluster, "run", fake)
+    # podman installed, whether or not this machine has it: make test runs here without it.
+    monkeypatch.setattr(kindcluster.shutil, "which", lambda name: f"/usr/bin/{name}")
     kind = kind_on("podman", tmp_path, monkeypatch)
     forward = kindcluster.IP_FORWARD
     forward.write_text("1\n")
