@@ -9,7 +9,9 @@ set -euo pipefail
 if command -v docker >/dev/null && docker info >/dev/null 2>&1; then exit 0; fi
 packages=()
 command -v podman >/dev/null || packages+=(podman)
-case "${INFERENTIA_KIND_NETWORK_BACKEND:-}" in
+# Read as kindcluster.network_backend reads it: spaces dropped, any case.
+backend=$(printf %s "${INFERENTIA_KIND_NETWORK_BACKEND:-}" | tr -d '[:space:]' | tr '[:upper:]' '[:lower:]')
+case "$backend" in
   netavark) [[ -x /usr/lib/podman/netavark || -x /usr/libexec/podman/netavark ]] || packages+=(netavark aardvark-dns) ;;
   cni) [[ -x /usr/lib/cni/bridge || -x /opt/cni/bin/bridge ]] || packages+=(containernetworking-plugins) ;;
   "") ;;
