@@ -26,8 +26,19 @@ from inferentia_operator.core.pod.model import Model, plan_hash
 from inferentia_operator.programs import pd_proxy
 from specs import pd_spec
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "cluster" / "node" / "standins"))
-import vllm_disagg
+STANDINS = Path(__file__).resolve().parent.parent / "cluster" / "node" / "standins"
+
+
+def standin_disagg():
+    """The stand-ins' vllm_disagg, with their folder on the path only while it is imported: left
+    there, it would hand every later test of this process the stand-ins' vllm and huggingface_hub."""
+    sys.path.insert(0, str(STANDINS))
+    try:
+        import vllm_disagg
+    finally:
+        sys.path.remove(str(STANDINS))
+    return vllm_disagg
+
 
 UID = "0c6a1d2e-0000-4000-8000-000000000001"
 
@@ -90,6 +101,7 @@ def test_each_pools_servers_get_the_tutorials_flags(pool, role, tp, dp):
         "kv_connector_extra_config": {"backends": ["LIBFABRIC"]},
     }
     # The stand-in parses it as vLLM's KVTransferConfig does and takes it as the plugin would.
+    vllm_disagg = standin_disagg()
     parsed = vllm_disagg.parse_kv_transfer_config(flag(args, "--kv-transfer-config"))
     vllm_disagg.check_connector(parsed, plugin=True)
     assert parsed.kv_role == role
