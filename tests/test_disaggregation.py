@@ -389,32 +389,3 @@ def test_the_rendered_pools_and_proxy_serve_a_completion(tmp_path):
         assert metric(get(ports["prefill"], "/metrics")[1], "vllm:generation_tokens_total") == 1
     finally:
         cluster.stop()
-
-
-@pytest.mark.skip(reason="dataParallelSize above 1 is refused until memory is planned per engine")
-def test_a_decode_pool_of_two_data_parallel_ranks_serves_a_completion_through_the_proxy(tmp_path):
-    """A decode pool of two chips with --tensor-parallel-size 4 --data-parallel-size 2 (a shape
-    validation refuses until memory is planned per engine, which will run this again): one server given the replica's 8 logical cores, which the plugin splits
-    into two TP groups of consecutive cores (the data-parallelism design page's process groups),
-    each a replica of the model. The completion, through the proxy, is one rank's, and the decode
-    read the prefill's KV."""
-    from test_disaggregated import PLUGIN, Cluster, get, metric, post
-
-    model = pd_model(**{"serving.image": PLUGIN, "disaggregation.decode.dataParallelSize": 2})
-    kids, cluster = children(model), Cluster(tmp_path)
-    (tmp_path / "dev").mkdir()
-    for device in ("neuron1", "neuron2"):
-        (tmp_path / "dev" / device).touch()
-    try:
-        ports = start_pools(kids, cluster, tmp_path, {"prefill": "0-3", "decode": "4-11"})
-        assert flag(serve_args(kids[("Deployment", "m-decode")]), "--data-parallel-size") == "2"
-        described = json.loads(get(ports["decode"], "/standin")[1])
-        assert described["dataParallel"] == {"size": 2, "groups": [[4, 5, 6, 7], [8, 9, 10, 11]]}
-        listen = start_proxy(kids, cluster, ports)
-        status, text = post(listen, "/v1/completions", {"model": str(cluster.model), "prompt": "one two three", "max_tokens": 3})
-        assert status == 200, text
-        said = json.loads(text)["choices"][0]["text"]
-        assert said.startswith((" [cores [4, 5, 6, 7]]", " [cores [8, 9, 10, 11]]")), said
-        assert metric(get(ports["decode"], "/metrics")[1], "vllm:nixl_bytes_transferred_count") == 1
-    finally:
-        cluster.stop()
