@@ -82,6 +82,9 @@ def test_no_default_holds_a_null():
         elif isinstance(value, dict):
             for k, v in value.items():
                 yield from nulls(v, f"{where}.{k}")
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                yield from nulls(v, f"{where}[{i}]")
 
     found = [n for path, node in _walk(_schema()) if "default" in node for n in nulls(node["default"], path)]
     assert not found, found
