@@ -54,10 +54,9 @@ def serving_part(model: Model, compiled: bool, replicas: int, to_holder: bool, o
     held = frozenset({ref(workload)}) if replacing is not None or not compiled else frozenset()
     made = (plan_configmap(model), service(model, to_holder), workload, disruption_budget(model, replicas))
     policy = serving_network_policy(model)
-    stale = (*_stale_policy(model, observed, policy), *_stale_pools(model, observed)) if observed is not None else ()
-    if replacing is not None:
-        stale = (*stale, ref(workload))
-    return ServingPart((*made, *([policy] if policy else [])), held, delete=stale, facts=facts)
+    return ServingPart(
+        (*made, *([policy] if policy else [])), held, delete=_stale(model, observed, policy, workload, replacing), facts=facts
+    )
 
 
 def _replacing(model: Model, observed: Observed | None, wanted: dict[str, Any]) -> str | None:
@@ -70,6 +69,18 @@ def _replacing(model: Model, observed: Observed | None, wanted: dict[str, Any]) 
     if live is None or not is_ours(live, model) or (live.get("spec") or {}).get("selector") == wanted["spec"]["selector"]:
         return None
     return f"Deployment {model.name} selects other pods than it should and a selector cannot change: deleted, to be created again"
+
+
+def _stale(
+    model: Model, observed: Observed | None, policy: dict[str, Any] | None, workload: dict[str, Any], replacing: str | None
+) -> tuple[ChildRef, ...]:
+    """What the serving part deletes, with pools or without: the front end's NetworkPolicy where
+    ``policy`` (the one written now, None with pools) does not replace it, the pools' Deployments
+    and Services of a model without pools, and the model's own ``workload`` while it is replaced."""
+    if observed is None:
+        return ()
+    pools = () if model.spec.disaggregation is not None else _stale_pools(model, observed)
+    return (*_stale_policy(model, observed, policy), *pools, *((ref(workload),) if replacing is not None else ()))
 
 
 def _stale_pools(model: Model, observed: Observed) -> tuple[ChildRef, ...]:
@@ -92,7 +103,7 @@ def _pools_part(model: Model, compiled: bool, replicas: int, observed: Observed 
     roles = tuple((role, w["metadata"]["name"], w["spec"]["replicas"]) for role, w in zip(ROLES, workloads, strict=True))
     proxies = ",".join(f"{k}={v}" for k, v in proxy_selector(model).items())
     facts = ServingFacts(replicas, plan_hash(model.plan), model.plan, proxies, roles, replacing=replacing)
-    return ServingPart(made, held, delete=(ref(proxy),) if replacing is not None else (), facts=facts)
+    return ServingPart(made, held, delete=_stale(model, observed, None, proxy, replacing), facts=facts)
 
 
 def pools_rollout(observed: Observed, facts: ServingFacts) -> tuple[Rollout, Rollout, api.PoolsStatus]:
