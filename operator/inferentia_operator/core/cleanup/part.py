@@ -16,7 +16,7 @@ from inferentia_operator.core.pod.artefact import compile_job_name
 from inferentia_operator.core.pod.jobs import newest_earlier_success
 from inferentia_operator.core.pod.model import Model, plan_configmap_name
 from inferentia_operator.core.pod.part import ChildRef, Part
-from inferentia_operator.core.pod.pools import ROLES, pool_models
+from inferentia_operator.core.pod.pools import ROLES
 from inferentia_operator.core.settings import Settings
 
 
@@ -28,7 +28,7 @@ def cleanup_part(model: Model, observed: Observed, settings: Settings) -> Part:
     compile_jobs = [Obj(j).name for j in observed.all("Job") if Obj(j).labels.get(COMPONENT_LABEL) != FILL_COMPONENT]
     jobs = [("Job", name) for name in compile_jobs if name is not None and name not in keep]
     # The current plan's, and each prefill and decode pool's, before any pod mounts them.
-    in_use = _plan_configmaps_in_use(model, observed) | {plan_configmap_name(m) for m in (model, *pool_models(model))}
+    in_use = _plan_configmaps_in_use(model, observed) | {plan_configmap_name(m) for m in (model, *model.pools)}
     plans = [c for c in map(Obj, observed.all("ConfigMap")) if c.labels.get(COMPONENT_LABEL) != COMPILE_RECORD_COMPONENT]
     unused = [("ConfigMap", c.name) for c in plans if c.name is not None and c.name not in in_use]
     return Part(delete=(*jobs, *unused, *_other_shape(model, observed)))

@@ -16,6 +16,7 @@ from inferentia_operator.core.findings import Finding
 from inferentia_operator.core.launcher import LAUNCHER
 from inferentia_operator.core.names import DEFAULT_OPERATOR_IMAGE, PLAN_MOUNT
 from inferentia_operator.core.pod.contribution import PodContribution
+from inferentia_operator.core.pod.pools import pool_models
 from inferentia_operator.programs import (
     COMPILE_PROGRAM,
     HUB_SNAPSHOT_MODULE,
@@ -63,6 +64,19 @@ class Model:
     @functools.cached_property
     def plan_files_hash(self) -> str:
         return stable_hash(self.plan_files, 8)
+
+    # The plan's hash, which every serving pod's template carries and status compares with.
+    @functools.cached_property
+    def plan_hash(self) -> str:
+        return plan_hash(self.plan)
+
+    # With prefill and decode pools (spec.disaggregation): each pool's model, in ROLES' order,
+    # planned once a Model. The serving part builds each pool's children from it and the
+    # clean-up keeps its plan ConfigMap, on every reconcile; the model the reconcile checked
+    # and planned is kept (decide.RECENT_MODELS), and its pools with it.
+    @functools.cached_property
+    def pools(self) -> tuple[Model, ...]:
+        return pool_models(self)
 
 
 def stable_hash(value: Any, length: int = 10) -> str:

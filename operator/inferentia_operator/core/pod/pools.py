@@ -6,10 +6,12 @@ and the clean-up keeps their plan ConfigMaps."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from inferentia_operator.core.planner import plan
-from inferentia_operator.core.pod.model import Model
+
+if TYPE_CHECKING:  # pod/model.py imports this module: Model.pools is pool_models'
+    from inferentia_operator.core.pod.model import Model
 
 Role = Literal["prefill", "decode"]
 ROLES: tuple[Role, ...] = ("prefill", "decode")
@@ -25,4 +27,5 @@ def pool_model(model: Model, role: Role) -> Model:
 
 
 def pool_models(model: Model) -> tuple[Model, ...]:
+    """Each pool's model: read them as ``model.pools``, planned once a Model."""
     return tuple(pool_model(model, role) for role in ROLES) if model.spec.disaggregation else ()

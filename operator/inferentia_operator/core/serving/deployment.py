@@ -14,7 +14,7 @@ from inferentia_operator.core.pod.containers import CONTAINER_SECURITY, SCRATCH_
 from inferentia_operator.core.pod.contribution import PodContribution, combined, field_if_nonempty
 from inferentia_operator.core.pod.fetch import node_cache
 from inferentia_operator.core.pod.meta import child_metadata, labels, selector, service_account
-from inferentia_operator.core.pod.model import Model, mounted_plan, plan_hash
+from inferentia_operator.core.pod.model import Model, mounted_plan
 from inferentia_operator.core.pod.ports import process_base_port
 from inferentia_operator.core.pod.volumes import scratch
 from inferentia_operator.core.serving.artefact import compiled_artefact, hub_snapshot, uncompiled_model
@@ -87,7 +87,7 @@ def serving_deployment(model: Model, replicas: int | None = None, grouped: bool 
             "template": {
                 "metadata": {
                     "labels": {**labels(model, "serving"), TRAFFIC_LABEL: TRAFFIC_ON},
-                    "annotations": {PLAN_HASH_ANNOTATION: plan_hash(model.plan), **pod.annotations},
+                    "annotations": {PLAN_HASH_ANNOTATION: model.plan_hash, **pod.annotations},
                 },
                 "spec": {
                     # A model server has no business with the Kubernetes API.

@@ -12,7 +12,7 @@ from inferentia_operator.core import api
 from inferentia_operator.core.observed import Observed, Rollout, rollout_of, rollout_of_all
 from inferentia_operator.core.ownership import is_ours
 from inferentia_operator.core.pod.meta import proxy_selector, selector_string
-from inferentia_operator.core.pod.model import Model, plan_hash
+from inferentia_operator.core.pod.model import Model
 from inferentia_operator.core.pod.part import ChildRef, Part, ref
 from inferentia_operator.core.pod.pools import ROLES
 from inferentia_operator.core.serving.deployment import serving_deployment
@@ -50,7 +50,7 @@ def serving_part(model: Model, compiled: bool, replicas: int, to_holder: bool, o
         return _pools_part(model, compiled, replicas, observed)
     workload = serving_group(model, replicas) if model.plan.nodes else serving_deployment(model, replicas)
     replacing = _replacing(model, observed, workload)
-    facts = ServingFacts(replicas, plan_hash(model.plan), model.plan, selector_string(model), replacing=replacing)
+    facts = ServingFacts(replicas, model.plan_hash, model.plan, selector_string(model), replacing=replacing)
     held = frozenset({ref(workload)}) if replacing is not None or not compiled else frozenset()
     made = (plan_configmap(model), service(model, to_holder), workload, disruption_budget(model, replicas))
     policy = serving_network_policy(model)
@@ -102,7 +102,7 @@ def _pools_part(model: Model, compiled: bool, replicas: int, observed: Observed 
     made = (plan_configmap(model), service(model), proxy, *around, *workloads, disruption_budget(model))
     roles = tuple((role, w["metadata"]["name"], w["spec"]["replicas"]) for role, w in zip(ROLES, workloads, strict=True))
     proxies = ",".join(f"{k}={v}" for k, v in proxy_selector(model).items())
-    facts = ServingFacts(replicas, plan_hash(model.plan), model.plan, proxies, roles, replacing=replacing)
+    facts = ServingFacts(replicas, model.plan_hash, model.plan, proxies, roles, replacing=replacing)
     return ServingPart(made, held, delete=_stale(model, observed, None, proxy, replacing), facts=facts)
 
 

@@ -33,8 +33,8 @@ from inferentia_operator.core.names import PLAN_HASH_ANNOTATION, POOL_LABEL, TRA
 from inferentia_operator.core.placement import pod_placement
 from inferentia_operator.core.pod.containers import BATCHER_RESOURCES, CONTAINER_SECURITY, non_root_pod_security
 from inferentia_operator.core.pod.meta import child_metadata, labels, proxy_selector, selector
-from inferentia_operator.core.pod.model import Model, plan_configmap_name, plan_hash
-from inferentia_operator.core.pod.pools import KV_ROLES, ROLES, Role, pool_model
+from inferentia_operator.core.pod.model import Model, plan_configmap_name
+from inferentia_operator.core.pod.pools import KV_ROLES, ROLES, Role
 from inferentia_operator.core.pod.ports import process_base_port
 from inferentia_operator.core.rules.disaggregation import SIDE_CHANNEL_PORT
 from inferentia_operator.core.serving.deployment import serving_deployment
@@ -78,13 +78,13 @@ def pool_deployment(model: Model, role: Role, compiled_model: Model | None = Non
     """The pool's Deployment: its servers, selected apart from the other pool's, carrying the
     model's plan hash (the plan holds both pools, so a change of either rolls the one it changes
     and status reads every Deployment against one plan)."""
-    pool = compiled_model or pool_model(model, role)
+    pool = compiled_model or model.pools[ROLES.index(role)]
     body = serving_deployment(pool, pool.spec.replicas)
     body["metadata"] = child_metadata(model, pool_name(model, role), "serving")
     spec, template = body["spec"], body["spec"]["template"]
     spec["selector"] = {"matchLabels": pool_selector(model, role)}
     template["metadata"]["labels"][POOL_LABEL] = role
-    template["metadata"]["annotations"][PLAN_HASH_ANNOTATION] = plan_hash(model.plan)
+    template["metadata"]["annotations"][PLAN_HASH_ANNOTATION] = model.plan_hash
     container = template["spec"]["containers"][0]
     container["args"] = _pool_flags(model, role, container["args"])
     # The side channel's address is the one its kv_transfer_params name to the decode servers:
@@ -144,7 +144,7 @@ def proxy_deployment(model: Model, replicas: int) -> dict[str, Any]:
             "replicas": replicas,
             "selector": {"matchLabels": proxy_selector(model)},
             "template": {
-                "metadata": {"labels": labels(model, "proxy"), "annotations": {PLAN_HASH_ANNOTATION: plan_hash(model.plan)}},
+                "metadata": {"labels": labels(model, "proxy"), "annotations": {PLAN_HASH_ANNOTATION: model.plan_hash}},
                 "spec": {
                     "automountServiceAccountToken": False,
                     # On SIGTERM the proxy stops accepting and finishes what it relays, each
@@ -163,7 +163,6 @@ def proxy_deployment(model: Model, replicas: int) -> dict[str, Any]:
 def pools(model: Model) -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...]]:
     """Each pool's plan ConfigMap (one where both pools plan alike) and Service, then each pool's
     Deployment, which waits for the compiled artefact as the serving Deployment does."""
-    planned = {role: pool_model(model, role) for role in ROLES}
-    configmaps = {plan_configmap_name(m): plan_configmap(m) for m in planned.values()}
+    configmaps = {plan_configmap_name(m): plan_configmap(m) for m in model.pools}
     services = tuple(pool_service(model, role) for role in ROLES)
-    return (*configmaps.values(), *services), tuple(pool_deployment(model, role, planned[role]) for role in ROLES)
+    return (*configmaps.values(), *services), tuple(pool_deployment(model, role, m) for role, m in zip(ROLES, model.pools, strict=True))
