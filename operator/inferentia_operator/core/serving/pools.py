@@ -35,7 +35,7 @@ from inferentia_operator.core.pod.containers import BATCHER_RESOURCES, CONTAINER
 from inferentia_operator.core.pod.meta import child_metadata, labels, proxy_selector, selector
 from inferentia_operator.core.pod.model import Model, plan_configmap_name
 from inferentia_operator.core.pod.pools import KV_ROLES, ROLES, Role
-from inferentia_operator.core.pod.ports import process_base_port
+from inferentia_operator.core.pod.ports import named_service, process_base_port
 from inferentia_operator.core.rules.disaggregation import SIDE_CHANNEL_PORT
 from inferentia_operator.core.serving.deployment import serving_deployment
 from inferentia_operator.core.serving.service import plan_configmap
@@ -102,17 +102,9 @@ def pool_deployment(model: Model, role: Role, compiled_model: Model | None = Non
 
 
 def pool_service(model: Model, role: Role) -> dict[str, Any]:
-    """What the proxy sends a pool's requests to: its ready servers, on the serving port."""
-    port = process_base_port(model)
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": child_metadata(model, pool_name(model, role), "serving"),
-        "spec": {
-            "selector": {**pool_selector(model, role), TRAFFIC_LABEL: TRAFFIC_ON},
-            "ports": [{"name": "serve-0", "port": port, "targetPort": "serve-0", "protocol": "TCP"}],
-        },
-    }
+    """What the proxy sends a pool's requests to: its ready servers, on the serving port (the
+    model's one process a replica, rules/disaggregation.py, and no batching front end)."""
+    return named_service(model, pool_name(model, role), {**pool_selector(model, role), TRAFFIC_LABEL: TRAFFIC_ON})
 
 
 def proxy_deployment(model: Model, replicas: int) -> dict[str, Any]:
