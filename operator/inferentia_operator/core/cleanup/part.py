@@ -16,7 +16,7 @@ from inferentia_operator.core.pod.artefact import compile_job_name
 from inferentia_operator.core.pod.jobs import newest_earlier_success
 from inferentia_operator.core.pod.model import Model, plan_configmap_name
 from inferentia_operator.core.pod.part import ChildRef, Part
-from inferentia_operator.core.pod.pools import ROLES
+from inferentia_operator.core.pod.pools import ROLES, pool_name
 from inferentia_operator.core.settings import Settings
 
 
@@ -47,7 +47,7 @@ def _plan_configmaps_in_use(model: Model, observed: Observed) -> set[str]:
     group = Obj(observed.own(GROUP_KIND)).spec.get("leaderWorkerTemplate")
     group = group if isinstance(group, Mapping) else {}
     templates = [Obj(observed.own("Deployment")).spec.get("template"), group.get("leaderTemplate"), group.get("workerTemplate")]
-    templates += [Obj(observed.live("Deployment", f"{model.name}-{role}")).spec.get("template") for role in ROLES]
+    templates += [Obj(observed.live("Deployment", pool_name(model, role))).spec.get("template") for role in ROLES]
     templates += [Obj(j).spec.get("template") for j in observed.all("Job") if not job_state(j).finished]
     volumes = [v for t in templates for v in Obj(t).spec.get("volumes") or ()]
     running = [p for p in map(Obj, observed.pods) if p.status.get("phase") not in ("Succeeded", "Failed")]

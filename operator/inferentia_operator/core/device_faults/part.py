@@ -42,7 +42,7 @@ from inferentia_operator.core.observed import Observed
 from inferentia_operator.core.pod.model import Model
 from inferentia_operator.core.pod.nodes import selects
 from inferentia_operator.core.pod.part import Part
-from inferentia_operator.core.pod.pools import ROLES
+from inferentia_operator.core.pod.pools import ROLES, pool_name
 
 # Shown while a serving pod's node reports a Neuron hardware fault, absent otherwise (device_faults/part.py).
 DEVICE_FAULT = "DeviceFault"
@@ -98,7 +98,7 @@ def _made_by_the_model(model: Model, pod: Obj) -> bool:
     owner_name = str(owner.get("name") or "")
     if owner.get("kind") == "ReplicaSet":
         pool = pod.labels.get(POOL_LABEL)
-        deployment = f"{model.name}-{pool}" if pool in ROLES else model.name
+        deployment = pool_name(model, pool) if pool in ROLES else model.name
         return owner_name.rpartition("-")[0] == deployment
     return owner.get("kind") == "StatefulSet" and (owner_name == model.name or owner_name.rpartition("-")[0] == model.name)
 

@@ -1,7 +1,8 @@
 """The prefill and decode pools of a disaggregated model (spec.disaggregation), each as the
 :class:`Model` of one vLLM server a replica: the serving pod's builders then make a pool's pod as
-they make any vLLM model's. Here, below the features, because the serving part builds the pools
-and the clean-up keeps their plan ConfigMaps."""
+they make any vLLM model's. Here, below the features, because the serving part builds the pools,
+the clean-up keeps their plan ConfigMaps and the device faults part knows their pods by their
+Deployments' names."""
 
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ Role = Literal["prefill", "decode"]
 ROLES: tuple[Role, ...] = ("prefill", "decode")
 # vLLM's kv_role for each pool (vllm/config/kv_transfer.py; the tutorial's Steps 1 and 2).
 KV_ROLES: dict[Role, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
+
+
+def pool_name(model: Model, role: Role) -> str:
+    """The pool's Deployment and Service."""
+    return f"{model.name}-{role}"
 
 
 def pool_model(model: Model, role: Role) -> Model:

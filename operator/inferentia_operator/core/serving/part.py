@@ -14,10 +14,10 @@ from inferentia_operator.core.ownership import is_ours
 from inferentia_operator.core.pod.meta import proxy_selector, selector_string
 from inferentia_operator.core.pod.model import Model
 from inferentia_operator.core.pod.part import ChildRef, Part, ref
-from inferentia_operator.core.pod.pools import ROLES
+from inferentia_operator.core.pod.pools import ROLES, pool_name
 from inferentia_operator.core.serving.deployment import serving_deployment
 from inferentia_operator.core.serving.groups import serving_group
-from inferentia_operator.core.serving.pools import pool_name, pools, proxy_deployment
+from inferentia_operator.core.serving.pools import pools, proxy_deployment
 from inferentia_operator.core.serving.service import disruption_budget, plan_configmap, service, serving_network_policy, serving_policy_name
 
 

@@ -34,7 +34,7 @@ from inferentia_operator.core.placement import pod_placement
 from inferentia_operator.core.pod.containers import BATCHER_RESOURCES, CONTAINER_SECURITY, non_root_pod_security
 from inferentia_operator.core.pod.meta import child_metadata, labels, proxy_selector, selector
 from inferentia_operator.core.pod.model import Model, plan_configmap_name
-from inferentia_operator.core.pod.pools import KV_ROLES, ROLES, Role
+from inferentia_operator.core.pod.pools import KV_ROLES, ROLES, Role, pool_name
 from inferentia_operator.core.pod.ports import named_service, process_base_port
 from inferentia_operator.core.rules.disaggregation import SIDE_CHANNEL_PORT
 from inferentia_operator.core.serving.deployment import serving_deployment
@@ -49,10 +49,6 @@ KV_CONNECTOR = "NixlConnector"
 PROXY_PROGRAM = ["python3", "-m", "inferentia_operator.programs.pd_proxy"]
 # The longest one request may take through the proxy: its default deadline (programs/pd_proxy.py).
 PROXY_DEADLINE_SECONDS = 300
-
-
-def pool_name(model: Model, role: Role) -> str:
-    return f"{model.name}-{role}"
 
 
 def pool_selector(model: Model, role: Role) -> dict[str, str]:
