@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from inferentia_operator.core import api
@@ -52,7 +53,12 @@ def proxy_selector(model: Model) -> dict[str, str]:
 
 
 def selector_string(model: Model) -> str:
-    return ",".join(f"{k}={v}" for k, v in selector(model).items())
+    return labels_string(selector(model))
+
+
+def labels_string(labels: Mapping[str, str]) -> str:
+    """A label selector as status.selector and ``kubectl -l`` write it."""
+    return ",".join(f"{k}={v}" for k, v in labels.items())
 
 
 def child_metadata(model: Model, name: str, component: str) -> dict[str, Any]:

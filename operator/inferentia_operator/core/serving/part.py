@@ -11,7 +11,7 @@ from typing import Any
 from inferentia_operator.core import api
 from inferentia_operator.core.observed import Observed, Rollout, rollout_of, rollout_of_all
 from inferentia_operator.core.ownership import is_ours
-from inferentia_operator.core.pod.meta import proxy_selector, selector_string
+from inferentia_operator.core.pod.meta import labels_string, proxy_selector, selector_string
 from inferentia_operator.core.pod.model import Model
 from inferentia_operator.core.pod.part import ChildRef, Part, ref
 from inferentia_operator.core.pod.pools import ROLES, pool_name
@@ -101,8 +101,7 @@ def _pools_part(model: Model, compiled: bool, replicas: int, observed: Observed 
     held |= {ref(proxy)} if replacing is not None else frozenset()
     made = (plan_configmap(model), service(model), proxy, *around, *workloads, disruption_budget(model))
     roles = tuple((role, w["metadata"]["name"], w["spec"]["replicas"]) for role, w in zip(ROLES, workloads, strict=True))
-    proxies = ",".join(f"{k}={v}" for k, v in proxy_selector(model).items())
-    facts = ServingFacts(replicas, model.plan_hash, model.plan, proxies, roles, replacing=replacing)
+    facts = ServingFacts(replicas, model.plan_hash, model.plan, labels_string(proxy_selector(model)), roles, replacing=replacing)
     return ServingPart(made, held, delete=_stale(model, observed, None, proxy, replacing), facts=facts)
 
 
