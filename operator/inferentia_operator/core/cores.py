@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .api import InferentiaModelSpec, KvCache
-from .catalogue import Family, bucket_budget_per_core
+from .catalogue import FAMILIES, Family, bucket_budget_per_core
 
 
 def divisors(n: int) -> list[int]:
@@ -248,6 +248,10 @@ MIN_KV_BUDGET_ENV = "VLLM_NEURON_MIN_KV_BUDGET_GIB"
 def on_vllm_plugin(spec: InferentiaModelSpec, family: Family) -> bool:
     """The vLLM preset on a family where vLLM runs on the vLLM Neuron plugin (trn2, trn3)."""
     return spec.serving.runtime == "vllm" and family.vllm == "vllm-neuron-plugin"
+
+
+# The families of on_vllm_plugin, by name: what the rules' messages and CEL list.
+PLUGIN_FAMILIES = [f.name for f in FAMILIES.values() if f.vllm == "vllm-neuron-plugin"]
 
 
 def flag_name(arg: str) -> str:

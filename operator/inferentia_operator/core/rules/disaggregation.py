@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from inferentia_operator.core.api import InferentiaModelSpec, Pool
-from inferentia_operator.core.catalogue import FAMILIES, Family
+from inferentia_operator.core.catalogue import Family
 from inferentia_operator.core.cel import (
     CEL_DIVISORS,
     CEL_FAMILY,
@@ -26,10 +26,9 @@ from inferentia_operator.core.cel import (
     CrossFieldRule,
     literal,
 )
-from inferentia_operator.core.cores import divisors, lnc_of
+from inferentia_operator.core.cores import PLUGIN_FAMILIES, divisors, lnc_of, on_vllm_plugin
 from inferentia_operator.core.findings import Finding, format_list
 
-PLUGIN_FAMILIES = [f.name for f in FAMILIES.values() if f.vllm == "vllm-neuron-plugin"]
 _POOLS = "has(self.disaggregation)"
 
 DISAGGREGATION_RUNTIME = CrossFieldRule(
@@ -154,7 +153,7 @@ def _check_runtime(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     if spec.disaggregation is None:
         return []
     found = []
-    if spec.serving.runtime != "vllm" or fam.name not in PLUGIN_FAMILIES:
+    if not on_vllm_plugin(spec, fam):
         found.append(DISAGGREGATION_RUNTIME.finding(spec.serving.runtime, fam.name))
     found += [rule.finding() for rule in REFUSED if _REFUSED_SET[rule.path](spec)]
     if spec.compute.allocation == "dra":

@@ -31,12 +31,11 @@ import json
 import re
 
 from inferentia_operator.core.api import InferentiaModelSpec
-from inferentia_operator.core.catalogue import FAMILIES, Family
+from inferentia_operator.core.catalogue import Family
 from inferentia_operator.core.cel import CrossFieldRule
-from inferentia_operator.core.cores import group_size_of, kv_cache, on_vllm_plugin, serving_count
+from inferentia_operator.core.cores import PLUGIN_FAMILIES, group_size_of, kv_cache, on_vllm_plugin, serving_count
 from inferentia_operator.core.findings import Finding, or_list
 
-PLUGIN_FAMILIES = [f.name for f in FAMILIES.values() if f.vllm == "vllm-neuron-plugin"]
 _RUNTIME = "(has(self.serving.runtime) ? self.serving.runtime : 'custom')"
 _FAMILY = "(has(self.compute.family) ? self.compute.family : 'inf1')"
 _SPECULATES = "has(self.serving.speculation)"
@@ -113,7 +112,7 @@ HAND_WRITTEN_SPECULATION = (
 
 
 def _check_where(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
-    if spec.serving.speculation is None or (spec.serving.runtime == "vllm" and fam.name in PLUGIN_FAMILIES):
+    if spec.serving.speculation is None or on_vllm_plugin(spec, fam):
         return []
     return [SPECULATION_PLUGIN.finding(spec.serving.runtime, fam.name)]
 
