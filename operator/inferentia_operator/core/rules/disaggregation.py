@@ -45,29 +45,46 @@ DISAGGREGATION_RUNTIME = CrossFieldRule(
 )
 
 
-def _refused(path: str, cel_absent: str, why: str) -> CrossFieldRule:
-    """A field the pools cannot be combined with today, refused rather than silently ignored."""
-    return CrossFieldRule(
+def _refused(
+    path: str, cel_absent: str, is_set: Callable[[InferentiaModelSpec], bool], why: str
+) -> tuple[CrossFieldRule, Callable[[InferentiaModelSpec], bool]]:
+    """A field the pools cannot be combined with today, refused rather than silently ignored: the
+    rule, with ``cel_absent`` its CEL, and ``is_set``, the same test in Python."""
+    rule = CrossFieldRule(
         path, "spec", f"cannot be combined with spec.disaggregation: {why}; valid specs leave it out", f"!{_POOLS} || {cel_absent}", ()
     )
+    return rule, is_set
 
 
 REFUSED = (
-    _refused("spec.autoscaling", "!has(self.autoscaling)", "the pools are scaled by their replicas; neither is autoscaled yet"),
+    _refused(
+        "spec.autoscaling",
+        "!has(self.autoscaling)",
+        lambda s: s.autoscaling is not None,
+        "the pools are scaled by their replicas; neither is autoscaled yet",
+    ),
     _refused(
         "spec.routing.inferencePool",
         "!has(self.routing) || !has(self.routing.inferencePool)",
+        lambda s: s.routing is not None and s.routing.inference_pool is not None,
         "the endpoint picker would route past the proxy to servers of one role",
     ),
     _refused(
         "spec.processesPerReplica",
         "!has(self.processesPerReplica) || self.processesPerReplica == 1",
+        lambda s: s.processes_per_replica != 1,
         "each pool replica is one vLLM server over its cores (dataParallelSize runs more engines in it)",
     ),
-    _refused("spec.compute.cores", "!has(self.compute.cores)", "a pool replica takes whole chips (its inf)"),
+    _refused(
+        "spec.compute.cores",
+        "!has(self.compute.cores)",
+        lambda s: s.compute.cores is not None,
+        "a pool replica takes whole chips (its inf)",
+    ),
     _refused(
         "spec.compute.nodes",
         "!has(self.compute.nodes) || self.compute.nodes == 1",
+        lambda s: s.compute.nodes != 1,
         "a pool replica is one pod on one node",
     ),
 )
@@ -140,14 +157,6 @@ def _empty_pool_rule(role: str) -> CrossFieldRule:
 
 EMPTY_POOL_RULES = {role: _empty_pool_rule(role) for role in ("prefill", "decode")}
 
-_REFUSED_SET: dict[str, Callable[[InferentiaModelSpec], bool]] = {
-    "spec.autoscaling": lambda s: s.autoscaling is not None,
-    "spec.routing.inferencePool": lambda s: s.routing is not None and s.routing.inference_pool is not None,
-    "spec.processesPerReplica": lambda s: s.processes_per_replica != 1,
-    "spec.compute.cores": lambda s: s.compute.cores is not None,
-    "spec.compute.nodes": lambda s: s.compute.nodes != 1,
-}
-
 
 def _check_runtime(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     if spec.disaggregation is None:
@@ -155,7 +164,7 @@ def _check_runtime(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     found = []
     if not on_vllm_plugin(spec, fam):
         found.append(DISAGGREGATION_RUNTIME.finding(spec.serving.runtime, fam.name))
-    found += [rule.finding() for rule in REFUSED if _REFUSED_SET[rule.path](spec)]
+    found += [rule.finding() for rule, is_set in REFUSED if is_set(spec)]
     if spec.compute.allocation == "dra":
         found.append(DRA_ALLOCATION.finding("dra"))
     if spec.serving.port == SIDE_CHANNEL_PORT:
@@ -345,7 +354,7 @@ def _check_compile_ahead(spec: InferentiaModelSpec, fam: Family) -> list[Finding
 
 RULES: list[CrossFieldRule] = [
     DISAGGREGATION_RUNTIME,
-    *REFUSED,
+    *(rule for rule, _ in REFUSED),
     DRA_ALLOCATION,
     SIDE_CHANNEL,
     POOL_FLAG_IN_ARGS,
