@@ -468,13 +468,19 @@ class InferentiaModelSpec(ApiModel):
         sequences itself and gets none (the CRD's CEL port rule restates this)."""
         return self.serving.batching is not None and self.serving.runtime != "vllm"
 
+    def pool_chips(self, pool: Pool | None) -> int:
+        """Whole chips per replica of a pool of spec.disaggregation (None: of the model's own
+        shape): its inf, else spec.compute.inf; 1 where neither is set, as the CRD's rules read
+        it (a spec with pools must set compute.inf: exactly one of inf and cores, and no cores)."""
+        return pool.inf if pool is not None and pool.inf is not None else (self.compute.inf or 1)
+
     def pool_spec(self, role: Literal["prefill", "decode"]) -> InferentiaModelSpec:
         """With spec.disaggregation: the spec of one replica of the pool, the model's on the
         pool's chips, with its replicas and no pools of its own (what the pool's pods are built
         from, and what the rules check the pool's chips with)."""
         assert self.disaggregation is not None
         pool = getattr(self.disaggregation, role)
-        compute = self.compute.model_copy(update={"inf": pool.inf if pool.inf is not None else self.compute.inf})
+        compute = self.compute.model_copy(update={"inf": self.pool_chips(pool)})
         return self.model_copy(update={"compute": compute, "replicas": pool.replicas, "disaggregation": None})
 
 

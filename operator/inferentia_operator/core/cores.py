@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .api import InferentiaModelSpec, KvCache
+from .api import InferentiaModelSpec, KvCache, Pool
 from .catalogue import FAMILIES, Family, bucket_budget_per_core
 
 
@@ -243,6 +243,13 @@ PLUGIN_KV_CAP_FRACTION = 0.30
 PLUGIN_MIN_KV_BUDGET_GIB = 1.0
 KV_CAP_ENV = "VLLM_NEURON_KV_GMU_BUDGET_CAP_FRACTION"
 MIN_KV_BUDGET_ENV = "VLLM_NEURON_MIN_KV_BUDGET_GIB"
+
+
+def pool_cores(spec: InferentiaModelSpec, family: Family, pool: Pool | None) -> tuple[int, int]:
+    """A pool's replica (spec.disaggregation; None: one of the model's own shape): its chips
+    (InferentiaModelSpec.pool_chips) and their logical NeuronCores."""
+    chips = spec.pool_chips(pool)
+    return chips, chips * family.cores_per_chip(lnc_of(spec, family))
 
 
 def on_vllm_plugin(spec: InferentiaModelSpec, family: Family) -> bool:

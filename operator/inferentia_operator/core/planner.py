@@ -36,7 +36,7 @@ from .catalogue import (
     host_fits,
 )
 from .compiler_flags import compiler_args, static_weights_on
-from .cores import chips_needed, kv_cache, lnc_of, replica_cores
+from .cores import chips_needed, kv_cache, lnc_of, pool_cores, replica_cores
 from .drift import quantity
 from .findings import Finding, errors
 from .rules import check_spec
@@ -354,12 +354,12 @@ class DisaggregationPiece(TypedDict):
     disaggregation: DisaggregationPlan | None
 
 
-def pool_plan(pool: Pool, replica: Replica) -> PoolPlan:
+def pool_plan(spec: InferentiaModelSpec, pool: Pool, replica: Replica) -> PoolPlan:
     """A pool's replica: its chips (the pool's inf, else the model's), their logical cores, and
-    vLLM's parallelism over them (tensor parallel over what data parallelism leaves)."""
-    chips = pool.inf if pool.inf is not None else replica.chips
-    cores = chips * replica.cores_per_chip
-    tp = pool.tensor_parallel_size or max(1, cores // pool.data_parallel_size)
+    vLLM's parallelism over them (tensor parallel over what data parallelism leaves: the rules
+    hold dataParallelSize to a divisor of the cores)."""
+    chips, cores = pool_cores(spec, replica.family, pool)
+    tp = pool.tensor_parallel_size or cores // pool.data_parallel_size
     return PoolPlan(chips=chips, cores=cores, tensor_parallel_size=tp, data_parallel_size=pool.data_parallel_size)
 
 
@@ -370,4 +370,4 @@ def plan_disaggregation(spec: InferentiaModelSpec, replica: Replica) -> Disaggre
     d = spec.disaggregation
     if d is None:
         return {"disaggregation": None}
-    return {"disaggregation": DisaggregationPlan(prefill=pool_plan(d.prefill, replica), decode=pool_plan(d.decode, replica))}
+    return {"disaggregation": DisaggregationPlan(prefill=pool_plan(spec, d.prefill, replica), decode=pool_plan(spec, d.decode, replica))}

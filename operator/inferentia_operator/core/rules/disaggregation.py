@@ -26,7 +26,7 @@ from inferentia_operator.core.cel import (
     CrossFieldRule,
     literal,
 )
-from inferentia_operator.core.cores import PLUGIN_FAMILIES, divisors, lnc_of, on_vllm_plugin
+from inferentia_operator.core.cores import PLUGIN_FAMILIES, divisors, lnc_of, on_vllm_plugin, pool_cores
 from inferentia_operator.core.findings import Finding, format_list
 
 _POOLS = "has(self.disaggregation)"
@@ -179,11 +179,6 @@ def _check_runtime(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     return found
 
 
-def _pool_cores(spec: InferentiaModelSpec, fam: Family, pool: Pool) -> tuple[int, int]:
-    chips = pool.inf if pool.inf is not None else (spec.compute.inf or 1)
-    return chips, chips * fam.cores_per_chip(lnc_of(spec, fam))
-
-
 # The same in CEL (self = spec), for the pool at ``p`` (self.disaggregation.prefill or .decode).
 _PLUGIN = f"{CEL_FAMILY} in {literal(PLUGIN_FAMILIES)}"
 _COMPUTE_CHIPS = "(has(self.compute.inf) ? self.compute.inf : 1)"
@@ -258,7 +253,7 @@ DATA_PARALLEL_RULES = {role: _data_parallel_rule(role) for role in ("prefill", "
 
 def _check_pool(spec: InferentiaModelSpec, fam: Family, role: str, pool: Pool) -> list[Finding]:
     chips_rule, divides_rule, covers_rule = POOL_RULES[role]
-    chips, cores = _pool_cores(spec, fam, pool)
+    chips, cores = pool_cores(spec, fam, pool)
     if chips > fam.max_chips:
         return [chips_rule.finding(chips, fam.name, fam.max_chips)]
     dp, tp = pool.data_parallel_size, pool.tensor_parallel_size
@@ -334,7 +329,7 @@ COMPILE_AHEAD = CrossFieldRule(
 )
 
 
-def _same_shape(spec: InferentiaModelSpec, fam: Family, pool: Pool, cores: int) -> bool:
+def _same_shape(spec: InferentiaModelSpec, pool: Pool, cores: int) -> bool:
     return (
         (pool.inf is None or pool.inf == spec.compute.inf) and pool.data_parallel_size == 1 and pool.tensor_parallel_size in (None, cores)
     )
@@ -344,8 +339,8 @@ def _check_compile_ahead(spec: InferentiaModelSpec, fam: Family) -> list[Finding
     d = spec.disaggregation
     if d is None or spec.compile.image is None or fam.name not in PLUGIN_FAMILIES or spec.compute.inf is None:
         return []
-    cores = spec.compute.inf * fam.cores_per_chip(lnc_of(spec, fam))
-    odd = [role for role, pool in (("prefill", d.prefill), ("decode", d.decode)) if not _same_shape(spec, fam, pool, cores)]
+    _, cores = pool_cores(spec, fam, None)
+    odd = [role for role, pool in (("prefill", d.prefill), ("decode", d.decode)) if not _same_shape(spec, pool, cores)]
     if not odd:
         return []
     which = f"{odd[0]} pool" if len(odd) == 1 else "prefill and decode pools"
