@@ -370,14 +370,14 @@ def report(
     model = Obj(observed.model)
     previous = list(model.status.get("conditions") or ())
     serving, compiled, scaling = basis.serving, basis.compile, basis.scaling
-    deployment = observed.own("Deployment")
-    pools = counted = None
+    pools = None
     if serving.plan is not None and serving.plan.nodes:
-        rollout = rollout_of_groups(observed.own(GROUP_KIND), serving.replicas, serving.plan_hash)
-    elif serving.pools:
-        rollout, counted, pools = pools_rollout(observed, serving)
+        rollout = counted = rollout_of_groups(observed.own(GROUP_KIND), serving.replicas, serving.plan_hash)
     else:
-        rollout = rollout_of(deployment, serving.replicas, serving.plan_hash)
+        # The model's own Deployment: the serving pods', or with pools the proxy's. Its pods are
+        # what status.replicas counts; with pools the conditions read the pools' with it.
+        counted = rollout_of(observed.own("Deployment"), serving.replicas, serving.plan_hash)
+        rollout, pools = pools_rollout(observed, serving, counted) if serving.pools else (counted, None)
     found = list(dict.fromkeys([*basis.conflicts, *conflicts]))
     # What autoscaling meets is reported in its own condition: the model serves at
     # minReplicas meanwhile, so it never holds back Ready.
@@ -413,9 +413,9 @@ def report(
     status = api.InferentiaModelStatus(
         observed_generation=generation,
         conditions=stamped(new, previous, generation, at),
-        replicas=(counted or rollout).replicas,
-        ready_replicas=(counted or rollout).ready,
-        updated_replicas=(counted or rollout).updated,
+        replicas=counted.replicas,
+        ready_replicas=counted.ready,
+        updated_replicas=counted.updated,
         autoscaling=scaling_status,
         pools=pools,
         pods=pod_counts(observed.serving_pods),

@@ -105,15 +105,14 @@ def _pools_part(model: Model, compiled: bool, replicas: int, observed: Observed 
     return ServingPart(made, held, delete=_stale(model, observed, None, proxy, replacing), facts=facts)
 
 
-def pools_rollout(observed: Observed, facts: ServingFacts) -> tuple[Rollout, Rollout, api.PoolsStatus]:
-    """A disaggregated model's proxy and pools as one rollout, which the conditions read as the
-    serving Deployment's (Ready once all three are); the proxy's alone, whose pods status.replicas
-    counts (spec.replicas is the proxy's, and the scale subresource's selector selects it); and
-    each pool's pods."""
-    proxy = rollout_of(observed.own("Deployment"), facts.replicas, facts.plan_hash)
+def pools_rollout(observed: Observed, facts: ServingFacts, proxy: Rollout) -> tuple[Rollout, api.PoolsStatus]:
+    """A disaggregated model's proxy (``proxy``: its Deployment's rollout, whose pods status.replicas
+    counts, as spec.replicas is the proxy's and the scale subresource's selector selects it) and
+    pools as one rollout, which the conditions read as the serving Deployment's (Ready once all
+    three are); and each pool's pods."""
     each = {role: rollout_of(observed.live("Deployment", name), n, facts.plan_hash) for role, name, n in facts.pools}
     counts = {role: api.PoolStatus(replicas=r.replicas, ready_replicas=r.ready) for role, r in each.items()}
-    return rollout_of_all([proxy, *each.values()]), proxy, api.PoolsStatus(**counts)
+    return rollout_of_all([proxy, *each.values()]), api.PoolsStatus(**counts)
 
 
 def _stale_policy(model: Model, observed: Observed, policy: dict[str, Any] | None) -> tuple[ChildRef, ...]:
