@@ -364,3 +364,21 @@ def test_visible_cores_other_than_dp_times_tp_are_refused(tmp_path, cores, dp):
     done = subprocess.run(argv, env=environment(tmp_path, PLUGIN, cores, free_port()), capture_output=True, text=True, timeout=SAFETY)
     assert done.returncode != 0
     assert f"data parallel size {dp}" in done.stderr and "tensor parallel size 2" in done.stderr, done.stderr
+
+
+def test_a_request_in_flight_is_answered_after_the_servers_sigterm(cluster):
+    """As vLLM's server (uvicorn) on SIGTERM: it stops listening and finishes the requests in hand."""
+    import threading
+
+    port, _, proc = cluster.server("kv_consumer", "2-3", NEURON_STANDIN_TOKEN_SECONDS="0.1")
+    answers: list[tuple[int, str]] = []
+    call = threading.Thread(target=lambda: answers.append(post(port, "/v1/completions", {"prompt": "a b", "max_tokens": 10})))
+    call.start()
+    deadline = time.monotonic() + SAFETY
+    while metric(get(port, "/metrics")[1], "vllm:num_requests_running") < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    call.join(SAFETY)
+    assert [status for status, _ in answers] == [200], answers
+    assert proc.wait(SAFETY) == 0

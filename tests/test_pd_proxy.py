@@ -327,3 +327,37 @@ def test_a_prefill_answer_that_trickles_is_held_to_the_requests_deadline(proxies
         assert post(proxy, "/v1/completions", {"prompt": "p"})[0] == 504
     finally:
         prefill.stop.set()
+
+
+def test_a_request_in_flight_is_answered_after_the_proxys_sigterm():
+    """On SIGTERM the proxy stops accepting and finishes what it relays (the proxy pool's
+    terminationGracePeriodSeconds counts on it): a request held at the decode when the signal
+    comes is answered 200, and the proxy exits 0 after."""
+    hold = threading.Event()
+    prefill, decode = Stub("prefill"), Stub("decode", hold)
+    proc, proxy = start_proxy([prefill.port], [decode.port])
+    results: list[int] = []
+    call = threading.Thread(target=post_from, args=("127.0.0.1", proxy, results))
+    try:
+        call.start()
+        deadline = time.monotonic() + SAFETY
+        while not decode.seen:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        while True:  # the proxy has stopped listening: it is shutting down, the request still held
+            assert time.monotonic() < deadline
+            try:
+                socket.create_connection(("127.0.0.1", proxy), timeout=SAFETY).close()
+            except ConnectionRefusedError:
+                break
+            time.sleep(0.02)
+        hold.set()
+        call.join(SAFETY)
+        assert results == [200]
+        assert proc.wait(SAFETY) == 0
+    finally:
+        hold.set()
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=SAFETY)

@@ -756,7 +756,9 @@ def serve(port: int, model: str, found: dict, engine: Engine, max_num_seqs: int 
             pass
 
     server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
-    server.daemon_threads = True
+    # On SIGTERM, as vLLM's server (uvicorn) does: stop listening, finish the requests in hand
+    # (server_close joins the threads that are not daemons), exit 0; as neuron_standin.serve.
+    server.daemon_threads = False
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
     role = engine.config.kv_role
     print(f"serving {model} on :{port} as {role} (engine {engine.engine_id}, side channel {engine.side_host}:{engine.side_port}) "

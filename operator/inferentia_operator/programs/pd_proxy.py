@@ -436,9 +436,11 @@ class Handler(BaseHTTPRequestHandler):
 
 class ProxyServer(ThreadingHTTPServer):
     """A thread per connection, within ``max_connections`` in all and ``max_peer_connections``
-    from one address; one more gets 503 and is closed."""
+    from one address; one more gets 503 and is closed. Its threads are not daemons: on SIGTERM
+    server_close joins them, so the requests in hand are answered before the process exits (a
+    daemon thread dies with it, its client cut mid-request)."""
 
-    daemon_threads = True
+    daemon_threads = False
 
     def __init__(self, address: tuple[str, int], limits: Limits, prefill: RoundRobin, decode: RoundRobin) -> None:
         self.limits, self.prefill, self.decode = limits, prefill, decode
