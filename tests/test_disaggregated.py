@@ -382,3 +382,22 @@ def test_a_request_in_flight_is_answered_after_the_servers_sigterm(cluster):
     call.join(SAFETY)
     assert [status for status, _ in answers] == [200], answers
     assert proc.wait(SAFETY) == 0
+
+
+def test_with_a_draft_the_servers_kv_blocks_are_the_plugins_target_and_draft_layers(cluster):
+    """With --speculative-config the plugin's cache spans "all layers (target + draft)": the
+    disaggregated server sizes its blocks as the plugin does, so a block held by a prefill is one
+    of budget // (32 tokens x 2 x (4 + 1) layers x 1 KV head a core x 64 x 2 bytes)."""
+    draft = cluster.tmp_path / "draft"
+    draft.mkdir()
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLMEagle3"], "torch_dtype": "bfloat16",
+              "num_hidden_layers": 1, "num_key_value_heads": 2, "num_attention_heads": 8, "hidden_size": 512,
+              "_standin_parameters": 10_000_000}  # fmt: skip
+    (draft / "config.json").write_text(json.dumps(config))
+    (draft / "model.safetensors").write_bytes(b"")
+    spec = json.dumps({"method": "eagle3", "model": str(draft), "num_speculative_tokens": 3})
+    port, _, _ = cluster.server("kv_producer", "0-1", "--speculative-config", spec)
+    budget = json.loads(get(port, "/standin")[1])["kvCache"]["kvBudgetBytes"]
+    status, text = post(port, "/v1/completions", {"prompt": "a b c d", "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}})
+    assert status == 200, text
+    assert metric(get(port, "/metrics")[1], "vllm:kv_cache_usage_perc") == 1 / (budget // (32 * 2 * 5 * 1 * 64 * 2))

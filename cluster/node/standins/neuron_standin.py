@@ -569,6 +569,35 @@ def kv_shape(checkpoint: str) -> tuple[int, int, int] | None:
     return (layers, heads, head_dim) if layers and heads and head_dim else None
 
 
+# A weight's or a KV element's bytes: vLLM's "auto" dtype is always a half type here (checkpoint_dtype).
+HALF_BYTES = 2
+
+
+def kv_token_bytes(checkpoint: str) -> int:
+    """One token's KV cache over the whole model: layers x 2 (K and V) x KV heads x head dimension
+    x dtype bytes (0 when the checkpoint does not say its shape)."""
+    shape = kv_shape(checkpoint)
+    if shape is None:
+        return 0
+    layers, heads, head_dim = shape
+    return layers * 2 * heads * head_dim * HALF_BYTES
+
+
+def kv_block_bytes(checkpoint: str, engine: dict) -> int | None:
+    """One KV cache block on a core of the TP group: block_size tokens x 2 (K and V) x the layers of
+    the target and of its draft, if any ("all layers (target + draft)", the speculative decoding
+    design page) x the core's share of the KV heads x head dimension x dtype bytes. None when the
+    checkpoint does not say its shape."""
+    shape = kv_shape(checkpoint)
+    if shape is None:
+        return None
+    layers, heads, head_dim = shape
+    draft = engine.get("draft_checkpoint")
+    layers += (kv_shape(draft) or (1, 0, 0))[0] if draft else 0
+    tp = engine.get("tensor_parallel_size") or 1
+    return (engine.get("block_size") or PLUGIN_BLOCK_SIZE) * 2 * layers * -(-heads // tp) * head_dim * HALF_BYTES
+
+
 def plugin_kv_cache(checkpoint: str, engine: dict, core_memory: int, compiling: bool) -> dict | None:
     """The vLLM Neuron plugin's KV cache on each logical core of the group, before warm-up; raises
     KvCacheError with the plugin's reason where it would not start. Its budget ("determine_available_memory
@@ -585,8 +614,8 @@ def plugin_kv_cache(checkpoint: str, engine: dict, core_memory: int, compiling: 
     fails to allocate it (initialize_kv_cache "physically allocate[s] the KV cache tensors on Neuron
     devices", https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/vllm/vllm-integration-kv-cache.html).
     Looser than the compiler, whose limit counts the graph's other tensors too: here only the
-    weights and the cache are counted against the core. Returns the budget and blocks, or None when
-    the checkpoint says nothing of its size."""
+    weights and the cache are counted against the core. Returns the budget, the blocks and a block's
+    bytes (kv_block_bytes), or None when the checkpoint says nothing of its size."""
     parameters = model_parameters(checkpoint)
     tp = engine.get("tensor_parallel_size") or 1
     if not parameters:
@@ -594,8 +623,7 @@ def plugin_kv_cache(checkpoint: str, engine: dict, core_memory: int, compiling: 
     draft = engine.get("draft_checkpoint")
     # The draft's weights are on the core beside the target's, at the target's dtype (vLLM's draft_model_config).
     parameters += (model_parameters(draft) or 0) if draft else 0
-    width = 4 if checkpoint_dtype(checkpoint) == "float32" else 2
-    share = parameters * width // tp
+    share = parameters * HALF_BYTES // tp
     total = int(core_memory * (engine.get("gpu_memory_utilization") or PLUGIN_GPU_MEMORY_UTILIZATION))
     cap = float(os.environ.get("VLLM_NEURON_KV_GMU_BUDGET_CAP_FRACTION", "0.30"))
     available = max(min(total - share, int(total * cap)), 0)
@@ -605,13 +633,9 @@ def plugin_kv_cache(checkpoint: str, engine: dict, core_memory: int, compiling: 
             f"Computed KV cache budget is below minimum threshold: {available / GIB:.3f} GiB < {minimum} GiB "
             f"(VLLM_NEURON_MIN_KV_BUDGET_GIB) on a NeuronCore of {core_memory / GIB:.0f} GiB with {share / GIB:.2f} GiB of weights"
         )
-    blocks, shape = engine.get("num_gpu_blocks_override"), kv_shape(checkpoint)
-    if blocks is None or shape is None:
-        return {"kvBudgetBytes": available, "kvCacheBlocks": blocks}
-    layers, heads, head_dim = shape
-    # One cache for both models: its blocks span "all layers (target + draft)" (the speculative decoding design page).
-    layers += (kv_shape(draft) or (1, 0, 0))[0] if draft else 0
-    block = (engine.get("block_size") or PLUGIN_BLOCK_SIZE) * 2 * layers * -(-heads // tp) * head_dim * width
+    blocks, block = engine.get("num_gpu_blocks_override"), kv_block_bytes(checkpoint, engine)
+    if blocks is None or block is None:
+        return {"kvBudgetBytes": available, "kvCacheBlocks": blocks, "kvBlockBytes": block}
     if share + blocks * block > core_memory:
         need = (share + blocks * block) / GIB
         if compiling:
@@ -623,7 +647,7 @@ def plugin_kv_cache(checkpoint: str, engine: dict, core_memory: int, compiling: 
             f'nrt_tensor_allocate status=4 message="Allocation Failure" (initialize_kv_cache: {blocks} KV cache blocks of '
             f"{block} bytes and {share / GIB:.2f} GiB of weights need {need:.1f} GiB, a NeuronCore has {core_memory / GIB:.0f} GiB)"
         )
-    return {"kvBudgetBytes": available, "kvCacheBlocks": blocks}
+    return {"kvBudgetBytes": available, "kvCacheBlocks": blocks, "kvBlockBytes": block}
 
 
 def nxd_inference_load(compiled: str) -> dict | None:
@@ -1052,7 +1076,7 @@ def vllm_main(argv: list[str]) -> int:
             fatal(exc)
             return 1
     if disagg is not None and disagg.kv_connector is not None:
-        return vllm_disagg.run(args, model, found, checkpoint)
+        return vllm_disagg.run(args, model, found, kv_token_bytes(checkpoint), args.block_size or PLUGIN_BLOCK_SIZE)
     serve(args.port, model, found, args.max_num_seqs, group)
     return 0
 

@@ -340,12 +340,6 @@ def prompt_tokens(prompt: Any) -> int:
     raise ValueError("prompt must be a string or a list of token ids")
 
 
-def kv_bytes_per_token(shape: tuple[int, int, int], width: int) -> int:
-    """layers x 2 (K and V) x KV heads x head dimension x dtype bytes: one token's KV cache."""
-    layers, heads, head_dim = shape
-    return layers * 2 * heads * head_dim * width
-
-
 class KvError(Exception):
     """A KV transfer that failed, with what NIXL's side reported."""
 
@@ -489,11 +483,10 @@ def pull(params: dict, token_bytes: int, tokens: int) -> int:
 class Engine:
     """One server's engine: its role, its blocks, its held prefills, its metrics."""
 
-    def __init__(self, config: KVTransferConfig, shape: tuple[int, int, int] | None, width: int, block_size: int,
-                 blocks: int, tp: int, dp: int = 1) -> None:  # fmt: skip
+    def __init__(self, config: KVTransferConfig, token_bytes: int, block_size: int, blocks: int, tp: int, dp: int = 1) -> None:
         self.config = config
         self.engine_id = config.engine_id or str(uuid.uuid4())
-        self.token_bytes = kv_bytes_per_token(shape, width) if shape else 0
+        self.token_bytes = token_bytes
         # Each DP rank its own KV cache of ``blocks`` (a replica of the model on its own TP group).
         self.pools = [BlockPool(blocks, block_size) for _ in range(dp)]
         self.pool = self.pools[0]
@@ -768,23 +761,20 @@ def serve(port: int, model: str, found: dict, engine: Engine, max_num_seqs: int 
     server.server_close()
 
 
-def run(args: argparse.Namespace, model: str, found: dict, checkpoint: str) -> int:
-    """Serve ``args.kv_transfer_config``'s role, after vllm_main's checks and warm-up."""
-    from neuron_standin import PLUGIN_BLOCK_SIZE, checkpoint_dtype, kv_shape
-
+def run(args: argparse.Namespace, model: str, found: dict, token_bytes: int, block_size: int) -> int:
+    """Serve ``args.kv_transfer_config``'s role, after vllm_main's checks and warm-up: ``found`` is
+    what they found (the plugin's KV cache among it, its budget and a block's bytes, target and
+    draft, as neuron_standin.plugin_kv_cache sizes them), ``token_bytes`` one token's KV cache
+    (neuron_standin.kv_token_bytes), ``block_size`` the tokens a block holds."""
     config: KVTransferConfig = args.kv_transfer_config
-    shape = kv_shape(checkpoint)
-    width = 4 if checkpoint_dtype(checkpoint) == "float32" else 2
-    block_size = args.block_size or PLUGIN_BLOCK_SIZE
     tp = args.tensor_parallel_size or 1
     blocks = args.num_gpu_blocks_override
     kv = found.get("kvCache") or {}
-    if blocks is None and kv.get("kvBudgetBytes") and shape:
-        layers, heads, head_dim = shape
-        blocks = kv["kvBudgetBytes"] // (block_size * 2 * layers * -(-heads // tp) * head_dim * width)
+    if blocks is None and kv.get("kvBudgetBytes") and kv.get("kvBlockBytes"):
+        blocks = kv["kvBudgetBytes"] // kv["kvBlockBytes"]
     if blocks is None:
         blocks = (args.max_num_seqs or 256) * -(-(args.max_model_len or 2048) // block_size)
-    engine = Engine(config, shape, width, block_size, blocks, tp, found.get("dataParallel", {}).get("size", 1))
+    engine = Engine(config, token_bytes, block_size, blocks, tp, found.get("dataParallel", {}).get("size", 1))
     try:
         engine.listen()
     except OSError as exc:
