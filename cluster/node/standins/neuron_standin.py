@@ -31,7 +31,6 @@ Nothing here is Neuron: it only enforces the contract a real node puts on a pod.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import fcntl
 import glob
 import hashlib
@@ -43,12 +42,14 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import vllm_disagg
 from neuron_collectives import CollectiveError, RootCommunicator, fatal, multi_node_config
+
+# Sequences is neuron_standin's too, as it was before standin_serving held it (tests/test_programs.py uses it).
+from standin_serving import JsonHandler, Ranks, Sequences, model_label, rank_groups, scheduler_gauges  # noqa: F401
 from standin_versions import VLLM_NEURON_NXDI, VLLM_NEURON_PLUGIN, VLLM_V0, compiler_versions, installed, vllm_serving
 
 ARTEFACT = "model.neff.json"
@@ -669,108 +670,16 @@ def nxd_inference_load(compiled: str) -> dict | None:
     return {**(app.traced_model or {}), "logical_nc_config": app.neuron_config.logical_nc_config, "neuron_config": vars(app.neuron_config)}
 
 
-class Sequences:
-    """vLLM's scheduler in one respect: at most ``max_num_seqs`` requests run at once, and the
-    rest wait their turn (vLLM's engine arguments: "--max-num-seqs: Maximum number of sequences
-    per iteration"). Its /metrics reports both, as vllm:num_requests_running and
-    vllm:num_requests_waiting, which the Gateway API Inference Extension's endpoint picker ranks
-    replicas by. No limit (None): every request runs at once, and none waits."""
-
-    def __init__(self, max_num_seqs: int | None) -> None:
-        self.slots = threading.BoundedSemaphore(max_num_seqs) if max_num_seqs else None
-        self.lock = threading.Lock()
-        self.running = 0
-        self.waiting = 0
-
-    def __enter__(self) -> Sequences:
-        with self.lock:
-            self.waiting += 1
-        if self.slots is not None:
-            self.slots.acquire()
-        with self.lock:
-            self.waiting -= 1
-            self.running += 1
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        with self.lock:
-            self.running -= 1
-        if self.slots is not None:
-            self.slots.release()
-
-
-class Ranks:
-    """A server's data-parallel ranks (one unless --data-parallel-size): each a replica of the model
-    on its TP group of cores with its own scheduler, so its own ``max_num_seqs`` ("Each DP rank (a
-    group of TP ranks) serves requests independently", the plugin's data-parallelism design page).
-    A request goes to the rank with the fewest requests assigned, as vLLM's front end balances its
-    DP engines by their load. ``running`` and ``waiting`` are the server's, over its ranks."""
-
-    def __init__(self, max_num_seqs: int | None, groups: list[list[int]]) -> None:
-        self.groups = groups
-        self.ranks = [Sequences(max_num_seqs) for _ in groups]
-        self.assigned = [0] * len(groups)
-        self.lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def rank(self) -> Iterator[tuple[int, Sequences]]:
-        with self.lock:
-            r = min(range(len(self.ranks)), key=lambda k: self.assigned[k])
-            self.assigned[r] += 1
-        try:
-            with self.ranks[r] as sequences:
-                yield r, sequences
-        finally:
-            with self.lock:
-                self.assigned[r] -= 1
-
-    @property
-    def running(self) -> int:
-        return sum(s.running for s in self.ranks)
-
-    @property
-    def waiting(self) -> int:
-        return sum(s.waiting for s in self.ranks)
-
-
-def rank_groups(found: dict) -> list[list[int]]:
-    """The cores of each DP rank: the TP groups runtime_checks made, else all the visible cores."""
-    return found.get("dataParallel", {}).get("groups") or [found["cores"]]
-
-
 def serve(port: int, model: str, found: dict, max_num_seqs: int | None = None, group: RootCommunicator | None = None) -> None:
     started = time.time()
     sequences = Ranks(max_num_seqs, rank_groups(found))
 
-    class Handler(BaseHTTPRequestHandler):
-        def _json(self, code: int, body: dict | list) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(JsonHandler):
         def do_GET(self):
             if self.path in ("/health", "/healthz", "/readyz"):
                 self._json(200, {"status": "ok"})
             elif self.path == "/metrics":
-                # vLLM's scheduler gauges, as its /metrics writes them (vLLM docs, "Production
-                # Metrics"): requests being run, and requests waiting to be (past --max-num-seqs).
-                label = json.dumps(model)
-                text = (
-                    "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
-                    "# TYPE vllm:num_requests_running gauge\n"
-                    f"vllm:num_requests_running{{model_name={label}}} {sequences.running}\n"
-                    "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
-                    "# TYPE vllm:num_requests_waiting gauge\n"
-                    f"vllm:num_requests_waiting{{model_name={label}}} {sequences.waiting}\n"
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(text)))
-                self.end_headers()
-                self.wfile.write(text)
+                self._metrics("\n".join(scheduler_gauges(model_label(model), sequences.running, sequences.waiting)) + "\n")
             elif self.path == "/standin":
                 described = {"group": group.describe()} if group else {}
                 self._json(200, {**found, **described, "pid": os.getpid(), "uptime": time.time() - started})
@@ -821,9 +730,6 @@ def serve(port: int, model: str, found: dict, max_num_seqs: int | None = None, g
                 self._json(200, [{"cores": cores, "input": i} for i in body])
             else:
                 self._json(404, {"error": "not found"})
-
-        def log_message(self, *args):
-            pass
 
     server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
     # On SIGTERM, as vLLM's server (uvicorn) does: stop listening, finish the requests in

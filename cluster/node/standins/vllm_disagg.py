@@ -42,8 +42,10 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
+
+from standin_serving import JsonHandler, Ranks, model_label, rank_groups, scheduler_gauges
 
 # -- KVTransferConfig ------------------------------------------------------------------------
 
@@ -151,7 +153,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     --[no-]disable-hybrid-kv-cache-manager, --hf-overrides (JSON), --optimization-level (0 to 3)
     and --max-logprobs. Each is taken and changes nothing the stand-in models, except
     --kv-transfer-config, and --data-parallel-size (``-dp``, as vLLM's parser has it) on the
-    plugin: DP ranks, each a TP group of the visible cores (neuron_standin.runtime_checks, Ranks)."""
+    plugin: DP ranks, each a TP group of the visible cores (neuron_standin.runtime_checks, standin_serving.Ranks)."""
     parser.add_argument("--kv-transfer-config", type=parse_kv_transfer_config, default=None)
     parser.add_argument("--data-parallel-size", "-dp", type=int, default=1)
     parser.add_argument("--enable-expert-parallel", action=argparse.BooleanOptionalAction, default=False)
@@ -305,13 +307,10 @@ class Metrics:
             histogram.observe(value)
 
     def text(self, model: str, running: int, waiting: int, kv_usage: float) -> str:
-        label = f"model_name={json.dumps(model)}"
+        label = model_label(model)
         with self.lock:
             out = [
-                "# HELP vllm:num_requests_running Number of requests in model execution batches.",
-                "# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running{{{label}}} {running}",
-                "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
-                "# TYPE vllm:num_requests_waiting gauge", f"vllm:num_requests_waiting{{{label}}} {waiting}",
+                *scheduler_gauges(label, running, waiting),
                 "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
                 "# TYPE vllm:kv_cache_usage_perc gauge", f"vllm:kv_cache_usage_perc{{{label}}} {kv_usage}",
             ]  # fmt: skip
@@ -548,24 +547,14 @@ MAX_BODY = 4 * 1024 * 1024
 def serve(port: int, model: str, found: dict, engine: Engine, max_num_seqs: int | None, max_model_len: int | None) -> None:
     """vLLM's OpenAI server as a prefill or decode server: /health, /metrics, /v1/completions
     (stream or not), /standin."""
-    from neuron_standin import Ranks, rank_groups
-
     sequences = Ranks(max_num_seqs, rank_groups(found))
     started = time.time()
     ids = itertools.count()
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JsonHandler):
         protocol_version = "HTTP/1.1"
         timeout = 60
         rank = 0  # the DP rank a request runs on, and its scheduler (set per request)
-
-        def _json(self, code: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
 
         def _error(self, code: int, message: str, kind: str) -> None:
             # vLLM's ErrorResponse (vllm/entrypoints/openai/protocol.py).
@@ -576,12 +565,7 @@ def serve(port: int, model: str, found: dict, engine: Engine, max_num_seqs: int 
                 self._json(200, {})
             elif self.path == "/metrics":
                 engine.expire()
-                text = engine.metrics.text(model, sequences.running, sequences.waiting, engine.usage()).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(text)))
-                self.end_headers()
-                self.wfile.write(text)
+                self._metrics(engine.metrics.text(model, sequences.running, sequences.waiting, engine.usage()))
             elif self.path == "/standin":
                 role = engine.config.kv_role
                 self._json(200, {**found, "kvRole": role, "engineId": engine.engine_id, "pid": os.getpid(),
@@ -744,9 +728,6 @@ def serve(port: int, model: str, found: dict, engine: Engine, max_num_seqs: int 
         def _chunk(self, data: bytes) -> None:
             self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             self.wfile.flush()
-
-        def log_message(self, *args):
-            pass
 
     server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
     # On SIGTERM, as vLLM's server (uvicorn) does: stop listening, finish the requests in hand
