@@ -41,11 +41,12 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from standin_serving import JsonHandler, Ranks, model_label, rank_groups, scheduler_gauges
+from standin_serving import JsonHandler, Ranks, Sequences, model_label, rank_groups, scheduler_gauges
 
 # -- KVTransferConfig ------------------------------------------------------------------------
 
@@ -348,7 +349,7 @@ class Held:
     tokens: int
     blocks: list[int]
     expires: float
-    rank: int = 0  # the DP rank whose blocks they are
+    rank: int  # the DP rank whose blocks they are
 
 
 class BlockPool:
@@ -401,7 +402,6 @@ class SideChannel:
     def __init__(self, engine: Engine, host: str, port: int) -> None:
         self.engine = engine
         self.server = socket.create_server((host, port), reuse_port=False)
-        self.server.settimeout(None)
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -425,7 +425,7 @@ class SideChannel:
                     pass
                 return
             size = held.tokens * self.engine.token_bytes
-            header = {"bytes": size, "block_size": self.engine.pool.block_size, "token_bytes": self.engine.token_bytes}
+            header = {"bytes": size, "token_bytes": self.engine.token_bytes}
             try:
                 conn.sendall(json.dumps(header).encode() + b"\n")
                 sent = 0
@@ -482,13 +482,12 @@ def pull(params: dict, token_bytes: int, tokens: int) -> int:
 class Engine:
     """One server's engine: its role, its blocks, its held prefills, its metrics."""
 
-    def __init__(self, config: KVTransferConfig, token_bytes: int, block_size: int, blocks: int, tp: int, dp: int = 1) -> None:
+    def __init__(self, config: KVTransferConfig, token_bytes: int, block_size: int, blocks: int, tp: int, dp: int) -> None:
         self.config = config
-        self.engine_id = config.engine_id or str(uuid.uuid4())
+        self.engine_id = config.engine_id  # parse_kv_transfer_config gives one where the flag does not
         self.token_bytes = token_bytes
         # Each DP rank its own KV cache of ``blocks`` (a replica of the model on its own TP group).
         self.pools = [BlockPool(blocks, block_size) for _ in range(dp)]
-        self.pool = self.pools[0]
         self.tp = tp
         self.metrics = Metrics()
         self.lock = threading.Lock()
@@ -497,11 +496,10 @@ class Engine:
         # vLLM's envs: VLLM_NIXL_SIDE_CHANNEL_HOST, VLLM_NIXL_SIDE_CHANNEL_PORT (the DI design page's defaults).
         self.side_host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
         self.side_port = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5557"))
-        self.side: SideChannel | None = None
 
     def listen(self) -> None:
         if self.config.is_kv_producer:
-            self.side = SideChannel(self, self.side_host, self.side_port)
+            SideChannel(self, self.side_host, self.side_port)  # its accepting thread keeps it
 
     def expire(self) -> None:
         now = time.monotonic()
@@ -518,7 +516,7 @@ class Engine:
                     flush=True,
                 )
 
-    def hold(self, request: str, tokens: int, blocks: list[int], rank: int = 0) -> None:
+    def hold(self, request: str, tokens: int, blocks: list[int], rank: int) -> None:
         self.expire()
         with self.lock:
             self.held[request] = Held(tokens, blocks, time.monotonic() + self.timeout, rank)
@@ -544,199 +542,237 @@ class Engine:
 MAX_BODY = 4 * 1024 * 1024
 
 
-def serve(port: int, model: str, found: dict, engine: Engine, max_num_seqs: int | None, max_model_len: int | None) -> None:
+class DisaggServer(ThreadingHTTPServer):
     """vLLM's OpenAI server as a prefill or decode server: /health, /metrics, /v1/completions
-    (stream or not), /standin."""
-    sequences = Ranks(max_num_seqs, rank_groups(found))
-    started = time.time()
-    ids = itertools.count()
+    (stream or not), /standin. Its Handler reads the model, the engine and the scheduler from it.
+    On SIGTERM, as vLLM's server (uvicorn) does: stop listening, finish the requests in hand
+    (server_close joins the threads, which are not daemons), exit 0; as neuron_standin.serve."""
 
-    class Handler(JsonHandler):
-        protocol_version = "HTTP/1.1"
-        timeout = 60
-        rank = 0  # the DP rank a request runs on, and its scheduler (set per request)
+    daemon_threads = False
 
-        def _error(self, code: int, message: str, kind: str) -> None:
-            # vLLM's ErrorResponse (vllm/entrypoints/openai/protocol.py).
-            self._json(code, {"error": {"message": message, "type": kind, "param": None, "code": code}})
+    def __init__(self, port: int, model: str, found: dict, engine: Engine, max_num_seqs: int | None, max_model_len: int | None) -> None:
+        self.model, self.found, self.engine, self.max_model_len = model, found, engine, max_model_len
+        self.sequences = Ranks(max_num_seqs, rank_groups(found))
+        self.started = time.time()
+        self.ids = itertools.count()
+        super().__init__(("0.0.0.0", port), Handler)
 
-        def do_GET(self):
-            if self.path == "/health":
-                self._json(200, {})
-            elif self.path == "/metrics":
-                engine.expire()
-                self._metrics(engine.metrics.text(model, sequences.running, sequences.waiting, engine.usage()))
-            elif self.path == "/standin":
-                role = engine.config.kv_role
-                self._json(200, {**found, "kvRole": role, "engineId": engine.engine_id, "pid": os.getpid(),
-                                 "uptime": time.time() - started})  # fmt: skip
+
+@dataclass
+class Completion:
+    """One request as the server runs it."""
+
+    id: str
+    model: str  # the name its answer carries
+    tokens: int  # the prompt's
+    max_tokens: int
+    arrived: float
+    rank: int  # the DP rank it runs on
+    scheduler: Sequences  # that rank's
+    kv_params: dict | None = None  # a prefill's, for the decode
+
+
+class Handler(JsonHandler):
+    protocol_version = "HTTP/1.1"
+    timeout = 60
+    server: DisaggServer
+
+    def _error(self, code: int, message: str, kind: str) -> None:
+        # vLLM's ErrorResponse (vllm/entrypoints/openai/protocol.py).
+        self._json(code, {"error": {"message": message, "type": kind, "param": None, "code": code}})
+
+    def do_GET(self) -> None:
+        server, engine = self.server, self.server.engine
+        if self.path == "/health":
+            self._json(200, {})
+        elif self.path == "/metrics":
+            engine.expire()
+            self._metrics(engine.metrics.text(server.model, server.sequences.running, server.sequences.waiting, engine.usage()))
+        elif self.path == "/standin":
+            self._json(200, {**server.found, "kvRole": engine.config.kv_role, "engineId": engine.engine_id, "pid": os.getpid(),
+                             "uptime": time.time() - server.started})  # fmt: skip
+        else:
+            self._error(404, "Not Found", "NotFoundError")
+
+    def do_POST(self) -> None:
+        admitted = self._admit()
+        if admitted is None:
+            return
+        body, tokens, max_tokens = admitted
+        with self.server.sequences.rank() as (rank, scheduler):
+            request = f"cmpl-{self.headers.get('X-Request-Id') or uuid.uuid4().hex}-{next(self.server.ids)}"
+            completion = Completion(request, body.get("model") or self.server.model, tokens, max_tokens, time.monotonic(), rank, scheduler)
+            self._complete(body, completion)
+
+    def _admit(self) -> tuple[dict, int, int] | None:
+        """The request's body, prompt tokens and max_tokens; None once it has been refused."""
+        length = self.headers.get("Content-Length") or ""
+        if not length.isdigit() or int(length) > MAX_BODY:
+            self._error(413 if length.isdigit() else 411, "request body refused", "BadRequestError")
+            return None
+        try:
+            body = json.loads(self.rfile.read(int(length)) or b"{}")
+        except ValueError:
+            self._error(400, "body is not JSON", "BadRequestError")
+            return None
+        if self.path != "/v1/completions" or not isinstance(body, dict):
+            self._error(404, "Not Found", "NotFoundError")
+            return None
+        try:
+            tokens = prompt_tokens(body.get("prompt", ""))
+        except ValueError as exc:
+            self._error(400, str(exc), "BadRequestError")
+            return None
+        max_tokens = body.get("max_tokens", 16)
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            self._error(400, f"max_tokens must be at least 1, got {max_tokens}.", "BadRequestError")
+            return None
+        most = self.server.max_model_len
+        if most and tokens + max_tokens > most:
+            self._error(
+                400,
+                f"This model's maximum context length is {most} tokens. However, you requested "
+                f"{tokens + max_tokens} tokens ({tokens} in the messages, {max_tokens} in the completion).",
+                "BadRequestError",
+            )
+            return None
+        return body, tokens, max_tokens
+
+    def _complete(self, body: dict, completion: Completion) -> None:
+        engine = self.server.engine
+        params = body.get("kv_transfer_params") if isinstance(body.get("kv_transfer_params"), dict) else None
+        try:
+            blocks = engine.pools[completion.rank].take(completion.tokens + completion.max_tokens)
+        except KvError as exc:
+            self._error(503, str(exc), "ServiceUnavailableError")
+            return
+        keep = False
+        try:
+            if not self._receive_kv(completion, params):
+                return
+            engine.metrics.add("vllm:prompt_tokens_total", completion.tokens)
+            if engine.config.is_kv_producer and params is not None and params.get("do_remote_decode"):
+                completion.max_tokens = 1  # the proxy's max_tokens=1; the token sampled is discarded by the design
+                completion.kv_params = self._offer_kv(completion, blocks)
+                keep = True
+            if body.get("stream"):
+                self._streamed(completion)
             else:
-                self._error(404, "Not Found", "NotFoundError")
+                self._whole(completion)
+        finally:
+            if not keep:
+                engine.pools[completion.rank].give(blocks)
 
-        def do_POST(self):
-            length = self.headers.get("Content-Length") or ""
-            if not length.isdigit() or int(length) > MAX_BODY:
-                self._error(413 if length.isdigit() else 411, "request body refused", "BadRequestError")
-                return
-            try:
-                body = json.loads(self.rfile.read(int(length)) or b"{}")
-            except ValueError:
-                self._error(400, "body is not JSON", "BadRequestError")
-                return
-            if self.path != "/v1/completions" or not isinstance(body, dict):
-                self._error(404, "Not Found", "NotFoundError")
-                return
-            try:
-                tokens = prompt_tokens(body.get("prompt", ""))
-            except ValueError as exc:
-                self._error(400, str(exc), "BadRequestError")
-                return
-            max_tokens = body.get("max_tokens", 16)
-            if not isinstance(max_tokens, int) or max_tokens < 1:
-                self._error(400, f"max_tokens must be at least 1, got {max_tokens}.", "BadRequestError")
-                return
-            if max_model_len and tokens + max_tokens > max_model_len:
-                self._error(
-                    400,
-                    f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-                    f"{tokens + max_tokens} tokens ({tokens} in the messages, {max_tokens} in the completion).",
-                    "BadRequestError",
-                )
-                return
-            with sequences.rank() as (rank, scheduler):
-                self.rank, self.scheduler = rank, scheduler
-                self._complete(body, tokens, max_tokens)
+    def _receive_kv(self, completion: Completion, params: dict | None) -> bool:
+        """The prompt's KV: read from the prefill its params name (WAITING_FOR_REMOTE_KVS, before
+        the request runs), else computed here. False once the request has failed, answered."""
+        engine = self.server.engine
+        asked = engine.config.is_kv_consumer and params is not None and params.get("do_remote_prefill")
+        keys = ("remote_engine_id", "remote_host", "remote_port", "remote_block_ids")
+        if not asked or params is None or not all(params.get(k) is not None for k in keys):
+            if asked:
+                # NixlConnector.update_state_after_alloc: "Got invalid KVTransferParams".
+                print(f"WARNING Got invalid KVTransferParams: {params}. This request will not utilize KVTransfer",
+                      file=sys.stderr, flush=True)  # fmt: skip
+            self._prefill(completion.tokens)
+            return True
+        began = time.monotonic()
+        try:
+            moved = pull(params, engine.token_bytes, completion.tokens)
+        except KvError as exc:
+            engine.metrics.add("vllm:nixl_num_failed_transfers_total")
+            print(f"ERROR KV transfer for request {completion.id} failed: {exc}", file=sys.stderr, flush=True)
+            if engine.config.kv_load_failure_policy == "fail":
+                engine.metrics.finished("error")
+                # The request finishes with FinishReason.ERROR, which the OpenAI server answers as
+                # an internal error (kv_load_failure_policy "fail", vLLM's default).
+                self._error(500, "Internal server error", "InternalServerError")
+                return False
+            self._prefill(completion.tokens)  # "recompute": the blocks are computed here
+            return True
+        engine.metrics.observe(engine.metrics.nixl_bytes, moved)
+        engine.metrics.observe(engine.metrics.nixl_time, time.monotonic() - began)
+        print(f"INFO KV transfer for request {completion.id}: {moved} bytes from {params['remote_host']}:{params['remote_port']}",
+              flush=True)  # fmt: skip
+        return True
 
-        def _complete(self, body: dict, tokens: int, max_tokens: int) -> None:
-            arrived = time.monotonic()
-            request = f"cmpl-{self.headers.get('X-Request-Id') or uuid.uuid4().hex}-{next(ids)}"
-            params = body.get("kv_transfer_params") if isinstance(body.get("kv_transfer_params"), dict) else None
-            try:
-                blocks = engine.pools[self.rank].take(tokens + max_tokens)
-            except KvError as exc:
-                self._error(503, str(exc), "ServiceUnavailableError")
-                return
-            keep = False
-            try:
-                remote = (
-                    engine.config.is_kv_consumer and params is not None and params.get("do_remote_prefill")
-                    and all(params.get(k) is not None for k in ("remote_engine_id", "remote_host", "remote_port", "remote_block_ids"))
-                )  # fmt: skip
-                if engine.config.is_kv_consumer and params is not None and params.get("do_remote_prefill") and not remote:
-                    # NixlConnector.update_state_after_alloc: "Got invalid KVTransferParams".
-                    print(f"WARNING Got invalid KVTransferParams: {params}. This request will not utilize KVTransfer",
-                          file=sys.stderr, flush=True)  # fmt: skip
-                if remote:
-                    # WAITING_FOR_REMOTE_KVS: the decode reads the prefill's blocks before it runs.
-                    began = time.monotonic()
-                    try:
-                        moved = pull(params, engine.token_bytes, tokens)
-                    except KvError as exc:
-                        engine.metrics.add("vllm:nixl_num_failed_transfers_total")
-                        print(f"ERROR KV transfer for request {request} failed: {exc}", file=sys.stderr, flush=True)
-                        if engine.config.kv_load_failure_policy == "fail":
-                            engine.metrics.finished("error")
-                            # The request finishes with FinishReason.ERROR, which the OpenAI server
-                            # answers as an internal error (kv_load_failure_policy "fail", vLLM's default).
-                            self._error(500, "Internal server error", "InternalServerError")
-                            return
-                        self._prefill(tokens)  # "recompute": the blocks are computed here
-                    else:
-                        engine.metrics.observe(engine.metrics.nixl_bytes, moved)
-                        engine.metrics.observe(engine.metrics.nixl_time, time.monotonic() - began)
-                        print(f"INFO KV transfer for request {request}: {moved} bytes from {params['remote_host']}:"
-                              f"{params['remote_port']}", flush=True)  # fmt: skip
-                else:
-                    self._prefill(tokens)
-                engine.metrics.add("vllm:prompt_tokens_total", tokens)
-                producing = engine.config.is_kv_producer and params is not None and params.get("do_remote_decode")
-                if producing:
-                    max_tokens = 1  # the proxy's max_tokens=1; the token sampled is discarded by the design
-                kv_params = None
-                if producing:
-                    engine.hold(request, tokens, blocks, self.rank)
-                    keep = True
-                    kv_params = {
-                        "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": blocks,
-                        "remote_engine_id": engine.engine_id, "remote_request_id": request, "remote_host": engine.side_host,
-                        "remote_port": engine.side_port, "tp_size": engine.tp,
-                    }  # fmt: skip
-                self._generate(body, request, tokens, max_tokens, arrived, kv_params)
-            finally:
-                if not keep:
-                    engine.pools[self.rank].give(blocks)
+    def _offer_kv(self, completion: Completion, blocks: list[int]) -> dict:
+        """A prefill's blocks, held for the decode to read, and the kv_transfer_params naming them."""
+        engine = self.server.engine
+        engine.hold(completion.id, completion.tokens, blocks, completion.rank)
+        return {
+            "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": blocks,
+            "remote_engine_id": engine.engine_id, "remote_request_id": completion.id, "remote_host": engine.side_host,
+            "remote_port": engine.side_port, "tp_size": engine.tp,
+        }  # fmt: skip
 
-        def _prefill(self, tokens: int) -> None:
-            time.sleep(prefill_seconds(tokens))
-            engine.metrics.executed(f"prefill_s{tokens}")
+    def _prefill(self, tokens: int) -> None:
+        time.sleep(prefill_seconds(tokens))
+        self.server.engine.metrics.executed(f"prefill_s{tokens}")
 
-        def _step(self) -> None:
-            # The batch is the requests this DP rank runs now (at most --max-num-seqs).
-            batch = self.scheduler.running
-            time.sleep(step_seconds(batch))
-            engine.metrics.executed(f"decode_b{batch}")
+    def _decode(self, completion: Completion) -> Iterator[str]:
+        """The completion's tokens, each after its decode step, the first with its DP rank's cores;
+        its metrics once the last is out."""
+        metrics = self.server.engine.metrics
+        first = last = 0.0
+        for i in range(completion.max_tokens):
+            if i:
+                # The batch is the requests this DP rank runs now (at most --max-num-seqs).
+                batch = completion.scheduler.running
+                time.sleep(step_seconds(batch))
+                metrics.executed(f"decode_b{batch}")
+            now = time.monotonic()
+            if i == 0:
+                first = now
+                metrics.observe(metrics.ttft, now - completion.arrived)
+            else:
+                metrics.observe(metrics.itl, now - last)
+            last = now
+            yield (f" [cores {self.server.sequences.groups[completion.rank]}]" if i == 0 else "") + f" tok{i}"
+        metrics.add("vllm:generation_tokens_total", completion.max_tokens)
+        if completion.max_tokens > 1:
+            metrics.observe(metrics.tpot, (last - first) / (completion.max_tokens - 1))
+        metrics.observe(metrics.e2e, time.monotonic() - completion.arrived)
+        metrics.finished("length")
 
-        def _generate(self, body: dict, request: str, tokens: int, max_tokens: int, arrived: float, kv_params: dict | None) -> None:
-            model_name = body.get("model") or model
-            cores = f"[cores {sequences.groups[self.rank]}]"
-            stream = bool(body.get("stream"))
-            created = int(time.time())
-            first = last = 0.0
-            if stream:
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
-            words: list[str] = []
-            for i in range(max_tokens):
-                if i:
-                    self._step()
-                now = time.monotonic()
-                if i == 0:
-                    first = now
-                    engine.metrics.observe(engine.metrics.ttft, now - arrived)
-                else:
-                    engine.metrics.observe(engine.metrics.itl, now - last)
-                last = now
-                word = f" tok{i}"
-                words.append(word)
-                if stream:
-                    chunk = {"id": request, "object": "text_completion", "created": created, "model": model_name,
-                             "choices": [{"index": 0, "text": (f" {cores}" if i == 0 else "") + word, "logprobs": None,
-                                          "finish_reason": "length" if i == max_tokens - 1 else None}]}  # fmt: skip
-                    if i == max_tokens - 1 and kv_params is not None:
-                        chunk["kv_transfer_params"] = kv_params
-                    self._chunk(f"data: {json.dumps(chunk)}\n\n".encode())
-            engine.metrics.add("vllm:generation_tokens_total", max_tokens)
-            if max_tokens > 1:
-                engine.metrics.observe(engine.metrics.tpot, (last - first) / (max_tokens - 1))
-            engine.metrics.observe(engine.metrics.e2e, time.monotonic() - arrived)
-            engine.metrics.finished("length")
-            usage = {"prompt_tokens": tokens, "completion_tokens": max_tokens, "total_tokens": tokens + max_tokens}
-            if stream:
-                self._chunk(b"data: [DONE]\n\n")
-                self._chunk(b"")
-                return
-            answer = {
-                "id": request, "object": "text_completion", "created": created, "model": model_name,
-                "choices": [{"index": 0, "text": f" {cores}" + "".join(words),
-                             "logprobs": None, "finish_reason": "length", "stop_reason": None}],
-                "usage": usage, "kv_transfer_params": kv_params,
-            }  # fmt: skip
-            self._json(200, answer)
+    def _streamed(self, completion: Completion) -> None:
+        """Server-sent events, a chunk a token, the prefill's kv_transfer_params on the last."""
+        created = int(time.time())
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        last = completion.max_tokens - 1
+        for i, text in enumerate(self._decode(completion)):
+            chunk = {"id": completion.id, "object": "text_completion", "created": created, "model": completion.model,
+                     "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length" if i == last else None}]}  # fmt: skip
+            if i == last and completion.kv_params is not None:
+                chunk["kv_transfer_params"] = completion.kv_params
+            self._chunk(f"data: {json.dumps(chunk)}\n\n".encode())
+        self._chunk(b"data: [DONE]\n\n")
+        self._chunk(b"")
 
-        def _chunk(self, data: bytes) -> None:
-            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-            self.wfile.flush()
+    def _whole(self, completion: Completion) -> None:
+        created = int(time.time())
+        text = "".join(self._decode(completion))
+        tokens, max_tokens = completion.tokens, completion.max_tokens
+        self._json(200, {
+            "id": completion.id, "object": "text_completion", "created": created, "model": completion.model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length", "stop_reason": None}],
+            "usage": {"prompt_tokens": tokens, "completion_tokens": max_tokens, "total_tokens": tokens + max_tokens},
+            "kv_transfer_params": completion.kv_params,
+        })  # fmt: skip
 
-    server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
-    # On SIGTERM, as vLLM's server (uvicorn) does: stop listening, finish the requests in hand
-    # (server_close joins the threads that are not daemons), exit 0; as neuron_standin.serve.
-    server.daemon_threads = False
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+
+def serve(port: int, model: str, found: dict, engine: Engine, max_num_seqs: int | None, max_model_len: int | None) -> None:
+    server = DisaggServer(port, model, found, engine, max_num_seqs, max_model_len)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
-    role = engine.config.kv_role
-    print(f"serving {model} on :{port} as {role} (engine {engine.engine_id}, side channel {engine.side_host}:{engine.side_port}) "
-          f"with NeuronCores {found['cores']}", flush=True)  # fmt: skip
+    print(f"serving {model} on :{port} as {engine.config.kv_role} (engine {engine.engine_id}, side channel {engine.side_host}:"
+          f"{engine.side_port}) with NeuronCores {found['cores']}", flush=True)  # fmt: skip
     print("INFO:     Application startup complete.", flush=True)
     server.serve_forever()
     server.server_close()
@@ -755,7 +791,7 @@ def run(args: argparse.Namespace, model: str, found: dict, token_bytes: int, blo
         blocks = kv["kvBudgetBytes"] // kv["kvBlockBytes"]
     if blocks is None:
         blocks = (args.max_num_seqs or 256) * -(-(args.max_model_len or 2048) // block_size)
-    engine = Engine(config, token_bytes, block_size, blocks, tp, found.get("dataParallel", {}).get("size", 1))
+    engine = Engine(config, token_bytes, block_size, blocks, tp, len(rank_groups(found)))
     try:
         engine.listen()
     except OSError as exc:
