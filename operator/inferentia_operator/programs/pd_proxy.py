@@ -72,7 +72,8 @@ from typing import Any
 MIB = 1024 * 1024
 # The defaults of the limits below; main reads each from its environment variable (VARIABLES).
 MAX_CONNECTIONS = 1024
-MAX_PEER_CONNECTIONS = MAX_CONNECTIONS // 4
+PEER_SHARE = 4  # one address may hold the connections over this, also when only their number is set
+MAX_PEER_CONNECTIONS = MAX_CONNECTIONS // PEER_SHARE
 MAX_BODY = 4 * MIB
 HEADER_TIMEOUT = 15.0
 IDLE_TIMEOUT = 5.0
@@ -105,7 +106,6 @@ VARIABLES: dict[str, tuple[str, int]] = {
     "INFERENTIA_PD_PROXY_DEADLINE_S": ("deadline", 1),
     "INFERENTIA_PD_PROXY_PREFILL_ANSWER_KIB": ("prefill_answer", 1024),
 }
-BYTES = {"max_body", "prefill_answer"}
 
 
 def limits_from(env: Mapping[str, str]) -> Limits:
@@ -115,7 +115,7 @@ def limits_from(env: Mapping[str, str]) -> Limits:
         if (text := env.get(name)) is not None:
             values[field] = _limit(name, text, unit)
     if "max_peer_connections" not in values and "max_connections" in values:
-        values["max_peer_connections"] = max(1, int(values["max_connections"]) // 4)
+        values["max_peer_connections"] = max(1, int(values["max_connections"]) // PEER_SHARE)
     return Limits(**values)  # type: ignore[arg-type]
 
 
@@ -239,11 +239,9 @@ class Upstream(http.client.HTTPConnection):
 
 
 def headers_for(request_id: str) -> dict[str, str]:
-    out = {"Content-Type": "application/json", "X-Request-Id": request_id}
-    key = os.environ.get("OPENAI_API_KEY")
-    if key:
-        out["Authorization"] = f"Bearer {key}"
-    return out
+    # No Authorization: the toy proxy sends OPENAI_API_KEY as a bearer token, but the operator sets
+    # none in the proxy's pod and its prefill and decode servers take none (no --api-key).
+    return {"Content-Type": "application/json", "X-Request-Id": request_id}
 
 
 def call_prefill(where: tuple[str, int], api: str, body: dict[str, Any], request_id: str, deadline: float, most: int) -> dict[str, Any]:
