@@ -30,8 +30,9 @@ import sys
 from pathlib import Path
 
 # A Hub model id: "name" or "org/name" (huggingface_hub's validate_repo_id), never a path or a URI.
-REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# Both are used with fullmatch: $ alone would let a last newline in.
+REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?")
+COMMIT = re.compile(r"[0-9a-f]{40}")
 # Weights in the formats the Hub holds them: what a compiled NxD Inference model has already
 # sharded into its own weights/, so its artefact keeps only the configuration and tokenizer.
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "*.h5", "*.msgpack", "*.ckpt", "*.ot", "*.onnx")
@@ -51,7 +52,7 @@ def hub_cache() -> Path | None:
 
 
 def is_repo_id(model: str) -> bool:
-    return bool(REPO_ID.fullmatch(model)) and not Path(model).exists()  # fullmatch: $ alone lets a last newline in
+    return bool(REPO_ID.fullmatch(model)) and not Path(model).exists()
 
 
 def repo_folder(cache: Path, repo_id: str) -> Path:
@@ -74,7 +75,7 @@ def keep(snapshot: Path, repo_id: str, cache: Path, weights: bool) -> str:
     in ``cache`` is made regular where it lies; one elsewhere is copied (without its weights,
     the only case that has one elsewhere). Returns the commit."""
     commit = snapshot.name
-    if not COMMIT.match(commit):
+    if not COMMIT.fullmatch(commit):
         raise ValueError(f"{snapshot} is not a Hub snapshot folder (its name is not a commit)")
     repo = repo_folder(cache, repo_id)
     target = repo / "snapshots" / commit
@@ -110,16 +111,21 @@ def keep(snapshot: Path, repo_id: str, cache: Path, weights: bool) -> str:
     return commit
 
 
-def keep_and_report(snapshot: Path, repo_id: str, cache: Path, weights: bool, failed: str) -> bool:
-    """:func:`keep`, then :func:`report`; False, with the reason after ``failed`` on stderr, when
-    the snapshot cannot be kept (the compile step then fails: its artefact would serve nothing)."""
+def keep_and_report(snapshot: Path, repo_id: str, cache: Path, weights: bool, failed: str, report_commit: bool = True,
+                    about: str | None = None) -> bool:  # fmt: skip
+    """:func:`keep`, then :func:`report` unless not ``report_commit`` (a snapshot kept beside the
+    one the termination message names); False, with the reason after ``failed`` on stderr, when the
+    snapshot cannot be kept (the compile step then fails: its artefact would serve nothing).
+    ``about``: what the log line says the snapshot is."""
     try:
         commit = keep(snapshot, repo_id, cache, weights)
     except (OSError, ValueError) as exc:
-        print(f"{failed}: keeping the Hub snapshot in {cache}: {exc}", file=sys.stderr)
+        print(f"{failed}: keeping the Hub snapshot of {repo_id} in {cache}: {exc}", file=sys.stderr)
         return False
-    report(commit)
-    print(f"kept {repo_id}{'' if weights else ' (its configuration and tokenizer)'} at commit {commit} under {cache}")
+    if report_commit:
+        report(commit)
+    about = about or (None if weights else "its configuration and tokenizer")
+    print(f"kept {repo_id}{f' ({about})' if about else ''} at commit {commit} under {cache}")
     return True
 
 

@@ -56,7 +56,7 @@ def draft_model(args: dict[str, Any]) -> str | None:
 
 
 def main() -> int:
-    snapshot = hub = draft_snapshot = None
+    snapshot = hub = draft_snapshot = draft = None
     try:
         args = engine_args()
         cache = Path(os.environ["VLLM_CACHE_ROOT"]) / CACHE
@@ -82,27 +82,20 @@ def main() -> int:
         return 1
     print(f"compiled {args['model']} into {len(entries)} cache entries under {cache}: {', '.join(entries)}")
     if snapshot is not None and hub is not None:
-        return keep_snapshots(hub, snapshot, str(args["model"]), draft_snapshot, draft_model(args))
+        return keep_snapshots(hub, snapshot, str(args["model"]), draft_snapshot, draft)
     return 0
 
 
 def keep_snapshots(hub: Path, snapshot: Path, repo_id: str, draft_snapshot: Path | None, draft: str | None) -> int:
     """The draft's snapshot kept first, then the target's with its commit in the termination
     message: that message reads as a whole artefact, so nothing is written there once a part failed."""
-    if draft_snapshot is not None and draft is not None and keep_draft(draft_snapshot, draft, hub) != 0:
-        return 1
-    return 0 if hub_snapshot.keep_and_report(snapshot, repo_id, hub, weights=True, failed="vllm compile failed") else 1
-
-
-def keep_draft(snapshot: Path, repo_id: str, hub: Path) -> int:
-    """The draft's snapshot kept beside the target's (the termination message names the target's commit only)."""
-    try:
-        commit = hub_snapshot.keep(snapshot, repo_id, hub, weights=True)
-    except (OSError, ValueError) as exc:
-        print(f"vllm compile failed: keeping the Hub snapshot of the draft {repo_id} in {hub}: {exc}", file=sys.stderr)
-        return 1
-    print(f"kept {repo_id} (the EAGLE3 draft) at commit {commit} under {hub}")
-    return 0
+    failed = "vllm compile failed"
+    if draft_snapshot is not None and draft is not None:
+        # Kept beside the target's, its commit reported nowhere: the termination message names the target's only.
+        if not hub_snapshot.keep_and_report(draft_snapshot, draft, hub, weights=True, failed=failed, report_commit=False,
+                                            about="the EAGLE3 draft"):  # fmt: skip
+            return 1
+    return 0 if hub_snapshot.keep_and_report(snapshot, repo_id, hub, weights=True, failed=failed) else 1
 
 
 if __name__ == "__main__":
