@@ -325,6 +325,8 @@ def speculative(draft: Path, **fields: object) -> str:
         (None, 1, "Expected num_speculative_tokens to be greater than zero (0)."),
         ("no-tokens", 1, "num_speculative_tokens must be provided with speculative model unless the draft model config"),
         ("ngram", 1, "the vLLM Neuron plugin documents the speculative methods eagle3, dflash only, not 'ngram'"),
+        # A method that takes no draft (vLLM's ngram): its method is refused, not a missing model.
+        ("ngram-no-model", 1, "the vLLM Neuron plugin documents the speculative methods eagle3, dflash only, not 'ngram'"),
         # No method: vLLM infers one from the draft's name, here none it knows, so draft_model.
         ("no-method", 1, "the vLLM Neuron plugin documents the speculative methods eagle3, dflash only, not 'draft_model'"),
     ],
@@ -335,6 +337,7 @@ def test_the_plugins_server_refuses_a_speculative_config_vllm_or_the_plugin_refu
         None: speculative(draft, num_speculative_tokens=0),
         "no-tokens": json.dumps({"method": "eagle3", "model": str(draft)}),
         "ngram": speculative(draft, method="ngram"),
+        "ngram-no-model": json.dumps({"method": "ngram", "num_speculative_tokens": 3}),
         "no-method": json.dumps({"model": str(draft), "num_speculative_tokens": 3}),
     }.get(config, config)
     checkpoint = llama_8b_checkpoint(tmp_path / "llama")

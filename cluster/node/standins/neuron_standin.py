@@ -299,6 +299,11 @@ def check_speculative_config(config: object) -> str:
     if not isinstance(config, dict):
         fail("vllm", f"ValueError: --speculative-config must be a JSON object, got {config!r}")
     assert isinstance(config, dict)
+    # vLLM looks at a given method before it asks for a model: ngram, suffix and mtp take none
+    # (SpeculativeConfig.__post_init__, "if self.model is None and self.num_speculative_tokens is
+    # not None"), so a method the plugin does not document is refused as such, model or not.
+    if config.get("method") and config["method"] not in PLUGIN_SPECULATIVE_METHODS:
+        refuse_method(config["method"])
     if not isinstance(config.get("model"), str) or not config["model"]:
         fail("vllm", "ValueError: num_speculative_tokens was provided but without speculative model.")
     folder = local_checkpoint(str(config["model"]), weights=True)
@@ -314,9 +319,13 @@ def check_speculative_config(config: object) -> str:
         fail("vllm", f"ValueError: Expected num_speculative_tokens to be greater than zero ({tokens}).")
     method = config.get("method") or inferred_method(str(config["model"]))
     if method not in PLUGIN_SPECULATIVE_METHODS:
-        fail("vllm", f"ValueError: the vLLM Neuron plugin documents the speculative methods {', '.join(PLUGIN_SPECULATIVE_METHODS)} "
-                     f"only, not {method!r}")  # fmt: skip
+        refuse_method(method)
     return folder
+
+
+def refuse_method(method: object) -> None:
+    fail("vllm", f"ValueError: the vLLM Neuron plugin documents the speculative methods {', '.join(PLUGIN_SPECULATIVE_METHODS)} "
+                 f"only, not {method!r}")  # fmt: skip
 
 
 def dotted_json_flags(argv: list[str]) -> list[str]:
