@@ -44,6 +44,7 @@ import threading
 import time
 from http.server import ThreadingHTTPServer
 from pathlib import Path
+from typing import NoReturn
 
 import vllm_disagg
 from neuron_collectives import CollectiveError, RootCommunicator, fatal, multi_node_config
@@ -55,7 +56,7 @@ from standin_versions import VLLM_NEURON_NXDI, VLLM_NEURON_PLUGIN, VLLM_V0, comp
 ARTEFACT = "model.neff.json"
 
 
-def fail(component: str, message: str) -> None:
+def fail(component: str, message: str) -> NoReturn:
     # The Neuron runtime logs as "<time> ERROR  NRT:<function>  <message>".
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} ERROR  {component}  {message}", file=sys.stderr, flush=True)
     sys.exit(1)
@@ -298,7 +299,6 @@ def check_speculative_config(config: object) -> str:
     """The draft's checkpoint folder, for a speculative config vLLM and the plugin accept; fails with their reason."""
     if not isinstance(config, dict):
         fail("vllm", f"ValueError: --speculative-config must be a JSON object, got {config!r}")
-    assert isinstance(config, dict)
     # vLLM looks at a given method before it asks for a model: ngram, suffix and mtp take none
     # (SpeculativeConfig.__post_init__, "if self.model is None and self.num_speculative_tokens is
     # not None"), so a method the plugin does not document is refused as such, model or not.
@@ -323,7 +323,7 @@ def check_speculative_config(config: object) -> str:
     return folder
 
 
-def refuse_method(method: object) -> None:
+def refuse_method(method: object) -> NoReturn:
     fail("vllm", f"ValueError: the vLLM Neuron plugin documents the speculative methods {', '.join(PLUGIN_SPECULATIVE_METHODS)} "
                  f"only, not {method!r}")  # fmt: skip
 
@@ -352,6 +352,14 @@ def dotted_json_flags(argv: list[str]) -> list[str]:
     return [*rest, SPECULATIVE_CONFIG_FLAG, json.dumps(folded)] if folded else rest
 
 
+def with_draft(engine: dict) -> dict:
+    """The engine with its speculative config's draft checkpoint (draft_checkpoint), which is loaded
+    beside the target before the warm-up compiles its graphs; as it is without a speculative config."""
+    if engine.get("speculative_config") is None:
+        return engine
+    return {**engine, "draft_checkpoint": check_speculative_config(engine["speculative_config"])}
+
+
 def speculation_off_async(async_scheduling: bool | None, config: object) -> bool | None:
     """Async scheduling as the plugin runs it: off with a speculative config, with its startup warning."""
     if config is None:
@@ -378,9 +386,7 @@ def llm(**engine) -> dict:
         raise RuntimeError(f"the vLLM Neuron plugin supports Trn2 and Trn3, not {target}")
     checkpoint = local_checkpoint(str(engine["model"]), weights=True)  # the engine loads the weights before it warms up
     speculation_off_async(engine.get("async_scheduling"), engine.get("speculative_config"))
-    if engine.get("speculative_config") is not None:
-        # The draft is loaded beside the target, before the warm-up compiles its graphs.
-        engine = {**engine, "draft_checkpoint": check_speculative_config(engine["speculative_config"])}
+    engine = with_draft(engine)
     # CPU compile: "the static HBM size for the target platform", a logical core's, as on the device.
     memory = core_memory_bytes(target)
     assert memory is not None  # a plugin target
@@ -882,20 +888,18 @@ def check_compiled_config(compiled: dict, expected: dict) -> None:
 
 def plugin_engine(args: argparse.Namespace) -> dict:
     """The engine the plugin builds from the server's flags, with an EAGLE3 draft loaded beside the target."""
-    engine = {"model": args.model, "tensor_parallel_size": args.tensor_parallel_size,
-              "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
-              "block_size": args.block_size, "num_gpu_blocks_override": args.num_gpu_blocks_override}  # fmt: skip
-    if args.speculative_config is not None:
-        draft = check_speculative_config(args.speculative_config)
-        engine |= {"speculative_config": args.speculative_config, "draft_checkpoint": draft}
-    return engine
+    return with_draft({
+        "model": args.model, "tensor_parallel_size": args.tensor_parallel_size, "max_model_len": args.max_model_len,
+        "max_num_seqs": args.max_num_seqs, "block_size": args.block_size, "num_gpu_blocks_override": args.num_gpu_blocks_override,
+        "speculative_config": args.speculative_config,
+    })  # fmt: skip
 
 
 def plugin_start(args: argparse.Namespace, checkpoint: str) -> dict | None:
     """The plugin's start before it serves: its engine, its KV cache, its warm-up; what it found, or
     None once it has said on stderr why it stops."""
     engine = plugin_engine(args)
-    async_scheduling = speculation_off_async(getattr(args, "async_scheduling", None), args.speculative_config)
+    async_scheduling = speculation_off_async(args.async_scheduling, args.speculative_config)
     target = os.environ.get("NEURON_STANDIN_PLATFORM", "")
     memory = core_memory_bytes()
     try:
