@@ -24,6 +24,8 @@ from test_real_node import (
     wait_ready,
 )
 
+from inferentia_operator.core.names import COMPONENT_LABEL, MODEL_LABEL, POOL_LABEL
+from inferentia_operator.core.pod.meta import labels_string
 from samples import SHAPE, image_input, make_buckets, put_model, run_here, store_secret, store_uris, token_secret
 
 pytestmark = pytest.mark.usefixtures("operator")
@@ -92,6 +94,8 @@ def test_every_sample_goes_ready_on_the_real_node_and_answers(path, node_shape, 
             assert found["checkpoint"].startswith("/var/lib/inferentia/compiled/hf-hub/"), found
         answer = cluster_ip_request(real_node, real_namespace, name, "/v1/completions", {"prompt": "Neuron"})
         assert answer["object"] == "text_completion"
+        if spec.get("disaggregation"):
+            assert_the_kv_moved_from_prefill_to_decode(real_node, real_namespace, name)
         return
     inputs = inputs if inputs is not None else [image_input()]
     svc = real_node.get("service", name, "-n", real_namespace)
@@ -112,3 +116,33 @@ def test_every_sample_goes_ready_on_the_real_node_and_answers(path, node_shape, 
         input=json.dumps(inputs), capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert close([json.loads(text) for _, text in answers], json.loads(expected.stdout))
+
+
+def pool_metric(cluster, namespace: str, pod: dict, metric: str) -> float:
+    """A metric's value as the pool's vLLM server exposes it on its /metrics, read in the pod:
+    the pools' ports are in no NetworkPolicy's admitted set for this machine."""
+    [serve] = [c for c in pod["spec"]["containers"] if c["name"] == "serve"]
+    port = serve["ports"][0]["containerPort"]
+    text = cluster.kubectl(
+        "exec", "-n", namespace, pod["metadata"]["name"], "-c", "serve", "--",
+        "python3", "-c", f"import urllib.request as u; print(u.urlopen('http://127.0.0.1:{port}/metrics').read().decode())",
+    ).stdout  # fmt: skip
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(metric)]
+    assert values, f"{metric} not in {pod['metadata']['name']}'s /metrics:\n{text[:2000]}"
+    return sum(values)
+
+
+def assert_the_kv_moved_from_prefill_to_decode(cluster, namespace: str, name: str) -> None:
+    """Both pools ready in status, and the request's KV cache read by the decode pool from the
+    prefill pool (NIXL's bytes transferred, which vLLM counts on the side that reads: the
+    decode server's vllm:nixl_bytes_transferred histogram)."""
+    status = cluster.get("inferentiamodel", name, "-n", namespace)["status"]
+    for role in ("prefill", "decode"):
+        pool = status["pools"][role]
+        assert pool["readyReplicas"] == pool["replicas"] >= 1, status["pools"]
+    pods = cluster.get("pods", "-n", namespace, "-l", labels_string({MODEL_LABEL: name, COMPONENT_LABEL: "serving", POOL_LABEL: "decode"}))[
+        "items"
+    ]
+    assert pods, cluster.kubectl("get", "pods", "-n", namespace, "--show-labels").stdout
+    # The decode pool's Service picked one of its pods for the request.
+    assert sum(pool_metric(cluster, namespace, pod, "vllm:nixl_bytes_transferred_sum") for pod in pods) > 0
