@@ -550,3 +550,12 @@ def test_plan_prints_the_wait_timeout_a_model_sizes_for_itself():
     assert code == 0 and both == out  # the longer of the two
     flux = (ROOT / "manifests" / "gitops" / "flux-helmrelease.yaml").read_text()
     assert f"timeout: {out.strip()}" in flux  # the example shows what the command prints for the sample
+
+
+@pytest.mark.parametrize("flag", ["--prometheus-namespace", "--keda-namespace"])
+def test_a_namespace_flag_that_names_no_namespace_stops_the_cli_with_the_reason(flag, capsys):
+    """Each becomes a NetworkPolicy's namespaceSelector, which the API server would refuse model by model."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["render", flag, "Team_A", "-"])
+    assert stopped.value.code == 2
+    assert f"argument {flag}: 'Team_A' is not a valid namespace; valid namespaces are at most 63" in capsys.readouterr().err

@@ -281,6 +281,7 @@ def test_a_live_pooled_model_without_pools_deletes_the_proxy_and_each_pools_depl
     decision = decide(observed, "2026-01-01T00:00:00Z")
     for name in ("m-prefill", "m-decode"):
         assert {("Deployment", name), ("Service", name)} <= set(decision.delete)
+    assert ("NetworkPolicy", "m-pools") in decision.delete
     assert ("Deployment", "m") in decision.delete
     assert ("Deployment", "m") not in {(c["kind"], c["metadata"]["name"]) for c in decision.apply}
     assert progressing(decision) == ("True", "ReplacingDeployment")
@@ -302,10 +303,17 @@ def test_someone_elses_deployment_and_service_named_like_a_pool_are_left_alone()
     foreign = [
         {"apiVersion": api_version, "kind": kind, "metadata": {"name": "m-prefill", "namespace": "ns", "uid": "x"}, "spec": {}}
         for kind, api_version in (("Deployment", "apps/v1"), ("Service", "v1"))
+    ] + [
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": "m-pools", "namespace": "ns", "uid": "y"},
+            "spec": {},
+        }
     ]
     body = {"metadata": {"name": "m", "namespace": "ns", "uid": UID, "generation": 1}, "spec": single_spec(), "status": {}}
     decision = decide(Observed.of(body, *foreign), "2026-01-01T00:00:00Z")
-    assert not {("Deployment", "m-prefill"), ("Service", "m-prefill")} & set(decision.delete)
+    assert not {("Deployment", "m-prefill"), ("Service", "m-prefill"), ("NetworkPolicy", "m-pools")} & set(decision.delete)
 
 
 def test_a_pools_plan_configmap_is_kept_while_a_live_pool_deployment_mounts_it():
@@ -393,3 +401,52 @@ def test_the_rendered_pools_and_proxy_serve_a_completion(tmp_path):
         assert metric(get(ports["prefill"], "/metrics")[1], "vllm:generation_tokens_total") == 1
     finally:
         cluster.stop()
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    """A LabelSelector's matchLabels and Exists expressions, as the API server reads them."""
+    exists = all(e["key"] in labels for e in selector.get("matchExpressions", []) if e["operator"] == "Exists")
+    assert all(e["operator"] == "Exists" for e in selector.get("matchExpressions", [])), selector
+    return exists and all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def pod_labels(deployment: dict) -> dict:
+    return deployment["spec"]["template"]["metadata"]["labels"]
+
+
+def test_the_pools_admit_the_proxy_to_their_port_and_the_decode_pods_to_the_side_channel():
+    """A client that reached a decode server itself could name any remote_host in its
+    kv_transfer_params; the pools' NetworkPolicy leaves their serving port to the proxy and
+    NIXL's side channel to the decode pods."""
+    made = children(pd_model())
+    policy = made[("NetworkPolicy", "m-pools")]["spec"]
+    proxy, prefill, decode = (made[("Deployment", n)] for n in ("m", "m-prefill", "m-decode"))
+    assert selects(policy["podSelector"], pod_labels(prefill)) and selects(policy["podSelector"], pod_labels(decode))
+    assert not selects(policy["podSelector"], pod_labels(proxy))
+    serving, side = policy["ingress"]
+    [port] = [p["containerPort"] for p in prefill["spec"]["template"]["spec"]["containers"][0]["ports"] if p["name"] == "serve-0"]
+    assert serving["ports"] == [{"port": port, "protocol": "TCP"}]
+    assert [selects(f["podSelector"], pod_labels(proxy)) for f in serving["from"]] == [True]
+    assert not selects(serving["from"][0]["podSelector"], pod_labels(decode))
+    channel = int(env_of(prefill)["VLLM_NIXL_SIDE_CHANNEL_PORT"]["value"])
+    assert side["ports"] == [{"port": channel, "protocol": "TCP"}]
+    assert [selects(f["podSelector"], pod_labels(decode)) for f in side["from"]] == [True]
+    assert not selects(side["from"][0]["podSelector"], pod_labels(prefill))
+
+
+def test_the_pools_admit_the_namespace_of_the_prometheus_that_scrapes_them():
+    from inferentia_operator.core.settings import Settings
+
+    made = rendered(pd_model(), Settings(prometheus_namespace="monitoring"))
+    [policy] = [c["spec"] for c in made if (c["kind"], c["metadata"]["name"]) == ("NetworkPolicy", "m-pools")]
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}} in policy["ingress"][0]["from"]
+    assert len(policy["ingress"][1]["from"]) == 1  # the side channel: still the decode pods alone
+
+
+def test_the_operators_prometheus_namespace_reaches_the_pools_policy():
+    from inferentia_operator.core.settings import Settings
+
+    body = {"metadata": {"name": "m", "namespace": "ns", "uid": UID, "generation": 1}, "spec": pd_spec(), "status": {}}
+    decision = decide(Observed.of(body), "2026-01-01T00:00:00Z", Settings(prometheus_namespace="monitoring"))
+    [policy] = [c for c in decision.apply if (c["kind"], c["metadata"]["name"]) == ("NetworkPolicy", "m-pools")]
+    assert policy["spec"]["ingress"][0]["from"][1]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}

@@ -22,6 +22,7 @@ from .core.crd import crd_yaml
 from .core.decide import rendered
 from .core.names import ALLOCATIONS, DEFAULT_EPP_IMAGE, DEFAULT_OPERATOR_IMAGE, DEVICE_PLUGIN
 from .core.pod.model import plan_document
+from .core.rules.identity import check_namespace
 from .core.settings import DEFAULT_SETTINGS, Settings
 from .manifests import Loaded, ModelDocument, load_models
 
@@ -307,6 +308,15 @@ def _limit_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def namespace_name(value: str) -> str:
+    """A namespace flag's value, checked as validate checks metadata.namespace: a wrong one stops
+    the operator at its start rather than failing each model's NetworkPolicy at the API server."""
+    refused = check_namespace(value) if value else []
+    if refused:
+        raise argparse.ArgumentTypeError(refused[0].message)
+    return value
+
+
 def _prometheus_arguments(p: argparse.ArgumentParser) -> None:
     """Where the ScaledObjects of autoscaled models read in-flight requests from, and the
     serving pods' scheduler: the settings of the children `run` writes and `render` prints."""
@@ -366,9 +376,14 @@ def _prometheus_arguments(p: argparse.ArgumentParser) -> None:
         "request at once (for clusters where KEDA cannot reach the holder's port 50051); KEDA then sees it at its next poll",
     )  # fmt: skip
     p.add_argument(
-        "--keda-namespace", default="", metavar="NAMESPACE",
+        "--keda-namespace", default="", metavar="NAMESPACE", type=namespace_name,
         help="where KEDA runs: each holder gets a NetworkPolicy letting only that namespace reach its external scaler "
         "(default: none, no policy)",
+    )  # fmt: skip
+    p.add_argument(
+        "--prometheus-namespace", default="", metavar="NAMESPACE", type=namespace_name,
+        help="where the Prometheus that scrapes the models' pods runs: a disaggregated model's prefill and decode pools admit "
+        "this namespace to their port, which otherwise only the model's proxy reaches (default: none)",
     )  # fmt: skip
 
 
@@ -383,6 +398,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         push_activation=args.push_activation, keda_namespace=args.keda_namespace, node_cache_url=args.node_cache_url,
         node_cache_namespace=args.node_cache_namespace if args.node_cache_url else "", node_views=args.node_views,
         endpoint_picker_image=args.endpoint_picker_image, endpoint_picker_role=args.endpoint_picker_role,
+        prometheus_namespace=args.prometheus_namespace,
     )  # fmt: skip
 
 

@@ -78,10 +78,18 @@ def placed(model: Model, settings: Settings) -> Model:
     nothing, so that what it built once (its plan ConfigMap's content) is not built again."""
     keda = settings.keda_namespace if settings.push_activation else ""
     views = settings.node_views and bool(settings.node_cache_url)
-    wanted = (settings.scheduler_name, settings.node_cache_url, settings.node_cache_namespace, keda, views)
-    if (model.scheduler_name, model.node_cache_url, model.node_cache_namespace, model.keda_namespace, model.node_views) == wanted:
+    wanted = (settings.scheduler_name, settings.node_cache_url, settings.node_cache_namespace, keda, views, settings.prometheus_namespace)
+    now = (
+        model.scheduler_name,
+        model.node_cache_url,
+        model.node_cache_namespace,
+        model.keda_namespace,
+        model.node_views,
+        model.prometheus_namespace,
+    )
+    if now == wanted:
         return model
-    scheduler_name, node_cache_url, node_cache_namespace, keda_namespace, node_views = wanted
+    scheduler_name, node_cache_url, node_cache_namespace, keda_namespace, node_views, prometheus_namespace = wanted
     return replace(
         model,
         scheduler_name=scheduler_name,
@@ -89,6 +97,7 @@ def placed(model: Model, settings: Settings) -> Model:
         node_cache_namespace=node_cache_namespace,
         keda_namespace=keda_namespace,
         node_views=node_views,
+        prometheus_namespace=prometheus_namespace,
     )
 
 

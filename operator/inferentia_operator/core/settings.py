@@ -28,6 +28,9 @@ class Settings:
     # --keda-namespace: where KEDA runs; with push activation, each holder's NetworkPolicy lets
     # only that namespace reach its external scaler. "" no policy.
     keda_namespace: str = ""
+    # --prometheus-namespace: where the Prometheus that scrapes the models' pods runs; a
+    # disaggregated model's pools admit that namespace to their port. "" the model's proxy alone.
+    prometheus_namespace: str = ""
     # --node-cache-url: the node-local artefact cache (the chart's nodeCache DaemonSet, behind a
     # Service that routes to the pod's own node); serving pods' fetch asks it first. "" none.
     node_cache_url: str = ""

@@ -53,6 +53,9 @@ class Model:
     # KEDA's namespace (the operator's --keda-namespace), the one that may reach a holder's
     # external scaler; "" no NetworkPolicy for it.
     keda_namespace: str = ""
+    # The namespace of the Prometheus that scrapes the pods (the operator's --prometheus-namespace),
+    # which a disaggregated model's pools admit to their port; "" only the model's proxy reaches it.
+    prometheus_namespace: str = ""
 
     # The plan ConfigMap's content and name, built once a Model: the Deployment, the compile
     # Job, the ConfigMap itself and the clean-up of superseded plans all name it, and its

@@ -17,7 +17,7 @@ from inferentia_operator.core.pod.part import ChildRef, Part, ref
 from inferentia_operator.core.pod.pools import ROLES, pool_name
 from inferentia_operator.core.serving.deployment import serving_deployment
 from inferentia_operator.core.serving.groups import serving_group
-from inferentia_operator.core.serving.pools import pools, proxy_deployment
+from inferentia_operator.core.serving.pools import pools, pools_policy_name, proxy_deployment
 from inferentia_operator.core.serving.service import disruption_budget, plan_configmap, service, serving_network_policy, serving_policy_name
 
 
@@ -85,9 +85,11 @@ def _stale(
 
 def _stale_pools(model: Model, observed: Observed) -> tuple[ChildRef, ...]:
     """A model without prefill and decode pools any more: each pool's Deployment and Service,
-    which would keep their Neuron chips until the model is deleted. Never someone else's."""
+    which would keep their Neuron chips until the model is deleted, and the pools'
+    NetworkPolicy, which selects no pod then. Never someone else's."""
     names = (pool_name(model, role) for role in ROLES)
-    return tuple((kind, n) for n in names for kind in ("Deployment", "Service") if is_ours(observed.live(kind, n), model))
+    made = [(kind, n) for n in names for kind in ("Deployment", "Service")] + [("NetworkPolicy", pools_policy_name(model))]
+    return tuple((kind, n) for kind, n in made if is_ours(observed.live(kind, n), model))
 
 
 def _pools_part(model: Model, compiled: bool, replicas: int, observed: Observed | None = None) -> ServingPart:

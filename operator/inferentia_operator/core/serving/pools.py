@@ -35,7 +35,7 @@ from inferentia_operator.core.pod.containers import BATCHER_RESOURCES, CONTAINER
 from inferentia_operator.core.pod.meta import child_metadata, labels, proxy_selector, selector
 from inferentia_operator.core.pod.model import Model, plan_configmap_name
 from inferentia_operator.core.pod.pools import KV_ROLES, ROLES, Role, pool_name
-from inferentia_operator.core.pod.ports import named_service, process_base_port
+from inferentia_operator.core.pod.ports import named_service, process_base_port, service_ports
 from inferentia_operator.core.rules.disaggregation import SIDE_CHANNEL_PORT
 from inferentia_operator.core.serving.deployment import serving_deployment
 from inferentia_operator.core.serving.service import plan_configmap
@@ -103,6 +103,39 @@ def pool_service(model: Model, role: Role) -> dict[str, Any]:
     return named_service(model, pool_name(model, role), {**pool_selector(model, role), TRAFFIC_LABEL: TRAFFIC_ON})
 
 
+def pools_policy_name(model: Model) -> str:
+    return model.name + "-pools"
+
+
+def pools_network_policy(model: Model) -> dict[str, Any]:
+    """Who may reach the pools' servers, where the cluster enforces NetworkPolicies
+    (https://kubernetes.io/docs/concepts/services-networking/network-policies/): their serving
+    port the model's proxy alone (and the namespace of the Prometheus that scrapes them, the
+    operator's --prometheus-namespace), and their NIXL side channel the model's decode pods alone.
+
+    Why closed: a client that reached a decode server directly could send it kv_transfer_params
+    naming any remote_host and remote_port, and the server would connect there to read a KV
+    cache (NixlConnector's handshake; the proxy drops a client's kv_transfer_params,
+    programs/pd_proxy.py), and would skip the proxy's limits. The node's own traffic, the
+    kubelet's probes among it, is always allowed; policies add up, so a namespace's own can
+    admit more."""
+    port = [{"port": p["port"], "protocol": "TCP"} for p in service_ports(model)]
+    serving = [{"podSelector": {"matchLabels": proxy_selector(model)}}]
+    if model.prometheus_namespace:
+        serving.append({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": model.prometheus_namespace}}})
+    decode = [{"podSelector": {"matchLabels": pool_selector(model, "decode")}}]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": child_metadata(model, pools_policy_name(model), "serving"),
+        "spec": {
+            "podSelector": {"matchLabels": selector(model), "matchExpressions": [{"key": POOL_LABEL, "operator": "Exists"}]},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": serving, "ports": port}, {"from": decode, "ports": [{"port": SIDE_CHANNEL_PORT, "protocol": "TCP"}]}],
+        },
+    }
+
+
 def proxy_deployment(model: Model, replicas: int) -> dict[str, Any]:
     """The model's Deployment: the operator's proxy (programs/pd_proxy.py) in its own image, on no
     Neuron device, listening on the serving port that the model's Service targets."""
@@ -149,8 +182,11 @@ def proxy_deployment(model: Model, replicas: int) -> dict[str, Any]:
 
 
 def pools(model: Model) -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...]]:
-    """Each pool's plan ConfigMap (one where both pools plan alike) and Service, then each pool's
-    Deployment, which waits for the compiled artefact as the serving Deployment does."""
+    """Each pool's plan ConfigMap (one where both pools plan alike) and Service, the pools'
+    NetworkPolicy, then each pool's Deployment, which waits for the compiled artefact as the
+    serving Deployment does."""
     configmaps = {plan_configmap_name(m): plan_configmap(m) for m in model.pools}
     services = tuple(pool_service(model, role) for role in ROLES)
-    return (*configmaps.values(), *services), tuple(pool_deployment(model, role, m) for role, m in zip(ROLES, model.pools, strict=True))
+    return (*configmaps.values(), *services, pools_network_policy(model)), tuple(
+        pool_deployment(model, role, m) for role, m in zip(ROLES, model.pools, strict=True)
+    )
