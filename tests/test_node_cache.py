@@ -81,6 +81,8 @@ def test_a_file_is_held_only_under_the_sha256_of_its_bytes(cache):
     assert cache.get(sha(data)) == (200, data)
     assert cache.put(data) == 200  # held already: nothing read, nothing written
     assert cache.put(data, name="../../etc/passwd") == 404
+    # A name is the whole SHA-256: Python's "$" would take one with a line break after it.
+    assert cache.put(data, name=sha(data) + "%0A") == 404
     assert cache.metric("inferentia_node_cache_bytes") == len(data)
 
 

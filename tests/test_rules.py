@@ -703,3 +703,26 @@ def test_every_module_of_the_rules_package_is_in_MODULES():
     assert set(listed) == in_package
     for module in rules.MODULES:
         assert isinstance(module.RULES, tuple | list) and isinstance(module.CHECKS, tuple | list), module.__name__
+
+
+# Python's "$" also matches before a string's last line break, RE2's (CEL's matches(), and the
+# API server's checks of the children) only at its end: each pattern is checked whole, so that
+# validate refuses what kubectl apply would.
+TRAILING_BREAK = [
+    ({"serving.env": [{"name": "X\n", "value": "x"}]}, "spec.serving.env: 'X\n' is not a valid environment variable name"),
+    ({"compute.memory": "4Gi\n"}, "spec.compute.memory"),
+    ({"rollout.maxSurge": "25%\n"}, "spec.rollout.maxSurge"),
+    ({"compute.hugepages": "2Mi\n"}, "spec.compute.hugepages"),
+]
+
+
+@pytest.mark.parametrize("overrides,expected", TRAILING_BREAK, ids=lambda v: str(v)[:40])
+def test_a_value_with_a_trailing_line_break_is_refused_as_the_api_server_refuses_it(overrides, expected):
+    lines = error_lines(make_spec(**overrides))
+    assert any(line.startswith(expected) for line in lines), lines
+
+
+def test_a_namespace_with_a_trailing_line_break_is_refused():
+    from inferentia_operator.core.rules.identity import check_name, check_namespace
+
+    assert check_namespace("team\n") and check_name("model\n")

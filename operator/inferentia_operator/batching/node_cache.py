@@ -146,7 +146,7 @@ class NodeCache:
         # sha -> (size, last use), from what an earlier run left whole.
         self.held: dict[str, tuple[int, float]] = {}
         for path in self.blobs.iterdir():
-            if SHA256.match(path.name) and path.is_file():
+            if SHA256.fullmatch(path.name) and path.is_file():
                 self.held[path.name] = (path.stat().st_size, path.stat().st_mtime)
         self.offers: dict[str, int] = {}  # sha -> bytes of it received so far, while it is written
         r = self.registry = CollectorRegistry()
@@ -188,9 +188,9 @@ class NodeCache:
             for name, record in saved.items() if isinstance(saved, dict) else ():
                 namespace, _, key = name.rpartition("/")
                 files, view = (record.get("files"), record.get("view")) if isinstance(record, dict) else (record, None)
-                if HOLD_KEY.match(key) and isinstance(files, list) and files and all(f in self.held for f in files):
+                if HOLD_KEY.fullmatch(key) and isinstance(files, list) and files and all(f in self.held for f in files):
                     self.artefacts[namespace, key] = frozenset(files)
-                    if isinstance(view, str) and SHA256.match(view):
+                    if isinstance(view, str) and SHA256.fullmatch(view):
                         self.views[namespace, key] = view
         except (OSError, ValueError):
             pass
@@ -239,7 +239,7 @@ class NodeCache:
         but only with files this cache holds, and what it buys is a scheduling preference: the
         files themselves are still checked by every fetch against the marker."""
         key = request.match_info["key"]
-        if not HOLD_KEY.match(key):
+        if not HOLD_KEY.fullmatch(key):
             return web.json_response({"error": "an artefact is recorded under its key, 32 hexadecimal digits"}, status=404)
         if request.content_length is None:
             return web.json_response({"error": "a record needs a Content-Length"}, status=411)
@@ -255,7 +255,7 @@ class NodeCache:
         if (
             not isinstance(files, list)
             or not 0 < len(files) <= MAX_ARTEFACT_FILES
-            or not all(isinstance(f, str) and SHA256.match(f) for f in files)
+            or not all(isinstance(f, str) and SHA256.fullmatch(f) for f in files)
         ):
             return web.json_response(
                 {"error": f'a record is a JSON list of 1 to {MAX_ARTEFACT_FILES} SHA-256s, or {{"files": {{name: SHA-256}}}}'}, status=400
@@ -405,7 +405,7 @@ class NodeCache:
 
     async def get(self, request: web.Request, _namespace: str) -> web.StreamResponse:
         sha = request.match_info["sha"]
-        if not SHA256.match(sha):
+        if not SHA256.fullmatch(sha):
             return web.json_response({"error": "a file is asked for by its SHA-256, 64 hexadecimal digits"}, status=404)
         if sha not in self.held:
             return self._miss(sha, request.query.get("lease"))
@@ -489,7 +489,7 @@ class NodeCache:
 
     async def put(self, request: web.Request, _namespace: str) -> web.Response:
         sha = request.match_info["sha"]
-        if not SHA256.match(sha):
+        if not SHA256.fullmatch(sha):
             return self._refuse(404, "name", "a file is offered under its SHA-256, 64 hexadecimal digits")
         if sha in self.offers:
             return self._refuse(409, "busy", "that file is being stored already")

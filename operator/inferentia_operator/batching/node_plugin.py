@@ -181,9 +181,9 @@ class NodePlugin:
         refusal = (
             "only as a CSI ephemeral inline volume of a pod" if attributes.get(EPHEMERAL) != "true"
             else "only read-only: readOnly: true" if not request.readonly
-            else f"volumeAttributes.{KEY_ATTRIBUTE} must be an artefact's key, 32 hexadecimal digits (core/holds.py)" if not HOLD_KEY.match(key)
-            else f"no pod namespace ({POD_NAMESPACE}): the CSIDriver must say podInfoOnMount: true" if not NAMESPACE.match(namespace)
-            else "a volume id of letters, digits and -_." if not VOLUME_ID.match(request.volume_id)
+            else f"volumeAttributes.{KEY_ATTRIBUTE} must be an artefact's key, 32 hexadecimal digits (core/holds.py)" if not HOLD_KEY.fullmatch(key)
+            else f"no pod namespace ({POD_NAMESPACE}): the CSIDriver must say podInfoOnMount: true" if not NAMESPACE.fullmatch(namespace)
+            else "a volume id of letters, digits and -_." if not VOLUME_ID.fullmatch(request.volume_id)
             else f"a target path under {self.kubelet_dir / 'pods'}" if not self._in_pods(target)
             else None
         )  # fmt: skip
@@ -249,7 +249,7 @@ class NodePlugin:
 
     async def unpublish(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         target = Path(request.target_path)
-        if not VOLUME_ID.match(request.volume_id) or not self._in_pods(target):
+        if not VOLUME_ID.fullmatch(request.volume_id) or not self._in_pods(target):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a volume id and a target path under {self.kubelet_dir / 'pods'}")
         try:
             await asyncio.to_thread(self._unpublish, request.volume_id, target)

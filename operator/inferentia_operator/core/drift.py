@@ -28,10 +28,10 @@ def quantity(value: Any) -> Decimal | None:
         return Decimal(str(value))
     if not isinstance(value, str):
         return None
-    match = _QUANTITY.match(value)
+    match = _QUANTITY.fullmatch(value)
     if not match or match.group(2) not in _SUFFIXES:
         try:
-            return Decimal(value) if re.match(r"^[+-]?[0-9.]+[eE][+-]?[0-9]+$", value) else None
+            return Decimal(value) if re.fullmatch(r"^[+-]?[0-9.]+[eE][+-]?[0-9]+$", value) else None
         except InvalidOperation:
             return None
     try:

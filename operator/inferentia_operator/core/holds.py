@@ -73,4 +73,4 @@ def view_name(name: object) -> bool:
 def held_keys(labels: Mapping[str, object]) -> frozenset[str]:
     """The artefacts a node cache's pod says it holds whole: its ``holds.inferentia.dev/<key>: "true"`` labels."""
     keys = (name[len(HOLDS_PREFIX) :] for name, value in labels.items() if name.startswith(HOLDS_PREFIX) and value == "true")
-    return frozenset(k for k, _ in zip((k for k in keys if HOLD_KEY.match(k)), range(MAX_HELD_KEYS), strict=False))
+    return frozenset(k for k, _ in zip((k for k in keys if HOLD_KEY.fullmatch(k)), range(MAX_HELD_KEYS), strict=False))

@@ -51,7 +51,7 @@ HUGEPAGES_WHOLE = CrossFieldRule(
 
 def _whole_hugepages(value: str) -> bool:
     """HUGEPAGES_WHOLE's test: a quantity of at least one whole 2 MiB page."""
-    amount = quantity(value) if re.match(QUANTITY_GRAMMAR, value) else None
+    amount = quantity(value) if re.fullmatch(QUANTITY_GRAMMAR, value) else None
     return amount is not None and amount > 0 and amount % HUGEPAGE_BYTES == 0
 
 
@@ -178,22 +178,22 @@ def _env_field_ok(e: EnvVar) -> bool:
     field_ok = (
         source.field_ref is None
         or source.field_ref.field_path in FIELD_PATHS
-        or bool(re.match(FIELD_PATH_PATTERN, source.field_ref.field_path))
+        or bool(re.fullmatch(FIELD_PATH_PATTERN, source.field_ref.field_path))
     )
     return field_ok and (source.resource_field_ref is None or source.resource_field_ref.resource in RESOURCES)
 
 
 def _env_key_ref_ok(e: EnvVar) -> bool:
     refs = [] if e.value_from is None else [e.value_from.secret_key_ref, e.value_from.config_map_key_ref]
-    return all(r is None or bool(re.match(SUBDOMAIN_PATTERN, r.name) and re.match(CONFIG_KEY_PATTERN, r.key)) for r in refs)
+    return all(r is None or bool(re.fullmatch(SUBDOMAIN_PATTERN, r.name) and re.fullmatch(CONFIG_KEY_PATTERN, r.key)) for r in refs)
 
 
 def _env_from_ok(s: EnvFromSource) -> bool:
     refs = [r for r in (s.secret_ref, s.config_map_ref) if r is not None]
     return (
         len(refs) == 1
-        and bool(re.match(SUBDOMAIN_PATTERN, refs[0].name))
-        and (s.prefix is None or bool(re.match(ENV_NAME_PATTERN, s.prefix)))
+        and bool(re.fullmatch(SUBDOMAIN_PATTERN, refs[0].name))
+        and (s.prefix is None or bool(re.fullmatch(ENV_NAME_PATTERN, s.prefix)))
     )
 
 
@@ -276,7 +276,7 @@ ROLLOUT_VALUE = {"maxSurge": bound_rule("maxSurge", ""), "maxUnavailable": bound
 def bound_findings(rule: CrossFieldRule, value: int | str, most: str) -> list[Finding]:
     """``rule``'s finding when ``value`` is no count or percentage (above ``most`` per cent, if given)."""
     text = str(value)
-    if re.match(INT_OR_PERCENT, text) and not (most and text.endswith("%") and int(text[:-1]) > int(most)):
+    if re.fullmatch(INT_OR_PERCENT, text) and not (most and text.endswith("%") and int(text[:-1]) > int(most)):
         return []
     return [rule.finding(text, f" up to {most}%" if most else "", "25%")]
 
@@ -295,13 +295,13 @@ def _check_child_values(spec: InferentiaModelSpec, fam: Family) -> list[Finding]
     """The values the API server would refuse in a child."""
     found = []
     for field, value in (("cpu", spec.compute.cpu), ("memory", spec.compute.memory)):
-        if not re.match(QUANTITY_GRAMMAR, value):
+        if not re.fullmatch(QUANTITY_GRAMMAR, value):
             found.append(QUANTITY[field].finding(value))
     for field, optional in (("cpu", spec.compile.cpu), ("memory", spec.compile.memory)):
-        if optional is not None and not re.match(QUANTITY_GRAMMAR, optional):
+        if optional is not None and not re.fullmatch(QUANTITY_GRAMMAR, optional):
             found.append(COMPILE_QUANTITY[field].finding(optional))
     for field, scratch in (("homeSize", spec.serving.home_size), ("tmpSize", spec.serving.tmp_size)):
-        if scratch is not None and not re.match(QUANTITY_GRAMMAR, scratch):
+        if scratch is not None and not re.fullmatch(QUANTITY_GRAMMAR, scratch):
             found.append(SCRATCH_QUANTITY[field].finding(scratch))
     hugepages = spec.compute.hugepages
     if hugepages is not None and not _whole_hugepages(hugepages):
@@ -311,12 +311,12 @@ def _check_child_values(spec: InferentiaModelSpec, fam: Family) -> list[Finding]
     if port + p - 1 > 65535:
         found.append(PORTS_FIT.finding(port, port + p - 1, p, 65536 - p))
     env = spec.serving.env or []
-    bad_names = [e.name for e in env if not re.match(ENV_NAME_PATTERN, e.name)]
+    bad_names = [e.name for e in env if not re.fullmatch(ENV_NAME_PATTERN, e.name)]
     if bad_names:
         found.append(ENV_NAME.finding(bad_names[0]))
     found += _check_env_references(spec)
     for key, name in (("storageSecret", spec.compile.storage_secret), ("serviceAccountName", spec.service_account_name)):
-        if name is not None and not re.match(SUBDOMAIN_PATTERN, name):
+        if name is not None and not re.fullmatch(SUBDOMAIN_PATTERN, name):
             found.append(OBJECT_NAMES[key].finding(name))
     for key, values in (
         ("args", spec.serving.args or []),

@@ -28,7 +28,7 @@ NAME = CrossFieldRule(
 def check_name(name: Any) -> list[Finding]:
     if not isinstance(name, str) or not name:
         return [Finding("metadata.name", "is required")]
-    if len(name) > MAX_NAME_LENGTH or not re.match(NAME_PATTERN, name):
+    if len(name) > MAX_NAME_LENGTH or not re.fullmatch(NAME_PATTERN, name):
         return [NAME.finding(name)]
     return []
 
@@ -40,7 +40,7 @@ NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 def check_namespace(namespace: Any) -> list[Finding]:
     if namespace is None:
         return []
-    if not isinstance(namespace, str) or len(namespace) > 63 or not re.match(NAMESPACE_PATTERN, namespace):
+    if not isinstance(namespace, str) or len(namespace) > 63 or not re.fullmatch(NAMESPACE_PATTERN, namespace):
         shown = namespace if isinstance(namespace, str) else "a non-string"
         return [
             Finding(

@@ -130,7 +130,7 @@ def _check_topology(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     key = spec.compute.topology_key
     if key is None:
         return []
-    found = [] if re.match(LABEL_KEY_PATTERN, key) else [NODES_TOPOLOGY_KEY.finding(key)]
+    found = [] if re.fullmatch(LABEL_KEY_PATTERN, key) else [NODES_TOPOLOGY_KEY.finding(key)]
     if spec.compute.nodes == 1:
         found.append(NODES_TOPOLOGY_ALONE.finding())
     return found

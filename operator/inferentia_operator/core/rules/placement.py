@@ -97,7 +97,7 @@ HOST_FITS = CrossFieldRule(
 def _check_host_fits(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     c = spec.compute
     cpu, memory = quantity(c.cpu), quantity(c.memory)
-    if not (re.match(QUANTITY_GRAMMAR, c.cpu) and re.match(QUANTITY_GRAMMAR, c.memory)) or cpu is None or memory is None:
+    if not (re.fullmatch(QUANTITY_GRAMMAR, c.cpu) and re.fullmatch(QUANTITY_GRAMMAR, c.memory)) or cpu is None or memory is None:
         return []
     if not c.one_request or lnc_of(spec, fam) not in fam.lnc_values:
         return []

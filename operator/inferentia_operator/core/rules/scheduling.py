@@ -94,7 +94,7 @@ def _requirement_ok(e: NodeSelectorRequirement) -> bool:
         return bool(values)
     if e.operator in ("Exists", "DoesNotExist"):
         return not values
-    return len(values) == 1 and bool(re.match(_INTEGER, values[0]))
+    return len(values) == 1 and bool(re.fullmatch(_INTEGER, values[0]))
 
 
 def _terms(p: Placement) -> Iterator[NodeSelectorTerm]:
@@ -118,7 +118,7 @@ def _check_placement(node: str, p: Placement) -> list[Finding]:
     bad = [e for term in _terms(p) for e in term.match_expressions or () if not _requirement_ok(e)]
     if bad:
         found.append(rules["requirement"].finding())
-    if p.priority_class_name is not None and not re.match(SUBDOMAIN_PATTERN, p.priority_class_name):
+    if p.priority_class_name is not None and not re.fullmatch(SUBDOMAIN_PATTERN, p.priority_class_name):
         found.append(rules["priority"].finding(p.priority_class_name))
     return found
 
