@@ -559,3 +559,27 @@ def test_a_namespace_flag_that_names_no_namespace_stops_the_cli_with_the_reason(
         main(["render", flag, "Team_A", "-"])
     assert stopped.value.code == 2
     assert f"argument {flag}: 'Team_A' is not a valid namespace; valid namespaces are at most 63" in capsys.readouterr().err
+
+
+BATCH = ["batch", "--port", "1", "--processes", "1", "--process-base-port", "2", "--max-batch-size", "1", "--max-latency-ms", "1"]
+HOLD = ["hold", "--upstream", "127.0.0.1", "--ports", "1"]
+
+
+@pytest.mark.parametrize("command", [BATCH, HOLD], ids=["batch", "hold"])
+@pytest.mark.parametrize(
+    "flags,why",
+    [
+        (["--max-peer-connections", "0"], "--max-peer-connections: '0': valid values are finite numbers above 0"),
+        (["--max-peer-connections", "many"], "--max-peer-connections: 'many': valid values are finite numbers above 0"),
+        (["--peer-body-budget-mib", "nan"], "--peer-body-budget-mib: 'nan': valid values are finite numbers above 0"),
+        (["--max-connections", "10", "--max-peer-connections", "11"], "--max-peer-connections 11 is more than --max-connections 10"),
+        (["--peer-body-budget-mib", "9"], "--peer-body-budget-mib 9 is more than --body-budget-mib 8"),
+        (["--peer-body-budget-mib", "1"], "--peer-body-budget-mib 1 is less than --max-body-mib 4: a body between them could never"),
+    ],
+)
+def test_one_address_s_share_is_a_number_within_the_caps_or_the_server_does_not_start(command, flags, why):
+    """Each is refused before anything listens, exit 2 with why (a server that started would outlast the timeout)."""
+    # This checkout's CLI, as the tests import it (run_cli_process's bare environment finds the installed one).
+    result = subprocess.run([sys.executable, "-m", "inferentia_operator", *command, *flags], capture_output=True, timeout=60)
+    assert result.returncode == 2 and b"Traceback" not in result.stderr
+    assert why in result.stderr.decode(), result.stderr

@@ -95,7 +95,10 @@ def front_end(tmp_path_factory) -> Iterator[FrontEndProcess]:
         [sys.executable, "-m", "inferentia_operator", "batch", "--host", "127.0.0.1", "--port", str(port)]
         + ["--processes", "1", "--process-base-port", str(model_port), "--max-batch-size", "8", "--max-latency-ms", str(MAX_LATENCY_MS)]
         + ["--header-timeout-s", str(HEADER_TIMEOUT), "--body-timeout-s", str(BODY_TIMEOUT)]
-        + ["--max-connections", str(MAX_CONNECTIONS), "--max-body-mib", str(MAX_BODY_MIB), "--body-budget-mib", str(BODY_BUDGET_MIB)],
+        + ["--max-connections", str(MAX_CONNECTIONS), "--max-body-mib", str(MAX_BODY_MIB), "--body-budget-mib", str(BODY_BUDGET_MIB)]
+        # Every client here is 127.0.0.1, and these cases are about the bounds of all clients
+        # together: one address may take them whole. Its share is tested in test_hostile_requests.py.
+        + ["--max-peer-connections", str(MAX_CONNECTIONS), "--peer-body-budget-mib", str(BODY_BUDGET_MIB)],
         stderr=(logs / "front-end.log").open("w"),
         text=True,
     )
@@ -505,6 +508,8 @@ def test_the_documented_limits_are_the_defaults():
         "--max-body-mib": DEFAULT_LIMITS.max_body / MIB,
         "--body-budget-mib": DEFAULT_LIMITS.body_budget / MIB,
         "--process-timeout-s": DEFAULT_LIMITS.process_timeout,
+        "--max-peer-connections": DEFAULT_LIMITS.max_peer_connections,
+        "--peer-body-budget-mib": DEFAULT_LIMITS.peer_budget / MIB,
     }
 
 

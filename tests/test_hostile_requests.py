@@ -73,8 +73,9 @@ class Server:
             lines = r.read().decode().splitlines()
         return next(float(line.split()[-1]) for line in lines if line.startswith((name + " ", name + "{")))
 
-    def post(self, body: bytes, headers: dict[str, str] | None = None, timeout: float = 30) -> tuple[int, bytes]:
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+    def post(self, body: bytes, headers: dict[str, str] | None = None, timeout: float = 30, source: str | None = None) -> tuple[int, bytes]:
+        """``body`` POSTed to /, from ``source`` (an address of loopback's 127.0.0.0/8) if given."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout, source_address=(source, 0) if source else None)
         try:
             connection.request("POST", "/", body, {"Content-Type": "application/json", **(headers or {})})
             answer = connection.getresponse()
@@ -123,8 +124,14 @@ def status_of(answer: bytes) -> int | None:
     return int(answer.split()[1]) if answer.startswith(b"HTTP/1.") else None
 
 
+# Where the normal client connects from: another client is another address, as in a cluster,
+# so that it is held to its own share of what one address may hold, not the hostile client's.
+# Every hostile client here connects from 127.0.0.1.
+OTHER_ADDRESS = "127.0.0.2"
+
+
 class NormalClient:
-    """A well-behaved client beside the hostile one: a small valid request every 50 ms."""
+    """A well-behaved client beside the hostile one, from another address: a small valid request every 50 ms."""
 
     def __init__(self, server: Server, body: bytes, ok: set[int] | None = None):
         self.server, self.body, self.ok = server, body, ok or {200}
@@ -135,7 +142,7 @@ class NormalClient:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.seen.append(self.server.post(self.body, timeout=20)[0])
+                self.seen.append(self.server.post(self.body, timeout=20, source=OTHER_ADDRESS)[0])
             except OSError:
                 self.seen.append(-1)
             time.sleep(0.05)
@@ -512,6 +519,85 @@ def test_a_holder_checks_its_limits_before_it_reads_a_body(logs):
         holder.assert_clean_log()
     finally:
         _stop(holder.process)
+
+
+# --- one address ----------------------------------------------------------------------------------
+
+
+def _front_end_or_holder(which: str, port: int, model_port: int, *flags: str) -> list[str]:
+    if which == "front-end":
+        return _front_end_command(port, model_port, *flags)
+    return [
+        sys.executable, "-m", "inferentia_operator", "hold", "--host", "127.0.0.1", "--upstream", "127.0.0.1",
+        "--ports", f"{port}:{model_port}", "--hold-seconds", "30", *flags,
+    ]  # fmt: skip
+
+
+def _opened(port: int, count: int, send: bytes = b"") -> list[socket.socket]:
+    """``count`` connections from 127.0.0.1, each sent ``send`` and then nothing."""
+    held = []
+    for _ in range(count):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        if send:
+            s.sendall(send)
+        held.append(s)
+    return held
+
+
+def _answered_at_once(held: list[socket.socket]) -> list[int | None]:
+    """Each connection's status if it was answered within two seconds of now (None: still waiting)."""
+    time.sleep(2)
+    statuses: list[int | None] = []
+    for s in held:
+        s.setblocking(False)
+        try:
+            statuses.append(status_of(s.recv(4096)))
+        except BlockingIOError:
+            statuses.append(None)
+    return statuses
+
+
+@pytest.mark.parametrize("which", ["front-end", "holder"])
+def test_one_address_holds_at_most_its_share_of_the_connections(which, logs):
+    """One address opening every connection the cap admits (16 here) once left none for anyone
+    else until the header deadline, and opened them again. Now it holds its share (half, 8) and
+    the rest of its connections get the canned 503 at once; another address is answered."""
+    with stand_in_model() as (model_port, _):
+        port = free_port()
+        flags = ("--max-connections", "16", "--header-timeout-s", "20")
+        with running(_start(f"{which}-peer-connections", _front_end_or_holder(which, port, model_port, *flags), port, logs)) as server:
+            held = _opened(port, 16)
+            try:
+                statuses = _answered_at_once(held)
+                assert statuses.count(503) == 8 and statuses.count(None) == 8, statuses
+                assert server.post(b"[1.0, 2.0]", source=OTHER_ADDRESS, timeout=10)[0] == 200
+                more = _opened(port, 1)
+                assert _answered_at_once(more) == [503], "the address still holds its share"
+                more[0].close()
+            finally:
+                for s in held:
+                    s.close()
+
+
+@pytest.mark.parametrize("which", ["front-end", "holder"])
+def test_one_address_s_unsent_bodies_hold_at_most_its_share_of_the_budget(which, logs):
+    """128 requests from one address that declare a 64 KiB body and send none once held the
+    whole 8 MiB budget until the body deadline, and every other client got 503. Now the address
+    holds its share (half the budget, 4 MiB: 64 of them), the rest are shed at once, and another
+    address's request is answered meanwhile."""
+    with stand_in_model() as (model_port, _):
+        port = free_port()
+        flags = ("--body-timeout-s", "20", "--header-timeout-s", "20")
+        with running(_start(f"{which}-peer-budget", _front_end_or_holder(which, port, model_port, *flags), port, logs)) as server:
+            declared = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 65536\r\n\r\n"
+            held = _opened(port, 128, declared)
+            try:
+                statuses = _answered_at_once(held)
+                assert statuses.count(503) == 64 and statuses.count(None) == 64, statuses
+                assert server.post(b"[1.0, 2.0]", source=OTHER_ADDRESS, timeout=10)[0] == 200
+            finally:
+                for s in held:
+                    s.close()
 
 
 # --- padding ------------------------------------------------------------------------------------

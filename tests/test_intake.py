@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from inferentia_operator.batching import model_server
 from inferentia_operator.batching.frontend import FrontEnd
-from inferentia_operator.batching.limits import MAX_DEPTH, BadInput, Budget, Limits, depth_of, parse_input
+from inferentia_operator.batching.limits import MAX_DEPTH, PEER_SHARE, BadInput, Budget, Limits, depth_of, parse_input
 from inferentia_operator.core.serving.front_end import batcher_container
 from test_children import THROUGHPUT, model
 
@@ -25,7 +25,9 @@ class Clock:
         return self.now
 
 
-LIMITS = Limits(body_budget=8 * 1024, max_body=4 * 1024, body_timeout=30, process_timeout=300)
+# One address may hold the whole budget here: these cases are about the budget's tiers and its
+# stall; the share of one address has its own below.
+LIMITS = Limits(body_budget=8 * 1024, max_body=4 * 1024, body_timeout=30, process_timeout=300, peer_budget=8 * 1024)
 
 
 def test_a_budget_grows_a_charge_only_where_there_is_room_and_always_shrinks_it():
@@ -54,6 +56,48 @@ def test_the_budget_stalls_only_while_it_holds_bytes_and_refuses_every_request()
     budget.resize(7000, 0)
     budget.resize(10, 0)  # the budget empties: the next request would be admitted
     assert budget.stalled_for() == 0
+
+
+def test_one_address_holds_at_most_its_share_of_the_budget_and_another_is_still_admitted():
+    budget = Budget(Limits(body_budget=8 * 1024, max_body=2 * 1024, peer_budget=3 * 1024), Clock())
+    assert budget.resize(0, 2000, peer="10.0.0.1") and budget.resize(0, 1000, peer="10.0.0.1")
+    assert not budget.resize(0, 100, peer="10.0.0.1"), "past its share of 3,072 bytes"
+    assert not budget.resize(1000, 1200, peer="10.0.0.1"), "a charge grown past the share"
+    assert budget.held == 3000
+    assert budget.resize(0, 2000, peer="10.0.0.2") and budget.held == 5000
+    assert budget.stalled_for() == 0, "one address over its share is no stall of the whole"
+
+
+def test_one_address_over_its_share_does_not_start_a_stall():
+    clock = Clock()
+    budget = Budget(Limits(body_budget=8 * 1024, max_body=2 * 1024, peer_budget=3 * 1024), clock)
+    budget.resize(0, 3000, peer="10.0.0.1")
+    assert not budget.resize(0, 500, peer="10.0.0.1")
+    clock.now = 100
+    assert budget.stalled_for() == 0
+
+
+def test_the_bookkeeping_of_addresses_holds_only_those_holding_bytes():
+    """An attacker with many source addresses: each is kept only while it holds a charge, so the
+    addresses kept are never more than the requests in flight."""
+    budget = Budget(Limits(), Clock())
+    for i in range(10_000):
+        peer = f"10.{i // 65536}.{i // 256 % 256}.{i % 256}"
+        assert budget.resize(0, 10, peer=peer)
+        assert budget.resize(10, 0, peer=peer)
+    assert budget.held == 0 and budget.peers() == 0
+    assert budget.resize(0, 0, peer="10.9.9.9") and budget.peers() == 0, "a request without a body keeps nothing"
+
+
+def test_the_shares_of_one_address_follow_the_caps_unless_set():
+    d = Limits()
+    assert d.max_peer_connections == d.max_connections // PEER_SHARE
+    assert d.peer_budget == d.body_budget // PEER_SHARE >= d.max_body
+    small = Limits(max_connections=10, body_budget=4 * 1024 * 1024, max_body=3 * 1024 * 1024)
+    assert small.max_peer_connections == 5
+    assert small.peer_budget == 3 * 1024 * 1024, "at least one largest body, or it could never be admitted"
+    assert Limits(max_connections=1).max_peer_connections == 1
+    assert Limits(max_peer_connections=7, peer_budget=9).max_peer_connections == 7
 
 
 @pytest.mark.parametrize("depth", [1, 2, MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1, 500, 977, 978, 979, 1000, 5000, 100_000])

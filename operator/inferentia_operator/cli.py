@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -13,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from .batching.limits import DEFAULT_LIMITS, MIB, Limits
+from .batching.limits import DEFAULT_LIMITS, MIB, PEER_SHARE, Limits
 from .core.api import InferentiaModelSpec, Plan
 from .core.autoscaling import Prometheus, target_in_flight
 from .core.catalogue import FAMILIES, GIB
@@ -27,6 +28,7 @@ from .core.settings import DEFAULT_SETTINGS, Settings
 from .manifests import Loaded, ModelDocument, load_models
 
 EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
+EXIT_USAGE = 2  # argparse's own, for flags that do not go together
 
 
 def _report(doc: ModelDocument, out: Any) -> None:
@@ -213,21 +215,43 @@ def cmd_crd(args: argparse.Namespace) -> int:
 def cmd_batch(args: argparse.Namespace) -> int:
     from .batching.frontend import serve  # aiohttp loads only for this command
 
+    limits = _limits(args, "batch")
+    if limits is None:
+        return EXIT_USAGE
     backends = [f"http://127.0.0.1:{args.process_base_port + i}" for i in range(args.processes)]
     buckets = json.loads(args.buckets) if args.buckets else None
-    serve(args.port, backends, args.max_batch_size, args.max_latency_ms / 1000, buckets, _limits(args), args.host)
+    serve(args.port, backends, args.max_batch_size, args.max_latency_ms / 1000, buckets, limits, args.host)
     return EXIT_OK
 
 
-def _limits(args: argparse.Namespace) -> Limits:
-    return Limits(
+def _limits(args: argparse.Namespace, command: str) -> Limits | None:
+    """The limits the flags set, or None (the reason printed) when one address's share is not
+    one: more than all addresses may hold, or a budget share set below the largest body, which
+    could then never be admitted from any address (unset, it is at least one)."""
+    limits = Limits(
         header_timeout=args.header_timeout_s,
         body_timeout=args.body_timeout_s,
         max_connections=args.max_connections,
         max_body=int(args.max_body_mib * MIB),
         body_budget=int(args.body_budget_mib * MIB),
         process_timeout=args.process_timeout_s,
+        max_peer_connections=args.max_peer_connections or 0,
+        # At least a byte: 0 would mean the default.
+        peer_budget=max(1, int(args.peer_body_budget_mib * MIB)) if args.peer_body_budget_mib else 0,
     )
+    wrong = []
+    if limits.max_peer_connections > limits.max_connections:
+        wrong.append(f"--max-peer-connections {limits.max_peer_connections} is more than --max-connections {limits.max_connections}")
+    if limits.peer_budget > limits.body_budget:
+        wrong.append(f"--peer-body-budget-mib {args.peer_body_budget_mib:g} is more than --body-budget-mib {args.body_budget_mib:g}")
+    if args.peer_body_budget_mib and limits.peer_budget < limits.max_body:
+        wrong.append(
+            f"--peer-body-budget-mib {args.peer_body_budget_mib:g} is less than --max-body-mib {args.max_body_mib:g}: "
+            "a body between them could never be admitted"
+        )
+    for why in wrong:
+        print(f"{command}: {why}", file=sys.stderr)
+    return None if wrong else limits
 
 
 def _port_pairs(value: str) -> list[tuple[int, int]]:
@@ -273,8 +297,11 @@ def cmd_node_cache(args: argparse.Namespace) -> int:
 def cmd_hold(args: argparse.Namespace) -> int:
     from .batching.holder import serve, upstream_host  # aiohttp loads only for this command
 
+    limits = _limits(args, "hold")
+    if limits is None:
+        return EXIT_USAGE
     upstream = args.upstream or upstream_host(args.upstream_service, os.environ)
-    serve(upstream, args.ports, args.hold_seconds, args.max_held, _limits(args), args.host, args.scaler_port, args.target)
+    serve(upstream, args.ports, args.hold_seconds, args.max_held, limits, args.host, args.scaler_port, args.target)
     return EXIT_OK
 
 
@@ -306,6 +333,32 @@ def _limit_arguments(p: argparse.ArgumentParser) -> None:
         "--process-timeout-s", type=float, default=d.process_timeout,
         help="one call to a model process or replica, from sending to its answer (the holder: to its next byte)",
     )  # fmt: skip
+    # Unset: a share of the caps above (batching.limits.PEER_SHARE), derived from them as given.
+    p.add_argument(
+        "--max-peer-connections", type=_above_zero(int), metavar="N",
+        help=f"open connections from one client address; more are answered 503 and closed (default: --max-connections / "
+        f"{PEER_SHARE}, {d.max_peer_connections})",
+    )  # fmt: skip
+    p.add_argument(
+        "--peer-body-budget-mib", type=_above_zero(float), metavar="MIB",
+        help=f"bodies one client address holds at once; more are answered 503 (default: --body-budget-mib / {PEER_SHARE}, "
+        f"at least --max-body-mib, {d.peer_budget / MIB:g})",
+    )  # fmt: skip
+
+
+def _above_zero(kind: Callable[[str], int | float]) -> Callable[[str], int | float]:
+    """An argparse type: a finite number of ``kind`` above 0 (else exit 2 with why)."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"{text!r}: valid values are finite numbers above 0")
+        return value
+
+    return parse
 
 
 def namespace_name(value: str) -> str:

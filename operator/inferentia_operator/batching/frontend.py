@@ -16,7 +16,8 @@ Also: ``GET /metrics`` (Prometheus), ``GET /healthz`` (the front end runs), ``GE
 What a hostile or broken client can cost is bounded by ``Limits`` (docs/security.md): a
 deadline for the headers and one for the body, a cap on open connections, and a budget of
 body bytes held at once (charged before a body is read, and an input's padded size before it
-is padded), so the batcher stays inside its container's memory limit whatever arrives. Every
+is padded), so the batcher stays inside its container's memory limit whatever arrives; and
+one client address holds at most its share of the connections and of the budget. Every
 exception on a request's path answers that request and releases what it held.
 """
 
@@ -128,7 +129,7 @@ class FrontEnd:
         return self._session
 
     async def predict(self, request: web.Request) -> web.Response:
-        charge = Charge(self.budget)
+        charge = Charge.of(self.budget, request)
         try:
             response = await self._predict(request, charge)
         except Refusal as refusal:
@@ -177,7 +178,7 @@ class FrontEnd:
             # bucket costs what the bucket holds.
             padded = math.prod(bucket) * PADDED_ELEMENT_BYTES
             if padded > charge.bytes and not charge.to(padded):
-                if padded > self.limits.budget_for(padded):
+                if padded > min(self.limits.budget_for(padded), self.limits.peer_budget):
                     raise Refusal(
                         413, f"padded to bucket {list(bucket)}, the input needs {padded} bytes, more than the front end's body budget"
                     )
@@ -492,7 +493,8 @@ async def run(front: FrontEnd, host: str, port: int, stop: asyncio.Event | None 
     server = runner.server
     assert server is not None
     front.metrics.connections.set_function(lambda: len(server.connections))
-    site = LimitedSite(runner, host, port, limits.max_connections, front.metrics.rejected.labels("503").inc)
+    refused = front.metrics.rejected.labels("503").inc
+    site = LimitedSite(runner, host, port, limits.max_connections, refused, per_peer=limits.max_peer_connections)
     await site.start()
     try:
         await (stop or asyncio.Event()).wait()

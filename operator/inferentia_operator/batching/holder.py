@@ -171,7 +171,7 @@ class Holder:
             answer = self._refuse(503, f"{self.max_held} requests are held already; retry later")
             answer.force_close()
             return answer
-        charge = Charge(self.budget)
+        charge = Charge.of(self.budget, request)
         self._count(+1)
         try:
             return await self._forward(request, charge)
@@ -293,7 +293,10 @@ async def run(
             )  # fmt: skip
             await runner.setup()
             runners.append(runner)
-            site = LimitedSite(runner, host, port, holder.limits.max_connections, holder.metrics.rejected.labels("503").inc)
+            site = LimitedSite(
+                runner, host, port, holder.limits.max_connections, holder.metrics.rejected.labels("503").inc,
+                per_peer=holder.limits.max_peer_connections,
+            )  # fmt: skip
             await site.start()
         holder.metrics.connections.set_function(lambda: sum(len(r.server.connections) for r in runners if r.server is not None))
         await (stop or asyncio.Event()).wait()

@@ -39,20 +39,27 @@ class Refusal(Exception):
 
 
 class Charge:
-    """What one request holds of a budget, from before its body is read until it is answered."""
+    """What one request, from the client address ``peer``, holds of a budget, from before its
+    body is read until it is answered."""
 
-    def __init__(self, budget: Budget) -> None:
-        self.budget, self.bytes = budget, 0
+    def __init__(self, budget: Budget, peer: str) -> None:
+        self.budget, self.peer, self.bytes = budget, peer, 0
+
+    @classmethod
+    def of(cls, budget: Budget, request: web.Request) -> Charge:
+        """The charge of ``request``, held by the address it came from (as the socket has it:
+        behind a source NAT or a proxy, every client shares the proxy's)."""
+        return cls(budget, request.remote or "")
 
     def to(self, size: int) -> bool:
-        """Holds ``size`` bytes from now on; False (holding what it held) when the budget has no room."""
-        if not self.budget.resize(self.bytes, size):
+        """Holds ``size`` bytes from now on; False (holding what it held) when the budget, or its address's share, has no room."""
+        if not self.budget.resize(self.bytes, size, self.peer):
             return False
         self.bytes = size
         return True
 
     def release(self) -> None:
-        self.budget.resize(self.bytes, 0)
+        self.budget.resize(self.bytes, 0, self.peer)
         self.bytes = 0
 
 

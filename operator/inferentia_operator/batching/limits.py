@@ -32,6 +32,15 @@ MEMORY_PER_BUDGET_BYTE = 20
 # bytes, 4 budget bytes.
 PADDED_ELEMENT_MEMORY = 8 + 2 * 3 + 20 + 32
 PADDED_ELEMENT_BYTES = -(-PADDED_ELEMENT_MEMORY // MEMORY_PER_BUDGET_BYTE)
+# One client address may hold at most the open connections, and the body budget, over this,
+# unless set on its own. A half, not the disaggregated proxy's quarter: the front end's clients
+# often come through few addresses (an inference gateway's or ingress's proxy replicas, a source
+# NAT: a NodePort Service masquerades its clients to the node's address), and a quarter would
+# hold a gateway with one replica to a quarter of the front end; the budget's share must also
+# take one largest body, and 8 MiB / 4 is less than 4 MiB. A half still keeps one address from
+# taking everything: another (a second client, Prometheus, the kubelet's probes when they come
+# from another address than the client's) always finds the other half.
+PEER_SHARE = 2
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,18 @@ class Limits:
     # One call to a model process (the front end) or a replica (the holder's forward), from
     # sending to the whole answer. It bounds how long a request can hold its part of the budget.
     process_timeout: float = 300.0
+    # Open connections from one address; one more is answered 503 and closed. 0: the open
+    # connections over PEER_SHARE, at least one.
+    max_peer_connections: int = 0
+    # Body bytes one address holds at once; 503 past it. 0: the body budget over PEER_SHARE, but
+    # never less than one largest body (nor more than the budget), which it could not send else.
+    peer_budget: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.max_peer_connections:
+            object.__setattr__(self, "max_peer_connections", max(1, self.max_connections // PEER_SHARE))
+        if not self.peer_budget:
+            object.__setattr__(self, "peer_budget", max(self.body_budget // PEER_SHARE, min(self.max_body, self.body_budget)))
 
     def budget_for(self, size: int) -> int:
         """The part of the budget a body of ``size`` may fill. An eighth is kept for small
@@ -75,32 +96,51 @@ DEFAULT_LIMITS = Limits()
 
 
 class Budget:
-    """The body bytes held at once, and whether admission has stalled.
+    """The body bytes held at once, by all and by each client address, and whether admission has stalled.
 
     Each request holds a charge from before its body is read until its answer is sent;
-    :meth:`resize` changes it (up only if there is room, down always). A front end whose
-    budget is held and which has refused every request since some moment has *stalled*:
-    :meth:`stalled_for` says how long, so that its readiness and liveness can say so. A budget
-    that empties is not stalled, whatever it refused: the next request would be admitted."""
+    :meth:`resize` changes it (up only if there is room, in the budget and in its address's
+    share, down always). A front end whose budget is held and which has refused every request
+    since some moment has *stalled*: :meth:`stalled_for` says how long, so that its readiness
+    and liveness can say so. A budget that empties is not stalled, whatever it refused: the next
+    request would be admitted; nor is one that refuses only addresses over their share: another
+    address would be admitted.
+
+    An address is kept only while it holds bytes, so the addresses kept are never more than the
+    requests that hold a charge (each holds a connection: at most Limits.max_connections),
+    however many addresses an attacker sends from."""
 
     def __init__(self, limits: Limits, clock: Callable[[], float] = time.monotonic):
         self.limits, self.clock = limits, clock
         self.held = 0
+        self._held_by: dict[str, int] = {}
         self._refusing_since: float | None = None
 
-    def resize(self, charged: int, size: int) -> bool:
-        """Changes a request's charge from ``charged`` to ``size`` bytes: False (and nothing
-        changed) when growing it would overfill the budget."""
-        if size > charged and self.held - charged + size > self.limits.budget_for(size):
-            if self._refusing_since is None:
-                self._refusing_since = self.clock()
-            return False
+    def resize(self, charged: int, size: int, peer: str = "") -> bool:
+        """Changes a request's charge from ``charged`` to ``size`` bytes, held by the client
+        address ``peer``: False (and nothing changed) when growing it would overfill the budget
+        or the address's share of it."""
+        if size > charged:
+            if self.held - charged + size > self.limits.budget_for(size):
+                if self._refusing_since is None:
+                    self._refusing_since = self.clock()
+                return False
+            if self._held_by.get(peer, 0) - charged + size > self.limits.peer_budget:
+                return False
         if charged == 0 and size > 0:
             self._refusing_since = None  # a request admitted: not stalled
         self.held += size - charged
+        if held := self._held_by.get(peer, 0) + size - charged:
+            self._held_by[peer] = held
+        else:
+            self._held_by.pop(peer, None)
         if self.held == 0:
             self._refusing_since = None
         return True
+
+    def peers(self) -> int:
+        """How many addresses hold bytes."""
+        return len(self._held_by)
 
     def stalled_for(self) -> float:
         """Seconds since the budget last admitted a request while refusing others; 0 when it is not stalled."""
