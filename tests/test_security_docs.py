@@ -54,7 +54,16 @@ def in_code(reference: str) -> float:
         **{name: getattr(pd_proxy.Limits(), field) for name, (field, _) in pd_proxy.VARIABLES.items()},
         **{
             f"Limits.{f}": getattr(d, f)
-            for f in ("header_timeout", "body_timeout", "max_connections", "max_body", "body_budget", "process_timeout")
+            for f in (
+                "header_timeout",
+                "body_timeout",
+                "max_connections",
+                "max_body",
+                "body_budget",
+                "process_timeout",
+                "max_peer_connections",
+                "peer_budget",
+            )  # fmt: skip
         },
         "MAX_DEPTH": limits.MAX_DEPTH,
         "PADDED_ELEMENT_BYTES": limits.PADDED_ELEMENT_BYTES,
