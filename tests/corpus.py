@@ -102,6 +102,16 @@ CEL_CASES = {
         for role in ("prefill", "decode")
         for what, bad in (("inf", {"inf": 17}), ("dp", {"dataParallelSize": 3}), ("tp", {"inf": 2, "tensorParallelSize": 3}))
     },
+    # A pool's autoscaling: no scale to zero, a range that is one, a target it can default.
+    **{
+        f"disaggregation-{role}-autoscaling-{what}": make_spec(**{**_PD, "disaggregation": {role: {"autoscaling": bad}}})
+        for role, target in (("prefill", {"targetWaiting": 1}), ("decode", {"targetRunning": 1}))
+        for what, bad in (
+            ("zero", {"minReplicas": 0, "maxReplicas": 2, **target}),
+            ("range", {"minReplicas": 3, "maxReplicas": 2, **target}),
+            ("target", {"maxReplicas": 2}),
+        )
+    },
     "disaggregation-compile": make_spec(**{**_PD, "compile.image": "example.com/c:1", "disaggregation": {"decode": {"inf": 2}}}),
     # Replicas across nodes (spec.compute.nodes): trn1's whole 32xlarge nodes, one vLLM process each.
     "nodes-family": make_spec(**{"compute.family": "inf2", "compute.inf": 12, "compute.nodes": 2, **_VLLM_TRN1}),

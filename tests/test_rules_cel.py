@@ -138,6 +138,14 @@ EDGES = {
     "serving.port": _maybe([8080, 65533]),
     "serving.args": _maybe([["serve"], ["a\nb"]]),
     "autoscaling": _maybe([{"maxReplicas": 2}, {"minReplicas": 0, "maxReplicas": 2}, {"minReplicas": 3, "maxReplicas": 2}]),
+    "disaggregation": _maybe(
+        [
+            {},
+            {"prefill": {"autoscaling": {"minReplicas": 0, "maxReplicas": 2}}, "decode": {"autoscaling": {"maxReplicas": 2}}},
+            {"prefill": {"replicas": 0, "autoscaling": {"minReplicas": 3, "maxReplicas": 2, "targetWaiting": 2}}},
+            {"decode": {"autoscaling": {"maxReplicas": 3, "targetRunning": 4, "targetKvCachePercent": 70}}},
+        ]
+    ),
     "rollout.maxSurge": _maybe([0, "0%", "250%", -1]),
     "rollout.maxUnavailable": _maybe([0, "101%", 1]),
 }

@@ -110,3 +110,49 @@ def test_serving_args_may_not_set_what_each_pool_sets(flag):
     found = messages(pd_spec(**{"serving.args": [flag, "8"] if "=" not in flag else [flag]}))
     assert any(m.startswith(f"spec.serving.args: {flag} ") for m in found), found
     assert messages(pd_spec(**{"serving.args": ["--max-model-len", "4096"]})) == []
+
+
+def test_autoscaling_the_whole_model_is_refused_pointing_at_each_pools_own():
+    (message,) = messages(pd_spec(autoscaling={"minReplicas": 1, "maxReplicas": 2, "targetInFlight": 4}))
+    assert message.startswith("spec.autoscaling: cannot be combined with spec.disaggregation")
+    assert "spec.disaggregation.prefill.autoscaling" in message and "spec.disaggregation.decode.autoscaling" in message
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_a_pool_does_not_scale_to_zero(role):
+    target = {"prefill": {"targetWaiting": 2}, "decode": {"targetRunning": 2}}[role]
+    spec = pd_spec(**{f"disaggregation.{role}.autoscaling": {"minReplicas": 0, "maxReplicas": 3, **target}})
+    assert messages(spec) == [
+        f"spec.disaggregation.{role}.autoscaling.minReplicas: is 0: a pool does not scale to zero, since the proxy would send "
+        "every request to a pool with no server while one starts; valid values are 1 to maxReplicas (3)"
+    ]
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_a_pools_range_must_be_one(role):
+    target = {"prefill": {"targetWaiting": 2}, "decode": {"targetRunning": 2}}[role]
+    spec = pd_spec(**{f"disaggregation.{role}.autoscaling": {"minReplicas": 4, "maxReplicas": 3, **target}})
+    assert messages(spec) == [
+        f"spec.disaggregation.{role}.autoscaling.minReplicas: 4 is larger than maxReplicas 3; valid values are 1 to maxReplicas"
+    ]
+
+
+@pytest.mark.parametrize(("role", "field"), [("prefill", "targetWaiting"), ("decode", "targetRunning")])
+def test_a_pools_target_is_named_or_follows_from_the_batch(role, field):
+    spec = pd_spec(**{f"disaggregation.{role}.autoscaling": {"maxReplicas": 3}})
+    (message,) = messages(spec)
+    assert message.startswith(f"spec.disaggregation.{role}.autoscaling.{field}: is required without spec.serving.batching")
+    assert messages(pd_spec(**{f"disaggregation.{role}.autoscaling": {"maxReplicas": 3, field: 2}})) == []
+    assert messages(pd_spec(**{"serving.batching": {"maxBatchSize": 4}, f"disaggregation.{role}.autoscaling": {"maxReplicas": 3}})) == []
+
+
+def test_an_autoscaled_pool_is_not_an_empty_pool_whatever_its_replicas():
+    scaled = {"replicas": 0, "autoscaling": {"maxReplicas": 2, "targetWaiting": 1}}
+    assert messages(pd_spec(**{"disaggregation.prefill": scaled})) == []
+
+
+def test_each_pools_autoscaling_takes_only_its_own_signals_target():
+    from inferentia_operator.core.parsing import parse_spec
+
+    _, found = parse_spec(pd_spec(**{"disaggregation.prefill.autoscaling": {"maxReplicas": 2, "targetRunning": 2}}))
+    assert any("targetRunning" in str(f) for f in found), found

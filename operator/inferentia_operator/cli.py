@@ -411,6 +411,10 @@ def _prometheus_arguments(p: argparse.ArgumentParser) -> None:
         help="the label Prometheus gives a pod's inferentia.dev/model label",
     )  # fmt: skip
     p.add_argument(
+        "--prometheus-pool-label", default=d.pool_label,
+        help="the label Prometheus gives a pod's inferentia.dev/pool label (the prefill or decode pool it serves in)",
+    )  # fmt: skip
+    p.add_argument(
         "--prometheus-authentication", default=d.authentication, metavar="NAME",
         help="the KEDA TriggerAuthentication (in each model's namespace) or ClusterTriggerAuthentication the ScaledObjects' "
         "trigger uses, for a Prometheus that wants credentials (default: none)",
@@ -445,6 +449,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     prometheus = Prometheus(
         args.prometheus_address, args.prometheus_namespace_label, args.prometheus_model_label,
         args.prometheus_authentication, args.prometheus_authentication_kind, args.prometheus_aws_region,
+        pool_label=args.prometheus_pool_label,
     )  # fmt: skip
     return Settings(
         operator_image=args.operator_image, prometheus=prometheus, allocation=args.allocation, scheduler_name=args.scheduler_name,

@@ -16,7 +16,7 @@ https://kubernetes.io/docs/tasks/run-application/horizontal-pod-autoscale/#algor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from . import api
 from .objects import Obj
@@ -54,6 +54,8 @@ class Prometheus:
     authentication: str = ""
     authentication_kind: str = "TriggerAuthentication"
     aws_region: str = ""
+    # Which pool of a disaggregated model a pod serves in (its inferentia.dev/pool label, as the labelmap names it).
+    pool_label: str = "inferentia_dev_pool"
 
 
 NO_PROMETHEUS = Prometheus()  # the default: no address, so autoscaled models run at minReplicas
@@ -129,31 +131,11 @@ def scaled_object(
             **zero,
             "minReplicaCount": lowest(spec, has_artefact),
             "maxReplicaCount": a.max_replicas,
-            "advanced": {
-                "horizontalPodAutoscalerConfig": {
-                    "behavior": {
-                        "scaleUp": {"stabilizationWindowSeconds": a.scale_up_stabilization_seconds},
-                        "scaleDown": {"stabilizationWindowSeconds": a.scale_down_stabilization_seconds},
-                    }
-                }
-            },
+            "advanced": _behaviour(a.scale_up_stabilization_seconds, a.scale_down_stabilization_seconds),
             "triggers": [
-                {
-                    "type": "prometheus",
-                    "name": "in-flight-requests",
-                    "metricType": "AverageValue",
-                    "metadata": {
-                        "serverAddress": prometheus.address,
-                        "query": in_flight_query(spec, namespace, name, prometheus),
-                        "threshold": str(target_in_flight(spec)),
-                        **({"awsRegion": prometheus.aws_region} if prometheus.aws_region else {}),
-                    },
-                    **(
-                        {"authenticationRef": {"name": prometheus.authentication, "kind": prometheus.authentication_kind}}
-                        if prometheus.authentication
-                        else {}
-                    ),
-                },
+                _prometheus_trigger(
+                    "in-flight-requests", in_flight_query(spec, namespace, name, prometheus), target_in_flight(spec), prometheus
+                ),
                 *(
                     [
                         {
@@ -168,6 +150,39 @@ def scaled_object(
                 ),
             ],
         },
+    }
+
+
+def _behaviour(up_seconds: int, down_seconds: int) -> dict[str, Any]:
+    """The HPA's stabilization windows, as KEDA passes them on (the ScaledObject's advanced section)."""
+    return {
+        "horizontalPodAutoscalerConfig": {
+            "behavior": {
+                "scaleUp": {"stabilizationWindowSeconds": up_seconds},
+                "scaleDown": {"stabilizationWindowSeconds": down_seconds},
+            }
+        }
+    }
+
+
+def _prometheus_trigger(name: str, query: str, threshold: int, prometheus: Prometheus) -> dict[str, Any]:
+    """A Prometheus trigger whose query's value the HPA divides by the replicas and compares
+    with ``threshold`` (AverageValue)."""
+    return {
+        "type": "prometheus",
+        "name": name,
+        "metricType": "AverageValue",
+        "metadata": {
+            "serverAddress": prometheus.address,
+            "query": query,
+            "threshold": str(threshold),
+            **({"awsRegion": prometheus.aws_region} if prometheus.aws_region else {}),
+        },
+        **(
+            {"authenticationRef": {"name": prometheus.authentication, "kind": prometheus.authentication_kind}}
+            if prometheus.authentication
+            else {}
+        ),
     }
 
 
@@ -206,6 +221,169 @@ def condition(spec: api.InferentiaModelSpec, name: str, engine: Engine) -> api.C
             message=f"the operator has no Prometheus address (run --prometheus-address, chart value "
             f"autoscaling.prometheus.address) to read in-flight requests from; {floor}",
         )  # fmt: skip
+    said = _not_scaled(engine, name, "the model", floor)
+    if said is not None:
+        return said
+    return api.Condition(
+        type="Autoscaling", status="True", reason="ScaledObjectReady",
+        message=f"KEDA scales the model between {a.min_replicas} and {a.max_replicas} replicas, {target_in_flight(spec)} requests "
+        f"in flight per replica; {desired_replicas(spec, True)} desired now",
+    )  # fmt: skip
+
+
+# --- prefill and decode pools (spec.disaggregation.<pool>.autoscaling) ------------------------
+#
+# Each pool scales on its own servers' vLLM gauges, through a ScaledObject on its own Deployment
+# (the model's spec.replicas is the proxy's). vLLM's "Production Metrics"
+# (https://docs.vllm.ai/en/stable/usage/metrics/): vllm:num_requests_waiting, "Number of requests
+# waiting to be processed", vllm:num_requests_running, "Number of requests in model execution
+# batches", and vllm:kv_cache_usage_perc, "KV-cache usage. 1 means 100 percent usage" (named
+# vllm:gpu_cache_usage_perc before vLLM 0.10; the plugin's vLLM has the new name). A prefill
+# server's queue is what a request's time to first token waits in; a decode server's time per
+# output token grows with the sequences it batches and is bounded by the KV cache they hold.
+PoolRole = Literal["prefill", "decode"]
+PROMPT_QUEUE_GAUGE = "vllm:num_requests_waiting"
+RUNNING_GAUGE = "vllm:num_requests_running"
+KV_CACHE_GAUGE = "vllm:kv_cache_usage_perc"
+
+
+@dataclass(frozen=True)
+class PoolSignal:
+    """One trigger of a pool's ScaledObject: its name, its query, and the value per replica it aims at."""
+
+    trigger: str
+    query: str
+    target: int
+    what: str  # the signal, as status names it
+
+
+def pool_autoscaling(spec: api.InferentiaModelSpec, role: PoolRole) -> api.PoolAutoscaling | None:
+    d = spec.disaggregation
+    return None if d is None else (d.prefill if role == "prefill" else d.decode).autoscaling
+
+
+def _pool_query(gauge: str, namespace: str, name: str, role: PoolRole, window: int, prometheus: Prometheus) -> str:
+    """One gauge of the pool's servers, summed over its pods, averaged over the window."""
+    selector = (
+        f"{gauge}{{{prometheus.namespace_label}={_label_value(namespace)},{prometheus.model_label}={_label_value(name)},"
+        f"{prometheus.pool_label}={_label_value(role)}}}"
+    )
+    return f"sum(avg_over_time({selector}[{window}s]))" if window else f"sum({selector})"
+
+
+def pool_signals(
+    spec: api.InferentiaModelSpec, role: PoolRole, namespace: str, name: str, prometheus: Prometheus
+) -> tuple[PoolSignal, ...]:
+    """What the pool scales on: prefill on its prompt queue; decode on its running sequences and
+    its KV-cache use in percent (KEDA gives the HPA one metric a trigger, and the HPA takes the
+    largest count they ask for: https://kubernetes.io/docs/tasks/run-application/horizontal-pod-autoscale/#scaling-on-multiple-metrics).
+    A target left out is the replica's batch, serving.batching.maxBatchSize (vLLM's --max-num-seqs;
+    rules/disaggregation.py asks for it otherwise)."""
+    a = pool_autoscaling(spec, role)
+    assert a is not None
+    batch = spec.serving.batching.max_batch_size if spec.serving.batching is not None else None
+    if isinstance(a, api.PrefillAutoscaling):
+        waiting = a.target_waiting or batch
+        assert waiting is not None
+        query = _pool_query(PROMPT_QUEUE_GAUGE, namespace, name, role, a.window_seconds, prometheus)
+        return (PoolSignal("prompt-queue", query, waiting, f"{waiting} requests waiting"),)
+    assert isinstance(a, api.DecodeAutoscaling)
+    running = a.target_running or batch
+    assert running is not None
+    kv = _pool_query(KV_CACHE_GAUGE, namespace, name, role, a.window_seconds, prometheus)
+    return (
+        PoolSignal("running-sequences", _pool_query(RUNNING_GAUGE, namespace, name, role, a.window_seconds, prometheus), running,
+                   f"{running} sequences running"),
+        PoolSignal("kv-cache-usage", f"100 * {kv}", a.target_kv_cache_percent, f"{a.target_kv_cache_percent}% of its KV cache"),
+    )  # fmt: skip
+
+
+def pool_scaled_object(
+    spec: api.InferentiaModelSpec,
+    role: PoolRole,
+    namespace: str,
+    name: str,
+    deployment: str,
+    metadata: dict[str, Any],
+    prometheus: Prometheus,
+) -> dict[str, Any]:
+    """The pool's ScaledObject: it scales the pool's Deployment (``deployment``) itself, between
+    minReplicas (at least 1: a pool never goes to zero) and maxReplicas."""
+    a = pool_autoscaling(spec, role)
+    assert a is not None
+    return {
+        "apiVersion": SCALED_OBJECT_API_VERSION,
+        "kind": SCALED_OBJECT_KIND,
+        "metadata": metadata,
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment},
+            "minReplicaCount": a.min_replicas,
+            "maxReplicaCount": a.max_replicas,
+            "advanced": _behaviour(a.scale_up_stabilization_seconds, a.scale_down_stabilization_seconds),
+            "triggers": [
+                _prometheus_trigger(s.trigger, s.query, s.target, prometheus) for s in pool_signals(spec, role, namespace, name, prometheus)
+            ],
+        },
+    }
+
+
+def pool_desired_replicas(spec: api.InferentiaModelSpec, role: PoolRole, scaled: bool, live: int | None) -> int:
+    """The pool Deployment's replicas. Without the pool's autoscaling, its replicas. With it,
+    while its ScaledObject exists (``scaled``), what the Deployment runs now (``live``: the count
+    the HPA last set), kept within the range, so the operator never writes over KEDA; else
+    minReplicas."""
+    d = spec.disaggregation
+    assert d is not None
+    pool = d.prefill if role == "prefill" else d.decode
+    a = pool.autoscaling
+    if a is None:
+        return pool.replicas
+    if not scaled or live is None:
+        return a.min_replicas
+    return min(max(live, a.min_replicas), a.max_replicas)
+
+
+@dataclass(frozen=True)
+class PoolScaling:
+    """One autoscaled pool as status reports it: its ScaledObject's name (the pool's Deployment's),
+    its range, signals and replicas, and what writing its ScaledObject found."""
+
+    role: PoolRole
+    name: str
+    autoscaling: api.PoolAutoscaling
+    signals: tuple[PoolSignal, ...]
+    replicas: int
+    engine: Engine
+
+
+def pools_condition(pools: tuple[PoolScaling, ...]) -> api.Condition | None:
+    """The Autoscaling condition of a model whose pools scale, one ScaledObject a pool: True once
+    KEDA scales every such pool; otherwise what the first pool that is not scaled met. Meanwhile
+    each pool runs its minReplicas."""
+    if not pools:
+        return None
+    floor = "; ".join(f"the {p.role} pool runs minReplicas ({p.autoscaling.min_replicas})" for p in pools)
+    if not pools[0].engine.configured:
+        return api.Condition(
+            type="Autoscaling", status="False", reason="PrometheusNotConfigured",
+            message=f"the operator has no Prometheus address (run --prometheus-address, chart value "
+            f"autoscaling.prometheus.address) to read the pools' vLLM metrics from; {floor}",
+        )  # fmt: skip
+    for p in pools:
+        said = _not_scaled(p.engine, p.name, f"the {p.role} pool", floor)
+        if said is not None:
+            return said
+    scaling = "; ".join(
+        f"the {p.role} pool between {p.autoscaling.min_replicas} and {p.autoscaling.max_replicas} replicas on "
+        f"{' and '.join(s.what for s in p.signals)} per replica, {p.replicas} desired now"
+        for p in pools
+    )
+    return api.Condition(type="Autoscaling", status="True", reason="ScaledObjectReady", message=f"KEDA scales {scaling}")
+
+
+def _not_scaled(engine: Engine, name: str, what: str, floor: str) -> api.Condition | None:
+    """What keeps one ScaledObject from scaling ``what``, as the Autoscaling condition says it;
+    None once KEDA says it is Ready."""
     if engine.conflict is not None:
         return api.Condition(type="Autoscaling", status="False", reason="ScaledObjectConflict", message=f"{engine.conflict}; {floor}")
     if engine.refused is not None:
@@ -223,18 +401,13 @@ def condition(spec: api.InferentiaModelSpec, name: str, engine: Engine) -> api.C
     if engine.live is None:
         return api.Condition(type="Autoscaling", status="Unknown", reason="Pending", message=f"ScaledObject {name} is being written")
     ready = Obj(engine.live).condition("Ready")
-    scaling = f"between {a.min_replicas} and {a.max_replicas} replicas"
     if ready.get("status") == "True":
-        return api.Condition(
-            type="Autoscaling", status="True", reason="ScaledObjectReady",
-            message=f"KEDA scales the model {scaling}, {target_in_flight(spec)} requests in flight per replica; "
-            f"{desired_replicas(spec, True)} desired now",
-        )  # fmt: skip
+        return None
     if ready.get("status") == "False":
         said = ": ".join(str(x) for x in (ready.get("reason"), ready.get("message")) if x) or "no reason given"
         return api.Condition(
             type="Autoscaling", status="False", reason="ScaledObjectNotReady",
-            message=f"KEDA cannot scale the model with ScaledObject {name}: {said}",
+            message=f"KEDA cannot scale {what} with ScaledObject {name}: {said}",
         )  # fmt: skip
     return api.Condition(
         type="Autoscaling", status="Unknown", reason="WaitingForKEDA",

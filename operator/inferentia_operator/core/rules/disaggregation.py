@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from inferentia_operator.core.api import InferentiaModelSpec, Pool
+from inferentia_operator.core.api import DecodeAutoscaling, InferentiaModelSpec, Pool, PrefillAutoscaling
 from inferentia_operator.core.catalogue import Family
 from inferentia_operator.core.cel import (
     CEL_DIVISORS,
@@ -61,7 +61,9 @@ REFUSED = (
         "spec.autoscaling",
         "!has(self.autoscaling)",
         lambda s: s.autoscaling is not None,
-        "the pools are scaled by their replicas; neither is autoscaled yet",
+        "the model's spec.replicas scales the proxy, and each pool scales on its own signal; valid specs set "
+        "spec.disaggregation.prefill.autoscaling (its prompt queue) and spec.disaggregation.decode.autoscaling (its running "
+        "sequences and KV-cache use) instead",
     ),
     _refused(
         "spec.routing.inferencePool",
@@ -150,7 +152,8 @@ def _empty_pool_rule(role: str) -> CrossFieldRule:
         "spec",
         "is 0 while the proxy serves (spec.replicas %d): every request would go to a pool with no server; valid values "
         "are 1 or more, or spec.replicas 0 as well",
-        f"!{_POOLS} || !has({p}) || !has({p}.replicas) || {p}.replicas != 0 || (has(self.replicas) && self.replicas == 0)",
+        f"!{_POOLS} || !has({p}) || !has({p}.replicas) || {p}.replicas != 0 || has({p}.autoscaling)"
+        " || (has(self.replicas) && self.replicas == 0)",
         ("has(self.replicas) ? self.replicas : 1",),
     )
 
@@ -174,7 +177,9 @@ def _check_runtime(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     d = spec.disaggregation
     if spec.replicas != 0:
         found += [
-            EMPTY_POOL_RULES[r].finding(spec.replicas) for r, pool in (("prefill", d.prefill), ("decode", d.decode)) if pool.replicas == 0
+            EMPTY_POOL_RULES[r].finding(spec.replicas)
+            for r, pool in (("prefill", d.prefill), ("decode", d.decode))
+            if pool.replicas == 0 and pool.autoscaling is None
         ]
     return found
 
@@ -347,6 +352,65 @@ def _check_compile_ahead(spec: InferentiaModelSpec, fam: Family) -> list[Finding
     return [COMPILE_AHEAD.finding(spec.compute.inf, cores, which)]
 
 
+# A pool's autoscaling (core/autoscaling.py: a ScaledObject on the pool's Deployment).
+_TARGETS = {"prefill": ("targetWaiting", "requests waiting"), "decode": ("targetRunning", "sequences running")}
+
+
+def _pool_autoscaling_rules(role: str) -> tuple[CrossFieldRule, CrossFieldRule, CrossFieldRule]:
+    """A pool's range starts at 1 and is a range; its target per replica is named or follows from
+    serving.batching."""
+    p, path = f"self.disaggregation.{role}.autoscaling", f"spec.disaggregation.{role}.autoscaling"
+    guard = f"!{_POOLS} || !has(self.disaggregation.{role}) || !has({p})"
+    target, what = _TARGETS[role]
+    zero = CrossFieldRule(
+        f"{path}.minReplicas",
+        "spec",
+        "is 0: a pool does not scale to zero, since the proxy would send every request to a pool with no server while one "
+        "starts; valid values are 1 to maxReplicas (%d)",
+        f"{guard} || !has({p}.minReplicas) || {p}.minReplicas >= 1",
+        (f"{p}.maxReplicas",),
+    )
+    span = CrossFieldRule(
+        f"{path}.minReplicas",
+        "spec",
+        "%d is larger than maxReplicas %d; valid values are 1 to maxReplicas",
+        f"{guard} || !has({p}.minReplicas) || {p}.minReplicas <= {p}.maxReplicas",
+        (f"{p}.minReplicas", f"{p}.maxReplicas"),
+    )
+    named = CrossFieldRule(
+        f"{path}.{target}",
+        "spec",
+        f"is required without spec.serving.batching, whose maxBatchSize (vLLM's --max-num-seqs) it defaults to: the {what} "
+        "one replica should carry; valid specs set it (1 or more), or set spec.serving.batching.maxBatchSize",
+        f"{guard} || has({p}.{target}) || has(self.serving.batching)",
+        (),
+    )
+    return zero, span, named
+
+
+POOL_AUTOSCALING_RULES = {role: _pool_autoscaling_rules(role) for role in ("prefill", "decode")}
+
+
+def _check_pool_autoscaling(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    d = spec.disaggregation
+    if d is None:
+        return []
+    found = []
+    for role, pool in (("prefill", d.prefill), ("decode", d.decode)):
+        a = pool.autoscaling
+        if a is None:
+            continue
+        zero, span, named = POOL_AUTOSCALING_RULES[role]
+        if a.min_replicas == 0:
+            found.append(zero.finding(a.max_replicas))
+        elif a.min_replicas > a.max_replicas:
+            found.append(span.finding(a.min_replicas, a.max_replicas))
+        target = a.target_waiting if isinstance(a, PrefillAutoscaling) else a.target_running if isinstance(a, DecodeAutoscaling) else None
+        if target is None and spec.serving.batching is None:
+            found.append(named.finding())
+    return found
+
+
 RULES: list[CrossFieldRule] = [
     DISAGGREGATION_RUNTIME,
     *(rule for rule, _ in REFUSED),
@@ -357,5 +421,6 @@ RULES: list[CrossFieldRule] = [
     *(r for rules in POOL_RULES.values() for r in rules),
     *DATA_PARALLEL_RULES.values(),
     COMPILE_AHEAD,
+    *(r for rules in POOL_AUTOSCALING_RULES.values() for r in rules),
 ]
-CHECKS = (_check_runtime, _check_pools, _check_data_parallel, _check_compile_ahead)
+CHECKS = (_check_runtime, _check_pools, _check_data_parallel, _check_compile_ahead, _check_pool_autoscaling)
