@@ -140,7 +140,7 @@ def parts_of(model: Model, observed: Observed, settings: Settings) -> Parts:
     compiling = compile_part(model, observed, settings)
     scaling = scaling_part(model, observed, settings, has_artefact=compiling.compiled or observed.own("Deployment") is not None)
     zero = scale_to_zero_part(model, observed, scaling)
-    serving = serving_part(model, compiling.compiled, zero.replicas, zero.to_holder, observed)
+    serving = serving_part(model, compiling.compiled, zero.replicas, zero.to_holder, observed, scaling.pool_replicas)
     return Parts(
         serving, compiling, device_claims_part(model, observed), scaling, zero, routing_part(model, observed, settings),
         cleanup_part(model, observed, settings), device_fault_part(model, observed), fill_ahead_part(model, observed, compiling.compiled),

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
 from . import api
-from .autoscaling import NOT_SERVED, SCALED_OBJECT_KIND, Engine, target_in_flight
+from .autoscaling import NOT_SERVED, SCALED_OBJECT_KIND, Engine, PoolScaling, pools_condition, target_in_flight
 from .autoscaling import condition as autoscaling_condition
 from .compile.facts import CompileFacts
 from .conditions import cond
@@ -297,7 +297,7 @@ class ReportBasis:
     message: str  # why the spec is invalid, when it is
     serving: ServingFacts
     compile: CompileFacts | None  # None while the spec is invalid
-    scaling: ScalingFacts | None  # None without spec.autoscaling
+    scaling: ScalingFacts | None  # None without spec.autoscaling or a pool's
     conflicts: tuple[Conflict, ...] = ()  # children someone else holds, found before writing
     routing: RoutingFacts | None = None  # None without spec.routing.inferencePool
     device_fault: api.Condition | None = None  # DeviceFault, while a serving pod's node reports one
@@ -345,6 +345,34 @@ def _autoscaling(
         scaled_object=Obj(scaled_object).name if ours else None,
     )  # fmt: skip
     return said, scaling_status
+
+
+def _pools_autoscaling(
+    observed: Observed, scaling: ScalingFacts, pools: api.PoolsStatus | None, found: Sequence[Conflict], failures: Sequence[WriteFailure]
+) -> tuple[api.Condition | None, api.PoolsStatus | None]:
+    """The Autoscaling condition of a model whose pools scale, and each such pool's status, from
+    what writing each pool's ScaledObject found."""
+    each, statuses = [], {}
+    for pool in scaling.pools:
+        mine = [f for f in found if f.name == pool.name]
+        refusals = [f for f in failures if f.name == pool.name]
+        refused = (refusals[0].code, refusals[0].message) if refusals else None
+        if refused is None and not observed.served(SCALED_OBJECT_KIND):
+            refused = (404, NOT_SERVED)
+        live = observed.live(SCALED_OBJECT_KIND, pool.name)
+        engine = Engine(scaling.configured, live if not mine else None, refused, str(mine[0]) if mine else None)
+        each.append(PoolScaling(pool.role, pool.name, pool.autoscaling, pool.signals, pool.replicas, engine))
+        # The ScaledObject as it stands after the writes: named once it exists.
+        statuses[pool.role] = api.PoolAutoscalingStatus(
+            min_replicas=pool.autoscaling.min_replicas, max_replicas=pool.autoscaling.max_replicas,
+            scaled_object=pool.name if live is not None and not mine and not refusals else None,
+            queries=[signal.query for signal in pool.signals] or None,
+        )  # fmt: skip
+    if pools is not None:
+        pools = pools.model_copy(
+            update={role: getattr(pools, role).model_copy(update={"autoscaling": status}) for role, status in statuses.items()}
+        )
+    return pools_condition(tuple(each)), pools
 
 
 def _routing(observed: Observed, routing: RoutingFacts, found: Sequence[Conflict], failures: Sequence[WriteFailure]) -> api.Condition:
@@ -399,8 +427,12 @@ def report(
         pods=observed.serving_pods, blocked=blocked,
     )  # fmt: skip
     scaling_status = None
-    if scaling is not None:
+    if scaling is not None and scaling.spec.autoscaling is not None:
         said, scaling_status = _autoscaling(observed, scaling, serving.replicas, scaling_found, scaling_failures)
+        if said is not None:
+            new.append(said)
+    elif scaling is not None and scaling.pools:
+        said, pools = _pools_autoscaling(observed, scaling, pools, scaling_found, scaling_failures)
         if said is not None:
             new.append(said)
     if basis.device_fault is not None:

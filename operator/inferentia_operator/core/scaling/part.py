@@ -1,26 +1,55 @@
-"""Autoscaling: the model's KEDA ScaledObject, and the replicas it leaves the Deployment."""
+"""Autoscaling: the model's KEDA ScaledObject, and the replicas it leaves the Deployment; with
+prefill and decode pools, each autoscaled pool's ScaledObject, and the replicas it leaves the
+pool's Deployment."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from inferentia_operator.core import api
-from inferentia_operator.core.autoscaling import SCALED_OBJECT_KIND, desired_replicas, in_flight_query
+from inferentia_operator.core.autoscaling import (
+    SCALED_OBJECT_KIND,
+    PoolRole,
+    PoolSignal,
+    desired_replicas,
+    in_flight_query,
+    pool_autoscaling,
+    pool_desired_replicas,
+    pool_signals,
+)
+from inferentia_operator.core.objects import Obj
 from inferentia_operator.core.observed import Observed
 from inferentia_operator.core.ownership import is_ours
 from inferentia_operator.core.pod.model import Model
-from inferentia_operator.core.pod.part import Part, ref
-from inferentia_operator.core.scaling.keda import scaled_object
+from inferentia_operator.core.pod.part import ChildRef, Part, ref
+from inferentia_operator.core.pod.pools import ROLES, pool_name
+from inferentia_operator.core.scaling.keda import pool_scaled_object, scaled_object
 from inferentia_operator.core.settings import Settings
 
 
 @dataclass(frozen=True)
+class PoolFacts:
+    """One pool with its own autoscaling: its ScaledObject's name (the pool Deployment's), its
+    range, its signals (none without Prometheus) and the replicas its Deployment runs."""
+
+    role: PoolRole
+    name: str
+    autoscaling: api.PoolAutoscaling
+    signals: tuple[PoolSignal, ...]
+    replicas: int
+
+
+@dataclass(frozen=True)
 class ScalingFacts:
-    """What the autoscaling part concluded (scaling/part.py), for a model with spec.autoscaling."""
+    """What the autoscaling part concluded (scaling/part.py), for a model with spec.autoscaling
+    or a pool with its own."""
 
     spec: api.InferentiaModelSpec  # the Autoscaling condition is read against it
     configured: bool  # the operator knows where Prometheus is
-    query: str | None  # the ScaledObject's query, when there is one
+    query: str | None  # the model's ScaledObject's query, when there is one
+    pools: tuple[PoolFacts, ...] = ()  # each autoscaled pool's
 
 
 @dataclass(frozen=True)
@@ -28,11 +57,15 @@ class ScalingPart(Part):
     facts: ScalingFacts | None = None
     replicas: int = 0  # spec.replicas, kept within the range while the ScaledObject scales it
     scaled: bool = False  # a ScaledObject is wanted: autoscaling, and the operator knows Prometheus
+    # With prefill and decode pools: the replicas of each pool's Deployment, by role.
+    pool_replicas: Mapping[str, int] = field(default_factory=dict)
 
 
 def scaling_part(model: Model, observed: Observed, settings: Settings, has_artefact: bool) -> ScalingPart:
     """``has_artefact``: a model that scales to zero stays at one replica at least until it has one."""
     spec = model.spec
+    if spec.disaggregation is not None or _pool_scaled_objects(model, observed):
+        return _pools_part(model, observed, settings)
     live = observed.own(SCALED_OBJECT_KIND)
     ours = is_ours(live, model)
     # The ScaledObject only where the operator knows where Prometheus is; without autoscaling,
@@ -49,3 +82,46 @@ def scaling_part(model: Model, observed: Observed, settings: Settings, has_artef
     held = frozenset() if observed.served(SCALED_OBJECT_KIND) else frozenset({ref(body)})
     replicas = desired_replicas(spec, scaled=ours, has_artefact=has_artefact)
     return ScalingPart((body,), held, facts=facts, replicas=replicas, scaled=True)
+
+
+def _pool_scaled_objects(model: Model, observed: Observed) -> tuple[ChildRef, ...]:
+    """The pools' ScaledObjects that are the model's, whatever its spec says now."""
+    names = (pool_name(model, role) for role in ROLES)
+    return tuple((SCALED_OBJECT_KIND, n) for n in names if is_ours(observed.live(SCALED_OBJECT_KIND, n), model))
+
+
+def _pools_part(model: Model, observed: Observed, settings: Settings) -> ScalingPart:
+    """Each pool with its own autoscaling gets a ScaledObject on its Deployment, where the
+    operator knows Prometheus; while the ScaledObject exists, the pool's Deployment keeps the
+    replicas the HPA gave it (within the range), so the operator never writes over KEDA. A pool's
+    ScaledObject goes with its autoscaling, with Prometheus, or with the pools. The model's own
+    ScaledObject (spec.autoscaling is refused with pools) goes too. spec.replicas is the proxy's."""
+    spec = model.spec
+    configured = bool(settings.prometheus.address)
+    own = observed.own(SCALED_OBJECT_KIND)
+    gone: list[ChildRef] = [(SCALED_OBJECT_KIND, model.name)] if is_ours(own, model) else []
+    bodies: list[dict[str, Any]] = []
+    replicas: dict[str, int] = {}
+    facts: list[PoolFacts] = []
+    for role in ROLES:
+        name = pool_name(model, role)
+        a = pool_autoscaling(spec, role)
+        ours = is_ours(observed.live(SCALED_OBJECT_KIND, name), model)
+        if ours and (a is None or not configured):
+            gone.append((SCALED_OBJECT_KIND, name))
+        if spec.disaggregation is None:
+            continue
+        deployment = observed.live("Deployment", name)
+        now = Obj(deployment).spec.get("replicas") if is_ours(deployment, model) else None
+        n = pool_desired_replicas(spec, role, scaled=ours and configured, live=now if isinstance(now, int) else None)
+        replicas[role] = n
+        if a is None:
+            continue
+        signals = pool_signals(spec, role, model.namespace, model.name, settings.prometheus) if configured else ()
+        facts.append(PoolFacts(role, name, a, signals, n))
+        if configured:
+            bodies.append(pool_scaled_object(model, role, settings.prometheus))
+    # While the cluster serves no ScaledObjects (KEDA not installed), none is written.
+    held = frozenset() if observed.served(SCALED_OBJECT_KIND) else frozenset(ref(b) for b in bodies)
+    scaling = ScalingFacts(spec, configured, None, tuple(facts)) if facts else None
+    return ScalingPart(tuple(bodies), held, tuple(gone), facts=scaling, replicas=spec.replicas, pool_replicas=replicas)

@@ -5,6 +5,7 @@ NetworkPolicy that opens its port alone."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,12 +43,20 @@ class ServingPart(Part):
     facts: ServingFacts | None = None
 
 
-def serving_part(model: Model, compiled: bool, replicas: int, to_holder: bool, observed: Observed | None = None) -> ServingPart:
+def serving_part(
+    model: Model,
+    compiled: bool,
+    replicas: int,
+    to_holder: bool,
+    observed: Observed | None = None,
+    pool_replicas: Mapping[str, int] | None = None,
+) -> ServingPart:
     """``compiled``: the current plan's artefact exists (or nothing compiles ahead of serving);
     ``replicas``: what autoscaling and scale to zero leave the Deployment; ``to_holder``: the
-    model's Service points at the scale-to-zero holder."""
+    model's Service points at the scale-to-zero holder; ``pool_replicas``: what the pools'
+    autoscaling leaves each pool's Deployment, by role."""
     if model.spec.disaggregation is not None:
-        return _pools_part(model, compiled, replicas, observed)
+        return _pools_part(model, compiled, replicas, observed, pool_replicas)
     workload = serving_group(model, replicas) if model.plan.nodes else serving_deployment(model, replicas)
     replacing = _replacing(model, observed, workload)
     facts = ServingFacts(replicas, model.plan_hash, model.plan, selector_string(model), replacing=replacing)
@@ -92,11 +101,13 @@ def _stale_pools(model: Model, observed: Observed) -> tuple[ChildRef, ...]:
     return tuple((kind, n) for kind, n in made if is_ours(observed.live(kind, n), model))
 
 
-def _pools_part(model: Model, compiled: bool, replicas: int, observed: Observed | None = None) -> ServingPart:
+def _pools_part(
+    model: Model, compiled: bool, replicas: int, observed: Observed | None = None, pool_replicas: Mapping[str, int] | None = None
+) -> ServingPart:
     """Prefill and decode pools (serving/pools.py): the model's Deployment is their proxy, and
     each pool's Deployment waits for the compiled artefact as the serving Deployment does. The
     disruption budget covers both pools' servers (they are the serving pods), not the proxy."""
-    around, workloads = pools(model)
+    around, workloads = pools(model, pool_replicas)
     proxy = proxy_deployment(model, replicas)
     replacing = _replacing(model, observed, proxy)
     held = frozenset() if compiled else frozenset(ref(w) for w in workloads)
@@ -113,7 +124,8 @@ def pools_rollout(observed: Observed, facts: ServingFacts, proxy: Rollout) -> tu
     pools as one rollout, which the conditions read as the serving Deployment's (Ready once all
     three are); and each pool's pods."""
     each = {role: rollout_of(observed.live("Deployment", name), n, facts.plan_hash) for role, name, n in facts.pools}
-    counts = {role: api.PoolStatus(replicas=r.replicas, ready_replicas=r.ready) for role, r in each.items()}
+    desired = {role: n for role, _, n in facts.pools}
+    counts = {role: api.PoolStatus(replicas=r.replicas, ready_replicas=r.ready, desired_replicas=desired[role]) for role, r in each.items()}
     return rollout_of_all([proxy, *each.values()]), api.PoolsStatus(**counts)
 
 

@@ -27,6 +27,7 @@ and the count a pod should take is the instance type's, which a pool's allowed t
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from inferentia_operator.core.names import PLAN_HASH_ANNOTATION, POOL_LABEL, TRAFFIC_LABEL, TRAFFIC_ON
@@ -70,12 +71,14 @@ def _pool_flags(model: Model, role: Role, args: list[str]) -> list[str]:
     return [*args[:at], str(pool.tensor_parallel_size), *extra, "--kv-transfer-config", kv_transfer_config(role), *args[at + 1 :]]
 
 
-def pool_deployment(model: Model, role: Role, compiled_model: Model | None = None) -> dict[str, Any]:
+def pool_deployment(model: Model, role: Role, compiled_model: Model | None = None, replicas: int | None = None) -> dict[str, Any]:
     """The pool's Deployment: its servers, selected apart from the other pool's, carrying the
     model's plan hash (the plan holds both pools, so a change of either rolls the one it changes
-    and status reads every Deployment against one plan)."""
+    and status reads every Deployment against one plan). ``replicas``: what the pool's
+    autoscaling leaves it (scaling/part.py), else the pool's replicas. A replica scaled away
+    drains as the serving Deployment's do (serving/drain.py: preStop and grace)."""
     pool = compiled_model or model.pools[ROLES.index(role)]
-    body = serving_deployment(pool, pool.spec.replicas)
+    body = serving_deployment(pool, pool.spec.replicas if replicas is None else replicas)
     body["metadata"] = child_metadata(model, pool_name(model, role), "serving")
     spec, template = body["spec"], body["spec"]["template"]
     spec["selector"] = {"matchLabels": pool_selector(model, role)}
@@ -181,12 +184,13 @@ def proxy_deployment(model: Model, replicas: int) -> dict[str, Any]:
     }
 
 
-def pools(model: Model) -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...]]:
+def pools(model: Model, replicas: Mapping[str, int] | None = None) -> tuple[tuple[dict[str, Any], ...], tuple[dict[str, Any], ...]]:
     """Each pool's plan ConfigMap (one where both pools plan alike) and Service, the pools'
     NetworkPolicy, then each pool's Deployment, which waits for the compiled artefact as the
-    serving Deployment does."""
+    serving Deployment does. ``replicas``: each pool's, by role, as autoscaling leaves them
+    (else the pools' own)."""
     configmaps = {plan_configmap_name(m): plan_configmap(m) for m in model.pools}
     services = tuple(pool_service(model, role) for role in ROLES)
-    return (*configmaps.values(), *services, pools_network_policy(model)), tuple(
-        pool_deployment(model, role, m) for role, m in zip(ROLES, model.pools, strict=True)
-    )
+    counts = replicas or {}
+    deployments = tuple(pool_deployment(model, role, m, counts.get(role)) for role, m in zip(ROLES, model.pools, strict=True))
+    return (*configmaps.values(), *services, pools_network_policy(model)), deployments
