@@ -182,6 +182,7 @@ def test_a_pod_monitor_only_when_asked_keeping_the_ports_that_serve_the_gauges(c
     assert relabel == {
         "namespace": ["__meta_kubernetes_namespace"],
         "inferentia_dev_model": ["__meta_kubernetes_pod_label_inferentia_dev_model"],
+        "inferentia_dev_pool": ["__meta_kubernetes_pod_label_inferentia_dev_pool"],
     }
     scoped = helm_template(cluster, "--set", "podMonitor.enabled=true", "--set", "watchNamespaces={a,b}")
     [monitor] = [d for d in scoped if d["kind"] == "PodMonitor"]
@@ -195,6 +196,8 @@ def test_the_prometheus_settings_reach_the_operator(cluster):
 
     assert not [a for a in args() if a.startswith("--prometheus-address")]
     assert "--prometheus-model-label=inferentia_dev_model" in args()
+    assert "--prometheus-pool-label=inferentia_dev_pool" in args()
+    assert "--prometheus-pool-label=pool" in args("--set", "autoscaling.prometheus.poolLabel=pool")
     shown = args(
         "--set",
         "autoscaling.prometheus.address=http://prometheus-server.monitoring:9090",
