@@ -152,7 +152,7 @@ def test_the_scaled_object_in_the_autoscaling_page_is_what_render_prints():
     from test_cli import run_cli
 
     shown = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", (ROOT / "docs" / "autoscaling.md").read_text(), re.S)]
-    [documented] = [d for d in shown if isinstance(d, dict) and d.get("kind") == "ScaledObject"]
+    [documented] = [d for d in shown if isinstance(d, dict) and d.get("kind") == "ScaledObject" and d["metadata"]["name"] == "my-model"]
     spec = make_spec(**{"serving.batching": {"maxBatchSize": 4}, "processesPerReplica": 2, "autoscaling": {"maxReplicas": 3}})
 
     def scaled_object(spec: dict) -> dict:
@@ -169,6 +169,31 @@ def test_the_scaled_object_in_the_autoscaling_page_is_what_render_prints():
     zero = make_spec(**{"serving.batching": {"maxBatchSize": 4}, "processesPerReplica": 2, "compile.image": "example.com/c:1",
                         "autoscaling": {"minReplicas": 0, "maxReplicas": 3}})  # fmt: skip
     assert scaled_object(zero)["spec"]["triggers"][1:] == push
+
+
+def test_the_pools_scaled_object_in_the_autoscaling_page_is_what_render_prints():
+    """docs/autoscaling.md's pools section shows a model's disaggregation with each pool's
+    autoscaling, and the decode pool's ScaledObject: `render` prints exactly that for it, and
+    the prefill pool's one trigger the page names."""
+    import yaml
+
+    from specs import make_model, pd_spec
+    from test_cli import run_cli
+
+    shown = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", (ROOT / "docs" / "autoscaling.md").read_text(), re.S)]
+    [example] = [d for d in shown if isinstance(d, dict) and "disaggregation" in (d.get("spec") or {})]
+    [documented] = [
+        d for d in shown if isinstance(d, dict) and d.get("kind") == "ScaledObject" and d["metadata"]["name"] == "my-model-decode"
+    ]
+    spec = pd_spec(**{"serving.batching": example["spec"]["serving"]["batching"], "disaggregation": example["spec"]["disaggregation"]})
+    model = make_model("my-model", "my-namespace", spec)
+    code, out, err = run_cli("render", "--prometheus-address", "http://prometheus.monitoring:9090", "-", stdin=yaml.safe_dump(model))
+    assert code == 0, err
+    scaled = {o["metadata"]["name"]: o for o in yaml.safe_load_all(out) if o["kind"] == "ScaledObject"}
+    assert sorted(scaled) == ["my-model-decode", "my-model-prefill"]
+    assert scaled["my-model-decode"]["spec"] == documented["spec"]
+    [prefill] = scaled["my-model-prefill"]["spec"]["triggers"]
+    assert prefill["name"] == "prompt-queue" and "vllm:num_requests_waiting" in prefill["metadata"]["query"]
 
 
 def test_a_yaml_block_labelled_as_a_file_is_that_file():

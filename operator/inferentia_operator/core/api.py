@@ -435,17 +435,17 @@ class DecodeAutoscaling(PoolAutoscaling):
 
 
 class PrefillPool(Pool):
-    """The prefill servers (vLLM's kv_role kv_producer)."""
+    """A pool of prefill servers, which may scale on its prompt queue."""
 
     autoscaling: PrefillAutoscaling | None = None
-    """Scale the pool between minReplicas and maxReplicas on its prompt queue, through a KEDA ScaledObject on the pool's Deployment; replicas is then left out."""
+    """Scale the pool between minReplicas and maxReplicas on its prompt queue, through a KEDA ScaledObject on the pool's Deployment; the pool's replicas is then not read."""
 
 
 class DecodePool(Pool):
-    """The decode servers (vLLM's kv_role kv_consumer)."""
+    """A pool of decode servers, which may scale on its running sequences and KV-cache use."""
 
     autoscaling: DecodeAutoscaling | None = None
-    """Scale the pool between minReplicas and maxReplicas on its running sequences and KV-cache use, through a KEDA ScaledObject on the pool's Deployment; replicas is then left out."""
+    """Scale the pool between minReplicas and maxReplicas on its running sequences and KV-cache use, through a KEDA ScaledObject on the pool's Deployment; the pool's replicas is then not read."""
 
 
 class Disaggregation(ApiModel):
