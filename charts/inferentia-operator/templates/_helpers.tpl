@@ -74,7 +74,8 @@ Superseded plan ConfigMaps and compile Jobs are deleted.
 - apiGroups: [""]
   resources: [events]
   verbs: [create, list, watch]
-# The ScaledObjects of models with spec.autoscaling; deleted when autoscaling is turned off.
+# The ScaledObjects of models with spec.autoscaling and of autoscaled prefill and decode pools;
+# deleted when autoscaling is turned off.
 - apiGroups: [keda.sh]
   resources: [scaledobjects]
   verbs: [get, list, watch, create, patch, delete]

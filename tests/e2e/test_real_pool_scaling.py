@@ -1,0 +1,166 @@
+"""Each prefill and decode pool scaling on its own signal on the real node: the trn2
+disaggregated sample as it runs here (cluster/samples.py), each pool with its own autoscaling.
+Prometheus scrapes the pools' vLLM servers (the stand-in's /metrics, vLLM's gauge names) from
+the pods' prometheus.io annotations, and KEDA scales each pool's Deployment through the
+ScaledObject the operator writes for it: the prefill pool on its prompt queue
+(vllm:num_requests_waiting), the decode pool on its running sequences and KV-cache use. Long
+prompts with one token to generate queue at the prefill servers and scale the prefill pool alone;
+short prompts with long answers fill the decode servers' batches and scale the decode pool alone.
+
+The stand-in's timing (cluster/node/standins/vllm_disagg.py): a prefill of p prompt tokens takes
+NEURON_STANDIN_TOKEN_SECONDS * p / 10, a decode step NEURON_STANDIN_TOKEN_SECONDS (more with a
+batch), and at most --max-num-seqs (serving.batching.maxBatchSize, 4 in the sample) requests run
+at once in a server, the rest waiting."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from kit import condition, wait_for
+from test_real_autoscaling import prometheus_query
+from test_real_node import apply, reshape, routed, store_client, wait_ready, why_not_ready
+
+from samples import make_buckets, run_here, store_secret, token_secret
+
+pytestmark = pytest.mark.usefixtures("operator")
+
+SAMPLE = Path(__file__).resolve().parents[2] / "manifests" / "samples" / "trn2-disaggregated.yaml"
+TOKEN_SECONDS = 0.2
+# Short windows, so that each pool follows its load within a minute and goes back within two.
+QUICK = {"windowSeconds": 10, "scaleUpStabilizationSeconds": 0, "scaleDownStabilizationSeconds": 0}
+
+
+@pytest.fixture
+def trn2(real_node):
+    """The real node as a trn2.48xlarge, where the vLLM Neuron plugin's pools run, for this test,
+    then an inf2.24xlarge again (the shape the other modules expect)."""
+    reshape(real_node, "trn2.48xlarge")
+    try:
+        yield real_node
+    finally:
+        reshape(real_node, "inf2.24xlarge")
+
+
+def pools_spec(cluster, namespace: str) -> dict:
+    doc = run_here(yaml.safe_load(SAMPLE.read_text()), namespace)
+    cluster.kubectl(
+        "apply", "-f", "-", input=yaml.safe_dump_all([store_secret(namespace, cluster.node.object_store()), token_secret(namespace)])
+    )
+    make_buckets(store_client(cluster), doc)
+    spec = doc["spec"]
+    spec["serving"]["env"] = [*spec["serving"].get("env", []), {"name": "NEURON_STANDIN_TOKEN_SECONDS", "value": str(TOKEN_SECONDS)}]
+    spec["disaggregation"] = {
+        "prefill": {"autoscaling": {"maxReplicas": 2, "targetWaiting": 2, **QUICK}},
+        "decode": {"autoscaling": {"maxReplicas": 2, "targetRunning": 2, "targetKvCachePercent": 80, **QUICK}},
+    }
+    return spec
+
+
+class Completions:
+    """Clients asking the model's Service for completions, each a request at a time."""
+
+    def __init__(self, url: str, clients: int, prompt: str, max_tokens: int):
+        self.url, self.results = url, []  # (time, status or error)
+        self.body = json.dumps({"prompt": prompt, "max_tokens": max_tokens}).encode()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(clients)]
+
+    def _client(self) -> None:
+        while not self._stop.is_set():
+            request = urllib.request.Request(self.url, self.body, {"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=120) as r:
+                    ok = r.status == 200 and json.loads(r.read())["object"] == "text_completion"
+                    self.results.append((time.monotonic(), 200 if ok else "wrong answer"))
+            except urllib.error.HTTPError as exc:
+                self.results.append((time.monotonic(), exc.code))
+            except OSError as exc:
+                self.results.append((time.monotonic(), f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"))
+
+    def __enter__(self) -> Completions:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(130)
+
+    def failures(self) -> list:
+        return [r for r in self.results if r[1] != 200]
+
+
+def test_the_prefill_pool_scales_on_its_prompt_queue_and_the_decode_pool_on_its_batch_each_alone(trn2, real_namespace, autoscaling_engines):
+    cluster, ns, prometheus = trn2, real_namespace, autoscaling_engines
+    apply(cluster, ns, "pd", pools_spec(cluster, ns))
+    wait_ready(cluster, ns, "pd", timeout=400)
+    wait_for(
+        lambda: condition(cluster.get("inferentiamodel", "pd", "-n", ns), "Autoscaling").get("reason") == "ScaledObjectReady",
+        120, "Autoscaling=True ScaledObjectReady",
+    )  # fmt: skip
+    pools = cluster.get("inferentiamodel", "pd", "-n", ns)["status"]["pools"]
+    for role in ("prefill", "decode"):
+        scaled_object = cluster.get("scaledobject", f"pd-{role}", "-n", ns)
+        assert scaled_object["metadata"]["ownerReferences"][0]["name"] == "pd"
+        assert scaled_object["spec"]["scaleTargetRef"]["kind"] == "Deployment"
+        assert scaled_object["spec"]["scaleTargetRef"]["name"] == f"pd-{role}"
+        assert pools[role]["autoscaling"]["scaledObject"] == f"pd-{role}", pools
+        assert pools[role]["desiredReplicas"] == 1, pools
+    # Each query reads the gauges Prometheus scrapes from that pool's servers.
+    queries = {role: pools[role]["autoscaling"]["queries"] for role in ("prefill", "decode")}
+    assert [q.split("{")[0] for q in queries["prefill"]] == ["sum(avg_over_time(vllm:num_requests_waiting"], queries
+    for query in (*queries["prefill"], *queries["decode"]):
+        wait_for(lambda q=query: prometheus_query(prometheus, q) is not None, 60, f"Prometheus to scrape {query}")
+    svc = cluster.get("service", "pd", "-n", ns)
+    ip, port = svc["spec"]["clusterIP"], svc["spec"]["ports"][0]["port"]
+    routed(ip, port)
+    url = f"http://{ip}:{port}/v1/completions"
+
+    def replicas(role: str) -> int:
+        return cluster.get("deployment", f"pd-{role}", "-n", ns)["spec"]["replicas"]
+
+    def scaled(role: str, want: int, what: str) -> None:
+        try:
+            wait_for(lambda: replicas(role) == want, 300, what)
+        except AssertionError as exc:
+            hpa = cluster.kubectl("get", "hpa", "-n", ns, "-o", "yaml", check=False).stdout[-4000:]
+            raise AssertionError(f"{exc}\n{hpa}\n{why_not_ready(cluster, ns, 'pd')}") from None
+
+    # Long prompts, one token each: a prefill takes 200 / 10 * 0.2 = 4 s, and of 12 clients at
+    # most 4 run in a prefill server (--max-num-seqs 4), so 8 wait there, 4 a replica over the
+    # target 2 even at 2 replicas; the decode servers each run a token's step, and stay at 1.
+    with Completions(url, clients=12, prompt=" ".join(["Trainium"] * 200), max_tokens=1) as prompts:
+        scaled("prefill", 2, "KEDA to scale the prefill pool up on its queue")
+        assert replicas("decode") == 1
+        wait_for(lambda: cluster.get("inferentiamodel", "pd", "-n", ns)["status"]["pools"]["prefill"]["desiredReplicas"] == 2, 60,
+                 "status.pools.prefill.desiredReplicas 2")  # fmt: skip
+        time.sleep(10)  # the new prefill server answers its share
+        assert replicas("decode") == 1
+    assert len(prompts.results) > 20 and not prompts.failures(), prompts.failures()[:10]
+    # Idle: the prefill pool goes back to its minimum (its replica drained first).
+    scaled("prefill", 1, "KEDA to scale the prefill pool back to 1")
+
+    # Short prompts, long answers: a prefill takes 0.02 s, a completion 100 decode steps of at
+    # least 0.2 s; 8 clients keep 4 sequences running in the one decode server (4 waiting), 4 a
+    # replica over the target 2; no prompt waits at the prefill server, which stays at 1.
+    with Completions(url, clients=8, prompt="Trainium", max_tokens=100) as answers:
+        scaled("decode", 2, "KEDA to scale the decode pool up on its running sequences")
+        assert replicas("prefill") == 1
+        time.sleep(10)
+        assert replicas("prefill") == 1
+    assert len(answers.results) > 8 and not answers.failures(), answers.failures()[:10]
+    scaled("decode", 1, "KEDA to scale the decode pool back to 1")
+
+    def desired() -> tuple[int, int]:
+        pools = cluster.get("inferentiamodel", "pd", "-n", ns)["status"]["pools"]
+        return pools["prefill"]["desiredReplicas"], pools["decode"]["desiredReplicas"]
+
+    wait_for(lambda: desired() == (1, 1), 60, "status.pools to show both pools at 1")
