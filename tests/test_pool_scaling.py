@@ -278,3 +278,11 @@ def test_a_model_without_pools_any_more_loses_the_pools_scaled_objects_but_never
     decision = decide(Observed(body_of(single), children), NOW, PROMETHEUS)
     assert ("ScaledObject", "m-prefill") in decision.delete
     assert ("ScaledObject", "m-decode") not in decision.delete
+
+
+def test_a_model_that_leaves_its_pools_for_whole_model_autoscaling_gets_its_own_scaled_object_at_once():
+    observed = converged(spec_of(), PROMETHEUS)
+    single = pd_spec(disaggregation=DROP, autoscaling={"maxReplicas": 3, "targetInFlight": 4})
+    decision = decide(Observed(body_of(single), observed.children), NOW, PROMETHEUS)
+    assert sorted(d for d in decision.delete if d[0] == "ScaledObject") == [("ScaledObject", "m-decode"), ("ScaledObject", "m-prefill")]
+    assert ("ScaledObject", "m") in {(c["kind"], c["metadata"]["name"]) for c in decision.apply}

@@ -64,13 +64,15 @@ class ScalingPart(Part):
 def scaling_part(model: Model, observed: Observed, settings: Settings, has_artefact: bool) -> ScalingPart:
     """``has_artefact``: a model that scales to zero stays at one replica at least until it has one."""
     spec = model.spec
-    if spec.disaggregation is not None or _pool_scaled_objects(model, observed):
+    if spec.disaggregation is not None:
         return _pools_part(model, observed, settings)
     live = observed.own(SCALED_OBJECT_KIND)
     ours = is_ours(live, model)
     # The ScaledObject only where the operator knows where Prometheus is; without autoscaling,
-    # or without Prometheus, one the operator made earlier goes.
-    gone = ((SCALED_OBJECT_KIND, model.name),) if ours else ()
+    # or without Prometheus, one the operator made earlier goes; so do the pools' of a model
+    # that had pools.
+    stale = _pool_scaled_objects(model, observed)
+    gone = (*(((SCALED_OBJECT_KIND, model.name),) if ours else ()), *stale)
     if spec.autoscaling is None:
         return ScalingPart(delete=gone, replicas=spec.replicas)
     configured = bool(settings.prometheus.address)
@@ -81,7 +83,7 @@ def scaling_part(model: Model, observed: Observed, settings: Settings, has_artef
     # While the cluster serves no ScaledObjects (KEDA not installed), none is written.
     held = frozenset() if observed.served(SCALED_OBJECT_KIND) else frozenset({ref(body)})
     replicas = desired_replicas(spec, scaled=ours, has_artefact=has_artefact)
-    return ScalingPart((body,), held, facts=facts, replicas=replicas, scaled=True)
+    return ScalingPart((body,), held, stale, facts=facts, replicas=replicas, scaled=True)
 
 
 def _pool_scaled_objects(model: Model, observed: Observed) -> tuple[ChildRef, ...]:
@@ -94,8 +96,9 @@ def _pools_part(model: Model, observed: Observed, settings: Settings) -> Scaling
     """Each pool with its own autoscaling gets a ScaledObject on its Deployment, where the
     operator knows Prometheus; while the ScaledObject exists, the pool's Deployment keeps the
     replicas the HPA gave it (within the range), so the operator never writes over KEDA. A pool's
-    ScaledObject goes with its autoscaling, with Prometheus, or with the pools. The model's own
-    ScaledObject (spec.autoscaling is refused with pools) goes too. spec.replicas is the proxy's."""
+    ScaledObject goes with its autoscaling or with Prometheus (with the pools: scaling_part). The
+    model's own ScaledObject (spec.autoscaling is refused with pools) goes too. spec.replicas is
+    the proxy's."""
     spec = model.spec
     configured = bool(settings.prometheus.address)
     own = observed.own(SCALED_OBJECT_KIND)
@@ -109,8 +112,6 @@ def _pools_part(model: Model, observed: Observed, settings: Settings) -> Scaling
         ours = is_ours(observed.live(SCALED_OBJECT_KIND, name), model)
         if ours and (a is None or not configured):
             gone.append((SCALED_OBJECT_KIND, name))
-        if spec.disaggregation is None:
-            continue
         deployment = observed.live("Deployment", name)
         now = Obj(deployment).spec.get("replicas") if is_ours(deployment, model) else None
         n = pool_desired_replicas(spec, role, scaled=ours and configured, live=now if isinstance(now, int) else None)
