@@ -156,7 +156,8 @@ def test_the_prefill_pool_scales_on_its_prompt_queue_and_the_decode_pool_on_its_
         assert replicas("prefill") == 1
         time.sleep(10)
         assert replicas("prefill") == 1
-    assert len(answers.results) > 8 and not answers.failures(), answers.failures()[:10]
+    # Every client answered (a completion here takes about 30 s), and none failed.
+    assert len(answers.results) >= 8 and not answers.failures(), answers.failures()[:10]
     scaled("decode", 1, "KEDA to scale the decode pool back to 1")
 
     def desired() -> tuple[int, int]:
