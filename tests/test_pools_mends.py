@@ -28,13 +28,13 @@ def test_a_pooled_model_reconciled_again_plans_its_pools_once_and_each_pool_with
     import copy
 
     from inferentia_operator.core import decide as decision
-    from inferentia_operator.core.pod import pools
+    from inferentia_operator.core.pod import model as models
     from inferentia_operator.core.settings import Settings
     from test_decide import PROVER
 
     planned = []
-    planner = pools.plan
-    monkeypatch.setattr(pools, "plan", lambda spec, **kw: planned.append(spec) or planner(spec, **kw))
+    planner = models.plan
+    monkeypatch.setattr(models, "plan", lambda spec, **kw: planned.append(spec) or planner(spec, **kw))
     body = {**model_body(), "spec": pd_spec()}
     body["metadata"].update(name="pd-memo", uid="uid-pd-memo")
     first = decide(Observed(body), NOW)

@@ -6,7 +6,7 @@ import functools
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from inferentia_operator.core.api import InferentiaModelSpec, Plan
@@ -15,8 +15,9 @@ from inferentia_operator.core.cores import on_vllm_plugin
 from inferentia_operator.core.findings import Finding
 from inferentia_operator.core.launcher import LAUNCHER
 from inferentia_operator.core.names import DEFAULT_OPERATOR_IMAGE, PLAN_MOUNT
+from inferentia_operator.core.planner import plan
 from inferentia_operator.core.pod.contribution import PodContribution
-from inferentia_operator.core.pod.pools import pool_models
+from inferentia_operator.core.pod.pools import ROLES
 from inferentia_operator.programs import (
     COMPILE_PROGRAM,
     HUB_SNAPSHOT_MODULE,
@@ -79,7 +80,11 @@ class Model:
     # and planned is kept (decide.RECENT_MODELS), and its pools with it.
     @functools.cached_property
     def pools(self) -> tuple[Model, ...]:
-        return pool_models(self)
+        if self.spec.disaggregation is None:
+            return ()
+        # Each pool's spec passed the model's rules (rules/disaggregation.py), so it is planned
+        # without checking them again.
+        return tuple(replace(self, spec=spec, plan=plan(spec, checked=[])) for spec in map(self.spec.pool_spec, ROLES))
 
 
 def stable_hash(value: Any, length: int = 10) -> str:
