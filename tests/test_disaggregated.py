@@ -401,3 +401,84 @@ def test_with_a_draft_the_servers_kv_blocks_are_the_plugins_target_and_draft_lay
     status, text = post(port, "/v1/completions", {"prompt": "a b c d", "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}})
     assert status == 200, text
     assert metric(get(port, "/metrics")[1], "vllm:kv_cache_usage_perc") == 1 / (budget // (32 * 2 * 5 * 1 * 64 * 2))
+
+
+# -- the NeuronScheduler's prefill/decode separation ---------------------------------------------
+
+
+def stream_times(port: int, body: dict) -> list[float]:
+    """The monotonic time each streamed token's event arrived at."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=SAFETY)
+    try:
+        conn.request("POST", "/v1/completions", body=json.dumps({**body, "stream": True}).encode(),
+                     headers={"Content-Type": "application/json"})  # fmt: skip
+        answer = conn.getresponse()
+        assert answer.status == 200, answer.read()
+        times = []
+        for line in iter(answer.readline, b""):
+            if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
+                times.append(time.monotonic())
+        return times
+    finally:
+        conn.close()
+
+
+def longest_gap_while_a_long_prompt_arrives(port: int, long_prompt_port: int) -> float:
+    """A long answer streams from ``port``; after its fifth token a 500-token prompt is sent to
+    ``long_prompt_port``. The longest gap between the answer's tokens, in seconds."""
+    import threading
+
+    times: list[float] = []
+    answer = threading.Thread(target=lambda: times.extend(stream_times(port, {"prompt": "a", "max_tokens": 40})))
+    answer.start()
+    deadline = time.monotonic() + SAFETY
+    while metric(get(port, "/metrics")[1], "vllm:num_requests_running") < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.15)  # a few decode steps in
+    status, text = post(long_prompt_port, "/v1/completions", {"prompt": " ".join(["w"] * 500), "max_tokens": 1})
+    assert status == 200, text
+    answer.join(SAFETY)
+    assert len(times) == 40
+    return max(b - a for a, b in zip(times, times[1:], strict=False))
+
+
+TIMED = {"NEURON_STANDIN_TOKEN_SECONDS": "0.02"}  # a 500-token prefill: 0.02 x 500 / 10 = 1 s
+
+
+def test_a_long_prefill_stalls_the_running_decodes_of_an_aggregated_server(cluster):
+    """The plugin's NeuronScheduler runs a prefill alone, its decodes held back ("Decode requests
+    are hidden during each prefill iteration"): in one server, a long prompt stops every running
+    answer for the prefill's time."""
+    port, side = free_port(), free_port()
+    env = environment(cluster.tmp_path, PLUGIN, "0-1", side, NEURON_STANDIN_SCHEDULER="neuron", **TIMED)
+    argv = [arg for arg in server_argv(cluster.model, port, "") if arg not in ("--kv-transfer-config", "")]
+    cluster.start(argv, env, port)
+    assert json.loads(get(port, "/standin")[1])["kvRole"] is None
+    assert longest_gap_while_a_long_prompt_arrives(port, port) >= 1.0
+
+
+def test_a_long_prefill_does_not_stall_the_decode_servers_answers(cluster):
+    """Disaggregated, the same long prompt is prefilled on the prefill server: the decode server
+    only reads its KV and runs its one token in a decode step, so no gap near the prefill's time."""
+    p_port, _, _ = cluster.server("kv_producer", "0-1", **TIMED)
+    d_port, _, _ = cluster.server("kv_consumer", "2-3", **TIMED)
+    proxy = cluster.proxy([p_port], [d_port])
+    assert longest_gap_while_a_long_prompt_arrives(d_port, proxy) < 0.5
+
+
+def test_prefills_on_one_engine_run_one_at_a_time(cluster):
+    """ "Prefill requests are processed sequentially (FIFO order)": two 250-token prompts sent at
+    once to one prefill server take two prefills' time (0.5 s each), not one."""
+    import threading
+
+    p_port, _, _ = cluster.server("kv_producer", "0-1", **TIMED)
+    began, answers = time.monotonic(), []
+    body = {"prompt": " ".join(["w"] * 250), "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}
+    calls = [threading.Thread(target=lambda: answers.append(post(p_port, "/v1/completions", body))) for _ in range(2)]
+    for call in calls:
+        call.start()
+    for call in calls:
+        call.join(SAFETY)
+    assert [status for status, _ in answers] == [200, 200], answers
+    assert time.monotonic() - began >= 1.0

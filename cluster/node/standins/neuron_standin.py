@@ -994,7 +994,11 @@ def vllm_main(argv: list[str]) -> int:
         except CollectiveError as exc:
             fatal(exc)
             return 1
-    if disagg is not None and disagg.kv_connector is not None:
+    # NEURON_STANDIN_SCHEDULER=neuron (the stand-in's own knob, for cluster/benchmark_disaggregated.py):
+    # the plugin's aggregated server on the same engine iterations and timing as its prefill and
+    # decode servers (vllm_disagg.NeuronScheduler), streaming, with vLLM's latency histograms.
+    scheduled = plugin and os.environ.get("NEURON_STANDIN_SCHEDULER") == "neuron"
+    if (disagg is not None and disagg.kv_connector is not None) or scheduled:
         return vllm_disagg.run(args, model, found, kv_token_bytes(checkpoint), args.block_size or PLUGIN_BLOCK_SIZE)
     serve(args.port, model, found, args.max_num_seqs, group)
     return 0

@@ -35,18 +35,20 @@ import itertools
 import json
 import math
 import os
+import queue
 import signal
 import socket
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from standin_serving import JsonHandler, Ranks, Sequences, model_label, rank_groups, scheduler_gauges
+from standin_serving import JsonHandler, Ranks, model_label, rank_groups, scheduler_gauges
 
 # -- KVTransferConfig ------------------------------------------------------------------------
 
@@ -227,6 +229,108 @@ def step_seconds(sequences: int) -> float:
     shape: the DI design page ("decode ... optimized for memory-bandwidth-bound generation") and the
     EPD tutorial above ("loads the model weights from HBM once per token")."""
     return token_seconds() * (1 + max(sequences - 1, 0) * SEQUENCE_SHARE)
+
+
+# -- the engine's iterations, as the plugin's NeuronScheduler runs them ----------------------------
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request in the engine: the prompt tokens it still has to compute here (0 once its KV is
+    read from a prefill server), the tokens it still has to make, and each token's time."""
+
+    prompt: int
+    left: int
+    made: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+
+
+class NeuronScheduler:
+    """One DP rank's engine loop, one iteration at a time, as the vLLM Neuron plugin's
+    NeuronScheduler schedules it (aws-neuron/aws-neuron-sdk a3247f5b,
+    vllm-neuron/docs/design/vllm/neuron-scheduler.md;
+    https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/vllm/neuron-scheduler.html):
+
+    - "Neuron requires prefill and decode operations to run in separate batches": an iteration is
+      one request's prefill or one decode step of every running sequence, never both;
+    - "The scheduler currently processes only one prefill request per iteration ... Prefill
+      requests are processed sequentially (FIFO order) ... Decode requests are hidden during each
+      prefill iteration";
+    - "Prefill Priority: When decode frees capacity and prefills are waiting, the scheduler
+      transitions to ACTIVE_PREFILL in the next iteration", and a request is admitted only while
+      the running requests are fewer than max_num_seqs ("at_capacity");
+    - a prompt longer than max_num_batched_tokens is prefilled in several iterations, and
+      ACTIVE_PREFILL lasts until all of them are done, the decodes hidden throughout: the
+      stand-in runs it as one iteration of the same total time.
+
+    So in an aggregated server a long prompt stalls every running answer for its prefill's time,
+    which is the interference disaggregation removes ("Removing prefill interruptions to decode
+    from continuous batching to reduce inter token latency (ITL)", NxD Inference's
+    disaggregated-inference guide,
+    https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/developer_guides/disaggregated-inference.html).
+    An iteration lasts prefill_seconds or step_seconds (the timing model above). ``executed``
+    counts each iteration's graph (vllm_neuron:neff_execution_count's bucket)."""
+
+    def __init__(self, max_num_seqs: int | None, executed: Callable[[str], None]) -> None:
+        self.capacity = max_num_seqs or 256  # vLLM's SchedulerConfig default max_num_seqs for the server
+        self.executed = executed
+        self.lock = threading.Condition()
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def generate(self, prompt: int, max_tokens: int) -> Iterator[float]:
+        """The monotonic time each of the request's tokens is made; a request given up (its
+        client gone, the generator closed) leaves the engine."""
+        sequence = Sequence(prompt, max_tokens)
+        with self.lock:
+            self.waiting.append(sequence)
+            self.lock.notify()
+        try:
+            for _ in range(max_tokens):
+                yield sequence.made.get()
+        finally:
+            with self.lock:
+                if sequence in self.waiting:
+                    self.waiting.remove(sequence)
+                if sequence in self.running:
+                    self.running.remove(sequence)
+
+    def _next(self) -> tuple[Sequence | None, list[Sequence]]:
+        """The next iteration's work, waiting for some: a prefill, else the decodes."""
+        with self.lock:
+            while True:
+                while self.waiting and len(self.running) < self.capacity:
+                    admitted = self.waiting.popleft()
+                    self.running.append(admitted)
+                    if admitted.prompt:
+                        return admitted, []
+                    # Its KV read from a prefill server, it joins the decodes (its first token is a decode's).
+                if self.running:
+                    return None, list(self.running)
+                self.lock.wait()
+
+    def _loop(self) -> None:
+        while True:
+            prefill, decodes = self._next()
+            if prefill is not None:
+                time.sleep(prefill_seconds(prefill.prompt))
+                self.executed(f"prefill_s{prefill.prompt}")
+                prefill.prompt = 0
+                self._made([prefill])
+            else:
+                time.sleep(step_seconds(len(decodes)))
+                self.executed(f"decode_b{len(decodes)}")
+                self._made(decodes)
+
+    def _made(self, sequences: list[Sequence]) -> None:
+        now = time.monotonic()
+        with self.lock:
+            for sequence in sequences:
+                sequence.made.put(now)
+                sequence.left -= 1
+                if sequence.left <= 0 and sequence in self.running:
+                    self.running.remove(sequence)
+            self.lock.notify()
 
 
 # -- metrics, as vLLM names them -----------------------------------------------------------------
@@ -553,6 +657,7 @@ class DisaggServer(ThreadingHTTPServer):
     def __init__(self, port: int, model: str, found: dict, engine: Engine, max_num_seqs: int | None, max_model_len: int | None) -> None:
         self.model, self.found, self.engine, self.max_model_len = model, found, engine, max_model_len
         self.sequences = Ranks(max_num_seqs, rank_groups(found))
+        self.schedulers = [NeuronScheduler(max_num_seqs, engine.metrics.executed) for _ in self.sequences.groups]
         self.started = time.time()
         self.ids = itertools.count()
         super().__init__(("0.0.0.0", port), Handler)
@@ -568,8 +673,9 @@ class Completion:
     max_tokens: int
     arrived: float
     rank: int  # the DP rank it runs on
-    scheduler: Sequences  # that rank's
+    scheduler: NeuronScheduler  # that rank's
     kv_params: dict | None = None  # a prefill's, for the decode
+    compute: int = 0  # the prompt tokens this engine computes: all of them, or none once its KV is read
 
 
 class Handler(JsonHandler):
@@ -599,9 +705,10 @@ class Handler(JsonHandler):
         if admitted is None:
             return
         body, tokens, max_tokens = admitted
-        with self.server.sequences.rank() as (rank, scheduler):
+        with self.server.sequences.rank() as (rank, _):
             request = f"cmpl-{self.headers.get('X-Request-Id') or uuid.uuid4().hex}-{next(self.server.ids)}"
-            completion = Completion(request, body.get("model") or self.server.model, tokens, max_tokens, time.monotonic(), rank, scheduler)
+            completion = Completion(request, body.get("model") or self.server.model, tokens, max_tokens, time.monotonic(), rank,
+                                    self.server.schedulers[rank])  # fmt: skip
             self._complete(body, completion)
 
     def _admit(self) -> tuple[dict, int, int] | None:
@@ -665,7 +772,8 @@ class Handler(JsonHandler):
 
     def _receive_kv(self, completion: Completion, params: dict | None) -> bool:
         """The prompt's KV: read from the prefill its params name (WAITING_FOR_REMOTE_KVS, before
-        the request runs), else computed here. False once the request has failed, answered."""
+        the request runs), else to be computed here (``completion.compute``, which the engine's
+        prefill iteration runs). False once the request has failed, answered."""
         engine = self.server.engine
         asked = engine.config.is_kv_consumer and params is not None and params.get("do_remote_prefill")
         keys = ("remote_engine_id", "remote_host", "remote_port", "remote_block_ids")
@@ -674,7 +782,7 @@ class Handler(JsonHandler):
                 # NixlConnector.update_state_after_alloc: "Got invalid KVTransferParams".
                 print(f"WARNING Got invalid KVTransferParams: {params}. This request will not utilize KVTransfer",
                       file=sys.stderr, flush=True)  # fmt: skip
-            self._prefill(completion.tokens)
+            completion.compute = completion.tokens
             return True
         began = time.monotonic()
         try:
@@ -688,7 +796,7 @@ class Handler(JsonHandler):
                 # an internal error (kv_load_failure_policy "fail", vLLM's default).
                 self._error(500, "Internal server error", "InternalServerError")
                 return False
-            self._prefill(completion.tokens)  # "recompute": the blocks are computed here
+            completion.compute = completion.tokens  # "recompute": the blocks are computed here
             return True
         engine.metrics.observe(engine.metrics.nixl_bytes, moved)
         engine.metrics.observe(engine.metrics.nixl_time, time.monotonic() - began)
@@ -706,22 +814,12 @@ class Handler(JsonHandler):
             "remote_port": engine.side_port, "tp_size": engine.tp,
         }  # fmt: skip
 
-    def _prefill(self, tokens: int) -> None:
-        time.sleep(prefill_seconds(tokens))
-        self.server.engine.metrics.executed(f"prefill_s{tokens}")
-
     def _decode(self, completion: Completion) -> Iterator[str]:
-        """The completion's tokens, each after its decode step, the first with its DP rank's cores;
-        its metrics once the last is out."""
+        """The completion's tokens as its DP rank's engine makes them (NeuronScheduler), the first
+        with the rank's cores; its metrics once the last is out."""
         metrics = self.server.engine.metrics
         first = last = 0.0
-        for i in range(completion.max_tokens):
-            if i:
-                # The batch is the requests this DP rank runs now (at most --max-num-seqs).
-                batch = completion.scheduler.running
-                time.sleep(step_seconds(batch))
-                metrics.executed(f"decode_b{batch}")
-            now = time.monotonic()
+        for i, now in enumerate(completion.scheduler.generate(completion.compute, completion.max_tokens)):
             if i == 0:
                 first = now
                 metrics.observe(metrics.ttft, now - completion.arrived)
@@ -771,7 +869,7 @@ class Handler(JsonHandler):
 def serve(port: int, model: str, found: dict, engine: Engine, max_num_seqs: int | None, max_model_len: int | None) -> None:
     server = DisaggServer(port, model, found, engine, max_num_seqs, max_model_len)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
-    print(f"serving {model} on :{port} as {engine.config.kv_role} (engine {engine.engine_id}, side channel {engine.side_host}:"
+    print(f"serving {model} on :{port} as {engine.config.kv_role or 'an aggregated server'} (engine {engine.engine_id}, side channel {engine.side_host}:"
           f"{engine.side_port}) with NeuronCores {found['cores']}", flush=True)  # fmt: skip
     print("INFO:     Application startup complete.", flush=True)
     server.serve_forever()
@@ -783,7 +881,9 @@ def run(args: argparse.Namespace, model: str, found: dict, token_bytes: int, blo
     what they found (the plugin's KV cache among it, its budget and a block's bytes, target and
     draft, as neuron_standin.plugin_kv_cache sizes them), ``token_bytes`` one token's KV cache
     (neuron_standin.kv_token_bytes), ``block_size`` the tokens a block holds."""
-    config: KVTransferConfig = args.kv_transfer_config
+    # Without a connector (NEURON_STANDIN_SCHEDULER=neuron, neuron_standin.vllm_main): an
+    # aggregated server, computing every prompt itself, on the same engine and timing.
+    config: KVTransferConfig = args.kv_transfer_config or KVTransferConfig(engine_id=str(uuid.uuid4()))
     tp = args.tensor_parallel_size or 1
     blocks = args.num_gpu_blocks_override
     kv = found.get("kvCache") or {}
