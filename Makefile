@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 export INFERENTIA_CONTROLPLANE_BUILT := 1
 CRD    := crds/inferentia.dev_inferentiamodels.yaml
 
-.PHONY: help test test-faults test-kind kind-up kind-down unit e2e lint venv controlplane cluster-up cluster-down crd manifests demo benchmark benchmark-scale benchmark-cores benchmark-batching benchmark-autoscaling benchmark-routing benchmark-cel benchmark-node-views docs clean
+.PHONY: help test test-faults test-kind kind-up kind-down unit e2e lint venv controlplane cluster-up cluster-down crd manifests demo benchmark benchmark-scale benchmark-cores benchmark-batching benchmark-autoscaling benchmark-routing benchmark-cel benchmark-node-views benchmark-disaggregated docs clean
 HELM    = $(shell bash cluster/build.sh --print)/helm
 CHART   := charts/inferentia-operator
 
@@ -30,6 +30,7 @@ help:
 	@echo "make benchmark-routing   on the real node: the endpoint picker's routing against the Service's random spread (about 8 min)"
 	@echo "make benchmark-cel      the CRD's CEL rules through three CEL libraries against validate's Python twins (docs/design.md, Validation)"
 	@echo "make benchmark-node-views [GIB=4]  a second replica's artefact fetch on a node: the cache's copy against linked to its view"
+	@echo "make benchmark-disaggregated  prefill and decode pools against aggregated replicas on the same chips, the stand-ins on loopback (about 3 min)"
 	@echo "make lint          ruff (lint and format) and mypy, as configured in pyproject.toml (make test runs them too)"
 	@echo "make crd           regenerate $(CRD) (and the chart's copy) from the pydantic models"
 	@echo "make manifests     regenerate manifests/*.yaml from the chart's default values"
@@ -136,6 +137,9 @@ benchmark-node-views: venv
 RUNS ?= 3
 benchmark-batching: venv
 	@$(BIN)/python -u cluster/benchmark_batching.py --runs $(RUNS)
+
+benchmark-disaggregated: venv
+	@$(BIN)/python -u cluster/benchmark_disaggregated.py
 
 lint: venv
 	$(BIN)/ruff check .

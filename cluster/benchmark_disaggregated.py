@@ -1,0 +1,453 @@
+"""Prefill and decode pools against aggregated serving on the same chips, for real on loopback.
+
+    make benchmark-disaggregated     # or: python cluster/benchmark_disaggregated.py
+
+Both arms are rendered by the operator from one sample, manifests/samples/trn2-disaggregated.yaml
+(Llama 3.1 8B on Trainium2, a prefill pool of one replica and a decode pool of two, one chip
+each): (a) the same spec without spec.disaggregation and as many replicas as the pools have
+chips, each an aggregated vLLM server; (b) the pools and the operator's proxy (pd_proxy). Every
+server is the vLLM Neuron plugin's stand-in (cluster/node/standins), started as a local process
+with the engine flags its Deployment renders and the planned environment, less what only a pod
+has (its paths, its IP, the compile Job's cache): the model is a local checkpoint of the
+sample's shape, the pod's IP is 127.0.0.1, each replica's chip is its own four logical cores.
+
+The timing model is the stand-in's (vllm_disagg, docs/development.md, "vLLM's disaggregated
+prefill and decode"): a prefill of p prompt tokens takes TOKEN_SECONDS x p / 10, a decode step
+with s running sequences TOKEN_SECONDS x (1 + (s - 1) / 8); each DP rank runs one iteration at a
+time, a prefill (one request's, first come first served, ahead of the next decode step) or a
+decode step of every running sequence, never both, as the plugin's NeuronScheduler does. So in
+an aggregated server a long prompt stalls the running answers for its prefill; a decode server
+never prefills. The aggregated stand-in runs that same engine (NEURON_STANDIN_SCHEDULER=neuron).
+
+The load is one seeded open-loop Poisson sequence, sent to both arms alike: half long prompts
+with short answers, half short prompts with long answers, every request streamed. Time to first
+token and each token's time are measured by the client: TTFT from the request's send to its
+first token, TPOT per request as (last token - first token) / (tokens - 1), as vLLM's
+vllm:request_time_per_output_token_seconds is. The aggregated arm's client spreads requests
+round-robin over the replicas (a Service spreads at random, which can only do worse); the
+disaggregated arm sends every request to the proxy, which takes turns over each pool's servers.
+
+Goals (the verdict lines): the disaggregated arm's TPOT p99 at most 0.5x the aggregated arm's,
+with its TTFT p99 at most 1.2x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import http.client
+import json
+import math
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+import images
+from inferentia_operator.core import neuron_images
+from inferentia_operator.core.api import InferentiaModelSpec
+from inferentia_operator.core.decide import rendered
+from inferentia_operator.core.planner import plan
+from inferentia_operator.core.pod.model import Model
+from ports import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+STANDINS = ROOT / "cluster" / "node" / "standins"
+SAMPLE = ROOT / "manifests" / "samples" / "trn2-disaggregated.yaml"
+UID = "0c6a1d2e-0000-4000-8000-00000000d15a"
+CORES_PER_CHIP = 4  # trn2 at lnc 2, as the sample's NEURON_LOGICAL_NC_CONFIG plans it
+SAFETY = 120.0  # seconds: a request, or a server's start, that takes longer has failed
+
+# The mix: (prompt tokens, answer tokens), half each.
+LONG_PROMPT = (400, 8)
+LONG_ANSWER = (20, 100)
+TOKEN_SECONDS = 0.02  # one decode step of one sequence; a 400-token prefill is 0.8 s
+GOAL_TPOT, GOAL_TTFT = 0.5, 1.2
+
+# What only a pod has, left out of the planned environment: paths of its image and volumes, the
+# compile Job's cache (the stand-in compiles at start in its place), the Secret's token.
+POD_ONLY = {
+    "HOME", "HF_HOME", "XDG_CACHE_HOME", "TMPDIR", "INFERENTIA_PLAN_FILE", "INFERENTIA_COMPILED_MODEL_DIR",
+    "VLLM_CACHE_ROOT", "HF_HUB_CACHE", "VLLM_NEURON_DISABLE_WARMUP_COMPILE", "HF_TOKEN",
+    "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT",
+}  # fmt: skip
+
+
+# -- the load ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    at: float  # seconds after the start
+    prompt: int
+    max_tokens: int
+
+
+def workload(seed: int, rate: float, seconds: float) -> list[Request]:
+    """Poisson arrivals at ``rate`` a second for ``seconds``, each a long prompt with a short
+    answer or a short prompt with a long answer, at even odds."""
+    rng, at, out = random.Random(seed), 0.0, []
+    while True:
+        at += rng.expovariate(rate)
+        if at >= seconds:
+            return out
+        prompt, answer = LONG_PROMPT if rng.random() < 0.5 else LONG_ANSWER
+        out.append(Request(at, prompt, answer))
+
+
+@dataclass
+class Outcome:
+    sent: float = 0.0
+    tokens: list[float] = field(default_factory=list)  # each token's arrival, monotonic
+    error: str | None = None
+
+    @property
+    def ttft(self) -> float:
+        return self.tokens[0] - self.sent
+
+    @property
+    def tpot(self) -> float | None:
+        return (self.tokens[-1] - self.tokens[0]) / (len(self.tokens) - 1) if len(self.tokens) > 1 else None
+
+
+def stream(port: int, request: Request, outcome: Outcome) -> None:
+    """One streamed completion; its tokens' times, or why it failed."""
+    body = {"model": "m", "prompt": " ".join(["w"] * request.prompt), "max_tokens": request.max_tokens, "stream": True}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=SAFETY)
+    try:
+        outcome.sent = time.monotonic()
+        conn.request("POST", "/v1/completions", body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        answer = conn.getresponse()
+        if answer.status != 200:
+            outcome.error = f"{answer.status}: {answer.read(512).decode(errors='replace')}"
+            return
+        done = False
+        for line in iter(answer.readline, b""):
+            if line.strip() == b"data: [DONE]":
+                done = True
+            elif line.startswith(b"data: "):
+                outcome.tokens.append(time.monotonic())
+        if not done or len(outcome.tokens) != request.max_tokens:
+            outcome.error = f"cut: {len(outcome.tokens)} of {request.max_tokens} tokens"
+    except (OSError, http.client.HTTPException) as exc:
+        outcome.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        conn.close()
+
+
+def send(load: list[Request], ports: list[int]) -> tuple[list[Outcome], float]:
+    """The load, open loop: each request at its time whatever the others are doing, the n-th to
+    ``ports[n % len(ports)]``. The outcomes, and the seconds from the first send to the last answer."""
+    outcomes = [Outcome() for _ in load]
+    threads = []
+    start = time.monotonic()
+    for n, request in enumerate(load):
+        time.sleep(max(0.0, start + request.at - time.monotonic()))
+        thread = threading.Thread(target=stream, args=(ports[n % len(ports)], request, outcomes[n]), daemon=True)
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join(SAFETY)
+    for thread, outcome in zip(threads, outcomes, strict=True):
+        if thread.is_alive():
+            outcome.error = outcome.error or "no answer within the safety timeout"
+    return outcomes, time.monotonic() - start
+
+
+# -- the figures ------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank percentile: the smallest value with at least q of them at or below it."""
+    ordered = sorted(values)
+    return ordered[max(math.ceil(q * len(ordered)) - 1, 0)] if ordered else math.nan
+
+
+@dataclass
+class Figures:
+    arm: str
+    chips: int
+    requests: int
+    answered: int
+    failed: int
+    ttft: tuple[float, float]  # p50, p99, seconds
+    tpot: tuple[float, float]
+    tokens_per_second: float
+    answers_per_second: float
+    errors: list[str]
+
+
+def figures(arm: str, chips: int, outcomes: list[Outcome], seconds: float) -> Figures:
+    good = [o for o in outcomes if o.error is None]
+    ttfts = [o.ttft for o in good]
+    tpots = [t for o in good if (t := o.tpot) is not None]
+    return Figures(
+        arm, chips, len(outcomes), len(good), len(outcomes) - len(good),
+        (percentile(ttfts, 0.5), percentile(ttfts, 0.99)), (percentile(tpots, 0.5), percentile(tpots, 0.99)),
+        sum(len(o.tokens) for o in good) / seconds, len(good) / seconds, [o.error for o in outcomes if o.error][:3],
+    )  # fmt: skip
+
+
+def table(rows: list[Figures]) -> str:
+    ms = lambda s: f"{s * 1000:.0f}"  # noqa: E731
+    lines = [
+        "| arm | chips | requests | answered | failed | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | output tokens/s | answers/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for f in rows:
+        lines.append(f"| {f.arm} | {f.chips} | {f.requests} | {f.answered} | {f.failed} | {ms(f.ttft[0])} | {ms(f.ttft[1])} | "
+                     f"{ms(f.tpot[0])} | {ms(f.tpot[1])} | {f.tokens_per_second:.1f} | {f.answers_per_second:.2f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def verdicts(aggregated: Figures, disaggregated: Figures) -> list[str]:
+    tpot = disaggregated.tpot[1] / aggregated.tpot[1]
+    ttft = disaggregated.ttft[1] / aggregated.ttft[1]
+    said = lambda ok: "met" if ok else "NOT met"  # noqa: E731
+    return [
+        f"TPOT p99, disaggregated / aggregated: {tpot:.2f}x (goal at most {GOAL_TPOT}x): {said(tpot <= GOAL_TPOT)}",
+        f"TTFT p99, disaggregated / aggregated: {ttft:.2f}x (goal at most {GOAL_TTFT}x): {said(ttft <= GOAL_TTFT)}",
+    ]
+
+
+# -- the arms, as the operator renders them ------------------------------------------------------
+
+
+def sample() -> tuple[str, dict]:
+    doc = yaml.safe_load(SAMPLE.read_text())
+    return doc["metadata"]["name"], doc["spec"]
+
+
+def model_of(name: str, spec: dict) -> Model:
+    parsed = InferentiaModelSpec.model_validate(spec)
+    return Model(name, "default", UID, parsed, plan(parsed))
+
+
+def deployments(model: Model) -> dict[str, dict]:
+    return {c["metadata"]["name"]: c for c in rendered(model) if c["kind"] == "Deployment"}
+
+
+def pool_chips(model: Model, spec: dict) -> int:
+    pools = model.plan.disaggregation
+    assert pools is not None
+    return pools.prefill.chips * spec["disaggregation"]["prefill"].get("replicas", 1) + pools.decode.chips * spec["disaggregation"][
+        "decode"
+    ].get("replicas", 1)
+
+
+def aggregated_spec(spec: dict, chips: int) -> dict:
+    """The sample without its pools, with as many replicas as they have chips in all."""
+    out = copy.deepcopy(spec)
+    del out["disaggregation"]
+    per_replica = out["compute"]["inf"]
+    if chips % per_replica:
+        raise SystemExit(f"{chips} chips are no whole number of {per_replica}-chip replicas")
+    out["replicas"] = chips // per_replica
+    return out
+
+
+def checkpoint(where: Path, spec: dict) -> Path:
+    """A local checkpoint of the sample model's shape (its layers, KV heads, head dimension and
+    weights), so each KV transfer moves the bytes that model's would."""
+    where.mkdir(parents=True, exist_ok=True)
+    model = spec["model"]
+    heads = 32
+    config = {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16",
+        "num_hidden_layers": model["layers"], "num_key_value_heads": model["kvHeads"], "num_attention_heads": heads,
+        "hidden_size": heads * model["headDim"], "_standin_parameters": model["weights"],
+    }  # fmt: skip
+    (where / "config.json").write_text(json.dumps(config))
+    (where / "model.safetensors").write_bytes(b"")
+    return where
+
+
+class Processes:
+    """The arm's processes, stopped on exit."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, argv: list[str], env: dict[str, str], port: int, health: str, log: Path) -> None:
+        with log.open("w") as out:
+            proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        deadline = time.monotonic() + SAFETY
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise SystemExit(f"{argv[:4]} exited {proc.returncode}: {log.read_text()[-2000:]}")
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("GET", health)
+                if conn.getresponse().status == 200:
+                    conn.close()
+                    return
+                conn.close()
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise SystemExit(f"port {port} never answered {health}")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+        for proc in self.procs:
+            proc.wait(SAFETY)
+
+
+def server_argv(deployment: dict, model: Path, port: int) -> list[str]:
+    """The Deployment's engine flags (after ``/bin/sh -c '<exec ...>' vllm``), the model a local
+    folder and the port a free one."""
+    flags = list(deployment["spec"]["template"]["spec"]["containers"][0]["args"][4:])
+    flags[flags.index("--model") + 1] = str(model)
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--port", str(port), *flags]
+
+
+def server_env(deployment: dict, work: Path, image: str, chip: int, token_seconds: float) -> dict[str, str]:
+    planned = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"] if "value" in e}
+    site = work / "site"
+    if not site.exists():
+        images.write_distributions(site, neuron_images.CATALOGUE[image].distributions)
+    first = chip * CORES_PER_CHIP
+    home = work / f"chip{chip}"
+    home.mkdir(exist_ok=True)
+    return {
+        **{k: v for k, v in planned.items() if k not in POD_ONLY},
+        "PATH": "/usr/bin:/bin", "PYTHONPATH": f"{site}:{STANDINS}", "HOME": str(home), "TMPDIR": str(home),
+        "VLLM_CACHE_ROOT": str(home / "cache"), "NEURON_STANDIN_DEV_DIR": str(work / "dev"),
+        "NEURON_STANDIN_PLATFORM": "trn2", "NEURON_STANDIN_CORES_PER_DEVICE": str(CORES_PER_CHIP),
+        "NEURON_STANDIN_LOCK_DIR": str(work / "locks"), "NEURON_RT_VISIBLE_CORES": f"{first}-{first + CORES_PER_CHIP - 1}",
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
+        "NEURON_STANDIN_TOKEN_SECONDS": str(token_seconds), "NEURON_STANDIN_SCHEDULER": "neuron",
+    }  # fmt: skip
+
+
+def devices(work: Path, chips: int) -> None:
+    (work / "dev").mkdir(parents=True, exist_ok=True)
+    for chip in range(chips):
+        (work / "dev" / f"neuron{chip}").touch()
+
+
+def run_aggregated(work: Path, spec: dict, chips: int, load: list[Request], token_seconds: float) -> Figures:
+    model = model_of("llama-8b", aggregated_spec(spec, chips))
+    (deployment,) = deployments(model).values()
+    replicas, per = deployment["spec"]["replicas"], model.spec.compute.inf
+    devices(work, chips)
+    weights = checkpoint(work / "model", spec)
+    procs, ports = Processes(), []
+    try:
+        for replica in range(replicas):
+            port = free_port()
+            env = server_env(deployment, work, spec["serving"]["image"], replica * per, token_seconds)
+            procs.start(server_argv(deployment, weights, port), env, port, "/health", work / f"aggregated-{replica}.log")
+            ports.append(port)
+        outcomes, seconds = send(load, ports)
+    finally:
+        procs.stop()
+    return figures(f"aggregated, {replicas} replicas", chips, outcomes, seconds)
+
+
+def run_disaggregated(work: Path, name: str, spec: dict, chips: int, load: list[Request], token_seconds: float) -> Figures:
+    model = model_of(name, spec)
+    rendered_ = deployments(model)
+    devices(work, chips)
+    weights = checkpoint(work / "model", spec)
+    procs, ports, chip = Processes(), {"prefill": [], "decode": []}, 0
+    pools = model.plan.disaggregation
+    assert pools is not None
+    try:
+        for pool, per in (("prefill", pools.prefill.chips), ("decode", pools.decode.chips)):
+            deployment = rendered_[f"{name}-{pool}"]
+            for replica in range(deployment["spec"]["replicas"]):
+                port = free_port()
+                env = server_env(deployment, work, spec["serving"]["image"], chip, token_seconds)
+                procs.start(server_argv(deployment, weights, port), env, port, "/health", work / f"{pool}-{replica}.log")
+                ports[pool].append(port)
+                chip += per
+        proxy = proxy_argv(rendered_[name], name, ports)
+        listen = int(proxy[proxy.index("--port") + 1])
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "operator")}
+        procs.start([sys.executable, *proxy], env, listen, "/healthcheck", work / "proxy.log")
+        outcomes, seconds = send(load, [listen])
+    finally:
+        procs.stop()
+    pool_replicas = f"{len(ports['prefill'])} prefill + {len(ports['decode'])} decode"
+    return figures(f"disaggregated, {pool_replicas}", chips, outcomes, seconds)
+
+
+def proxy_argv(deployment: dict, name: str, ports: dict[str, list[int]]) -> list[str]:
+    """The proxy's rendered command line, each pool's Service (one host) swapped for its servers'
+    loopback ports, which the proxy takes turns over as the Service would spread its pods."""
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    args = list(container["args"])
+    assert args[args.index("--prefiller-host") + 1] == f"{name}-prefill" and args[args.index("--decoder-host") + 1] == f"{name}-decode"
+    out = container["command"][1:]  # -m inferentia_operator.programs.pd_proxy
+    skip = {"--prefiller-host", "--prefiller-port", "--decoder-host", "--decoder-port", "--host", "--port"}
+    i = 0
+    while i < len(args):
+        if args[i] in skip:
+            i += 2
+            continue
+        out.append(args[i])
+        i += 1
+    out += ["--host", "127.0.0.1", "--port", str(free_port())]
+    for role, pool in (("prefiller", "prefill"), ("decoder", "decode")):
+        out += [f"--{role}-hosts", *["127.0.0.1"] * len(ports[pool]), f"--{role}-ports", *map(str, ports[pool])]
+    return out
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+def commit() -> str:
+    done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    return (done.stdout.strip() or "unknown") + (" (with local changes)" if dirty.stdout.strip() else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rate", type=float, default=1.2, help="requests a second")
+    p.add_argument("--seconds", type=float, default=60.0, help="seconds of arrivals")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--token-seconds", type=float, default=TOKEN_SECONDS, help="one decode step of one sequence")
+    args = p.parse_args(argv)
+    if not (0 < args.rate <= 20 and 0 < args.seconds <= 600 and 0 < args.token_seconds <= 1):
+        p.error("--rate in (0, 20], --seconds in (0, 600], --token-seconds in (0, 1]")
+    name, spec = sample()
+    chips = pool_chips(model_of(name, spec), spec)
+    load = workload(args.seed, args.rate, args.seconds)
+    command = "python cluster/benchmark_disaggregated.py " + " ".join(
+        f"--{k.replace('_', '-')} {v:g}" if isinstance(v, float) else f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+    )
+    now = datetime.datetime.now(datetime.UTC)
+    print(f"{now:%Y-%m-%d %H:%M} UTC, {command}, commit {commit()}", flush=True)
+    print(f"{SAMPLE.relative_to(ROOT)}: {chips} chips; {len(load)} requests, half {LONG_PROMPT[0]}-token prompts with "
+          f"{LONG_PROMPT[1]}-token answers, half {LONG_ANSWER[0]}-token prompts with {LONG_ANSWER[1]}-token answers", flush=True)  # fmt: skip
+    print(f"timing: a prefill of p tokens {args.token_seconds:g} x p / 10 s; a decode step of s sequences "
+          f"{args.token_seconds:g} x (1 + (s - 1) / 8) s; one iteration at a time per engine", flush=True)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="bench-disagg-") as tmp:
+        aggregated = run_aggregated(Path(tmp) / "aggregated", spec, chips, load, args.token_seconds)
+        disaggregated = run_disaggregated(Path(tmp) / "disaggregated", name, spec, chips, load, args.token_seconds)
+    print()
+    print(table([aggregated, disaggregated]))
+    print()
+    for line in verdicts(aggregated, disaggregated):
+        print(line)
+    for f in (aggregated, disaggregated):
+        for error in f.errors:
+            print(f"{f.arm}: a failure: {error}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""cluster/benchmark_disaggregated.py's machinery at a tiny size, so that it cannot rot: both arms
+start as the operator renders them, answer the same load, and the table and verdicts print."""
+
+from __future__ import annotations
+
+import re
+
+import benchmark_disaggregated as bench
+
+
+def test_the_load_is_seeded_and_mixes_both_kinds():
+    load = bench.workload(7, 4.0, 5.0)
+    assert load == bench.workload(7, 4.0, 5.0) and load != bench.workload(8, 4.0, 5.0)
+    assert {(r.prompt, r.max_tokens) for r in load} == {bench.LONG_PROMPT, bench.LONG_ANSWER}
+    assert all(0 < a.at < b.at < 5.0 for a, b in zip(load, load[1:], strict=False))
+
+
+def test_the_aggregated_arm_has_the_pools_chips_in_replicas():
+    name, spec = bench.sample()
+    chips = bench.pool_chips(bench.model_of(name, spec), spec)
+    assert chips == 3  # the sample: one prefill replica and two decode replicas, one chip each
+    aggregated = bench.model_of("llama-8b", bench.aggregated_spec(spec, chips))
+    (deployment,) = bench.deployments(aggregated).values()
+    assert deployment["spec"]["replicas"] * aggregated.spec.compute.inf == chips
+    assert "--kv-transfer-config" not in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_a_tiny_run_answers_on_both_arms_and_prints_the_table(capsys):
+    assert bench.main(["--rate", "4", "--seconds", "1.5", "--token-seconds", "0.002", "--seed", "3"]) == 0
+    out = capsys.readouterr().out
+    rows = {
+        m.group(1): m.groups() for m in re.finditer(r"^\| (aggregated|disaggregated)[^|]*\| 3 \| (\d+) \| (\d+) \| (\d+) \|", out, re.M)
+    }
+    assert set(rows) == {"aggregated", "disaggregated"}, out
+    requests = len(bench.workload(3, 4, 1.5))
+    for arm, (_, sent, answered, failed) in rows.items():
+        assert (int(sent), int(answered), int(failed)) == (requests, requests, 0), (arm, out)
+    assert re.search(r"^TPOT p99, disaggregated / aggregated: \d+\.\d\dx \(goal at most 0\.5x\): (met|NOT met)$", out, re.M), out
+    assert re.search(r"^TTFT p99, disaggregated / aggregated: \d+\.\d\dx \(goal at most 1\.2x\): (met|NOT met)$", out, re.M), out
+    assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d UTC, python cluster/benchmark_disaggregated\.py .*, commit \w+", out, re.M), out
