@@ -40,6 +40,7 @@ import http.client
 import json
 import math
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -183,6 +184,7 @@ class Figures:
     tokens_per_second: float
     answers_per_second: float
     errors: list[str]
+    notes: list[str] = field(default_factory=list)
 
 
 def figures(arm: str, chips: int, outcomes: list[Outcome], seconds: float) -> Figures:
@@ -378,10 +380,31 @@ def run_disaggregated(work: Path, name: str, spec: dict, chips: int, load: list[
         env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "operator")}
         procs.start([sys.executable, *proxy], env, listen, "/healthcheck", work / "proxy.log")
         outcomes, seconds = send(load, [listen])
+        moved = [kv_moved(port) for port in ports["decode"]]
     finally:
         procs.stop()
     pool_replicas = f"{len(ports['prefill'])} prefill + {len(ports['decode'])} decode"
-    return figures(f"disaggregated, {pool_replicas}", chips, outcomes, seconds)
+    found = figures(f"disaggregated, {pool_replicas}", chips, outcomes, seconds)
+    transfers = sum(m[0] for m in moved)
+    if transfers:
+        found.notes.append(f"KV read by the decode servers: {transfers:g} transfers, {sum(m[1] for m in moved) / transfers / 2**20:.1f} MiB "
+                           f"and {sum(m[2] for m in moved) / transfers * 1000:.0f} ms each on average (vllm:nixl_*, loopback TCP)")  # fmt: skip
+    return found
+
+
+def kv_moved(port: int) -> tuple[float, float, float]:
+    """A decode server's KV transfers: their count, bytes and seconds (its NIXL histograms)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=SAFETY)
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+
+    def total(name: str) -> float:
+        return sum(float(v) for v in re.findall(rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", text, re.M))
+
+    return total("vllm:nixl_bytes_transferred_count"), total("vllm:nixl_bytes_transferred_sum"), total("vllm:nixl_xfer_time_seconds_sum")
 
 
 def proxy_argv(deployment: dict, name: str, ports: dict[str, list[int]]) -> list[str]:
@@ -444,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     for line in verdicts(aggregated, disaggregated):
         print(line)
     for f in (aggregated, disaggregated):
+        for note in f.notes:
+            print(note)
         for error in f.errors:
             print(f"{f.arm}: a failure: {error}")
     return 0
