@@ -271,7 +271,7 @@ class NeuronScheduler:
     counts each iteration's graph (vllm_neuron:neff_execution_count's bucket)."""
 
     def __init__(self, max_num_seqs: int | None, executed: Callable[[str], None]) -> None:
-        self.capacity = max_num_seqs or 256  # vLLM's SchedulerConfig default max_num_seqs for the server
+        self.capacity = max_num_seqs or 256  # without --max-num-seqs, the bound run() sizes the blocks for
         self.executed = executed
         self.lock = threading.Condition()
         self.waiting: deque[Sequence] = deque()
