@@ -23,7 +23,8 @@ The load is one seeded open-loop Poisson sequence, sent to both arms alike: half
 with short answers, half short prompts with long answers, every request streamed. Time to first
 token and each token's time are measured by the client: TTFT from the request's send to its
 first token, TPOT per request as (last token - first token) / (tokens - 1), as vLLM's
-vllm:request_time_per_output_token_seconds is. The aggregated arm's client spreads requests
+vllm:request_time_per_output_token_seconds is, ITL each gap between two tokens of an answer.
+Throughput is the tokens and answers over the seconds from the first send to the last answer. The aggregated arm's client spreads requests
 round-robin over the replicas (a Service spreads at random, which can only do worse); the
 disaggregated arm sends every request to the proxy, which takes turns over each pool's servers.
 
@@ -181,6 +182,7 @@ class Figures:
     failed: int
     ttft: tuple[float, float]  # p50, p99, seconds
     tpot: tuple[float, float]
+    itl_p99: float  # the gaps between consecutive tokens, all requests'
     tokens_per_second: float
     answers_per_second: float
     errors: list[str]
@@ -191,9 +193,11 @@ def figures(arm: str, chips: int, outcomes: list[Outcome], seconds: float) -> Fi
     good = [o for o in outcomes if o.error is None]
     ttfts = [o.ttft for o in good]
     tpots = [t for o in good if (t := o.tpot) is not None]
+    gaps = [b - a for o in good for a, b in zip(o.tokens, o.tokens[1:], strict=False)]
     return Figures(
         arm, chips, len(outcomes), len(good), len(outcomes) - len(good),
         (percentile(ttfts, 0.5), percentile(ttfts, 0.99)), (percentile(tpots, 0.5), percentile(tpots, 0.99)),
+        percentile(gaps, 0.99),
         sum(len(o.tokens) for o in good) / seconds, len(good) / seconds, [o.error for o in outcomes if o.error][:3],
     )  # fmt: skip
 
@@ -201,12 +205,12 @@ def figures(arm: str, chips: int, outcomes: list[Outcome], seconds: float) -> Fi
 def table(rows: list[Figures]) -> str:
     ms = lambda s: f"{s * 1000:.0f}"  # noqa: E731
     lines = [
-        "| arm | chips | requests | answered | failed | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | output tokens/s | answers/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| arm | chips | requests | answered | failed | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | ITL p99 ms | output tokens/s | answers/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for f in rows:
         lines.append(f"| {f.arm} | {f.chips} | {f.requests} | {f.answered} | {f.failed} | {ms(f.ttft[0])} | {ms(f.ttft[1])} | "
-                     f"{ms(f.tpot[0])} | {ms(f.tpot[1])} | {f.tokens_per_second:.1f} | {f.answers_per_second:.2f} |")  # fmt: skip
+                     f"{ms(f.tpot[0])} | {ms(f.tpot[1])} | {ms(f.itl_p99)} | {f.tokens_per_second:.1f} | {f.answers_per_second:.2f} |")  # fmt: skip
     return "\n".join(lines)
 
 
