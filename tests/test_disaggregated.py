@@ -455,7 +455,8 @@ def test_a_long_prefill_stalls_the_running_decodes_of_an_aggregated_server(clust
     argv = [arg for arg in server_argv(cluster.model, port, "") if arg not in ("--kv-transfer-config", "")]
     cluster.start(argv, env, port)
     assert json.loads(get(port, "/standin")[1])["kvRole"] is None
-    assert longest_gap_while_a_long_prompt_arrives(port, port) >= 1.0
+    # The prefill's 1 s and a decode step, less what the token before it took to reach the client.
+    assert longest_gap_while_a_long_prompt_arrives(port, port) >= 0.9
 
 
 def test_a_long_prefill_does_not_stall_the_decode_servers_answers(cluster):
