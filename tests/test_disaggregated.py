@@ -406,19 +406,17 @@ def test_with_a_draft_the_servers_kv_blocks_are_the_plugins_target_and_draft_lay
 # -- the NeuronScheduler's prefill/decode separation ---------------------------------------------
 
 
-def stream_times(port: int, body: dict) -> list[float]:
-    """The monotonic time each streamed token's event arrived at."""
+def stream_times(port: int, body: dict, times: list[float]) -> None:
+    """The monotonic time each streamed token's event arrived at, appended to ``times`` as it comes."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=SAFETY)
     try:
         conn.request("POST", "/v1/completions", body=json.dumps({**body, "stream": True}).encode(),
                      headers={"Content-Type": "application/json"})  # fmt: skip
         answer = conn.getresponse()
         assert answer.status == 200, answer.read()
-        times = []
         for line in iter(answer.readline, b""):
             if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
                 times.append(time.monotonic())
-        return times
     finally:
         conn.close()
 
@@ -429,13 +427,12 @@ def longest_gap_while_a_long_prompt_arrives(port: int, long_prompt_port: int) ->
     import threading
 
     times: list[float] = []
-    answer = threading.Thread(target=lambda: times.extend(stream_times(port, {"prompt": "a", "max_tokens": 40})))
+    answer = threading.Thread(target=stream_times, args=(port, {"prompt": "a", "max_tokens": 40}, times))
     answer.start()
     deadline = time.monotonic() + SAFETY
-    while metric(get(port, "/metrics")[1], "vllm:num_requests_running") < 1:
-        assert time.monotonic() < deadline
+    while len(times) < 5:  # the answer's decode steps under way
+        assert time.monotonic() < deadline and answer.is_alive()
         time.sleep(0.01)
-    time.sleep(0.15)  # a few decode steps in
     status, text = post(long_prompt_port, "/v1/completions", {"prompt": " ".join(["w"] * 500), "max_tokens": 1})
     assert status == 200, text
     answer.join(SAFETY)
