@@ -156,3 +156,13 @@ def test_each_pools_autoscaling_takes_only_its_own_signals_target():
 
     _, found = parse_spec(pd_spec(**{"disaggregation.prefill.autoscaling": {"maxReplicas": 2, "targetRunning": 2}}))
     assert any("targetRunning" in str(f) for f in found), found
+
+
+def test_an_efa_share_is_a_pods_chips_share_of_its_instances_devices():
+    from inferentia_operator.core.catalogue import efa_share
+
+    assert [efa_share("trn2.48xlarge", n) for n in (1, 2, 16)] == [1, 2, 16]
+    assert efa_share("trn2u.48xlarge", 4) == 4
+    # trn1.32xlarge: 8 devices for 16 chips, rounded up so that a one-chip pod still gets one.
+    assert [efa_share("trn1.32xlarge", n) for n in (1, 2, 16)] == [1, 1, 8]
+    assert efa_share("trn2.3xlarge", 1) is None and efa_share("trn3.48xlarge", 16) is None

@@ -225,21 +225,44 @@ FAMILY_NAMES: tuple[str, ...] = tuple(FAMILIES)
 #   serving across nodes (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/index.html),
 #   and inf1 runs no vLLM: refused there until AWS documents it.
 # EFA devices come from AWS's EFA device plugin as vpc.amazonaws.com/efa
-# (https://docs.aws.amazon.com/eks/latest/userguide/device-management-efa.html).
-# trn2.3xlarge, trn2.48xlarge, trn2u.48xlarge, trn3.48xlarge and trn3e.24xlarge are left out: how
-# many EFA interfaces each has is not published where we looked. The Trn2 architecture page
+# (https://docs.aws.amazon.com/eks/latest/userguide/device-management-efa.html), one a network card.
+# - trn1.32xlarge 8, trn1n.32xlarge 16: the multi-node setup page above.
+# - trn2.48xlarge and trn2u.48xlarge 16: the node groups of AWS's EKS prerequisites for Trainium
+#   (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/deploy/eks/prerequisites.html, Step 1)
+#   launch them from AWS's template, which gives each an EFA interface on each of network cards 0
+#   to 15 (aws-neuron/aws-neuron-eks-samples, dp_bert_hf_pretrain/cfn/eks_trn2_ng_stack_al2023.yaml);
+#   its Trn1 twin (eks_trn1_ng_stack.yaml) gives trn1.32xlarge 8 and trn1n.32xlarge 16, as above.
+# trn2.3xlarge, trn3.48xlarge and trn3e.24xlarge are left out: how many EFA interfaces each has is
+# not published where we looked. The Trn2 architecture page
 # (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-hardware/trn2-arch.html)
-# and the Trn3 one (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/arch/neuron-hardware/trn3-arch.html)
-# give chips, vCPUs and memory (Trn3's by UltraServer) but no EFA count; the multi-node setup
-# page above covers Trn1 only; EC2's page on instances with several network cards
-# (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html) takes its
-# examples from P5 and P5e; EKS's EFA pages name no count and send the reader to EC2's network
+# lists trn2.48xlarge and trn2u.48xlarge only; the Trn3 one
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/arch/neuron-hardware/trn3-arch.html)
+# gives chips, vCPUs and memory by UltraServer but no EFA count; EC2's page on instances with several
+# network cards (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html) takes
+# its examples from P5 and P5e; EKS's EFA pages name no count and send the reader to EC2's network
 # cards per type, one EFA a card at most (https://docs.aws.amazon.com/eks/latest/userguide/node-efa.html,
-# https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/using-eni.html#network-cards), whose rows
-# for these types we could not read. None of these families spans nodes yet (MULTI_NODE_FAMILIES),
-# so no pod asks for their EFA devices.
+# https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/using-eni.html#network-cards), whose rows for
+# these types we could not read.
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
-EFA_DEVICES: dict[str, int] = {"trn1.32xlarge": 8, "trn1n.32xlarge": 16}
+EFA_DEVICES: dict[str, int] = {"trn1.32xlarge": 8, "trn1n.32xlarge": 16, "trn2.48xlarge": 16, "trn2u.48xlarge": 16}
+
+
+def efa_share(instance_type: str, chips: int) -> int | None:
+    """The EFA devices a pod of ``chips`` chips takes on an ``instance_type``: its chips' share of
+    the instance's, rounded up; None where the catalogue has no count (EFA_DEVICES). A share, not
+    the instance's all: AWS's EFA device plugin gives each device to one pod alone ("Each EFA
+    device is dedicated to one Pod", device-management-efa above), so a pod of part of an
+    instance that took them all would keep every other pod that wants one off the instance, and
+    on the EKS-optimized AL2023 AMIs it picks the devices near the pod's Neuron devices (the same
+    page: "Neuron-EFA affinity"). Where an instance has fewer EFA devices than chips, rounding up
+    gives each pod at least one, and fewer such pods fit it than its chips would allow."""
+    devices = EFA_DEVICES.get(instance_type)
+    if devices is None:
+        return None
+    instance_chips = next(f.instance_chips[instance_type] for f in FAMILIES.values() if instance_type in f.instance_chips)
+    return -(-devices * chips // instance_chips)
+
+
 MULTI_NODE_FAMILIES: tuple[str, ...] = tuple(f.name for f in FAMILIES.values() if f.multi_node)
 # Rank 0's root communicator port, as vLLM's launcher sets it (NEURON_RT_ROOT_COMM_ID_PORT).
 ROOT_COMM_PORT = 63423
