@@ -40,6 +40,7 @@ import images  # noqa: E402
 import kindnode  # noqa: E402
 import localcluster  # noqa: E402
 import realnode  # noqa: E402
+from inferentia_operator.core.catalogue import EFA_DEVICES  # noqa: E402
 
 NAME = "inferentia"
 NETWORK = "inferentia-kind"
@@ -576,15 +577,16 @@ def support_image(bins: Path) -> tuple[str, Path]:
 # writable by the containers' non-root users.
 MAKE_DEVICES = """
 import os, sys
-chips, dev, locks = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-os.makedirs(dev, exist_ok=True); os.makedirs(locks, exist_ok=True); os.chmod(locks, 0o1777)
-for name in os.listdir(dev):
-    if name.startswith('neuron') and int(name[6:]) >= chips:
-        os.unlink(os.path.join(dev, name))
-for chip in range(chips):
-    path = os.path.join(dev, f'neuron{chip}')
-    if not os.path.exists(path):
-        os.mknod(path, 0o666 | 0o020000, os.makedev(1, 3))
+chips, dev, locks, efa = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+os.makedirs(os.path.join(dev, 'infiniband'), exist_ok=True); os.makedirs(locks, exist_ok=True); os.chmod(locks, 0o1777)
+for folder, prefix, count in ((dev, 'neuron', chips), (os.path.join(dev, 'infiniband'), 'uverbs', efa)):
+    for name in os.listdir(folder):
+        if name.startswith(prefix) and int(name[len(prefix):]) >= count:
+            os.unlink(os.path.join(folder, name))
+    for n in range(count):
+        path = os.path.join(folder, f'{prefix}{n}')
+        if not os.path.exists(path):
+            os.mknod(path, 0o666 | 0o020000, os.makedev(1, 3))
 """
 
 
@@ -592,6 +594,9 @@ def device_plugin(image: str, instance_type: str) -> dict:
     """The device plugin stand-in as AWS ships its plugin: a DaemonSet on the Neuron nodes, with
     the kubelet's device-plugin directory mounted."""
     chips, cores_per_chip = realnode.SHAPES[instance_type]
+    # The EFA devices AWS's EFA device plugin would advertise on such an instance (as the local
+    # cluster's real node does, realnode.RealNode._start_device_plugin).
+    efa = EFA_DEVICES.get(instance_type, 0)
     labels = {"app.kubernetes.io/name": "neuron-device-plugin-standin"}
     state = {"name": "state", "mountPath": NODE_DIR}
     return {
@@ -612,7 +617,7 @@ def device_plugin(image: str, instance_type: str) -> dict:
                             "name": "devices",
                             "image": image,
                             "imagePullPolicy": "Never",
-                            "command": ["python3", "-c", MAKE_DEVICES, str(chips), f"{NODE_DIR}/dev", f"{NODE_DIR}/locks"],
+                            "command": ["python3", "-c", MAKE_DEVICES, str(chips), f"{NODE_DIR}/dev", f"{NODE_DIR}/locks", str(efa)],
                             "securityContext": {"privileged": True},  # mknod
                             "volumeMounts": [state],
                         }  # fmt: skip
@@ -636,6 +641,8 @@ def device_plugin(image: str, instance_type: str) -> dict:
                                 f"{NODE_DIR}/locks",
                                 "--platform",
                                 instance_type.split(".")[0],
+                                "--efa",
+                                str(efa),
                             ],
                             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
                             "volumeMounts": [state, {"name": "device-plugins", "mountPath": str(realnode.DEVICE_PLUGIN_DIR)}],

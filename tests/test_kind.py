@@ -11,6 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "cluster"))
 import kindcluster
 import kindnode
 import realnode
+from inferentia_operator.core.catalogue import EFA_DEVICES
 
 
 def patches(config: dict) -> dict[str, dict]:
@@ -68,9 +69,45 @@ def test_the_device_plugin_daemonset_takes_each_shape():
         assert argv[argv.index("--platform") + 1] == instance_type.split(".")[0]
         [devices] = spec["initContainers"]
         assert devices["command"][3] == str(chips)
+        # EFA devices as AWS's EFA device plugin advertises them, and their device files.
+        efa = EFA_DEVICES.get(instance_type, 0)
+        assert argv[argv.index("--efa") + 1] == devices["command"][6] == str(efa)
         # The kubelet's device-plugin directory, where the stand-in registers.
         assert {"name": "device-plugins", "mountPath": str(realnode.DEVICE_PLUGIN_DIR)} in plugin["volumeMounts"]
         assert plugin["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_the_device_files_are_each_chips_and_each_efa_devices(tmp_path, monkeypatch):
+    """MAKE_DEVICES, as the DaemonSet's init container runs it: /dev/neuronN and
+    /dev/infiniband/uverbsN, none beyond the counts (a reshape to fewer removes the rest)."""
+    import os
+
+    made = []
+    monkeypatch.setattr(os, "mknod", lambda path, *_: (made.append(path), Path(path).touch()))
+
+    def run(chips: int, efa: int) -> None:
+        monkeypatch.setattr(sys, "argv", ["-c", str(chips), str(tmp_path / "dev"), str(tmp_path / "locks"), str(efa)])
+        exec(kindcluster.MAKE_DEVICES, {})
+
+    run(16, 16)
+    assert sorted(p.name for p in (tmp_path / "dev").glob("neuron*")) == sorted(f"neuron{n}" for n in range(16))
+    assert sorted(p.name for p in (tmp_path / "dev" / "infiniband").iterdir()) == sorted(f"uverbs{n}" for n in range(16))
+    run(12, 0)
+    assert len(list((tmp_path / "dev").glob("neuron*"))) == 12 and not list((tmp_path / "dev" / "infiniband").iterdir())
+
+
+def test_the_fleet_advertises_efa_devices_on_the_types_that_have_them():
+    """The simulated fleet (kind's and the local cluster's) as AWS's EFA device plugin would
+    advertise it: each type's count from the catalogue, none on a type without one."""
+    import localcluster
+
+    nodes = localcluster.fleet_nodes()
+    by_type = {n["metadata"]["labels"]["node.kubernetes.io/instance-type"]: n["status"]["allocatable"] for n in nodes}
+    assert by_type["trn2.48xlarge"]["vpc.amazonaws.com/efa"] == "16"
+    assert by_type["trn1.32xlarge"]["vpc.amazonaws.com/efa"] == "8"
+    assert "vpc.amazonaws.com/efa" not in by_type["inf2.48xlarge"]
+    for itype, allocatable in by_type.items():
+        assert allocatable.get("vpc.amazonaws.com/efa") == (str(EFA_DEVICES[itype]) if itype in EFA_DEVICES else None)
 
 
 class FakeRun:
