@@ -112,6 +112,7 @@ CEL_CASES = {
             ("target", {"maxReplicas": 2}),
         )
     },
+    "disaggregation-efa-required": make_spec(**{**_PD, "compute.family": "trn3", "disaggregation": {"efa": "required"}}),
     "disaggregation-compile": make_spec(**{**_PD, "compile.image": "example.com/c:1", "disaggregation": {"decode": {"inf": 2}}}),
     # Replicas across nodes (spec.compute.nodes): trn1's whole 32xlarge nodes, one vLLM process each.
     "nodes-family": make_spec(**{"compute.family": "inf2", "compute.inf": 12, "compute.nodes": 2, **_VLLM_TRN1}),
@@ -362,6 +363,9 @@ DIVERGENCE_CORPUS = [
     {**_PD, "compute.family": "trn3", "disaggregation": {"decode": {"dataParallelSize": 5}}},
     {**_PD, "compute.lnc": 4, "disaggregation": {"decode": {"dataParallelSize": 3}}},
     {**_PD, "compile.image": "example.com/c:1", "disaggregation": {"prefill": {"inf": 1, "tensorParallelSize": 4}}},
+    {**_PD, "disaggregation": {"efa": "required"}, "compute.instanceTypes": ["trn2.3xlarge"]},
+    {**_PD, "disaggregation": {"efa": "required"}, "compute.instanceTypes": ["trn2.3xlarge", "trn2u.48xlarge"]},
+    {**_PD, "compute.family": "trn3", "disaggregation": {"efa": "off"}},
     {**_PD, "compile.image": "example.com/c:1", "disaggregation": {"prefill": {"dataParallelSize": 2}, "decode": {"inf": 3}}},
     {**_PD, "compute.family": "trn1", "disaggregation": {"decode": {"inf": 99}}},
     {**_PD, "compute.inf": 2, "compute.allocation": "dra", "disaggregation": {"decode": {"inf": 4}}},

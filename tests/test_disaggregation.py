@@ -12,6 +12,7 @@ runs the prefill server with ``--kv-transfer-config '{"kv_connector": ..., "kv_r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -144,6 +145,82 @@ def test_a_model_without_pools_renders_as_before():
     spec = InferentiaModelSpec.model_validate({k: v for k, v in pd_spec().items() if k != "disaggregation"})
     kinds = [(c["kind"], c["metadata"]["name"]) for c in rendered(Model("m", "ns", UID, spec, plan(spec)))]
     assert ("Deployment", "m-prefill") not in kinds and ("Deployment", "m") in kinds
+
+
+# --- EFA --------------------------------------------------------------------------------------
+
+
+def pod_spec_of(model: Model, pool: str) -> dict:
+    return children(model)[("Deployment", f"m-{pool}")]["spec"]["template"]["spec"]
+
+
+def instance_types_of(pod_spec: dict) -> list[str]:
+    [term] = pod_spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    [expression] = [e for e in term["matchExpressions"] if e["key"] == "node.kubernetes.io/instance-type"]
+    return expression["values"]
+
+
+def test_each_pools_pods_request_their_chips_share_of_their_instances_efa_devices():
+    """trn2.48xlarge and trn2u.48xlarge have 16 EFA devices and 16 chips: a pod takes one a chip,
+    requests equal to limits, and its pool is held to those types (trn2.3xlarge's count is unknown)."""
+    model = pd_model()
+    for pool, chips in (("prefill", "1"), ("decode", "2")):
+        spec = pod_spec_of(model, pool)
+        resources = spec["containers"][0]["resources"]
+        assert resources["requests"]["vpc.amazonaws.com/efa"] == resources["limits"]["vpc.amazonaws.com/efa"] == chips
+        assert instance_types_of(spec) == ["trn2.48xlarge", "trn2u.48xlarge"]
+    p = model.plan.disaggregation
+    assert (p.prefill.efa_devices, p.decode.efa_devices) == (1, 2)
+    # The pools' own plans, which their ConfigMaps hold, say the same.
+    assert [(m.plan.efa_devices, m.plan.instance_types) for m in model.pools] == [(n, ["trn2.48xlarge", "trn2u.48xlarge"]) for n in (1, 2)]
+
+
+def test_a_pool_of_a_whole_instance_takes_every_efa_device():
+    spec = pod_spec_of(pd_model(**{"disaggregation.decode.inf": 16}), "decode")
+    assert spec["containers"][0]["resources"]["limits"]["vpc.amazonaws.com/efa"] == "16"
+
+
+def test_efa_off_requests_none_and_keeps_every_instance_type():
+    model = pd_model(**{"disaggregation.efa": "off"})
+    prefill = pod_spec_of(model, "prefill")
+    assert "vpc.amazonaws.com/efa" not in prefill["containers"][0]["resources"]["requests"]
+    assert "vpc.amazonaws.com/efa" not in prefill["containers"][0]["resources"]["limits"]
+    assert instance_types_of(prefill) == ["trn2.3xlarge", "trn2.48xlarge", "trn2u.48xlarge"]
+    assert model.plan.disaggregation.prefill.efa_devices is None
+
+
+def test_efa_is_part_of_the_plan_so_changing_it_rolls_the_pools():
+    assert plan_hash(pd_model().plan) != plan_hash(pd_model(**{"disaggregation.efa": "off"}).plan)
+
+
+def test_on_a_family_of_no_known_efa_count_auto_requests_none_and_says_so():
+    model = pd_model(**{"compute.family": "trn3"})
+    spec = pod_spec_of(model, "decode")
+    assert "vpc.amazonaws.com/efa" not in spec["containers"][0]["resources"]["limits"]
+    assert instance_types_of(spec) == ["trn3e.24xlarge", "trn3.48xlarge"]
+    [warning] = model.plan.warnings
+    assert warning.startswith("warning: spec.disaggregation.efa: is auto, and no trn3 instance type the pools may use")
+    assert not pd_model(**{"compute.family": "trn3", "disaggregation.efa": "off"}).plan.warnings
+
+
+def test_the_proxy_requests_no_efa_device():
+    spec = children(pd_model())[("Deployment", "m")]["spec"]["template"]["spec"]
+    assert "vpc.amazonaws.com/efa" not in spec["containers"][0]["resources"]["requests"]
+
+
+def test_an_efa_shortage_is_named_in_the_scheduled_condition():
+    """Without AWS's EFA device plugin (or with its devices taken), a pool's pod stays Pending and
+    the status quotes the scheduler: the resource it lacks is named."""
+    model = pd_model()
+    message = "0/3 nodes are available: 3 Insufficient vpc.amazonaws.com/efa."
+    pending = {
+        "metadata": {"name": "m-decode-0", "namespace": "ns", "labels": {"inferentia.dev/model": "m", "app.kubernetes.io/component": "serving", "inferentia.dev/pool": "decode"}},
+        "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]},
+    }  # fmt: skip
+    observed = dataclasses.replace(observe(model, {"m-decode": 0}), pods=[pending])
+    conditions = {c.type: c for c in decide(observed, "2026-01-01T00:00:00Z").report.status.conditions}
+    assert (conditions["Scheduled"].status, conditions["Scheduled"].reason) == ("False", "Unschedulable")
+    assert "Insufficient vpc.amazonaws.com/efa" in conditions["Scheduled"].message
 
 
 # --- status ------------------------------------------------------------------------------------

@@ -158,6 +158,45 @@ def test_each_pools_autoscaling_takes_only_its_own_signals_target():
     assert any("targetRunning" in str(f) for f in found), found
 
 
+def test_efa_required_needs_an_instance_type_whose_efa_count_is_known():
+    """trn3's types have no EFA count the operator knows: required is refused there, naming the
+    field, its value and what is valid; auto and off pass (auto with a warning)."""
+    (message,) = messages(pd_spec(**{"compute.family": "trn3", "disaggregation.efa": "required"}))
+    assert message.startswith(
+        "spec.disaggregation.efa: is required, and no trn3 instance type the pools may use (trn3e.24xlarge, trn3.48xlarge)"
+    )
+    assert "valid values: auto or off" in message and "trn2.48xlarge, trn2u.48xlarge" in message
+    for efa in ("auto", "off"):
+        assert messages(pd_spec(**{"compute.family": "trn3", "disaggregation.efa": efa})) == []
+    # On trn2, required holds where the listed types include one with a count, not where they do not.
+    assert messages(pd_spec(**{"disaggregation.efa": "required"})) == []
+    one_chip = {"disaggregation": {"efa": "required", "decode": {"inf": 1}}, "compute.instanceTypes": ["trn2.3xlarge"]}
+    (listed,) = messages(pd_spec(**one_chip))
+    assert listed.startswith(
+        "spec.disaggregation.efa: is required, and no trn2 instance type the pools may use (spec.compute.instanceTypes)"
+    )
+
+
+def test_auto_on_a_family_of_no_known_efa_count_warns_and_off_silences_it():
+    def warnings(spec: dict) -> list[str]:
+        return [str(f) for f in check_spec(InferentiaModelSpec.model_validate(spec)) if f.severity == "warning"]
+
+    assert [w for w in warnings(pd_spec(**{"compute.family": "trn3"})) if "spec.disaggregation.efa" in w]
+    assert not [w for w in warnings(pd_spec(**{"compute.family": "trn3", "disaggregation.efa": "off"})) if "efa" in w]
+    assert not [w for w in warnings(pd_spec()) if "efa" in w]
+
+
+def test_every_efa_type_of_the_plugins_families_holds_its_familys_most_chips():
+    """What EFA_REQUIRED's CEL relies on: a pool that fits its family fits each such type."""
+    from inferentia_operator.core.catalogue import FAMILIES
+    from inferentia_operator.core.rules.disaggregation import EFA_TYPES
+
+    assert EFA_TYPES == ["trn2.48xlarge", "trn2u.48xlarge"]
+    for itype in EFA_TYPES:
+        [family] = [f for f in FAMILIES.values() if itype in f.instance_chips]
+        assert family.instance_chips[itype] == family.max_chips
+
+
 def test_an_efa_share_is_a_pods_chips_share_of_its_instances_devices():
     from inferentia_operator.core.catalogue import efa_share
 

@@ -455,6 +455,8 @@ class Disaggregation(ApiModel):
     """The prefill servers (vLLM's kv_role kv_producer)."""
     decode: DecodePool = DecodePool()
     """The decode servers (vLLM's kv_role kv_consumer)."""
+    efa: Literal["auto", "required", "off"] = "auto"
+    """EFA devices (vpc.amazonaws.com/efa, from AWS's EFA device plugin) for the pools' pods, over which NIXL moves the KV cache between instances. Where some instance type a pool may use has an EFA count the operator knows (trn2.48xlarge and trn2u.48xlarge: 16), the pool is held to those types and each pod requests its chips' share of its instance's devices (one a chip there). auto: so, and where the pools may use no such type (trn3), no EFA device is requested and a warning says so; required: so, and a spec whose pools may use no such type is refused; off: no EFA device is requested, and every allowed instance type is used."""
 
 
 class InferentiaModelSpec(ApiModel):
@@ -594,6 +596,8 @@ class PoolPlan(ApiModel):
     """vLLM's --tensor-parallel-size."""
     data_parallel_size: int
     """vLLM's --data-parallel-size."""
+    efa_devices: int | None = None
+    """The EFA devices (vpc.amazonaws.com/efa) each pod of the pool requests (spec.disaggregation.efa); absent: none."""
 
 
 class DisaggregationPlan(ApiModel):
@@ -633,7 +637,7 @@ class Plan(ApiModel):
     nodes: int | None = None
     """When a replica spans nodes: how many, one pod (and one group of groupSize ranks) on each."""
     efa_devices: int | None = None
-    """When a replica spans nodes: the EFA devices (vpc.amazonaws.com/efa) each of its pods requests, the fewest any allowed instance type has."""
+    """When a replica spans nodes: the EFA devices (vpc.amazonaws.com/efa) each of its pods requests, the fewest any allowed instance type has; in a pool's plan (spec.disaggregation), what each of its pods requests."""
     visible_cores: list[str]
     """Each group's cores as NEURON_RT_VISIBLE_CORES takes them ("0-1", or "5" for one core): contiguous, disjoint, in order."""
     device_memory_per_group_bytes: int

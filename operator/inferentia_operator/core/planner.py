@@ -33,6 +33,7 @@ from .catalogue import (
     NEURONCORE_RESOURCE,
     Compiler,
     Family,
+    efa_share,
     host_fits,
 )
 from .compiler_flags import compiler_args, static_weights_on
@@ -51,9 +52,10 @@ class InvalidSpec(ValueError):
         super().__init__("; ".join(str(f) for f in errors(findings)))
 
 
-def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Plan:
+def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None, pool_efa: EfaChoice | None = None) -> Plan:
     """The plan of a spec; raises InvalidSpec when any rule fails. ``checked``: the spec's
-    findings, when the caller has already run :func:`rules.check_spec` on it."""
+    findings, when the caller has already run :func:`rules.check_spec` on it. ``pool_efa``: with
+    a pool's spec (InferentiaModelSpec.pool_spec), its model's spec.disaggregation.efa."""
     findings = check_spec(spec) if checked is None else checked
     if errors(findings):
         raise InvalidSpec(findings)
@@ -64,7 +66,12 @@ def plan(spec: InferentiaModelSpec, checked: list[Finding] | None = None) -> Pla
     cores = plan_cores(replica)
     compiled = plan_compiler(spec, replica)
     placed = plan_instance_types(spec, replica)
+    pool = plan_pool_efa(pool_efa, replica.chips, placed["instance_types"]) if pool_efa else None
+    if pool:
+        placed = {"instance_types": pool["instance_types"]}
     across = plan_across_nodes(spec, replica, placed["instance_types"])
+    if pool:
+        across["efa_devices"] = pool["efa_devices"]
     return Plan(
         **cores,
         **compiled,
@@ -263,6 +270,26 @@ def plan_across_nodes(spec: InferentiaModelSpec, replica: Replica, instance_type
     }
 
 
+EfaChoice = Literal["auto", "required", "off"]
+
+
+class PoolEfaPiece(TypedDict):
+    instance_types: list[str]
+    efa_devices: int | None
+
+
+def plan_pool_efa(choice: EfaChoice, chips: int, instance_types: list[str]) -> PoolEfaPiece:
+    """A pool's instance types and the EFA devices each of its pods requests
+    (spec.disaggregation.efa): unless off, the types whose EFA count the catalogue knows, where
+    there are any, and the fewest any of them shares out to a pod of ``chips`` chips
+    (catalogue.efa_share), so that the pod fits whichever it lands on. Where there are none,
+    every type and no EFA device: the rules refuse that with required and warn with auto."""
+    shares = {t: share for t in instance_types if (share := efa_share(t, chips)) is not None}
+    if choice == "off" or not shares:
+        return {"instance_types": instance_types, "efa_devices": None}
+    return {"instance_types": list(shares), "efa_devices": min(shares.values())}
+
+
 class ResourcesPiece(TypedDict):
     allocation: Literal["dra"] | None
     connected_devices: int | None
@@ -360,7 +387,10 @@ def pool_plan(spec: InferentiaModelSpec, pool: Pool, replica: Replica) -> PoolPl
     hold dataParallelSize to a divisor of the cores)."""
     chips, cores = pool_cores(spec, replica.family, pool)
     tp = pool.tensor_parallel_size or cores // pool.data_parallel_size
-    return PoolPlan(chips=chips, cores=cores, tensor_parallel_size=tp, data_parallel_size=pool.data_parallel_size)
+    assert spec.disaggregation is not None
+    types = plan_instance_types(spec, replica._replace(chips=chips))["instance_types"]
+    efa = plan_pool_efa(spec.disaggregation.efa, chips, types)["efa_devices"]
+    return PoolPlan(chips=chips, cores=cores, tensor_parallel_size=tp, data_parallel_size=pool.data_parallel_size, efa_devices=efa)
 
 
 def plan_disaggregation(spec: InferentiaModelSpec, replica: Replica) -> DisaggregationPiece:

@@ -84,7 +84,8 @@ class Model:
             return ()
         # Each pool's spec passed the model's rules (rules/disaggregation.py), so it is planned
         # without checking them again.
-        return tuple(replace(self, spec=spec, plan=plan(spec, checked=[])) for spec in map(self.spec.pool_spec, ROLES))
+        efa = self.spec.disaggregation.efa  # each pool planned for its chips and its EFA devices
+        return tuple(replace(self, spec=spec, plan=plan(spec, checked=[], pool_efa=efa)) for spec in map(self.spec.pool_spec, ROLES))
 
 
 def stable_hash(value: Any, length: int = 10) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from inferentia_operator.core.api import DecodeAutoscaling, InferentiaModelSpec, Pool, PrefillAutoscaling
-from inferentia_operator.core.catalogue import Family
+from inferentia_operator.core.catalogue import EFA_DEVICES, FAMILIES, Family
 from inferentia_operator.core.cel import (
     CEL_DIVISORS,
     CEL_FAMILY,
@@ -23,6 +23,8 @@ from inferentia_operator.core.cel import (
     CEL_LNC_VALUES,
     CEL_MAX,
     CEL_PHYSICAL_CORES,
+    CEL_TYPES,
+    CEL_TYPES_TEXT,
     CrossFieldRule,
     literal,
 )
@@ -411,6 +413,48 @@ def _check_pool_autoscaling(spec: InferentiaModelSpec, fam: Family) -> list[Find
     return found
 
 
+# spec.disaggregation.efa: a pool's pods request their share of their instance's EFA devices,
+# and the pool is held to the instance types whose EFA count the catalogue has
+# (planner.plan_pool_efa, catalogue.efa_share). Each such type of the plugin's families is one of
+# its largest (tests/test_disaggregation.py holds this), so every pool the family fits fits it:
+# whether the pools may use one is whether spec.compute's types name one.
+EFA_TYPES = [t for name in PLUGIN_FAMILIES for t in FAMILIES[name].instance_chips if t in EFA_DEVICES]
+_CEL_TYPES_CONSIDERED = f"(has(self.compute.instanceTypes) ? self.compute.instanceTypes : {CEL_TYPES}[{CEL_FAMILY}])"
+_NO_EFA_COUNT = "no %s instance type the pools may use (%s) has an EFA device count the operator knows"
+EFA_REQUIRED = CrossFieldRule(
+    "spec.disaggregation.efa",
+    "spec",
+    f"is required, and {_NO_EFA_COUNT}, so it cannot say how many vpc.amazonaws.com/efa devices each pod requests; valid "
+    f"values: auto or off, with which the pods request none; required needs one of {format_list(EFA_TYPES)} among "
+    "the pools' instance types",
+    f"!{_POOLS} || !has(self.disaggregation.efa) || self.disaggregation.efa != 'required' || !({_PLUGIN})"
+    f" || {_CEL_TYPES_CONSIDERED}.exists(t, t in {literal(EFA_TYPES)})",
+    (CEL_FAMILY, f"has(self.compute.instanceTypes) ? 'spec.compute.instanceTypes' : {CEL_TYPES_TEXT}[{CEL_FAMILY}]"),
+)
+
+
+def _check_efa(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    """required with no instance type of a known EFA count is refused; auto, warned of (no CEL:
+    the CRD's rules refuse, never warn)."""
+    d = spec.disaggregation
+    if d is None or d.efa == "off" or fam.name not in PLUGIN_FAMILIES:
+        return []
+    listed = spec.compute.instance_types
+    if any(t in EFA_TYPES for t in listed or fam.instance_chips):
+        return []
+    considered = "spec.compute.instanceTypes" if listed else format_list(list(fam.instance_chips))
+    if d.efa == "required":
+        return [EFA_REQUIRED.finding(fam.name, considered)]
+    return [
+        Finding(
+            "spec.disaggregation.efa",
+            f"is auto, and {_NO_EFA_COUNT % (fam.name, considered)}: the pools' pods request no EFA device, and "
+            "their servers move the KV cache over EFA only if they get EFA devices another way; off says that is meant",
+            severity="warning",
+        )
+    ]
+
+
 RULES: list[CrossFieldRule] = [
     DISAGGREGATION_RUNTIME,
     *(rule for rule, _ in REFUSED),
@@ -422,5 +466,6 @@ RULES: list[CrossFieldRule] = [
     *DATA_PARALLEL_RULES.values(),
     COMPILE_AHEAD,
     *(r for rules in POOL_AUTOSCALING_RULES.values() for r in rules),
+    EFA_REQUIRED,
 ]
-CHECKS = (_check_runtime, _check_pools, _check_data_parallel, _check_compile_ahead, _check_pool_autoscaling)
+CHECKS = (_check_runtime, _check_pools, _check_data_parallel, _check_compile_ahead, _check_pool_autoscaling, _check_efa)

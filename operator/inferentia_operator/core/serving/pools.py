@@ -19,9 +19,11 @@ a host list per pod, would roll the proxy at every change of a pool. The decode 
 the prefill server that made a request's KV cache directly, at the address that server's
 kv_transfer_params name: its side channel on its pod's IP.
 
-EFA: the tutorial moves KV over NIXL's LIBFABRIC backend, EFA between instances. The pools do
-not request AWS's EFA device plugin resource (vpc.amazonaws.com/efa) yet: no field asks for it,
-and the count a pod should take is the instance type's, which a pool's allowed types do not fix.
+EFA: the tutorial moves KV over NIXL's LIBFABRIC backend, EFA between instances ("Read-mode KV
+transfer between instances rides NIXL over LIBFABRIC, which requires EFA", Step 5). Each pool's
+pods request their chips' share of their instance's EFA devices from AWS's EFA device plugin
+(vpc.amazonaws.com/efa), and a pool is held to the instance types whose EFA count the catalogue
+has (spec.disaggregation.efa; planner.plan_pool_efa, catalogue.efa_share, which says why a share).
 """
 
 from __future__ import annotations
