@@ -147,7 +147,7 @@ def test_a_model_without_pools_renders_as_before():
     assert ("Deployment", "m-prefill") not in kinds and ("Deployment", "m") in kinds
 
 
-# --- EFA --------------------------------------------------------------------------------------
+# --- EFA and one network part ----------------------------------------------------------------
 
 
 def pod_spec_of(model: Model, pool: str) -> dict:
@@ -203,9 +203,39 @@ def test_on_a_family_of_no_known_efa_count_auto_requests_none_and_says_so():
     assert not pd_model(**{"compute.family": "trn3", "disaggregation.efa": "off"}).plan.warnings
 
 
-def test_the_proxy_requests_no_efa_device():
+def test_the_proxy_requests_no_efa_device_and_prefers_no_network_part():
     spec = children(pd_model())[("Deployment", "m")]["spec"]["template"]["spec"]
     assert "vpc.amazonaws.com/efa" not in spec["containers"][0]["resources"]["requests"]
+    assert "podAffinity" not in spec.get("affinity", {})
+
+
+def test_each_pools_pods_prefer_the_network_part_of_the_models_pool_pods():
+    """A preference, never a requirement, for nodes sharing EKS's bottom network layer (then the
+    one above) with either pool's pods: a node without the labels still takes them."""
+    model = pd_model()
+    for pool in ("prefill", "decode"):
+        affinity = pod_spec_of(model, pool)["affinity"]
+        assert "requiredDuringSchedulingIgnoredDuringExecution" not in affinity["podAffinity"]
+        terms = affinity["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        by_key = {t["podAffinityTerm"]["topologyKey"]: t for t in terms}
+        layer3, layer2 = by_key["topology.k8s.aws/network-node-layer-3"], by_key["topology.k8s.aws/network-node-layer-2"]
+        assert layer3["weight"] > layer2["weight"]
+        # Both pools' pods match: the model's serving pods, which with pools are theirs alone.
+        for term in (layer3, layer2):
+            selector = term["podAffinityTerm"]["labelSelector"]["matchLabels"]
+            assert selector == {"inferentia.dev/model": "m", "app.kubernetes.io/component": "serving"}
+        # Spreading the model's pods over nodes still weighs most.
+        [spread] = affinity["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert spread["weight"] > layer3["weight"] + layer2["weight"]
+
+
+def test_a_pools_network_preference_joins_the_users_own():
+    affinity = {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 7, "podAffinityTerm": {"topologyKey": "topology.kubernetes.io/zone", "labelSelector": {"matchLabels": {"app": "cache"}}}}
+    ]}}  # fmt: skip
+    terms = pod_spec_of(pd_model(placement={"affinity": affinity}), "prefill")["affinity"]["podAffinity"]
+    keys = [t["podAffinityTerm"]["topologyKey"] for t in terms["preferredDuringSchedulingIgnoredDuringExecution"]]
+    assert "topology.kubernetes.io/zone" in keys and "topology.k8s.aws/network-node-layer-3" in keys
 
 
 def test_an_efa_shortage_is_named_in_the_scheduled_condition():

@@ -24,6 +24,11 @@ transfer between instances rides NIXL over LIBFABRIC, which requires EFA", Step 
 pods request their chips' share of their instance's EFA devices from AWS's EFA device plugin
 (vpc.amazonaws.com/efa), and a pool is held to the instance types whose EFA count the catalogue
 has (spec.disaggregation.efa; planner.plan_pool_efa, catalogue.efa_share, which says why a share).
+
+One network part: the tutorial places its instances "in the same subnet and placement group so
+RDMA traffic stays on the EFA fabric" (Step 5), which is the node group's to do; here each pool's
+pods prefer nodes that share EKS's network topology labels with the model's other pool pods
+(NETWORK_LAYERS), so that a decode server reads KV over the fewest hops.
 """
 
 from __future__ import annotations
@@ -43,6 +48,18 @@ from inferentia_operator.core.rules.disaggregation import SIDE_CHANNEL_PORT
 from inferentia_operator.core.serving.deployment import serving_deployment
 from inferentia_operator.core.serving.service import plan_configmap
 
+# EKS labels each node with its place in the AWS network, layer 1 the top and layer 3 the bottom
+# for every Neuron type that has one: nodes that share topology.k8s.aws/network-node-layer-3 are
+# "physically closest to each other" ("Place distributed AI/ML workloads with network topology
+# labels", https://docs.aws.amazon.com/eks/latest/userguide/ml-workload-topology.html; trn1,
+# trn2.48xlarge and trn2u.48xlarge return 3 network nodes, EC2's "Prerequisites for Amazon EC2
+# topology", https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-topology-prerequisites.html).
+# Preferred, not required: a node without the labels (a type EC2 gives no topology, trn3 among
+# them on that page; a cluster off EKS) would otherwise take no pool pod, and a required term
+# would hold every pod to the first one's part however full it is. Layer 2 weighs less: the next
+# fewest hops when layer 3's part is full. Both below the spread of the model's pods over nodes
+# (weight 100, pod/affinity.py), so pods still take a node each where they can.
+NETWORK_LAYERS = (("topology.k8s.aws/network-node-layer-3", 50), ("topology.k8s.aws/network-node-layer-2", 25))
 # NIXL's side channel (SIDE_CHANNEL_PORT, rules/disaggregation.py, which keeps serving.port off
 # it). One server a pod, so every pod may use the same port; the tutorial moves it only for two
 # servers on one host.
@@ -73,6 +90,15 @@ def _pool_flags(model: Model, role: Role, args: list[str]) -> list[str]:
     return [*args[:at], str(pool.tensor_parallel_size), *extra, "--kv-transfer-config", kv_transfer_config(role), *args[at + 1 :]]
 
 
+def _one_network_part(model: Model) -> list[dict[str, Any]]:
+    """Preferences for nodes that share each of NETWORK_LAYERS with the model's pool pods, both
+    pools' (selector: the model's serving pods, which with pools are theirs alone)."""
+    return [
+        {"weight": weight, "podAffinityTerm": {"topologyKey": key, "labelSelector": {"matchLabels": selector(model)}}}
+        for key, weight in NETWORK_LAYERS
+    ]
+
+
 def pool_deployment(model: Model, role: Role, compiled_model: Model | None = None, replicas: int | None = None) -> dict[str, Any]:
     """The pool's Deployment: its servers, selected apart from the other pool's, carrying the
     model's plan hash (the plan holds both pools, so a change of either rolls the one it changes
@@ -86,6 +112,8 @@ def pool_deployment(model: Model, role: Role, compiled_model: Model | None = Non
     spec["selector"] = {"matchLabels": pool_selector(model, role)}
     template["metadata"]["labels"][POOL_LABEL] = role
     template["metadata"]["annotations"][PLAN_HASH_ANNOTATION] = model.plan_hash
+    affinity = template["spec"].setdefault("affinity", {}).setdefault("podAffinity", {})
+    affinity.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).extend(_one_network_part(model))
     container = template["spec"]["containers"][0]
     container["args"] = _pool_flags(model, role, container["args"])
     # The side channel's address is the one its kv_transfer_params name to the decode servers:
