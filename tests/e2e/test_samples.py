@@ -144,5 +144,12 @@ def assert_the_kv_moved_from_prefill_to_decode(cluster, namespace: str, name: st
         "items"
     ]
     assert pods, cluster.kubectl("get", "pods", "-n", namespace, "--show-labels").stdout
+    # Every pool pod was placed with its share of the trn2.48xlarge's EFA devices, one a chip, which
+    # the device plugin stand-in advertises as AWS's EFA device plugin would.
+    every = cluster.get("pods", "-n", namespace, "-l", labels_string({MODEL_LABEL: name, COMPONENT_LABEL: "serving"}))["items"]
+    for pod in every:
+        [serve] = [c for c in pod["spec"]["containers"] if c["name"] == "serve"]
+        limits = serve["resources"]["limits"]
+        assert limits["vpc.amazonaws.com/efa"] == limits["aws.amazon.com/neuron"], (pod["metadata"]["name"], limits)
     # The decode pool's Service picked one of its pods for the request.
     assert sum(pool_metric(cluster, namespace, pod, "vllm:nixl_bytes_transferred_sum") for pod in pods) > 0
