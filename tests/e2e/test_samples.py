@@ -92,7 +92,10 @@ def test_every_sample_goes_ready_on_the_real_node_and_answers(path, node_shape, 
             status = real_node.get("inferentiamodel", name, "-n", real_namespace)["status"]
             assert found["checkpoint"].endswith(f"/snapshots/{status['hubRevision']}"), (found, status)
             assert found["checkpoint"].startswith("/var/lib/inferentia/compiled/hf-hub/"), found
-        answer = cluster_ip_request(real_node, real_namespace, name, "/v1/completions", {"prompt": "Neuron"})
+        try:
+            answer = cluster_ip_request(real_node, real_namespace, name, "/v1/completions", {"prompt": "Neuron"})
+        except AssertionError as unanswered:
+            raise AssertionError(f"{unanswered}\n{pod_logs(real_node, real_namespace)}") from None
         assert answer["object"] == "text_completion"
         if spec.get("disaggregation"):
             assert_the_kv_moved_from_prefill_to_decode(real_node, real_namespace, name)
@@ -153,3 +156,13 @@ def assert_the_kv_moved_from_prefill_to_decode(cluster, namespace: str, name: st
         assert limits["vpc.amazonaws.com/efa"] == limits["aws.amazon.com/neuron"], (pod["metadata"]["name"], limits)
     # The decode pool's Service picked one of its pods for the request.
     assert sum(pool_metric(cluster, namespace, pod, "vllm:nixl_bytes_transferred_sum") for pod in pods) > 0
+
+
+def pod_logs(cluster, namespace: str) -> str:
+    """Every pod's containers' last lines, for a model that went Ready and did not answer."""
+    out = []
+    for pod in cluster.get("pods", "-n", namespace)["items"]:
+        for container in pod["spec"]["containers"]:
+            logs = cluster.kubectl("logs", "-n", namespace, pod["metadata"]["name"], "-c", container["name"], "--tail", "30", check=False)
+            out.append(f"--- {pod['metadata']['name']}/{container['name']} ({pod['status'].get('podIP')}):\n{logs.stdout}{logs.stderr}")
+    return "\n".join(out)
