@@ -83,9 +83,11 @@ class Server:
         finally:
             connection.close()
 
-    def raw(self, data: bytes, then: Callable[[socket.socket], None] | None = None, timeout: float = 10) -> bytes:
-        """Sends ``data`` as it stands and returns what the server answers before it closes (or the timeout)."""
-        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as s:
+    def raw(
+        self, data: bytes, then: Callable[[socket.socket], None] | None = None, timeout: float = 10, source: str | None = None
+    ) -> bytes:
+        """Sends ``data`` as it stands, from ``source`` if given, and returns what the server answers before it closes (or the timeout)."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout, source_address=(source, 0) if source else None) as s:
             s.sendall(data)
             if then is not None:
                 then(s)
@@ -128,6 +130,14 @@ def status_of(answer: bytes) -> int | None:
 # so that it is held to its own share of what one address may hold, not the hostile client's.
 # Every hostile client here connects from 127.0.0.1.
 OTHER_ADDRESS = "127.0.0.2"
+
+
+def flood_address(i: int) -> str:
+    """The address of a flood's ``i``-th client: a flood from many addresses, as a botnet's or
+    the clients behind many proxies are, which no one address's share holds back; only the
+    bounds of all clients together do, and these are what the floods below test (from one
+    address, the share alone would shed them, and the tests would pass without those bounds)."""
+    return f"127.0.{1 + i // 250}.{1 + i % 250}"
 
 
 class NormalClient:
@@ -407,7 +417,7 @@ def test_many_chunked_bodies_at_once_are_held_to_the_budget(server):
     chunk = b"0," * 65536
     body_chunks = [chunk] * 24  # 3 MiB of "0,0,...", then the closing bracket below
 
-    def one(results: list[int]) -> None:
+    def one(results: list[int], source: str) -> None:
         def send(s: socket.socket) -> None:
             try:
                 for c in body_chunks:
@@ -423,13 +433,14 @@ def test_many_chunked_bodies_at_once_are_held_to_the_budget(server):
             b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + f"{len(head):x}\r\n".encode() + head + b"\r\n",
             then=send,
             timeout=30,
+            source=source,
         )
         results.append(status_of(answer) or -1)
 
     before = server.peak()
     results: list[int] = []
     with NormalClient(server, _one_input(server), ok={200, 503}):
-        threads = [threading.Thread(target=one, args=(results,)) for _ in range(12)]
+        threads = [threading.Thread(target=one, args=(results, flood_address(i))) for i in range(12)]
         for t in threads:
             t.start()
         for t in threads:
@@ -501,14 +512,14 @@ def test_a_holder_checks_its_limits_before_it_reads_a_body(logs):
         body = body[: 4 * MIB - 1]
         results: list[int] = []
 
-        def one() -> None:
+        def one(source: str) -> None:
             try:
-                results.append(holder.post(body, timeout=30)[0])
+                results.append(holder.post(body, timeout=30, source=source)[0])
             except OSError:
                 results.append(-1)
 
         before = holder.peak()
-        threads = [threading.Thread(target=one) for _ in range(48)]
+        threads = [threading.Thread(target=one, args=(flood_address(i),)) for i in range(48)]
         for t in threads:
             t.start()
         for t in threads:
@@ -618,15 +629,16 @@ def test_a_padding_flood_is_charged_its_padded_size_before_it_is_padded(logs):
         with running(_start("front-end-buckets", command, port, logs, "/readyz")) as front:
             results: list[int] = []
 
-            def flood() -> None:
+            def flood(source: str) -> None:
                 try:
-                    results.append(front.post(b"[[[0]]]", timeout=60)[0])
+                    results.append(front.post(b"[[[0]]]", timeout=60, source=source)[0])
                 except OSError:
                     results.append(-1)
 
             before = front.peak()
             with NormalClient(front, b"[[[1, 2]]]", ok={200, 503}):
-                threads = [threading.Thread(target=flood) for _ in range(400)]  # at once, as the report sent them
+                # At once, as the report sent them, from 16 addresses.
+                threads = [threading.Thread(target=flood, args=(flood_address(i % 16),)) for i in range(400)]
                 for t in threads:
                     t.start()
                 for t in threads:
