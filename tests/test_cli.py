@@ -574,7 +574,6 @@ HOLD = ["hold", "--upstream", "127.0.0.1", "--ports", "1"]
         (["--peer-body-budget-mib", "nan"], "--peer-body-budget-mib: 'nan': valid values are finite numbers above 0"),
         (["--max-connections", "10", "--max-peer-connections", "11"], "--max-peer-connections 11 is more than --max-connections 10"),
         (["--peer-body-budget-mib", "9"], "--peer-body-budget-mib 9 is more than --body-budget-mib 8"),
-        (["--peer-body-budget-mib", "1"], "--peer-body-budget-mib 1 is less than --max-body-mib 4: a body between them could never"),
     ],
 )
 def test_one_address_s_share_is_a_number_within_the_caps_or_the_server_does_not_start(command, flags, why):

@@ -77,6 +77,39 @@ def test_one_address_over_its_share_does_not_start_a_stall():
     assert budget.stalled_for() == 0
 
 
+def test_an_address_holding_nothing_else_may_take_one_request_past_its_share():
+    """A padded input can cost more than the address's share while the budget holds it: the
+    share bounds what an address holds beside a request, not that request alone, or an input
+    the budget admitted before the share existed could never be admitted from any address."""
+    budget = Budget(Limits(body_budget=8 * 1024, max_body=2 * 1024, peer_budget=3 * 1024), Clock())
+    assert budget.resize(0, 1000, peer="10.0.0.1") and budget.resize(1000, 6000, peer="10.0.0.1"), "alone: the budget's part"
+    assert not budget.resize(0, 10, peer="10.0.0.1"), "beside it, nothing more: the address is past its share"
+    assert budget.resize(0, 1000, peer="10.0.0.2")
+    assert not budget.resize(1000, 2500, peer="10.0.0.2") and budget.held == 7000, "the budget still bounds all"
+    assert budget.resize(6000, 0, peer="10.0.0.1") and budget.resize(0, 2000, peer="10.0.0.1")
+    assert not budget.resize(0, 1500, peer="10.0.0.1"), "two requests: the share again"
+
+
+def test_an_input_padded_past_an_address_s_share_but_within_the_budget_is_answered():
+    """Bucket [1500] pads an input to 6,000 budget bytes: more than the address's share (4 KiB)
+    and within what the budget gives one large input (7 KiB). It was answered before the share
+    existed; it must not become a 413 that no address can ever get past."""
+    limits = Limits(body_budget=8 * 1024, max_body=2 * 1024, body_timeout=30, process_timeout=300)
+    assert limits.peer_budget == 4 * 1024 < 1500 * 4 <= limits.budget_for(1500 * 4)
+
+    async def scenario() -> tuple[int, int]:
+        process = TestServer(model_server.app(model_server.stand_in(0, 0)))
+        await process.start_server()
+        front = FrontEnd([str(process.make_url("")).rstrip("/")], max_batch=1, max_latency=1.0, buckets=[[1500]], limits=limits)
+        async with TestClient(TestServer(front.app())) as client:
+            answer = await client.post("/", data=json.dumps([1.0, 2.0]))
+            status = answer.status
+        await process.close()
+        return status, front.budget.held
+
+    assert asyncio.run(scenario()) == (200, 0)
+
+
 def test_the_bookkeeping_of_addresses_holds_only_those_holding_bytes():
     """An attacker with many source addresses: each is kept only while it holds a charge, so the
     addresses kept are never more than the requests in flight."""

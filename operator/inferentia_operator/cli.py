@@ -226,8 +226,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
 def _limits(args: argparse.Namespace, command: str) -> Limits | None:
     """The limits the flags set, or None (the reason printed) when one address's share is not
-    one: more than all addresses may hold, or a budget share set below the largest body, which
-    could then never be admitted from any address (unset, it is at least one)."""
+    one: more than all addresses may hold. (A budget share below the largest body is one: an
+    address holding nothing else may still send that body, Budget.resize.)"""
     limits = Limits(
         header_timeout=args.header_timeout_s,
         body_timeout=args.body_timeout_s,
@@ -244,11 +244,6 @@ def _limits(args: argparse.Namespace, command: str) -> Limits | None:
         wrong.append(f"--max-peer-connections {limits.max_peer_connections} is more than --max-connections {limits.max_connections}")
     if limits.peer_budget > limits.body_budget:
         wrong.append(f"--peer-body-budget-mib {args.peer_body_budget_mib:g} is more than --body-budget-mib {args.body_budget_mib:g}")
-    if args.peer_body_budget_mib and limits.peer_budget < limits.max_body:
-        wrong.append(
-            f"--peer-body-budget-mib {args.peer_body_budget_mib:g} is less than --max-body-mib {args.max_body_mib:g}: "
-            "a body between them could never be admitted"
-        )
     for why in wrong:
         print(f"{command}: {why}", file=sys.stderr)
     return None if wrong else limits

@@ -178,7 +178,7 @@ class FrontEnd:
             # bucket costs what the bucket holds.
             padded = math.prod(bucket) * PADDED_ELEMENT_BYTES
             if padded > charge.bytes and not charge.to(padded):
-                if padded > min(self.limits.budget_for(padded), self.limits.peer_budget):
+                if padded > self.limits.budget_for(padded):
                     raise Refusal(
                         413, f"padded to bucket {list(bucket)}, the input needs {padded} bytes, more than the front end's body budget"
                     )

@@ -74,8 +74,9 @@ class Limits:
     # Open connections from one address; one more is answered 503 and closed. 0: the open
     # connections over PEER_SHARE, at least one.
     max_peer_connections: int = 0
-    # Body bytes one address holds at once; 503 past it. 0: the body budget over PEER_SHARE, but
-    # never less than one largest body (nor more than the budget), which it could not send else.
+    # Body bytes one address holds at once, one request alone excepted (Budget.resize); 503 past
+    # it. 0: the body budget over PEER_SHARE, but never less than one largest body (nor more
+    # than the budget), so that an address holding one can still send another.
     peer_budget: int = 0
 
     def __post_init__(self) -> None:
@@ -118,14 +119,18 @@ class Budget:
 
     def resize(self, charged: int, size: int, peer: str = "") -> bool:
         """Changes a request's charge from ``charged`` to ``size`` bytes, held by the client
-        address ``peer``: False (and nothing changed) when growing it would overfill the budget
-        or the address's share of it."""
+        address ``peer``: False (and nothing changed) when growing it would overfill the budget,
+        or the address's share of it where the address holds other requests' bytes too."""
         if size > charged:
             if self.held - charged + size > self.limits.budget_for(size):
                 if self._refusing_since is None:
                     self._refusing_since = self.clock()
                 return False
-            if self._held_by.get(peer, 0) - charged + size > self.limits.peer_budget:
+            # The share bounds what the address holds beside this request: one request alone
+            # may take what the budget gives it, or an input padded past the share (within the
+            # budget) could never be admitted from any address.
+            beside = self._held_by.get(peer, 0) - charged
+            if beside and beside + size > self.limits.peer_budget:
                 return False
         if charged == 0 and size > 0:
             self._refusing_since = None  # a request admitted: not stalled
