@@ -436,16 +436,18 @@ def test_many_chunked_bodies_at_once_are_held_to_the_budget(server):
             source=source,
         )
         results.append(status_of(answer) or -1)
+        shed.append(b"too many request bytes in flight" in answer)
 
     before = server.peak()
     results: list[int] = []
+    shed: list[bool] = []  # each answer: the budget's 503 (the front end also sheds what it cannot answer in time)
     with NormalClient(server, _one_input(server), ok={200, 503}):
         threads = [threading.Thread(target=one, args=(results, flood_address(i))) for i in range(12)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(60)
-    assert 503 in results, results
+    assert 503 in results and any(shed), results
     # Admitted bodies are answered by what lies behind: the model server refuses an input of
     # 1.5 million numbers for its bucket (413); the others echo it.
     assert set(results) <= {200, 413, 503}, results
