@@ -96,7 +96,22 @@ def test_prefill_scales_on_its_prompt_queue_per_replica():
         "serverAddress": "http://prometheus:9090",
         "query": 'sum(avg_over_time(vllm:num_requests_waiting{namespace="ns",inferentia_dev_model="m",inferentia_dev_pool="prefill"}[60s]))',
         "threshold": "2",
+        "ignoreNullValues": "false",
     }
+
+
+def test_a_pool_query_that_finds_nothing_is_an_error_to_keda_not_a_zero():
+    """A pool never has no server, and vLLM always exports its gauges: a pool query that finds
+    nothing means Prometheus does not see the pool (its scrapes refused by the pools'
+    NetworkPolicy, a label it names otherwise). Read as 0 (KEDA's default), the pool would
+    stay at minReplicas under any load while its ScaledObject, and so the model, said Ready;
+    as an error, KEDA's Ready condition says so and the HPA scales down on no blind reading.
+    The whole model's query keeps the default: a model scaled to zero has no pod to find."""
+    children = kids(spec_of())
+    for name in ("m-prefill", "m-decode"):
+        assert {t["metadata"]["ignoreNullValues"] for t in children[("ScaledObject", name)]["spec"]["triggers"]} == {"false"}
+    whole = kids(pd_spec(disaggregation=DROP, autoscaling={"maxReplicas": 3, "targetInFlight": 4}))[("ScaledObject", "m")]
+    assert "ignoreNullValues" not in whole["spec"]["triggers"][0]["metadata"]
 
 
 def test_decode_scales_on_running_sequences_and_kv_cache_use_whichever_asks_more():

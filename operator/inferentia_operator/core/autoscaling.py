@@ -165,9 +165,12 @@ def _behaviour(up_seconds: int, down_seconds: int) -> dict[str, Any]:
     }
 
 
-def _prometheus_trigger(name: str, query: str, threshold: int, prometheus: Prometheus) -> dict[str, Any]:
+def _prometheus_trigger(name: str, query: str, threshold: int, prometheus: Prometheus, empty_is_error: bool = False) -> dict[str, Any]:
     """A Prometheus trigger whose query's value the HPA divides by the replicas and compares
-    with ``threshold`` (AverageValue)."""
+    with ``threshold`` (AverageValue). ``empty_is_error``: a query that finds no series is an
+    error to KEDA rather than 0 (ignoreNullValues "false": "the scaler will return error when
+    Prometheus target is lost", https://keda.sh/docs/2.13/scalers/prometheus/), which KEDA's
+    Ready condition then reports, and on which the HPA scales nothing down."""
     return {
         "type": "prometheus",
         "name": name,
@@ -177,6 +180,7 @@ def _prometheus_trigger(name: str, query: str, threshold: int, prometheus: Prome
             "query": query,
             "threshold": str(threshold),
             **({"awsRegion": prometheus.aws_region} if prometheus.aws_region else {}),
+            **({"ignoreNullValues": "false"} if empty_is_error else {}),
         },
         **(
             {"authenticationRef": {"name": prometheus.authentication, "kind": prometheus.authentication_kind}}
@@ -320,8 +324,13 @@ def pool_scaled_object(
             "minReplicaCount": a.min_replicas,
             "maxReplicaCount": a.max_replicas,
             "advanced": _behaviour(a.scale_up_stabilization_seconds, a.scale_down_stabilization_seconds),
+            # A pool always has a server, and vLLM always exports these gauges: a query that
+            # finds nothing means Prometheus does not see the pool (its scrapes refused by the
+            # pools' NetworkPolicy, a label named otherwise), which read as 0 would hold the pool
+            # at minReplicas under any load while KEDA said Ready.
             "triggers": [
-                _prometheus_trigger(s.trigger, s.query, s.target, prometheus) for s in pool_signals(spec, role, namespace, name, prometheus)
+                _prometheus_trigger(s.trigger, s.query, s.target, prometheus, empty_is_error=True)
+                for s in pool_signals(spec, role, namespace, name, prometheus)
             ],
         },
     }
