@@ -196,6 +196,21 @@ def test_while_its_scaled_object_exists_a_pools_deployment_keeps_what_the_hpa_se
     assert decision.report.status.pools.prefill.desired_replicas == kept
 
 
+def test_a_running_pool_that_starts_to_autoscale_keeps_its_replicas_while_its_scaled_object_is_written():
+    """Five prefill replicas serving; the pool's autoscaling is added. Dropping to minReplicas
+    until KEDA's HPA acts would take four serving replicas away for the HPA to start again
+    (the next reconcile reads that 1 as what the HPA set): the pool keeps its count, within
+    the range, from the moment the ScaledObject is to be written."""
+    before = pd_spec(**{"disaggregation.prefill.replicas": 5, "disaggregation.decode.autoscaling": DECODE})
+    observed = converged(before, PROMETHEUS)
+    after = Observed(body_of(spec_of()), observed.children)  # prefill's autoscaling added: 1 to 4
+    decision = decide(after, NOW, PROMETHEUS)
+    written = {(c["kind"], c["metadata"]["name"]): c for c in decision.apply}
+    assert ("ScaledObject", "m-prefill") in written
+    assert written[("Deployment", "m-prefill")]["spec"]["replicas"] == 4, "5 held within the range, not 1"
+    assert decision.report.status.pools.prefill.desired_replicas == 4
+
+
 def test_a_converged_model_whose_pools_scale_writes_and_deletes_nothing():
     decision = decide(converged(spec_of(), PROMETHEUS, replicas={"m-prefill": 3, "m-decode": 5}), NOW, PROMETHEUS)
     assert (decision.apply, decision.delete) == ([], [])

@@ -750,7 +750,7 @@ class PoolStatus(ApiModel):
     ready_replicas: int = 0
     """Pods of the pool that are ready."""
     desired_replicas: int | None = None
-    """Replicas the pool's Deployment runs: its replicas, or with its autoscaling the count KEDA last set, within [minReplicas, maxReplicas] while its ScaledObject exists, else minReplicas."""
+    """Replicas the pool's Deployment runs: its replicas, or with its autoscaling the count KEDA last set (or the pool's before it autoscaled), within [minReplicas, maxReplicas] while its ScaledObject exists or is being written, else minReplicas."""
     autoscaling: PoolAutoscalingStatus | None = None
     """With the pool's autoscaling: its range, its ScaledObject and its queries."""
 

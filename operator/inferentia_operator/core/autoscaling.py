@@ -338,8 +338,9 @@ def pool_scaled_object(
 
 def pool_desired_replicas(spec: api.InferentiaModelSpec, role: PoolRole, scaled: bool, live: int | None) -> int:
     """The pool Deployment's replicas. Without the pool's autoscaling, its replicas. With it,
-    while its ScaledObject exists (``scaled``), what the Deployment runs now (``live``: the count
-    the HPA last set), kept within the range, so the operator never writes over KEDA; else
+    while its ScaledObject exists or is being written (``scaled``), what the Deployment runs now
+    (``live``: the count the HPA last set, or the pool's before it autoscaled), kept within the
+    range, so the operator never writes over KEDA; else (and for a pool not yet running)
     minReplicas."""
     d = spec.disaggregation
     assert d is not None

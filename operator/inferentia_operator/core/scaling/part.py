@@ -94,8 +94,9 @@ def _pool_scaled_objects(model: Model, observed: Observed) -> tuple[ChildRef, ..
 
 def _pools_part(model: Model, observed: Observed, settings: Settings) -> ScalingPart:
     """Each pool with its own autoscaling gets a ScaledObject on its Deployment, where the
-    operator knows Prometheus; while the ScaledObject exists, the pool's Deployment keeps the
-    replicas the HPA gave it (within the range), so the operator never writes over KEDA. A pool's
+    operator knows Prometheus; while the ScaledObject exists or is being written, the pool's
+    Deployment keeps the replicas it runs (the HPA's, within the range), so the operator never
+    writes over KEDA. A pool's
     ScaledObject goes with its autoscaling or with Prometheus (with the pools: scaling_part). The
     model's own ScaledObject (spec.autoscaling is refused with pools) goes too. spec.replicas is
     the proxy's."""
@@ -114,7 +115,11 @@ def _pools_part(model: Model, observed: Observed, settings: Settings) -> Scaling
             gone.append((SCALED_OBJECT_KIND, name))
         deployment = observed.live("Deployment", name)
         now = Obj(deployment).spec.get("replicas") if is_ours(deployment, model) else None
-        n = pool_desired_replicas(spec, role, scaled=ours and configured, live=now if isinstance(now, int) else None)
+        # Scaled from the moment its ScaledObject is to be written, not from when it exists:
+        # minReplicas meanwhile would take a running pool's replicas away for the HPA to start
+        # again (and the next reconcile would read that minimum as what the HPA set).
+        scaled = a is not None and configured and observed.served(SCALED_OBJECT_KIND)
+        n = pool_desired_replicas(spec, role, scaled=scaled, live=now if isinstance(now, int) else None)
         replicas[role] = n
         if a is None:
             continue
