@@ -271,6 +271,21 @@ def test_a_pool_keda_cannot_scale_is_named():
     assert "the decode pool with ScaledObject m-decode" in said.message
 
 
+def test_a_pool_keda_reports_unsure_of_is_named_with_what_keda_said_not_as_keda_silent():
+    """KEDA sets its Ready condition Unknown when some of a ScaledObject's triggers fail (the
+    decode pool's KV-cache query finding nothing, its running-sequences one answering). That is
+    KEDA reporting, with its reason: status must repeat it, not ask whether KEDA runs."""
+    observed = converged(spec_of(), PROMETHEUS)
+    unsure = {"type": "Ready", "status": "Unknown", "reason": "PartialTriggerError", "message": "Some triggers defined in ScaledObject are not working correctly"}  # fmt: skip
+    for so in observed.children["ScaledObject"]:
+        if so["metadata"]["name"] == "m-decode":
+            so["status"] = {"conditions": [unsure]}
+    said = condition(decide(observed, NOW, PROMETHEUS))
+    assert (said.status, said.reason) == ("Unknown", "ScaledObjectNotReady")
+    assert "the decode pool with ScaledObject m-decode: PartialTriggerError: Some triggers" in said.message
+    assert "is KEDA's operator running" not in said.message
+
+
 def test_someone_elses_scaled_object_under_a_pools_name_is_a_conflict_and_left_alone():
     theirs = {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": {"name": "m-prefill", "namespace": "ns", "uid": "x"}}
     decision = decide(Observed.of(body_of(spec_of()), theirs), NOW, PROMETHEUS)

@@ -413,11 +413,18 @@ def _not_scaled(engine: Engine, name: str, what: str, floor: str) -> api.Conditi
     ready = Obj(engine.live).condition("Ready")
     if ready.get("status") == "True":
         return None
+    said = ": ".join(str(x) for x in (ready.get("reason"), ready.get("message")) if x) or "no reason given"
     if ready.get("status") == "False":
-        said = ": ".join(str(x) for x in (ready.get("reason"), ready.get("message")) if x) or "no reason given"
         return api.Condition(
             type="Autoscaling", status="False", reason="ScaledObjectNotReady",
             message=f"KEDA cannot scale {what} with ScaledObject {name}: {said}",
+        )  # fmt: skip
+    if ready.get("status") == "Unknown":
+        # KEDA reported, unsure: some of the triggers fail (its PartialTriggerError), or the
+        # ScaledObject is being set up. Its own words, not a question whether it runs.
+        return api.Condition(
+            type="Autoscaling", status="Unknown", reason="ScaledObjectNotReady",
+            message=f"KEDA is not sure it can scale {what} with ScaledObject {name}: {said}",
         )  # fmt: skip
     return api.Condition(
         type="Autoscaling", status="Unknown", reason="WaitingForKEDA",
