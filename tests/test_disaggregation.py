@@ -521,7 +521,7 @@ def pod_labels(deployment: dict) -> dict:
     return deployment["spec"]["template"]["metadata"]["labels"]
 
 
-def test_the_pools_admit_the_proxy_to_their_port_and_the_decode_pods_to_the_side_channel():
+def test_the_pools_admit_the_proxy_to_their_port_and_the_decode_pods_to_the_kv_transfer():
     """A client that reached a decode server itself could name any remote_host in its
     kv_transfer_params; the pools' NetworkPolicy leaves their serving port to the proxy and
     NIXL's side channel to the decode pods."""
@@ -535,8 +535,8 @@ def test_the_pools_admit_the_proxy_to_their_port_and_the_decode_pods_to_the_side
     assert serving["ports"] == [{"port": port, "protocol": "TCP"}]
     assert [selects(f["podSelector"], pod_labels(proxy)) for f in serving["from"]] == [True]
     assert not selects(serving["from"][0]["podSelector"], pod_labels(decode))
-    channel = int(env_of(prefill)["VLLM_NIXL_SIDE_CHANNEL_PORT"]["value"])
-    assert side["ports"] == [{"port": channel, "protocol": "TCP"}]
+    # Every port: the side channel, and libfabric's own where it moves the KV cache over TCP.
+    assert "ports" not in side
     assert [selects(f["podSelector"], pod_labels(decode)) for f in side["from"]] == [True]
     assert not selects(side["from"][0]["podSelector"], pod_labels(prefill))
 
@@ -547,7 +547,7 @@ def test_the_pools_admit_the_namespace_of_the_prometheus_that_scrapes_them():
     made = rendered(pd_model(), Settings(prometheus_namespace="monitoring"))
     [policy] = [c["spec"] for c in made if (c["kind"], c["metadata"]["name"]) == ("NetworkPolicy", "m-pools")]
     assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}} in policy["ingress"][0]["from"]
-    assert len(policy["ingress"][1]["from"]) == 1  # the side channel: still the decode pods alone
+    assert len(policy["ingress"][1]["from"]) == 1  # the KV transfer: still the decode pods alone
 
 
 def test_the_operators_prometheus_namespace_reaches_the_pools_policy():

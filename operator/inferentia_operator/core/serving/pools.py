@@ -144,7 +144,9 @@ def pools_network_policy(model: Model) -> dict[str, Any]:
     """Who may reach the pools' servers, where the cluster enforces NetworkPolicies
     (https://kubernetes.io/docs/concepts/services-networking/network-policies/): their serving
     port the model's proxy alone (and the namespace of the Prometheus that scrapes them, the
-    operator's --prometheus-namespace), and their NIXL side channel the model's decode pods alone.
+    operator's --prometheus-namespace), and the model's decode pods every port: NIXL's side
+    channel (SIDE_CHANNEL_PORT) and, where libfabric moves the KV cache over TCP rather than EFA
+    (no EFA device requested, spec.disaggregation.efa), its data connections, on ports it picks.
 
     Why closed: a client that reached a decode server directly could send it kv_transfer_params
     naming any remote_host and remote_port, and the server would connect there to read a KV
@@ -164,7 +166,7 @@ def pools_network_policy(model: Model) -> dict[str, Any]:
         "spec": {
             "podSelector": {"matchLabels": selector(model), "matchExpressions": [{"key": POOL_LABEL, "operator": "Exists"}]},
             "policyTypes": ["Ingress"],
-            "ingress": [{"from": serving, "ports": port}, {"from": decode, "ports": [{"port": SIDE_CHANNEL_PORT, "protocol": "TCP"}]}],
+            "ingress": [{"from": serving, "ports": port}, {"from": decode}],
         },
     }
 
