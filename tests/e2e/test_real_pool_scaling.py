@@ -144,7 +144,8 @@ def test_the_prefill_pool_scales_on_its_prompt_queue_and_the_decode_pool_on_its_
                  "status.pools.prefill.desiredReplicas 2")  # fmt: skip
         time.sleep(10)  # the new prefill server answers its share
         assert replicas("decode") == 1
-    assert len(prompts.results) > 20 and not prompts.failures(), prompts.failures()[:10]
+    # As many answers as clients at least (how many more depends on how soon KEDA scaled), none failed.
+    assert len(prompts.results) >= 12 and not prompts.failures(), (len(prompts.results), prompts.failures()[:10])
     # Idle: the prefill pool goes back to its minimum (its replica drained first).
     scaled("prefill", 1, "KEDA to scale the prefill pool back to 1")
 

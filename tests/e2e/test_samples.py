@@ -155,7 +155,8 @@ def assert_the_kv_moved_from_prefill_to_decode(cluster, namespace: str, name: st
         limits = serve["resources"]["limits"]
         assert limits["vpc.amazonaws.com/efa"] == limits["aws.amazon.com/neuron"], (pod["metadata"]["name"], limits)
     # The decode pool's Service picked one of its pods for the request.
-    assert sum(pool_metric(cluster, namespace, pod, "vllm:nixl_bytes_transferred_sum") for pod in pods) > 0
+    moved = sum(pool_metric(cluster, namespace, pod, "vllm:nixl_bytes_transferred_sum") for pod in pods)
+    assert moved > 0, pod_logs(cluster, namespace)
 
 
 def pod_logs(cluster, namespace: str) -> str:

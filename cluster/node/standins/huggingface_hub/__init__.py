@@ -61,7 +61,10 @@ def _config(repo_id: str) -> dict[str, Any]:
     model_type = next((t for t in ("llama", "qwen2", "qwen3", "mixtral") if t in name), "gpt2" if "gpt2" in name else "bert")
     return {
         "model_type": model_type, "architectures": [f"{model_type.capitalize()}ForCausalLM"], "torch_dtype": "bfloat16",
-        "num_hidden_layers": 2, "num_key_value_heads": 8, "hidden_size": 8, "max_position_embeddings": 131072,
+        # A decoder's config always names its attention heads (transformers' LlamaConfig and the
+        # others: num_attention_heads), from which vLLM takes the head size, hidden_size / heads;
+        # without them a KV cache has no shape, and the disaggregated servers moved 0 bytes a token.
+        "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 8, "hidden_size": 8, "max_position_embeddings": 131072,
         "_standin_repo": repo_id, "_standin_parameters": standin_parameters(repo_id),
     }  # fmt: skip
 
