@@ -5,7 +5,9 @@ INFERENTIA_KIND_NODE_IMAGE), plays the local cluster's real node (cluster/realno
 same name, labels and taints, the project's images loaded with ``kind load image-archive``, the
 Neuron device-plugin stand-in as a DaemonSet, and the object store (moto's S3 server) as a pod.
 kwok runs in the cluster as its own release deploys it, with the local cluster's stages, and
-keeps the same simulated fleet (cluster/fleet.yaml) beside the kind node.
+keeps the same simulated fleet (cluster/fleet.yaml) beside the kind node. The cluster DNS is
+CoreDNS built here (cluster/node/coredns, the local cluster's), in kube-system as kubeadm deploys
+it, answering the cluster's names and nothing else.
 
 Nothing leaves the machine: the node sits on a container network of its own, created
 ``--internal`` (no NAT, no default route), its CNI masquerades nothing, and this machine
@@ -50,6 +52,8 @@ POD_SUBNET = "10.244.0.0/16"
 SERVICE_SUBNET = "10.97.0.0/16"
 SYSTEM_NAMESPACE = "inferentia-kind-system"
 SUPPORT_IMAGE_REPO = "inferentia-kind-support"
+# The programs of cluster/build.sh the support image carries.
+SUPPORT_TOOLS = ("neuron-device-plugin-standin", "kwok", "coredns")
 DEFAULT_STATE = REPO / ".kind"
 STORE_PORT = 5000
 # Pod addresses kwok gives the fleet's pods: not the kind node's pod range.
@@ -249,7 +253,7 @@ class KindCluster:
             run("ip", "route", "replace", subnet, "via", node_ip)
         self._save(routes=[POD_SUBNET, SERVICE_SUBNET])
         support = self._load_images()
-        self._install(support)
+        self.install(support)
         return self.kubeconfig
 
     def containers_conf(self) -> None:
@@ -345,12 +349,23 @@ class KindCluster:
         self._save(support_image=support)
         return support
 
-    def _install(self, support: str) -> None:
+    def install(self, support: str) -> None:
+        """What runs in the cluster, from the support image, each waited for: the device plugin
+        stand-in, the object store, kwok and its fleet, and (on the node image built here) the
+        cluster DNS."""
         manifests = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NAMESPACE}}]
         manifests += [device_plugin(support, realnode.INSTANCE_TYPE), *object_store(support), *kwok(support, self.bins)]
+        rollouts = [
+            (SYSTEM_NAMESPACE, w)
+            for w in ("daemonset/neuron-device-plugin-standin", "deployment/object-store", "deployment/kwok-controller")
+        ]
+        if "INFERENTIA_KIND_NODE_IMAGE" not in os.environ:
+            # The built node image runs no CoreDNS of kubeadm's (kind_config): ours instead.
+            manifests += cluster_dns(support)
+            rollouts.append(("kube-system", f"deployment/{CLUSTER_DNS}"))
         self.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests}))
-        for what in ("daemonset/neuron-device-plugin-standin", "deployment/object-store", "deployment/kwok-controller"):
-            self.kubectl("rollout", "status", "-n", SYSTEM_NAMESPACE, what, "--timeout=180s")
+        for namespace, what in rollouts:
+            self.kubectl("rollout", "status", "-n", namespace, what, "--timeout=180s")
         fleet = {"apiVersion": "v1", "kind": "List", "items": localcluster.fleet_nodes()}
         self.kubectl("apply", "-f", "-", input=json.dumps(fleet))
         self.kubectl("wait", "--for=condition=Ready", "node", "--all", "--timeout=120s")
@@ -506,8 +521,10 @@ def remove_chains(chains: list[tuple[str, str]]) -> None:
 def kind_config(upstream_image: bool = False) -> dict:
     """One node, named, labelled and tainted as the local cluster's real node; the admission
     plugins that send a real-node namespace's pods to it; the kubelet allowed on a cgroup v1
-    host. On the node image built here: no CNI of kind's (the image carries a bridge config),
-    no CoreDNS, and etcd's tag as built. An upstream kindest/node keeps kind's defaults there."""
+    host, its pods resolving names at the cluster DNS's address. On the node image built here:
+    no CNI of kind's (the image carries a bridge config), no CoreDNS of kubeadm's (the cluster
+    runs CoreDNS built here, cluster_dns), and etcd's tag as built. An upstream kindest/node
+    keeps kind's defaults there."""
     taints = [
         # kubeadm's own, which kind removes from a cluster of one node (and fails if it is not there).
         {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"},
@@ -523,10 +540,15 @@ def kind_config(upstream_image: bool = False) -> dict:
         "apiServer": {"extraArgs": [{"name": "enable-admission-plugins", "value": "NodeRestriction,PodNodeSelector,PodTolerationRestriction"}]},
     }  # fmt: skip
     if not upstream_image:
-        # kind's own skipPhases, and CoreDNS, whose image no registry here serves.
+        # kind's own skipPhases, and kubeadm's CoreDNS, whose image no registry here serves
+        # (cluster_dns deploys CoreDNS built here in its place).
         init["skipPhases"] = ["preflight", "addon/coredns"]
         cluster["etcd"] = {"local": {"imageTag": kindnode.versions()["ETCD_VERSION"]}}
-    kubelet = {"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration", "failCgroupV1": False}
+    kubelet = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration", "failCgroupV1": False,
+        # What kubeadm gives the kubelet by itself; named here, as the kube-dns Service takes it.
+        "clusterDNS": [cluster_dns_ip()], "clusterDomain": realnode.CLUSTER_DOMAIN,
+    }  # fmt: skip
     return {
         "kind": "Cluster",
         "apiVersion": "kind.x-k8s.io/v1alpha4",
@@ -542,11 +564,12 @@ def kind_config(upstream_image: bool = False) -> dict:
 
 
 def support_image(bins: Path) -> tuple[str, Path]:
-    """The Debian base with moto's S3 server, the device plugin stand-in and kwok: ``(name, archive)``."""
+    """The Debian base with moto's S3 server, the device plugin stand-in, kwok and CoreDNS:
+    ``(name, archive)``."""
     import importlib.metadata
 
     moto = importlib.metadata.version("moto")
-    tools = [bins / "neuron-device-plugin-standin", bins / "kwok"]
+    tools = [bins / name for name in SUPPORT_TOOLS]
     base = images.base_rootfs()
     key = hashlib.sha256(b"".join(t.read_bytes() for t in tools) + moto.encode() + base.name.encode()).hexdigest()[:12]
     name = f"{SUPPORT_IMAGE_REPO}:{key}"
@@ -658,10 +681,10 @@ def device_plugin(image: str, instance_type: str) -> dict:
     }
 
 
-def support_deployment(name: str, container: dict, **pod_spec) -> dict:
+def support_deployment(name: str, container: dict, labels: dict | None = None, namespace: str = SYSTEM_NAMESPACE, **pod_spec) -> dict:
     """One replica of ``container`` (the support image's), on the kind node, as nobody, with the
-    least a container needs: what the object store and kwok share."""
-    labels = {"app.kubernetes.io/name": name}
+    least a container needs: what the object store, kwok and the cluster DNS share."""
+    labels = labels or {"app.kubernetes.io/name": name}
     container = {
         "name": name, "imagePullPolicy": "Never",
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
@@ -670,7 +693,7 @@ def support_deployment(name: str, container: dict, **pod_spec) -> dict:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": name, "namespace": SYSTEM_NAMESPACE},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "replicas": 1,
             "selector": {"matchLabels": labels},
@@ -707,6 +730,101 @@ def object_store(image: str) -> list[dict]:
         "spec": {"selector": deployment["spec"]["selector"]["matchLabels"], "ports": [{"port": STORE_PORT, "targetPort": STORE_PORT}]},
     }
     return [deployment, service]
+
+
+CLUSTER_DNS = "coredns"
+# CoreDNS listens above 1024, so it runs as nobody without NET_BIND_SERVICE (kubeadm's adds that
+# capability for port 53, which its image's binary carries as a file capability); the kube-dns
+# Service maps port 53 to it.
+CLUSTER_DNS_PORT = 1053
+CLUSTER_DNS_READY_PORT = 8181
+
+
+def cluster_dns_ip() -> str:
+    """The cluster DNS's address: the 10th of the Service range, as kubeadm picks it
+    (GetDNSIP, cmd/kubeadm/app/constants/constants.go of k8s.io/kubernetes)."""
+    return str(ipaddress.ip_network(SERVICE_SUBNET)[10])
+
+
+def corefile() -> str:
+    """The cluster domain and reverse look-ups, answered by the kubernetes plugin from the API
+    server, as kubeadm's Corefile has them; unlike kubeadm's, no ``forward``: the kind node has
+    no route off the machine, and a name outside the cluster is refused at once rather than
+    sent nowhere. Only plugins cluster/node/coredns compiles in."""
+    port = CLUSTER_DNS_PORT
+    return (
+        f"{realnode.CLUSTER_DOMAIN}:{port} in-addr.arpa:{port} ip6.arpa:{port} {{\n"
+        f"    errors\n    ready :{CLUSTER_DNS_READY_PORT}\n"
+        f"    kubernetes {realnode.CLUSTER_DOMAIN} in-addr.arpa ip6.arpa\n}}\n"
+    )
+
+
+def cluster_dns(image: str) -> list[dict]:
+    """CoreDNS built here (the support image's), deployed as kubeadm's addon/coredns phase
+    deploys it (cmd/kubeadm/app/phases/addons/dns/manifests.go of k8s.io/kubernetes: its
+    ServiceAccount, ClusterRole, binding, Corefile ConfigMap, Deployment and the kube-dns Service
+    at the kubelet's clusterDNS), as nobody with no capability, without its forwarder."""
+    labels = {"k8s-app": "kube-dns"}
+    role = f"system:{CLUSTER_DNS}"
+    deployment = support_deployment(
+        CLUSTER_DNS,
+        {
+            "image": image,
+            "command": ["coredns", "-conf", "/etc/coredns/Corefile"],
+            "ports": [
+                {"name": "dns", "containerPort": CLUSTER_DNS_PORT, "protocol": "UDP"},
+                {"name": "dns-tcp", "containerPort": CLUSTER_DNS_PORT, "protocol": "TCP"},
+                {"name": "readiness-probe", "containerPort": CLUSTER_DNS_READY_PORT, "protocol": "TCP"},
+            ],
+            # Ready once the kubernetes plugin has synced with the API server.
+            "readinessProbe": {"httpGet": {"path": "/ready", "port": "readiness-probe"}},
+            "resources": {"requests": {"cpu": "100m", "memory": "70Mi"}, "limits": {"memory": "170Mi"}},
+            "volumeMounts": [{"name": "config-volume", "mountPath": "/etc/coredns", "readOnly": True}],
+        },
+        labels=labels,
+        namespace="kube-system",
+        serviceAccountName=CLUSTER_DNS,
+        priorityClassName="system-cluster-critical",
+        # The node's resolver, as kubeadm's: the cluster DNS cannot ask itself.
+        dnsPolicy="Default",
+        volumes=[{"name": "config-volume", "configMap": {"name": CLUSTER_DNS, "items": [{"key": "Corefile", "path": "Corefile"}]}}],
+    )  # fmt: skip
+    deployment["metadata"]["labels"] = labels
+    deployment["spec"]["template"]["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] = True
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": CLUSTER_DNS, "namespace": "kube-system"}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": role},
+            "rules": [
+                {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": ["list", "watch"]},
+                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": CLUSTER_DNS, "namespace": "kube-system"}],
+        },
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CLUSTER_DNS, "namespace": "kube-system"}, "data": {"Corefile": corefile()}},
+        deployment,
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "kube-dns", "namespace": "kube-system", "labels": {**labels, "kubernetes.io/name": "CoreDNS"}},
+            "spec": {
+                "clusterIP": cluster_dns_ip(),
+                "selector": labels,
+                "ports": [
+                    {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": "dns"},
+                    {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": "dns-tcp"},
+                ],
+            },
+        },
+    ]  # fmt: skip
 
 
 def kwok(image: str, bins: Path) -> list[dict]:

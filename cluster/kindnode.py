@@ -15,9 +15,9 @@ it copies from the kind module):
   kubeadm patch names its tag), and the project's pause process as the sandbox image kind's
   containerd config names.
 
-What differs from kindest/node, and why: no CoreDNS (the kind cluster skips kubeadm's
-addon/coredns phase, as no registry serves its image; the tests that look names up run on the
-local cluster, which runs CoreDNS), no crictl (not
+What differs from kindest/node, and why: no CoreDNS image (the kind cluster skips kubeadm's
+addon/coredns phase, as no registry serves its image, and runs CoreDNS built here from the
+support image instead, kindcluster.cluster_dns), no crictl (not
 served as a module here; only ``kind load docker-image`` uses it, ``make test-kind`` loads
 archives), and a bridge CNI config in the image instead of kindnetd (not served either; the
 cluster is one node, and kind is told to install no CNI). A user with Docker can use the

@@ -46,6 +46,111 @@ def test_the_built_node_image_runs_no_cni_or_coredns_of_kinds_and_an_upstream_on
     assert "etcd" not in patches(upstream)["ClusterConfiguration"]
 
 
+def test_the_cluster_dns_is_coredns_built_here_at_the_kubelets_cluster_dns_address():
+    """kube-dns as kubeadm deploys it, at the address the kubelet gives pods as their resolver,
+    running the support image's CoreDNS as nobody with no capability."""
+    manifests = {(m["kind"], m["metadata"]["name"]): m for m in kindcluster.cluster_dns("support:1")}
+    # kubeadm's choice (GetDNSIP): the 10th address of the Service range.
+    assert patches(kindcluster.kind_config())["KubeletConfiguration"]["clusterDNS"] == ["10.97.0.10"]
+    assert patches(kindcluster.kind_config())["KubeletConfiguration"]["clusterDomain"] == realnode.CLUSTER_DOMAIN
+    service = manifests[("Service", "kube-dns")]
+    assert service["metadata"]["namespace"] == "kube-system" and service["spec"]["clusterIP"] == "10.97.0.10"
+    deployment = manifests[("Deployment", "coredns")]
+    assert deployment["metadata"]["namespace"] == "kube-system"
+    pod = deployment["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    [container] = pod["spec"]["containers"]
+    named = {p["name"]: p for p in container["ports"]}
+    served = {(p["port"], p["protocol"], named[p["targetPort"]]["protocol"]) for p in service["spec"]["ports"]}
+    assert served == {(53, "UDP", "UDP"), (53, "TCP", "TCP")}
+    # The binary cluster/build.sh built for the local cluster, in the support image.
+    assert container["image"] == "support:1" and container["imagePullPolicy"] == "Never"
+    assert container["command"][0] == "coredns" and "coredns" in kindcluster.SUPPORT_TOOLS
+    # Its Corefile is the ConfigMap's.
+    [volume] = pod["spec"]["volumes"]
+    [mount] = container["volumeMounts"]
+    assert container["command"][1:] == ["-conf", f"{mount['mountPath']}/Corefile"] and mount["name"] == volume["name"]
+    assert volume["configMap"]["name"] == "coredns"
+    assert manifests[("ConfigMap", "coredns")]["data"]["Corefile"] == kindcluster.corefile()
+    # Non-root, no capability: every port it listens on is above 1023.
+    security = container["securityContext"]
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True and pod["spec"]["securityContext"]["runAsUser"] != 0
+    assert security["capabilities"] == {"drop": ["ALL"]} and security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert all(p["containerPort"] > 1023 for p in container["ports"])
+    # Ready once the kubernetes plugin has synced: the ready plugin's port.
+    probe = container["readinessProbe"]["httpGet"]
+    assert probe["path"] == "/ready" and f"ready :{named[probe['port']]['containerPort']}" in kindcluster.corefile()
+    assert pod["spec"]["dnsPolicy"] == "Default"
+    # What the kubernetes plugin watches, granted to the pod's ServiceAccount.
+    binding = manifests[("ClusterRoleBinding", "system:coredns")]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod["spec"]["serviceAccountName"], "namespace": "kube-system"}]
+    assert ("ServiceAccount", pod["spec"]["serviceAccountName"]) in manifests
+    role = manifests[("ClusterRole", binding["roleRef"]["name"])]
+    granted = {
+        (g, r) for rule in role["rules"] if {"list", "watch"} <= set(rule["verbs"]) for g in rule["apiGroups"] for r in rule["resources"]
+    }
+    assert granted >= {("discovery.k8s.io", "endpointslices"), ("", "services"), ("", "pods"), ("", "namespaces")}
+
+
+def test_the_cluster_dns_answers_the_cluster_and_forwards_nothing():
+    """The Corefile's zones are the cluster's and reverse look-ups only, on the port the
+    container declares, with only plugins cluster/node/coredns compiles in, and no forwarder:
+    the kind node has no route off the machine."""
+    import re
+
+    text = kindcluster.corefile()
+    header, body = text.split("{", 1)
+    keys = [k.rsplit(":", 1) for k in header.split()]
+    assert {zone for zone, _ in keys} == {realnode.CLUSTER_DOMAIN, "in-addr.arpa", "ip6.arpa"}
+    assert {int(port) for _, port in keys} == {kindcluster.CLUSTER_DNS_PORT}
+    assert body.rstrip().endswith("}") and "{" not in body
+    directives = [line.split()[0] for line in body.splitlines() if line.strip() not in ("", "}")]
+    main_go = (Path(kindcluster.HERE) / "node/coredns/main.go").read_text()
+    compiled = set(re.findall(r'"github.com/coredns/coredns/plugin/(\w+)"', main_go))
+    assert set(directives) <= compiled, (directives, compiled)
+    assert directives.count("kubernetes") == 1 and "forward" not in directives
+    [kubernetes] = [line.split()[1:] for line in body.splitlines() if line.split()[:1] == ["kubernetes"]]
+    assert kubernetes == [realnode.CLUSTER_DOMAIN, "in-addr.arpa", "ip6.arpa"]
+
+
+def test_up_installs_and_waits_for_the_cluster_dns_on_the_built_node_image_only(tmp_path, monkeypatch):
+    """kube-dns is applied with the rest and its rollout waited for; an upstream kindest/node
+    runs kubeadm's own CoreDNS, which ours would collide with."""
+    import json
+    import subprocess
+
+    kind = kind_on("podman", tmp_path, monkeypatch)
+    calls = []
+
+    def kubectl(*args, input=None, check=True):
+        calls.append((args, input))
+        out = ""
+        if args[:2] == ("get", "service"):
+            out = json.dumps({"spec": {"clusterIP": "10.97.0.20"}})
+        elif args[:2] == ("get", "node"):
+            out = str(realnode.CHIPS)
+        return subprocess.CompletedProcess(args, 0, out, "")
+
+    monkeypatch.setattr(kind, "kubectl", kubectl)
+    monkeypatch.setattr(kindcluster, "kwok", lambda image, bins: [])  # reads the kwok module: not what is tested
+    monkeypatch.setattr(realnode, "http_ok", lambda url: True)
+    kind.state.mkdir()
+    for upstream in (False, True):
+        if upstream:
+            monkeypatch.setenv("INFERENTIA_KIND_NODE_IMAGE", "kindest/node:v1.36.3")
+        else:
+            monkeypatch.delenv("INFERENTIA_KIND_NODE_IMAGE", raising=False)
+        calls.clear()
+        kind.install("support:1")
+        [applied] = [json.loads(i)["items"] for a, i in calls if a[:1] == ("apply",) and "neuron-device-plugin-standin" in i]
+        kinds = {(m["kind"], m["metadata"]["name"]) for m in applied}
+        waited = [a for a, _ in calls if a[:2] == ("rollout", "status")]
+        assert (("Service", "kube-dns") in kinds) is (not upstream)
+        assert (("rollout", "status", "-n", "kube-system", "deployment/coredns", "--timeout=180s") in waited) is (not upstream)
+
+
 def test_kind_ranges_are_not_the_local_clusters_and_pods_are_never_masqueraded():
     import ipaddress
 
