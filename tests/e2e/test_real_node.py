@@ -236,10 +236,10 @@ print(json.dumps(found))
 def test_a_pod_finds_a_service_and_a_headless_services_pod_by_name_and_nothing_outside(real_node, real_namespace):
     """The cluster DNS (CoreDNS's kubernetes plugin): a Service's name gives its ClusterIP, and
     <hostname>.<subdomain>.<namespace> a pod's address under its headless Service, as a
-    LeaderWorkerSet's workers reach their leader (LWS_LEADER_ADDRESS); a name outside the cluster
-    resolves to nothing, as no look-up leaves the machine."""
-    if real_node.local is None:
-        pytest.skip("the local cluster's DNS; a kind cluster runs its own")
+    LeaderWorkerSet's workers reach their leader (LWS_LEADER_ADDRESS) and a disaggregated
+    model's proxy its pools; a name outside the cluster resolves to nothing, as no look-up leaves
+    the machine. The local cluster's CoreDNS runs beside its API server, the kind cluster's in
+    kube-system behind kube-dns (kindcluster.cluster_dns): the same binary, built here."""
     ns = real_namespace
     sleeper = {"name": "main", "image": STANDIN, "command": ["python3", "-c", "import time; time.sleep(600)"]}
     manifests = [
