@@ -227,9 +227,21 @@ def verdicts(aggregated: Figures, disaggregated: Figures) -> list[str]:
 # -- the arms, as the operator renders them ------------------------------------------------------
 
 
-def sample() -> tuple[str, dict]:
+def sample(split: tuple[int, int] | None = None) -> tuple[str, dict]:
+    """The sample's name and spec; ``split``: its prefill and decode replicas instead of its own."""
     doc = yaml.safe_load(SAMPLE.read_text())
+    if split is not None:
+        for role, replicas in zip(("prefill", "decode"), split, strict=True):
+            doc["spec"]["disaggregation"].setdefault(role, {})["replicas"] = replicas
     return doc["metadata"]["name"], doc["spec"]
+
+
+def pools_split(text: str) -> tuple[int, int]:
+    """--pools P:D, each 1 to 8."""
+    prefill, _, decode = text.partition(":")
+    if not (prefill.isdigit() and decode.isdigit() and 1 <= int(prefill) <= 8 and 1 <= int(decode) <= 8):
+        raise argparse.ArgumentTypeError(f"{text!r}: valid values are P:D, prefill and decode replicas of 1 to 8 each, e.g. 2:1")
+    return int(prefill), int(decode)
 
 
 def model_of(name: str, spec: dict) -> Model:
@@ -447,14 +459,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=60.0, help="seconds of arrivals")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--token-seconds", type=float, default=TOKEN_SECONDS, help="one decode step of one sequence")
+    p.add_argument("--pools", type=pools_split, default=None, metavar="P:D", help="prefill and decode replicas (default: the sample's)")
     args = p.parse_args(argv)
     if not (0 < args.rate <= 20 and 0 < args.seconds <= 600 and 0 < args.token_seconds <= 1):
         p.error("--rate in (0, 20], --seconds in (0, 600], --token-seconds in (0, 1]")
-    name, spec = sample()
+    name, spec = sample(args.pools)
     chips = pool_chips(model_of(name, spec), spec)
     load = workload(args.seed, args.rate, args.seconds)
+    shown = {k: (f"{v[0]}:{v[1]}" if k == "pools" else v) for k, v in vars(args).items() if v is not None}
     command = "python cluster/benchmark_disaggregated.py " + " ".join(
-        f"--{k.replace('_', '-')} {v:g}" if isinstance(v, float) else f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+        f"--{k.replace('_', '-')} {v:g}" if isinstance(v, float) else f"--{k.replace('_', '-')} {v}" for k, v in shown.items()
     )
     now = datetime.datetime.now(datetime.UTC)
     print(f"{now:%Y-%m-%d %H:%M} UTC, {command}, commit {commit()}", flush=True)

@@ -3,7 +3,10 @@ start as the operator renders them, answer the same load, and the table and verd
 
 from __future__ import annotations
 
+import argparse
 import re
+
+import pytest
 
 import benchmark_disaggregated as bench
 
@@ -38,3 +41,14 @@ def test_a_tiny_run_answers_on_both_arms_and_prints_the_table(capsys):
     assert re.search(r"^TPOT p99, disaggregated / aggregated: \d+\.\d\dx \(goal at most 0\.5x\): (met|NOT met)$", out, re.M), out
     assert re.search(r"^TTFT p99, disaggregated / aggregated: \d+\.\d\dx \(goal at most 1\.2x\): (met|NOT met)$", out, re.M), out
     assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d UTC, python cluster/benchmark_disaggregated\.py .*, commit \w+", out, re.M), out
+
+
+def test_another_split_of_the_pools_keeps_the_chips_equal_on_both_arms():
+    name, spec = bench.sample((2, 1))
+    chips = bench.pool_chips(bench.model_of(name, spec), spec)
+    assert chips == 3 and spec["disaggregation"]["prefill"]["replicas"] == 2 and spec["disaggregation"]["decode"]["replicas"] == 1
+    assert bench.aggregated_spec(spec, chips)["replicas"] == 3
+    assert bench.pools_split("2:1") == (2, 1)
+    for bad in ("2", "0:1", "2:x", "9:1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="valid values are P:D"):
+            bench.pools_split(bad)
