@@ -109,15 +109,20 @@ print(json.dumps(out))
 """
 
 
-def standin_state(cluster, namespace: str, pod: dict) -> dict:
-    """What the runtime stand-in found when its server started (its /standin page, on the serving port)."""
+def serve_get(cluster, namespace: str, pod: dict, path: str) -> str:
+    """A GET of ``path`` on the pod's serving port, from inside its serve container (no policy or
+    route of this machine's in the way)."""
     [serve] = [c for c in pod["spec"]["containers"] if c["name"] == "serve"]
     port = serve["ports"][0]["containerPort"]
-    out = cluster.kubectl(
+    return cluster.kubectl(
         "exec", "-n", namespace, pod["metadata"]["name"], "-c", "serve", "--",
-        "python3", "-c", f"import urllib.request as u; print(u.urlopen('http://127.0.0.1:{port}/standin').read().decode())",
+        "python3", "-c", f"import urllib.request as u; print(u.urlopen('http://127.0.0.1:{port}{path}').read().decode())",
     ).stdout  # fmt: skip
-    return json.loads(out)
+
+
+def standin_state(cluster, namespace: str, pod: dict) -> dict:
+    """What the runtime stand-in found when its server started (its /standin page, on the serving port)."""
+    return json.loads(serve_get(cluster, namespace, pod, "/standin"))
 
 
 def process_envs(cluster, namespace: str, pod: str) -> list[dict]:

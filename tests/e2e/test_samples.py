@@ -18,6 +18,7 @@ from test_real_node import (
     cluster_ip_request,
     reshape,
     routed,
+    serve_get,
     serving_pods,
     standin_state,
     store_client,
@@ -122,14 +123,8 @@ def test_every_sample_goes_ready_on_the_real_node_and_answers(path, node_shape, 
 
 
 def pool_metric(cluster, namespace: str, pod: dict, metric: str) -> float:
-    """A metric's value as the pool's vLLM server exposes it on its /metrics, read in the pod:
-    the pools' ports are in no NetworkPolicy's admitted set for this machine."""
-    [serve] = [c for c in pod["spec"]["containers"] if c["name"] == "serve"]
-    port = serve["ports"][0]["containerPort"]
-    text = cluster.kubectl(
-        "exec", "-n", namespace, pod["metadata"]["name"], "-c", "serve", "--",
-        "python3", "-c", f"import urllib.request as u; print(u.urlopen('http://127.0.0.1:{port}/metrics').read().decode())",
-    ).stdout  # fmt: skip
+    """A metric's value as the pool's vLLM server exposes it on its /metrics, read in the pod."""
+    text = serve_get(cluster, namespace, pod, "/metrics")
     values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(metric)]
     assert values, f"{metric} not in {pod['metadata']['name']}'s /metrics:\n{text[:2000]}"
     return sum(values)
