@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -480,3 +481,85 @@ def test_prefills_on_one_engine_run_one_at_a_time(cluster):
         call.join(SAFETY)
     assert [status for status, _ in answers] == [200, 200], answers
     assert time.monotonic() - began >= 1.0
+
+
+# -- the scheduler's gauges ------------------------------------------------------------------------
+
+
+def gauges(port: int) -> tuple[float, float]:
+    text = get(port, "/metrics")[1]
+    return metric(text, "vllm:num_requests_running"), metric(text, "vllm:num_requests_waiting")
+
+
+def test_prompts_queued_behind_the_prefill_in_progress_are_waiting_not_running(cluster):
+    """vLLM's gauges are its scheduler's queues (make_stats: len(self.running), len(self.waiting)),
+    and the plugin's NeuronScheduler admits one prefill an iteration, draining the others back to
+    waiting: four 500-token prompts in a prefill server with --max-num-seqs 4 are one running (its
+    prefill, 1 s) and three waiting, not four running."""
+    p_port, _, _ = cluster.server("kv_producer", "0-1", **TIMED)
+    body = {"prompt": " ".join(["w"] * 500), "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}}
+    answers: list[tuple[int, str]] = []
+    calls = [threading.Thread(target=lambda: answers.append(post(p_port, "/v1/completions", body))) for _ in range(4)]
+    for call in calls:
+        call.start()
+    deadline, seen = time.monotonic() + SAFETY, (0.0, 0.0)
+    while sum(seen) < 4 and time.monotonic() < deadline:
+        time.sleep(0.02)
+        seen = gauges(p_port)
+    for call in calls:
+        call.join(SAFETY)
+    assert seen == (1, 3)
+    assert [status for status, _ in answers] == [200] * 4, answers
+    assert gauges(p_port) == (0, 0)
+
+
+class SilentSideChannel:
+    """A prefill's side channel that takes the decode's connection and answers nothing until it is
+    closed, so that the decode's KV read stays in progress."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                self.conns.append(self.server.accept()[0])
+            except OSError:
+                return
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.close()
+        self.server.close()
+
+    def params(self, request: str) -> dict:
+        return {"do_remote_prefill": True, "remote_engine_id": "e", "remote_block_ids": [0], "remote_host": "127.0.0.1",
+                "remote_port": self.port, "remote_request_id": request}  # fmt: skip
+
+
+def test_requests_reading_their_kv_are_waiting_on_every_dp_rank(cluster):
+    """A decode server's request waits in WAITING_FOR_REMOTE_KVS while its KV is read, which vLLM
+    counts in vllm:num_requests_waiting (its waiting queue), not running; with two DP ranks the
+    gauges are both ranks' schedulers summed."""
+    port, _, _ = cluster.server("kv_consumer", "0-3", "--data-parallel-size", "2")
+    side = SilentSideChannel()
+    answers: list[tuple[int, str]] = []
+    calls = [threading.Thread(target=lambda r=r: answers.append(post(port, "/v1/completions", {
+        "prompt": "a b", "max_tokens": 2, "kv_transfer_params": side.params(r)}))) for r in ("r0", "r1")]  # fmt: skip
+    for call in calls:
+        call.start()
+    try:
+        deadline, seen = time.monotonic() + SAFETY, (0.0, 0.0)
+        while sum(seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+            seen = gauges(port)
+        assert seen == (0, 2)
+    finally:
+        side.close()  # the reads fail, and so do their requests (kv_load_failure_policy "fail")
+        for call in calls:
+            call.join(SAFETY)
+    assert sorted(status for status, _ in answers) == [500, 500], answers
+    assert gauges(port) == (0, 0)

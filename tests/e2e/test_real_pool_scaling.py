@@ -9,8 +9,10 @@ short prompts with long answers fill the decode servers' batches and scale the d
 
 The stand-in's timing (cluster/node/standins/vllm_disagg.py): a prefill of p prompt tokens takes
 NEURON_STANDIN_TOKEN_SECONDS * p / 10, a decode step NEURON_STANDIN_TOKEN_SECONDS (more with a
-batch), and at most --max-num-seqs (serving.batching.maxBatchSize, 4 in the sample) requests run
-at once in a server, the rest waiting."""
+batch). Its gauges are its scheduler's queues, as vLLM's are: a server prefills one prompt at a
+time, which is running, and the prompts behind it wait; at most --max-num-seqs
+(serving.batching.maxBatchSize, 4 in the sample) requests run at once, the rest waiting, and a
+decode server's request reading its KV waits too."""
 
 from __future__ import annotations
 
@@ -134,9 +136,10 @@ def test_the_prefill_pool_scales_on_its_prompt_queue_and_the_decode_pool_on_its_
             hpa = cluster.kubectl("get", "hpa", "-n", ns, "-o", "yaml", check=False).stdout[-4000:]
             raise AssertionError(f"{exc}\n{hpa}\n{why_not_ready(cluster, ns, 'pd')}") from None
 
-    # Long prompts, one token each: a prefill takes 200 / 10 * 0.2 = 4 s, and of 12 clients at
-    # most 4 run in a prefill server (--max-num-seqs 4), so 8 wait there, 4 a replica over the
-    # target 2 even at 2 replicas; the decode servers each run a token's step, and stay at 1.
+    # Long prompts, one token each: a prefill takes 200 / 10 * 0.2 = 4 s, and a prefill server
+    # runs one at a time (its token made, the request is done), so of 12 clients 1 runs and 11
+    # wait there, about 5 a replica even at 2 replicas, over the target 2; the decode servers
+    # each read a prompt's KV and run its token's step, and stay at 1.
     with Completions(url, clients=12, prompt=" ".join(["Trainium"] * 200), max_tokens=1) as prompts:
         scaled("prefill", 2, "KEDA to scale the prefill pool up on its queue")
         assert replicas("decode") == 1
@@ -150,8 +153,9 @@ def test_the_prefill_pool_scales_on_its_prompt_queue_and_the_decode_pool_on_its_
     scaled("prefill", 1, "KEDA to scale the prefill pool back to 1")
 
     # Short prompts, long answers: a prefill takes 0.02 s, a completion 100 decode steps of at
-    # least 0.2 s; 8 clients keep 4 sequences running in the one decode server (4 waiting), 4 a
-    # replica over the target 2; no prompt waits at the prefill server, which stays at 1.
+    # least 0.2 s; 8 clients keep 4 sequences running in the one decode server (--max-num-seqs 4;
+    # the other 4 wait), 4 running a replica, over the target 2; a prompt hardly waits at the prefill
+    # server (0.02 s a prefill against a completion's 20 s and more), which stays at 1.
     with Completions(url, clients=8, prompt="Trainium", max_tokens=100) as answers:
         scaled("decode", 2, "KEDA to scale the decode pool up on its running sequences")
         assert replicas("prefill") == 1

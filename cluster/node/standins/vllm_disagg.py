@@ -31,6 +31,7 @@ both NIXL's handshake and its RDMA READ.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
@@ -276,7 +277,33 @@ class NeuronScheduler:
         self.lock = threading.Condition()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.loading = 0  # requests reading their KV from a prefill server, in WAITING_FOR_REMOTE_KVS
         threading.Thread(target=self._loop, daemon=True).start()
+
+    def gauges(self) -> tuple[int, int]:
+        """(running, waiting) as vLLM's scheduler reports them: ``make_stats`` gives
+        ``num_running_reqs=len(self.running)`` and ``num_waiting_reqs=len(self.waiting)``
+        (vllm/v1/core/sched/scheduler.py), and PrometheusStatLogger sets vllm:num_requests_waiting
+        to the waiting plus the skipped waiting, where a request loading its KV asynchronously is
+        held (vllm/v1/metrics/loggers.py; "'deferred' = deferred by transient constraints (LoRA
+        budget, KV transfer, blocked status)"). The plugin's NeuronScheduler admits one request a
+        prefill iteration and drains the rest back to waiting ("Step 5: Restore Queues ... Drain
+        holdback_queue back to waiting", its design page above): so a prompt behind the prefill in
+        progress is waiting, not running, and so is a request whose KV is being read (the DI design
+        page's ``WAITING_FOR_REMOTE_KVS``)."""
+        with self.lock:
+            return len(self.running), len(self.waiting) + self.loading
+
+    @contextlib.contextmanager
+    def loading_kv(self) -> Iterator[None]:
+        """A request waiting for its KV read (WAITING_FOR_REMOTE_KVS), counted as waiting."""
+        with self.lock:
+            self.loading += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.loading -= 1
 
     def generate(self, prompt: int, max_tokens: int) -> Iterator[float]:
         """The monotonic time each of the request's tokens is made; a request given up (its
@@ -662,6 +689,17 @@ class DisaggServer(ThreadingHTTPServer):
         self.ids = itertools.count()
         super().__init__(("0.0.0.0", port), Handler)
 
+    def gauges(self) -> tuple[int, int]:
+        """vllm:num_requests_running and vllm:num_requests_waiting: the schedulers' queues, summed
+        over the DP ranks: each rank has its own scheduler, and vLLM writes one sample a DP engine
+        (its ``engine`` label, create_metric_per_engine in vllm/v1/metrics/loggers.py), where the
+        stand-in writes their sum, which is what the operator's queries take. The requests the
+        server holds back past --max-num-seqs before they reach a scheduler
+        (``sequences.waiting``) are waiting too: vLLM has no such hold, and queues them in its
+        scheduler's waiting queue."""
+        counts = [scheduler.gauges() for scheduler in self.schedulers]
+        return sum(r for r, _ in counts), sum(w for _, w in counts) + self.sequences.waiting
+
 
 @dataclass
 class Completion:
@@ -693,7 +731,8 @@ class Handler(JsonHandler):
             self._json(200, {})
         elif self.path == "/metrics":
             engine.expire()
-            self._metrics(engine.metrics.text(server.model, server.sequences.running, server.sequences.waiting, engine.usage()))
+            running, waiting = server.gauges()
+            self._metrics(engine.metrics.text(server.model, running, waiting, engine.usage()))
         elif self.path == "/standin":
             self._json(200, {**server.found, "kvRole": engine.config.kv_role, "engineId": engine.engine_id, "pid": os.getpid(),
                              "uptime": time.time() - server.started})  # fmt: skip
@@ -786,7 +825,8 @@ class Handler(JsonHandler):
             return True
         began = time.monotonic()
         try:
-            moved = pull(params, engine.token_bytes, completion.tokens)
+            with completion.scheduler.loading_kv():
+                moved = pull(params, engine.token_bytes, completion.tokens)
         except KvError as exc:
             engine.metrics.add("vllm:nixl_num_failed_transfers_total")
             print(f"ERROR KV transfer for request {completion.id} failed: {exc}", file=sys.stderr, flush=True)
