@@ -357,6 +357,22 @@ def test_data_parallel_ranks_each_take_a_tp_group_and_their_own_sequences(cluste
     assert sorted(json.loads(text)["choices"][0]["text"].split("]]")[0] for _, text in answers) == [" [cores [0, 1", " [cores [2, 3"]
 
 
+def test_an_aggregated_server_opens_no_side_channel(cluster):
+    """vLLM opens the NIXL side channel only with a NIXL connector (--kv-transfer-config): the
+    plugin's aggregated server (NEURON_STANDIN_SCHEDULER=neuron, no connector) starts with
+    VLLM_NIXL_SIDE_CHANNEL_PORT taken, as two such servers on one host would have it, and says
+    nothing of a side channel."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = free_port()
+        env = environment(cluster.tmp_path, PLUGIN, "0-1", taken.getsockname()[1], NEURON_STANDIN_SCHEDULER="neuron")
+        argv = [arg for arg in server_argv(cluster.model, port, "") if arg not in ("--kv-transfer-config", "")]
+        proc = cluster.start(argv, env, port)
+        assert post(port, "/v1/completions", {"prompt": "a b", "max_tokens": 2})[0] == 200
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=SAFETY)
+    assert "as an aggregated server" in out and "side channel" not in out, out
+
+
 @pytest.mark.parametrize(("cores", "dp"), [("0-2", "2"), ("0-1", "2")])
 def test_visible_cores_other_than_dp_times_tp_are_refused(tmp_path, cores, dp):
     model = checkpoint(tmp_path / "model")

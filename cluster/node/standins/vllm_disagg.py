@@ -628,9 +628,10 @@ class Engine:
         self.side_host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
         self.side_port = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5557"))
 
-    def listen(self) -> None:
-        if self.config.is_kv_producer:
-            SideChannel(self, self.side_host, self.side_port)  # its accepting thread keeps it
+    def listen(self) -> SideChannel | None:
+        """The prefill's side channel, which the decodes read its KV through; None for any other
+        server (the stand-in's decode reads and is never read from)."""
+        return SideChannel(self, self.side_host, self.side_port) if self.config.is_kv_producer else None
 
     def expire(self) -> None:
         now = time.monotonic()
@@ -906,11 +907,13 @@ class Handler(JsonHandler):
         self.wfile.flush()
 
 
-def serve(port: int, model: str, found: dict, engine: Engine, max_num_seqs: int | None, max_model_len: int | None) -> None:
+def serve(port: int, model: str, found: dict, engine: Engine, max_num_seqs: int | None, max_model_len: int | None,
+          side: SideChannel | None) -> None:  # fmt: skip
     server = DisaggServer(port, model, found, engine, max_num_seqs, max_model_len)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
-    print(f"serving {model} on :{port} as {engine.config.kv_role or 'an aggregated server'} (engine {engine.engine_id}, side channel {engine.side_host}:"
-          f"{engine.side_port}) with NeuronCores {found['cores']}", flush=True)  # fmt: skip
+    listening = f", side channel {engine.side_host}:{engine.side_port}" if side is not None else ""
+    print(f"serving {model} on :{port} as {engine.config.kv_role or 'an aggregated server'} (engine {engine.engine_id}{listening})"
+          f" with NeuronCores {found['cores']}", flush=True)  # fmt: skip
     print("INFO:     Application startup complete.", flush=True)
     server.serve_forever()
     server.server_close()
@@ -932,11 +935,15 @@ def run(args: argparse.Namespace, model: str, found: dict, token_bytes: int, blo
     if blocks is None:
         blocks = (args.max_num_seqs or 256) * -(-(args.max_model_len or 2048) // block_size)
     engine = Engine(config, token_bytes, block_size, blocks, tp, len(rank_groups(found)))
-    try:
-        engine.listen()
-    except OSError as exc:
-        print(f"RuntimeError: the NIXL side channel cannot listen on {engine.side_host}:{engine.side_port}: {exc}",
-              file=sys.stderr, flush=True)  # fmt: skip
-        return 1
-    serve(args.port, model, found, engine, args.max_num_seqs, args.max_model_len)
+    # vLLM opens the NIXL side channel only through its NIXL connector, so an aggregated server
+    # (no --kv-transfer-config) opens none and leaves VLLM_NIXL_SIDE_CHANNEL_PORT free.
+    side = None
+    if args.kv_transfer_config is not None:
+        try:
+            side = engine.listen()
+        except OSError as exc:
+            print(f"RuntimeError: the NIXL side channel cannot listen on {engine.side_host}:{engine.side_port}: {exc}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            return 1
+    serve(args.port, model, found, engine, args.max_num_seqs, args.max_model_len, side)
     return 0
