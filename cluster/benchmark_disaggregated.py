@@ -15,9 +15,11 @@ The timing model is the stand-in's (vllm_disagg, docs/development.md, "vLLM's di
 prefill and decode"): a prefill of p prompt tokens takes TOKEN_SECONDS x p / 10, a decode step
 with s running sequences TOKEN_SECONDS x (1 + (s - 1) / 8); each DP rank runs one iteration at a
 time, a prefill (one request's, first come first served, ahead of the next decode step) or a
-decode step of every running sequence, never both, as the plugin's NeuronScheduler does. So in
-an aggregated server a long prompt stalls the running answers for its prefill; a decode server
-never prefills. The aggregated stand-in runs that same engine (NEURON_STANDIN_SCHEDULER=neuron).
+decode step of every running sequence, never both, as the plugin's NeuronScheduler does; a
+request arriving at a decode server, its KV read, runs one decode step's iteration alone. So in
+an aggregated server a long prompt stalls the running answers for its prefill; in a decode
+server an arrival holds them for one step. The aggregated stand-in runs that same engine
+(NEURON_STANDIN_SCHEDULER=neuron).
 
 The load is one seeded open-loop Poisson sequence, sent to both arms alike: half long prompts
 with short answers, half short prompts with long answers, every request streamed. Time to first

@@ -482,6 +482,42 @@ def test_a_long_prefill_does_not_stall_the_decode_servers_answers(cluster):
     assert longest_gap_while_a_long_prompt_arrives(d_port, proxy) < 0.5
 
 
+def executions(port: int) -> dict[str, int]:
+    """vllm_neuron:neff_execution_count by bucket_name."""
+    text = get(port, "/metrics")[1]
+    return {
+        b: int(float(n)) for b, n in re.findall(r'^vllm_neuron:neff_execution_count_total{bucket_name="([^"]+)",[^}]*} (\S+)$', text, re.M)
+    }
+
+
+def test_a_decode_servers_arrival_runs_one_decode_step_alone(cluster):
+    """vLLM recomputes the last prompt token of a request whose KV it read, which the plugin's
+    scheduler classifies as a prefill, run alone; the DI design page has a decode server run only
+    decode batches. The stand-in runs the arrival's first iteration alone, on the decode graph
+    (decode_b1): an answer running there makes no token in it. Here an answer of 30 tokens (a
+    local prefill, then 29 steps) and an arrival of one token in the middle are 31 iterations,
+    none of them with both."""
+    p_port, _, _ = cluster.server("kv_producer", "0-1")
+    d_port, _, _ = cluster.server("kv_consumer", "2-3", NEURON_STANDIN_TOKEN_SECONDS="0.05")
+    times: list[float] = []
+    answer = threading.Thread(target=stream_times, args=(d_port, {"prompt": "a", "max_tokens": 30}, times))
+    answer.start()
+    deadline = time.monotonic() + SAFETY
+    while len(times) < 5:
+        assert time.monotonic() < deadline and answer.is_alive()
+        time.sleep(0.01)
+    status, text = post(p_port, "/v1/completions", {"prompt": "a b", "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}})
+    assert status == 200, text
+    status, text = post(
+        d_port, "/v1/completions", {"prompt": "a b", "max_tokens": 1, "kv_transfer_params": json.loads(text)["kv_transfer_params"]}
+    )
+    assert status == 200, text
+    assert len(times) < 30  # the arrival ran while the answer was running
+    answer.join(SAFETY)
+    assert len(times) == 30
+    assert executions(d_port) == {"prefill_s1": 1, "decode_b1": 30}
+
+
 def test_prefills_on_one_engine_run_one_at_a_time(cluster):
     """ "Prefill requests are processed sequentially (FIFO order)": two 250-token prompts sent at
     once to one prefill server take two prefills' time (0.5 s each), not one."""

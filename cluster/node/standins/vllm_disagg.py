@@ -238,10 +238,12 @@ def step_seconds(sequences: int) -> float:
 @dataclass(eq=False)
 class Sequence:
     """One request in the engine: the prompt tokens it still has to compute here (0 once its KV is
-    read from a prefill server), the tokens it still has to make, and each token's time."""
+    read from a prefill server), the tokens it still has to make, and each token's time;
+    ``kv_read`` while a request whose KV was read has its first iteration to run."""
 
     prompt: int
     left: int
+    kv_read: bool = False
     made: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
 
 
@@ -261,7 +263,20 @@ class NeuronScheduler:
       the running requests are fewer than max_num_seqs ("at_capacity");
     - a prompt longer than max_num_batched_tokens is prefilled in several iterations, and
       ACTIVE_PREFILL lasts until all of them are done, the decodes hidden throughout: the
-      stand-in runs it as one iteration of the same total time.
+      stand-in runs it as one iteration of the same total time;
+    - a decode server's request, its KV read from a prefill server, runs one iteration alone, in
+      the time of a decode step of one sequence (decode_b1), the running decodes waiting, and
+      then joins them. The sources disagree here, and this is the stand-in's choice between them.
+      vLLM, once a request's remote KV is loaded, sets its num_computed_tokens to num_tokens - 1
+      ("on a full prompt hit, we need to re-compute the last token in order to be able to sample
+      the next token", Scheduler._update_waiting_for_remote_kv, vllm/v1/core/sched/scheduler.py),
+      and this page classifies a request with num_computed_tokens < num_prompt_tokens as a
+      prefill (_is_prefill_request), which runs alone. The plugin's DI design page
+      (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/vllm/disaggregated-inference.html)
+      says "decode instances run exclusively decode batches", its decode server's data flow
+      runs "model.forward() [compiled decode NEFF]" once the KV is read, and a decode-only server
+      may skip compiling the prefill NEFFs (VLLM_NEURON_SKIP_PREFILL_WARMUP). So: alone, as the
+      scheduler page has it, for one token on the decode graph, as the DI page has it.
 
     So in an aggregated server a long prompt stalls every running answer for its prefill's time,
     which is the interference disaggregation removes ("Removing prefill interruptions to decode
@@ -305,10 +320,11 @@ class NeuronScheduler:
             with self.lock:
                 self.loading -= 1
 
-    def generate(self, prompt: int, max_tokens: int) -> Iterator[float]:
-        """The monotonic time each of the request's tokens is made; a request given up (its
+    def generate(self, prompt: int, max_tokens: int, kv_read: bool = False) -> Iterator[float]:
+        """The monotonic time each of the request's tokens is made, for a request with ``prompt``
+        tokens to compute here, or ``kv_read`` from a prefill server; a request given up (its
         client gone, the generator closed) leaves the engine."""
-        sequence = Sequence(prompt, max_tokens)
+        sequence = Sequence(prompt, max_tokens, kv_read)
         with self.lock:
             self.waiting.append(sequence)
             self.lock.notify()
@@ -323,15 +339,15 @@ class NeuronScheduler:
                     self.running.remove(sequence)
 
     def _next(self) -> tuple[Sequence | None, list[Sequence]]:
-        """The next iteration's work, waiting for some: a prefill, else the decodes."""
+        """The next iteration's work, waiting for some: a prefill (or a request's first iteration
+        after its KV read), else the decodes."""
         with self.lock:
             while True:
                 while self.waiting and len(self.running) < self.capacity:
                     admitted = self.waiting.popleft()
                     self.running.append(admitted)
-                    if admitted.prompt:
+                    if admitted.prompt or admitted.kv_read:
                         return admitted, []
-                    # Its KV read from a prefill server, it joins the decodes (its first token is a decode's).
                 if self.running:
                     return None, list(self.running)
                 self.lock.wait()
@@ -340,9 +356,13 @@ class NeuronScheduler:
         while True:
             prefill, decodes = self._next()
             if prefill is not None:
-                time.sleep(prefill_seconds(prefill.prompt))
-                self.executed(f"prefill_s{prefill.prompt}")
-                prefill.prompt = 0
+                if prefill.kv_read:  # its last prompt token, alone, on the decode graph (above)
+                    time.sleep(step_seconds(1))
+                    self.executed("decode_b1")
+                else:
+                    time.sleep(prefill_seconds(prefill.prompt))
+                    self.executed(f"prefill_s{prefill.prompt}")
+                prefill.prompt, prefill.kv_read = 0, False
                 self._made([prefill])
             else:
                 time.sleep(step_seconds(len(decodes)))
@@ -715,6 +735,7 @@ class Completion:
     scheduler: NeuronScheduler  # that rank's
     kv_params: dict | None = None  # a prefill's, for the decode
     compute: int = 0  # the prompt tokens this engine computes: all of them, or none once its KV is read
+    kv_read: bool = False  # its KV read from a prefill server
 
 
 class Handler(JsonHandler):
@@ -839,6 +860,7 @@ class Handler(JsonHandler):
                 return False
             completion.compute = completion.tokens  # "recompute": the blocks are computed here
             return True
+        completion.kv_read = True
         engine.metrics.observe(engine.metrics.nixl_bytes, moved)
         engine.metrics.observe(engine.metrics.nixl_time, time.monotonic() - began)
         print(f"INFO KV transfer for request {completion.id}: {moved} bytes from {params['remote_host']}:{params['remote_port']}",
@@ -860,7 +882,7 @@ class Handler(JsonHandler):
         with the rank's cores; its metrics once the last is out."""
         metrics = self.server.engine.metrics
         first = last = 0.0
-        for i, now in enumerate(completion.scheduler.generate(completion.compute, completion.max_tokens)):
+        for i, now in enumerate(completion.scheduler.generate(completion.compute, completion.max_tokens, completion.kv_read)):
             if i == 0:
                 first = now
                 metrics.observe(metrics.ttft, now - completion.arrived)
