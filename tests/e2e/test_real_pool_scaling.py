@@ -17,10 +17,7 @@ decode server's request reading its KV waits too."""
 from __future__ import annotations
 
 import json
-import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -28,6 +25,7 @@ import yaml
 from kit import condition, wait_for
 from test_real_autoscaling import prometheus_query
 from test_real_node import apply, reshape, routed, store_client, wait_ready, why_not_ready
+from test_real_scaling import Load
 
 from samples import make_buckets, run_here, store_secret, token_secret
 
@@ -65,39 +63,20 @@ def pools_spec(cluster, namespace: str) -> dict:
     return spec
 
 
-class Completions:
+class Completions(Load):
     """Clients asking the model's Service for completions, each a request at a time."""
 
+    timeout = 120.0
+
     def __init__(self, url: str, clients: int, prompt: str, max_tokens: int):
-        self.url, self.results = url, []  # (time, status or error)
-        self.body = json.dumps({"prompt": prompt, "max_tokens": max_tokens}).encode()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._client, daemon=True) for _ in range(clients)]
+        super().__init__(url, clients)
+        self._body = json.dumps({"prompt": prompt, "max_tokens": max_tokens}).encode()
 
-    def _client(self) -> None:
-        while not self._stop.is_set():
-            request = urllib.request.Request(self.url, self.body, {"Content-Type": "application/json"})
-            try:
-                with urllib.request.urlopen(request, timeout=120) as r:
-                    ok = r.status == 200 and json.loads(r.read())["object"] == "text_completion"
-                    self.results.append((time.monotonic(), 200 if ok else "wrong answer"))
-            except urllib.error.HTTPError as exc:
-                self.results.append((time.monotonic(), exc.code))
-            except OSError as exc:
-                self.results.append((time.monotonic(), f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"))
+    def body(self, i: int, n: int) -> bytes:
+        return self._body
 
-    def __enter__(self) -> Completions:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(130)
-
-    def failures(self) -> list:
-        return [r for r in self.results if r[1] != 200]
+    def answered(self, answer: dict, i: int, n: int) -> bool:
+        return answer["object"] == "text_completion"
 
 
 def test_the_prefill_pool_scales_on_its_prompt_queue_and_the_decode_pool_on_its_batch_each_alone(trn2, real_namespace, autoscaling_engines):
