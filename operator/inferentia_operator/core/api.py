@@ -458,6 +458,9 @@ class Disaggregation(ApiModel):
     efa: Literal["auto", "required", "off"] = "auto"
     """EFA devices (vpc.amazonaws.com/efa, from AWS's EFA device plugin) for the pools' pods, over which NIXL moves the KV cache between instances. Where some instance type a pool may use has an EFA count the operator knows (trn2.48xlarge and trn2u.48xlarge: 16), the pool is held to those types and each pod requests its chips' share of its instance's devices (one a chip there). auto: so, and where the pools may use no such type (trn3), no EFA device is requested and a warning says so; required: so, and a spec whose pools may use no such type is refused; off: no EFA device is requested, and every allowed instance type is used."""
 
+    def pool(self, role: Literal["prefill", "decode"]) -> PrefillPool | DecodePool:
+        return self.prefill if role == "prefill" else self.decode
+
 
 class InferentiaModelSpec(ApiModel):
     """What to serve and on how much Neuron hardware."""
@@ -526,7 +529,7 @@ class InferentiaModelSpec(ApiModel):
         pool's chips, with its replicas and no pools of its own (what the pool's pods are built
         from, and what the rules check the pool's chips with)."""
         assert self.disaggregation is not None
-        pool = getattr(self.disaggregation, role)
+        pool = self.disaggregation.pool(role)
         compute = self.compute.model_copy(update={"inf": self.pool_chips(pool)})
         return self.model_copy(update={"compute": compute, "replicas": pool.replicas, "disaggregation": None})
 

@@ -263,7 +263,7 @@ class PoolSignal:
 
 def pool_autoscaling(spec: api.InferentiaModelSpec, role: PoolRole) -> api.PoolAutoscaling | None:
     d = spec.disaggregation
-    return None if d is None else (d.prefill if role == "prefill" else d.decode).autoscaling
+    return None if d is None else d.pool(role).autoscaling
 
 
 def _pool_query(gauge: str, namespace: str, name: str, role: PoolRole, window: int, prometheus: Prometheus) -> str:
@@ -344,7 +344,7 @@ def pool_desired_replicas(spec: api.InferentiaModelSpec, role: PoolRole, scaled:
     minReplicas."""
     d = spec.disaggregation
     assert d is not None
-    pool = d.prefill if role == "prefill" else d.decode
+    pool = d.pool(role)
     a = pool.autoscaling
     if a is None:
         return pool.replicas
