@@ -340,8 +340,9 @@ def pool_desired_replicas(spec: api.InferentiaModelSpec, role: PoolRole, scaled:
     """The pool Deployment's replicas. Without the pool's autoscaling, its replicas. With it,
     while its ScaledObject exists or is being written (``scaled``), what the Deployment runs now
     (``live``: the count the HPA last set, or the pool's before it autoscaled), kept within the
-    range, so the operator never writes over KEDA; else (and for a pool not yet running)
-    minReplicas."""
+    range, so the operator keeps KEDA's count as last observed (a write for another reason can
+    undo a scaling the HPA made a moment before, until the next sync: docs/autoscaling.md);
+    else (and for a pool not yet running) minReplicas."""
     d = spec.disaggregation
     assert d is not None
     pool = d.pool(role)
