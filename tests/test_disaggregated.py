@@ -460,6 +460,10 @@ def longest_gap_while_a_long_prompt_arrives(port: int, long_prompt_port: int) ->
 TIMED = {"NEURON_STANDIN_TOKEN_SECONDS": "0.02"}  # a 500-token prefill: 0.02 x 500 / 10 = 1 s
 
 
+# Held to windows of a second or less (a token every 20 to 50 ms, a request that must arrive
+# while an answer streams): with the other runs of make test on two cores, a starved thread
+# misses them, so they run in the exclusive phase.
+@pytest.mark.exclusive
 def test_a_long_prefill_stalls_the_running_decodes_of_an_aggregated_server(cluster):
     """The plugin's NeuronScheduler runs a prefill alone, its decodes held back ("Decode requests
     are hidden during each prefill iteration"): in one server, a long prompt stops every running
@@ -473,6 +477,7 @@ def test_a_long_prefill_stalls_the_running_decodes_of_an_aggregated_server(clust
     assert longest_gap_while_a_long_prompt_arrives(port, port) >= 0.9
 
 
+@pytest.mark.exclusive
 def test_a_long_prefill_does_not_stall_the_decode_servers_answers(cluster):
     """Disaggregated, the same long prompt is prefilled on the prefill server: the decode server
     only reads its KV and runs its one token in a decode step, so no gap near the prefill's time."""
@@ -490,6 +495,7 @@ def executions(port: int) -> dict[str, int]:
     }
 
 
+@pytest.mark.exclusive
 def test_a_decode_servers_arrival_runs_one_decode_step_alone(cluster):
     """vLLM recomputes the last prompt token of a request whose KV it read, which the plugin's
     scheduler classifies as a prefill, run alone; the DI design page has a decode server run only
@@ -543,6 +549,7 @@ def gauges(port: int) -> tuple[float, float]:
     return metric(text, "vllm:num_requests_running"), metric(text, "vllm:num_requests_waiting")
 
 
+@pytest.mark.exclusive
 def test_prompts_queued_behind_the_prefill_in_progress_are_waiting_not_running(cluster):
     """vLLM's gauges are its scheduler's queues (make_stats: len(self.running), len(self.waiting)),
     and the plugin's NeuronScheduler admits one prefill an iteration, draining the others back to
