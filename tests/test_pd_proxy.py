@@ -349,7 +349,9 @@ def test_a_request_in_flight_is_answered_after_the_proxys_sigterm():
             assert time.monotonic() < deadline
             try:
                 socket.create_connection(("127.0.0.1", proxy), timeout=SAFETY).close()
-            except ConnectionRefusedError:
+            except (ConnectionRefusedError, ConnectionResetError):
+                # Refused once the listening socket is closed; reset when the probe's handshake
+                # was still in its queue as it closed (seen once in make test).
                 break
             time.sleep(0.02)
         hold.set()
