@@ -17,7 +17,8 @@ from inferentia_operator.core.observed import Observed
 from inferentia_operator.core.pod.artefact import compiled_uri
 from inferentia_operator.core.pod.fetch import fetch_container
 from inferentia_operator.core.settings import Settings
-from test_decide import NOW, PROVER, built, conds, live, model_body
+from specs import pd_spec
+from test_decide import NOW, PROVER, UID, built, conds, live, model_body
 from test_decide import Observed as Seen
 from test_decide import complete as done
 from test_part_device_faults import FAULT, node
@@ -287,3 +288,40 @@ def test_only_the_fill_jobs_the_part_wrote_or_deleted_are_said_in_filled_ahead()
     other = WriteFailure("Job", f"{m.name}-fill-0123456789ab", 403, "forbidden")
     after = {c.type: c for c in report(observed, NOW, d.basis, [other]).status.conditions}
     assert after["FilledAhead"].reason == "Filling"
+
+
+def pools_part(nodes, **overrides):
+    """A compiled trn2 model with prefill and decode pools of one chip a replica (one compile
+    serves both: prefill two replicas, decode one), served through the node cache."""
+    pools = {"disaggregation.decode": {}, "compile.outputUri": "s3://models/compiled/m/"}
+    spec = pd_spec(**{**COMPILED, **pools, **overrides})
+    body = {"metadata": {"name": "m", "namespace": "ns", "uid": UID, "generation": 1}, "spec": spec, "status": {}}
+    m = replace(built(body), node_cache_url=CACHE, node_cache_namespace="inferentia-system")
+    return fill_ahead_part(m, Observed.of(body, nodes=nodes), True)
+
+
+# A trn2 fleet: one-chip trn2.3xlarge nodes, which have no EFA device the pools could take
+# (their pods request one, spec.disaggregation.efa auto), and trn2.48xlarge nodes.
+TRN2 = {**{f"small{i}": node("trn2.3xlarge") for i in range(4)}, **{f"big{i}": node("trn2.48xlarge") for i in range(4)}}
+
+
+def test_pools_fill_the_nodes_their_pods_can_take_one_for_each_pool_replica():
+    """The pools' servers fetch the artefact, not the proxy: spec.replicas (the proxy's) does
+    not count, the pools' replicas do, and a node whose type no pool pod can land on (no EFA
+    device on trn2.3xlarge) is never filled."""
+    filled = {pinned_to(j) for j in pools_part(TRN2, replicas=1).children}
+    assert len(filled) == 3  # two prefill replicas and one decode replica
+    assert all(name.startswith("big") for name in filled), filled
+
+
+def test_an_autoscaled_pool_fills_for_its_most_replicas():
+    scaled = {"disaggregation.decode.autoscaling": {"minReplicas": 1, "maxReplicas": 2, "targetRunning": 4}}
+    filled = {pinned_to(j) for j in pools_part(TRN2, replicas=1, **scaled).children}
+    assert len(filled) == 4 and all(name.startswith("big") for name in filled), filled
+
+
+def test_no_node_for_the_pools_says_their_instance_types():
+    p = pools_part({f"small{i}": node("trn2.3xlarge") for i in range(3)})
+    assert p.children == ()
+    assert p.condition.reason == "NoNode" and "trn2.48xlarge" in p.condition.message
+    assert "trn2.3xlarge" not in p.condition.message

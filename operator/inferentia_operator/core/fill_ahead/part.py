@@ -9,7 +9,10 @@ while the traffic that asked for it waits.
 
 So, for a model compiled ahead and served through the node cache, the operator keeps one fill
 Job on each of the nodes its replicas will go to (as many as its most replicas:
-``autoscaling.maxReplicas``, else ``replicas``; at most MAX_FILL_NODES). Each Job's one container
+``autoscaling.maxReplicas``, else ``replicas``; at most MAX_FILL_NODES). With prefill and
+decode pools the replicas that fetch are the pools' (the proxy fetches nothing), each pool
+placed by its own plan (an EFA pool's instance types are those with EFA devices for it): each
+pool's most replicas of the nodes its pods may take. Each Job's one container
 is the serving pod's own fetch with ``--fill`` (fetch.fill): the same image, ServiceAccount,
 store credentials and token for the node cache, on that node alone (required node affinity on
 its name, with the model's own placement); it asks for no Neuron device. The cache records the
@@ -56,6 +59,7 @@ from inferentia_operator.core.pod.meta import child_metadata, labels, service_ac
 from inferentia_operator.core.pod.model import Model, stable_hash
 from inferentia_operator.core.pod.nodes import selects
 from inferentia_operator.core.pod.part import Part, ref
+from inferentia_operator.core.pod.pools import ROLES
 from inferentia_operator.core.pod.volumes import gib_quantity
 from inferentia_operator.core.projection import project_pod_spec
 
@@ -92,25 +96,46 @@ def most_replicas(model: Model) -> int:
     return scaling.max_replicas if scaling is not None else model.spec.replicas
 
 
+def fetchers(model: Model) -> tuple[tuple[Model, int], ...]:
+    """What fetches the artefact, and its most replicas: the model's serving replicas, or each
+    pool (Model.pools: the pool's spec and plan) with its own autoscaling's bound."""
+    d = model.spec.disaggregation
+    if d is None:
+        return ((model, most_replicas(model)),)
+    bounds = ((p.autoscaling.max_replicas if p.autoscaling is not None else p.replicas) for p in map(d.pool, ROLES))
+    return tuple(zip(model.pools, bounds, strict=True))
+
+
 def _rank(model: Model, node: str) -> str:
     return hashlib.sha256(f"{model.uid}\0{node}".encode()).hexdigest()
 
 
 def fill_nodes(model: Model, nodes: Mapping[str, Iterable[Mapping[str, Any]]]) -> list[str]:
     """The nodes the model's replicas will go to (module docstring), best first."""
+    # A node each replica, the pools' too: their pods spread over nodes as one model's
+    # (serving_affinity's anti-affinity selects the model's serving pods, both pools'). So each
+    # pool takes its best nodes that another pool's replicas did not take first.
+    wanted: list[str] = []
+    for fetcher, most in fetchers(model):
+        ranked = sorted(set(_open_nodes(fetcher, nodes)) - set(wanted), key=lambda name: _rank(model, name))
+        wanted.extend(ranked[:most])
+    return sorted(wanted, key=lambda name: _rank(model, name))[:MAX_FILL_NODES]
+
+
+def _open_nodes(fetcher: Model, nodes: Mapping[str, Iterable[Mapping[str, Any]]]) -> list[str]:
+    """The nodes a replica of ``fetcher`` (the model, or one of its pools) could be placed on."""
     # The serving pods' placement fields alone, as serving_deployment puts them in its template:
     # not the whole Deployment, at every reconcile.
-    template = pod_placement(model.spec.placement, tolerations=(NEURON_TOLERATION,), affinity=serving_affinity(model))
+    template = pod_placement(fetcher.spec.placement, tolerations=(NEURON_TOLERATION,), affinity=serving_affinity(fetcher))
     placement = project_pod_spec(template)
-    types = set(model.plan.instance_types)
-    open_nodes = [
+    types = set(fetcher.plan.instance_types)
+    return [
         name
         for name, projections in nodes.items()
         for node in list(projections)[:1]
         if node.get("ready") and not node.get("fault") and not node.get("cut") and node.get("instanceType") in types
         if selects(placement, name, node)
     ]
-    return sorted(open_nodes, key=lambda name: _rank(model, name))[: min(most_replicas(model), MAX_FILL_NODES)]
 
 
 def fill_job_name(model: Model, node: str) -> str:
@@ -136,7 +161,7 @@ def fill_job(model: Model, node: str) -> dict[str, Any]:
     ]
     assert names == {v["name"] for v in volumes}, "every mount of the fill has its volume"
     on_node = {
-        "matchExpressions": [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": model.plan.instance_types}],
+        "matchExpressions": [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": model.serving_instance_types}],
         "matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}],
     }
     placed = pod_placement(
@@ -175,7 +200,7 @@ def fill_job(model: Model, node: str) -> dict[str, Any]:
 def fill_ahead_part(model: Model, observed: Observed, compiled: bool) -> FillAheadPart:
     """The fill Jobs of the nodes wanted, the others' deleted, and what status says of them."""
     live = {Obj(j).name: j for j in observed.all("Job") if Obj(j).labels.get(COMPONENT_LABEL) == FILL_COMPONENT}
-    filling = fills_ahead(model) and compiled and most_replicas(model) > 0
+    filling = fills_ahead(model) and compiled and any(most > 0 for _, most in fetchers(model))
     wanted = fill_nodes(model, observed.nodes) if filling else []
     jobs = {fill_job_name(model, node): node for node in wanted}
     stale = tuple(("Job", name) for name in live if name and name not in jobs)
@@ -216,7 +241,7 @@ def _condition(
     model: Model, jobs: Mapping[str, str], live: Mapping[str | None, Mapping[str, Any]], pods: Sequence[Mapping[str, Any]]
 ) -> api.Condition:
     if not jobs:
-        types = ", ".join(model.plan.instance_types)
+        types = ", ".join(model.serving_instance_types)
         return cond(
             FILLED_AHEAD, "False", "NoNode",
             f"no node of {types} is Ready, free of Neuron faults and open to the model's pods (or the operator "

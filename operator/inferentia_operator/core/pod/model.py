@@ -87,6 +87,13 @@ class Model:
         efa = self.spec.disaggregation.efa  # each pool planned for its chips and its EFA devices
         return tuple(replace(self, spec=spec, plan=plan(spec, checked=[], pool_efa=efa)) for spec in map(self.spec.pool_spec, ROLES))
 
+    # The instance types the model's serving pods may land on: its plan's, or with pools each
+    # pool's (an EFA pool's are those with EFA devices for it), in the plans' order. What
+    # fill-ahead fills and device faults name; not the proxy's, which takes no Neuron device.
+    @functools.cached_property
+    def serving_instance_types(self) -> list[str]:
+        return list(dict.fromkeys(t for m in self.pools or (self,) for t in m.plan.instance_types))
+
 
 def stable_hash(value: Any, length: int = 10) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:length]
