@@ -13,7 +13,9 @@ from inferentia_operator.core.pod.nodes import selects, takes_pods, tolerates
 from inferentia_operator.core.projection import project_pod_spec
 from inferentia_operator.core.scale_to_zero.holder import replicas_service
 from inferentia_operator.core.serving.deployment import serving_deployment
+from inferentia_operator.core.serving.pools import pool_deployment
 from inferentia_operator.core.serving.service import service
+from specs import pd_spec
 from test_decide import built, model_body
 
 NEURON_TAINT = {"key": "aws.amazon.com/neuron", "value": "true", "effect": "NoSchedule"}
@@ -258,3 +260,19 @@ def test_a_pool_label_does_not_make_another_deployments_pod_the_models():
     stray["metadata"]["ownerReferences"][0]["name"] = "other-7c9d6f"
     part = decided({"a": node(fault=FAULT), "b": node()}, stray, pool_pod("q", "b", "decode"))
     assert ("p", "uid-p", "off") not in part.traffic
+
+
+def test_a_pool_server_with_nowhere_to_go_names_the_instance_types_its_pool_may_take():
+    """A trn2 pool requests EFA devices (spec.disaggregation.efa auto), which trn2.3xlarge has
+    none of: its servers go to trn2.48xlarge or trn2u.48xlarge alone. A Ready trn2.3xlarge node is
+    no place for them, and status does not say no node of trn2.3xlarge is Ready."""
+    body = {**model_body(), "spec": pd_spec(**{"disaggregation.decode": {}})}
+    m = built(body)
+    template = pool_deployment(m, "decode")["spec"]["template"]
+    server = pool_pod("p", "a", "decode")
+    server["spec"] = project_pod_spec({**template["spec"], "nodeName": "a"})
+    nodes = {"a": node("trn2.48xlarge", fault=FAULT, unschedulable=True), "s": node("trn2.3xlarge")}
+    part = device_fault_part(m, Observed(body, pods=[server], nodes=nodes))
+    assert part.evict == ()
+    assert "left: no other node can take it" in part.condition.message
+    assert "No other node of trn2.48xlarge, trn2u.48xlarge is Ready" in part.condition.message

@@ -146,7 +146,7 @@ def device_fault_part(model: Model, observed: Observed) -> DeviceFaultPart:
     # Each pod decided costs a look at every node: a bounded number a reconcile (pods that
     # claim to be the model's are a user's to make), the rest at the next.
     decided, undecided = hit[:MAX_DECIDED], len(hit) - MAX_DECIDED
-    types = model.plan.instance_types
+    types = model.serving_instance_types
     evict: list[tuple[str, str]] = []
     said: list[str] = []
     open_nodes: set[str] = set()
