@@ -355,39 +355,39 @@ def pool_desired_replicas(spec: api.InferentiaModelSpec, role: PoolRole, scaled:
 
 
 @dataclass(frozen=True)
-class PoolScaling:
-    """One autoscaled pool as status reports it: its ScaledObject's name (the pool's Deployment's),
-    its range, signals and replicas, and what writing its ScaledObject found."""
+class PoolFacts:
+    """One pool with its own autoscaling, as the autoscaling part concluded (scaling/part.py):
+    its ScaledObject's name (the pool Deployment's), its range, its signals (none without
+    Prometheus) and the replicas its Deployment runs."""
 
     role: PoolRole
     name: str
     autoscaling: api.PoolAutoscaling
     signals: tuple[PoolSignal, ...]
     replicas: int
-    engine: Engine
 
 
-def pools_condition(pools: tuple[PoolScaling, ...]) -> api.Condition | None:
-    """The Autoscaling condition of a model whose pools scale, one ScaledObject a pool: True once
-    KEDA scales every such pool; otherwise what the first pool that is not scaled met. Meanwhile
-    each pool runs its minReplicas."""
+def pools_condition(pools: tuple[tuple[PoolFacts, Engine], ...]) -> api.Condition | None:
+    """The Autoscaling condition of a model whose pools scale, one ScaledObject a pool, from each
+    pool's facts and what writing its ScaledObject found: True once KEDA scales every such pool;
+    otherwise what the first pool that is not scaled met. Meanwhile each pool runs its minReplicas."""
     if not pools:
         return None
-    floor = "; ".join(f"the {p.role} pool runs minReplicas ({p.autoscaling.min_replicas})" for p in pools)
-    if not pools[0].engine.configured:
+    floor = "; ".join(f"the {p.role} pool runs minReplicas ({p.autoscaling.min_replicas})" for p, _ in pools)
+    if not pools[0][1].configured:
         return api.Condition(
             type="Autoscaling", status="False", reason="PrometheusNotConfigured",
             message=f"the operator has no Prometheus address (run --prometheus-address, chart value "
             f"autoscaling.prometheus.address) to read the pools' vLLM metrics from; {floor}",
         )  # fmt: skip
-    for p in pools:
-        said = _not_scaled(p.engine, p.name, f"the {p.role} pool", floor)
+    for p, engine in pools:
+        said = _not_scaled(engine, p.name, f"the {p.role} pool", floor)
         if said is not None:
             return said
     scaling = "; ".join(
         f"the {p.role} pool between {p.autoscaling.min_replicas} and {p.autoscaling.max_replicas} replicas on "
         f"{' and '.join(s.what for s in p.signals)} per replica, {p.replicas} desired now"
-        for p in pools
+        for p, _ in pools
     )
     return api.Condition(type="Autoscaling", status="True", reason="ScaledObjectReady", message=f"KEDA scales {scaling}")
 

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
 from . import api
-from .autoscaling import NOT_SERVED, SCALED_OBJECT_KIND, Engine, PoolScaling, pools_condition, target_in_flight
+from .autoscaling import NOT_SERVED, SCALED_OBJECT_KIND, Engine, pools_condition, target_in_flight
 from .autoscaling import condition as autoscaling_condition
 from .compile.facts import CompileFacts
 from .conditions import cond
@@ -361,7 +361,7 @@ def _pools_autoscaling(
             refused = (404, NOT_SERVED)
         live = observed.live(SCALED_OBJECT_KIND, pool.name)
         engine = Engine(scaling.configured, live if not mine else None, refused, str(mine[0]) if mine else None)
-        each.append(PoolScaling(pool.role, pool.name, pool.autoscaling, pool.signals, pool.replicas, engine))
+        each.append((pool, engine))
         # The ScaledObject as it stands after the writes: named once it exists.
         statuses[pool.role] = api.PoolAutoscalingStatus(
             min_replicas=pool.autoscaling.min_replicas, max_replicas=pool.autoscaling.max_replicas,

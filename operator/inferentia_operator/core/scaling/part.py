@@ -11,8 +11,7 @@ from typing import Any
 from inferentia_operator.core import api
 from inferentia_operator.core.autoscaling import (
     SCALED_OBJECT_KIND,
-    PoolRole,
-    PoolSignal,
+    PoolFacts,
     desired_replicas,
     in_flight_query,
     pool_autoscaling,
@@ -27,18 +26,6 @@ from inferentia_operator.core.pod.part import ChildRef, Part, ref
 from inferentia_operator.core.pod.pools import ROLES, pool_name
 from inferentia_operator.core.scaling.keda import pool_scaled_object, scaled_object
 from inferentia_operator.core.settings import Settings
-
-
-@dataclass(frozen=True)
-class PoolFacts:
-    """One pool with its own autoscaling: its ScaledObject's name (the pool Deployment's), its
-    range, its signals (none without Prometheus) and the replicas its Deployment runs."""
-
-    role: PoolRole
-    name: str
-    autoscaling: api.PoolAutoscaling
-    signals: tuple[PoolSignal, ...]
-    replicas: int
 
 
 @dataclass(frozen=True)
