@@ -167,10 +167,11 @@ class Dispatcher:
     CANDIDATES = (0.0, 0.125, 0.1875, 0.25, 0.375, 0.5, 0.75, 1.0, 1.5, 2.0)
     # How much history one replay sees, and how often the window is tuned: often enough to
     # follow a change of load within a second or two at hundreds of requests a second, and
-    # seldom enough that the replays cost little: a replay of 1,024 arrivals takes 0.3 to 0.5
-    # ms on this project's test machine, ten of them 4 to 5 ms (more when it is loaded), about
-    # 20 microseconds per request. A tune runs one replay an arrival (_tune_steps): run at
-    # once, the ten held the front end's event loop, and every request in flight waited them out.
+    # seldom enough that the replays cost little: on this project's 2-core test machine ten
+    # replays of 1,024 arrivals take about 5 ms when it is quiet (4.6 to 10 ms) and 7 to 22 ms
+    # while make test runs, about 20 microseconds per request. A tune runs one replay an
+    # arrival (_tune_steps): run at once, the ten held the front end's event loop, and every
+    # request in flight waited them out.
     HISTORY = 1024
     RETUNE_EVERY = 256
     # How often a stale process is probed: a model that answers again is served again within
