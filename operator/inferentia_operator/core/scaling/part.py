@@ -83,9 +83,9 @@ def _pools_part(model: Model, observed: Observed, settings: Settings) -> Scaling
     """Each pool with its own autoscaling gets a ScaledObject on its Deployment, where the
     operator knows Prometheus; while the ScaledObject exists or is being written, the pool's
     Deployment keeps the replicas it runs as last observed (the HPA's, within the range; see
-    pool_desired_replicas for the one race). A pool's ScaledObject goes with its autoscaling or with Prometheus (with the pools: scaling_part). The
-    model's own ScaledObject (spec.autoscaling is refused with pools) goes too. spec.replicas is
-    the proxy's."""
+    pool_desired_replicas for the one race). A pool's ScaledObject goes with its autoscaling or
+    with Prometheus (with the pools: scaling_part). The model's own ScaledObject
+    (spec.autoscaling is refused with pools) goes too. spec.replicas is the proxy's."""
     spec = model.spec
     configured = bool(settings.prometheus.address)
     own = observed.own(SCALED_OBJECT_KIND)
