@@ -18,7 +18,7 @@ from inferentia_operator.core.pod.artefact import compiled_uri
 from inferentia_operator.core.pod.fetch import fetch_container
 from inferentia_operator.core.settings import Settings
 from specs import pd_spec
-from test_decide import NOW, PROVER, UID, built, conds, live, model_body
+from test_decide import NOW, PROVER, built, conds, live, model_body
 from test_decide import Observed as Seen
 from test_decide import complete as done
 from test_part_device_faults import FAULT, node
@@ -295,7 +295,7 @@ def pools_part(nodes, **overrides):
     serves both: prefill two replicas, decode one), served through the node cache."""
     pools = {"disaggregation.decode": {}, "compile.outputUri": "s3://models/compiled/m/"}
     spec = pd_spec(**{**COMPILED, **pools, **overrides})
-    body = {"metadata": {"name": "m", "namespace": "ns", "uid": UID, "generation": 1}, "spec": spec, "status": {}}
+    body = {**model_body(), "spec": spec}
     m = replace(built(body), node_cache_url=CACHE, node_cache_namespace="inferentia-system")
     return fill_ahead_part(m, Observed.of(body, nodes=nodes), True)
 
