@@ -13,7 +13,8 @@ sample's shape, the pod's IP is 127.0.0.1, each replica's chip is its own four l
 
 The timing model is the stand-in's (vllm_disagg, docs/development.md, "vLLM's disaggregated
 prefill and decode"): a prefill of p prompt tokens takes TOKEN_SECONDS x p / 10, a decode step
-with s running sequences TOKEN_SECONDS x (1 + (s - 1) / 8); each DP rank runs one iteration at a
+with s running sequences TOKEN_SECONDS x (1 + (s - 1) / 8), on one chip (TP 4), and a server
+tensor parallel over t cores takes 4/t of these (scaled_token_seconds); each DP rank runs one iteration at a
 time, a prefill (one request's, first come first served, ahead of the next decode step) or a
 decode step of every running sequence, never both, as the plugin's NeuronScheduler does; a
 request arriving at a decode server, its KV read, runs one decode step's iteration alone. So in
@@ -229,21 +230,41 @@ def verdicts(aggregated: Figures, disaggregated: Figures) -> list[str]:
 # -- the arms, as the operator renders them ------------------------------------------------------
 
 
-def sample(split: tuple[int, int] | None = None) -> tuple[str, dict]:
-    """The sample's name and spec; ``split``: its prefill and decode replicas instead of its own."""
+Split = tuple[tuple[int, int | None], tuple[int, int | None]]  # (replicas, inf or None) of prefill, then decode
+
+
+def sample(split: Split | None = None) -> tuple[str, dict]:
+    """The sample's name and spec; ``split``: each pool's replicas, and its chips (inf) where
+    given, instead of the sample's own."""
     doc = yaml.safe_load(SAMPLE.read_text())
     if split is not None:
-        for role, replicas in zip(("prefill", "decode"), split, strict=True):
-            doc["spec"]["disaggregation"].setdefault(role, {})["replicas"] = replicas
+        for role, (replicas, inf) in zip(("prefill", "decode"), split, strict=True):
+            pool = doc["spec"]["disaggregation"].setdefault(role, {})
+            pool["replicas"] = replicas
+            if inf is not None:
+                pool["inf"] = inf
+                # The one artefact compile.image makes has spec.compute's shape, which a pool of
+                # other chips cannot use: the operator refuses the pair, and such a pool compiles at
+                # start (docs/api.md, "Prefill and decode pools"), as every stand-in server here does.
+                doc["spec"]["compile"].pop("image", None)
     return doc["metadata"]["name"], doc["spec"]
 
 
-def pools_split(text: str) -> tuple[int, int]:
-    """--pools P:D, each 1 to 8."""
-    prefill, _, decode = text.partition(":")
-    if not (prefill.isdigit() and decode.isdigit() and 1 <= int(prefill) <= 8 and 1 <= int(decode) <= 8):
-        raise argparse.ArgumentTypeError(f"{text!r}: valid values are P:D, prefill and decode replicas of 1 to 8 each, e.g. 2:1")
-    return int(prefill), int(decode)
+def pools_split(text: str) -> Split:
+    """--pools P:D, each pool's replicas (1 to 8), each optionally xI, its replica's chips (1, 2
+    or 4: a trn2 tensor-parallel group of 4, 8 or 16 logical cores), e.g. 1x2:1."""
+    pools = []
+    for part in text.split(":") if text.count(":") == 1 else ():
+        replicas, x, inf = part.partition("x")
+        if not (replicas.isdigit() and 1 <= int(replicas) <= 8 and (not x or inf in ("1", "2", "4"))):
+            break
+        pools.append((int(replicas), int(inf) if x else None))
+    if len(pools) != 2:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: valid values are P:D, prefill and decode replicas of 1 to 8 each, either one optionally xI, "
+            "its replica's chips (1, 2 or 4), e.g. 2:1 or 1x2:1"
+        )
+    return pools[0], pools[1]
 
 
 def model_of(name: str, spec: dict) -> Model:
@@ -332,12 +353,36 @@ def server_argv(deployment: dict, model: Path, port: int) -> list[str]:
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--port", str(port), *flags]
 
 
-def server_env(deployment: dict, work: Path, image: str, chip: int, token_seconds: float) -> dict[str, str]:
+def tensor_parallel(deployment: dict) -> int:
+    """The server's rendered --tensor-parallel-size."""
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    return int(args[args.index("--tensor-parallel-size") + 1])
+
+
+def scaled_token_seconds(token_seconds: float, deployment: dict) -> float:
+    """The server's times: the reference chip's (``token_seconds``, tensor parallel over its 4
+    cores) over the server's share of them. Tensor parallelism gives each rank 1/TP of every weight
+    matrix and of its work ("each rank holds 1/TP_SIZE of each weight matrix", the plugin's
+    tensor-parallelism design page,
+    https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/parallelism/tensor_parallelism.html),
+    so a prefill's compute and a decode step's reads of weights and KV divide among the ranks,
+    which is how the Neuron Hardware Entitlement skill floors each operator's time on the tensor
+    engine and on HBM for a parallelism config
+    (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/tools/neuron-agentic-development/developer_guides/neuron-hardware-entitlement.html).
+    The collectives TP adds ("relatively high communication volume and ... a synchronization
+    point in forward pass", NxD Inference's parallelism page) are not counted, so this is the
+    most a wider group can gain."""
+    return token_seconds * CORES_PER_CHIP / tensor_parallel(deployment)
+
+
+def server_env(deployment: dict, work: Path, image: str, chip: int, chips: int, token_seconds: float) -> dict[str, str]:
+    """The server's environment on ``chips`` chips from ``chip``; ``token_seconds`` the reference
+    chip's (scaled_token_seconds)."""
     planned = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"] if "value" in e}
     site = work / "site"
     if not site.exists():
         images.write_distributions(site, neuron_images.CATALOGUE[image].distributions)
-    first = chip * CORES_PER_CHIP
+    first, last = chip * CORES_PER_CHIP, (chip + chips) * CORES_PER_CHIP - 1
     home = work / f"chip{chip}"
     home.mkdir(exist_ok=True)
     return {
@@ -345,9 +390,9 @@ def server_env(deployment: dict, work: Path, image: str, chip: int, token_second
         "PATH": "/usr/bin:/bin", "PYTHONPATH": f"{site}:{STANDINS}", "HOME": str(home), "TMPDIR": str(home),
         "VLLM_CACHE_ROOT": str(home / "cache"), "NEURON_STANDIN_DEV_DIR": str(work / "dev"),
         "NEURON_STANDIN_PLATFORM": "trn2", "NEURON_STANDIN_CORES_PER_DEVICE": str(CORES_PER_CHIP),
-        "NEURON_STANDIN_LOCK_DIR": str(work / "locks"), "NEURON_RT_VISIBLE_CORES": f"{first}-{first + CORES_PER_CHIP - 1}",
+        "NEURON_STANDIN_LOCK_DIR": str(work / "locks"), "NEURON_RT_VISIBLE_CORES": f"{first}-{last}",
         "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
-        "NEURON_STANDIN_TOKEN_SECONDS": str(token_seconds), "NEURON_STANDIN_SCHEDULER": "neuron",
+        "NEURON_STANDIN_TOKEN_SECONDS": str(scaled_token_seconds(token_seconds, deployment)), "NEURON_STANDIN_SCHEDULER": "neuron",
     }  # fmt: skip
 
 
@@ -367,7 +412,7 @@ def run_aggregated(work: Path, spec: dict, chips: int, load: list[Request], toke
     try:
         for replica in range(replicas):
             port = free_port()
-            env = server_env(deployment, work, spec["serving"]["image"], replica * per, token_seconds)
+            env = server_env(deployment, work, spec["serving"]["image"], replica * per, per, token_seconds)
             procs.start(server_argv(deployment, weights, port), env, port, "/health", work / f"aggregated-{replica}.log")
             ports.append(port)
         outcomes, seconds = send(load, ports)
@@ -389,7 +434,7 @@ def run_disaggregated(work: Path, name: str, spec: dict, chips: int, load: list[
             deployment = rendered_[f"{name}-{pool}"]
             for replica in range(deployment["spec"]["replicas"]):
                 port = free_port()
-                env = server_env(deployment, work, spec["serving"]["image"], chip, token_seconds)
+                env = server_env(deployment, work, spec["serving"]["image"], chip, per, token_seconds)
                 procs.start(server_argv(deployment, weights, port), env, port, "/health", work / f"{pool}-{replica}.log")
                 ports[pool].append(port)
                 chip += per
@@ -401,7 +446,8 @@ def run_disaggregated(work: Path, name: str, spec: dict, chips: int, load: list[
         moved = [kv_moved(port) for port in ports["decode"]]
     finally:
         procs.stop()
-    pool_replicas = f"{len(ports['prefill'])} prefill + {len(ports['decode'])} decode"
+    tp = {pool: tensor_parallel(rendered_[f"{name}-{pool}"]) for pool in ports}
+    pool_replicas = f"{len(ports['prefill'])} prefill (TP {tp['prefill']}) + {len(ports['decode'])} decode (TP {tp['decode']})"
     found = figures(f"disaggregated, {pool_replicas}", chips, outcomes, seconds)
     transfers = sum(m[0] for m in moved)
     if transfers:
@@ -461,14 +507,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=60.0, help="seconds of arrivals")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--token-seconds", type=float, default=TOKEN_SECONDS, help="one decode step of one sequence")
-    p.add_argument("--pools", type=pools_split, default=None, metavar="P:D", help="prefill and decode replicas (default: the sample's)")
+    p.add_argument(
+        "--pools", default=None, metavar="P:D", help="prefill and decode replicas, each optionally xI chips (default: the sample's)"
+    )
     args = p.parse_args(argv)
     if not (0 < args.rate <= 20 and 0 < args.seconds <= 600 and 0 < args.token_seconds <= 1):
         p.error("--rate in (0, 20], --seconds in (0, 600], --token-seconds in (0, 1]")
-    name, spec = sample(args.pools)
+    try:
+        split = pools_split(args.pools) if args.pools is not None else None
+    except argparse.ArgumentTypeError as exc:
+        p.error(f"--pools {exc}")
+    name, spec = sample(split)
     chips = pool_chips(model_of(name, spec), spec)
     load = workload(args.seed, args.rate, args.seconds)
-    shown = {k: (f"{v[0]}:{v[1]}" if k == "pools" else v) for k, v in vars(args).items() if v is not None}
+    shown = {k: v for k, v in vars(args).items() if v is not None}
     command = "python cluster/benchmark_disaggregated.py " + " ".join(
         f"--{k.replace('_', '-')} {v:g}" if isinstance(v, float) else f"--{k.replace('_', '-')} {v}" for k, v in shown.items()
     )
@@ -476,8 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{now:%Y-%m-%d %H:%M} UTC, {command}, commit {commit()}", flush=True)
     print(f"{SAMPLE.relative_to(ROOT)}: {chips} chips; {len(load)} requests, half {LONG_PROMPT[0]}-token prompts with "
           f"{LONG_PROMPT[1]}-token answers, half {LONG_ANSWER[0]}-token prompts with {LONG_ANSWER[1]}-token answers", flush=True)  # fmt: skip
-    print(f"timing: a prefill of p tokens {args.token_seconds:g} x p / 10 s; a decode step of s sequences "
-          f"{args.token_seconds:g} x (1 + (s - 1) / 8) s; one iteration at a time per engine", flush=True)  # fmt: skip
+    print(f"timing, on one chip (TP {CORES_PER_CHIP}): a prefill of p tokens {args.token_seconds:g} x p / 10 s; a decode step of s "
+          f"sequences {args.token_seconds:g} x (1 + (s - 1) / 8) s; a server of TP t takes {CORES_PER_CHIP}/t of these; one iteration "
+          "at a time per engine", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench-disagg-") as tmp:
         aggregated = run_aggregated(Path(tmp) / "aggregated", spec, chips, load, args.token_seconds)
         disaggregated = run_disaggregated(Path(tmp) / "disaggregated", name, spec, chips, load, args.token_seconds)

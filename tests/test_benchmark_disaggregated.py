@@ -43,12 +43,46 @@ def test_a_tiny_run_answers_on_both_arms_and_prints_the_table(capsys):
     assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d UTC, python cluster/benchmark_disaggregated\.py .*, commit \w+", out, re.M), out
 
 
+def test_a_tiny_run_with_a_two_chip_prefill_replica_answers_on_both_arms(capsys):
+    assert bench.main(["--rate", "4", "--seconds", "1", "--token-seconds", "0.002", "--seed", "3", "--pools", "1x2:1"]) == 0
+    out = capsys.readouterr().out
+    requests = len(bench.workload(3, 4, 1))
+    assert re.search(rf"^\| aggregated, 3 replicas \| 3 \| {requests} \| {requests} \| 0 \|", out, re.M), out
+    assert re.search(rf"^\| disaggregated, 1 prefill \(TP 8\) \+ 1 decode \(TP 4\) \| 3 \| {requests} \| {requests} \| 0 \|", out, re.M), (
+        out
+    )
+    assert "--pools 1x2:1" in out
+
+
 def test_another_split_of_the_pools_keeps_the_chips_equal_on_both_arms():
-    name, spec = bench.sample((2, 1))
+    name, spec = bench.sample(bench.pools_split("2:1"))
     chips = bench.pool_chips(bench.model_of(name, spec), spec)
     assert chips == 3 and spec["disaggregation"]["prefill"]["replicas"] == 2 and spec["disaggregation"]["decode"]["replicas"] == 1
     assert bench.aggregated_spec(spec, chips)["replicas"] == 3
-    assert bench.pools_split("2:1") == (2, 1)
-    for bad in ("2", "0:1", "2:x", "9:1"):
+    assert bench.pools_split("2:1") == ((2, None), (1, None))
+    for bad in ("2", "0:1", "2:x", "9:1", "1x0:1", "1x3:1", "1x:1"):
         with pytest.raises(argparse.ArgumentTypeError, match="valid values are P:D"):
             bench.pools_split(bad)
+
+
+def test_a_prefill_pool_of_two_chips_is_tensor_parallel_over_eight_cores_and_twice_as_fast():
+    """--pools 1x2:1: one prefill replica of two chips (TP 8, as AWS's tutorial runs its prefill
+    server) and one decode replica of the sample's one chip; each server's times are the reference
+    chip's over its share of the cores."""
+    assert bench.pools_split("1x2:1") == ((1, 2), (1, None))
+    name, spec = bench.sample(bench.pools_split("1x2:1"))
+    model = bench.model_of(name, spec)
+    assert bench.pool_chips(model, spec) == 3 and bench.aggregated_spec(spec, 3)["replicas"] == 3
+    rendered = bench.deployments(model)
+    prefill, decode = rendered[f"{name}-prefill"], rendered[f"{name}-decode"]
+    assert bench.tensor_parallel(prefill) == 8 and bench.tensor_parallel(decode) == 4
+    assert bench.scaled_token_seconds(0.02, prefill) == pytest.approx(0.01)
+    assert bench.scaled_token_seconds(0.02, decode) == pytest.approx(0.02)
+
+
+def test_a_server_sees_all_its_replicas_cores_and_its_scaled_times(tmp_path):
+    name, spec = bench.sample(bench.pools_split("1x2:1"))
+    prefill = bench.deployments(bench.model_of(name, spec))[f"{name}-prefill"]
+    env = bench.server_env(prefill, tmp_path, spec["serving"]["image"], 1, 2, 0.02)
+    assert env["NEURON_RT_VISIBLE_CORES"] == "4-11"
+    assert float(env["NEURON_STANDIN_TOKEN_SECONDS"]) == pytest.approx(0.01)
