@@ -113,8 +113,8 @@ def post(port: int, path: str, body: object, raw: bytes | None = None) -> tuple[
 
 
 def metric(text: str, name: str) -> float:
-    """The sum of a metric's samples (over its labels)."""
-    found = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    """The sum of a metric's samples (over its labels); ``name`` may end in the first of its labels, unclosed."""
+    found = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}}|[^}}]*}})? (\S+)$", text, re.M)
     assert found, f"{name} not in metrics"
     return sum(float(v) for v in found)
 
@@ -186,7 +186,9 @@ def test_a_completion_is_prefilled_then_decoded_and_the_kv_moved_is_the_models_s
         assert time.monotonic() < deadline
         time.sleep(0.02)
     assert metric(decode, "vllm:num_requests_waiting") == 0
-    assert 'vllm_neuron:neff_execution_count_total{bucket_name="prefill_s6"' in prefill
+    # The plugin's own: its one prefill graph (of --max-model-len 1024) ran once, the 6 tokens padded to 1024.
+    assert executions(p_port)["prefill_s1024"] == 1
+    assert metric(prefill, 'vllm_neuron:num_batched_tokens_padding_sum{bucket_name="prefill_s1024"') == 1024 - 6
 
 
 def test_the_proxy_streams_the_decodes_answer(cluster):
@@ -521,7 +523,12 @@ def test_a_decode_servers_arrival_runs_one_decode_step_alone(cluster):
     assert len(times) < 30  # the arrival ran while the answer was running
     answer.join(SAFETY)
     assert len(times) == 30
-    assert executions(d_port) == {"prefill_s1": 1, "decode_b1": 30}
+    # 31 iterations: the answer's prefill and 29 steps, and the arrival's step, each decode step of
+    # one sequence, its batch padded by 3 lines to the decode graph's --max-num-seqs 4.
+    assert executions(d_port) == {"prefill_s1024": 1, "decode_b4": 30}
+    padded = get(d_port, "/metrics")[1]
+    assert metric(padded, 'vllm_neuron:num_seqs_padding_count{bucket_name="decode_b4"') == 30
+    assert metric(padded, 'vllm_neuron:num_seqs_padding_sum{bucket_name="decode_b4"') == 30 * 3
 
 
 def test_prefills_on_one_engine_run_one_at_a_time(cluster):
@@ -622,3 +629,50 @@ def test_requests_reading_their_kv_are_waiting_on_every_dp_rank(cluster):
             call.join(SAFETY)
     assert sorted(status for status, _ in answers) == [500, 500], answers
     assert gauges(port) == (0, 0)
+
+
+PLUGIN_METRICS = {
+    "vllm_neuron:startup_time_seconds": "gauge", "vllm_neuron:model_load_time_seconds": "gauge",
+    "vllm_neuron:model_load_size_bytes": "gauge", "vllm_neuron:compilation_time_seconds": "gauge",
+    "vllm_neuron:neff_execution_count": "counter", "vllm_neuron:num_seqs_padding": "histogram",
+    "vllm_neuron:num_batched_tokens_padding": "histogram",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("connector", [True, False], ids=["prefill server", "aggregated server"])
+def test_a_plugin_server_reports_the_plugins_own_metrics(cluster, connector):
+    """The seven vllm_neuron: metrics of the plugin's metrics design page, each with its type and
+    model_name, on a prefill server (vllm_disagg) and on an aggregated one (neuron_standin.serve):
+    the start's, from the moment the server answers, and each graph's executions and padding."""
+    if connector:
+        port, _, _ = cluster.server("kv_producer", "0-1")
+    else:
+        port = free_port()
+        argv = [a for a in server_argv(cluster.model, port, "{}") if a not in ("--kv-transfer-config", "{}")]
+        cluster.start(argv, environment(cluster.tmp_path, PLUGIN, "2-3", free_port()), port)
+    started = get(port, "/metrics")[1]
+    assert metric(started, "vllm_neuron:startup_time_seconds") > 0
+    assert metric(started, "vllm_neuron:model_load_size_bytes") == 100_000_000 * 2  # the checkpoint's parameters, bfloat16
+    assert metric(started, "vllm_neuron:model_load_time_seconds") >= 0
+    compiled = dict(re.findall(r'^vllm_neuron:compilation_time_seconds{bucket_name="([^"]+)",[^}]*} (\S+)$', started, re.M))
+    assert set(compiled) == {"prefill_s1024", "decode_b4"}, started
+    status, text = post(port, "/v1/completions", {"model": "m", "prompt": "a b c", "max_tokens": 1})
+    assert status == 200, text
+    served = get(port, "/metrics")[1]
+    assert executions(port)["prefill_s1024"] == 1
+    assert metric(served, 'vllm_neuron:num_batched_tokens_padding_sum{bucket_name="prefill_s1024"') == 1024 - 3
+    for name, kind in PLUGIN_METRICS.items():
+        assert f"# TYPE {name} {kind}\n" in served, name
+        samples = re.findall(rf"^{re.escape(name)}(?:_total|_bucket|_count|_sum)?{{([^}}]*)}} ", served, re.M)
+        assert samples and all('model_name="' in labels for labels in samples), (name, samples)
+
+
+def test_vllm_on_nxd_inference_reports_none_of_the_plugins_metrics(cluster):
+    """The vllm_neuron: metrics are the plugin's (trn2, trn3); vLLM on NxD Inference has none."""
+    port = free_port()
+    argv = [a for a in server_argv(cluster.model, port, "{}") if a not in ("--kv-transfer-config", "{}", "--data-parallel-size", "1",
+                                                                              "--no-disable-hybrid-kv-cache-manager")]  # fmt: skip
+    env = environment(cluster.tmp_path, NXDI, "0-1", free_port(), NEURON_STANDIN_PLATFORM="inf2")
+    cluster.start(argv, env, port)
+    text = get(port, "/metrics")[1]
+    assert "vllm:num_requests_running" in text and "vllm_neuron:" not in text

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import vllm_disagg
+import vllm_neuron_metrics
 from neuron_collectives import CollectiveError, RootCommunicator, fatal, multi_node_config
 
 # Sequences is neuron_standin's too, as it was before standin_serving held it (tests/test_programs.py uses it).
@@ -229,35 +230,56 @@ def plugin_graphs(engine: dict, target: str) -> dict[str, dict]:
         # With speculation the warm-up compiles the draft's graphs and the target's verification graphs,
         # which process 1 + num_speculative_tokens tokens a sequence (the speculative decoding design page).
         common["speculativeConfig"] = engine["speculative_config"]
+    tokens, sequences = graph_sizes(engine)
     graphs = {
-        "prefill": {**common, "phase": "prefill", "tokens": engine.get("max_model_len") or 2048},
-        "decode": {**common, "phase": "decode", "sequences": engine.get("max_num_seqs") or 256},
+        "prefill": {**common, "phase": "prefill", "tokens": tokens},
+        "decode": {**common, "phase": "decode", "sequences": sequences},
     }
     return {hashlib.md5(json.dumps(g, sort_keys=True).encode()).hexdigest(): g for g in graphs.values()}
 
 
-def plugin_warm_up(engine: dict, target: str, may_compile: bool) -> tuple[list[str], bool]:
-    """The plugin's warm-up: each graph from the cache, or compiled into it. Returns the keys and
+def graph_sizes(engine: dict) -> tuple[int, int]:
+    """The stand-in's prefill graph's tokens (the model's length) and decode graph's sequences
+    (--max-num-seqs), vLLM's defaults where unset."""
+    return engine.get("max_model_len") or 2048, engine.get("max_num_seqs") or 256
+
+
+def plugin_warm_up(
+    engine: dict, target: str, may_compile: bool, timed: vllm_neuron_metrics.PluginMetrics | None = None
+) -> tuple[list[str], bool]:
+    """The plugin's warm-up: each graph from the cache, or compiled into it, its time in ``timed``
+    (vllm_neuron:compilation_time_seconds, "Includes compile cache hits"). Returns the keys and
     whether any graph was compiled; raises RuntimeError on a miss that may not compile."""
     if target not in PLUGIN_TARGETS:
         raise RuntimeError(f"the vLLM Neuron plugin supports Trn2 and Trn3, not {target}")
     cache, graphs = plugin_cache(), plugin_graphs(engine, target)
     compiled = False
     for key, graph in graphs.items():
-        entry = cache / key
-        if (entry / GRAPH).is_file():
-            continue
-        if not may_compile:
-            # The plugin's own words (a miss "raises RuntimeError", the Compilation Cache page),
-            # then which graph, where, and for which compiler versions.
-            raise RuntimeError(
-                f"VLLM_NEURON_DISABLE_WARMUP_COMPILE: local compile cache miss for key {key}. All graphs must be pre-compiled "
-                f"when warmup compilation is disabled. (the {graph['phase']} graph, in {cache}, for {graph['versions']})"
-            )
-        entry.mkdir(parents=True, exist_ok=True)
-        (entry / GRAPH).write_text(json.dumps({**graph, "compiler": "neuronx-cc"}, indent=2))
-        compiled = True
+        began = time.monotonic()
+        compiled = _warm_up_graph(cache / key, key, graph, cache, may_compile) or compiled
+        if timed is not None:
+            bucket = (
+                vllm_neuron_metrics.prefill_bucket(graph["tokens"]) if graph["phase"] == "prefill"
+                else vllm_neuron_metrics.decode_bucket(graph["sequences"])
+            )  # fmt: skip
+            timed.compiled(bucket, time.monotonic() - began)
     return sorted(graphs), compiled
+
+
+def _warm_up_graph(entry: Path, key: str, graph: dict, cache: Path, may_compile: bool) -> bool:
+    """One graph of the warm-up: from the cache (False), or compiled into it (True)."""
+    if (entry / GRAPH).is_file():
+        return False
+    if not may_compile:
+        # The plugin's own words (a miss "raises RuntimeError", the Compilation Cache page),
+        # then which graph, where, and for which compiler versions.
+        raise RuntimeError(
+            f"VLLM_NEURON_DISABLE_WARMUP_COMPILE: local compile cache miss for key {key}. All graphs must be pre-compiled "
+            f"when warmup compilation is disabled. (the {graph['phase']} graph, in {cache}, for {graph['versions']})"
+        )
+    entry.mkdir(parents=True, exist_ok=True)
+    (entry / GRAPH).write_text(json.dumps({**graph, "compiler": "neuronx-cc"}, indent=2))
+    return True
 
 
 # -- Speculative decoding on the plugin (EAGLE3; DFlash from Neuron 2.33) ------------------------
@@ -685,7 +707,12 @@ def nxd_inference_load(compiled: str) -> dict | None:
     return {**(app.traced_model or {}), "logical_nc_config": app.neuron_config.logical_nc_config, "neuron_config": vars(app.neuron_config)}
 
 
-def serve(port: int, model: str, found: dict, max_num_seqs: int | None = None, group: RootCommunicator | None = None) -> None:
+def serve(
+    port: int, model: str, found: dict, max_num_seqs: int | None = None, group: RootCommunicator | None = None,
+    graphs: vllm_neuron_metrics.PluginMetrics | None = None,
+) -> None:  # fmt: skip
+    """A server of the model: vLLM's OpenAI endpoints on the plugin with ``graphs`` (its
+    vllm_neuron: metrics) or on NxD Inference, or the plain model server (neuron-serve)."""
     started = time.time()
     sequences = Ranks(max_num_seqs, rank_groups(found))
 
@@ -694,7 +721,9 @@ def serve(port: int, model: str, found: dict, max_num_seqs: int | None = None, g
             if self.path in ("/health", "/healthz", "/readyz"):
                 self._json(200, {"status": "ok"})
             elif self.path == "/metrics":
-                self._metrics("\n".join(scheduler_gauges(model_label(model), sequences.running, sequences.waiting)) + "\n")
+                label = model_label(model)
+                plugin = graphs.text(label) if graphs is not None else ""
+                self._metrics("\n".join(scheduler_gauges(label, sequences.running, sequences.waiting)) + "\n" + plugin)
             elif self.path == "/standin":
                 described = {"group": group.describe()} if group else {}
                 self._json(200, {**found, **described, "pid": os.getpid(), "uptime": time.time() - started})
@@ -721,6 +750,13 @@ def serve(port: int, model: str, found: dict, max_num_seqs: int | None = None, g
                 time.sleep(per_token * max(0, min(body["max_tokens"], 4096)))
             if self.path == "/v1/completions" and isinstance(body, dict):
                 prompt = body.get("prompt", "")
+                if graphs is not None:
+                    # This server answers at once, no iterations: a prefill of the prompt's words, then
+                    # a decode step for each token asked (vLLM's default 16), at the batch running now.
+                    graphs.prefill(len(prompt) if isinstance(prompt, list) else len(str(prompt).split()))
+                    asked = body.get("max_tokens")
+                    for _ in range(min(asked, 4096) if isinstance(asked, int) and asked > 0 else 16):
+                        graphs.decode(max(sequences.running, 1))
                 ran = f"[cores {cores}]"
                 if group is not None:
                     try:
@@ -751,6 +787,8 @@ def serve(port: int, model: str, found: dict, max_num_seqs: int | None = None, g
     # hand, exit 0 (uvicorn's graceful shutdown).
     server.daemon_threads = False
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
+    if graphs is not None:
+        graphs.ready()
     print(f"serving {model} on :{port} with NeuronCores {found['cores']} ({found['loaded']})", flush=True)
     server.serve_forever()
     server.server_close()
@@ -895,10 +933,14 @@ def plugin_engine(args: argparse.Namespace) -> dict:
     })  # fmt: skip
 
 
-def plugin_start(args: argparse.Namespace, checkpoint: str) -> dict | None:
-    """The plugin's start before it serves: its engine, its KV cache, its warm-up; what it found, or
+def plugin_start(args: argparse.Namespace, checkpoint: str, timed: vllm_neuron_metrics.PluginMetrics, load_seconds: float) -> dict | None:
+    """The plugin's start before it serves: its engine, its weights' load (``load_seconds``, the
+    checkpoint's read), its KV cache, its warm-up, their figures in ``timed``; what it found, or
     None once it has said on stderr why it stops."""
     engine = plugin_engine(args)
+    draft = engine.get("draft_checkpoint")
+    # The weights the cores hold, the draft's beside the target's, at the target's dtype (as plugin_kv_cache counts them).
+    timed.loaded(load_seconds, ((model_parameters(checkpoint) or 0) + ((model_parameters(draft) or 0) if draft else 0)) * HALF_BYTES)
     async_scheduling = speculation_off_async(args.async_scheduling, args.speculative_config)
     target = os.environ.get("NEURON_STANDIN_PLATFORM", "")
     memory = core_memory_bytes()
@@ -909,7 +951,7 @@ def plugin_start(args: argparse.Namespace, checkpoint: str) -> dict | None:
             if memory
             else None
         )
-        keys, compiled = plugin_warm_up(engine, target, may_compile=os.environ.get("VLLM_NEURON_DISABLE_WARMUP_COMPILE") != "1")
+        keys, compiled = plugin_warm_up(engine, target, os.environ.get("VLLM_NEURON_DISABLE_WARMUP_COMPILE") != "1", timed)
     except (KvCacheError, RuntimeError) as exc:
         print(f"RuntimeError: {exc}", file=sys.stderr, flush=True)
         return None
@@ -922,6 +964,7 @@ def plugin_start(args: argparse.Namespace, checkpoint: str) -> dict | None:
 
 def vllm_main(argv: list[str]) -> int:
     """vLLM's OpenAI-compatible server, as the image's installed vLLM would run it."""
+    began = time.monotonic()
     serving = vllm_serving()
     if serving is None:
         fail("vllm", "this image's vLLM has no Neuron platform (no V0 Neuron worker, no vllm-neuron)")
@@ -947,7 +990,9 @@ def vllm_main(argv: list[str]) -> int:
         os.environ.pop("NEURON_COMPILED_ARTIFACTS", None)  # NxD Inference's, which the plugin never reads
     # The plugin loads the checkpoint's weights; NxD Inference loads a compiled model's sharded
     # ones when NEURON_COMPILED_ARTIFACTS names one, and reads only the configuration and tokenizer.
+    reading = time.monotonic()
     checkpoint = local_checkpoint(args.model, weights=plugin or not os.environ.get("NEURON_COMPILED_ARTIFACTS"))
+    load_seconds = time.monotonic() - reading
     try:
         # Only V0's worker reads the multi-node layout; vllm-neuron's starts a world of one.
         layout = multi_node_config(args.override_neuron_config) if serving == VLLM_V0 else None
@@ -974,8 +1019,13 @@ def vllm_main(argv: list[str]) -> int:
     if found["artefact"] and not layout:
         check_compiled_config(found["artefact"]["neuron_config"], nxdi_neuron_config(args, serving, checkpoint))
     model = (args.served_model_name or [args.model])[0]
-    if plugin:
-        started = plugin_start(args, checkpoint)
+    timed = (
+        vllm_neuron_metrics.PluginMetrics(*graph_sizes({"max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs}), began)
+        if plugin
+        else None
+    )
+    if timed is not None:
+        started = plugin_start(args, checkpoint, timed, load_seconds)
         if started is None:
             return 1
         found |= started
@@ -999,8 +1049,9 @@ def vllm_main(argv: list[str]) -> int:
     # decode servers (vllm_disagg.NeuronScheduler), streaming, with vLLM's latency histograms.
     scheduled = plugin and os.environ.get("NEURON_STANDIN_SCHEDULER") == "neuron"
     if (disagg is not None and disagg.kv_connector is not None) or scheduled:
-        return vllm_disagg.run(args, model, found, kv_token_bytes(checkpoint), args.block_size or PLUGIN_BLOCK_SIZE)
-    serve(args.port, model, found, args.max_num_seqs, group)
+        assert timed is not None
+        return vllm_disagg.run(args, model, found, kv_token_bytes(checkpoint), args.block_size or PLUGIN_BLOCK_SIZE, timed)
+    serve(args.port, model, found, args.max_num_seqs, group, timed)
     return 0
 
 

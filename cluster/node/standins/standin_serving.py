@@ -119,3 +119,27 @@ class Ranks:
 def rank_groups(found: dict) -> list[list[int]]:
     """The cores of each DP rank: the TP groups runtime_checks made, else all the visible cores."""
     return found.get("dataParallel", {}).get("groups") or [found["cores"]]
+
+
+class Histogram:
+    """A Prometheus histogram in the text format, as prometheus_client writes one (cumulative
+    buckets, then +Inf, count and sum)."""
+
+    def __init__(self, name: str, help_: str, buckets: tuple[float, ...]) -> None:
+        self.name, self.help, self.buckets = name, help_, buckets
+        self.counts = [0] * len(buckets)
+        self.count, self.sum = 0, 0.0
+
+    def observe(self, value: float) -> None:
+        self.count += 1
+        self.sum += value
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+
+    def text(self, label: str) -> str:
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        lines += [f'{self.name}_bucket{{le="{b}",{label}}} {c}' for b, c in zip(self.buckets, self.counts, strict=True)]
+        lines += [f'{self.name}_bucket{{le="+Inf",{label}}} {self.count}', f"{self.name}_count{{{label}}} {self.count}",
+                  f"{self.name}_sum{{{label}}} {self.sum}"]  # fmt: skip
+        return "\n".join(lines) + "\n"

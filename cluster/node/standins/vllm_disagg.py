@@ -44,12 +44,13 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from standin_serving import JsonHandler, Ranks, model_label, rank_groups, scheduler_gauges
+from standin_serving import Histogram, JsonHandler, Ranks, model_label, rank_groups, scheduler_gauges
+from vllm_neuron_metrics import PluginMetrics
 
 # -- KVTransferConfig ------------------------------------------------------------------------
 
@@ -265,7 +266,7 @@ class NeuronScheduler:
       ACTIVE_PREFILL lasts until all of them are done, the decodes hidden throughout: the
       stand-in runs it as one iteration of the same total time;
     - a decode server's request, its KV read from a prefill server, runs one iteration alone, in
-      the time of a decode step of one sequence (decode_b1), the running decodes waiting, and
+      the time of a decode step of one sequence (on the decode graph), the running decodes waiting, and
       then joins them. The sources disagree here, and this is the stand-in's choice between them.
       vLLM, once a request's remote KV is loaded, sets its num_computed_tokens to num_tokens - 1
       ("on a full prompt hit, we need to re-compute the last token in order to be able to sample
@@ -283,12 +284,12 @@ class NeuronScheduler:
     from continuous batching to reduce inter token latency (ITL)", NxD Inference's
     disaggregated-inference guide,
     https://awsdocs-neuron.readthedocs-hosted.com/en/latest/libraries/nxd-inference/developer_guides/disaggregated-inference.html).
-    An iteration lasts prefill_seconds or step_seconds (the timing model above). ``executed``
-    counts each iteration's graph (vllm_neuron:neff_execution_count's bucket)."""
+    An iteration lasts prefill_seconds or step_seconds (the timing model above). ``graphs``
+    counts each iteration's graph and its padding (the plugin's vllm_neuron: metrics)."""
 
-    def __init__(self, max_num_seqs: int | None, executed: Callable[[str], None]) -> None:
+    def __init__(self, max_num_seqs: int | None, graphs: PluginMetrics) -> None:
         self.capacity = max_num_seqs or 256  # without --max-num-seqs, the bound run() sizes the blocks for
-        self.executed = executed
+        self.graphs = graphs
         self.lock = threading.Condition()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -358,15 +359,15 @@ class NeuronScheduler:
             if prefill is not None:
                 if prefill.kv_read:  # its last prompt token, alone, on the decode graph (above)
                     time.sleep(step_seconds(1))
-                    self.executed("decode_b1")
+                    self.graphs.decode(1)
                 else:
                     time.sleep(prefill_seconds(prefill.prompt))
-                    self.executed(f"prefill_s{prefill.prompt}")
+                    self.graphs.prefill(prefill.prompt)
                 prefill.prompt, prefill.kv_read = 0, False
                 self._made([prefill])
             else:
                 time.sleep(step_seconds(len(decodes)))
-                self.executed(f"decode_b{len(decodes)}")
+                self.graphs.decode(len(decodes))
                 self._made(decodes)
 
     def _made(self, sequences: list[Sequence]) -> None:
@@ -403,27 +404,6 @@ BYTES_BUCKETS = tuple(float(2**k) for k in range(11, 35, 2))  # 2 KiB to 16 GiB,
 XFER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
-class Histogram:
-    def __init__(self, name: str, help_: str, buckets: tuple[float, ...]) -> None:
-        self.name, self.help, self.buckets = name, help_, buckets
-        self.counts = [0] * len(buckets)
-        self.count, self.sum = 0, 0.0
-
-    def observe(self, value: float) -> None:
-        self.count += 1
-        self.sum += value
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                self.counts[i] += 1
-
-    def text(self, label: str) -> str:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
-        lines += [f'{self.name}_bucket{{le="{b}",{label}}} {c}' for b, c in zip(self.buckets, self.counts, strict=True)]
-        lines += [f'{self.name}_bucket{{le="+Inf",{label}}} {self.count}', f"{self.name}_count{{{label}}} {self.count}",
-                  f"{self.name}_sum{{{label}}} {self.sum}"]  # fmt: skip
-        return "\n".join(lines) + "\n"
-
-
 class Metrics:
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -440,7 +420,6 @@ class Metrics:
             "vllm:nixl_num_kv_expired_reqs_total": 0,
         }  # fmt: skip
         self.success: dict[str, int] = {}
-        self.neff: dict[str, int] = {}
 
     def add(self, name: str, value: float = 1) -> None:
         with self.lock:
@@ -449,10 +428,6 @@ class Metrics:
     def finished(self, reason: str) -> None:
         with self.lock:
             self.success[reason] = self.success.get(reason, 0) + 1
-
-    def executed(self, bucket: str) -> None:
-        with self.lock:
-            self.neff[bucket] = self.neff.get(bucket, 0) + 1
 
     def observe(self, histogram: Histogram, value: float) -> None:
         with self.lock:
@@ -470,8 +445,6 @@ class Metrics:
                 out += [f"# TYPE {name.removesuffix('_total')} counter", f"{name}{{{label}}} {value}"]
             out += ["# TYPE vllm:request_success counter"]
             out += [f'vllm:request_success_total{{finished_reason="{r}",{label}}} {n}' for r, n in sorted(self.success.items())]
-            out += ["# TYPE vllm_neuron:neff_execution_count counter"]
-            out += [f'vllm_neuron:neff_execution_count_total{{bucket_name="{b}",{label}}} {n}' for b, n in sorted(self.neff.items())]
             text = "\n".join(out) + "\n"
             for h in (self.ttft, self.itl, self.tpot, self.e2e, self.nixl_bytes, self.nixl_time):
                 text += h.text(label)
@@ -633,7 +606,9 @@ def pull(params: dict, token_bytes: int, tokens: int) -> int:
 class Engine:
     """One server's engine: its role, its blocks, its held prefills, its metrics."""
 
-    def __init__(self, config: KVTransferConfig, token_bytes: int, block_size: int, blocks: int, tp: int, dp: int) -> None:
+    def __init__(
+        self, config: KVTransferConfig, token_bytes: int, block_size: int, blocks: int, tp: int, dp: int, graphs: PluginMetrics
+    ) -> None:
         self.config = config
         self.engine_id = config.engine_id  # parse_kv_transfer_config gives one where the flag does not
         self.token_bytes = token_bytes
@@ -641,6 +616,7 @@ class Engine:
         self.pools = [BlockPool(blocks, block_size) for _ in range(dp)]
         self.tp = tp
         self.metrics = Metrics()
+        self.graphs = graphs  # the plugin's vllm_neuron: metrics, the start's and each graph's
         self.lock = threading.Lock()
         self.held: dict[str, Held] = {}
         self.timeout = float(os.environ.get("VLLM_NIXL_ABORT_REQUEST_TIMEOUT", "480"))
@@ -705,7 +681,7 @@ class DisaggServer(ThreadingHTTPServer):
     def __init__(self, port: int, model: str, found: dict, engine: Engine, max_num_seqs: int | None, max_model_len: int | None) -> None:
         self.model, self.found, self.engine, self.max_model_len = model, found, engine, max_model_len
         self.sequences = Ranks(max_num_seqs, rank_groups(found))
-        self.schedulers = [NeuronScheduler(max_num_seqs, engine.metrics.executed) for _ in self.sequences.groups]
+        self.schedulers = [NeuronScheduler(max_num_seqs, engine.graphs) for _ in self.sequences.groups]
         self.started = time.time()
         self.ids = itertools.count()
         super().__init__(("0.0.0.0", port), Handler)
@@ -754,7 +730,9 @@ class Handler(JsonHandler):
         elif self.path == "/metrics":
             engine.expire()
             running, waiting = server.gauges()
-            self._metrics(engine.metrics.text(server.model, running, waiting, engine.usage()))
+            self._metrics(
+                engine.metrics.text(server.model, running, waiting, engine.usage()) + engine.graphs.text(model_label(server.model))
+            )
         elif self.path == "/standin":
             self._json(200, {**server.found, "kvRole": engine.config.kv_role, "engineId": engine.engine_id, "pid": os.getpid(),
                              "uptime": time.time() - server.started})  # fmt: skip
@@ -936,16 +914,18 @@ def serve(port: int, model: str, found: dict, engine: Engine, max_num_seqs: int 
     listening = f", side channel {engine.side_host}:{engine.side_port}" if side is not None else ""
     print(f"serving {model} on :{port} as {engine.config.kv_role or 'an aggregated server'} (engine {engine.engine_id}{listening})"
           f" with NeuronCores {found['cores']}", flush=True)  # fmt: skip
+    engine.graphs.ready()
     print("INFO:     Application startup complete.", flush=True)
     server.serve_forever()
     server.server_close()
 
 
-def run(args: argparse.Namespace, model: str, found: dict, token_bytes: int, block_size: int) -> int:
+def run(args: argparse.Namespace, model: str, found: dict, token_bytes: int, block_size: int, graphs: PluginMetrics) -> int:
     """Serve ``args.kv_transfer_config``'s role, after vllm_main's checks and warm-up: ``found`` is
     what they found (the plugin's KV cache among it, its budget and a block's bytes, target and
     draft, as neuron_standin.plugin_kv_cache sizes them), ``token_bytes`` one token's KV cache
-    (neuron_standin.kv_token_bytes), ``block_size`` the tokens a block holds."""
+    (neuron_standin.kv_token_bytes), ``block_size`` the tokens a block holds, ``graphs`` the plugin's
+    vllm_neuron: metrics, the start's figures in them (vllm_main)."""
     # Without a connector (NEURON_STANDIN_SCHEDULER=neuron, neuron_standin.vllm_main): an
     # aggregated server, computing every prompt itself, on the same engine and timing.
     config: KVTransferConfig = args.kv_transfer_config or KVTransferConfig(engine_id=str(uuid.uuid4()))
@@ -956,7 +936,7 @@ def run(args: argparse.Namespace, model: str, found: dict, token_bytes: int, blo
         blocks = kv["kvBudgetBytes"] // kv["kvBlockBytes"]
     if blocks is None:
         blocks = (args.max_num_seqs or 256) * -(-(args.max_model_len or 2048) // block_size)
-    engine = Engine(config, token_bytes, block_size, blocks, tp, len(rank_groups(found)))
+    engine = Engine(config, token_bytes, block_size, blocks, tp, len(rank_groups(found)), graphs)
     # vLLM opens the NIXL side channel only through its NIXL connector, so an aggregated server
     # (no --kv-transfer-config) opens none and leaves VLLM_NIXL_SIDE_CHANNEL_PORT free.
     side = None
