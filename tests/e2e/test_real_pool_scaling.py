@@ -17,6 +17,7 @@ decode server's request reading its KV waits too."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -151,3 +152,23 @@ def test_the_prefill_pool_scales_on_its_prompt_queue_and_the_decode_pool_on_its_
     # pool's way back down is the prefill pool's above, which is not waited for twice: the
     # real-node run is make test's longest part.
     assert len(answers.results) >= 8 and not answers.failures(), answers.failures()[:10]
+    # The plugin's own metrics reach Prometheus from both pools' servers: each query
+    # docs/serving-pod.md shows answers for this model.
+    for query in documented_plugin_queries(ns, "pd"):
+        assert prometheus_query(prometheus, query) is not None, query
+
+
+def documented_plugin_queries(namespace: str, model: str) -> list[str]:
+    """The PromQL block of docs/serving-pod.md's "The plugin's own metrics", for ``model`` in
+    ``namespace``: one query a line, a line starting with "  /" continuing the one before."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "serving-pod.md").read_text()
+    (block,) = re.findall(r"```promql\n(.*?)```", doc, flags=re.S)
+    queries: list[str] = []
+    for line in block.splitlines():
+        if line.startswith("  /"):
+            queries[-1] += " " + line.strip()
+        elif line and not line.startswith("#"):
+            queries.append(line)
+    assert len(queries) == 7 and all("vllm_neuron:" in q for q in queries), queries
+    return [q.replace('namespace="models"', f'namespace="{namespace}"').replace('inferentia_dev_model="llama"', f'inferentia_dev_model="{model}"')
+            for q in queries]  # fmt: skip
