@@ -91,9 +91,13 @@ def fills_ahead(model: Model) -> bool:
     return bool(model.node_cache_url) and model.spec.compile.image is not None and model.plan.nodes is None
 
 
+def _most(replicas: int, autoscaling: api.Autoscaling | api.PoolAutoscaling | None) -> int:
+    """The most replicas of a Deployment: its autoscaler's bound, else its replicas."""
+    return autoscaling.max_replicas if autoscaling is not None else replicas
+
+
 def most_replicas(model: Model) -> int:
-    scaling = model.spec.autoscaling
-    return scaling.max_replicas if scaling is not None else model.spec.replicas
+    return _most(model.spec.replicas, model.spec.autoscaling)
 
 
 def fetchers(model: Model) -> tuple[tuple[Model, int], ...]:
@@ -102,7 +106,7 @@ def fetchers(model: Model) -> tuple[tuple[Model, int], ...]:
     d = model.spec.disaggregation
     if d is None:
         return ((model, most_replicas(model)),)
-    bounds = ((p.autoscaling.max_replicas if p.autoscaling is not None else p.replicas) for p in map(d.pool, ROLES))
+    bounds = (_most(p.replicas, p.autoscaling) for p in map(d.pool, ROLES))
     return tuple(zip(model.pools, bounds, strict=True))
 
 
