@@ -64,6 +64,9 @@ from inferentia_operator.core.planner import plan
 from inferentia_operator.core.pod.model import Model
 from ports import free_port
 
+sys.path.insert(0, str(Path(__file__).resolve().parent / "node" / "standins"))
+import vllm_disagg  # the stand-in's timing defaults
+
 ROOT = Path(__file__).resolve().parent.parent
 STANDINS = ROOT / "cluster" / "node" / "standins"
 SAMPLE = ROOT / "manifests" / "samples" / "trn2-disaggregated.yaml"
@@ -375,9 +378,18 @@ def scaled_token_seconds(token_seconds: float, deployment: dict) -> float:
     return token_seconds * CORES_PER_CHIP / tensor_parallel(deployment)
 
 
-def server_env(deployment: dict, work: Path, image: str, chip: int, chips: int, token_seconds: float) -> dict[str, str]:
-    """The server's environment on ``chips`` chips from ``chip``; ``token_seconds`` the reference
-    chip's (scaled_token_seconds)."""
+@dataclass(frozen=True)
+class Timing:
+    """The stand-in's timing knobs: one decode step of one sequence on the reference chip, and the
+    prompt tokens a prefill computes in that time (vllm_disagg.prefill_seconds)."""
+
+    token_seconds: float = TOKEN_SECONDS
+    prompt_tokens_per_step: float = vllm_disagg.PROMPT_TOKENS_PER_STEP
+
+
+def server_env(deployment: dict, work: Path, image: str, chip: int, chips: int, timing: Timing) -> dict[str, str]:
+    """The server's environment on ``chips`` chips from ``chip``, with ``timing`` (the reference
+    chip's, scaled to the server's share of cores: scaled_token_seconds)."""
     planned = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"] if "value" in e}
     site = work / "site"
     if not site.exists():
@@ -392,7 +404,8 @@ def server_env(deployment: dict, work: Path, image: str, chip: int, chips: int, 
         "NEURON_STANDIN_PLATFORM": "trn2", "NEURON_STANDIN_CORES_PER_DEVICE": str(CORES_PER_CHIP),
         "NEURON_STANDIN_LOCK_DIR": str(work / "locks"), "NEURON_RT_VISIBLE_CORES": f"{first}-{last}",
         "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
-        "NEURON_STANDIN_TOKEN_SECONDS": str(scaled_token_seconds(token_seconds, deployment)), "NEURON_STANDIN_SCHEDULER": "neuron",
+        "NEURON_STANDIN_TOKEN_SECONDS": str(scaled_token_seconds(timing.token_seconds, deployment)), "NEURON_STANDIN_SCHEDULER": "neuron",
+        "NEURON_STANDIN_PROMPT_TOKENS_PER_STEP": str(timing.prompt_tokens_per_step),
     }  # fmt: skip
 
 
@@ -402,7 +415,7 @@ def devices(work: Path, chips: int) -> None:
         (work / "dev" / f"neuron{chip}").touch()
 
 
-def run_aggregated(work: Path, spec: dict, chips: int, load: list[Request], token_seconds: float) -> Figures:
+def run_aggregated(work: Path, spec: dict, chips: int, load: list[Request], timing: Timing) -> Figures:
     model = model_of("llama-8b", aggregated_spec(spec, chips))
     (deployment,) = deployments(model).values()
     replicas, per = deployment["spec"]["replicas"], model.spec.compute.inf
@@ -412,7 +425,7 @@ def run_aggregated(work: Path, spec: dict, chips: int, load: list[Request], toke
     try:
         for replica in range(replicas):
             port = free_port()
-            env = server_env(deployment, work, spec["serving"]["image"], replica * per, per, token_seconds)
+            env = server_env(deployment, work, spec["serving"]["image"], replica * per, per, timing)
             procs.start(server_argv(deployment, weights, port), env, port, "/health", work / f"aggregated-{replica}.log")
             ports.append(port)
         outcomes, seconds = send(load, ports)
@@ -421,7 +434,7 @@ def run_aggregated(work: Path, spec: dict, chips: int, load: list[Request], toke
     return figures(f"aggregated, {replicas} replicas", chips, outcomes, seconds)
 
 
-def run_disaggregated(work: Path, name: str, spec: dict, chips: int, load: list[Request], token_seconds: float) -> Figures:
+def run_disaggregated(work: Path, name: str, spec: dict, chips: int, load: list[Request], timing: Timing) -> Figures:
     model = model_of(name, spec)
     rendered_ = deployments(model)
     devices(work, chips)
@@ -434,7 +447,7 @@ def run_disaggregated(work: Path, name: str, spec: dict, chips: int, load: list[
             deployment = rendered_[f"{name}-{pool}"]
             for replica in range(deployment["spec"]["replicas"]):
                 port = free_port()
-                env = server_env(deployment, work, spec["serving"]["image"], chip, per, token_seconds)
+                env = server_env(deployment, work, spec["serving"]["image"], chip, per, timing)
                 procs.start(server_argv(deployment, weights, port), env, port, "/health", work / f"{pool}-{replica}.log")
                 ports[pool].append(port)
                 chip += per
@@ -508,11 +521,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--token-seconds", type=float, default=TOKEN_SECONDS, help="one decode step of one sequence")
     p.add_argument(
+        "--prompt-tokens-per-step", type=float, default=None,
+        help=f"prompt tokens a prefill computes in a decode step's time (default: the stand-in's {vllm_disagg.PROMPT_TOKENS_PER_STEP})",
+    )  # fmt: skip
+    p.add_argument(
         "--pools", default=None, metavar="P:D", help="prefill and decode replicas, each optionally xI chips (default: the sample's)"
     )
     args = p.parse_args(argv)
     if not (0 < args.rate <= 20 and 0 < args.seconds <= 600 and 0 < args.token_seconds <= 1):
         p.error("--rate in (0, 20], --seconds in (0, 600], --token-seconds in (0, 1]")
+    if args.prompt_tokens_per_step is not None and not 0 < args.prompt_tokens_per_step <= 1000:
+        p.error("--prompt-tokens-per-step in (0, 1000]")
+    timing = Timing(args.token_seconds, args.prompt_tokens_per_step or vllm_disagg.PROMPT_TOKENS_PER_STEP)
     try:
         split = pools_split(args.pools) if args.pools is not None else None
     except argparse.ArgumentTypeError as exc:
@@ -528,12 +548,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{now:%Y-%m-%d %H:%M} UTC, {command}, commit {commit()}", flush=True)
     print(f"{SAMPLE.relative_to(ROOT)}: {chips} chips; {len(load)} requests, half {LONG_PROMPT[0]}-token prompts with "
           f"{LONG_PROMPT[1]}-token answers, half {LONG_ANSWER[0]}-token prompts with {LONG_ANSWER[1]}-token answers", flush=True)  # fmt: skip
-    print(f"timing, on one chip (TP {CORES_PER_CHIP}): a prefill of p tokens {args.token_seconds:g} x p / 10 s; a decode step of s "
+    print(f"timing, on one chip (TP {CORES_PER_CHIP}): a prefill of p tokens {args.token_seconds:g} x p / {timing.prompt_tokens_per_step:g} s; a decode step of s "
           f"sequences {args.token_seconds:g} x (1 + (s - 1) / 8) s; a server of TP t takes {CORES_PER_CHIP}/t of these; one iteration "
           "at a time per engine", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench-disagg-") as tmp:
-        aggregated = run_aggregated(Path(tmp) / "aggregated", spec, chips, load, args.token_seconds)
-        disaggregated = run_disaggregated(Path(tmp) / "disaggregated", name, spec, chips, load, args.token_seconds)
+        aggregated = run_aggregated(Path(tmp) / "aggregated", spec, chips, load, timing)
+        disaggregated = run_disaggregated(Path(tmp) / "disaggregated", name, spec, chips, load, timing)
     print()
     print(table([aggregated, disaggregated]))
     print()

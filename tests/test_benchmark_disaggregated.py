@@ -54,6 +54,14 @@ def test_a_tiny_run_with_a_two_chip_prefill_replica_answers_on_both_arms(capsys)
     assert "--pools 1x2:1" in out
 
 
+def test_the_prompt_tokens_a_step_reach_the_timing_line_and_are_bounded(capsys):
+    assert bench.main(["--rate", "4", "--seconds", "0.5", "--token-seconds", "0.002", "--prompt-tokens-per-step", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "a prefill of p tokens 0.002 x p / 20 s" in out and "--prompt-tokens-per-step 20" in out
+    with pytest.raises(SystemExit):
+        bench.main(["--prompt-tokens-per-step", "0"])
+
+
 def test_another_split_of_the_pools_keeps_the_chips_equal_on_both_arms():
     name, spec = bench.sample(bench.pools_split("2:1"))
     chips = bench.pool_chips(bench.model_of(name, spec), spec)
@@ -83,6 +91,7 @@ def test_a_prefill_pool_of_two_chips_is_tensor_parallel_over_eight_cores_and_twi
 def test_a_server_sees_all_its_replicas_cores_and_its_scaled_times(tmp_path):
     name, spec = bench.sample(bench.pools_split("1x2:1"))
     prefill = bench.deployments(bench.model_of(name, spec))[f"{name}-prefill"]
-    env = bench.server_env(prefill, tmp_path, spec["serving"]["image"], 1, 2, 0.02)
+    env = bench.server_env(prefill, tmp_path, spec["serving"]["image"], 1, 2, bench.Timing(0.02, 5))
     assert env["NEURON_RT_VISIBLE_CORES"] == "4-11"
     assert float(env["NEURON_STANDIN_TOKEN_SECONDS"]) == pytest.approx(0.01)
+    assert float(env["NEURON_STANDIN_PROMPT_TOKENS_PER_STEP"]) == 5

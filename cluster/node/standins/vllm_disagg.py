@@ -197,13 +197,18 @@ def check_connector(config: KVTransferConfig, plugin: bool) -> None:
 
 # The share of a decode step that one more sequence of the batch adds (its KV's read), the
 # weights' read being the step's fixed part; and how many prompt tokens a prefill processes in
-# the time of one decode step.
+# the time of one decode step, unless NEURON_STANDIN_PROMPT_TOKENS_PER_STEP (the stand-in's own
+# knob, for make benchmark-disaggregated's --prompt-tokens-per-step) says otherwise.
 SEQUENCE_SHARE = 1 / 8
 PROMPT_TOKENS_PER_STEP = 10
 
 
 def token_seconds() -> float:
     return float(os.environ.get("NEURON_STANDIN_TOKEN_SECONDS", "0"))
+
+
+def prompt_tokens_per_step() -> float:
+    return float(os.environ.get("NEURON_STANDIN_PROMPT_TOKENS_PER_STEP") or PROMPT_TOKENS_PER_STEP)
 
 
 def prefill_seconds(prompt_tokens: int) -> float:
@@ -216,9 +221,10 @@ def prefill_seconds(prompt_tokens: int) -> float:
     generation, which loads the model weights from HBM once per token", EPD tutorial,
     https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/tutorials/tutorial-epd-1e-1pd-xeypd.html).
     One decode step's time (NEURON_STANDIN_TOKEN_SECONDS, the stand-in's existing per-token knob)
-    processes 10 prompt tokens in the prefill: the ratio is the stand-in's, not a measurement.
+    processes 10 prompt tokens in the prefill (NEURON_STANDIN_PROMPT_TOKENS_PER_STEP another number):
+    the ratio is the stand-in's, not a measurement.
     NEURON_STANDIN_CALL_SECONDS, the stand-in's per-call time, is paid once per request."""
-    return float(os.environ.get("NEURON_STANDIN_CALL_SECONDS", "0")) + token_seconds() * prompt_tokens / PROMPT_TOKENS_PER_STEP
+    return float(os.environ.get("NEURON_STANDIN_CALL_SECONDS", "0")) + token_seconds() * prompt_tokens / prompt_tokens_per_step()
 
 
 def step_seconds(sequences: int) -> float:
