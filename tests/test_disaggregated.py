@@ -676,3 +676,23 @@ def test_vllm_on_nxd_inference_reports_none_of_the_plugins_metrics(cluster):
     cluster.start(argv, env, port)
     text = get(port, "/metrics")[1]
     assert "vllm:num_requests_running" in text and "vllm_neuron:" not in text
+
+
+def test_a_decode_narrower_than_its_prefill_fails_the_read_as_nixl_does(cluster):
+    """vLLM's NixlConnector, meeting a prefill's agent, takes tp_ratio = divide(decode TP, prefill
+    TP), which asserts that it divides ("Decode TP cannot be smaller than prefill TP" follows): a
+    TP 1 decode cannot read a TP 2 prefill's KV, and the request fails (kv_load_failure_policy
+    "fail"); a TP 2 decode reads a TP 1 prefill's, the DI design page's direction."""
+    p_port, _, p_proc = cluster.server("kv_producer", "0-1")
+    d_port, _, d_proc = cluster.server("kv_consumer", "2", "--tensor-parallel-size", "1")
+    status, text = post(cluster.proxy([p_port], [d_port]), "/v1/completions", {"model": "m", "prompt": "a b c", "max_tokens": 2})
+    assert status == 502 and "answered 500" in text, text  # the proxy's answer to the decode's failure
+    assert metric(get(d_port, "/metrics")[1], "vllm:nixl_num_failed_transfers_total") == 1
+    for proc in (p_proc, d_proc):  # their cores, for the pair the other way round
+        proc.kill()
+    assert "AssertionError: 1 is not divisible by 2" in d_proc.communicate(timeout=SAFETY)[1]
+    p_proc.communicate(timeout=SAFETY)
+    narrow, _, _ = cluster.server("kv_producer", "2", "--tensor-parallel-size", "1")
+    wide, _, _ = cluster.server("kv_consumer", "0-1")
+    status, text = post(cluster.proxy([narrow], [wide]), "/v1/completions", {"model": "m", "prompt": "a b c", "max_tokens": 2})
+    assert status == 200, text

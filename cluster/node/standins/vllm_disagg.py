@@ -574,9 +574,17 @@ class SideChannel:
                 pass
 
 
-def pull(params: dict, token_bytes: int, tokens: int) -> int:
-    """The decode's read of a request's KV from the prefill named in ``params``; returns the bytes
-    read, or raises KvError."""
+def pull(params: dict, token_bytes: int, tokens: int, tp: int) -> int:
+    """The decode's read, on its ``tp`` ranks, of a request's KV from the prefill named in
+    ``params``; returns the bytes read, or raises KvError."""
+    remote_tp = params.get("tp_size")
+    if isinstance(remote_tp, int) and remote_tp > 0 and tp % remote_tp:
+        # vLLM's NixlConnector meeting the prefill's agent (add_remote_agent;
+        # _validate_remote_agent_handshake from 0.11): "tp_ratio = divide(self._tp_size[self.engine_id],
+        # self._tp_size[engine_id])", the decode's TP over the prefill's, where vllm.distributed.utils's
+        # divide asserts "{} is not divisible by {}"; then "assert tp_ratio > 0, 'Decode TP cannot be
+        # smaller than prefill TP'". So a decode reads only from a prefill whose TP divides its own.
+        raise KvError(f"AssertionError: {tp} is not divisible by {remote_tp}")
     host, port = params["remote_host"], int(params["remote_port"])
     try:
         sock = socket.create_connection((host, port), timeout=30)
@@ -832,7 +840,7 @@ class Handler(JsonHandler):
         began = time.monotonic()
         try:
             with completion.scheduler.loading_kv():
-                moved = pull(params, engine.token_bytes, completion.tokens)
+                moved = pull(params, engine.token_bytes, completion.tokens, engine.tp)
         except KvError as exc:
             engine.metrics.add("vllm:nixl_num_failed_transfers_total")
             print(f"ERROR KV transfer for request {completion.id} failed: {exc}", file=sys.stderr, flush=True)
