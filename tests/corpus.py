@@ -114,6 +114,7 @@ CEL_CASES = {
     },
     "disaggregation-efa-required": make_spec(**{**_PD, "compute.family": "trn3", "disaggregation": {"efa": "required"}}),
     "disaggregation-compile": make_spec(**{**_PD, "compile.image": "example.com/c:1", "disaggregation": {"decode": {"inf": 2}}}),
+    "disaggregation-tp-pair": make_spec(**{**_PD, "disaggregation": {"prefill": {"inf": 2}, "decode": {"inf": 1}}}),
     # Replicas across nodes (spec.compute.nodes): trn1's whole 32xlarge nodes, one vLLM process each.
     "nodes-family": make_spec(**{"compute.family": "inf2", "compute.inf": 12, "compute.nodes": 2, **_VLLM_TRN1}),
     "nodes-whole": make_spec(**{"compute.family": "trn1", "compute.inf": 8, "compute.nodes": 2, **_VLLM_TRN1}),
@@ -368,6 +369,13 @@ DIVERGENCE_CORPUS = [
     {**_PD, "compute.family": "trn3", "disaggregation": {"efa": "off"}},
     {**_PD, "compile.image": "example.com/c:1", "disaggregation": {"prefill": {"dataParallelSize": 2}, "decode": {"inf": 3}}},
     {**_PD, "compute.family": "trn1", "disaggregation": {"decode": {"inf": 99}}},
+    # The decode's TP against the prefill's: a multiple, narrower, uneven, given or derived, one pool left out.
+    {**_PD, "disaggregation": {"prefill": {"inf": 1}, "decode": {"inf": 3}}},
+    {**_PD, "disaggregation": {"prefill": {"inf": 2}, "decode": {"inf": 3}}},
+    {**_PD, "disaggregation": {"prefill": {"inf": 4}}},
+    {**_PD, "compute.inf": 2, "disaggregation": {"decode": {"inf": 1}}},
+    {**_PD, "compute.lnc": 1, "disaggregation": {"prefill": {"tensorParallelSize": 8}, "decode": {"inf": 2, "tensorParallelSize": 16}}},
+    {**_PD, "compute.lnc": 1, "disaggregation": {"prefill": {"inf": 2, "dataParallelSize": 2}, "decode": {"inf": 1}}},
     {**_PD, "compute.inf": 2, "compute.allocation": "dra", "disaggregation": {"decode": {"inf": 4}}},
     {**_PD, "serving.args": ["--kv_transfer_config={}"]},
     {**_PD, "serving.args": ["--data-parallel-size-local", "2", "-dp=2"]},

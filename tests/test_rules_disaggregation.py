@@ -57,8 +57,9 @@ def test_a_compile_ahead_needs_pools_of_the_computes_shape():
 def test_a_pool_on_chips_of_its_own_is_checked_as_a_replica_of_that_size():
     """70B in bf16 needs two trn2 chips: a decode pool of one is refused, under the pool."""
     big = {"model.weights": 70_600_000_000, "compute.inf": 2, "disaggregation": {"decode": {"inf": 1}}}
-    (message,) = messages(pd_spec(**big))
-    assert message.startswith("spec.disaggregation.decode.inf: is 1, and on 1 chips spec.compute.inf:"), message
+    # (and its TP 4 under the prefill's TP 8, which NIXL refuses: the next tests)
+    found = messages(pd_spec(**big))
+    assert any(m.startswith("spec.disaggregation.decode.inf: is 1, and on 1 chips spec.compute.inf:") for m in found), found
     assert messages(pd_spec(**{**big, "disaggregation": {"decode": {"inf": 4}}})) == []
 
 
@@ -205,3 +206,23 @@ def test_an_efa_share_is_a_pods_chips_share_of_its_instances_devices():
     # trn1.32xlarge: 8 devices for 16 chips, rounded up so that a one-chip pod still gets one.
     assert [efa_share("trn1.32xlarge", n) for n in (1, 2, 16)] == [1, 1, 8]
     assert efa_share("trn2.3xlarge", 1) is None and efa_share("trn3.48xlarge", 16) is None
+
+
+@pytest.mark.parametrize(("prefill", "decode"), [(2, 1), (2, 3), (4, 2)])
+def test_a_decode_pool_whose_tp_is_no_multiple_of_the_prefills_is_refused_as_nixl_refuses_it(prefill, decode):
+    """vLLM's NixlConnector reads a prefill's KV only into a decode whose tensor-parallel size is
+    a multiple of the prefill's: ``tp_ratio = divide(decode_tp, prefill_tp)`` (vllm.distributed's
+    divide asserts divisibility) and ``assert tp_ratio > 0, "Decode TP cannot be smaller than
+    prefill TP"`` at the first read, so a narrower or uneven decode pool would fail every request
+    on hardware. trn2 at LNC 2: 4 logical cores a chip."""
+    found = messages(pd_spec(disaggregation={"prefill": {"inf": prefill}, "decode": {"inf": decode}}))
+    expected = (
+        f"spec.disaggregation.decode.tensorParallelSize: is {decode * 4}, and the prefill pool's is {prefill * 4}: vLLM's NixlConnector"
+    )
+    assert any(m.startswith(expected) and f"valid values are multiples of {prefill * 4}" in m for m in found), found
+
+
+@pytest.mark.parametrize(("prefill", "decode"), [(1, 1), (1, 2), (2, 2), (2, 4), (1, 3)])
+def test_a_decode_pool_of_the_prefills_tp_or_a_multiple_of_it_is_valid(prefill, decode):
+    """The DI design page's own pair is a TP 4 prefill and a TP 8 decode."""
+    assert messages(pd_spec(disaggregation={"prefill": {"inf": prefill}, "decode": {"inf": decode}})) == []

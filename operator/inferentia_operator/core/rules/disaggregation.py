@@ -258,6 +258,61 @@ def _data_parallel_rule(role: str) -> CrossFieldRule:
 DATA_PARALLEL_RULES = {role: _data_parallel_rule(role) for role in ("prefill", "decode")}
 
 
+def _cel_pool(role: str, field: str, otherwise: str) -> str:
+    """A pool's field, or ``otherwise`` where the pool or the field is left out."""
+    p = f"self.disaggregation.{role}"
+    return f"(has({p}) && has({p}.{field}) ? {p}.{field} : {otherwise})"
+
+
+def _cel_pool_tp(role: str) -> str:
+    """A pool's tensor-parallel size: its own, else its replica's cores over its dataParallelSize."""
+    chips = _cel_pool(role, "inf", _COMPUTE_CHIPS)
+    cores = f"({chips} * ({CEL_PHYSICAL_CORES}[{CEL_FAMILY}] / {CEL_LNC}))"
+    return _cel_pool(role, "tensorParallelSize", f"({cores} / {_cel_pool(role, 'dataParallelSize', '1')})")
+
+
+def _cel_pool_holds(role: str) -> str:
+    """The pool's own rules hold (POOL_RULES): its chips fit, its parallelism fills its cores."""
+    chips = _cel_pool(role, "inf", _COMPUTE_CHIPS)
+    cores = f"({chips} * ({CEL_PHYSICAL_CORES}[{CEL_FAMILY}] / {CEL_LNC}))"
+    dp = _cel_pool(role, "dataParallelSize", "1")
+    p = f"self.disaggregation.{role}"
+    fills = f"((has({p}) && has({p}.tensorParallelSize)) ? {p}.tensorParallelSize * {dp} == {cores} : {cores} % {dp} == 0)"
+    return f"({chips} <= {CEL_MAX}[{CEL_FAMILY}] && {fills})"
+
+
+# vLLM's NixlConnector, where a decode worker meets a prefill's (add_remote_agent, and
+# _validate_remote_agent_handshake from vLLM 0.11; vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py):
+# "tp_ratio = divide(self._tp_size[self.engine_id], self._tp_size[engine_id])" (the decode's over the
+# prefill's; vllm.distributed.utils.divide asserts that it divides) and "assert tp_ratio > 0,
+# 'Decode TP cannot be smaller than prefill TP'". The plugin transfers KV with that connector (its
+# DI design page: "Neuron DI uses the upstream NixlConnector"), whose own pair is a TP4 prefill and a
+# TP8 decode. So a decode pool's TP is the prefill's or a multiple of it, or every request fails at
+# its KV read.
+TP_PAIR = CrossFieldRule(
+    "spec.disaggregation.decode.tensorParallelSize",
+    "spec",
+    "is %d, and the prefill pool's is %d: vLLM's NixlConnector reads a prefill's KV only into a decode of the same "
+    'tensor-parallel size or a multiple of it ("Decode TP cannot be smaller than prefill TP"); valid values are multiples of %d',
+    f"!{_POOLS} || !({_PLUGIN}) || !({CEL_LNC} in {CEL_LNC_VALUES}[{CEL_FAMILY}]) || !{_cel_pool_holds('prefill')} "
+    f"|| !{_cel_pool_holds('decode')} || {_cel_pool_tp('decode')} % {_cel_pool_tp('prefill')} == 0",
+    (_cel_pool_tp("decode"), _cel_pool_tp("prefill"), _cel_pool_tp("prefill")),
+)
+
+
+def pool_tp(spec: InferentiaModelSpec, fam: Family, pool: Pool) -> int:
+    """A pool's tensor-parallel size: its own, else its replica's cores over its dataParallelSize."""
+    return pool.tensor_parallel_size or pool_cores(spec, fam, pool)[1] // pool.data_parallel_size
+
+
+def _check_tp_pair(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
+    pools = _pools(spec, fam)
+    if not pools or any(_check_pool(spec, fam, role, pool) for role, pool in pools):
+        return []
+    prefill, decode = (pool_tp(spec, fam, pool) for _, pool in pools)
+    return [TP_PAIR.finding(decode, prefill, prefill)] if decode % prefill else []
+
+
 def _check_pool(spec: InferentiaModelSpec, fam: Family, role: str, pool: Pool) -> list[Finding]:
     chips_rule, divides_rule, covers_rule = POOL_RULES[role]
     chips, cores = pool_cores(spec, fam, pool)
@@ -464,8 +519,9 @@ RULES: list[CrossFieldRule] = [
     *EMPTY_POOL_RULES.values(),
     *(r for rules in POOL_RULES.values() for r in rules),
     *DATA_PARALLEL_RULES.values(),
+    TP_PAIR,
     COMPILE_AHEAD,
     *(r for rules in POOL_AUTOSCALING_RULES.values() for r in rules),
     EFA_REQUIRED,
 ]
-CHECKS = (_check_runtime, _check_pools, _check_data_parallel, _check_compile_ahead, _check_pool_autoscaling, _check_efa)
+CHECKS = (_check_runtime, _check_pools, _check_data_parallel, _check_tp_pair, _check_compile_ahead, _check_pool_autoscaling, _check_efa)
