@@ -30,7 +30,7 @@ help:
 	@echo "make benchmark-routing   on the real node: the endpoint picker's routing against the Service's random spread (about 8 min)"
 	@echo "make benchmark-cel      the CRD's CEL rules through three CEL libraries against validate's Python twins (docs/design.md, Validation)"
 	@echo "make benchmark-node-views [GIB=4]  a second replica's artefact fetch on a node: the cache's copy against linked to its view"
-	@echo "make benchmark-disaggregated  prefill and decode pools against aggregated replicas on the same chips, the stand-ins on loopback (about 2 min; POOLS=P[xI]:D[xI], each pool's replicas and chips, default 1x2:1)"
+	@echo "make benchmark-disaggregated  prefill and decode pools against aggregated replicas on the same chips, the stand-ins on loopback (about 2 min; POOLS=P[xI]:D[xI], each pool's replicas and chips, default 2x2:1x2; AGGREGATED_INF=2 for aggregated replicas of 2 chips)"
 	@echo "make lint          ruff (lint and format) and mypy, as configured in pyproject.toml (make test runs them too)"
 	@echo "make crd           regenerate $(CRD) (and the chart's copy) from the pydantic models"
 	@echo "make manifests     regenerate manifests/*.yaml from the chart's default values"
@@ -139,7 +139,7 @@ benchmark-batching: venv
 	@$(BIN)/python -u cluster/benchmark_batching.py --runs $(RUNS)
 
 benchmark-disaggregated: venv
-	@$(BIN)/python -u cluster/benchmark_disaggregated.py --pools $(or $(POOLS),1x2:1)
+	@$(BIN)/python -u cluster/benchmark_disaggregated.py --pools $(or $(POOLS),2x2:1x2) $(if $(AGGREGATED_INF),--aggregated-inf $(AGGREGATED_INF))
 
 lint: venv
 	$(BIN)/ruff check .

@@ -287,10 +287,13 @@ def pool_chips(model: Model, spec: dict) -> int:
     ].get("replicas", 1)
 
 
-def aggregated_spec(spec: dict, chips: int) -> dict:
-    """The sample without its pools, with as many replicas as they have chips in all."""
+def aggregated_spec(spec: dict, chips: int, inf: int | None = None) -> dict:
+    """The sample without its pools, with as many replicas as they have chips in all: of
+    ``inf`` chips each, else of the sample's."""
     out = copy.deepcopy(spec)
     del out["disaggregation"]
+    if inf is not None:
+        out["compute"]["inf"] = inf
     per_replica = out["compute"]["inf"]
     if chips % per_replica:
         raise SystemExit(f"{chips} chips are no whole number of {per_replica}-chip replicas")
@@ -415,8 +418,8 @@ def devices(work: Path, chips: int) -> None:
         (work / "dev" / f"neuron{chip}").touch()
 
 
-def run_aggregated(work: Path, spec: dict, chips: int, load: list[Request], timing: Timing) -> Figures:
-    model = model_of("llama-8b", aggregated_spec(spec, chips))
+def run_aggregated(work: Path, spec: dict, chips: int, load: list[Request], timing: Timing, inf: int | None = None) -> Figures:
+    model = model_of("llama-8b", aggregated_spec(spec, chips, inf))
     (deployment,) = deployments(model).values()
     replicas, per = deployment["spec"]["replicas"], model.spec.compute.inf
     devices(work, chips)
@@ -431,7 +434,7 @@ def run_aggregated(work: Path, spec: dict, chips: int, load: list[Request], timi
         outcomes, seconds = send(load, ports)
     finally:
         procs.stop()
-    return figures(f"aggregated, {replicas} replicas", chips, outcomes, seconds)
+    return figures(f"aggregated, {replicas} replicas (TP {tensor_parallel(deployment)})", chips, outcomes, seconds)
 
 
 def run_disaggregated(work: Path, name: str, spec: dict, chips: int, load: list[Request], timing: Timing) -> Figures:
@@ -520,6 +523,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=60.0, help="seconds of arrivals")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--token-seconds", type=float, default=TOKEN_SECONDS, help="one decode step of one sequence")
+    p.add_argument("--aggregated-inf", type=int, choices=(1, 2, 4), default=None,
+                   help="chips of each aggregated replica (default: the sample's spec.compute.inf)")  # fmt: skip
     p.add_argument(
         "--prompt-tokens-per-step", type=float, default=None,
         help=f"prompt tokens a prefill computes in a decode step's time (default: the stand-in's {vllm_disagg.PROMPT_TOKENS_PER_STEP})",
@@ -552,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
           f"sequences {args.token_seconds:g} x (1 + (s - 1) / 8) s; a server of TP t takes {CORES_PER_CHIP}/t of these; one iteration "
           "at a time per engine", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench-disagg-") as tmp:
-        aggregated = run_aggregated(Path(tmp) / "aggregated", spec, chips, load, timing)
+        aggregated = run_aggregated(Path(tmp) / "aggregated", spec, chips, load, timing, args.aggregated_inf)
         disaggregated = run_disaggregated(Path(tmp) / "disaggregated", name, spec, chips, load, timing)
     print()
     print(table([aggregated, disaggregated]))

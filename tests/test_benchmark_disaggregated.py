@@ -43,15 +43,15 @@ def test_a_tiny_run_answers_on_both_arms_and_prints_the_table(capsys):
     assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d UTC, python cluster/benchmark_disaggregated\.py .*, commit \w+", out, re.M), out
 
 
-def test_a_tiny_run_with_a_two_chip_prefill_replica_answers_on_both_arms(capsys):
-    assert bench.main(["--rate", "4", "--seconds", "1", "--token-seconds", "0.002", "--seed", "3", "--pools", "1x2:1"]) == 0
+def test_a_tiny_run_of_two_chip_replicas_answers_on_both_arms(capsys):
+    argv = ["--rate", "4", "--seconds", "1", "--token-seconds", "0.002", "--seed", "3", "--pools", "1x2:1x2", "--aggregated-inf", "2"]
+    assert bench.main(argv) == 0
     out = capsys.readouterr().out
     requests = len(bench.workload(3, 4, 1))
-    assert re.search(rf"^\| aggregated, 3 replicas \| 3 \| {requests} \| {requests} \| 0 \|", out, re.M), out
-    assert re.search(rf"^\| disaggregated, 1 prefill \(TP 8\) \+ 1 decode \(TP 4\) \| 3 \| {requests} \| {requests} \| 0 \|", out, re.M), (
-        out
-    )
-    assert "--pools 1x2:1" in out
+    assert re.search(rf"^\| aggregated, 2 replicas \(TP 8\) \| 4 \| {requests} \| {requests} \| 0 \|", out, re.M), out
+    pools = rf"^\| disaggregated, 1 prefill \(TP 8\) \+ 1 decode \(TP 8\) \| 4 \| {requests} \| {requests} \| 0 \|"
+    assert re.search(pools, out, re.M), out
+    assert "--pools 1x2:1x2" in out and "--aggregated-inf 2" in out
 
 
 def test_the_prompt_tokens_a_step_reach_the_timing_line_and_are_bounded(capsys):
@@ -73,23 +73,31 @@ def test_another_split_of_the_pools_keeps_the_chips_equal_on_both_arms():
             bench.pools_split(bad)
 
 
-def test_a_prefill_pool_of_two_chips_is_tensor_parallel_over_eight_cores_and_twice_as_fast():
-    """--pools 1x2:1: one prefill replica of two chips (TP 8, as AWS's tutorial runs its prefill
-    server) and one decode replica of the sample's one chip; each server's times are the reference
-    chip's over its share of the cores."""
-    assert bench.pools_split("1x2:1") == ((1, 2), (1, None))
-    name, spec = bench.sample(bench.pools_split("1x2:1"))
+def test_pools_of_two_chips_are_tensor_parallel_over_eight_cores_and_twice_as_fast():
+    """--pools 2x2:1x2: two prefill replicas and a decode replica of two chips each (TP 8, as AWS's
+    tutorial runs its prefill server); each server's times are the reference chip's over its
+    share of the cores, the aggregated replicas' too."""
+    assert bench.pools_split("2x2:1x2") == ((2, 2), (1, 2))
+    name, spec = bench.sample(bench.pools_split("2x2:1x2"))
     model = bench.model_of(name, spec)
-    assert bench.pool_chips(model, spec) == 3 and bench.aggregated_spec(spec, 3)["replicas"] == 3
+    assert bench.pool_chips(model, spec) == 6 and bench.aggregated_spec(spec, 6)["replicas"] == 6
     rendered = bench.deployments(model)
     prefill, decode = rendered[f"{name}-prefill"], rendered[f"{name}-decode"]
-    assert bench.tensor_parallel(prefill) == 8 and bench.tensor_parallel(decode) == 4
+    assert bench.tensor_parallel(prefill) == 8 and bench.tensor_parallel(decode) == 8
     assert bench.scaled_token_seconds(0.02, prefill) == pytest.approx(0.01)
-    assert bench.scaled_token_seconds(0.02, decode) == pytest.approx(0.02)
+    wide = bench.model_of("llama-8b", bench.aggregated_spec(spec, 6, inf=2))
+    (aggregated,) = bench.deployments(wide).values()
+    assert aggregated["spec"]["replicas"] == 3 and bench.tensor_parallel(aggregated) == 8
+
+
+def test_the_operator_refuses_a_decode_pool_narrower_than_the_prefill_and_so_does_the_benchmark():
+    """A TP 8 prefill before a TP 4 decode fails every KV read (NixlConnector): refused."""
+    with pytest.raises(Exception, match="Decode TP cannot be smaller than prefill TP"):
+        bench.model_of(*bench.sample(bench.pools_split("1x2:1")))
 
 
 def test_a_server_sees_all_its_replicas_cores_and_its_scaled_times(tmp_path):
-    name, spec = bench.sample(bench.pools_split("1x2:1"))
+    name, spec = bench.sample(bench.pools_split("1x2:1x2"))
     prefill = bench.deployments(bench.model_of(name, spec))[f"{name}-prefill"]
     env = bench.server_env(prefill, tmp_path, spec["serving"]["image"], 1, 2, bench.Timing(0.02, 5))
     assert env["NEURON_RT_VISIBLE_CORES"] == "4-11"
