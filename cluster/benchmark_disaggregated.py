@@ -1,15 +1,16 @@
 """Prefill and decode pools against aggregated serving on the same chips, for real on loopback.
 
-    make benchmark-disaggregated     # or: python cluster/benchmark_disaggregated.py
+    make benchmark-disaggregated     # --pools 2x2:1x2; python cluster/benchmark_disaggregated.py: the sample's pools
 
 Both arms are rendered by the operator from one sample, manifests/samples/trn2-disaggregated.yaml
 (Llama 3.1 8B on Trainium2, a prefill pool of one replica and a decode pool of two, one chip
-each): (a) the same spec without spec.disaggregation and as many replicas as the pools have
-chips, each an aggregated vLLM server; (b) the pools and the operator's proxy (pd_proxy). Every
+each, unless --pools gives others): (a) the same spec without spec.disaggregation and as many
+replicas as the pools have chips (of --aggregated-inf chips each, else the sample's), each an
+aggregated vLLM server; (b) the pools and the operator's proxy (pd_proxy). Every
 server is the vLLM Neuron plugin's stand-in (cluster/node/standins), started as a local process
 with the engine flags its Deployment renders and the planned environment, less what only a pod
 has (its paths, its IP, the compile Job's cache): the model is a local checkpoint of the
-sample's shape, the pod's IP is 127.0.0.1, each replica's chip is its own four logical cores.
+sample's shape, the pod's IP is 127.0.0.1, each replica's chips are its own four logical cores each.
 
 The timing model is the stand-in's (vllm_disagg, docs/development.md, "vLLM's disaggregated
 prefill and decode"): a prefill of p prompt tokens takes TOKEN_SECONDS x p / 10, a decode step

@@ -502,7 +502,7 @@ def test_a_decode_servers_arrival_runs_one_decode_step_alone(cluster):
     """vLLM recomputes the last prompt token of a request whose KV it read, which the plugin's
     scheduler classifies as a prefill, run alone; the DI design page has a decode server run only
     decode batches. The stand-in runs the arrival's first iteration alone, on the decode graph
-    (decode_b1): an answer running there makes no token in it. Here an answer of 30 tokens (a
+    (a decode step of one sequence): an answer running there makes no token in it. Here an answer of 30 tokens (a
     local prefill, then 29 steps) and an arrival of one token in the middle are 31 iterations,
     none of them with both."""
     p_port, _, _ = cluster.server("kv_producer", "0-1")

@@ -397,9 +397,7 @@ class NeuronScheduler:
 # NIXL's, on the side that reads (NixlPromMetrics, vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py):
 # vllm:nixl_bytes_transferred and vllm:nixl_xfer_time_seconds (histograms, one observation per
 # transfer), vllm:nixl_num_failed_transfers and vllm:nixl_num_kv_expired_reqs (counters). The
-# plugin's own vllm_neuron: metrics (its metrics design page,
-# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/vllm-neuron/docs/design/vllm/metrics.html):
-# vllm_neuron:neff_execution_count (a counter by bucket_name, prefill_s<tokens> or decode_b<seqs>).
+# plugin's own vllm_neuron: metrics are vllm_neuron_metrics.PluginMetrics's.
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
                 160.0, 640.0, 2560.0)  # fmt: skip
