@@ -65,11 +65,11 @@ from inferentia_operator.core.planner import plan
 from inferentia_operator.core.pod.model import Model
 from ports import free_port
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "node" / "standins"))
-import vllm_disagg  # the stand-in's timing defaults
-
 ROOT = Path(__file__).resolve().parent.parent
 STANDINS = ROOT / "cluster" / "node" / "standins"
+sys.path.insert(0, str(STANDINS))
+import vllm_disagg  # noqa: E402  (the stand-in's timing defaults, from STANDINS)
+
 SAMPLE = ROOT / "manifests" / "samples" / "trn2-disaggregated.yaml"
 UID = "0c6a1d2e-0000-4000-8000-00000000d15a"
 CORES_PER_CHIP = 4  # trn2 at lnc 2, as the sample's NEURON_LOGICAL_NC_CONFIG plans it
