@@ -636,6 +636,13 @@ def kv_block_bytes(checkpoint: str, engine: dict) -> int | None:
     return (engine.get("block_size") or PLUGIN_BLOCK_SIZE) * 2 * layers * -(-heads // tp) * head_dim * HALF_BYTES
 
 
+def loaded_parameters(checkpoint: str, engine: dict) -> int:
+    """The parameters the cores hold: the target's and, beside them, its draft's, at the target's
+    dtype (vLLM's draft_model_config); 0 for a checkpoint that does not say."""
+    draft = engine.get("draft_checkpoint")
+    return (model_parameters(checkpoint) or 0) + ((model_parameters(draft) or 0) if draft else 0)
+
+
 def plugin_kv_cache(checkpoint: str, engine: dict, core_memory: int, compiling: bool) -> dict | None:
     """The vLLM Neuron plugin's KV cache on each logical core of the group, before warm-up; raises
     KvCacheError with the plugin's reason where it would not start. Its budget ("determine_available_memory
@@ -654,14 +661,10 @@ def plugin_kv_cache(checkpoint: str, engine: dict, core_memory: int, compiling: 
     Looser than the compiler, whose limit counts the graph's other tensors too: here only the
     weights and the cache are counted against the core. Returns the budget, the blocks and a block's
     bytes (kv_block_bytes), or None when the checkpoint says nothing of its size."""
-    parameters = model_parameters(checkpoint)
     tp = engine.get("tensor_parallel_size") or 1
-    if not parameters:
+    if not model_parameters(checkpoint):
         return None
-    draft = engine.get("draft_checkpoint")
-    # The draft's weights are on the core beside the target's, at the target's dtype (vLLM's draft_model_config).
-    parameters += (model_parameters(draft) or 0) if draft else 0
-    share = parameters * HALF_BYTES // tp
+    share = loaded_parameters(checkpoint, engine) * HALF_BYTES // tp
     total = int(core_memory * (engine.get("gpu_memory_utilization") or PLUGIN_GPU_MEMORY_UTILIZATION))
     cap = float(os.environ.get("VLLM_NEURON_KV_GMU_BUDGET_CAP_FRACTION", "0.30"))
     available = max(min(total - share, int(total * cap)), 0)
@@ -938,9 +941,7 @@ def plugin_start(args: argparse.Namespace, checkpoint: str, timed: vllm_neuron_m
     checkpoint's read), its KV cache, its warm-up, their figures in ``timed``; what it found, or
     None once it has said on stderr why it stops."""
     engine = plugin_engine(args)
-    draft = engine.get("draft_checkpoint")
-    # The weights the cores hold, the draft's beside the target's, at the target's dtype (as plugin_kv_cache counts them).
-    timed.loaded(load_seconds, ((model_parameters(checkpoint) or 0) + ((model_parameters(draft) or 0) if draft else 0)) * HALF_BYTES)
+    timed.loaded(load_seconds, loaded_parameters(checkpoint, engine) * HALF_BYTES)
     async_scheduling = speculation_off_async(args.async_scheduling, args.speculative_config)
     target = os.environ.get("NEURON_STANDIN_PLATFORM", "")
     memory = core_memory_bytes()
