@@ -252,6 +252,12 @@ def pool_cores(spec: InferentiaModelSpec, family: Family, pool: Pool | None) -> 
     return chips, chips * family.cores_per_chip(lnc_of(spec, family))
 
 
+def pool_tensor_parallel(spec: InferentiaModelSpec, family: Family, pool: Pool) -> int:
+    """A pool's vLLM --tensor-parallel-size: its own, else its replica's logical cores over its
+    dataParallelSize (the rules hold that to a divisor of the cores)."""
+    return pool.tensor_parallel_size or pool_cores(spec, family, pool)[1] // pool.data_parallel_size
+
+
 def on_vllm_plugin(spec: InferentiaModelSpec, family: Family) -> bool:
     """The vLLM preset on a family where vLLM runs on the vLLM Neuron plugin (trn2, trn3)."""
     return spec.serving.runtime == "vllm" and family.vllm == "vllm-neuron-plugin"

@@ -37,7 +37,7 @@ from .catalogue import (
     host_fits,
 )
 from .compiler_flags import compiler_args, static_weights_on
-from .cores import chips_needed, kv_cache, lnc_of, pool_cores, replica_cores
+from .cores import chips_needed, kv_cache, lnc_of, pool_cores, pool_tensor_parallel, replica_cores
 from .drift import quantity
 from .findings import Finding, errors
 from .rules import check_spec
@@ -386,7 +386,7 @@ def pool_plan(spec: InferentiaModelSpec, pool: Pool, replica: Replica) -> PoolPl
     vLLM's parallelism over them (tensor parallel over what data parallelism leaves: the rules
     hold dataParallelSize to a divisor of the cores)."""
     chips, cores = pool_cores(spec, replica.family, pool)
-    tp = pool.tensor_parallel_size or cores // pool.data_parallel_size
+    tp = pool_tensor_parallel(spec, replica.family, pool)
     assert spec.disaggregation is not None
     types = plan_instance_types(spec, replica._replace(chips=chips))["instance_types"]
     efa = plan_pool_efa(spec.disaggregation.efa, chips, types)["efa_devices"]

@@ -28,7 +28,7 @@ from inferentia_operator.core.cel import (
     CrossFieldRule,
     literal,
 )
-from inferentia_operator.core.cores import PLUGIN_FAMILIES, divisors, lnc_of, on_vllm_plugin, pool_cores
+from inferentia_operator.core.cores import PLUGIN_FAMILIES, divisors, lnc_of, on_vllm_plugin, pool_cores, pool_tensor_parallel
 from inferentia_operator.core.findings import Finding, format_list
 
 _POOLS = "has(self.disaggregation)"
@@ -300,16 +300,11 @@ TP_PAIR = CrossFieldRule(
 )
 
 
-def pool_tp(spec: InferentiaModelSpec, fam: Family, pool: Pool) -> int:
-    """A pool's tensor-parallel size: its own, else its replica's cores over its dataParallelSize."""
-    return pool.tensor_parallel_size or pool_cores(spec, fam, pool)[1] // pool.data_parallel_size
-
-
 def _check_tp_pair(spec: InferentiaModelSpec, fam: Family) -> list[Finding]:
     pools = _pools(spec, fam)
     if not pools or any(_check_pool(spec, fam, role, pool) for role, pool in pools):
         return []
-    prefill, decode = (pool_tp(spec, fam, pool) for _, pool in pools)
+    prefill, decode = (pool_tensor_parallel(spec, fam, pool) for _, pool in pools)
     return [TP_PAIR.finding(decode, prefill, prefill)] if decode % prefill else []
 
 
