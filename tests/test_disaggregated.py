@@ -113,8 +113,10 @@ def post(port: int, path: str, body: object, raw: bytes | None = None) -> tuple[
 
 
 def metric(text: str, name: str) -> float:
-    """The sum of a metric's samples (over its labels); ``name`` may end in the first of its labels, unclosed."""
-    found = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}}|[^}}]*}})? (\S+)$", text, re.M)
+    """The sum of a metric's samples (over its labels); ``name`` may end in the first of its labels,
+    unclosed ('m{bucket_name="x"'), and then matches that label's samples alone."""
+    labels = r"[^}]*}" if "{" in name else r"(?:{[^}]*})?"
+    found = re.findall(rf"^{re.escape(name)}{labels} (\S+)$", text, re.M)
     assert found, f"{name} not in metrics"
     return sum(float(v) for v in found)
 
